@@ -1,0 +1,274 @@
+"""ONNX Runtime backend (``platform: "onnxruntime_onnx"`` / ``backend: "onnxruntime"``).
+
+Each model instance is one ``onnxruntime.InferenceSession``. ORT releases the GIL
+while it runs, so an instance executes on its own thread and several instances
+run concurrently (DESIGN.md). ``instance_group`` gives the count and kind:
+
+- ``KIND_CPU``: ``CPUExecutionProvider``.
+- ``KIND_GPU``: ``CUDAExecutionProvider`` on the listed ``gpus`` (default GPU 0).
+  When this onnxruntime build or machine has no CUDA provider the model fails to
+  load with that reason (no silent fallback to CPU).
+- ``KIND_AUTO``: GPU when CUDA is available, else CPU.
+
+Session options come from the model configuration, with Triton's onnxruntime
+backend keys:
+
+- ``parameters { key: "intra_op_thread_count" value { string_value: "1" } }``
+  (0 or absent: ORT's default, one thread per core),
+- ``parameters { key: "inter_op_thread_count" ... }``,
+- ``parameters { key: "execution_mode" ... }`` ``0`` sequential (default) / ``1`` parallel,
+- ``optimization { graph { level: N } }``: ``-1`` basic, ``0`` (default) all,
+  ``1`` extended — or the parameter ``graph_optimization_level`` with
+  ``disable`` / ``basic`` / ``extended`` / ``all``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from typing import Any
+
+import numpy as np
+
+from pdserve import config as cfgmod
+from pdserve.backends.base import (
+    Backend,
+    ExecRequest,
+    ExecResult,
+    ModelInstance,
+    ModelSpec,
+    merge_batch,
+    split_batch,
+)
+from pdserve.datatypes import ORT_TO_V2, to_bytes_object_array
+from pdserve.types import InferError
+
+log = logging.getLogger("pdserve.onnxruntime")
+
+_LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
+
+
+def _ort() -> Any:
+    import onnxruntime
+
+    return onnxruntime
+
+
+def session_options(config: Any) -> Any:
+    """Build ``onnxruntime.SessionOptions`` from a model configuration.
+
+    Raises:
+        ValueError: a parameter value is not an integer / known level name.
+    """
+    ort = _ort()
+    so = ort.SessionOptions()
+    intra = cfgmod.get_parameter(config, "intra_op_thread_count")
+    inter = cfgmod.get_parameter(config, "inter_op_thread_count")
+    mode = cfgmod.get_parameter(config, "execution_mode")
+    try:
+        if intra:
+            so.intra_op_num_threads = int(intra)
+        if inter:
+            so.inter_op_num_threads = int(inter)
+        if mode:
+            so.execution_mode = (
+                ort.ExecutionMode.ORT_PARALLEL
+                if int(mode) == 1
+                else ort.ExecutionMode.ORT_SEQUENTIAL
+            )
+    except ValueError as e:
+        raise ValueError(f"session option parameter is not an integer: {e}") from None
+    level_name = cfgmod.get_parameter(config, "graph_optimization_level")
+    gol = ort.GraphOptimizationLevel
+    by_value = {
+        0: gol.ORT_DISABLE_ALL,
+        1: gol.ORT_ENABLE_BASIC,
+        2: gol.ORT_ENABLE_EXTENDED,
+        99: gol.ORT_ENABLE_ALL,
+    }
+    if level_name:
+        if level_name not in _LEVELS:
+            raise ValueError(
+                f"graph_optimization_level '{level_name}' is not one of {sorted(_LEVELS)}"
+            )
+        so.graph_optimization_level = by_value[_LEVELS[level_name]]
+    elif config.HasField("optimization") and config.optimization.HasField("graph"):
+        level = config.optimization.graph.level
+        so.graph_optimization_level = {-1: gol.ORT_ENABLE_BASIC, 1: gol.ORT_ENABLE_EXTENDED}.get(
+            level, gol.ORT_ENABLE_ALL
+        )
+    return so
+
+
+def _shape_of(arg: Any) -> list[int | None]:
+    return [d if isinstance(d, int) and d >= 0 else None for d in arg.shape]
+
+
+class OnnxRuntimeBackend(Backend):
+    """Loads ``model.onnx`` (or ``default_model_filename``) into ORT sessions."""
+
+    name = "onnxruntime"
+
+    def _model_path(self, spec: ModelSpec) -> str:
+        filename = spec.config.default_model_filename or "model.onnx"
+        path = spec.version_dir / filename
+        if not path.exists():
+            raise FileNotFoundError(f"model file {path} does not exist")
+        return str(path)
+
+    def auto_complete(self, spec: ModelSpec) -> None:
+        """Complete and check the config against the graph's inputs and outputs.
+
+        Raises:
+            pdserve.config.ConfigError: dims/datatypes disagree, unknown tensors,
+                or batching asked of a graph whose first dim is fixed.
+        """
+        ort = _ort()
+        sess = ort.InferenceSession(self._model_path(spec), providers=["CPUExecutionProvider"])
+
+        def io(args: list[Any]) -> list[tuple[str, str, list[int | None]]]:
+            out = []
+            for a in args:
+                if a.type not in ORT_TO_V2:
+                    raise cfgmod.ConfigError(
+                        str(spec.version_dir), a.name, f"unsupported ONNX type {a.type}"
+                    )
+                out.append((a.name, ORT_TO_V2[a.type], _shape_of(a)))
+            return out
+
+        inputs, outputs = io(sess.get_inputs()), io(sess.get_outputs())
+        batching = all(s and s[0] is None for _, _, s in inputs + outputs)
+        cfgmod.autocomplete_from_io(
+            spec.config, inputs, outputs, batching, str(spec.model_dir / "config.pbtxt")
+        )
+
+    async def load(self, spec: ModelSpec) -> list[ModelInstance]:
+        """Create one ORT session per instance in ``instance_group``.
+
+        Raises:
+            RuntimeError: KIND_GPU asked but no CUDAExecutionProvider is available.
+            ValueError: bad session option parameters.
+        """
+        ort = _ort()
+        path = self._model_path(spec)
+        available = ort.get_available_providers()
+        groups = list(spec.config.instance_group) or [None]
+        plans: list[tuple[str, list[Any]]] = []
+        for group in groups:
+            count = group.count if group is not None and group.count > 0 else 1
+            kind_name = "KIND_CPU"
+            gpus: list[int] = [0]
+            if group is not None:
+                from tritonclient.grpc import model_config_pb2 as mc
+
+                kind_name = mc.ModelInstanceGroup.Kind.Name(group.kind)
+                gpus = list(group.gpus) or [0]
+            if kind_name == "KIND_AUTO":
+                kind_name = "KIND_GPU" if "CUDAExecutionProvider" in available else "KIND_CPU"
+            if kind_name == "KIND_GPU":
+                if "CUDAExecutionProvider" not in available:
+                    raise RuntimeError(
+                        "instance_group asks for KIND_GPU but this onnxruntime has no "
+                        f"CUDAExecutionProvider (available: {', '.join(available)}); install "
+                        "onnxruntime-gpu on a machine with a CUDA GPU, or use KIND_CPU"
+                    )
+                for gpu in gpus:
+                    for _ in range(count):
+                        plans.append(
+                            (
+                                "KIND_GPU",
+                                [
+                                    ("CUDAExecutionProvider", {"device_id": gpu}),
+                                    "CPUExecutionProvider",
+                                ],
+                            )
+                        )
+            elif kind_name in ("KIND_CPU", "KIND_MODEL"):
+                plans.extend(("KIND_CPU", ["CPUExecutionProvider"]) for _ in range(count))
+            else:
+                raise RuntimeError(
+                    f"instance_group kind {kind_name} is not supported by onnxruntime"
+                )
+        so = session_options(spec.config)
+        loop = asyncio.get_running_loop()
+
+        def make(providers: list[Any]) -> Any:
+            return ort.InferenceSession(path, sess_options=so, providers=providers)
+
+        sessions = await asyncio.gather(
+            *(loop.run_in_executor(None, make, providers) for _, providers in plans)
+        )
+        return [
+            OnnxRuntimeInstance(f"{spec.name}_{i}", kind, sess, spec)
+            for i, ((kind, _), sess) in enumerate(zip(plans, sessions, strict=True))
+        ]
+
+
+class OnnxRuntimeInstance(ModelInstance):
+    """One ORT session running on its own thread."""
+
+    def __init__(self, name: str, kind: str, session: Any, spec: ModelSpec) -> None:
+        self.name = name
+        self.kind = kind
+        self.session = session
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        cfg = spec.config
+        self._batching = cfg.max_batch_size > 0
+        self._string_inputs = {a.name for a in session.get_inputs() if a.type == "tensor(string)"}
+        self._string_outputs = {a.name for a in session.get_outputs() if a.type == "tensor(string)"}
+        self._reshape: dict[str, list[int]] = {
+            i.name: list(i.reshape.shape) for i in cfg.input if i.HasField("reshape")
+        }
+        self._out_reshape: dict[str, list[int]] = {
+            o.name: list(o.dims) for o in cfg.output if o.HasField("reshape")
+        }
+        self._all_outputs = [o.name for o in session.get_outputs()]
+
+    def _run(self, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        values = self.session.run(names, feeds)
+        return dict(zip(names, values, strict=True))
+
+    async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
+        """Merge the batch, run the session on this instance's thread, split outputs."""
+        inputs = merge_batch(batch)
+        feeds: dict[str, np.ndarray] = {}
+        rows = sum(r.batch_size for r in batch)
+        for name, arr in inputs.items():
+            if name in self._reshape:
+                shape = ([rows] if self._batching else []) + self._reshape[name]
+                arr = arr.reshape(shape)
+            if name in self._string_inputs:
+                arr = (
+                    np.vectorize(
+                        lambda b: (
+                            b.decode("utf-8", "surrogateescape") if isinstance(b, bytes) else b
+                        ),
+                        otypes=[object],
+                    )(arr)
+                    if arr.size
+                    else arr
+                )
+            feeds[name] = arr
+        wanted: list[str] = []
+        for r in batch:
+            for n in r.output_names:
+                if n not in wanted:
+                    wanted.append(n)
+        loop = asyncio.get_running_loop()
+        try:
+            outputs = await loop.run_in_executor(self._executor, self._run, feeds, wanted)
+        except Exception as e:  # ORT raises its own exception types
+            raise InferError(f"onnxruntime execution failed: {e}", 500) from e
+        for n in wanted:
+            if n in self._string_outputs:
+                outputs[n] = to_bytes_object_array(np.asarray(outputs[n], dtype=object))
+            if n in self._out_reshape:
+                dims = self._out_reshape[n]
+                outputs[n] = outputs[n].reshape(([rows] if self._batching else []) + dims)
+        return split_batch(batch, outputs)
+
+    async def close(self) -> None:
+        """Stop the instance's thread and drop the session."""
+        self._executor.shutdown(wait=True)
+        self.session = None

@@ -1,0 +1,942 @@
+"""Model configuration: ``config.pbtxt`` <-> Triton's ``ModelConfig`` protobuf.
+
+The schema is Triton's own (``tritonclient.grpc.model_config_pb2``), parsed with
+``google.protobuf.text_format``; nothing here re-declares it. The functions follow
+the order in which Triton prepares a model's configuration:
+
+1. :func:`load_model_config` reads ``<model>/config.pbtxt`` (or starts empty) and
+   sets / checks ``name``.
+2. :func:`normalize_platform` fills the missing half of the ``platform`` /
+   ``backend`` pair and ``default_model_filename`` (Triton core's
+   ``AutoCompleteBackendFields``).
+3. A backend auto-completes what only the model file knows; for ONNX that is
+   :func:`autocomplete_from_io` (the onnxruntime backend's ``AutoCompleteConfig``).
+4. :func:`apply_defaults` fills Triton's defaults (``NormalizeModelConfig`` and
+   ``NormalizeInstanceGroup``): version policy, preferred batch size, instance
+   groups.
+5. :func:`validate_config` applies Triton's generic checks
+   (``ValidateModelConfig`` / ``ValidateIOShape``).
+
+:func:`config_to_json` renders the configuration as ``GET /v2/models/{m}/config``
+returns it; :func:`config_from_json` parses the repository API's config override.
+
+Every problem is a :class:`ConfigError` naming the file and the dotted field
+(``input[1].dims``), so a user can go straight to the line to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from tritonclient.grpc import model_config_pb2
+
+from pdserve.datatypes import CONFIG_TO_V2, V2_TO_CONFIG
+
+ModelConfig = model_config_pb2.ModelConfig
+ModelInput = model_config_pb2.ModelInput
+ModelOutput = model_config_pb2.ModelOutput
+
+#: File name of the model configuration inside a model folder.
+CONFIG_FILENAME = "config.pbtxt"
+
+#: Triton's ``--backend-config=default-max-batch-size`` default: the
+#: ``max_batch_size`` auto-complete gives a model that can batch but whose
+#: configuration does not say (Triton server ``qa/L0_backend_config`` asserts 4).
+DEFAULT_MAX_BATCH_SIZE = 4
+
+#: Triton's ``WILDCARD_DIM``: a variable-size dimension.
+WILDCARD_DIM = -1
+
+#: platform -> backend for the platforms pdserve serves (Triton's equivalences).
+PLATFORM_TO_BACKEND: dict[str, str] = {
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+}
+#: backend -> the platform Triton fills in for it (python has none).
+BACKEND_TO_PLATFORM: dict[str, str] = {v: k for k, v in PLATFORM_TO_BACKEND.items()}
+#: The ensemble platform: no backend, no model file, ``ensemble_scheduling`` instead.
+ENSEMBLE_PLATFORM = "ensemble"
+#: Backends pdserve knows.
+KNOWN_BACKENDS = frozenset({"onnxruntime", "pytorch", "python"})
+#: Platforms pdserve knows.
+KNOWN_PLATFORMS = frozenset({*PLATFORM_TO_BACKEND, ENSEMBLE_PLATFORM})
+
+#: backend -> the model file Triton looks for in a version folder by default.
+DEFAULT_MODEL_FILENAMES: dict[str, str] = {
+    "onnxruntime": "model.onnx",
+    "pytorch": "model.pt",
+    "python": "model.py",
+}
+
+#: Backends whose CPU instance groups default to 2 instances (Triton's
+#: ``SetDefaultInstanceCount``; everything else defaults to 1).
+_TWO_CPU_INSTANCE_BACKENDS = frozenset({"onnxruntime", "tensorflow"})
+
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+class ConfigError(Exception):
+    """A model configuration that cannot be served.
+
+    Attributes:
+        path: the configuration file (or model folder) the problem is in.
+        field: dotted path of the offending field, e.g. ``input[1].dims`` or
+            ``platform``; for a parse error, ``line:column``.
+        message: what is wrong, in words.
+
+    ``str(error)`` is ``"{path}: {field}: {message}"``.
+    """
+
+    def __init__(self, path: str | Path, field: str, message: str) -> None:
+        self.path = str(path)
+        self.field = field
+        self.message = message
+        super().__init__(f"{self.path}: {field}: {message}")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_model_config(model_dir: Path) -> ModelConfig:
+    """Read ``<model_dir>/config.pbtxt`` into a ``ModelConfig``.
+
+    A missing file gives an empty configuration (Triton allows that while
+    auto-complete is on, its default). An empty ``name`` becomes the folder
+    name; a ``name`` that differs from the folder name is an error, as in Triton
+    (the model repository manager requires them to be equal).
+
+    Raises:
+        ConfigError: the text does not parse (``field`` is ``line:column``), the
+            file cannot be read, or the name differs from the folder's.
+    """
+    model_dir = Path(model_dir)
+    config_path = model_dir / CONFIG_FILENAME
+    cfg = ModelConfig()
+    if config_path.is_file():
+        try:
+            text = config_path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(config_path, "file", f"cannot read: {exc}") from None
+        try:
+            text_format.Parse(text, cfg)
+        except text_format.ParseError as exc:
+            line, column = exc.GetLine(), exc.GetColumn()
+            where = f"{line}:{column}" if line is not None else "syntax"
+            message = str(exc)
+            prefix = f"{line}:{column} : "
+            if message.startswith(prefix):
+                message = message[len(prefix) :]
+            raise ConfigError(config_path, where, message) from None
+    folder = model_dir.name
+    if not cfg.name:
+        cfg.name = folder
+    elif cfg.name != folder:
+        raise ConfigError(
+            config_path,
+            "name",
+            f"model name '{cfg.name}' differs from its folder name '{folder}'; "
+            "Triton requires the configuration name to equal the directory name",
+        )
+    return cfg
+
+
+# --------------------------------------------------------------------------- platform
+
+
+def normalize_platform(
+    cfg: ModelConfig,
+    path: str | Path = "",
+    *,
+    guess_from_files: Iterable[str] | None = None,
+) -> None:
+    """Fill the missing half of the platform/backend pair, in place.
+
+    Triton's equivalences: ``platform: "onnxruntime_onnx"`` <-> ``backend:
+    "onnxruntime"``, ``"pytorch_libtorch"`` <-> ``"pytorch"``; ``backend:
+    "python"`` has no platform; ``platform: "ensemble"`` has no backend. With
+    neither set, the backend is inferred like Triton's auto-complete: first from
+    ``default_model_filename``, then from ``guess_from_files`` (the names in the
+    model's first version folder): ``model.onnx`` -> onnxruntime, ``model.pt`` ->
+    pytorch, ``model.py`` -> python. ``default_model_filename`` is then set to the
+    backend's default when empty (Triton shows it in the served configuration).
+
+    Args:
+        cfg: the configuration, updated in place.
+        path: the configuration file, for error messages.
+        guess_from_files: file names of a version folder, used only when neither
+            platform nor backend is set.
+
+    Raises:
+        ConfigError: an unknown platform or backend, a pair that disagrees, or
+            nothing to infer the backend from.
+    """
+    where = path or cfg.name or CONFIG_FILENAME
+    platform, backend = cfg.platform, cfg.backend
+
+    if platform and platform not in KNOWN_PLATFORMS:
+        raise ConfigError(
+            where,
+            "platform",
+            f"unknown platform '{platform}'; pdserve serves {_names(KNOWN_PLATFORMS)}",
+        )
+    if backend and backend not in KNOWN_BACKENDS:
+        raise ConfigError(
+            where,
+            "backend",
+            f"unknown backend '{backend}'; pdserve serves {_names(KNOWN_BACKENDS)}",
+        )
+
+    if not platform and not backend:
+        backend = _guess_backend(cfg.default_model_filename, guess_from_files)
+        if backend is None:
+            raise ConfigError(
+                where,
+                "platform",
+                "must specify 'platform' or 'backend' (no model.onnx, model.pt or "
+                "model.py in the version folder to infer it from)",
+            )
+
+    if platform == ENSEMBLE_PLATFORM:
+        if backend:
+            raise ConfigError(
+                where,
+                "backend",
+                f"ensemble model must have platform '{ENSEMBLE_PLATFORM}' and an empty backend, "
+                f"got backend '{backend}'",
+            )
+        return
+
+    if platform:
+        expected = PLATFORM_TO_BACKEND[platform]
+        if backend and backend != expected:
+            raise ConfigError(
+                where,
+                "backend",
+                f"unexpected 'platform' and 'backend' pair: '{platform}' goes with backend "
+                f"'{expected}', got '{backend}'",
+            )
+        backend = expected
+    else:
+        platform = BACKEND_TO_PLATFORM.get(backend, "")
+
+    cfg.platform = platform
+    cfg.backend = backend
+    # Triton: a pytorch model with runtime "model.py" keeps an empty default.
+    python_runtime = backend == "pytorch" and cfg.runtime == "model.py"
+    if not cfg.default_model_filename and not python_runtime:
+        cfg.default_model_filename = DEFAULT_MODEL_FILENAMES[backend]
+
+
+def _guess_backend(default_filename: str, files: Iterable[str] | None) -> str | None:
+    """The backend Triton would infer from the model file name(s), or None."""
+    by_file = {filename: backend for backend, filename in DEFAULT_MODEL_FILENAMES.items()}
+    if default_filename:
+        return by_file.get(default_filename)
+    names = set(files or ())
+    # Triton checks in this order: onnxruntime, (openvino), pytorch, python.
+    for backend in ("onnxruntime", "pytorch", "python"):
+        if DEFAULT_MODEL_FILENAMES[backend] in names:
+            return backend
+    return None
+
+
+def _names(items: Iterable[str]) -> str:
+    return ", ".join(f"'{i}'" for i in sorted(items))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def datatype_of(io: ModelInput | ModelOutput) -> str:
+    """The V2 datatype name of a configured tensor (``TYPE_STRING`` -> ``"BYTES"``).
+
+    Raises:
+        ValueError: the tensor's ``data_type`` is ``TYPE_INVALID`` (not set).
+    """
+    name = model_config_pb2.DataType.Name(io.data_type)
+    if name == "TYPE_INVALID":
+        raise ValueError(f"tensor '{io.name}' has no data_type")
+    return CONFIG_TO_V2.get(name, name.removeprefix("TYPE_"))
+
+
+def io_shape(cfg: ModelConfig, io: ModelInput | ModelOutput) -> list[int]:
+    """The full shape a client sees for a tensor.
+
+    That is ``dims``, with a leading ``-1`` batch dimension when the model
+    batches (``max_batch_size > 0``).
+    """
+    dims = [int(d) for d in io.dims]
+    return [WILDCARD_DIM, *dims] if cfg.max_batch_size > 0 else dims
+
+
+def get_parameter(cfg: ModelConfig, key: str, default: str | None = None) -> str | None:
+    """The ``string_value`` of model parameter ``key``, or ``default`` if absent.
+
+    Model parameters are ``parameters { key: "x" value: { string_value: "y" } }``.
+    """
+    if key in cfg.parameters:
+        return cfg.parameters[key].string_value
+    return default
+
+
+# --------------------------------------------------------------------------- auto-complete
+
+#: One model-file tensor: (name, V2 datatype, shape). A shape entry is an int
+#: (negative = variable) or None / a str for a symbolic (variable) dimension; a
+#: shape of None means the rank is unknown.
+TensorInfo = tuple[str, str, Sequence[int | str | None] | None]
+
+
+def autocomplete_from_io(
+    cfg: ModelConfig,
+    inputs: Sequence[TensorInfo],
+    outputs: Sequence[TensorInfo],
+    supports_batching: bool = True,
+    path: str | Path = "",
+    *,
+    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+) -> None:
+    """Complete and check a configuration against a model file's tensors, in place.
+
+    Follows Triton's onnxruntime backend auto-complete (``AutoCompleteConfig``),
+    with pdserve's additions noted:
+
+    * Batching: unless the configuration already declares both inputs and
+      outputs (Triton then skips auto-complete), a model whose every input and
+      output has a variable first dimension can batch; ``max_batch_size`` 0 then
+      becomes ``default_max_batch_size`` (Triton's default is 4) and, when that is
+      above 1 and no batcher is configured, an empty ``dynamic_batching`` is added
+      (Triton turns its dynamic batcher on). ``max_batch_size > 0`` on a model
+      that cannot batch is an error.
+    * Inputs: configured inputs are kept in order; a missing ``data_type`` or
+      ``dims`` is filled from the model; model inputs the configuration lacks are
+      appended (pdserve addition: Triton fails such a model with "configuration
+      expects N inputs, model provides M").
+    * Outputs: with none configured, all of the model's are added. Configured
+      outputs may be a subset of the model's (Triton allows it: only those are
+      served), so missing ones are not added.
+    * Checks: a configured tensor the model does not have, a datatype that
+      differs, a rank that differs, or a fixed dimension that differs from a fixed
+      model dimension. A ``-1`` on either side matches anything (pdserve is
+      lenient here; Triton also rejects a config ``-1`` against a fixed model
+      dimension, and compares output dims exactly). When batching, the model's
+      first dimension must be variable and config dims exclude it.
+
+    Args:
+        cfg: the configuration (after :func:`normalize_platform`).
+        inputs / outputs: the model file's tensors as ``(name, v2_datatype,
+            shape)``; shapes are full (batch dimension included).
+        supports_batching: False when the backend cannot batch this model; it
+            decides the auto-complete of ``max_batch_size``. Declared tensors are
+            checked one by one in any case.
+        path: the configuration file, for error messages.
+        default_max_batch_size: Triton's ``default-max-batch-size`` backend setting.
+
+    Raises:
+        ConfigError: naming the field (``input[0].dims``...) that disagrees with
+            the model file.
+    """
+    where = path or cfg.name or CONFIG_FILENAME
+    model_inputs = {name: (dt, _model_shape(shape)) for name, dt, shape in inputs}
+    model_outputs = {name: (dt, _model_shape(shape)) for name, dt, shape in outputs}
+
+    # ---- batching (Triton's AutoCompleteMaxBatch)
+    def first_dim_variable(shape: list[int] | None) -> bool:
+        return shape is not None and len(shape) > 0 and shape[0] == WILDCARD_DIM
+
+    all_shapes = [s for _, s in model_inputs.values()] + [s for _, s in model_outputs.values()]
+    can_batch = supports_batching and all(first_dim_variable(s) for s in all_shapes)
+    declared_both = len(cfg.input) > 0 and len(cfg.output) > 0
+    if not declared_both:
+        if can_batch:
+            if cfg.max_batch_size == 0:
+                cfg.max_batch_size = max(default_max_batch_size, 0)
+            if (
+                cfg.max_batch_size > 1
+                and not cfg.HasField("dynamic_batching")
+                and not cfg.HasField("sequence_batching")
+            ):
+                cfg.dynamic_batching.SetInParent()
+        elif cfg.max_batch_size != 0:
+            raise ConfigError(
+                where,
+                "max_batch_size",
+                _cannot_batch_reason(cfg.max_batch_size, model_inputs, model_outputs),
+            )
+    # With inputs and outputs both declared, Triton checks batching per declared
+    # tensor (a model output left out of the config does not matter): see below.
+
+    batching = cfg.max_batch_size > 0
+
+    # ---- inputs: check / fill the declared ones, then add the missing ones
+    declared_inputs: set[str] = set()
+    for i, io in enumerate(cfg.input):
+        declared_inputs.add(io.name)
+        if io.name not in model_inputs:
+            raise ConfigError(
+                where,
+                f"input[{i}].name",
+                f"unknown input '{io.name}': the model file's inputs are "
+                f"{_names(model_inputs) or 'none'}",
+            )
+        dt, shape = model_inputs[io.name]
+        _complete_io(io, f"input[{i}]", dt, shape, batching, where)
+    for name, (dt, shape) in model_inputs.items():
+        if name not in declared_inputs:
+            _complete_io(
+                cfg.input.add(name=name), f"input[{len(cfg.input) - 1}]", dt, shape, batching, where
+            )
+
+    # ---- outputs: Triton fills them only when none is declared
+    if len(cfg.output) == 0:
+        for name, (dt, shape) in model_outputs.items():
+            _complete_io(
+                cfg.output.add(name=name),
+                f"output[{len(cfg.output) - 1}]",
+                dt,
+                shape,
+                batching,
+                where,
+            )
+    else:
+        for i, io in enumerate(cfg.output):
+            if io.name not in model_outputs:
+                raise ConfigError(
+                    where,
+                    f"output[{i}].name",
+                    f"unknown output '{io.name}': the model file's outputs are "
+                    f"{_names(model_outputs) or 'none'}",
+                )
+            dt, shape = model_outputs[io.name]
+            _complete_io(io, f"output[{i}]", dt, shape, batching, where)
+
+
+def _model_shape(shape: Sequence[int | str | None] | None) -> list[int] | None:
+    """A model file shape with every variable/symbolic dimension as -1 (None: unknown rank)."""
+    if shape is None:
+        return None
+    out = []
+    for d in shape:
+        if d is None or isinstance(d, str) or int(d) < 0:
+            out.append(WILDCARD_DIM)
+        else:
+            out.append(int(d))
+    return out
+
+
+def _cannot_batch_reason(
+    max_batch_size: int,
+    model_inputs: dict[str, tuple[str, list[int] | None]],
+    model_outputs: dict[str, tuple[str, list[int] | None]],
+) -> str:
+    head = f"max_batch_size {max_batch_size} asks for batching, but the model cannot batch"
+    for kind, tensors in (("input", model_inputs), ("output", model_outputs)):
+        for name, (_, shape) in tensors.items():
+            if shape is None or not shape or shape[0] != WILDCARD_DIM:
+                return (
+                    f"{head}: the first dimension of {kind} '{name}' (shape "
+                    f"{_shape_str(shape)}) is not a variable-size batch dimension; "
+                    "set max_batch_size: 0 and give full shapes in dims"
+                )
+    return head
+
+
+def _shape_str(shape: Sequence[int] | None) -> str:
+    return "unknown" if shape is None else "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _complete_io(
+    io: ModelInput | ModelOutput,
+    field: str,
+    model_dt: str,
+    model_shape: list[int] | None,
+    batching: bool,
+    where: str,
+) -> None:
+    """Fill or check one configured tensor against the model file's.
+
+    A missing ``data_type`` / ``dims`` is filled from the model; present ones
+    are checked against it.
+    """
+    config_type = V2_TO_CONFIG.get(model_dt)
+    if config_type is None:
+        raise ConfigError(
+            where,
+            f"{field}.data_type",
+            f"model tensor '{io.name}' has "
+            f"datatype '{model_dt}', which has no model configuration type",
+        )
+    model_enum = model_config_pb2.DataType.Value(config_type)
+    if io.data_type == model_config_pb2.TYPE_INVALID:
+        io.data_type = model_enum
+    elif io.data_type != model_enum:
+        raise ConfigError(
+            where,
+            f"{field}.data_type",
+            f"data_type {model_config_pb2.DataType.Name(io.data_type)} of '{io.name}' disagrees "
+            f"with the model file, which has {config_type}",
+        )
+
+    if batching:
+        if model_shape is not None and (not model_shape or model_shape[0] != WILDCARD_DIM):
+            raise ConfigError(
+                where,
+                f"{field}.dims",
+                f"the model cannot batch: the first dimension of '{io.name}' (shape "
+                f"{_shape_str(model_shape)}) is not a variable-size batch dimension, "
+                "but max_batch_size > 0",
+            )
+        debatched = model_shape[1:] if model_shape is not None else None
+    else:
+        debatched = model_shape
+
+    has_reshape = io.HasField("reshape")
+    if len(io.dims) == 0 and not has_reshape:
+        # Fill from the model, as Triton's AutoCompleteIO does.
+        if debatched is None:
+            io.dims.append(WILDCARD_DIM)
+        elif debatched:
+            io.dims.extend(debatched)
+        else:
+            # Scalar per batch item / scalar model tensor: dims [1]; a batching
+            # model reshapes it back to [] (empty reshape).
+            io.dims.append(1)
+            if batching:
+                io.reshape.SetInParent()
+        return
+
+    if debatched is None:
+        return  # the model file does not say: nothing to compare
+    configured = list(io.reshape.shape) if has_reshape else list(io.dims)
+    label = "reshape.shape" if has_reshape else "dims"
+    if not batching and model_shape == [] and all(d == 1 for d in configured):
+        return  # a scalar model tensor: Triton accepts dims of all 1s
+    if len(configured) != len(debatched) or any(
+        c != m and c != WILDCARD_DIM and m != WILDCARD_DIM
+        for c, m in zip(configured, debatched, strict=False)
+    ):
+        shown = f"[-1] + {_shape_str(configured)}" if batching else _shape_str(configured)
+        raise ConfigError(
+            where,
+            f"{field}.{label}",
+            f"{label} {shown} of '{io.name}' disagree with the model file's shape "
+            f"{_shape_str(model_shape)}",
+        )
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+def apply_defaults(cfg: ModelConfig, *, gpus: Sequence[int] = ()) -> None:
+    """Fill Triton's defaults into a completed configuration, in place.
+
+    Follows Triton core's ``NormalizeModelConfig`` and ``NormalizeInstanceGroup``:
+
+    * no ``version_policy`` -> ``latest { num_versions: 1 }``;
+    * ``dynamic_batching`` without ``preferred_batch_size`` -> ``[max_batch_size]``
+      when ``max_batch_size > 0``;
+    * non-ensembles: ``optimization`` input/output pinned memory enabled; no
+      ``instance_group`` -> one group named after the model; unnamed groups ->
+      ``<model>_<index>``; ``KIND_AUTO`` -> ``KIND_GPU`` if ``gpus`` else
+      ``KIND_CPU``; ``count < 1`` -> 1 (2 for onnxruntime on CPU); a GPU group
+      without ``gpus`` -> every GPU.
+
+    Args:
+        cfg: the configuration, updated in place.
+        gpus: the GPU device ids available to the server.
+    """
+    if not cfg.HasField("version_policy"):
+        cfg.version_policy.latest.num_versions = 1
+
+    if cfg.HasField("dynamic_batching"):
+        db = cfg.dynamic_batching
+        if len(db.preferred_batch_size) == 0 and cfg.max_batch_size > 0:
+            db.preferred_batch_size.append(cfg.max_batch_size)
+
+    if cfg.HasField("ensemble_scheduling") or cfg.platform == ENSEMBLE_PLATFORM:
+        return
+
+    opt = cfg.optimization
+    if not opt.HasField("input_pinned_memory"):
+        opt.input_pinned_memory.enable = True
+    if not opt.HasField("output_pinned_memory"):
+        opt.output_pinned_memory.enable = True
+
+    group_pb = model_config_pb2.ModelInstanceGroup
+    if len(cfg.instance_group) == 0:
+        cfg.instance_group.add(name=cfg.name)
+    for index, group in enumerate(cfg.instance_group):
+        if not group.name:
+            group.name = f"{cfg.name}_{index}"
+        if group.kind == group_pb.KIND_AUTO:
+            use_gpu = bool(gpus) and all(g in gpus for g in group.gpus)
+            group.kind = group_pb.KIND_GPU if use_gpu else group_pb.KIND_CPU
+        if group.count < 1:
+            two = group.kind == group_pb.KIND_CPU and cfg.backend in _TWO_CPU_INSTANCE_BACKENDS
+            group.count = 2 if two else 1
+        if group.kind == group_pb.KIND_GPU and len(group.gpus) == 0:
+            group.gpus.extend(gpus)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate_config(
+    cfg: ModelConfig,
+    path: str | Path,
+    *,
+    model_dir: Path | None = None,
+    complete: bool = True,
+) -> list[str]:
+    """Check a configuration against Triton's generic rules.
+
+    The rules are Triton core's ``ValidateModelConfig`` and ``ValidateIOShape``:
+    platform/backend pair; ``max_batch_size >= 0``; every input/output has a
+    ``name`` (no duplicates), a ``data_type`` and ``dims``; each dim is ``>= 1``
+    or ``-1``; ``reshape`` has valid dims, the same element count as ``dims``
+    (chunk by chunk around ``-1``) and is not empty on a non-batching model;
+    ``FORMAT_NHWC``/``FORMAT_NCHW`` inputs have 3 dims; no shape tensors (TensorRT
+    only); dynamic batching's preferred sizes in ``[1, max_batch_size]``,
+    priority levels in range, no DELAY timeout with ``preserve_ordering``;
+    ``KIND_CPU``/``KIND_MODEL`` groups list no GPUs; an output's
+    ``label_filename`` exists (relative to the model folder); an ensemble has
+    ``ensemble_scheduling`` with steps, no backend and no instance groups, and
+    only an ensemble has ``ensemble_scheduling``.
+
+    Run it after auto-complete, as Triton does. With ``complete=False`` the
+    checks auto-complete could still satisfy (a missing ``data_type`` or
+    ``dims``) are skipped.
+
+    Args:
+        cfg: the configuration.
+        path: the configuration file, for error messages.
+        model_dir: the model folder (``label_filename`` is relative to it);
+            defaults to ``path``'s parent.
+        complete: whether auto-complete has run.
+
+    Returns:
+        Warnings: things Triton accepts that are probably not what the user
+        meant (``dynamic_batching`` on a model with ``max_batch_size: 0``: Triton
+        queues but never batches its requests).
+
+    Raises:
+        ConfigError: the first rule broken, naming the field.
+    """
+    where = str(path)
+    folder = Path(model_dir) if model_dir is not None else Path(where).parent
+    warnings: list[str] = []
+    mbs = cfg.max_batch_size
+    is_ensemble = cfg.platform == ENSEMBLE_PLATFORM
+
+    if not cfg.name:
+        raise ConfigError(where, "name", "model configuration must specify 'name'")
+    if not cfg.platform and not cfg.backend:
+        raise ConfigError(where, "platform", "must specify 'platform' or 'backend'")
+    if cfg.platform and cfg.platform not in KNOWN_PLATFORMS:
+        raise ConfigError(where, "platform", f"unknown platform '{cfg.platform}'")
+    if cfg.backend and cfg.backend not in KNOWN_BACKENDS:
+        raise ConfigError(where, "backend", f"unknown backend '{cfg.backend}'")
+    if is_ensemble and cfg.backend:
+        raise ConfigError(where, "backend", "an ensemble must have an empty backend")
+    if cfg.platform in PLATFORM_TO_BACKEND and cfg.backend not in (
+        "",
+        PLATFORM_TO_BACKEND[cfg.platform],
+    ):
+        raise ConfigError(
+            where,
+            "backend",
+            f"unexpected 'platform' and 'backend' pair: '{cfg.platform}', '{cfg.backend}'",
+        )
+    if mbs < 0:
+        raise ConfigError(where, "max_batch_size", f"must be non-negative, got {mbs}")
+
+    for kind, ios in (("input", cfg.input), ("output", cfg.output)):
+        seen: set[str] = set()
+        for i, io in enumerate(ios):
+            field = f"{kind}[{i}]"
+            if not io.name:
+                raise ConfigError(where, f"{field}.name", f"model {kind} must specify 'name'")
+            if io.name in seen:
+                raise ConfigError(where, f"{field}.name", f"duplicate {kind} name '{io.name}'")
+            seen.add(io.name)
+            _validate_io_shape(io, field, kind, mbs, complete, where)
+            image_formats = (ModelInput.FORMAT_NHWC, ModelInput.FORMAT_NCHW)
+            if kind == "input" and io.format in image_formats and len(io.dims) != 3:
+                raise ConfigError(where, f"{field}.format", "NHWC/NCHW inputs require 3 dims")
+            if io.is_shape_tensor:
+                raise ConfigError(
+                    where,
+                    f"{field}.is_shape_tensor",
+                    "shape tensors are only supported for the TensorRT platform",
+                )
+            label = io.label_filename if kind == "output" else ""
+            if label and not (folder / label).is_file():
+                raise ConfigError(
+                    where,
+                    f"{field}.label_filename",
+                    f"label file '{label}' not found in {folder}",
+                )
+
+    if cfg.HasField("dynamic_batching"):
+        _validate_dynamic_batching(cfg, where, warnings)
+
+    group_pb = model_config_pb2.ModelInstanceGroup
+    for i, group in enumerate(cfg.instance_group):
+        if group.kind in (group_pb.KIND_CPU, group_pb.KIND_MODEL) and len(group.gpus) > 0:
+            kind_name = group_pb.Kind.Name(group.kind)
+            raise ConfigError(
+                where,
+                f"instance_group[{i}].gpus",
+                f"instance group has kind {kind_name} but specifies one or more GPUs",
+            )
+
+    if cfg.HasField("ensemble_scheduling") and not is_ensemble:
+        raise ConfigError(
+            where,
+            "ensemble_scheduling",
+            f"ensemble_scheduling is only for platform '{ENSEMBLE_PLATFORM}'",
+        )
+    if is_ensemble:
+        if len(cfg.ensemble_scheduling.step) == 0:
+            raise ConfigError(
+                where, "ensemble_scheduling.step", "an ensemble must specify at least one 'step'"
+            )
+        if len(cfg.instance_group) > 0:
+            raise ConfigError(
+                where, "instance_group", "instance groups must not be specified for an ensemble"
+            )
+    return warnings
+
+
+def _validate_io_shape(
+    io: ModelInput | ModelOutput, field: str, kind: str, mbs: int, complete: bool, where: str
+) -> None:
+    """Triton's ``ValidateIOShape`` for one input or output."""
+    if complete and io.data_type == model_config_pb2.TYPE_INVALID:
+        raise ConfigError(
+            where, f"{field}.data_type", f"{kind} '{io.name}' must specify 'data_type'"
+        )
+    if complete and len(io.dims) == 0:
+        raise ConfigError(where, f"{field}.dims", f"{kind} '{io.name}' must specify 'dims'")
+    for d in io.dims:
+        if d < 1 and d != WILDCARD_DIM:
+            raise ConfigError(
+                where,
+                f"{field}.dims",
+                f"dimension {d} of '{io.name}': a dimension must be an integer >= 1, "
+                "or -1 for a variable-size dimension",
+            )
+    if not io.HasField("reshape"):
+        return
+    shape = list(io.reshape.shape)
+    if not shape and mbs == 0:
+        raise ConfigError(
+            where,
+            f"{field}.reshape",
+            f"'{io.name}' cannot have an empty reshape on a non-batching model "
+            "(scalar tensors are not supported)",
+        )
+    for d in shape:
+        if d < 1 and d != WILDCARD_DIM:
+            raise ConfigError(
+                where,
+                f"{field}.reshape.shape",
+                f"reshape dimension {d} of '{io.name}' must be an integer >= 1, or -1",
+            )
+    dims_count = _element_count(io.dims)
+    reshape_count = _element_count(shape)
+    if dims_count != reshape_count and (reshape_count != 0 or dims_count != 1):
+        raise ConfigError(
+            where,
+            f"{field}.reshape",
+            f"'{io.name}' has a different element count for dims {_shape_str(list(io.dims))} "
+            f"and reshape {_shape_str(shape)}",
+        )
+    if dims_count == WILDCARD_DIM and _chunks(io.dims) != _chunks(shape):
+        raise ConfigError(
+            where,
+            f"{field}.reshape",
+            f"'{io.name}': dims {_shape_str(list(io.dims))} and reshape {_shape_str(shape)} "
+            "differ around their variable-size dimensions",
+        )
+
+
+def _element_count(dims: Iterable[int]) -> int:
+    """Triton's ``GetElementCount``: -1 if any dim is variable; 0 for no dims."""
+    dims = list(dims)
+    if any(d == WILDCARD_DIM for d in dims):
+        return WILDCARD_DIM
+    count = 0
+    for i, d in enumerate(dims):
+        count = d if i == 0 else count * d
+    return count
+
+
+def _chunks(dims: Iterable[int]) -> list[int]:
+    """Element counts of the runs of fixed dims between -1s ([2,4,-1,6] -> [8, 6])."""
+    out, current = [], 1
+    for d in dims:
+        if d == WILDCARD_DIM:
+            out.append(current)
+            current = 1
+        else:
+            current *= d
+    out.append(current)
+    return out
+
+
+def _validate_dynamic_batching(cfg: ModelConfig, where: str, warnings: list[str]) -> None:
+    db = cfg.dynamic_batching
+    mbs = cfg.max_batch_size
+    for size in db.preferred_batch_size:
+        if size <= 0:
+            raise ConfigError(
+                where,
+                "dynamic_batching.preferred_batch_size",
+                f"preferred batch size {size} must be positive",
+            )
+        if size > mbs:
+            what = (
+                "batching asked of a model that cannot batch (max_batch_size is 0)"
+                if mbs == 0
+                else f"must be <= max_batch_size {mbs}"
+            )
+            raise ConfigError(
+                where,
+                "dynamic_batching.preferred_batch_size",
+                f"preferred batch size {size}: {what}",
+            )
+    if mbs == 0:
+        warnings.append(
+            f"{where}: dynamic_batching: max_batch_size is 0, so requests are queued "
+            "(priorities, timeouts) but never batched"
+        )
+    levels = db.priority_levels
+    if levels != 0:
+        if db.default_priority_level == 0 or db.default_priority_level > levels:
+            raise ConfigError(
+                where,
+                "dynamic_batching.default_priority_level",
+                f"default priority level must be in range [1, {levels}]",
+            )
+        for level in db.priority_queue_policy:
+            if level == 0 or level > levels:
+                raise ConfigError(
+                    where,
+                    "dynamic_batching.priority_queue_policy",
+                    f"priority queue policy level {level} must be in range [1, {levels}]",
+                )
+    if db.preserve_ordering:
+        if levels > 1:
+            raise ConfigError(
+                where,
+                "dynamic_batching.priority_levels",
+                "only one priority level is allowed when 'preserve_ordering' is true",
+            )
+        delay = model_config_pb2.ModelQueuePolicy.DELAY
+        policies = [("default_queue_policy", db.default_queue_policy)] + [
+            (f"priority_queue_policy[{k}]", v) for k, v in db.priority_queue_policy.items()
+        ]
+        for name, policy in policies:
+            if policy.default_timeout_microseconds != 0 and policy.timeout_action == delay:
+                raise ConfigError(
+                    where,
+                    f"dynamic_batching.{name}.timeout_action",
+                    "a queue policy cannot have DELAY as timeout action when "
+                    "'preserve_ordering' is true",
+                )
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def config_to_json(cfg: ModelConfig) -> dict[str, Any]:
+    """Triton's JSON form of a configuration (``GET /v2/models/{m}/config``).
+
+    Protobuf's JSON mapping with field names as in the ``.proto`` and fields
+    without presence printed even when default (Triton's
+    ``always_print_primitive_fields``); enums stay names (``"TYPE_FP32"``).
+    Protobuf writes 64-bit integers as strings; Triton turns them back into
+    numbers (``"dims": [64]``), and so does this, by walking the message
+    descriptor alongside the dict.
+    """
+    try:
+        d = json_format.MessageToDict(
+            cfg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+    except TypeError:  # protobuf < 5.26
+        d = json_format.MessageToDict(  # type: ignore[call-arg]
+            cfg, preserving_proto_field_name=True, including_default_value_fields=True
+        )
+    _fix_int64(d, cfg.DESCRIPTOR)
+    return d
+
+
+def _fix_int64(d: dict[str, Any], desc: Descriptor) -> None:
+    """Turn protobuf-JSON's string-encoded 64-bit integers in ``d`` back into ints."""
+    for field in desc.fields:
+        if field.name not in d:
+            continue
+        value = d[field.name]
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            sub = field.message_type
+            if sub.GetOptions().map_entry:
+                value_field = sub.fields_by_name["value"]
+                for key, item in value.items():
+                    value[key] = _fix_value(item, value_field)
+            elif _is_repeated(field):
+                for item in value:
+                    if isinstance(item, dict):
+                        _fix_int64(item, sub)
+            elif isinstance(value, dict):
+                _fix_int64(value, sub)
+        elif field.type in _INT64_TYPES:
+            d[field.name] = [int(v) for v in value] if _is_repeated(field) else int(value)
+
+
+def _fix_value(value: Any, field: FieldDescriptor) -> Any:
+    """Fix one map value (a message dict or a scalar)."""
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        if isinstance(value, dict):
+            _fix_int64(value, field.message_type)
+        return value
+    if field.type in _INT64_TYPES:
+        return int(value)
+    return value
+
+
+def _is_repeated(field: FieldDescriptor) -> bool:
+    """Whether a field is repeated, without protobuf 6's deprecated ``label``."""
+    is_repeated = getattr(field, "is_repeated", None)
+    if is_repeated is None:  # older protobuf
+        return field.label == FieldDescriptor.LABEL_REPEATED
+    return bool(is_repeated() if callable(is_repeated) else is_repeated)
+
+
+def config_from_json(d: dict[str, Any], path: str | Path = "<config override>") -> ModelConfig:
+    """Parse a JSON configuration (the repository API's ``config`` override).
+
+    Accepts what :func:`config_to_json` produces (numbers or strings for 64-bit
+    integers, enum names).
+
+    Raises:
+        ConfigError: unknown fields or values of the wrong type.
+    """
+    cfg = ModelConfig()
+    try:
+        json_format.ParseDict(d, cfg)
+    except json_format.ParseError as exc:
+        raise ConfigError(path, "config", str(exc)) from None
+    return cfg

@@ -1,0 +1,169 @@
+"""The one table of tensor datatypes: KServe V2 names, numpy dtypes, config enums.
+
+V2 datatype names follow the Open Inference Protocol
+(https://github.com/kserve/open-inference-protocol, "Tensor Data Types"); the
+``TYPE_*`` names are Triton's ``model_config.proto`` ``DataType`` enum. BYTES
+tensors are numpy ``object`` arrays whose items are ``bytes`` (Triton's
+convention). On the wire (binary tensor extension, gRPC ``raw_*_contents``) each
+BYTES element is a 4-byte little-endian unsigned length followed by the bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+import numpy as np
+
+from pdserve.types import InferError
+
+#: V2 datatype name -> numpy dtype (BYTES -> object).
+V2_TO_NUMPY: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
+}
+
+#: numpy dtype -> V2 datatype name. Unicode/bytes string arrays map to BYTES.
+NUMPY_TO_V2: dict[np.dtype, str] = {v: k for k, v in V2_TO_NUMPY.items()}
+
+#: Size in bytes of one element, for fixed-size datatypes.
+V2_ITEMSIZE: dict[str, int] = {k: v.itemsize for k, v in V2_TO_NUMPY.items() if k != "BYTES"}
+
+#: V2 datatype name <-> model configuration ``DataType`` enum name (``TYPE_FP32``...).
+V2_TO_CONFIG: dict[str, str] = {
+    k: ("TYPE_STRING" if k == "BYTES" else f"TYPE_{k}") for k in V2_TO_NUMPY
+}
+CONFIG_TO_V2: dict[str, str] = {v: k for k, v in V2_TO_CONFIG.items()}
+
+#: ONNX Runtime type strings (``NodeArg.type``) -> V2 datatype name.
+ORT_TO_V2: dict[str, str] = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+
+
+def numpy_to_v2(dtype: np.dtype) -> str:
+    """Return the V2 datatype name for a numpy dtype.
+
+    ``object``, ``bytes_`` (``S``) and ``str_`` (``U``) arrays are BYTES.
+
+    Raises:
+        InferError(400): the dtype has no V2 datatype (e.g. complex64).
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind in "OSU":
+        return "BYTES"
+    try:
+        return NUMPY_TO_V2[dtype.newbyteorder("=")]
+    except KeyError:
+        raise InferError(f"numpy dtype {dtype} has no V2 datatype") from None
+
+
+def v2_to_numpy(datatype: str) -> np.dtype:
+    """Return the numpy dtype for a V2 datatype name (``"FP32"`` -> ``float32``).
+
+    Raises:
+        InferError(400): unknown datatype name.
+    """
+    try:
+        return V2_TO_NUMPY[datatype]
+    except KeyError:
+        raise InferError(f"unsupported datatype '{datatype}'") from None
+
+
+def serialize_bytes_tensor(array: np.ndarray) -> bytes:
+    """Encode a BYTES tensor (any shape, row-major) as length-prefixed elements.
+
+    Each element becomes ``uint32 little-endian length`` + its bytes; ``str``
+    elements are UTF-8 encoded. This is the binary tensor extension's and gRPC's
+    ``raw_*_contents`` encoding of BYTES.
+    """
+    parts: list[bytes] = []
+    pack = struct.Struct("<I").pack
+    for item in array.reshape(-1):
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        elif not isinstance(item, (bytes, bytearray, memoryview)):
+            item = str(item).encode("utf-8")
+        parts.append(pack(len(item)))
+        parts.append(bytes(item))
+    return b"".join(parts)
+
+
+def deserialize_bytes_tensor(buffer: bytes | memoryview, count: int | None = None) -> np.ndarray:
+    """Decode length-prefixed BYTES elements into a 1-D object array of ``bytes``.
+
+    Args:
+        buffer: concatenated ``<uint32 LE length><bytes>`` elements.
+        count: the number of elements the shape calls for, if known.
+
+    Raises:
+        InferError(400): an element's length runs past the buffer, or the element
+            count differs from ``count``.
+    """
+    mv = memoryview(buffer)
+    n = len(mv)
+    items: list[bytes] = []
+    offset = 0
+    unpack = struct.Struct("<I").unpack_from
+    while offset < n:
+        if offset + 4 > n:
+            raise InferError("BYTES tensor data is truncated: a length prefix runs past the end")
+        (length,) = unpack(mv, offset)
+        offset += 4
+        if offset + length > n:
+            raise InferError(
+                f"BYTES tensor data is truncated: element of {length} bytes runs past the end"
+            )
+        items.append(bytes(mv[offset : offset + length]))
+        offset += length
+    if count is not None and len(items) != count:
+        raise InferError(
+            f"BYTES tensor holds {len(items)} elements but its shape calls for {count}"
+        )
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+def bytes_array(items: Iterable[bytes | str]) -> np.ndarray:
+    """Build a 1-D object array of ``bytes`` from bytes or str items (str -> UTF-8)."""
+    values = [i.encode("utf-8") if isinstance(i, str) else bytes(i) for i in items]
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def to_bytes_object_array(array: np.ndarray) -> np.ndarray:
+    """Return ``array`` as an object array of ``bytes`` with the same shape.
+
+    Accepts numpy ``S``/``U``/``object`` arrays (a ``str`` becomes UTF-8 bytes).
+    """
+    if array.dtype == object and all(isinstance(x, bytes) for x in array.reshape(-1)):
+        return array
+    flat = bytes_array(
+        x if isinstance(x, (bytes, str)) else str(x) for x in array.reshape(-1).tolist()
+    )
+    return flat.reshape(array.shape)

@@ -1,0 +1,589 @@
+"""The KServe V2 REST frontend: a raw ASGI application, served by uvicorn.
+
+No web framework: :class:`HttpApp` routes on the path by hand, reads the body with a
+running size limit, and calls the protocol-neutral ``InferenceServer``; the codec lives
+in :mod:`pdserve.frontends.v2_codec`. Measured in ``/work/shared/DESIGN.md``: a
+framework per request costs up to 4x on small models.
+
+Routes (Open Inference Protocol REST, https://github.com/kserve/open-inference-protocol,
+plus Triton's extensions; status codes mimic Triton's ``src/http_server.cc``):
+
+=======  ==================================================  ==============================
+GET      ``/v2/health/live``, ``/v2/health/ready``            200 empty / 400 empty when not
+GET      ``/v2``                                             server metadata
+GET      ``/v2/models/{m}[/versions/{v}]``                   model metadata
+GET      ``/v2/models/{m}[/versions/{v}]/ready``             200 empty / 400 when not ready
+GET      ``/v2/models/{m}[/versions/{v}]/config``            Triton model configuration JSON
+POST     ``/v2/models/{m}[/versions/{v}]/infer``             inference (+ binary extension)
+GET      ``/v2/models/stats``, ``/v2/models/{m}[/versions/{v}]/stats``   statistics extension
+POST     ``/v2/repository/index``                            repository index (``{"ready": b}``)
+POST     ``/v2/repository/models/{m}/load`` / ``unload``     model control (explicit mode)
+=======  ==================================================  ==============================
+
+Errors are ``{"error": message}``: an :class:`~pdserve.types.InferError` with its
+``status``; any other exception 500 (logged; the server keeps serving); an unknown path
+404; a known path with the wrong method 405; a route the server object lacks (no
+``model_statistics``...) 404.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import functools
+import inspect
+import logging
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from typing import Any
+
+import orjson
+import uvicorn
+
+from pdserve.frontends.v2_codec import (
+    decode_infer_request,
+    encode_error,
+    encode_infer_response_parts,
+)
+from pdserve.types import InferError
+
+__all__ = [
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "HttpApp",
+    "QuietServer",
+    "create_http_app",
+    "serve_http",
+]
+
+logger = logging.getLogger("pdserve.http")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+#: Default limit on a request body, compressed and decompressed: 64 MiB.
+DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
+#: Above this many bytes a response with binary outputs is sent part by part (the JSON
+#: header, then each output's buffer) instead of being joined into one bytes object.
+_JOIN_LIMIT = 64 * 1024
+
+_JSON = (b"content-type", b"application/json")
+_OCTETS = (b"content-type", b"application/octet-stream")
+_CLOSE = (b"connection", b"close")
+_EMPTY_JSON_HEADERS = [_JSON, (b"content-length", b"0")]
+_EMPTY_HEADERS = [(b"content-length", b"0")]
+_METHOD_NOT_ALLOWED = encode_error("Method Not Allowed")
+
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+_ZLIB_WBITS = zlib.MAX_WBITS
+
+
+class _BodyTooLargeError(Exception):
+    """The request body is over the limit; answered 413 and the connection closed."""
+
+
+class _ClientGoneError(Exception):
+    """The client disconnected before the whole body arrived: nothing to answer."""
+
+
+class HttpApp:
+    """The V2 REST ASGI application around one ``InferenceServer``.
+
+    Args:
+        server: the protocol-neutral core (``live``, ``ready``, ``metadata``,
+            ``model_metadata``, ``model_config``, ``model_ready``, ``async infer`` and,
+            when present, ``model_statistics``, ``repository_index``,
+            ``async load_model``, ``async unload_model``). Methods may be sync or async.
+        max_request_bytes: the largest request body accepted, in bytes, before and
+            after ``Content-Encoding`` decompression; larger ones get 413.
+    """
+
+    def __init__(self, server: Any, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
+        self.server = server
+        self.max_request_bytes = max_request_bytes
+        self._infer = server.infer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI 3 entry point: ``http`` scopes are served, ``lifespan`` acknowledged."""
+        kind = scope["type"]
+        if kind != "http":
+            if kind == "lifespan":
+                await _lifespan(receive, send)
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        try:
+            if method == "POST" and path.endswith("/infer") and path.startswith("/v2/models/"):
+                parts = path.split("/")
+                n = len(parts)
+                if n == 5:
+                    await self._handle_infer(scope, receive, send, parts[3], "")
+                    return
+                if n == 7 and parts[4] == "versions":
+                    await self._handle_infer(scope, receive, send, parts[3], parts[5])
+                    return
+            await self._route(scope, receive, send, path, method)
+        except InferError as exc:
+            await _send_json(send, exc.status, encode_error(exc.message))
+        except _ClientGoneError:
+            return
+        except _BodyTooLargeError as exc:
+            await _send_json(send, 413, encode_error(str(exc)), close=True)
+        except Exception as exc:  # noqa: BLE001 - one request must not take the server down
+            logger.exception("error serving %s %s", method, path)
+            await _send_json(send, 500, encode_error(f"{type(exc).__name__}: {exc}"))
+
+    # ----------------------------------------------------------------- inference
+
+    async def _handle_infer(
+        self, scope: Scope, receive: Receive, send: Send, model: str, version: str
+    ) -> None:
+        """``POST /v2/models/{m}[/versions/{v}]/infer`` [V2 "Inference"], with Triton's
+        binary tensor extension and gzip/deflate request bodies."""
+        arrival_ns = time.monotonic_ns()
+        if not model:
+            raise InferError("missing model name in the inference request path")
+        header_length: int | None = None
+        content_length = -1
+        encoding = b""
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                content_length = _int_header(value, -1)
+            elif key == b"inference-header-content-length":
+                header_length = _int_header(value, None)
+                if header_length is None or header_length < 0:
+                    raise InferError(
+                        "Inference-Header-Content-Length must be a non-negative integer, "
+                        f"got {value.decode('latin-1')!r}"
+                    )
+            elif key == b"content-encoding":
+                encoding = value
+        body = await self._read_body(receive, content_length, encoding)
+        request = decode_infer_request(body, header_length, model, version, arrival_ns)
+        request.cancelled = _disconnect_probe(receive)
+        response = await self._infer(request)
+        parts, json_length, total = encode_infer_response_parts(response, request)
+        if json_length is None:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [_JSON, (b"content-length", b"%d" % total)],
+                }
+            )
+            await send({"type": "http.response.body", "body": parts[0]})
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    _OCTETS,
+                    (b"inference-header-content-length", b"%d" % json_length),
+                    (b"content-length", b"%d" % total),
+                ],
+            }
+        )
+        if total <= _JOIN_LIMIT:
+            await send({"type": "http.response.body", "body": b"".join(parts)})
+            return
+        last = len(parts) - 1
+        for i, part in enumerate(parts):
+            await send({"type": "http.response.body", "body": part, "more_body": i != last})
+
+    async def _read_body(self, receive: Receive, content_length: int, encoding: bytes) -> bytes:
+        """Read the request body, at most ``max_request_bytes`` of it, and decompress it.
+
+        Raises:
+            _BodyTooLargeError: the declared, received or decompressed size is over the limit
+                (reading stops there; the rest is never held in memory).
+            _ClientGoneError: ``http.disconnect`` came before the end of the body.
+            InferError(400 / 415): a corrupt or truncated compressed body / an
+                unsupported ``Content-Encoding``.
+        """
+        limit = self.max_request_bytes
+        if content_length > limit:
+            raise _BodyTooLargeError(
+                f"request body of {content_length} bytes exceeds the limit of {limit} bytes"
+            )
+        message = await receive()
+        if message["type"] != "http.request":
+            raise _ClientGoneError()
+        body: bytes = message.get("body", b"")
+        if message.get("more_body", False):
+            chunks = [body]
+            total = len(body)
+            while True:
+                if total > limit:
+                    raise _BodyTooLargeError(
+                        f"request body of at least {total} bytes exceeds the limit of {limit} bytes"
+                    )
+                message = await receive()
+                if message["type"] != "http.request":
+                    raise _ClientGoneError()
+                chunk = message.get("body", b"")
+                if chunk:
+                    chunks.append(chunk)
+                    total += len(chunk)
+                if not message.get("more_body", False):
+                    break
+            body = b"".join(chunks)
+        if len(body) > limit:
+            raise _BodyTooLargeError(
+                f"request body of {len(body)} bytes exceeds the limit of {limit} bytes"
+            )
+        if encoding:
+            body = _decompress(body, encoding, limit)
+        return body
+
+    # ----------------------------------------------------------------- other routes
+
+    async def _route(
+        self, scope: Scope, receive: Receive, send: Send, path: str, method: str
+    ) -> None:
+        """Everything but the inference fast path; see the module docstring's table."""
+        parts = path.split("/")
+        n = len(parts)
+        if n < 2 or parts[0] != "" or parts[1] != "v2":
+            raise InferError(f"no route for {path}", 404)
+        if n == 2:
+            _check_method(method, "GET")
+            await _send_json(send, 200, _dumps(await _call(self.server.metadata)))
+            return
+        section = parts[2]
+        if section == "health" and n == 4 and parts[3] in ("live", "ready"):
+            _check_method(method, "GET")
+            probe = self.server.live if parts[3] == "live" else self.server.ready
+            ok = bool(await _call(probe))
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200 if ok else 400,
+                    "headers": _EMPTY_HEADERS,
+                }
+            )
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if section == "models" and n >= 4:
+            if n == 4 and parts[3] == "stats":
+                _check_method(method, "GET")
+                stats = self._optional("model_statistics", "the statistics extension")
+                await _send_json(send, 200, _dumps(await _call(stats, "", "")))
+                return
+            await self._model_route(scope, receive, send, parts, method, path)
+            return
+        if section == "repository":
+            if n == 4 and parts[3] == "index":
+                _check_method(method, "POST")
+                await self._repository_index(receive, send, scope)
+                return
+            if n == 6 and parts[3] == "models" and parts[5] in ("load", "unload"):
+                _check_method(method, "POST")
+                if not parts[4]:
+                    raise InferError("missing model name in the repository request path")
+                doc = await self._read_json_object(receive, scope)
+                if parts[5] == "load":
+                    await self._load(parts[4], doc)
+                else:
+                    await self._unload(parts[4], doc)
+                await send(
+                    {"type": "http.response.start", "status": 200, "headers": _EMPTY_JSON_HEADERS}
+                )
+                await send({"type": "http.response.body", "body": b""})
+                return
+        raise InferError(f"no route for {path}", 404)
+
+    async def _model_route(
+        self, scope: Scope, receive: Receive, send: Send, parts: list[str], method: str, path: str
+    ) -> None:
+        """``/v2/models/{m}[/versions/{v}][/ready|/config|/stats|/infer]``."""
+        n = len(parts)
+        model = parts[3]
+        version = ""
+        rest = 4
+        if n >= 6 and parts[4] == "versions":
+            version = parts[5]
+            rest = 6
+        if n == rest:
+            action = ""
+        elif n == rest + 1:
+            action = parts[rest]
+        else:
+            raise InferError(f"no route for {path}", 404)
+        if action not in ("", "ready", "config", "stats", "infer"):
+            raise InferError(f"no route for {path}", 404)
+        if not model:
+            raise InferError("missing model name in the request path")
+        if action == "infer":
+            _check_method(method, "POST")
+            await self._handle_infer(scope, receive, send, model, version)
+            return
+        _check_method(method, "GET")
+        server = self.server
+        if action == "":
+            body = _dumps(await _call(server.model_metadata, model, version))
+        elif action == "config":
+            body = _dumps(await _call(server.model_config, model, version))
+        elif action == "stats":
+            stats = self._optional("model_statistics", "the statistics extension")
+            body = _dumps(await _call(stats, model, version))
+        else:  # ready
+            if not await _call(server.model_ready, model, version):
+                raise InferError("Model version not ready", 400)
+            body = b""
+        await _send_json(send, 200, body)
+
+    async def _repository_index(self, receive: Receive, send: Send, scope: Scope) -> None:
+        """``POST /v2/repository/index`` with an optional ``{"ready": bool}`` body."""
+        index = self._optional("repository_index", "the model repository extension")
+        doc = await self._read_json_object(receive, scope)
+        ready = doc.get("ready", False)
+        if type(ready) is not bool:
+            raise InferError("repository index 'ready' must be true or false")
+        await _send_json(send, 200, _dumps(await _call(index, ready)))
+
+    async def _load(self, model: str, doc: dict[str, Any]) -> None:
+        """Load request body (Triton model repository extension):
+        ``{"parameters": {"config": "<json>", "file:<path>": "<base64>"}}``.
+
+        The server gets ``config`` (str or None) and ``files`` mapping ``<path>`` (the
+        part after ``file:``, e.g. ``1/model.onnx``) to the decoded bytes.
+        """
+        load = self._optional("load_model", "model control")
+        params = doc.get("parameters") or {}
+        if type(params) is not dict:
+            raise InferError("load request 'parameters' must be a JSON object")
+        config: str | None = None
+        files: dict[str, bytes] = {}
+        for key, value in params.items():
+            if type(value) is not str:
+                raise InferError(f"load parameter '{key}' must be a string")
+            if key == "config":
+                config = value
+            elif key.startswith("file:"):
+                try:
+                    files[key[5:]] = base64.b64decode(value, validate=True)
+                except (binascii.Error, ValueError) as exc:
+                    raise InferError(f"load parameter '{key}' is not valid base64: {exc}") from None
+            else:
+                raise InferError(
+                    f"unknown load parameter '{key}'; expected 'config' or 'file:<path>'"
+                )
+        await _call(load, model, config, files)
+
+    async def _unload(self, model: str, doc: dict[str, Any]) -> None:
+        """Unload request body: ``{"parameters": {"unload_dependents": bool}}``."""
+        unload = self._optional("unload_model", "model control")
+        params = doc.get("parameters") or {}
+        if type(params) is not dict:
+            raise InferError("unload request 'parameters' must be a JSON object")
+        dependents = params.get("unload_dependents", False)
+        if type(dependents) is not bool:
+            raise InferError("unload parameter 'unload_dependents' must be true or false")
+        await _call(unload, model, dependents)
+
+    async def _read_json_object(self, receive: Receive, scope: Scope) -> dict[str, Any]:
+        """Read a small JSON-object body; an empty body is ``{}``."""
+        content_length = -1
+        encoding = b""
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                content_length = _int_header(value, -1)
+            elif key == b"content-encoding":
+                encoding = value
+        body = await self._read_body(receive, content_length, encoding)
+        if not body.strip():
+            return {}
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise InferError(f"failed to parse the request JSON: {exc}") from None
+        if type(doc) is not dict:
+            raise InferError("the request body must be a JSON object")
+        return doc
+
+    def _optional(self, name: str, what: str) -> Callable[..., Any]:
+        method = getattr(self.server, name, None)
+        if method is None:
+            raise InferError(f"this server does not support {what}", 404)
+        return method
+
+
+def create_http_app(server: Any, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> HttpApp:
+    """Build the V2 REST ASGI application for ``server``.
+
+    Args:
+        server: the ``InferenceServer`` (see :class:`HttpApp` for the methods used).
+        max_request_bytes: request body limit in bytes (compressed and decompressed);
+            default 64 MiB. Larger bodies get 413 and the connection is closed.
+
+    Returns:
+        An ASGI 3 callable ``app(scope, receive, send)``.
+    """
+    return HttpApp(server, max_request_bytes)
+
+
+def serve_http(
+    app: Callable[..., Awaitable[None]],
+    host: str = "0.0.0.0",
+    port: int = 8000,
+    *,
+    install_signal_handlers: bool = False,
+    log_level: str = "warning",
+    **uvicorn_options: Any,
+) -> uvicorn.Server:
+    """Build (not start) a uvicorn server for ``app`` on uvloop + httptools.
+
+    Run it inside the caller's asyncio loop with ``await server.serve()``; set
+    ``server.should_exit = True`` for a graceful shutdown (stop accepting, finish
+    in-flight requests), ``server.force_exit = True`` to stop at once.
+
+    Args:
+        app: the ASGI application (from :func:`create_http_app`).
+        host / port: where to listen (port 0 picks a free port; read it back from
+            ``server.servers[0].sockets`` once ``server.started`` is true).
+        install_signal_handlers: uvicorn's ``serve()`` takes over SIGINT/SIGTERM and
+            re-raises them when it returns. The default ``False`` leaves signals to the
+            caller (the CLI shuts down HTTP, gRPC and workers together).
+        log_level: uvicorn's own log level.
+        **uvicorn_options: passed to ``uvicorn.Config`` (``timeout_keep_alive``,
+            ``backlog``, ``ssl_certfile``, ``limit_concurrency``...).
+
+    Returns:
+        The ``uvicorn.Server``.
+    """
+    options: dict[str, Any] = {
+        "loop": "uvloop",
+        "http": "httptools",
+        "lifespan": "off",
+        "access_log": False,
+        "log_level": log_level,
+        "server_header": False,
+        "date_header": False,
+    }
+    options.update(uvicorn_options)
+    config = uvicorn.Config(app, host=host, port=port, **options)
+    if install_signal_handlers:
+        return uvicorn.Server(config)
+    return QuietServer(config)
+
+
+class QuietServer(uvicorn.Server):
+    """A ``uvicorn.Server`` that leaves SIGINT/SIGTERM to its owner."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+async def _send_json(send: Send, status: int, body: bytes, close: bool = False) -> None:
+    """Send a whole ``application/json`` response."""
+    headers = [_JSON, (b"content-length", b"%d" % len(body))]
+    if close:
+        headers.append(_CLOSE)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _dumps(value: Any) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+async def _call(func: Callable[..., Any], *args: Any) -> Any:
+    """Call a server method that may be sync or async."""
+    result = func(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def _check_method(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise InferError("Method Not Allowed", 405)
+
+
+def _int_header(value: bytes, default: int | None) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return default
+
+
+def _disconnect_probe(receive: Receive) -> Callable[[], bool] | None:
+    """A zero-cost "has the client gone?" callable, or ``None``.
+
+    uvicorn hands the app ``RequestResponseCycle.receive``; the cycle's ``disconnected``
+    flag turns true when the connection is lost before the response completes. Other
+    ASGI servers: ``None`` (a background ``receive()`` task per request would cost
+    more than the check is worth on small models).
+    """
+    cycle = getattr(receive, "__self__", None)
+    if cycle is not None and hasattr(cycle, "disconnected"):
+        return functools.partial(getattr, cycle, "disconnected")
+    return None
+
+
+def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
+    """Undo ``Content-Encoding: gzip | x-gzip | deflate | identity`` (RFC 9110 8.4.1),
+    keeping the output within ``limit`` bytes.
+
+    ``deflate`` is the zlib format (what ``tritonclient`` sends); raw deflate streams are
+    accepted too. gzip bodies may hold several members.
+
+    Raises:
+        InferError(415): any other encoding.
+        InferError(400): corrupt or truncated data.
+        _BodyTooLargeError: the decompressed size goes over ``limit``.
+    """
+    name = encoding.decode("latin-1").strip().lower()
+    if name in ("", "identity"):
+        return body
+    if name in ("gzip", "x-gzip"):
+        wbits = _GZIP_WBITS
+    elif name == "deflate":
+        # zlib-wrapped (RFC 1950 header: CM=8, header checksum) or raw deflate (RFC 1951).
+        zlib_header = len(body) >= 2 and body[0] & 0x0F == 8 and (body[0] << 8 | body[1]) % 31 == 0
+        wbits = _ZLIB_WBITS if zlib_header else -zlib.MAX_WBITS
+    else:
+        raise InferError(
+            f"unsupported Content-Encoding '{name}'; expected gzip, deflate or identity", 415
+        )
+    out: list[bytes] = []
+    produced = 0
+    data = body
+    while True:
+        decoder = zlib.decompressobj(wbits)
+        try:
+            chunk = decoder.decompress(data, limit + 1 - produced)
+        except zlib.error as exc:
+            raise InferError(f"could not decompress the {name} request body: {exc}") from None
+        produced += len(chunk)
+        if produced > limit:
+            raise _BodyTooLargeError(
+                f"decompressed request body exceeds the limit of {limit} bytes"
+            )
+        out.append(chunk)
+        if not decoder.eof:
+            raise InferError(f"the {name} request body is truncated")
+        data = decoder.unused_data
+        if wbits != _GZIP_WBITS or not data:
+            break
+    return out[0] if len(out) == 1 else b"".join(out)
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    """Acknowledge ASGI lifespan events (the server's lifecycle is the CLI's job)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,574 @@
+"""KServe V2 REST inference bodies <-> :class:`InferRequest` / :class:`InferResponse`.
+
+Pure functions, no I/O: the HTTP frontend reads the body, calls
+:func:`decode_infer_request`, hands the request to the server, and writes what
+:func:`encode_infer_response_parts` returns.
+
+Protocol sources (cited in the docstrings below as [V2] and [BIN]):
+
+- [V2] Open Inference Protocol, REST: "Inference Request JSON Object",
+  "Inference Response JSON Object", "Tensor Data"
+  (https://github.com/kserve/open-inference-protocol, ``specification/protocol/
+  inference_rest.md``).
+- [BIN] Triton's binary tensor data extension
+  (https://github.com/triton-inference-server/server/blob/main/docs/protocol/
+  extension_binary_data.md): inputs carrying ``parameters.binary_data_size`` have their
+  bytes after the JSON header, in input order, and the ``Inference-Header-Content-Length``
+  HTTP header gives the JSON header's size; outputs are sent binary when the
+  requested output has ``parameters.binary_data: true`` (or, when it does not say,
+  when the request has ``parameters.binary_data_output: true``), again with
+  ``binary_data_size`` and the bytes after the JSON in output order. Binary data is
+  little-endian, row-major, unpadded; BOOL is one byte (0/1); a BYTES element is a
+  uint32 little-endian length followed by its bytes.
+
+Decisions, beyond the specs:
+
+- Fixed-size binary inputs are zero-copy, **read-only** ``np.frombuffer`` views into
+  the body (possibly not aligned to their item size; numpy and ONNX Runtime accept
+  that). A backend that writes into an input must copy it first.
+- JSON input data must have the kind the datatype calls for: BOOL takes only
+  ``true``/``false``; integer types take only JSON integers, range-checked (Triton
+  silently wraps out-of-range values; we answer 400); FP16/FP32/FP64 take integers
+  or floats. BYTES takes strings (UTF-8 encoded to ``bytes``).
+- JSON output of BYTES: elements are decoded as strict UTF-8. An element that is not
+  valid UTF-8 cannot be a JSON string without loss, so the request fails with 400
+  telling the client to ask for that output with ``binary_data: true`` (the same
+  advice ``tritonclient`` gives for non-UTF-8 input data). Triton itself writes the
+  raw bytes into the JSON, producing a body clients cannot parse; a lossy
+  ``errors="replace"`` or latin-1 decode would hand back wrong bytes silently.
+- JSON output of floats: NaN and +/-Inf have no JSON form; orjson writes ``null``,
+  which ``np.array([None], dtype=np.float32)`` (tritonclient's ``as_numpy``) reads
+  back as NaN. Ask for binary output to keep infinities.
+- FP16 JSON output is written by orjson directly from the float16 array (shortest
+  decimal that round-trips through float16).
+- Inputs given through the shared-memory extension (``shared_memory_region``) are
+  rejected with 400: this frontend does not implement that extension.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, TypeAlias
+
+import numpy as np
+import orjson
+
+from pdserve.datatypes import (
+    NUMPY_TO_V2,
+    V2_TO_NUMPY,
+    deserialize_bytes_tensor,
+    numpy_to_v2,
+    serialize_bytes_tensor,
+    to_bytes_object_array,
+)
+from pdserve.types import InferError, InferRequest, InferResponse, RequestedOutput, internal
+
+__all__ = [
+    "decode_infer_request",
+    "encode_infer_response",
+    "encode_infer_response_parts",
+    "encode_error",
+]
+
+#: V2 datatype -> little-endian numpy dtype ([BIN]: binary data is little-endian).
+#: On little-endian hosts these equal the native dtypes, so views need no swap.
+_LE_DTYPE: dict[str, np.dtype] = {
+    k: v.newbyteorder("<") for k, v in V2_TO_NUMPY.items() if k != "BYTES"
+}
+
+#: numpy ``dtype.kind`` values that JSON data may have for each datatype family.
+_INT_TYPES = frozenset(["UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"])
+_FLOAT_TYPES = frozenset(["FP16", "FP32", "FP64"])
+_KIND_WORDS = {
+    "b": "true/false",
+    "i": "integer",
+    "u": "integer",
+    "f": "floating-point",
+    "U": "string",
+    "O": "mixed, null or out-of-range",
+}
+
+_DUMPS_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+#: What the encoder hands back to send: ``bytes`` or a zero-copy ``memoryview``.
+Buffer: TypeAlias = bytes | memoryview
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def decode_infer_request(
+    body: bytes,
+    header_length: int | None,
+    model_name: str,
+    model_version: str = "",
+    arrival_ns: int | None = None,
+) -> InferRequest:
+    """Decode a V2 REST inference request body into an :class:`InferRequest`.
+
+    Args:
+        body: the whole (decompressed) HTTP request body.
+        header_length: the ``Inference-Header-Content-Length`` HTTP header as an int:
+            the size in bytes of the JSON header at the start of ``body``; the rest of
+            the body is the inputs' binary data [BIN]. ``None`` when the header is
+            absent: the whole body is JSON.
+        model_name / model_version: from the URL path (a ``model_name`` inside the
+            JSON is ignored, as Triton does); ``""`` lets the version policy pick.
+        arrival_ns: ``time.monotonic_ns()`` when the request arrived; now if ``None``.
+
+    Returns:
+        An :class:`InferRequest`. ``inputs`` maps name -> array of ``shape``:
+        fixed-size datatypes as numpy arrays (binary ones zero-copy read-only views
+        into ``body``), BYTES as object arrays of ``bytes``. ``outputs`` is ``None``
+        when the request names none [V2]. ``parameters`` is the request's
+        ``parameters`` object unchanged (``binary_data_output``, ``priority``,
+        ``timeout``...). ``cancelled`` is left ``None`` for the caller to set.
+
+    Raises:
+        InferError(400): malformed JSON; a header length outside ``[0, len(body)]``;
+            a field of the wrong type; an unknown datatype; a negative or non-integer
+            shape; ``data`` whose element count differs from the shape's, or whose
+            values do not fit the datatype; binary sizes that disagree with the
+            datatype and shape or with the bytes the body holds; truncated BYTES.
+    """
+    if arrival_ns is None:
+        arrival_ns = time.monotonic_ns()
+    body_len = len(body)
+    if header_length is None:
+        header: Buffer = body
+        offset = body_len
+    else:
+        if header_length < 0 or header_length > body_len:
+            raise InferError(
+                f"Inference-Header-Content-Length is {header_length} but the request body "
+                f"holds {body_len} bytes"
+            )
+        header = memoryview(body)[:header_length] if header_length != body_len else body
+        offset = header_length
+    try:
+        doc = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        hint = ""
+        if header_length is None and b"binary_data_size" in body:
+            hint = (
+                " (a body with binary tensor data needs the Inference-Header-Content-Length header)"
+            )
+        raise InferError(f"failed to parse the request JSON: {exc}{hint}") from None
+    if type(doc) is not dict:
+        raise InferError("the inference request must be a JSON object")
+
+    request_id = doc.get("id", "")
+    if type(request_id) is not str:
+        raise InferError("request 'id' must be a string")
+    parameters = doc.get("parameters")
+    if parameters is None:
+        parameters = {}
+    elif type(parameters) is not dict:
+        raise InferError("request 'parameters' must be a JSON object")
+    elif "binary_data_output" in parameters and type(parameters["binary_data_output"]) is not bool:
+        raise InferError("request parameter 'binary_data_output' must be true or false")
+
+    inputs_json = doc.get("inputs")
+    if type(inputs_json) is not list:
+        raise InferError("the inference request must have an 'inputs' list")
+    inputs: dict[str, np.ndarray] = {}
+    mv: memoryview | None = None
+    for item in inputs_json:
+        if type(item) is not dict:
+            raise InferError("each entry of 'inputs' must be a JSON object")
+        name = item.get("name")
+        if type(name) is not str:
+            raise InferError("each input must have a string 'name'")
+        if name in inputs:
+            raise InferError(f"input '{name}' is given more than once")
+        datatype = item.get("datatype")
+        if type(datatype) is not str:
+            raise InferError(f"input '{name}' must have a string 'datatype'")
+        shape, count = _parse_shape(item.get("shape"), name)
+        params = item.get("parameters")
+        if params is not None and type(params) is not dict:
+            raise InferError(f"input '{name}' 'parameters' must be a JSON object")
+        if params and "binary_data_size" in params:
+            size = params["binary_data_size"]
+            if type(size) is not int or size < 0:
+                raise InferError(
+                    f"input '{name}' parameter 'binary_data_size' must be a non-negative integer"
+                )
+            if item.get("data") is not None:
+                raise InferError(
+                    f"input '{name}' has both 'data' and 'binary_data_size'; send one of them"
+                )
+            end = offset + size
+            if end > body_len:
+                raise InferError(_binary_size_message(inputs_json, body_len, header_length))
+            if mv is None:
+                mv = memoryview(body)
+            inputs[name] = _binary_to_array(mv[offset:end], datatype, shape, count, name)
+            offset = end
+        elif params and "shared_memory_region" in params:
+            raise InferError(
+                f"input '{name}' uses shared memory, which this server does not support; "
+                "send its data in the request"
+            )
+        else:
+            data = item.get("data")
+            if data is None:
+                raise InferError(f"input '{name}' has neither 'data' nor 'binary_data_size'")
+            inputs[name] = _json_to_array(data, datatype, shape, count, name)
+    if offset != body_len:
+        raise InferError(_binary_size_message(inputs_json, body_len, header_length))
+
+    outputs_json = doc.get("outputs")
+    outputs: list[RequestedOutput] | None = None
+    if outputs_json is not None:
+        if type(outputs_json) is not list:
+            raise InferError("request 'outputs' must be a list")
+        outputs = [_parse_requested_output(o) for o in outputs_json]
+
+    return InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        inputs=inputs,
+        outputs=outputs,
+        id=request_id,
+        parameters=parameters,
+        arrival_ns=arrival_ns,
+    )
+
+
+def _parse_shape(shape: Any, name: str) -> tuple[list[int], int]:
+    """Check a ``shape`` list ([V2]: array of int64, here non-negative); return it and
+    its element count (1 for ``[]``)."""
+    if type(shape) is not list:
+        raise InferError(f"input '{name}' must have a 'shape' list of integers")
+    count = 1
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            raise InferError(
+                f"input '{name}' has shape {shape}: dimensions must be non-negative integers"
+            )
+        count *= dim
+    return shape, count
+
+
+def _binary_size_message(inputs_json: list[Any], body_len: int, header_length: int | None) -> str:
+    """Explain a mismatch between the inputs' ``binary_data_size`` and the body [BIN]."""
+    declared = 0
+    for item in inputs_json:
+        params = item.get("parameters") if type(item) is dict else None
+        if type(params) is dict and type(params.get("binary_data_size")) is int:
+            declared += params["binary_data_size"]
+    if header_length is None:
+        return (
+            f"the inputs' binary_data_size add up to {declared} bytes but the request has no "
+            "Inference-Header-Content-Length header, so the body holds no binary data"
+        )
+    return (
+        f"the inputs' binary_data_size add up to {declared} bytes but the body holds "
+        f"{body_len - header_length} bytes after the {header_length}-byte JSON header"
+    )
+
+
+def _binary_to_array(
+    buf: memoryview, datatype: str, shape: list[int], count: int, name: str
+) -> np.ndarray:
+    """Turn one input's binary data [BIN] into an array of ``shape``.
+
+    Fixed-size types: a zero-copy read-only view; ``len(buf)`` must be
+    ``count * itemsize``. BYTES: length-prefixed elements, exactly ``count`` of them.
+    """
+    dtype = _LE_DTYPE.get(datatype)
+    if dtype is None:
+        if datatype == "BYTES":
+            try:
+                return deserialize_bytes_tensor(buf, count).reshape(shape)
+            except InferError as exc:
+                raise InferError(f"input '{name}': {exc.message}") from None
+        raise InferError(_unknown_datatype(datatype, name))
+    expected = count * dtype.itemsize
+    if len(buf) != expected:
+        raise InferError(
+            f"input '{name}' ({datatype}, shape {shape}) needs {expected} bytes of binary data "
+            f"but its binary_data_size is {len(buf)}"
+        )
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+def _json_to_array(data: Any, datatype: str, shape: list[int], count: int, name: str) -> np.ndarray:
+    """Turn one input's JSON ``data`` (flat or nested, row-major [V2]) into an array."""
+    dtype = V2_TO_NUMPY.get(datatype)
+    if dtype is None:
+        raise InferError(_unknown_datatype(datatype, name))
+    if datatype == "BYTES":
+        flat: list[bytes] = []
+        _flatten_strings(data, flat, name)
+        if len(flat) != count:
+            raise InferError(_count_message(name, len(flat), shape, count))
+        out = np.empty(count, dtype=object)
+        out[:] = flat
+        return out.reshape(shape)
+    try:
+        arr = np.asarray(data)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InferError(
+            f"input '{name}' 'data' is not a regular (rectangular) array: {exc}"
+        ) from None
+    if arr.size != count:
+        raise InferError(_count_message(name, arr.size, shape, count))
+    if count:
+        kind = arr.dtype.kind
+        if datatype in _FLOAT_TYPES:
+            ok = kind in "iuf"
+            wanted = "numbers"
+        elif datatype in _INT_TYPES:
+            if kind in "fO":
+                # Mixed int64 / uint64-only values (e.g. 0 and 2**64-1) infer as float64
+                # or object: check them as Python ints instead.
+                return _exact_integers(data, dtype, datatype, name).reshape(shape)
+            ok = kind in "iu"
+            wanted = "integers"
+        else:  # BOOL
+            ok = kind == "b"
+            wanted = "true/false values"
+        if not ok:
+            found = _KIND_WORDS.get(kind, str(arr.dtype))
+            raise InferError(
+                f"input '{name}' has datatype {datatype} but its 'data' holds {found} values; "
+                f"expected {wanted}"
+            )
+        if kind in "iu" and arr.dtype != dtype and datatype in _INT_TYPES:
+            info = np.iinfo(dtype)
+            lo, hi = arr.min(), arr.max()
+            if lo < info.min or hi > info.max:
+                bad = lo if lo < info.min else hi
+                raise InferError(
+                    f"input '{name}' value {bad} is out of range for {datatype} "
+                    f"[{info.min}, {info.max}]"
+                )
+    return arr.astype(dtype, copy=False).reshape(shape)
+
+
+def _exact_integers(data: Any, dtype: np.dtype, datatype: str, name: str) -> np.ndarray:
+    """Convert JSON data that numpy did not infer as integers: every element must be a
+    JSON integer within ``datatype``'s range (slow path, only for such data)."""
+    flat = np.array(data, dtype=object).reshape(-1).tolist()
+    info = np.iinfo(dtype)
+    for value in flat:
+        if type(value) is not int:
+            found = "null" if value is None else type(value).__name__
+            raise InferError(
+                f"input '{name}' has datatype {datatype} but its 'data' holds {found} values; "
+                "expected integers"
+            )
+        if value < info.min or value > info.max:
+            raise InferError(
+                f"input '{name}' value {value} is out of range for {datatype} "
+                f"[{info.min}, {info.max}]"
+            )
+    return np.array(flat, dtype=dtype)
+
+
+def _flatten_strings(data: Any, out: list[bytes], name: str) -> None:
+    """Append the strings of a (nested) JSON list to ``out`` as UTF-8 ``bytes``."""
+    if type(data) is str:
+        out.append(data.encode("utf-8"))
+        return
+    if type(data) is not list:
+        raise InferError(
+            f"input '{name}' has datatype BYTES but its 'data' holds {type(data).__name__} "
+            "values; expected strings"
+        )
+    for item in data:
+        if type(item) is str:
+            out.append(item.encode("utf-8"))
+        else:
+            _flatten_strings(item, out, name)
+
+
+def _count_message(name: str, got: int, shape: list[int], count: int) -> str:
+    return f"input '{name}' has {got} elements in 'data' but its shape {shape} calls for {count}"
+
+
+def _unknown_datatype(datatype: str, name: str) -> str:
+    return (
+        f"input '{name}' has unsupported datatype '{datatype}'; expected one of "
+        f"{', '.join(V2_TO_NUMPY)}"
+    )
+
+
+def _parse_requested_output(item: Any) -> RequestedOutput:
+    """One entry of the request's ``outputs`` [V2] with its [BIN] / classification
+    parameters pulled out; unknown names pass through for the server to check."""
+    if type(item) is not dict:
+        raise InferError("each entry of 'outputs' must be a JSON object")
+    name = item.get("name")
+    if type(name) is not str:
+        raise InferError("each requested output must have a string 'name'")
+    params = item.get("parameters")
+    if params is None:
+        return RequestedOutput(name)
+    if type(params) is not dict:
+        raise InferError(f"output '{name}' 'parameters' must be a JSON object")
+    binary = params.get("binary_data")
+    if binary is not None and type(binary) is not bool:
+        raise InferError(f"output '{name}' parameter 'binary_data' must be true or false")
+    classification = params.get("classification", 0)
+    if type(classification) is not int or classification < 0:
+        raise InferError(
+            f"output '{name}' parameter 'classification' must be a non-negative integer"
+        )
+    known = (binary is not None) + ("classification" in params)
+    rest = (
+        {k: v for k, v in params.items() if k != "binary_data" and k != "classification"}
+        if len(params) > known
+        else {}
+    )
+    if "shared_memory_region" in rest:
+        raise InferError(
+            f"output '{name}' asks for shared memory, which this server does not support"
+        )
+    return RequestedOutput(name, binary, classification, rest)
+
+
+# --------------------------------------------------------------------------- encode
+
+
+def encode_infer_response_parts(
+    response: InferResponse, request: InferRequest
+) -> tuple[list[Buffer], int | None, int]:
+    """Encode a response as a list of buffers to send one after another.
+
+    Args:
+        response: the server's answer; ``outputs`` in the order to send them.
+        request: the request it answers: its ``outputs`` (``binary_data`` per output)
+            and ``parameters["binary_data_output"]`` decide which outputs are binary
+            [BIN]; its ``id`` is echoed when the response has none.
+
+    Returns:
+        ``(parts, header_length, total)``: ``parts[0]`` is the JSON header
+        (``model_name``, ``model_version``, ``id`` if any, ``parameters`` if any,
+        ``outputs`` [V2]); each further part is one binary output's bytes (a buffer,
+        possibly a zero-copy view of the output array) in output order.
+        ``header_length`` is ``len(parts[0])`` for the ``Inference-Header-Content-Length``
+        response header, or ``None`` when no output is binary (``parts`` is then just
+        the JSON). ``total`` is the byte size of all parts.
+
+    Raises:
+        InferError(400): a BYTES output asked for as JSON holds bytes that are not
+            valid UTF-8.
+        InferError(500): an output array has a dtype with no V2 datatype, or
+            something in ``parameters`` cannot be written as JSON.
+    """
+    default_binary = request.parameters.get("binary_data_output") is True
+    flags: dict[str, bool] | None = None
+    if request.outputs:
+        flags = {
+            o.name: (default_binary if o.binary_data is None else o.binary_data)
+            for o in request.outputs
+        }
+    outputs_json: list[dict[str, Any]] = []
+    blobs: list[Buffer] = []
+    total = 0
+    for name, arr in response.outputs.items():
+        if type(arr) is not np.ndarray:
+            arr = np.asarray(arr)
+        binary = default_binary if flags is None else flags.get(name, default_binary)
+        datatype = NUMPY_TO_V2.get(arr.dtype)  # fast path: native dtypes, object -> BYTES
+        if datatype is None:
+            try:
+                datatype = numpy_to_v2(arr.dtype)  # S/U strings, non-native byte order
+            except InferError as exc:
+                raise internal(f"output '{name}': {exc.message}") from None
+        if binary:
+            if datatype == "BYTES":
+                blob: Buffer = serialize_bytes_tensor(arr)
+                size = len(blob)
+            else:
+                le = _LE_DTYPE[datatype]
+                if arr.dtype != le or not arr.flags.c_contiguous:
+                    arr = np.ascontiguousarray(arr, dtype=le)
+                size = arr.nbytes
+                blob = memoryview(arr.reshape(-1).view(np.uint8))
+            total += size
+            blobs.append(blob)
+            outputs_json.append(
+                {
+                    "name": name,
+                    "datatype": datatype,
+                    "shape": arr.shape,
+                    "parameters": {"binary_data_size": size},
+                }
+            )
+        else:
+            if datatype == "BYTES":
+                data: Any = _bytes_to_json(arr, name)
+            else:
+                if not (arr.flags.c_contiguous and arr.dtype.isnative):
+                    arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("="))
+                data = arr.reshape(-1)
+            outputs_json.append(
+                {"name": name, "datatype": datatype, "shape": arr.shape, "data": data}
+            )
+    doc: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+    }
+    rid = response.id or request.id
+    if rid:
+        doc["id"] = rid
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    doc["outputs"] = outputs_json
+    try:
+        header = orjson.dumps(doc, option=_DUMPS_OPTS)
+    except orjson.JSONEncodeError as exc:
+        raise internal(f"could not write the response as JSON: {exc}") from None
+    if not blobs:
+        return [header], None, len(header)
+    return [header, *blobs], len(header), len(header) + total
+
+
+def encode_infer_response(
+    response: InferResponse, request: InferRequest
+) -> tuple[bytes, int | None]:
+    """Encode a response as one body.
+
+    Returns:
+        ``(body, header_length)``: the JSON header followed by the binary outputs'
+        bytes in output order, and the JSON header's size for the
+        ``Inference-Header-Content-Length`` response header (``None`` when no output is
+        binary and the body is pure JSON) [BIN]. See :func:`encode_infer_response_parts`
+        for which outputs are binary and the errors raised.
+    """
+    parts, header_length, _ = encode_infer_response_parts(response, request)
+    if len(parts) == 1:
+        return parts[0], header_length  # type: ignore[return-value]
+    return b"".join(parts), header_length
+
+
+def _bytes_to_json(arr: np.ndarray, name: str) -> list[str]:
+    """BYTES output elements as JSON strings (strict UTF-8; see the module docstring)."""
+    if arr.dtype.kind == "U":
+        return arr.reshape(-1).tolist()
+    if arr.dtype.kind == "S":
+        arr = to_bytes_object_array(arr)
+    out: list[str] = []
+    for i, item in enumerate(arr.reshape(-1).tolist()):
+        if type(item) is str:
+            out.append(item)
+        elif isinstance(item, (bytes, bytearray, memoryview)):
+            try:
+                out.append(bytes(item).decode("utf-8"))
+            except UnicodeDecodeError:
+                raise InferError(
+                    f"output '{name}' element {i} is not valid UTF-8 and cannot be returned as "
+                    "a JSON string; request this output with parameters.binary_data = true"
+                ) from None
+        else:
+            out.append(str(item))
+    return out
+
+
+def encode_error(message: str) -> bytes:
+    """The V2 error body ``{"error": message}`` [V2 "Inference Response JSON Object"]."""
+    return orjson.dumps({"error": message})

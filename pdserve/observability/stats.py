@@ -1,0 +1,163 @@
+"""Per-model statistics in the shape of Triton's statistics extension.
+
+Recorded once, at the scheduler boundary, so HTTP and gRPC report the same
+numbers. The JSON form follows Triton's ``GET /v2/models/{m}/stats`` response
+(triton-inference-server/server docs/protocol/extension_statistics.md):
+``inference_stats`` holds ``{count, ns}`` pairs for success, fail, queue,
+compute_input, compute_infer, compute_output, cache_hit and cache_miss;
+``batch_stats`` holds the compute durations per executed batch size.
+All durations are nanoseconds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+_STAT_NAMES = (
+    "success",
+    "fail",
+    "queue",
+    "compute_input",
+    "compute_infer",
+    "compute_output",
+    "cache_hit",
+    "cache_miss",
+)
+
+
+@dataclass(slots=True)
+class Duration:
+    """A ``{count, ns}`` pair."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        """Add ``count`` events that took ``ns`` nanoseconds in total."""
+        self.count += count
+        self.ns += ns
+
+    def as_dict(self) -> dict[str, int]:
+        """``{"count": int, "ns": int}``."""
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class BatchStats:
+    """Compute durations of the batches of one size."""
+
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+class ModelStats:
+    """Counters for one model version.
+
+    Attributes:
+        inference_count: rows inferred (a batch-4 request counts 4), successes only.
+        execution_count: batches executed by model instances.
+        last_inference_ms: wall-clock ms since the epoch of the last success.
+        hooks: callables ``(event, **values)`` notified of every record, used by
+            the Prometheus exporter; events are ``"success"``, ``"failure"``,
+            ``"execution"``, ``"cache"``.
+    """
+
+    def __init__(self, name: str, version: str) -> None:
+        self.name = name
+        self.version = version
+        self.inference_count = 0
+        self.execution_count = 0
+        self.last_inference_ms = 0
+        self.durations: dict[str, Duration] = {n: Duration() for n in _STAT_NAMES}
+        self.batches: dict[int, BatchStats] = {}
+        self.pending = 0
+        self.hooks: list[Any] = []
+
+    def record_success(self, rows: int, request_ns: int, queue_ns: int, compute_ns: int) -> None:
+        """A request finished successfully.
+
+        Args:
+            rows: batch size of the request.
+            request_ns: arrival to response, ns.
+            queue_ns: time spent queued before an instance took it, ns.
+            compute_ns: input + infer + output time of the batch it ran in, ns.
+        """
+        self.inference_count += rows
+        self.durations["success"].add(request_ns)
+        self.durations["queue"].add(queue_ns)
+        self.last_inference_ms = int(time.time() * 1000)
+        for hook in self.hooks:
+            hook(
+                "success",
+                rows=rows,
+                request_ns=request_ns,
+                queue_ns=queue_ns,
+                compute_ns=compute_ns,
+            )
+
+    def record_failure(self, request_ns: int, reason: str = "BACKEND") -> None:
+        """A request failed (``reason``: REJECTED, CANCELED, BACKEND, OTHER)."""
+        self.durations["fail"].add(request_ns)
+        for hook in self.hooks:
+            hook("failure", request_ns=request_ns, reason=reason)
+
+    def record_execution(
+        self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        """One batch of ``batch_size`` rows ran on an instance.
+
+        Triton counts compute_* once per request in ``inference_stats``; the batch
+        totals go to ``batch_stats[batch_size]``.
+        """
+        self.execution_count += 1
+        b = self.batches.get(batch_size)
+        if b is None:
+            b = self.batches[batch_size] = BatchStats()
+        b.compute_input.add(input_ns)
+        b.compute_infer.add(infer_ns)
+        b.compute_output.add(output_ns)
+        for hook in self.hooks:
+            hook(
+                "execution",
+                batch_size=batch_size,
+                input_ns=input_ns,
+                infer_ns=infer_ns,
+                output_ns=output_ns,
+            )
+
+    def record_compute(self, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """Per-request compute durations of a batch holding ``requests`` requests."""
+        self.durations["compute_input"].add(input_ns * requests, requests)
+        self.durations["compute_infer"].add(infer_ns * requests, requests)
+        self.durations["compute_output"].add(output_ns * requests, requests)
+
+    def record_cache(self, hit: bool, ns: int) -> None:
+        """A response cache lookup (hit or miss) that took ``ns``."""
+        self.durations["cache_hit" if hit else "cache_miss"].add(ns)
+        for hook in self.hooks:
+            hook("cache", hit=hit, ns=ns)
+
+    def as_dict(self) -> dict[str, Any]:
+        """One entry of Triton's ``model_stats`` list."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {n: d.as_dict() for n, d in self.durations.items()},
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": b.compute_input.as_dict(),
+                    "compute_infer": b.compute_infer.as_dict(),
+                    "compute_output": b.compute_output.as_dict(),
+                }
+                for size, b in sorted(self.batches.items())
+            ],
+            "memory_usage": [],
+        }

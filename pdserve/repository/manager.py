@@ -1,0 +1,462 @@
+"""ModelManager: model name + version -> loaded :class:`ModelVersion`.
+
+Loads what the version policy selects from the model repository, one model at a
+time or all together; a model that fails to load is reported UNAVAILABLE with its
+reason and never stops the others. New versions are loaded *beside* the serving
+ones and the switch is one dict assignment, so a request always finds a complete
+set of ready versions; retired versions drain their in-flight requests before
+they are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdserve import config as cfgmod
+from pdserve.backends import get_backend
+from pdserve.backends.base import ModelSpec
+from pdserve.repository import layout
+from pdserve.repository.model import ModelVersion
+from pdserve.scheduling import create_scheduler
+from pdserve.types import InferError, not_found, unavailable
+
+log = logging.getLogger("pdserve.repository")
+
+READY = "READY"
+UNAVAILABLE = "UNAVAILABLE"
+LOADING = "LOADING"
+UNLOADING = "UNLOADING"
+
+
+@dataclass
+class VersionState:
+    """What the repository index reports for one version."""
+
+    state: str
+    reason: str = ""
+
+
+@dataclass
+class ModelEntry:
+    """Everything known about one model name.
+
+    Attributes:
+        serving: version -> ready ModelVersion; replaced as a whole, never mutated.
+        states: version -> state and reason (for the repository index).
+        default_version: served when a request names no version (highest ready).
+        wanted: the model is meant to be served (a load was asked for and no unload
+            since); ``--strict-readiness`` waits for every wanted model.
+    """
+
+    name: str
+    serving: dict[int, ModelVersion] = field(default_factory=dict)
+    states: dict[int, VersionState] = field(default_factory=dict)
+    reason: str = ""
+    fingerprints: dict[int, str] = field(default_factory=dict)
+    wanted: bool = False
+
+    @property
+    def default_version(self) -> ModelVersion | None:
+        """The highest ready version."""
+        return self.serving[max(self.serving)] if self.serving else None
+
+
+def available_gpus() -> list[int]:
+    """GPU device ids this process can use (empty without CUDA in onnxruntime)."""
+    try:
+        import onnxruntime
+
+        if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+            return []
+    except ImportError:  # pragma: no cover - onnxruntime is a dependency
+        return []
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [i for i, d in enumerate(visible.split(",")) if d.strip()]
+    return [0]
+
+
+def _guess_files(model_dir: Path, versions: list[int]) -> list[str]:
+    names: list[str] = []
+    for v in versions:
+        d = model_dir / str(v)
+        if d.is_dir():
+            names.extend(p.name for p in d.iterdir())
+    return names
+
+
+class ModelManager:
+    """Loads, serves and unloads the models of one model repository.
+
+    Args:
+        repository: the model repository root.
+        server: passed to backends in :class:`ModelSpec` (BLS, ensembles).
+    """
+
+    def __init__(self, repository: Path, server: Any = None) -> None:
+        self.repository = Path(repository)
+        self.server = server
+        self.models: dict[str, ModelEntry] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        #: set by :meth:`close`: loads are refused from then on.
+        self.closing = False
+
+    # -- lookups (hot path) ---------------------------------------------------
+
+    def get(self, name: str, version: str = "") -> ModelVersion:
+        """The ready model version for a request.
+
+        Raises:
+            InferError(404): unknown model, or a version that is not served.
+            InferError(503): the model exists but no version is ready.
+        """
+        entry = self.models.get(name)
+        if entry is None:
+            raise not_found(f"Request for unknown model: '{name}' is not found")
+        if not version:
+            mv = entry.default_version
+            if mv is None:
+                reason = f": {entry.reason}" if entry.reason else ""
+                raise unavailable(
+                    f"Request for unknown model: '{name}' has no available versions{reason}"
+                )
+            return mv
+        try:
+            mv = entry.serving.get(int(version))
+        except ValueError:
+            raise InferError(f"model version '{version}' is not a number") from None
+        if mv is None:
+            raise not_found(f"Request for unknown model: '{name}' version {version} is not found")
+        return mv
+
+    def ready_versions(self, name: str) -> list[str]:
+        """Served versions of ``name``, ascending, as strings."""
+        entry = self.models.get(name)
+        return [str(v) for v in sorted(entry.serving)] if entry else []
+
+    def index(self) -> list[dict[str, str]]:
+        """Repository index rows ``{name, version, state, reason}`` (Triton's shape).
+
+        Models present in the repository but never loaded are listed with no
+        version and no state, as Triton does in explicit mode.
+        """
+        rows: list[dict[str, str]] = []
+        try:
+            on_disk = layout.scan_repository(self.repository)
+        except Exception:  # repository vanished: index what we know
+            on_disk = {}
+        for name in sorted(set(on_disk) | set(self.models)):
+            entry = self.models.get(name)
+            if entry is None or not entry.states:
+                row = {"name": name}
+                if entry is not None and entry.reason:
+                    row.update(state=UNAVAILABLE, reason=entry.reason)
+                rows.append(row)
+                continue
+            for v, st in sorted(entry.states.items()):
+                rows.append(
+                    {"name": name, "version": str(v), "state": st.state, "reason": st.reason}
+                )
+        return rows
+
+    # -- loading --------------------------------------------------------------
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
+
+    async def load_all(self, names: list[str] | None = None) -> None:
+        """Load ``names`` (default: every model in the repository) concurrently.
+
+        Non-ensemble models load first so that ensembles find their steps.
+        """
+        on_disk = layout.scan_repository(self.repository)
+        wanted = sorted(on_disk) if names is None else names
+        first, ensembles = [], []
+        for name in wanted:
+            try:
+                cfg = cfgmod.load_model_config(on_disk[name].path) if name in on_disk else None
+            except Exception:
+                cfg = None
+            (ensembles if cfg is not None and cfg.platform == "ensemble" else first).append(name)
+        # A model that fails is recorded (index, log) and never stops the others.
+        await asyncio.gather(*(self.load_model(n) for n in first), return_exceptions=True)
+        await asyncio.gather(*(self.load_model(n) for n in ensembles), return_exceptions=True)
+
+    async def load_model(
+        self, name: str, config_override: Any = None, files: dict[str, bytes] | None = None
+    ) -> ModelEntry:
+        """Load (or reload) ``name``: the versions its policy selects.
+
+        Versions already serving with an unchanged fingerprint are kept; new or
+        changed ones are loaded beside them and swapped in at once; versions the
+        policy no longer selects are retired after their requests drain. A
+        version that fails keeps the previously serving one (if any) in place.
+
+        Args:
+            config_override: a ``ModelConfig`` that replaces config.pbtxt.
+            files: ``{"<version>/<file>": bytes}`` written into the model folder first.
+
+        A newly selected version that fails to load or warm up never costs
+        service: the versions it would have replaced keep serving (as many as the
+        policy selects, highest first) and the failure is in the repository
+        index. A load with ``config_override`` loads every selected version anew.
+
+        Raises:
+            InferError(400): the model is not in the repository, its
+                configuration is invalid, or a selected version failed (the
+                entry records the reason; what served before still serves).
+            InferError(503): the manager is closing.
+        """
+        if self.closing:
+            raise unavailable(f"failed to load '{name}': the server is shutting down")
+        async with self._lock(name):
+            if self.closing:
+                raise unavailable(f"failed to load '{name}': the server is shutting down")
+            return await self._load_locked(name, config_override, files)
+
+    async def _load_locked(
+        self, name: str, config_override: Any, files: dict[str, bytes] | None
+    ) -> ModelEntry:
+        entry = self.models.get(name)
+        if entry is None:
+            entry = ModelEntry(name)
+        model_dir = self.repository / name
+        if files:
+            for rel, data in files.items():
+                target = (model_dir / rel).resolve()
+                if not str(target).startswith(str(model_dir.resolve())):
+                    raise InferError(f"file path '{rel}' escapes the model folder")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+        try:
+            if not model_dir.is_dir():
+                raise InferError(f"failed to load '{name}': no such model in the repository", 400)
+            mdir = layout.scan_repository(self.repository).get(name)
+            if mdir is None:
+                raise InferError(f"failed to load '{name}': no such model in the repository", 400)
+            base_cfg = (
+                copy.deepcopy(config_override)
+                if config_override is not None
+                else cfgmod.load_model_config(model_dir)
+            )
+            if not base_cfg.name:
+                base_cfg.name = name
+            cfgmod.normalize_platform(
+                base_cfg, guess_from_files=_guess_files(model_dir, mdir.versions)
+            )
+            versions = layout.select_versions(base_cfg, mdir.versions)
+            if not versions:
+                raise InferError(
+                    f"failed to load '{name}': no version folder selected by the version "
+                    f"policy (found {mdir.versions})",
+                    400,
+                )
+        except (cfgmod.ConfigError, InferError) as e:
+            entry.reason = str(e)
+            entry.wanted = True
+            for v in entry.serving:  # still serving: say why the reload did not happen
+                entry.states[v] = VersionState(READY, f"reload failed: {e}")
+            self.models.setdefault(name, entry)
+            log.error("model %s failed to load: %s", name, e)
+            raise InferError(str(e), 400) from e
+
+        for v in list(entry.states):  # forget failures of versions no longer selected
+            if v not in entry.serving and v not in versions:
+                if entry.states[v].state == UNAVAILABLE:
+                    del entry.states[v]
+        new_serving: dict[int, ModelVersion] = {}
+        errors: list[str] = []
+
+        async def load_version(v: int) -> None:
+            fp = layout.fingerprint(mdir, v)
+            current = entry.serving.get(v)
+            if current is not None and entry.fingerprints.get(v) == fp and config_override is None:
+                new_serving[v] = current
+                return
+            entry.states[v] = VersionState(LOADING)
+            try:
+                mv = await self._load_version(name, v, base_cfg, model_dir)
+            except Exception as e:  # every failure becomes the version's reason
+                reason = str(e) or type(e).__name__
+                entry.states[v] = VersionState(UNAVAILABLE, reason)
+                errors.append(f"version {v}: {reason}")
+                log.error("model %s version %d failed to load: %s", name, v, reason)
+                if current is not None:  # keep serving what worked
+                    new_serving[v] = current
+                    entry.states[v] = VersionState(READY, f"reload failed: {reason}")
+                return
+            new_serving[v] = mv
+            # Loaded with an override: the next plain load must reload it from disk.
+            entry.fingerprints[v] = fp if config_override is None else ""
+            entry.states[v] = VersionState(READY)
+            log.info(
+                "loaded model %s version %d (backend %s, %d instance%s)",
+                name,
+                v,
+                mv.backend,
+                len(mv.instances),
+                "" if len(mv.instances) == 1 else "s",
+            )
+
+        await asyncio.gather(*(load_version(v) for v in versions))
+        old = entry.serving
+        if self.closing:  # shut down while loading: serve nothing new
+            fresh = [mv for v, mv in new_serving.items() if old.get(v) is not mv]
+            await asyncio.gather(*(mv.close() for mv in fresh), return_exceptions=True)
+            raise unavailable(f"failed to load '{name}': the server is shutting down")
+        if errors:
+            # Keep the versions the failed ones were to replace, highest first, so
+            # that as many versions serve as the policy asks for.
+            for v in sorted(old, reverse=True):
+                if len(new_serving) >= len(versions):
+                    break
+                if v not in new_serving:
+                    new_serving[v] = old[v]
+                    entry.states[v] = VersionState(
+                        READY, "kept serving: its replacement failed to load"
+                    )
+        entry.serving = dict(sorted(new_serving.items()))  # the atomic switch
+        entry.reason = "; ".join(errors)
+        entry.wanted = True
+        self.models[name] = entry
+        for v, mv in old.items():
+            if entry.serving.get(v) is not mv:
+                gone = v not in entry.serving
+                if gone:
+                    entry.states[v] = VersionState(UNLOADING)
+                self._retire(entry, v, mv, forget=gone)
+        if errors:
+            kept = f"; serving versions {sorted(entry.serving)}" if entry.serving else ""
+            raise InferError(f"failed to load '{name}': {'; '.join(errors)}{kept}", 400)
+        return entry
+
+    async def _load_version(
+        self, name: str, version: int, base_cfg: Any, model_dir: Path
+    ) -> ModelVersion:
+        cfg = copy.deepcopy(base_cfg)
+        spec = ModelSpec(
+            name=name,
+            version=version,
+            config=cfg,
+            model_dir=model_dir,
+            version_dir=model_dir / str(version),
+            repository=self.repository,
+            server=self.server,
+        )
+        backend_name = cfg.backend or ("ensemble" if cfg.platform == "ensemble" else "")
+        backend = get_backend(backend_name)
+        backend.auto_complete(spec)
+        cfgmod.apply_defaults(cfg, gpus=available_gpus())
+        cfgmod.validate_config(cfg, str(model_dir / "config.pbtxt"), model_dir=model_dir)
+        mv = ModelVersion(spec, cfg.platform or cfg.backend, backend_name)
+        mv.instances = await backend.load(spec)
+        mv.scheduler = create_scheduler(mv)
+        warmup = getattr(self.server, "warmup", None)
+        if warmup is not None:
+            try:
+                await warmup(mv)
+            except Exception:
+                await mv.close()
+                raise
+        return mv
+
+    def _retire(self, entry: ModelEntry, version: int, mv: ModelVersion, forget: bool) -> None:
+        """Drain ``mv``'s in-flight requests in the background, then close it."""
+
+        async def retire() -> None:
+            await mv.drain()
+            await mv.close()
+            if forget and version not in entry.serving:
+                entry.states.pop(version, None)
+                entry.fingerprints.pop(version, None)
+            log.info("unloaded model %s version %d", entry.name, version)
+
+        task = asyncio.get_running_loop().create_task(retire())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    def dependents(self, name: str) -> list[str]:
+        """Served ensembles with a step that uses model ``name``."""
+        found = []
+        for other, entry in self.models.items():
+            mv = entry.default_version
+            if other == name or mv is None or mv.config.platform != "ensemble":
+                continue
+            if any(step.model_name == name for step in mv.config.ensemble_scheduling.step):
+                found.append(other)
+        return sorted(found)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Stop serving ``name``; in-flight and queued requests finish first (in the
+        background: new requests get 404/503 at once).
+
+        Args:
+            unload_dependents: also unload the ensembles that use ``name``.
+
+        Raises:
+            InferError(400): the model is not loaded.
+        """
+        if unload_dependents:
+            for dep in self.dependents(name):
+                try:
+                    await self.unload_model(dep, True)
+                except InferError as e:
+                    log.warning("unloading %s (depends on %s): %s", dep, name, e)
+        async with self._lock(name):
+            entry = self.models.get(name)
+            if entry is None or not entry.serving:
+                raise InferError(f"failed to unload '{name}': model is not loaded", 400)
+            old = entry.serving
+            entry.serving = {}
+            entry.wanted = False
+            for v in old:
+                entry.states[v] = VersionState(UNLOADING)
+            entry.reason = "unloaded"
+            for v, mv in old.items():
+                self._retire(entry, v, mv, forget=True)
+
+    async def wait_retired(self) -> None:
+        """Wait for every background retirement to finish."""
+        while self._retiring:
+            await asyncio.gather(*list(self._retiring), return_exceptions=True)
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Unload everything: wait up to ``timeout`` s for in-flight requests, then close.
+
+        Loads are refused from the start; loads already running are waited for
+        (within the same ``timeout``) and serve nothing.
+        """
+        self.closing = True
+        locks = list(self._locks.values())
+        if locks:
+
+            async def wait_loads() -> None:
+                for lock in locks:
+                    async with lock:
+                        pass
+
+            try:
+                await asyncio.wait_for(wait_loads(), timeout)
+            except TimeoutError:
+                log.warning("closing while a model is still loading")
+        versions = [mv for e in self.models.values() for mv in e.serving.values()]
+        if versions:
+            tasks = [asyncio.ensure_future(mv.drain()) for mv in versions]
+            _, pending = await asyncio.wait(tasks, timeout=timeout)
+            for t in pending:
+                t.cancel()
+        for e in self.models.values():
+            e.serving = {}
+        await asyncio.gather(*(mv.close() for mv in versions), return_exceptions=True)
+        await self.wait_retired()

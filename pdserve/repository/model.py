@@ -1,0 +1,280 @@
+"""One loaded model version: its configuration, instances, scheduler, statistics.
+
+:class:`ModelVersion` also owns the per-request checks that Triton makes before a
+request reaches a scheduler (input names, datatypes, shapes, batch size, requested
+outputs) and the classification extension on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pdserve import config as cfgmod
+from pdserve.backends.base import ExecRequest, ModelInstance, ModelSpec
+from pdserve.datatypes import bytes_array, numpy_to_v2
+from pdserve.observability.stats import ModelStats
+from pdserve.types import InferError, InferRequest, RequestedOutput
+
+if TYPE_CHECKING:
+    from pdserve.scheduling.base import Scheduler
+
+
+@dataclass(slots=True)
+class IOSpec:
+    """One input or output as the configuration declares it.
+
+    Attributes:
+        name: tensor name.
+        datatype: V2 datatype name (``"FP32"``, ``"BYTES"``...).
+        dims: configured dims *without* the batch dim; -1 is variable.
+        optional: inputs only: the request may omit it.
+        ragged: inputs only: ``allow_ragged_batch``.
+        labels: outputs only: lines of ``label_filename`` (classification).
+    """
+
+    name: str
+    datatype: str
+    dims: list[int]
+    optional: bool = False
+    ragged: bool = False
+    labels: list[str] | None = None
+
+
+def _shape_str(shape: Any) -> str:
+    return "[" + ",".join(str(int(d)) for d in shape) + "]"
+
+
+class ModelVersion:
+    """A model version that is loaded (or being loaded / unloaded).
+
+    Attributes:
+        name / version: identity; ``version`` is the numeric version.
+        config: the auto-completed ``ModelConfig``.
+        max_batch_size: 0 when the model does not batch.
+        inputs / outputs: :class:`IOSpec` by name, in config order.
+        instances: the model instances.
+        scheduler: runs requests (set by the manager once instances exist).
+        stats: statistics extension counters.
+        inflight: requests accepted and not yet answered.
+    """
+
+    def __init__(self, spec: ModelSpec, platform: str, backend: str) -> None:
+        cfg = spec.config
+        self.spec = spec
+        self.name = spec.name
+        self.version = spec.version
+        self.version_str = str(spec.version)
+        self.config = cfg
+        self.platform = platform
+        self.backend = backend
+        self.max_batch_size = cfg.max_batch_size
+        self.inputs: dict[str, IOSpec] = {}
+        for i in cfg.input:
+            self.inputs[i.name] = IOSpec(
+                i.name,
+                cfgmod.datatype_of(i),
+                list(i.dims),
+                optional=i.optional,
+                ragged=i.allow_ragged_batch,
+            )
+        self.outputs: dict[str, IOSpec] = {}
+        for o in cfg.output:
+            labels = None
+            if o.label_filename:
+                path = spec.model_dir / o.label_filename
+                labels = path.read_text(encoding="utf-8").splitlines()
+            self.outputs[o.name] = IOSpec(
+                o.name, cfgmod.datatype_of(o), list(o.dims), labels=labels
+            )
+        self.required_inputs = [n for n, s in self.inputs.items() if not s.optional]
+        self.instances: list[ModelInstance] = []
+        self.scheduler: Scheduler | None = None
+        self.stats = ModelStats(self.name, self.version_str)
+        self.inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.config_json: dict[str, Any] = cfgmod.config_to_json(cfg)
+        self._metadata: dict[str, Any] | None = None
+
+    # -- metadata -------------------------------------------------------------
+
+    def io_shape(self, spec: IOSpec) -> list[int]:
+        """Full shape as V2 metadata reports it (batch dim -1 first when batching)."""
+        return ([-1] if self.max_batch_size > 0 else []) + spec.dims
+
+    def metadata(self, versions: list[str]) -> dict[str, Any]:
+        """V2 model metadata (``GET /v2/models/{m}``) with the given served versions."""
+        return {
+            "name": self.name,
+            "versions": versions,
+            "platform": self.platform,
+            "inputs": [
+                {"name": s.name, "datatype": s.datatype, "shape": self.io_shape(s)}
+                for s in self.inputs.values()
+            ],
+            "outputs": [
+                {"name": s.name, "datatype": s.datatype, "shape": self.io_shape(s)}
+                for s in self.outputs.values()
+            ],
+        }
+
+    # -- request checks -------------------------------------------------------
+
+    def prepare(self, request: InferRequest) -> ExecRequest:
+        """Check ``request`` against the configuration and build its ExecRequest.
+
+        Raises:
+            InferError(400): unknown/missing input, datatype or shape that
+                disagrees with the configuration, batch size over
+                ``max_batch_size``, inputs with different batch sizes, unknown
+                requested output, classification asked of a non-numeric output.
+        """
+        name = self.name
+        batch_size = 1
+        seen_batch: int | None = None
+        for in_name, arr in request.inputs.items():
+            spec = self.inputs.get(in_name)
+            if spec is None:
+                raise InferError(
+                    f"unexpected inference input '{in_name}' for model '{name}'; "
+                    f"expected one of {list(self.inputs)}"
+                )
+            dt = numpy_to_v2(arr.dtype)
+            if dt != spec.datatype:
+                raise InferError(
+                    f"inference input '{in_name}' data-type is '{dt}', but model '{name}' "
+                    f"expects '{spec.datatype}'"
+                )
+            shape = arr.shape
+            dims = spec.dims
+            if self.max_batch_size > 0:
+                if len(shape) == 0:
+                    raise InferError(
+                        f"inference input '{in_name}' for model '{name}' has no batch dimension"
+                    )
+                rows = shape[0]
+                if rows < 1 or rows > self.max_batch_size:
+                    raise InferError(
+                        f"inference request batch-size must be <= {self.max_batch_size} "
+                        f"for '{name}' (got {rows} for input '{in_name}')"
+                    )
+                if seen_batch is not None and rows != seen_batch:
+                    raise InferError(
+                        f"inputs of a request to model '{name}' must share one batch size; "
+                        f"'{in_name}' has {rows}, another input has {seen_batch}"
+                    )
+                seen_batch = batch_size = rows
+                rest = shape[1:]
+            else:
+                rest = shape
+            if not spec.ragged and (
+                len(rest) != len(dims)
+                or any(d != -1 and d != s for d, s in zip(dims, rest, strict=False))
+            ):
+                expected = ([-1] if self.max_batch_size > 0 else []) + dims
+                raise InferError(
+                    f"unexpected shape for input '{in_name}' for model '{name}'. "
+                    f"Expected {_shape_str(expected)}, got {_shape_str(shape)}"
+                )
+        for req_name in self.required_inputs:
+            if req_name not in request.inputs:
+                raise InferError(
+                    f"expected {len(self.required_inputs)} inputs but got "
+                    f"{len(request.inputs)} inputs for model '{name}': missing input '{req_name}'"
+                )
+        if request.outputs:
+            output_names = []
+            for out in request.outputs:
+                spec = self.outputs.get(out.name)
+                if spec is None:
+                    raise InferError(f"unexpected inference output '{out.name}' for model '{name}'")
+                if out.classification and spec.datatype == "BYTES":
+                    raise InferError(
+                        f"classification is not supported for output '{out.name}' of datatype BYTES"
+                    )
+                if out.classification < 0:
+                    raise InferError(f"classification count for '{out.name}' must be >= 0")
+                output_names.append(out.name)
+        else:
+            output_names = list(self.outputs)
+        return ExecRequest(dict(request.inputs), output_names, request, batch_size)
+
+    # -- responses ------------------------------------------------------------
+
+    def finish_outputs(
+        self, request: InferRequest, outputs: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """Order outputs as requested and apply the classification extension."""
+        if not request.outputs:
+            return {n: outputs[n] for n in self.outputs if n in outputs}
+        result: dict[str, np.ndarray] = {}
+        for out in request.outputs:
+            arr = outputs[out.name]
+            if out.classification:
+                arr = self._classify(arr, out, self.outputs[out.name].labels)
+            result[out.name] = arr
+        return result
+
+    def _classify(
+        self, arr: np.ndarray, out: RequestedOutput, labels: list[str] | None
+    ) -> np.ndarray:
+        """Top-K of each batch row as BYTES ``"score:index[:label]"``.
+
+        Triton's classification extension: for a batching model the result has
+        shape ``[batch, K]``, otherwise ``[K]``; scores printed with 6 decimals;
+        ``label`` comes from the output's ``label_filename`` when it has one.
+        """
+        batched = self.max_batch_size > 0
+        rows = arr.reshape(arr.shape[0], -1) if batched else arr.reshape(1, -1)
+        k = min(out.classification, rows.shape[1])
+        result = []
+        for row in rows:
+            idx = np.argsort(-row.astype(np.float64), kind="stable")[:k]
+            items = []
+            for i in idx:
+                score = row[i]
+                text = f"{float(score):f}:{int(i)}"
+                if labels is not None and i < len(labels):
+                    text += f":{labels[i]}"
+                items.append(text)
+            result.append(bytes_array(items))
+        stacked = np.stack(result) if result else np.empty((0, k), dtype=object)
+        return stacked if batched else stacked.reshape(k)
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def begin(self) -> None:
+        """A request was accepted."""
+        self.inflight += 1
+        self._idle.clear()
+
+    def end(self) -> None:
+        """A request was answered."""
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Wait until no request is in flight; False if ``timeout`` s passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def close(self) -> None:
+        """Close the scheduler and every instance."""
+        if self.scheduler is not None:
+            await self.scheduler.close()
+        await asyncio.gather(*(i.close() for i in self.instances), return_exceptions=True)
+        self.instances = []
+
+
+def now_ns() -> int:
+    """``time.monotonic_ns()`` (one clock for every duration in statistics)."""
+    return time.monotonic_ns()

@@ -1,0 +1,28 @@
+"""Schedulers: direct (no batching) and the dynamic batcher.
+
+:func:`create_scheduler` picks one from the model configuration, as Triton does:
+``dynamic_batching { }`` present -> dynamic batcher, otherwise each request runs
+as it comes on the next free instance.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pdserve.scheduling.base import DirectScheduler, InstancePool, Scheduler
+
+if TYPE_CHECKING:
+    from pdserve.repository.model import ModelVersion
+
+
+def create_scheduler(model: ModelVersion) -> Scheduler:
+    """Build the scheduler for a loaded model version (instances already created)."""
+    pool = InstancePool(model.instances)
+    cfg = model.config
+    if cfg.HasField("dynamic_batching"):  # max_batch_size 0: queued (policies), not batched
+        try:
+            from pdserve.scheduling.dynamic_batcher import DynamicBatcher
+        except ImportError:  # pragma: no cover - until the batcher lands
+            return DirectScheduler(pool, model.stats)
+        return DynamicBatcher(pool, model.stats, model)
+    return DirectScheduler(pool, model.stats)

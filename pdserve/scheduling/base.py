@@ -1,0 +1,147 @@
+"""Scheduler interface, the instance pool, and batch execution with statistics.
+
+A scheduler owns a model's queue: it decides which requests run together and on
+which model instance. Every scheduler guarantees that an instance runs at most
+one batch at a time, so batches in flight never exceed the instance count.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import time
+from collections import deque
+
+import numpy as np
+
+from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance
+from pdserve.observability.stats import ModelStats
+from pdserve.types import InferError
+
+
+class InstancePool:
+    """Free model instances handed out in strict FIFO order of the waiters.
+
+    (An ``asyncio.Queue`` let one coroutine grab back the instance it had just
+    freed and starve the others — DESIGN.md — so waiters are served in order.)
+    """
+
+    def __init__(self, instances: list[ModelInstance]) -> None:
+        self.instances = list(instances)
+        self._free: deque[ModelInstance] = deque(instances)
+        self._waiters: deque[asyncio.Future[ModelInstance]] = deque()
+
+    @property
+    def idle(self) -> int:
+        """Number of instances not running a batch."""
+        return len(self._free)
+
+    def try_acquire(self) -> ModelInstance | None:
+        """An idle instance, or None when all are busy or others wait first."""
+        if self._free and not self._waiters:
+            return self._free.popleft()
+        return None
+
+    async def acquire(self) -> ModelInstance:
+        """Wait for an idle instance (FIFO among waiters)."""
+        inst = self.try_acquire()
+        if inst is not None:
+            return inst
+        fut: asyncio.Future[ModelInstance] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release(fut.result())
+            raise
+
+    def release(self, instance: ModelInstance) -> None:
+        """Give ``instance`` to the oldest waiter, or mark it idle."""
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(instance)
+                return
+        self._free.append(instance)
+
+
+async def run_batch(
+    instance: ModelInstance, batch: list[ExecRequest], stats: ModelStats
+) -> list[ExecResult]:
+    """Execute ``batch`` on ``instance``, record execution statistics.
+
+    Sets ``compute_ns`` on every request. An exception from the instance becomes
+    the result (an :class:`InferError`, status 500 unless it is one) of every
+    request in the batch, so one bad batch never escapes into the scheduler.
+    """
+    start = time.monotonic_ns()
+    try:
+        results = await instance.execute(batch)
+        if len(results) != len(batch):
+            raise InferError(
+                f"model instance {instance.name} returned {len(results)} responses for "
+                f"{len(batch)} requests",
+                500,
+            )
+    except InferError as e:
+        results = [e] * len(batch)
+    except Exception as e:  # a backend fault fails its batch only
+        err = InferError(f"{type(e).__name__}: {e}", 500)
+        results = [err] * len(batch)
+    elapsed = time.monotonic_ns() - start
+    rows = sum(r.batch_size for r in batch)
+    stats.record_execution(rows, 0, elapsed, 0)
+    stats.record_compute(len(batch), 0, elapsed, 0)
+    for r in batch:
+        r.compute_ns = elapsed
+    return results
+
+
+class Scheduler(abc.ABC):
+    """Accepts requests for one model version and runs them on its instances."""
+
+    def __init__(self, pool: InstancePool, stats: ModelStats) -> None:
+        self.pool = pool
+        self.stats = stats
+
+    @abc.abstractmethod
+    async def submit(self, request: ExecRequest) -> dict[str, np.ndarray]:
+        """Run one request; return its outputs.
+
+        Raises:
+            InferError: rejected (queue full 503, timeout), cancelled, or failed in
+                the model (500 with the model's message).
+        """
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Stop accepting; queued requests are finished or failed, not dropped."""
+
+
+def is_cancelled(request: ExecRequest) -> bool:
+    """True when the client that sent ``request`` has gone away."""
+    cancelled = request.request.cancelled
+    return bool(cancelled is not None and cancelled())
+
+
+class DirectScheduler(Scheduler):
+    """No batching: each request runs alone on the next free instance (FIFO)."""
+
+    async def submit(self, request: ExecRequest) -> dict[str, np.ndarray]:
+        """Wait for a free instance and run ``request`` alone on it."""
+        enqueued = time.monotonic_ns()
+        self.stats.pending += 1
+        try:
+            instance = await self.pool.acquire()
+        finally:
+            self.stats.pending -= 1
+        try:
+            request.queue_ns = time.monotonic_ns() - enqueued
+            if is_cancelled(request):
+                raise InferError("request was cancelled: the client went away", 499, "CANCELED")
+            (result,) = await run_batch(instance, [request], self.stats)
+        finally:
+            self.pool.release(instance)
+        if isinstance(result, InferError):
+            raise result
+        return result

@@ -1,0 +1,272 @@
+"""InferenceServer: the protocol-neutral core every frontend calls.
+
+Frontends (HTTP, gRPC) turn the wire into :class:`~pdserve.types.InferRequest`
+and call :meth:`InferenceServer.infer`; they never touch models or backends.
+The server looks the model version up in the :class:`ModelManager`, checks the
+request against the configuration, submits it to that model's scheduler and
+records the request's statistics — once, here, for every protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from pdserve import __version__
+from pdserve.config import ConfigError, config_from_json
+from pdserve.repository.manager import ModelManager
+from pdserve.repository.model import ModelVersion
+from pdserve.repository.warmup import warmup as run_warmup
+from pdserve.types import InferError, InferRequest, InferResponse, unavailable
+
+log = logging.getLogger("pdserve.server")
+
+#: Protocol extensions advertised in server metadata (Triton names).
+EXTENSIONS = [
+    "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "system_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "trace",
+    "logging",
+]
+
+
+class InferenceServer:
+    """The server core: health, metadata, inference, statistics, repository.
+
+    Args:
+        model_repository: the model repository root.
+        strict_readiness: ``ready()`` is False while any model meant to be loaded
+            is not ready (Triton's ``--strict-readiness``).
+        load_models: names to load at start (``None``: every model).
+    """
+
+    def __init__(
+        self,
+        model_repository: Path | str,
+        *,
+        strict_readiness: bool = False,
+        load_models: list[str] | None = None,
+    ) -> None:
+        self.repository = Path(model_repository)
+        self.manager = ModelManager(self.repository, server=self)
+        self.strict_readiness = strict_readiness
+        self.load_models = load_models
+        self._started = False
+        self._shutting_down = False
+        #: ``none`` | ``poll`` | ``explicit`` (``pdserve.repository.control`` sets it from
+        #: ``--model-control-mode``). Only ``explicit`` accepts repository load /
+        #: unload requests; a library user gets ``explicit``.
+        self.model_control_mode = "explicit"
+
+    # -- lifecycle ------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the initial models (a model that fails is logged, not fatal)."""
+        await self.manager.load_all(self.load_models)
+        self._started = True
+
+    async def stop(self, timeout: float | None = 30.0) -> None:
+        """Refuse new requests, wait up to ``timeout`` s for in-flight ones, unload."""
+        self._shutting_down = True
+        await self.manager.close(timeout)
+
+    # -- health and metadata --------------------------------------------------
+
+    def live(self) -> bool:
+        """Liveness: the process serves requests (``/v2/health/live``)."""
+        return not self._shutting_down
+
+    def ready(self) -> bool:
+        """Readiness (``/v2/health/ready``): started, not shutting down, and with
+        ``strict_readiness`` every model meant to be loaded has a ready version."""
+        if not self._started or self._shutting_down:
+            return False
+        if self.strict_readiness:
+            return all(e.serving for e in self.manager.models.values() if e.wanted)
+        return True
+
+    def metadata(self) -> dict[str, Any]:
+        """V2 server metadata: ``{name, version, extensions}``."""
+        return {"name": "pdserve", "version": __version__, "extensions": EXTENSIONS}
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        """V2 model metadata.
+
+        Raises:
+            InferError(404 / 503): unknown model or version, or none ready.
+        """
+        mv = self.manager.get(name, version)
+        return mv.metadata(self.manager.ready_versions(name))
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        """The model's (auto-completed) configuration in Triton's JSON form.
+
+        Raises:
+            InferError(404 / 503): unknown model or version, or none ready.
+        """
+        return self.manager.get(name, version).config_json
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        """True when that model version (or, with no version, any) is ready."""
+        try:
+            self.manager.get(name, version)
+        except InferError:
+            return False
+        return not self._shutting_down
+
+    # -- inference ------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Run one inference request.
+
+        Returns:
+            the response; outputs in the requested order (or config order), with
+            the classification extension applied.
+
+        Raises:
+            InferError: 404 unknown model/version; 400 bad inputs; 503 not ready,
+                queue full or shutting down; 500 the model failed.
+        """
+        if self._shutting_down:
+            raise unavailable("Server is shutting down: no new requests are accepted")
+        mv = self.manager.get(request.model_name, request.model_version)
+        return await self.infer_on(mv, request)
+
+    async def infer_on(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
+        """Run ``request`` on an already resolved model version (ensembles, BLS)."""
+        stats = mv.stats
+        mv.begin()
+        try:
+            try:
+                exec_req = mv.prepare(request)
+                outputs = await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
+                outputs = mv.finish_outputs(request, outputs)
+            except InferError as e:
+                stats.record_failure(time.monotonic_ns() - request.arrival_ns, e.reason)
+                raise
+            except asyncio.CancelledError:
+                stats.record_failure(time.monotonic_ns() - request.arrival_ns, "CANCELED")
+                raise
+            except Exception as e:
+                log.exception("request to %s failed", mv.name)
+                stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
+                raise InferError(f"{type(e).__name__}: {e}", 500) from e
+            stats.record_success(
+                exec_req.batch_size,
+                time.monotonic_ns() - request.arrival_ns,
+                exec_req.queue_ns,
+                exec_req.compute_ns,
+            )
+        finally:
+            mv.end()
+        return InferResponse(mv.name, mv.version_str, outputs, request.id)
+
+    # -- statistics and repository -------------------------------------------
+
+    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics extension: ``{"model_stats": [...]}``.
+
+        With no name, every served version of every model; with a name and no
+        version, every served version of that model.
+
+        Raises:
+            InferError(404): unknown model or version.
+        """
+        if name:
+            if version:
+                versions = [self.manager.get(name, version)]
+            else:
+                entry = self.manager.models.get(name)
+                if entry is None or not entry.serving:
+                    self.manager.get(name)  # raises the right error
+                    versions = []
+                else:
+                    versions = list(entry.serving.values())
+        else:
+            versions = [
+                mv for _, e in sorted(self.manager.models.items()) for mv in e.serving.values()
+            ]
+        return {"model_stats": [mv.stats.as_dict() for mv in versions]}
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Repository index rows ``{name, version, state, reason}``."""
+        rows = self.manager.index()
+        if ready_only:
+            rows = [r for r in rows if r.get("state") == "READY"]
+        return rows
+
+    def _check_model_control(self) -> None:
+        if self.model_control_mode != "explicit":
+            raise unavailable(
+                "explicit model load / unload is not allowed if polling is enabled "
+                f"(model control mode is '{self.model_control_mode}'; start pdserve with "
+                "--model-control-mode=explicit)"
+            )
+
+    async def load_model(
+        self, name: str, config: Any = None, files: dict[str, bytes] | None = None
+    ) -> None:
+        """Load or reload a model (repository extension).
+
+        New and changed versions load and warm up beside the serving ones and
+        traffic switches when they are ready (see :class:`ModelManager`).
+
+        Args:
+            config: a configuration override: Triton's JSON form (``str`` or
+                ``dict``) or a ``ModelConfig``; it replaces config.pbtxt for this
+                load (rollback: ``version_policy {specific {versions: [N]}}``).
+            files: ``{"<version>/<file>": bytes}`` written into the model folder
+                first; requires ``config``, as in Triton.
+
+        Raises:
+            InferError(503): the model control mode is not ``explicit``.
+            InferError(400): bad override, the model is missing or fails to load.
+        """
+        self._check_model_control()
+        if files and config is None:
+            raise InferError(
+                f"failed to load '{name}': 'file:' parameters require a 'config' parameter"
+            )
+        if isinstance(config, str | bytes):
+            try:
+                config = json.loads(config) if config.strip() else None
+            except ValueError as e:
+                raise InferError(f"failed to load '{name}': 'config' is not JSON: {e}") from None
+        if isinstance(config, dict):
+            try:
+                config = config_from_json(config)
+            except ConfigError as e:
+                raise InferError(f"failed to load '{name}': {e}") from None
+        await self.manager.load_model(name, config, files)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload a model (repository extension); in-flight requests finish first.
+
+        Raises:
+            InferError(503): the model control mode is not ``explicit``.
+            InferError(400): the model is not loaded.
+        """
+        self._check_model_control()
+        await self.manager.unload_model(name, unload_dependents)
+
+    async def warmup(self, mv: ModelVersion) -> None:
+        """Warm a freshly loaded version up before it serves (ModelManager's hook).
+
+        ``model_warmup`` samples from its configuration, or one request built
+        from the configuration (see :mod:`pdserve.repository.warmup`).
+
+        Raises:
+            WarmupError: a configured sample failed; the version does not serve.
+        """
+        await run_warmup(mv)

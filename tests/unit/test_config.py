@@ -1,0 +1,580 @@
+"""Unit tests for pdserve.config: parsing, platform, auto-complete, validation, JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+import pytest
+from google.protobuf import text_format
+from onnx import TensorProto, helper
+from tritonclient.grpc import model_config_pb2
+
+from pdserve import config as cfgmod
+from pdserve.config import ConfigError
+from pdserve.datatypes import ORT_TO_V2
+
+# --------------------------------------------------------------------------- helpers
+
+
+def make_model_dir(tmp_path: Path, name: str, pbtxt: str | None) -> Path:
+    """A model folder with an optional config.pbtxt and an empty version 1."""
+    d = tmp_path / name
+    (d / "1").mkdir(parents=True)
+    if pbtxt is not None:
+        (d / "config.pbtxt").write_text(pbtxt)
+    return d
+
+
+def parse(pbtxt: str) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(pbtxt, model_config_pb2.ModelConfig())
+
+
+def write_onnx(path: Path, in_shape: list, out_shape: list, dtype: int = TensorProto.FLOAT) -> None:
+    """A one-node (Relu / Identity) ONNX model INPUT0 -> OUTPUT0."""
+    x = helper.make_tensor_value_info("INPUT0", dtype, in_shape)
+    y = helper.make_tensor_value_info("OUTPUT0", dtype, out_shape)
+    op = "Relu" if dtype == TensorProto.FLOAT else "Identity"
+    graph = helper.make_graph([helper.make_node(op, ["INPUT0"], ["OUTPUT0"])], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
+def ort_io(path: Path) -> tuple[list, list]:
+    """(inputs, outputs) as the ONNX backend passes them: (name, v2 datatype, shape)."""
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    inputs = [(a.name, ORT_TO_V2[a.type], a.shape) for a in sess.get_inputs()]
+    outputs = [(a.name, ORT_TO_V2[a.type], a.shape) for a in sess.get_outputs()]
+    return inputs, outputs
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def test_load_parses_config(tmp_path: Path) -> None:
+    d = make_model_dir(
+        tmp_path,
+        "simple",
+        """
+        name: "simple"
+        platform: "onnxruntime_onnx"
+        max_batch_size: 8
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]
+        parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
+        """,
+    )
+    cfg = cfgmod.load_model_config(d)
+    assert cfg.name == "simple"
+    assert cfg.platform == "onnxruntime_onnx"
+    assert cfg.max_batch_size == 8
+    assert [i.name for i in cfg.input] == ["INPUT0"]
+    assert list(cfg.input[0].dims) == [64]
+    assert cfgmod.get_parameter(cfg, "intra_op_thread_count") == "2"
+    assert cfgmod.get_parameter(cfg, "missing") is None
+    assert cfgmod.get_parameter(cfg, "missing", "x") == "x"
+
+
+def test_load_without_config_uses_folder_name(tmp_path: Path) -> None:
+    cfg = cfgmod.load_model_config(make_model_dir(tmp_path, "noconf", None))
+    assert cfg.name == "noconf"
+    assert cfg.platform == "" and len(cfg.input) == 0
+
+
+def test_load_empty_name_becomes_folder_name(tmp_path: Path) -> None:
+    cfg = cfgmod.load_model_config(make_model_dir(tmp_path, "m1", 'backend: "python"'))
+    assert cfg.name == "m1"
+
+
+def test_load_name_mismatch(tmp_path: Path) -> None:
+    d = make_model_dir(tmp_path, "folder_name", 'name: "other"\nbackend: "python"')
+    with pytest.raises(ConfigError) as e:
+        cfgmod.load_model_config(d)
+    assert e.value.field == "name"
+    assert e.value.path == str(d / "config.pbtxt")
+    assert "folder_name" in e.value.message and "other" in e.value.message
+
+
+def test_load_parse_error_names_file_line_and_column(tmp_path: Path) -> None:
+    d = make_model_dir(tmp_path, "bad", 'name: "bad"\nmax_batch_size: 8\nbogus_field: 3\n')
+    with pytest.raises(ConfigError) as e:
+        cfgmod.load_model_config(d)
+    assert e.value.path == str(d / "config.pbtxt")
+    assert e.value.field == "3:1"
+    assert "bogus_field" in e.value.message
+    assert str(e.value).startswith(f"{d / 'config.pbtxt'}: 3:1: ")
+
+
+def test_config_error_str() -> None:
+    err = ConfigError("/r/m/config.pbtxt", "input[1].dims", "bad dims")
+    assert str(err) == "/r/m/config.pbtxt: input[1].dims: bad dims"
+    assert (err.path, err.field, err.message) == ("/r/m/config.pbtxt", "input[1].dims", "bad dims")
+
+
+# --------------------------------------------------------------------------- platform
+
+
+@pytest.mark.parametrize(
+    ("pbtxt", "platform", "backend", "filename"),
+    [
+        ('platform: "onnxruntime_onnx"', "onnxruntime_onnx", "onnxruntime", "model.onnx"),
+        ('backend: "onnxruntime"', "onnxruntime_onnx", "onnxruntime", "model.onnx"),
+        ('platform: "pytorch_libtorch"', "pytorch_libtorch", "pytorch", "model.pt"),
+        ('backend: "pytorch"', "pytorch_libtorch", "pytorch", "model.pt"),
+        ('backend: "python"', "", "python", "model.py"),
+        ('platform: "ensemble"', "ensemble", "", ""),
+        (
+            'backend: "onnxruntime" default_model_filename: "net.onnx"',
+            "onnxruntime_onnx",
+            "onnxruntime",
+            "net.onnx",
+        ),
+    ],
+)
+def test_normalize_platform_pairs(pbtxt: str, platform: str, backend: str, filename: str) -> None:
+    cfg = parse(pbtxt)
+    cfgmod.normalize_platform(cfg, "m/config.pbtxt")
+    assert (cfg.platform, cfg.backend, cfg.default_model_filename) == (platform, backend, filename)
+
+
+@pytest.mark.parametrize(
+    ("files", "backend"),
+    [
+        (["model.onnx"], "onnxruntime"),
+        (["model.pt"], "pytorch"),
+        (["model.py", "helper.py"], "python"),
+    ],
+)
+def test_normalize_platform_guesses_from_files(files: list[str], backend: str) -> None:
+    cfg = model_config_pb2.ModelConfig(name="m")
+    cfgmod.normalize_platform(cfg, "m/config.pbtxt", guess_from_files=files)
+    assert cfg.backend == backend
+
+
+@pytest.mark.parametrize(
+    ("pbtxt", "field"),
+    [
+        ('platform: "tensorrt_plan"', "platform"),
+        ('backend: "tensorflow"', "backend"),
+        ('platform: "onnxruntime_onnx" backend: "pytorch"', "backend"),
+        ('platform: "ensemble" backend: "python"', "backend"),
+        ("", "platform"),
+    ],
+)
+def test_normalize_platform_errors(pbtxt: str, field: str) -> None:
+    cfg = parse(pbtxt)
+    with pytest.raises(ConfigError) as e:
+        cfgmod.normalize_platform(cfg, "m/config.pbtxt", guess_from_files=["README.md"])
+    assert e.value.field == field
+    assert e.value.path == "m/config.pbtxt"
+
+
+# --------------------------------------------------------------------------- validation
+
+VALID = """
+name: "m"
+backend: "onnxruntime"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  { name: "a" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "b" data_type: TYPE_INT64 dims: [ -1, 2 ] }
+]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
+
+def test_validate_accepts_valid(tmp_path: Path) -> None:
+    assert cfgmod.validate_config(parse(VALID), str(tmp_path / "config.pbtxt")) == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "field", "words"),
+    [
+        (
+            'input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+            "input[2].name",
+            "duplicate input",
+        ),
+        (
+            'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+            "output[1].name",
+            "duplicate output",
+        ),
+        ('input [ { name: "c" data_type: TYPE_FP32 dims: [ 0 ] } ]', "input[2].dims", ">= 1"),
+        ('input [ { name: "c" data_type: TYPE_FP32 dims: [ -2 ] } ]', "input[2].dims", ">= 1"),
+        ('input [ { name: "c" dims: [ 3 ] } ]', "input[2].data_type", "data_type"),
+        ('output [ { name: "z" data_type: TYPE_FP32 } ]', "output[1].dims", "dims"),
+        ("max_batch_size: -1", "max_batch_size", "non-negative"),
+        (
+            "dynamic_batching { preferred_batch_size: [ 4, 16 ] }",
+            "dynamic_batching.preferred_batch_size",
+            "<= max_batch_size 8",
+        ),
+        (
+            "dynamic_batching { preferred_batch_size: [ 0 ] }",
+            "dynamic_batching.preferred_batch_size",
+            "positive",
+        ),
+        (
+            'input [ { name: "c" data_type: TYPE_FP32 dims: [ 2, 3 ] reshape { shape: [ 5 ] } } ]',
+            "input[2].reshape",
+            "element count",
+        ),
+        (
+            'input [ { name: "c" data_type: TYPE_FP32 dims: [ 2, -1, 3 ] '
+            "reshape { shape: [ 3, -1, 2 ] } } ]",
+            "input[2].reshape",
+            "variable-size",
+        ),
+        (
+            'output [ { name: "z" data_type: TYPE_FP32 dims: [ 3 ] label_filename: "nope.txt" } ]',
+            "output[1].label_filename",
+            "nope.txt",
+        ),
+        (
+            "instance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]",
+            "instance_group[0].gpus",
+            "KIND_CPU",
+        ),
+        (
+            "dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
+            "dynamic_batching.default_priority_level",
+            "[1, 2]",
+        ),
+        (
+            'input [ { name: "c" data_type: TYPE_FP32 format: FORMAT_NCHW dims: [ 3, 4 ] } ]',
+            "input[2].format",
+            "3 dims",
+        ),
+        ('ensemble_scheduling { step [ { model_name: "x" } ] }', "ensemble_scheduling", "only"),
+    ],
+)
+def test_validate_errors_name_file_and_field(
+    tmp_path: Path, edit: str, field: str, words: str
+) -> None:
+    cfg = parse(VALID)
+    text_format.Merge(edit, cfg)
+    path = str(tmp_path / "m" / "config.pbtxt")
+    with pytest.raises(ConfigError) as e:
+        cfgmod.validate_config(cfg, path)
+    assert e.value.path == path
+    assert e.value.field == field
+    assert words in e.value.message
+    assert str(e.value).startswith(f"{path}: {field}: ")
+
+
+def test_validate_label_file_present(tmp_path: Path) -> None:
+    d = make_model_dir(tmp_path, "m", None)
+    (d / "labels.txt").write_text("cat\ndog\n")
+    cfg = parse(VALID)
+    cfg.output[0].label_filename = "labels.txt"
+    assert cfgmod.validate_config(cfg, str(d / "config.pbtxt")) == []
+
+
+def test_validate_preferred_batch_on_non_batching_model() -> None:
+    cfg = parse(VALID + "dynamic_batching { preferred_batch_size: [ 2 ] }")
+    cfg.max_batch_size = 0
+    with pytest.raises(ConfigError) as e:
+        cfgmod.validate_config(cfg, "m/config.pbtxt")
+    assert e.value.field == "dynamic_batching.preferred_batch_size"
+    assert "cannot batch" in e.value.message
+
+
+def test_validate_dynamic_batching_without_batch_size_warns() -> None:
+    # Triton accepts it (the dynamic batcher then only queues), so a warning.
+    cfg = parse(VALID + "dynamic_batching { }")
+    cfg.max_batch_size = 0
+    warnings = cfgmod.validate_config(cfg, "m/config.pbtxt")
+    assert len(warnings) == 1 and "never batched" in warnings[0]
+
+
+def test_validate_empty_reshape_needs_batching() -> None:
+    cfg = parse(VALID + 'input [ { name: "s" data_type: TYPE_FP32 dims: [ 1 ] reshape { } } ]')
+    assert cfgmod.validate_config(cfg, "m/config.pbtxt") == []  # batching: a scalar per item
+    cfg.max_batch_size = 0
+    with pytest.raises(ConfigError) as e:
+        cfgmod.validate_config(cfg, "m/config.pbtxt")
+    assert e.value.field == "input[2].reshape"
+
+
+def test_validate_incomplete_io_allowed_before_autocomplete() -> None:
+    cfg = parse('name: "m" backend: "python" input [ { name: "a" } ]')
+    assert cfgmod.validate_config(cfg, "m/config.pbtxt", complete=False) == []
+    with pytest.raises(ConfigError):
+        cfgmod.validate_config(cfg, "m/config.pbtxt")
+
+
+def test_validate_ensemble_needs_steps() -> None:
+    cfg = parse('name: "e" platform: "ensemble"')
+    with pytest.raises(ConfigError) as e:
+        cfgmod.validate_config(cfg, "e/config.pbtxt")
+    assert e.value.field == "ensemble_scheduling.step"
+    cfg = parse(
+        'name: "e" platform: "ensemble" ensemble_scheduling { step [ { model_name: "x" '
+        'input_map { key: "a" value: "b" } output_map { key: "c" value: "d" } } ] }'
+    )
+    assert cfgmod.validate_config(cfg, "e/config.pbtxt") == []
+    cfg.instance_group.add(count=1)
+    with pytest.raises(ConfigError) as e:
+        cfgmod.validate_config(cfg, "e/config.pbtxt")
+    assert e.value.field == "instance_group"
+
+
+# --------------------------------------------------------------------------- auto-complete
+
+
+def test_autocomplete_no_config(tmp_path: Path) -> None:
+    d = make_model_dir(tmp_path, "auto", None)
+    write_onnx(d / "1" / "model.onnx", ["N", 64], ["N", 64])
+    cfg = cfgmod.load_model_config(d)
+    cfgmod.normalize_platform(cfg, d / "config.pbtxt", guess_from_files=["model.onnx"])
+    inputs, outputs = ort_io(d / "1" / "model.onnx")
+    cfgmod.autocomplete_from_io(cfg, inputs, outputs, True, str(d / "config.pbtxt"))
+    assert cfg.backend == "onnxruntime" and cfg.platform == "onnxruntime_onnx"
+    assert cfg.max_batch_size == cfgmod.DEFAULT_MAX_BATCH_SIZE == 4
+    assert cfg.HasField("dynamic_batching")  # Triton turns the dynamic batcher on
+    assert [(i.name, i.data_type, list(i.dims)) for i in cfg.input] == [
+        ("INPUT0", model_config_pb2.TYPE_FP32, [64])
+    ]
+    assert [(o.name, list(o.dims)) for o in cfg.output] == [("OUTPUT0", [64])]
+    assert cfgmod.validate_config(cfg, str(d / "config.pbtxt")) == []
+    assert cfgmod.io_shape(cfg, cfg.input[0]) == [-1, 64]
+    assert cfgmod.datatype_of(cfg.input[0]) == "FP32"
+
+
+def test_autocomplete_fixed_batch_dim_means_no_batching() -> None:
+    cfg = model_config_pb2.ModelConfig(name="m", backend="onnxruntime")
+    cfgmod.autocomplete_from_io(
+        cfg, [("x", "FP32", [1, 3])], [("y", "FP32", [1, 3])], True, "m/config.pbtxt"
+    )
+    assert cfg.max_batch_size == 0
+    assert not cfg.HasField("dynamic_batching")
+    assert list(cfg.input[0].dims) == [1, 3]
+    assert cfgmod.io_shape(cfg, cfg.input[0]) == [1, 3]
+
+
+def test_autocomplete_keeps_explicit_max_batch_size_and_batcher() -> None:
+    cfg = parse('name: "m" max_batch_size: 1')
+    cfgmod.autocomplete_from_io(cfg, [("x", "FP32", [None, 3])], [("y", "FP32", [None])])
+    assert cfg.max_batch_size == 1 and not cfg.HasField("dynamic_batching")
+    # A scalar per batch item: dims [1] reshaped to [] (Triton's AutoCompleteIO).
+    assert list(cfg.output[0].dims) == [1]
+    assert cfg.output[0].HasField("reshape") and list(cfg.output[0].reshape.shape) == []
+
+
+def test_autocomplete_partial_config() -> None:
+    cfg = parse(
+        """
+        name: "m" max_batch_size: 8
+        input [ { name: "b" dims: [ -1 ] }, { name: "a" data_type: TYPE_FP32 } ]
+        """
+    )
+    inputs = [("a", "FP32", ["N", 4]), ("b", "INT64", ["N", 7]), ("c", "BYTES", ["N"])]
+    outputs = [("y", "FP32", ["N", 4]), ("z", "INT32", ["N", 2, 2])]
+    cfgmod.autocomplete_from_io(cfg, inputs, outputs, True, "m/config.pbtxt")
+    # Declared inputs keep their order and their dims; gaps are filled; missing appended.
+    got = [(i.name, cfgmod.datatype_of(i), list(i.dims)) for i in cfg.input]
+    assert got == [("b", "INT64", [-1]), ("a", "FP32", [4]), ("c", "BYTES", [1])]
+    assert cfg.input[2].HasField("reshape")
+    assert [(o.name, list(o.dims)) for o in cfg.output] == [("y", [4]), ("z", [2, 2])]
+    assert cfg.max_batch_size == 8
+    assert cfg.HasField("dynamic_batching")
+
+
+def test_autocomplete_output_subset_is_kept() -> None:
+    cfg = parse(
+        """
+        name: "m" max_batch_size: 2
+        input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        """
+    )
+    outputs = [("y", "FP32", [None, 4]), ("z", "FP32", [None, 4])]
+    cfgmod.autocomplete_from_io(cfg, [("a", "FP32", [None, 4])], outputs, True, "m/config.pbtxt")
+    assert [o.name for o in cfg.output] == ["y"]
+    assert not cfg.HasField("dynamic_batching")  # both declared: Triton skips auto-complete
+
+
+@pytest.mark.parametrize(
+    ("io", "field", "words"),
+    [
+        (
+            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 32 ] } ]',
+            "input[0].dims",
+            "disagree with the model file",
+        ),
+        (
+            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64, 1 ] } ]',
+            "input[0].dims",
+            "disagree with the model file",
+        ),
+        (
+            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 8 ] } ]',
+            "output[0].dims",
+            "disagree with the model file",
+        ),
+        (
+            'input [ { name: "INPUT0" data_type: TYPE_FP16 dims: [ 64 ] } ]',
+            "input[0].data_type",
+            "disagrees with the model file, which has TYPE_FP32",
+        ),
+        (
+            'input [ { name: "nope" data_type: TYPE_FP32 dims: [ 64 ] } ]',
+            "input[0].name",
+            "unknown input 'nope'",
+        ),
+        (
+            'output [ { name: "nope" data_type: TYPE_FP32 dims: [ 64 ] } ]',
+            "output[0].name",
+            "unknown output 'nope'",
+        ),
+    ],
+)
+def test_autocomplete_mismatch_errors(tmp_path: Path, io: str, field: str, words: str) -> None:
+    path = tmp_path / "m" / "1" / "model.onnx"
+    write_onnx(path, ["N", 64], ["N", 64])
+    inputs, outputs = ort_io(path)
+    cfg = parse('name: "m" max_batch_size: 8 ' + io)
+    with pytest.raises(ConfigError) as e:
+        cfgmod.autocomplete_from_io(cfg, inputs, outputs, True, "m/config.pbtxt")
+    assert e.value.path == "m/config.pbtxt"
+    assert e.value.field == field
+    assert words in e.value.message
+
+
+def test_autocomplete_wildcards_match() -> None:
+    # config -1 vs model fixed, and config fixed vs model variable: both accepted.
+    cfg = parse(
+        """
+        name: "m" max_batch_size: 8
+        input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 5 ] } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [ 3, 5 ] } ]
+        """
+    )
+    cfgmod.autocomplete_from_io(cfg, [("x", "FP32", [None, 3, "W"])], [("y", "FP32", [-1, -1, 5])])
+    assert list(cfg.input[0].dims) == [-1, 5]
+
+
+def test_autocomplete_non_batchable_model_with_max_batch_size(tmp_path: Path) -> None:
+    path = tmp_path / "m" / "1" / "model.onnx"
+    write_onnx(path, [1, 64], [1, 64])
+    inputs, outputs = ort_io(path)
+    cfg = parse('name: "m" max_batch_size: 8')
+    with pytest.raises(ConfigError) as e:
+        cfgmod.autocomplete_from_io(cfg, inputs, outputs, True, "m/config.pbtxt")
+    assert e.value.field == "max_batch_size"
+    assert "cannot batch" in e.value.message and "INPUT0" in e.value.message
+    # The same with inputs and outputs declared: caught per tensor.
+    cfg = parse(
+        """
+        name: "m" max_batch_size: 8
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]
+        """
+    )
+    with pytest.raises(ConfigError) as e:
+        cfgmod.autocomplete_from_io(cfg, inputs, outputs, True, "m/config.pbtxt")
+    assert e.value.field == "input[0].dims"
+    assert "cannot batch" in e.value.message
+
+
+def test_autocomplete_scalar_model_tensor() -> None:
+    cfg = parse('name: "m" backend: "onnxruntime"')
+    cfgmod.autocomplete_from_io(cfg, [("x", "FP32", [])], [("y", "FP32", [3])])
+    assert cfg.max_batch_size == 0
+    assert list(cfg.input[0].dims) == [1] and not cfg.input[0].HasField("reshape")
+    cfgmod.validate_config(cfg, "m/config.pbtxt")
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+def test_apply_defaults() -> None:
+    cfg = parse(VALID + "dynamic_batching { }")
+    cfgmod.apply_defaults(cfg)
+    assert cfg.version_policy.WhichOneof("policy_choice") == "latest"
+    assert cfg.version_policy.latest.num_versions == 1
+    assert list(cfg.dynamic_batching.preferred_batch_size) == [8]
+    assert len(cfg.instance_group) == 1
+    group = cfg.instance_group[0]
+    assert group.name == "m"
+    assert model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind) == "KIND_CPU"
+    assert group.count == 2  # Triton's default for onnxruntime on CPU
+    assert cfg.optimization.input_pinned_memory.enable
+    gpu = parse('name: "p" backend: "python" instance_group [ { }, { kind: KIND_GPU count: 3 } ]')
+    cfgmod.apply_defaults(gpu, gpus=[0, 1])
+    kinds = [model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind) for g in gpu.instance_group]
+    assert kinds == ["KIND_GPU", "KIND_GPU"]
+    assert [g.name for g in gpu.instance_group] == ["p_0", "p_1"]
+    assert [g.count for g in gpu.instance_group] == [1, 3]
+    assert [list(g.gpus) for g in gpu.instance_group] == [[0, 1], [0, 1]]
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def test_config_to_json_numbers_and_enums() -> None:
+    cfg = parse(
+        VALID
+        + """
+        version_policy { specific { versions: [ 1, 3 ] } }
+        dynamic_batching {
+          max_queue_delay_microseconds: 100
+          priority_levels: 2
+          default_priority_level: 1
+          priority_queue_policy {
+            key: 2 value { default_timeout_microseconds: 5000 timeout_action: DELAY }
+          }
+        }
+        instance_group [ { kind: KIND_CPU count: 2 } ]
+        """
+    )
+    d = cfgmod.config_to_json(cfg)
+    json.dumps(d)  # plain JSON
+    assert d["max_batch_size"] == 8
+    assert d["input"][0]["dims"] == [4]
+    assert d["input"][1]["dims"] == [-1, 2]
+    assert d["input"][0]["data_type"] == "TYPE_FP32"
+    assert d["output"][0]["dims"] == [4]
+    assert d["version_policy"]["specific"]["versions"] == [1, 3]
+    db = d["dynamic_batching"]
+    assert db["max_queue_delay_microseconds"] == 100
+    assert db["priority_levels"] == 2
+    policy = db["priority_queue_policy"]["2"]
+    assert policy["default_timeout_microseconds"] == 5000
+    assert policy["timeout_action"] == "DELAY"
+    assert d["instance_group"][0]["kind"] == "KIND_CPU"
+    # Default-valued fields without presence are printed, as Triton prints them.
+    assert d["input"][0]["is_shape_tensor"] is False
+    assert d["input"][0]["format"] == "FORMAT_NONE"
+    assert d["batch_input"] == []
+    assert d["default_model_filename"] == ""
+
+
+def test_config_json_round_trip() -> None:
+    cfg = parse(VALID + "version_policy { all { } } dynamic_batching { preferred_batch_size: 4 }")
+    d = cfgmod.config_to_json(cfg)
+    back = cfgmod.config_from_json(json.loads(json.dumps(d)))
+    assert back == cfg
+
+
+def test_config_from_json_error() -> None:
+    with pytest.raises(ConfigError) as e:
+        cfgmod.config_from_json({"name": "m", "max_batch_size": "lots"})
+    assert e.value.field == "config"
+    with pytest.raises(ConfigError):
+        cfgmod.config_from_json({"no_such_field": 1})
+
+
+def test_datatype_of() -> None:
+    io = model_config_pb2.ModelInput(name="s", data_type=model_config_pb2.TYPE_STRING)
+    assert cfgmod.datatype_of(io) == "BYTES"
+    io.data_type = model_config_pb2.TYPE_BF16
+    assert cfgmod.datatype_of(io) == "BF16"
+    with pytest.raises(ValueError):
+        cfgmod.datatype_of(model_config_pb2.ModelInput(name="x"))
