@@ -706,8 +706,11 @@ def test_cancelled_probe_reads_uvicorns_disconnected_flag() -> None:
     assert cancelled() is True
 
 
+BIG = np.random.default_rng(1).standard_normal((4, 50_000)).astype(np.float32)
+
+
 def test_serve_http_on_a_real_socket() -> None:
-    async def main() -> tuple[bytes, int, bytes]:
+    async def main() -> tuple[list[tuple[bytes, int]], bytes]:
         server = serve_http(create_http_app(FakeServer()), "127.0.0.1", 0)
         assert server.config.http == "httptools" and server.config.lifespan == "off"
         task = asyncio.create_task(server.serve())
@@ -720,21 +723,29 @@ def test_serve_http_on_a_real_socket() -> None:
             b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
             % (len(body), body)
         )
+        big_body, big_json_length = client_request({"IN": BIG}, True)
+        writer.write(
+            b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+            b"Inference-Header-Content-Length: %d\r\n\r\n" % (len(big_body), big_json_length)
+        )
+        writer.write(big_body)
         writer.write(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
         await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        fields = dict(line.split(b": ", 1) for line in head.lower().split(b"\r\n")[1:-2])
-        infer_body = await reader.readexactly(int(fields[b"content-length"]))
-        json_length = int(fields[b"inference-header-content-length"])
+        replies = []
+        for _ in range(2):
+            head = await reader.readuntil(b"\r\n\r\n")
+            fields = dict(line.split(b": ", 1) for line in head.lower().split(b"\r\n")[1:-2])
+            body = await reader.readexactly(int(fields[b"content-length"]))
+            replies.append((body, int(fields[b"inference-header-content-length"])))
         ready_head = await reader.readuntil(b"\r\n\r\n")
         writer.close()
         server.should_exit = True
         await task
-        return infer_body, json_length, ready_head
+        return replies, ready_head
 
-    infer_body, json_length, ready_head = asyncio.run(main())
-    result = parse(infer_body, json_length)
-    np.testing.assert_array_equal(result.as_numpy("IN"), SAMPLES["INT16"])
+    (small, big), ready_head = asyncio.run(main())
+    np.testing.assert_array_equal(parse(*small).as_numpy("IN"), SAMPLES["INT16"])
+    np.testing.assert_array_equal(parse(*big).as_numpy("IN"), BIG)  # sent part by part
     assert ready_head.startswith(b"HTTP/1.1 200")
 
 
