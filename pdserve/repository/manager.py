@@ -253,7 +253,9 @@ class ModelManager:
             if not base_cfg.name:
                 base_cfg.name = name
             cfgmod.normalize_platform(
-                base_cfg, guess_from_files=_guess_files(model_dir, mdir.versions)
+                base_cfg,
+                str(model_dir / "config.pbtxt"),
+                guess_from_files=_guess_files(model_dir, mdir.versions),
             )
             versions = layout.select_versions(base_cfg, mdir.versions)
             if not versions:
@@ -267,7 +269,8 @@ class ModelManager:
             entry.wanted = True
             for v in entry.serving:  # still serving: say why the reload did not happen
                 entry.states[v] = VersionState(READY, f"reload failed: {e}")
-            self.models.setdefault(name, entry)
+            if model_dir.is_dir() or name in self.models:  # no index row for a typo
+                self.models.setdefault(name, entry)
             log.error("model %s failed to load: %s", name, e)
             raise InferError(str(e), 400) from e
 
@@ -283,6 +286,7 @@ class ModelManager:
             current = entry.serving.get(v)
             if current is not None and entry.fingerprints.get(v) == fp and config_override is None:
                 new_serving[v] = current
+                entry.states[v] = VersionState(READY)
                 return
             entry.states[v] = VersionState(LOADING)
             try:
