@@ -101,7 +101,9 @@ def rss_mib(pid: int) -> float:
     return total / 1024
 
 
-def load(url: str, body: bytes, concurrency: int, duration: float, headers: list[str]) -> dict[str, Any]:
+def load(
+    url: str, body: bytes, concurrency: int, duration: float, headers: list[str]
+) -> dict[str, Any]:
     """One load point with benchmarks/loadgen.py pinned to core 1."""
     with tempfile.NamedTemporaryFile(suffix=".body", delete=False) as f:
         f.write(body)
@@ -169,7 +171,9 @@ while time.perf_counter() - t0 < {duration}:
     s.run(None, {{"input": x}}); n += 1
 print(json.dumps({{"ips": n / (time.perf_counter() - t0)}}))
 """
-    out = subprocess.run([*taskset("0"), PY, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [*taskset("0"), PY, "-c", code], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout)
 
 
