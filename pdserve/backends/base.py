@@ -10,6 +10,7 @@ list to ``TritonPythonModel.execute(requests)`` unchanged.
 from __future__ import annotations
 
 import abc
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,22 +118,84 @@ class Backend(abc.ABC):
         """
 
 
-def merge_batch(batch: list[ExecRequest]) -> dict[str, np.ndarray]:
+def merge_batch(batch: list[ExecRequest], ragged: Collection[str] = ()) -> dict[str, np.ndarray]:
     """Concatenate each input of several requests along dim 0.
 
     Args:
         batch: requests with the same input names, each array shaped
             ``[rows_i, ...]``; non-batch dims must agree (the dynamic batcher only
-            groups requests whose shapes agree).
+            groups requests whose shapes agree) except for ragged inputs.
+        ragged: names of ``allow_ragged_batch`` inputs. As in Triton's ONNX
+            Runtime backend, each is flattened and the requests' values are
+            concatenated into one 1-D tensor ``[sum(elements_i)]`` (also for a
+            single request); the model finds the boundaries in a batch input
+            (:func:`batch_input_tensors`).
 
     Returns:
-        input name -> array ``[sum(rows_i), ...]``. A single request is returned
-        without copying.
+        input name -> array ``[sum(rows_i), ...]``. A single request without
+        ragged inputs is returned without copying.
     """
-    if len(batch) == 1:
+    if len(batch) == 1 and not ragged:
         return batch[0].inputs
     names = batch[0].inputs.keys()
-    return {n: np.concatenate([r.inputs[n] for r in batch], axis=0) for n in names}
+    return {
+        n: np.concatenate([r.inputs[n].reshape(-1) for r in batch])
+        if n in ragged
+        else (
+            batch[0].inputs[n] if len(batch) == 1 else np.concatenate([r.inputs[n] for r in batch])
+        )
+        for n in names
+    }
+
+
+#: ``BatchInput.Kind`` values of model_config.proto that :func:`batch_input_tensors` builds.
+_BATCH_ELEMENT_COUNT = 0
+_BATCH_ACCUMULATED_ELEMENT_COUNT = 1
+_BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO = 2
+_BATCH_MAX_ELEMENT_COUNT_AS_SHAPE = 3
+
+
+def batch_input_tensors(batch_inputs: Any, batch: list[ExecRequest]) -> dict[str, np.ndarray]:
+    """The ``batch_input`` tensors of a batch (Triton's BackendInputCollector).
+
+    For each ``BatchInput`` of the configuration, with ``count_i`` the element
+    count of request *i*'s ``source_input`` (batch dim included):
+
+    - ``BATCH_ELEMENT_COUNT``: ``[count_i ...]``, shape ``[requests]``;
+    - ``BATCH_ACCUMULATED_ELEMENT_COUNT``: running sums, shape ``[requests]``;
+    - ``BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO``: ``0`` then the running sums,
+      shape ``[requests + 1]``;
+    - ``BATCH_MAX_ELEMENT_COUNT_AS_SHAPE``: zeros of shape ``[max(count_i)]``.
+
+    The dtype is FP32 when ``data_type`` is ``TYPE_FP32``, else INT32.
+
+    Raises:
+        InferError(400): an unsupported kind (``BATCH_ITEM_SHAPE*``) or a request
+            without the source input.
+    """
+    out: dict[str, np.ndarray] = {}
+    for bi in batch_inputs:
+        source = bi.source_input[0] if len(bi.source_input) else ""
+        counts = []
+        for r in batch:
+            arr = r.inputs.get(source)
+            if arr is None:
+                raise InferError(f"batch input source '{source}' is missing from a request")
+            counts.append(int(arr.size))
+        dtype = np.float32 if bi.data_type == 11 else np.int32  # 11: TYPE_FP32
+        if bi.kind == _BATCH_ELEMENT_COUNT:
+            value = np.asarray(counts, dtype=dtype)
+        elif bi.kind == _BATCH_ACCUMULATED_ELEMENT_COUNT:
+            value = np.cumsum(counts).astype(dtype)
+        elif bi.kind == _BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO:
+            value = np.concatenate([[0], np.cumsum(counts)]).astype(dtype)
+        elif bi.kind == _BATCH_MAX_ELEMENT_COUNT_AS_SHAPE:
+            value = np.zeros(max(counts), dtype=dtype)
+        else:
+            raise InferError(f"batch input kind {bi.kind} is not supported", 400)
+        for target in bi.target_name:
+            out[target] = value
+    return out
 
 
 def split_batch(batch: list[ExecRequest], outputs: dict[str, np.ndarray]) -> list[ExecResult]:
