@@ -30,6 +30,10 @@ EXAMPLE_REPOSITORY = Path(__file__).resolve().parents[1] / "examples" / "model_r
 #: ``start(args, server) -> awaitable stop()``.
 SERVE_EXTENSIONS: list[tuple[Callable[[argparse.ArgumentParser], None], Any]] = []
 
+#: Extra subcommands other modules register: ``add(subparsers)`` adds a parser whose
+#: defaults set ``run(args) -> exit code`` (e.g. ``pdserve rollback``).
+COMMANDS: list[Callable[[Any], None]] = []
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``pdserve`` argument parser."""
@@ -82,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for add_arguments, _ in SERVE_EXTENSIONS:
         add_arguments(serve)
+    for add_command in COMMANDS:
+        add_command(sub)
     return parser
 
 
@@ -177,6 +183,7 @@ def _load_extensions() -> None:
     for name in (
         "pdserve.frontends.grpc",
         "pdserve.observability.metrics",
+        "pdserve.cache",
         "pdserve.repository.control",
     ):
         with contextlib.suppress(ImportError):
@@ -188,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     _load_extensions()
     args = build_parser().parse_args(argv)
     _setup_logging(getattr(args, "log_verbose", 0))
+    run = getattr(args, "run", None)
+    if run is not None:
+        return run(args)
     if args.command == "serve":
         try:
             import uvloop

@@ -64,6 +64,9 @@ class InferenceServer:
         self.load_models = load_models
         self._started = False
         self._shutting_down = False
+        #: :class:`pdserve.cache.ResponseCache` when the server has a cache size
+        #: (``--response-cache-byte-size``); used by models with ``response_cache``.
+        self.response_cache: Any = None
         #: ``none`` | ``poll`` | ``explicit`` (``pdserve.repository.control`` sets it from
         #: ``--model-control-mode``). Only ``explicit`` accepts repository load /
         #: unload requests; a library user gets ``explicit``.
@@ -150,7 +153,11 @@ class InferenceServer:
         try:
             try:
                 exec_req = mv.prepare(request)
-                outputs = await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
+                cache = self.response_cache
+                if cache is not None and cache.enabled_for(mv):
+                    outputs = await self._infer_cached(cache, mv, exec_req)
+                else:
+                    outputs = await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
                 outputs = mv.finish_outputs(request, outputs)
             except InferError as e:
                 stats.record_failure(time.monotonic_ns() - request.arrival_ns, e.reason)
@@ -171,6 +178,21 @@ class InferenceServer:
         finally:
             mv.end()
         return InferResponse(mv.name, mv.version_str, outputs, request.id)
+
+    async def _infer_cached(self, cache: Any, mv: ModelVersion, exec_req: Any) -> Any:
+        """Response cache lookup; on a miss run the request and store its outputs.
+
+        A hit skips the scheduler (no queue or compute time, as in Triton). The
+        lookup duration is recorded as ``cache_hit`` / ``cache_miss``.
+        """
+        start = time.monotonic_ns()
+        key = cache.key(mv, exec_req)
+        outputs = cache.lookup(key)
+        mv.stats.record_cache(outputs is not None, time.monotonic_ns() - start)
+        if outputs is None:
+            outputs = await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
+            cache.insert(key, outputs)
+        return outputs
 
     # -- statistics and repository -------------------------------------------
 

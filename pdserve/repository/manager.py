@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,15 @@ def _guess_files(model_dir: Path, versions: list[int]) -> list[str]:
         if d.is_dir():
             names.extend(p.name for p in d.iterdir())
     return names
+
+
+def _write_files(files: dict[Path, bytes]) -> None:
+    """Write each file through a temporary name and a rename."""
+    for target, data in files.items():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.pdserve-tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
 
 
 class ModelManager:
@@ -233,12 +244,15 @@ class ModelManager:
             entry = ModelEntry(name)
         model_dir = self.repository / name
         if files:
-            for rel, data in files.items():
+            root = model_dir.resolve()
+            targets = {}
+            for rel in files:
                 target = (model_dir / rel).resolve()
-                if not str(target).startswith(str(model_dir.resolve())):
+                if target == root or not target.is_relative_to(root):
                     raise InferError(f"file path '{rel}' escapes the model folder")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
+                targets[rel] = target
+            # Off the event loop (model files are large); each file appears whole.
+            await asyncio.to_thread(_write_files, {targets[r]: d for r, d in files.items()})
         try:
             if not model_dir.is_dir():
                 raise InferError(f"failed to load '{name}': no such model in the repository", 400)
@@ -288,7 +302,8 @@ class ModelManager:
                 new_serving[v] = current
                 entry.states[v] = VersionState(READY)
                 return
-            entry.states[v] = VersionState(LOADING)
+            if current is None:  # a serving version stays READY while its copy loads
+                entry.states[v] = VersionState(LOADING)
             try:
                 mv = await self._load_version(name, v, base_cfg, model_dir)
             except Exception as e:  # every failure becomes the version's reason
@@ -360,7 +375,9 @@ class ModelManager:
         )
         backend_name = cfg.backend or ("ensemble" if cfg.platform == "ensemble" else "")
         backend = get_backend(backend_name)
-        backend.auto_complete(spec)
+        completing = backend.auto_complete(spec)
+        if inspect.isawaitable(completing):  # the python backend runs model code for it
+            await completing
         cfgmod.apply_defaults(cfg, gpus=available_gpus())
         cfgmod.validate_config(cfg, str(model_dir / "config.pbtxt"), model_dir=model_dir)
         mv = ModelVersion(spec, cfg.platform or cfg.backend, backend_name)

@@ -1,0 +1,374 @@
+"""Model control modes (``none`` / ``poll`` / ``explicit``), repository polling, rollback.
+
+Triton's three model control modes (``--model-control-mode``):
+
+``none`` (default)
+    Every model in the model repository is loaded at start. Changes on disk are
+    ignored; repository load / unload requests answer 503 / ``UNAVAILABLE``
+    ("explicit model load / unload is not allowed ..."), as Triton does.
+``poll``
+    Every model is loaded at start, then the repository is scanned every
+    ``--repository-poll-secs`` seconds. A model folder that appears is loaded, one
+    that disappears is unloaded, and a model whose ``config.pbtxt``, other
+    top-level files (labels...) or version folders changed (a version folder added,
+    removed, or a file in it changed: name, size or modification time) is reloaded.
+    Reloading is the manager's zero-downtime path: new and changed versions load
+    and warm up beside the serving ones and traffic switches when they are ready;
+    a version that fails leaves what was serving in place and is reported in the
+    repository index; a later fix (any change to the model folder) is picked up
+    on the next poll. A change is acted on once the folder has stopped changing
+    for a moment (:data:`SETTLE_SECS`), so a version folder being copied is not
+    loaded half-written; renaming a finished folder into place is still the safe
+    way to publish one. Load / unload requests answer ``UNAVAILABLE``.
+``explicit``
+    Only the models named by ``--load-model`` (repeatable; ``*`` means all) are
+    loaded at start; afterwards models load and unload through the repository API
+    (``POST /v2/repository/models/{m}/load`` / ``unload``, gRPC
+    ``RepositoryModelLoad`` / ``RepositoryModelUnload``). A load of a loaded model
+    reloads what changed, with the same zero-downtime swap.
+
+Rollback (pin a model to an earlier version that is still in the repository):
+in ``explicit`` mode, load the model with a configuration override whose
+``version_policy`` is ``specific { versions: [N] }``; ``pdserve rollback MODEL N
+--url HOST:PORT`` does exactly that over HTTP, and ``pdserve rollback MODEL
+--unpin`` reloads config.pbtxt from disk. In ``poll`` mode, write the same
+``version_policy`` into config.pbtxt (or remove the bad version folder): the next
+poll swaps back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pdserve import config as cfgmod
+from pdserve.repository import layout
+
+log = logging.getLogger("pdserve.control")
+
+__all__ = [
+    "MODES",
+    "SETTLE_SECS",
+    "RepositoryPoller",
+    "add_arguments",
+    "add_rollback_command",
+    "rollback",
+    "snapshot",
+    "start",
+]
+
+#: The model control modes.
+MODES = ("none", "poll", "explicit")
+
+#: A changed model folder must look the same this long before poll mode acts on it.
+SETTLE_SECS = 0.25
+
+#: What poll mode compares: (model-level fingerprint, ((version, fingerprint), ...)).
+Snapshot = tuple[str, tuple[tuple[int, str], ...]]
+
+
+def snapshot(mdir: layout.ModelDir) -> Snapshot:
+    """Fingerprints of a model folder: its configuration and top-level files, and each
+    version folder's files (see :func:`pdserve.repository.layout.fingerprint`)."""
+    return (
+        layout.fingerprint(mdir),
+        tuple((v, layout.fingerprint(mdir, v)) for v in mdir.versions),
+    )
+
+
+def _is_ensemble(mdir: layout.ModelDir) -> bool:
+    try:
+        return cfgmod.load_model_config(mdir.path).platform == cfgmod.ENSEMBLE_PLATFORM
+    except Exception:  # noqa: BLE001 - a broken config is reported by the load itself
+        return False
+
+
+class RepositoryPoller:
+    """Poll mode: reconcile the loaded models with the model repository on disk.
+
+    Args:
+        server: the ``InferenceServer`` (its ``manager`` loads and unloads).
+        interval: seconds between scans.
+    """
+
+    def __init__(self, server: Any, interval: float) -> None:
+        self.server = server
+        self.manager = server.manager
+        self.interval = interval
+        self.seen: dict[str, Snapshot] = {}
+        self.scans = 0
+
+    def _scan(self) -> dict[str, layout.ModelDir]:
+        try:
+            return layout.scan_repository(self.manager.repository)
+        except OSError as e:
+            log.error("cannot scan the model repository: %s", e)
+            return {}
+
+    def baseline(self) -> None:
+        """Record what is on disk now (call before the initial load)."""
+        self.seen = {name: snapshot(mdir) for name, mdir in self._scan().items()}
+
+    async def poll_once(self) -> list[str]:
+        """One scan: load new, reload changed and unload removed models.
+
+        Returns:
+            the names acted on. Failures are logged and in the repository index;
+            they never stop the poll loop or the other models.
+        """
+        self.scans += 1
+        on_disk = self._scan()
+        changed: dict[str, Snapshot] = {}
+        for name, mdir in on_disk.items():
+            snap = snapshot(mdir)
+            if self.seen.get(name) != snap:
+                changed[name] = snap
+        removed = [n for n in self.seen if n not in on_disk]
+        if changed:
+            await asyncio.sleep(SETTLE_SECS)
+            stable = {}
+            for name, snap in changed.items():
+                mdir = layout.ModelDir(
+                    name, on_disk[name].path, layout.list_versions(on_disk[name].path)
+                )
+                if snapshot(mdir) == snap:
+                    stable[name] = snap
+                else:
+                    log.debug("model %s is still changing; next poll", name)
+            changed = stable
+        acted: list[str] = []
+        for name in removed:
+            del self.seen[name]
+            entry = self.manager.models.get(name)
+            if entry is not None and entry.serving:
+                log.info("model %s was removed from the repository: unloading", name)
+                try:
+                    await self.manager.unload_model(name)
+                except Exception as e:  # noqa: BLE001
+                    log.error("unloading %s failed: %s", name, e)
+                acted.append(name)
+        if not changed:
+            return acted
+        for name, snap in changed.items():
+            self.seen[name] = snap
+        plain = [n for n in changed if not _is_ensemble(on_disk[n])]
+        ensembles = [n for n in changed if n not in plain]
+        for group in (plain, ensembles):
+            if group:
+                await asyncio.gather(*(self._load(n) for n in group))
+        acted.extend(changed)
+        return acted
+
+    async def _load(self, name: str) -> None:
+        known = name in self.manager.models
+        log.info("model %s %s in the repository: loading", name, "changed" if known else "appeared")
+        start = time.monotonic()
+        try:
+            entry = await self.manager.load_model(name)
+        except Exception as e:  # noqa: BLE001 - the manager logged and recorded it
+            log.warning("poll: model %s did not (fully) load: %s", name, e)
+            return
+        log.info(
+            "poll: model %s serving versions %s (%.0f ms)",
+            name,
+            sorted(entry.serving),
+            (time.monotonic() - start) * 1000,
+        )
+
+    async def run(self) -> None:
+        """Poll until the server shuts down (waits for the initial load first)."""
+        while not getattr(self.server, "_started", True):
+            if not self.server.live():
+                return
+            await asyncio.sleep(0.05)
+        while self.server.live():
+            await asyncio.sleep(self.interval)
+            if not self.server.live():
+                return
+            try:
+                await self.poll_once()
+            except Exception:  # noqa: BLE001 - polling must never stall
+                log.exception("repository poll failed")
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``serve`` flags: ``--model-control-mode``, ``--load-model``, ``--repository-poll-secs``."""
+    parser.add_argument(
+        "--model-control-mode",
+        choices=MODES,
+        default="none",
+        help="none: load everything at start, ignore changes (default); poll: also pick up "
+        "added, removed and changed models every --repository-poll-secs; explicit: load "
+        "only --load-model models, then what the repository API asks",
+    )
+    parser.add_argument(
+        "--load-model",
+        dest="load_models",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="explicit mode: a model to load at start (repeatable; '*' loads all)",
+    )
+    parser.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=15.0,
+        help="poll mode: seconds between repository scans (default 15)",
+    )
+
+
+async def start(args: argparse.Namespace, server: Any) -> Callable[[], Awaitable[None]] | None:
+    """CLI hook: apply the model control mode to ``server``; in poll mode start polling.
+
+    Runs before the server's initial load, so it also decides what that loads.
+
+    Raises:
+        SystemExit(2): ``--load-model`` without ``--model-control-mode=explicit``, or a
+            poll interval that is not positive.
+    """
+    mode = getattr(args, "model_control_mode", "none")
+    names = getattr(args, "load_models", None)
+    if names and mode != "explicit":
+        log.error("Use of '--load-model' requires setting '--model-control-mode=explicit' as well")
+        raise SystemExit(2)
+    server.model_control_mode = mode
+    if mode == "explicit":
+        if names and "*" in names:
+            server.load_models = None
+        else:
+            server.load_models = list(dict.fromkeys(names or []))
+        log.info(
+            "model control mode explicit: loading %s at start",
+            "every model" if server.load_models is None else (server.load_models or "no model"),
+        )
+        return None
+    server.load_models = None
+    if mode != "poll":
+        return None
+    interval = getattr(args, "repository_poll_secs", 15.0)
+    if interval <= 0:
+        log.error("--repository-poll-secs must be > 0 in poll mode (got %s)", interval)
+        raise SystemExit(2)
+    poller = RepositoryPoller(server, interval)
+    poller.baseline()
+    task = asyncio.get_running_loop().create_task(poller.run(), name="pdserve-repository-poll")
+    log.info("model control mode poll: scanning the repository every %gs", interval)
+
+    async def stop() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+    return stop
+
+
+# --------------------------------------------------------------------------- rollback
+
+
+def _http(url: str, method: str = "GET", body: dict[str, Any] | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            raw = r.read()
+    except urllib.error.HTTPError as e:
+        text = e.read().decode(errors="replace")
+        try:
+            text = json.loads(text).get("error", text)
+        except ValueError:
+            pass
+        raise RuntimeError(f"{method} {url}: HTTP {e.code}: {text}") from None
+    except urllib.error.URLError as e:
+        raise RuntimeError(f"{method} {url}: {e.reason}") from None
+    return json.loads(raw) if raw.strip() else None
+
+
+def rollback(url: str, model: str, version: int | None) -> list[str]:
+    """Pin ``model`` to ``version`` (or, with ``None``, reload config.pbtxt from disk).
+
+    Uses the repository API of a server in ``explicit`` mode: the served
+    configuration with ``version_policy {specific {versions: [version]}}`` as a
+    load override. The pinned version loads and warms up beside the serving one
+    and traffic switches when it is ready; if it fails, nothing changes.
+
+    Args:
+        url: the server's HTTP address, ``host:port`` or ``http://host:port``.
+
+    Returns:
+        the versions serving afterwards.
+
+    Raises:
+        RuntimeError: the server refused (not explicit mode, no such version...).
+    """
+    base = url if "://" in url else f"http://{url}"
+    base = base.rstrip("/")
+    if version is None:
+        _http(f"{base}/v2/repository/models/{model}/load", "POST", {})
+    else:
+        cfg = _http(f"{base}/v2/models/{model}/config")
+        cfg["version_policy"] = {"specific": {"versions": [int(version)]}}
+        _http(
+            f"{base}/v2/repository/models/{model}/load",
+            "POST",
+            {"parameters": {"config": json.dumps(cfg)}},
+        )
+    meta = _http(f"{base}/v2/models/{model}")
+    return list(meta.get("versions", []))
+
+
+def add_rollback_command(sub: Any) -> None:
+    """Add ``pdserve rollback`` to the CLI's subcommands."""
+    p = sub.add_parser(
+        "rollback",
+        help="pin a model to an earlier version (explicit model control mode)",
+        description="Pin MODEL to VERSION on a running pdserve (or Triton) in explicit model "
+        "control mode, through the repository API: the served configuration is loaded "
+        "again with version_policy specific [VERSION]. The version loads and warms up "
+        "beside the serving one; traffic switches when it is ready. --unpin reloads "
+        "config.pbtxt from disk.",
+    )
+    p.add_argument("model", help="model name")
+    p.add_argument("version", nargs="?", type=int, help="version to pin (a version folder)")
+    p.add_argument("--unpin", action="store_true", help="go back to config.pbtxt's policy")
+    p.add_argument("--url", default="127.0.0.1:8000", help="server HTTP address (host:port)")
+    p.set_defaults(run=_run_rollback)
+
+
+def _run_rollback(args: argparse.Namespace) -> int:
+    if (args.version is None) == (not args.unpin):
+        print("pdserve rollback: give a VERSION or --unpin (not both)")
+        return 2
+    try:
+        versions = rollback(args.url, args.model, None if args.unpin else args.version)
+    except RuntimeError as e:
+        print(f"pdserve rollback: {e}")
+        return 1
+    print(f"{args.model}: serving versions {', '.join(versions) or '(none)'}")
+    return 0
+
+
+def _register() -> None:
+    from pdserve import cli
+
+    entry = (add_arguments, start)
+    if entry not in cli.SERVE_EXTENSIONS:
+        cli.SERVE_EXTENSIONS.append(entry)
+    commands = getattr(cli, "COMMANDS", None)
+    if commands is not None and add_rollback_command not in commands:
+        commands.append(add_rollback_command)
+
+
+_register()

@@ -1,0 +1,241 @@
+"""gRPC codec (ModelInferRequest/Response <-> InferRequest/Response), error codes,
+warm-up samples and the Kubernetes example (issue 5). No server process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2
+
+from pdserve.frontends.grpc import decode_infer_request, encode_infer_response, grpc_status
+from pdserve.types import InferError, InferResponse
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_decode_raw_inputs_are_zero_copy_views() -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    msg = service_pb2.ModelInferRequest(
+        model_name="m", model_version="3", id="r1", raw_input_contents=[x.tobytes()]
+    )
+    msg.inputs.add(name="X", datatype="FP32", shape=[2, 3])
+    msg.outputs.add(name="Y").parameters["classification"].int64_param = 2
+    msg.parameters["priority"].uint64_param = 2
+    msg.parameters["timeout"].int64_param = 1000
+    req = decode_infer_request(msg, 123)
+    assert (req.model_name, req.model_version, req.id, req.arrival_ns) == ("m", "3", "r1", 123)
+    np.testing.assert_array_equal(req.inputs["X"], x)
+    assert not req.inputs["X"].flags.writeable
+    assert req.outputs is not None and req.outputs[0].name == "Y"
+    assert req.outputs[0].classification == 2
+    assert req.parameters == {"priority": 2, "timeout": 1000}
+
+
+def test_decode_bytes_raw_and_typed() -> None:
+    items = [b"a", b"", b"\x00\xff"]
+    raw = b"".join(len(b).to_bytes(4, "little") + b for b in items)
+    msg = service_pb2.ModelInferRequest(model_name="m", raw_input_contents=[raw])
+    msg.inputs.add(name="S", datatype="BYTES", shape=[1, 3])
+    assert decode_infer_request(msg, 0).inputs["S"].tolist() == [items]
+    typed = service_pb2.ModelInferRequest(model_name="m")
+    typed.inputs.add(name="S", datatype="BYTES", shape=[3]).contents.bytes_contents.extend(items)
+    arr = decode_infer_request(typed, 0).inputs["S"]
+    assert arr.dtype == object and arr.tolist() == items
+
+
+@pytest.mark.parametrize(
+    ("datatype", "field", "values", "dtype"),
+    [
+        ("BOOL", "bool_contents", [True, False], np.bool_),
+        ("INT8", "int_contents", [-1, 2], np.int8),
+        ("INT32", "int_contents", [-1, 2], np.int32),
+        ("INT64", "int64_contents", [-(2**40), 2], np.int64),
+        ("UINT16", "uint_contents", [1, 60000], np.uint16),
+        ("UINT64", "uint64_contents", [2**63, 2], np.uint64),
+        ("FP32", "fp32_contents", [0.5, -1.0], np.float32),
+        ("FP64", "fp64_contents", [0.1, -1.0], np.float64),
+    ],
+)
+def test_decode_typed(datatype: str, field: str, values: list, dtype: type) -> None:
+    msg = service_pb2.ModelInferRequest(model_name="m")
+    getattr(msg.inputs.add(name="I", datatype=datatype, shape=[2]).contents, field).extend(values)
+    arr = decode_infer_request(msg, 0).inputs["I"]
+    assert arr.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(arr, np.array(values, dtype=dtype))
+
+
+def _bad_requests() -> dict[str, service_pb2.ModelInferRequest]:
+    cases: dict[str, service_pb2.ModelInferRequest] = {}
+
+    def new(name: str) -> service_pb2.ModelInferRequest:
+        cases[name] = service_pb2.ModelInferRequest(model_name="m")
+        return cases[name]
+
+    m = new("raw size does not match the shape")
+    m.raw_input_contents.append(b"\0" * 7)
+    m.inputs.add(name="I", datatype="FP32", shape=[2])
+    m = new("raw count is not the input count")
+    m.raw_input_contents.append(b"\0" * 8)
+    m.inputs.add(name="I", datatype="FP32", shape=[2])
+    m.inputs.add(name="J", datatype="FP32", shape=[2])
+    m = new("raw and typed mixed")
+    m.raw_input_contents.append(b"\0" * 4)
+    m.inputs.add(name="I", datatype="FP32", shape=[1]).contents.fp32_contents.append(1)
+    new("FP16 typed").inputs.add(
+        name="I", datatype="FP16", shape=[1]
+    ).contents.fp32_contents.append(1)
+    new("unknown datatype").inputs.add(
+        name="I", datatype="FP8", shape=[1]
+    ).contents.fp32_contents.append(1)
+    new("typed element count").inputs.add(
+        name="I", datatype="FP32", shape=[3]
+    ).contents.fp32_contents.append(1)
+    new("negative dimension").inputs.add(name="I", datatype="FP32", shape=[-1])
+    m = new("shared memory input")
+    t = m.inputs.add(name="I", datatype="FP32", shape=[1])
+    t.parameters["shared_memory_region"].string_param = "region"
+    m = new("input twice")
+    m.inputs.add(name="I", datatype="FP32", shape=[1]).contents.fp32_contents.append(1)
+    m.inputs.add(name="I", datatype="FP32", shape=[1]).contents.fp32_contents.append(1)
+    return cases
+
+
+@pytest.mark.parametrize("case", list(_bad_requests()))
+def test_decode_errors(case: str) -> None:
+    with pytest.raises(InferError) as e:
+        decode_infer_request(_bad_requests()[case], 0)
+    assert e.value.status == 400
+
+
+def test_encode_raw_outputs() -> None:
+    words = np.empty(2, dtype=object)
+    words[:] = [b"x", b"yz"]
+    resp = InferResponse(
+        "m",
+        "2",
+        {"A": np.arange(4, dtype=">i4").reshape(2, 2), "B": words, "C": np.array([True, False])},
+        id="r",
+        parameters={"flag": True, "n": 3},
+    )
+    msg = encode_infer_response(resp)
+    assert (msg.model_name, msg.model_version, msg.id) == ("m", "2", "r")
+    assert [(o.name, o.datatype, list(o.shape)) for o in msg.outputs] == [
+        ("A", "INT32", [2, 2]),
+        ("B", "BYTES", [2]),
+        ("C", "BOOL", [2]),
+    ]
+    assert np.frombuffer(msg.raw_output_contents[0], "<i4").tolist() == [0, 1, 2, 3]
+    assert msg.raw_output_contents[1] == b"\x01\0\0\0x\x02\0\0\0yz"
+    assert msg.raw_output_contents[2] == b"\x01\x00"
+    assert msg.parameters["flag"].bool_param and msg.parameters["n"].int64_param == 3
+
+
+def test_status_codes_follow_triton() -> None:
+    assert grpc_status(InferError("x", 400)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert grpc_status(InferError("x", 404)) == grpc.StatusCode.NOT_FOUND
+    assert grpc_status(InferError("x", 503)) == grpc.StatusCode.UNAVAILABLE
+    assert grpc_status(InferError("x", 500)) == grpc.StatusCode.INTERNAL
+    assert grpc_status(InferError("x", 501)) == grpc.StatusCode.UNIMPLEMENTED
+    assert grpc_status(InferError("x", 499)) == grpc.StatusCode.CANCELLED
+
+
+def test_kubernetes_example_is_consistent() -> None:
+    yaml = pytest.importorskip("yaml")
+    docs = list(
+        yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "deployment.yaml").read_text())
+    )
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    args = dict(a.split("=", 1) for a in container["args"] if a.startswith("--") and "=" in a)
+    exit_timeout = float(args["--exit-timeout-secs"])
+    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + exit_timeout
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    # every flag in the example exists
+    from pdserve import cli
+
+    cli._load_extensions()
+    cli.build_parser().parse_args(container["args"])
+
+
+# -- warm-up -------------------------------------------------------------------------
+
+
+class _Recorder:
+    """A model instance that records what it runs (and fails when told)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.seen: list[dict[str, np.ndarray]] = []
+        self.fail = fail
+
+    async def execute(self, batch: list) -> list:
+        self.seen.append(dict(batch[0].inputs))
+        if self.fail:
+            return [InferError("model says no", 500)]
+        return [{"OUTPUT0": np.zeros((batch[0].batch_size, 64), np.float32)}]
+
+
+def _model_version(tmp_path: Path, extra: str = "", fail: bool = False):  # noqa: ANN202
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from pdserve.backends.base import ModelSpec
+    from pdserve.repository.model import ModelVersion
+
+    cfg = text_format.Parse(
+        'name: "m" platform: "onnxruntime_onnx" max_batch_size: 8 '
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1, 4 ] } ] '
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ] ' + extra,
+        model_config_pb2.ModelConfig(),
+    )
+    spec = ModelSpec("m", 1, cfg, tmp_path, tmp_path / "1", tmp_path)
+    mv = ModelVersion(spec, "onnxruntime_onnx", "onnxruntime")
+    mv.instances = [_Recorder(fail), _Recorder(fail)]
+    return mv
+
+
+def test_warmup_default_request_runs_on_every_instance(tmp_path: Path) -> None:
+    import asyncio
+
+    from pdserve.repository.warmup import warmup
+
+    mv = _model_version(tmp_path)
+    asyncio.run(warmup(mv))
+    for inst in mv.instances:
+        assert [a["INPUT0"].shape for a in inst.seen] == [(1, 1, 4)]
+        assert not inst.seen[0]["INPUT0"].any()
+    failing = _model_version(tmp_path, fail=True)
+    asyncio.run(warmup(failing))  # a built request may be meaningless: only logged
+
+
+def test_warmup_configured_samples(tmp_path: Path) -> None:
+    import asyncio
+
+    from pdserve.repository.warmup import WarmupError, warmup
+
+    (tmp_path / "warmup").mkdir()
+    data = np.arange(8, dtype="<f4")
+    (tmp_path / "warmup" / "in.bin").write_bytes(data.tobytes())
+    extra = """model_warmup [
+      { name: "file" batch_size: 2 count: 3
+        inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 1, 4 ]
+                                       input_data_file: "in.bin" } } },
+      { name: "rand" batch_size: 1
+        inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 2, 4 ] random_data: true } } }
+    ]"""
+    mv = _model_version(tmp_path, extra)
+    asyncio.run(warmup(mv))
+    for inst in mv.instances:
+        shapes = [a["INPUT0"].shape for a in inst.seen]
+        assert shapes == [(2, 1, 4)] * 3 + [(1, 2, 4)]
+        np.testing.assert_array_equal(inst.seen[0]["INPUT0"].ravel(), data)
+    with pytest.raises(WarmupError, match="model says no"):
+        asyncio.run(warmup(_model_version(tmp_path, extra, fail=True)))
+    missing = extra.replace("in.bin", "missing.bin")
+    with pytest.raises(WarmupError, match="cannot read"):
+        asyncio.run(warmup(_model_version(tmp_path, missing)))
