@@ -392,9 +392,13 @@ def autocomplete_from_io(
                 f"{_names(model_inputs) or 'none'}",
             )
         dt, shape = model_inputs[io.name]
+        if io.allow_ragged_batch and batching:
+            shape = None  # ragged: the model takes the requests' values as one 1-D tensor
         _complete_io(io, f"input[{i}]", dt, shape, batching, where)
+    # batch_input targets are model inputs the server builds per batch, not request inputs.
+    batch_targets = {t for bi in cfg.batch_input for t in bi.target_name}
     for name, (dt, shape) in model_inputs.items():
-        if name not in declared_inputs:
+        if name not in declared_inputs and name not in batch_targets:
             _complete_io(
                 cfg.input.add(name=name), f"input[{len(cfg.input) - 1}]", dt, shape, batching, where
             )

@@ -50,6 +50,8 @@ log = logging.getLogger("pdserve.onnxruntime")
 
 #: ``auto`` runs a session inline on the event loop while its average run is shorter.
 INLINE_RUN_MAX_S = 0.0002
+#: an inline run longer than this switches the instance to its thread for good.
+INLINE_STICKY_LIMIT_S = 0.002
 
 _LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
 
@@ -298,7 +300,12 @@ class OnnxRuntimeInstance(ModelInstance):
             ):
                 start = time.perf_counter()
                 outputs = self._run(feeds, wanted)
-                self._note_duration(time.perf_counter() - start)
+                took = time.perf_counter() - start
+                self._note_duration(took)
+                if self._mode == "auto" and took > INLINE_STICKY_LIMIT_S:
+                    # an input-dependent model just blocked the loop: never again
+                    self._mode = "thread"
+                    log.info("%s: a %.1f ms run moved it to its own thread", self.name, took * 1e3)
             else:
                 loop = asyncio.get_running_loop()
                 outputs = await loop.run_in_executor(self._executor, self._timed_run, feeds, wanted)

@@ -15,6 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+#: Callables ``listener(stats)`` run when a :class:`ModelStats` is created — the
+#: Prometheus exporter uses this to add its hooks to every model version.
+LISTENERS: list[Any] = []
+
 _STAT_NAMES = (
     "success",
     "fail",
@@ -75,6 +79,8 @@ class ModelStats:
         self.batches: dict[int, BatchStats] = {}
         self.pending = 0
         self.hooks: list[Any] = []
+        for listener in LISTENERS:
+            listener(self)
 
     def record_success(self, rows: int, request_ns: int, queue_ns: int, compute_ns: int) -> None:
         """A request finished successfully.

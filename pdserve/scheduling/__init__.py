@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 
 def create_scheduler(model: ModelVersion) -> Scheduler:
     """Build the scheduler for a loaded model version (instances already created)."""
+    if model.config.platform == "ensemble":  # no instances: its steps' schedulers do the work
+        from pdserve.scheduling.ensemble import EnsembleScheduler
+
+        return EnsembleScheduler(model)
     pool = InstancePool(model.instances)
     cfg = model.config
     if cfg.HasField("dynamic_batching"):  # max_batch_size 0: queued (policies), not batched

@@ -1,0 +1,567 @@
+"""Prometheus metrics on ``--metrics-port`` (default 8002) at ``/metrics``.
+
+Names, types and labels follow Triton's metrics (docs/user_guide/metrics.md), so
+dashboards and alerts written for Triton work unchanged. Per model version,
+labels ``model`` and ``version``:
+
+=============================================  =======  ==========================================
+``nv_inference_request_success``               counter  successful requests (cache hits included)
+``nv_inference_request_failure``               counter  failed requests, label ``reason``:
+                                                        REJECTED, CANCELED, BACKEND, OTHER
+``nv_inference_count``                         counter  inferences (batch rows) of successes
+``nv_inference_exec_count``                    counter  batches executed by model instances
+``nv_inference_pending_request_count``         gauge    requests queued, not yet executing
+``nv_inference_request_duration_us``           counter  cumulative request duration, µs
+``nv_inference_queue_duration_us``             counter  cumulative queue duration, µs
+``nv_inference_compute_input_duration_us``     counter  cumulative compute-input duration, µs
+``nv_inference_compute_infer_duration_us``     counter  cumulative compute-infer duration, µs
+``nv_inference_compute_output_duration_us``    counter  cumulative compute-output duration, µs
+``nv_cache_num_hits_per_model``                counter  response cache hits
+``nv_cache_num_misses_per_model``              counter  response cache misses
+``nv_cache_hit_duration_per_model``            counter  cumulative cache-hit lookup duration, µs
+``nv_cache_miss_duration_per_model``           counter  cumulative cache-miss lookup duration, µs
+=============================================  =======  ==========================================
+
+Latency histograms (pdserve's own; Triton only has summaries for these, behind
+``--metrics-config summary_latencies=true``), so ``histogram_quantile`` gives
+p50/p90/p99 per model:
+
+- ``pdserve_request_duration_seconds`` — arrival to response, successes only;
+- ``pdserve_queue_duration_seconds`` — queued until an instance took the batch;
+- ``pdserve_compute_duration_seconds`` — the executed batch's compute time;
+- ``pdserve_batch_size`` — rows per executed batch (label-free of ``reason``).
+
+Server-wide: ``nv_cache_num_entries``, ``nv_cache_num_lookups``,
+``nv_cache_num_hits``, ``nv_cache_num_misses``, ``nv_cache_num_evictions``,
+``nv_cache_util`` (response cache); ``nv_cpu_utilization`` (0-1, since the last
+scrape), ``nv_cpu_memory_total_bytes``, ``nv_cpu_memory_used_bytes`` (system,
+from /proc); ``process_*`` from ``prometheus_client``'s ``ProcessCollector``
+(CPU seconds, resident memory...); and, only when ``pynvml`` imports and NVML
+finds a GPU, ``nv_gpu_utilization``, ``nv_gpu_memory_total_bytes``,
+``nv_gpu_memory_used_bytes``, ``nv_gpu_power_usage``, ``nv_gpu_power_limit``,
+``nv_energy_consumption`` (label ``gpu_uuid``). Without a GPU there are no GPU
+series and no error.
+
+Cost on the inference path: the counters are read from
+:class:`~pdserve.observability.stats.ModelStats` at scrape time; only the
+histograms are fed per request, through ``ModelStats.hooks``, by a lock-free
+bucket array (the event loop is single-threaded). The exposition is written by
+this module in the Prometheus text format 0.0.4 (``prometheus_client`` would add
+``_total`` to Triton's counter names); the HTTP listener is a tiny asyncio server
+on the main loop, so a scrape reads consistent numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+from bisect import bisect_left
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from pdserve.observability import stats as stats_mod
+from pdserve.observability.stats import ModelStats
+
+log = logging.getLogger("pdserve.metrics")
+
+#: Latency bucket bounds in seconds (100 µs .. 60 s).
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+#: Batch-size bucket bounds (rows).
+BATCH_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Histogram:
+    """A Prometheus histogram without locks (observed on the event loop only).
+
+    Args:
+        bounds: ascending upper bounds (``le``); ``+Inf`` is implicit.
+    """
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        """Count one observation."""
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """``[(le, cumulative count), ...]`` ending with ``+Inf``."""
+        out = []
+        total = 0
+        for bound, c in zip(self.bounds, self.counts, strict=False):
+            total += c
+            out.append((_fmt(bound), total))
+        out.append(("+Inf", self.count))
+        return out
+
+
+class ModelMetrics:
+    """Histograms and failure reasons of one model version (fed by hooks)."""
+
+    __slots__ = ("request", "queue", "compute", "batch", "failures")
+
+    def __init__(self) -> None:
+        self.request = Histogram(LATENCY_BUCKETS)
+        self.queue = Histogram(LATENCY_BUCKETS)
+        self.compute = Histogram(LATENCY_BUCKETS)
+        self.batch = Histogram(BATCH_BUCKETS)
+        self.failures: dict[str, int] = {}
+
+    def hook(self, event: str, **v: Any) -> None:
+        """``ModelStats`` hook: ``success`` / ``failure`` / ``execution`` / ``cache``."""
+        if event == "success":
+            self.request.observe(v["request_ns"] * 1e-9)
+            compute_ns = v["compute_ns"]
+            if compute_ns:  # cache hits have neither queue nor compute time
+                self.queue.observe(v["queue_ns"] * 1e-9)
+                self.compute.observe(compute_ns * 1e-9)
+        elif event == "execution":
+            self.batch.observe(v["batch_size"])
+        elif event == "failure":
+            reason = v.get("reason") or "OTHER"
+            self.failures[reason] = self.failures.get(reason, 0) + 1
+
+
+def attach(stats: ModelStats) -> ModelMetrics:
+    """Add the exporter's hook to ``stats`` (once) and return its metrics."""
+    mm = getattr(stats, "_pdserve_metrics", None)
+    if mm is None:
+        mm = ModelMetrics()
+        stats._pdserve_metrics = mm  # type: ignore[attr-defined]
+        stats.hooks.append(mm.hook)
+    return mm
+
+
+# -- exposition ----------------------------------------------------------------
+
+
+def _fmt(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(float(value))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items()) + "}"
+
+
+class Family:
+    """One metric family being written: ``# HELP``, ``# TYPE`` and its samples."""
+
+    def __init__(self, name: str, kind: str, doc: str) -> None:
+        self.name = name
+        self.kind = kind
+        self.doc = doc
+        self.lines: list[str] = []
+
+    def add(self, labels: dict[str, str], value: float, suffix: str = "") -> None:
+        """Add one sample ``name+suffix{labels} value``."""
+        self.lines.append(f"{self.name}{suffix}{_labels(labels)} {_fmt(value)}\n")
+
+    def add_histogram(self, labels: dict[str, str], h: Histogram) -> None:
+        """Add ``_bucket`` (cumulative, per ``le``), ``_sum`` and ``_count`` samples."""
+        for le, count in h.cumulative():
+            self.add({**labels, "le": le}, count, "_bucket")
+        self.add(labels, h.sum, "_sum")
+        self.add(labels, h.count, "_count")
+
+    def render(self) -> str:
+        """The family in the text format (empty when it has no samples)."""
+        if not self.lines:
+            return ""
+        doc = self.doc.replace("\\", "\\\\").replace("\n", "\\n")
+        return f"# HELP {self.name} {doc}\n# TYPE {self.name} {self.kind}\n" + "".join(self.lines)
+
+
+_MODEL_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes"),
+    ("nv_inference_count", "counter", "Number of inferences performed (does not include cached requests)"),
+    ("nv_inference_exec_count", "counter", "Number of model executions performed (does not include cached requests)"),
+    ("nv_inference_pending_request_count", "gauge", "Instantaneous number of pending requests awaiting execution per-model."),
+    ("nv_inference_request_duration_us", "counter", "Cumulative inference request duration in microseconds (includes cached requests)"),
+    ("nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in microseconds (includes cached requests)"),
+    ("nv_inference_compute_input_duration_us", "counter", "Cumulative compute input duration in microseconds (does not include cached requests)"),
+    ("nv_inference_compute_infer_duration_us", "counter", "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+    ("nv_inference_compute_output_duration_us", "counter", "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
+    ("nv_cache_num_hits_per_model", "counter", "Number of cache hits per model"),
+    ("nv_cache_num_misses_per_model", "counter", "Number of cache misses per model"),
+    ("nv_cache_hit_duration_per_model", "counter", "Total cache hit duration per model, in microseconds"),
+    ("nv_cache_miss_duration_per_model", "counter", "Total cache miss (insert + lookup) duration per model, in microseconds"),
+)  # fmt: skip
+
+
+def _model_values(s: ModelStats) -> tuple[float, ...]:
+    d = s.durations
+    return (
+        d["success"].count,
+        s.inference_count,
+        s.execution_count,
+        s.pending,
+        d["success"].ns // 1000,
+        d["queue"].ns // 1000,
+        d["compute_input"].ns // 1000,
+        d["compute_infer"].ns // 1000,
+        d["compute_output"].ns // 1000,
+        d["cache_hit"].count,
+        d["cache_miss"].count,
+        d["cache_hit"].ns // 1000,
+        d["cache_miss"].ns // 1000,
+    )
+
+
+def model_families(models: Iterable[ModelStats]) -> list[Family]:
+    """Per-model families (Triton counters, failures by reason, histograms)."""
+    families = [Family(n, k, doc) for n, k, doc in _MODEL_COUNTERS]
+    failure = Family(
+        "nv_inference_request_failure",
+        "counter",
+        "Number of failed inference requests, all batch sizes",
+    )
+    hists = [
+        Family("pdserve_request_duration_seconds", "histogram", "Request duration (arrival to response) of successful requests, seconds"),
+        Family("pdserve_queue_duration_seconds", "histogram", "Time requests waited in the queue before their batch started, seconds"),
+        Family("pdserve_compute_duration_seconds", "histogram", "Compute time of the batch each request ran in, seconds"),
+        Family("pdserve_batch_size", "histogram", "Rows per batch executed by model instances"),
+    ]  # fmt: skip
+    for s in models:
+        labels = {"model": s.name, "version": s.version}
+        for fam, value in zip(families, _model_values(s), strict=True):
+            fam.add(labels, value)
+        mm = getattr(s, "_pdserve_metrics", None)
+        reasons = dict(mm.failures) if mm is not None else {}
+        if not reasons and s.durations["fail"].count:
+            reasons = {"OTHER": s.durations["fail"].count}
+        for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+            reasons.setdefault(reason, 0)
+        for reason, count in sorted(reasons.items()):
+            failure.add({**labels, "reason": reason}, count)
+        if mm is not None:
+            hists[0].add_histogram(labels, mm.request)
+            hists[1].add_histogram(labels, mm.queue)
+            hists[2].add_histogram(labels, mm.compute)
+            hists[3].add_histogram(labels, mm.batch)
+    return [families[0], failure, *families[1:], *hists]
+
+
+def cache_families(cache: Any) -> list[Family]:
+    """Server-wide response cache families (none without a cache)."""
+    if cache is None:
+        return []
+    rows = [
+        ("nv_cache_num_entries", "gauge", "Number of responses stored in response cache", len(cache)),
+        ("nv_cache_num_lookups", "counter", "Number of cache lookups in response cache", cache.hits + cache.misses),
+        ("nv_cache_num_hits", "counter", "Number of cache hits in response cache", cache.hits),
+        ("nv_cache_num_misses", "counter", "Number of cache misses in response cache", cache.misses),
+        ("nv_cache_num_evictions", "counter", "Number of cache evictions in response cache", cache.evictions),
+        ("nv_cache_util", "gauge", "Cache utilization [0.0 - 1.0]", cache.bytes_used / cache.capacity_bytes),
+    ]  # fmt: skip
+    out = []
+    for name, kind, doc, value in rows:
+        f = Family(name, kind, doc)
+        f.add({}, value)
+        out.append(f)
+    return out
+
+
+class CpuSampler:
+    """System CPU utilisation between scrapes and memory, from /proc (Linux)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[int, int] | None = self._read_stat()
+
+    @staticmethod
+    def _read_stat() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat", encoding="ascii") as f:
+                parts = f.readline().split()
+        except OSError:
+            return None
+        values = [int(x) for x in parts[1:]]
+        idle = values[3] + (values[4] if len(values) > 4 else 0)
+        return sum(values), idle
+
+    def families(self) -> list[Family]:
+        """``nv_cpu_utilization``, ``nv_cpu_memory_total_bytes``, ``nv_cpu_memory_used_bytes``."""
+        out = []
+        now = self._read_stat()
+        if now is not None:
+            util = 0.0
+            if self._last is not None and now[0] > self._last[0]:
+                total = now[0] - self._last[0]
+                util = 1.0 - (now[1] - self._last[1]) / total
+            self._last = now
+            f = Family("nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]")
+            f.add({}, round(max(0.0, min(1.0, util)), 6))
+            out.append(f)
+        try:
+            info: dict[str, int] = {}
+            with open("/proc/meminfo", encoding="ascii") as fh:
+                for line in fh:
+                    key, _, rest = line.partition(":")
+                    info[key] = int(rest.split()[0]) * 1024
+            total_b = info["MemTotal"]
+            used_b = total_b - info.get("MemAvailable", info.get("MemFree", 0))
+        except (OSError, KeyError, ValueError, IndexError):
+            return out
+        f = Family("nv_cpu_memory_total_bytes", "gauge", "CPU total memory (RAM), in bytes")
+        f.add({}, total_b)
+        out.append(f)
+        f = Family("nv_cpu_memory_used_bytes", "gauge", "CPU used memory (RAM), in bytes")
+        f.add({}, used_b)
+        out.append(f)
+        return out
+
+
+class GpuSampler:
+    """NVML GPU metrics; :meth:`create` returns None without pynvml or a GPU."""
+
+    def __init__(self, nvml: Any, handles: list[tuple[str, Any]]) -> None:
+        self.nvml = nvml
+        self.handles = handles
+
+    @classmethod
+    def create(cls) -> GpuSampler | None:
+        """Initialise NVML; None (silently) when it or a GPU is absent."""
+        try:
+            import pynvml  # type: ignore[import-not-found]
+        except ImportError:
+            return None
+        try:
+            pynvml.nvmlInit()
+            handles = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = pynvml.nvmlDeviceGetUUID(h)
+                if isinstance(uuid, bytes):
+                    uuid = uuid.decode()
+                handles.append((uuid, h))
+        except Exception as e:  # noqa: BLE001 - no driver / no GPU: no GPU metrics
+            log.debug("no GPU metrics: %s", e)
+            return None
+        return cls(pynvml, handles) if handles else None
+
+    def families(self) -> list[Family]:
+        """Per-GPU utilisation, memory, power and energy families."""
+        nv = self.nvml
+        fams = {
+            "util": Family("nv_gpu_utilization", "gauge", "GPU utilization rate [0.0 - 1.0)"),
+            "mem_total": Family("nv_gpu_memory_total_bytes", "gauge", "GPU total memory, in bytes"),
+            "mem_used": Family("nv_gpu_memory_used_bytes", "gauge", "GPU used memory, in bytes"),
+            "power": Family("nv_gpu_power_usage", "gauge", "GPU power usage in watts"),
+            "limit": Family("nv_gpu_power_limit", "gauge", "GPU power management limit in watts"),
+            "energy": Family("nv_energy_consumption", "counter", "GPU energy consumption in joules since pdserve started"),
+        }  # fmt: skip
+        readers: list[tuple[str, Callable[[Any], float]]] = [
+            ("util", lambda h: nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0),
+            ("mem_total", lambda h: nv.nvmlDeviceGetMemoryInfo(h).total),
+            ("mem_used", lambda h: nv.nvmlDeviceGetMemoryInfo(h).used),
+            ("power", lambda h: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
+            ("limit", lambda h: nv.nvmlDeviceGetPowerManagementLimit(h) / 1000.0),
+            ("energy", lambda h: nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0),
+        ]
+        for uuid, h in self.handles:
+            for key, read in readers:
+                try:
+                    fams[key].add({"gpu_uuid": uuid}, read(h))
+                except Exception:  # noqa: BLE001,S112 - a reading this GPU does not support
+                    continue
+        return list(fams.values())
+
+
+class MetricsExporter:
+    """Renders every metric of a server.
+
+    Args:
+        server: the :class:`pdserve.server.InferenceServer`.
+        cpu: include CPU / memory metrics.
+        gpu: try NVML GPU metrics.
+    """
+
+    def __init__(self, server: Any, *, cpu: bool = True, gpu: bool = True) -> None:
+        self.server = server
+        self.cpu = CpuSampler() if cpu else None
+        self.gpu = GpuSampler.create() if gpu else None
+        self._process = None
+        if cpu:
+            try:
+                from prometheus_client import CollectorRegistry, ProcessCollector
+
+                self._process = CollectorRegistry(auto_describe=False)
+                ProcessCollector(registry=self._process)
+            except ImportError:  # pragma: no cover - prometheus-client is a dependency
+                self._process = None
+
+    def model_stats(self) -> list[ModelStats]:
+        """Statistics of every served model version, by name then version."""
+        out = []
+        manager = self.server.manager
+        for name in sorted(manager.models):
+            entry = manager.models[name]
+            for version in sorted(entry.serving):
+                out.append(entry.serving[version].stats)
+        return out
+
+    def render(self) -> bytes:
+        """The whole exposition, Prometheus text format 0.0.4."""
+        fams = model_families(self.model_stats())
+        fams += cache_families(getattr(self.server, "response_cache", None))
+        if self.cpu is not None:
+            fams += self.cpu.families()
+        if self.gpu is not None:
+            fams += self.gpu.families()
+        text = "".join(f.render() for f in fams).encode()
+        if self._process is not None:
+            from prometheus_client import generate_latest
+
+            text += generate_latest(self._process)
+        return text
+
+
+# -- HTTP listener ---------------------------------------------------------------
+
+
+async def _handle(
+    exporter: MetricsExporter, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Serve ``GET /metrics`` (and HEAD) on one connection, then close it."""
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        method, _, rest = line.partition(" ")
+        path = rest.split(" ", 1)[0].split("?", 1)[0]
+        if path == "/metrics" and method in ("GET", "HEAD"):
+            body = exporter.render()
+            status = "200 OK"
+            ctype = CONTENT_TYPE
+        else:
+            body = b"not found: metrics are served at /metrics\n"
+            status = "404 Not Found"
+            ctype = "text/plain; charset=utf-8"
+        writer.write(
+            f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+        if method != "HEAD":
+            writer.write(body)
+        await writer.drain()
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
+        pass
+    except Exception:  # noqa: BLE001 - a scrape never takes the server down
+        log.exception("metrics request failed")
+    finally:
+        writer.close()
+
+
+async def serve_metrics(exporter: MetricsExporter, host: str, port: int) -> asyncio.Server:
+    """Start the ``/metrics`` listener on the running loop.
+
+    Raises:
+        OSError: the port cannot be bound.
+    """
+    return await asyncio.start_server(lambda r, w: _handle(exporter, r, w), host, port)
+
+
+def install_hooks() -> None:
+    """Attach histogram hooks to every ModelStats created from now on."""
+    if attach not in stats_mod.LISTENERS:
+        stats_mod.LISTENERS.append(attach)
+
+
+# -- serve extension ---------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--allow-metrics``, ``--allow-gpu-metrics``, ``--allow-cpu-metrics`` (Triton's flags)."""
+    flag = argparse.BooleanOptionalAction
+    parser.add_argument(
+        "--allow-metrics",
+        action=flag,
+        default=True,
+        help="serve Prometheus metrics on --metrics-port (default on)",
+    )
+    parser.add_argument(
+        "--allow-gpu-metrics",
+        action=flag,
+        default=True,
+        help="GPU metrics through NVML when a GPU is present (default on)",
+    )
+    parser.add_argument("--allow-cpu-metrics", action=flag, default=True, help="CPU and memory metrics (default on)")  # fmt: skip
+
+
+async def start(args: argparse.Namespace, server: Any) -> Callable[[], Awaitable[None]] | None:
+    """Start the metrics listener; returns its stopper (None when disabled)."""
+    if not getattr(args, "allow_metrics", True):
+        return None
+    install_hooks()
+    for mv_stats in MetricsExporter(server, cpu=False, gpu=False).model_stats():
+        attach(mv_stats)
+    exporter = MetricsExporter(
+        server,
+        cpu=getattr(args, "allow_cpu_metrics", True),
+        gpu=getattr(args, "allow_gpu_metrics", True),
+    )
+    host = getattr(args, "host", "127.0.0.1")
+    port = getattr(args, "metrics_port", 8002)
+    try:
+        listener = await serve_metrics(exporter, host, port)
+    except OSError as e:
+        log.error("metrics not served: cannot listen on %s:%d (%s)", host, port, e)
+        return None
+    log.info("metrics (Prometheus) at http://%s:%d/metrics", host, port)
+
+    async def stop() -> None:
+        listener.close()
+        await listener.wait_closed()
+
+    return stop
+
+
+def _register() -> None:
+    from pdserve import cli
+
+    entry = (add_arguments, start)
+    if entry not in cli.SERVE_EXTENSIONS:
+        cli.SERVE_EXTENSIONS.append(entry)
+
+
+_register()

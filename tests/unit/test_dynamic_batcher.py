@@ -1,0 +1,421 @@
+"""Unit tests of the dynamic batcher against fake model instances (no server).
+
+The fake instance records every batch it is given and returns, per request,
+``OUT = IN * 2 + row_sum`` so a test can check each request got its own rows back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance, merge_batch, split_batch
+from pdserve.observability.stats import ModelStats
+from pdserve.repository.model import IOSpec
+from pdserve.scheduling.base import InstancePool
+from pdserve.scheduling.dynamic_batcher import DynamicBatcher
+from pdserve.types import InferError, InferRequest
+
+
+class FakeInstance(ModelInstance):
+    """Runs a batch after ``gate`` is set (or at once); records what it ran."""
+
+    def __init__(self, name: str, log: list[tuple[str, list[int]]], running: list[int]) -> None:
+        self.name = name
+        self.log = log
+        self.running = running
+        self.gate: asyncio.Event | None = None
+        self.delay = 0.0
+
+    async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
+        self.running[0] += 1
+        self.running[1] = max(self.running[1], self.running[0])
+        try:
+            self.log.append((self.name, [r.batch_size for r in batch]))
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            merged = merge_batch(batch)["IN"]
+            out = merged * 2 + merged.sum(axis=tuple(range(1, merged.ndim)), keepdims=True)
+            return split_batch(batch, {"OUT": out})
+        finally:
+            self.running[0] -= 1
+
+
+def make_batcher(
+    dyn: str = "",
+    *,
+    max_batch_size: int = 8,
+    instances: int = 1,
+    dims: list[int] | None = None,
+) -> tuple[DynamicBatcher, list[FakeInstance], list[tuple[str, list[int]]], list[int]]:
+    cfg = mc.ModelConfig(name="fake", max_batch_size=max_batch_size)
+    text_format.Parse(dyn, cfg.dynamic_batching)
+    log: list[tuple[str, list[int]]] = []
+    running = [0, 0]
+    insts = [FakeInstance(f"fake_{i}", log, running) for i in range(instances)]
+    model = SimpleNamespace(
+        name="fake",
+        config=cfg,
+        inputs={"IN": IOSpec("IN", "FP32", dims if dims is not None else [4])},
+    )
+    stats = ModelStats("fake", "1")
+    return DynamicBatcher(InstancePool(insts), stats, model), insts, log, running  # type: ignore[arg-type]
+
+
+def request(value: float, rows: int = 1, width: int = 4, **params: Any) -> ExecRequest:
+    arr = np.full((rows, width), value, dtype=np.float32)
+    req = InferRequest("fake", inputs={"IN": arr}, parameters=params)
+    return ExecRequest({"IN": arr}, ["OUT"], req, rows)
+
+
+def expected(value: float, rows: int = 1, width: int = 4) -> np.ndarray:
+    arr = np.full((rows, width), value, dtype=np.float32)
+    return arr * 2 + arr.sum(axis=1, keepdims=True)
+
+
+async def submit_all(b: DynamicBatcher, reqs: list[ExecRequest]) -> list[Any]:
+    tasks = [asyncio.ensure_future(b.submit(r)) for r in reqs]
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_merges_what_queued_while_the_instance_was_busy() -> None:
+    async def main() -> None:
+        b, (inst,), log, _ = make_batcher(max_batch_size=8)
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(request(100)))
+        await asyncio.sleep(0)
+        rest = [asyncio.ensure_future(b.submit(request(i))) for i in range(10)]
+        await asyncio.sleep(0.01)
+        assert b.queued == 10
+        inst.gate.set()
+        results = await asyncio.gather(first, *rest)
+        np.testing.assert_array_equal(results[0]["OUT"], expected(100))
+        for i, r in enumerate(results[1:]):
+            np.testing.assert_array_equal(r["OUT"], expected(i))
+        assert [sizes for _, sizes in log] == [[1], [1] * 8, [1, 1]]
+        assert sorted(b.stats.batches) == [1, 2, 8]
+
+    asyncio.run(main())
+
+
+def test_preferred_batch_size_cuts_the_batch() -> None:
+    async def main() -> None:
+        b, (inst,), log, _ = make_batcher("preferred_batch_size: [2, 4]", max_batch_size=8)
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(request(0)))
+        await asyncio.sleep(0)
+        rest = [asyncio.ensure_future(b.submit(request(i))) for i in range(7)]
+        await asyncio.sleep(0.01)
+        inst.gate.set()
+        await asyncio.gather(first, *rest)
+        # 7 queued: 4 (largest preferred), then 2 (preferred), then 1 (delay 0).
+        assert [sum(s) for _, s in log] == [1, 4, 2, 1]
+
+    asyncio.run(main())
+
+
+def test_multi_row_requests_never_exceed_max_batch_size() -> None:
+    async def main() -> None:
+        b, (inst,), log, _ = make_batcher(max_batch_size=8)
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(request(0, rows=8)))
+        await asyncio.sleep(0)
+        reqs = [request(i, rows=3) for i in range(5)]
+        rest = [asyncio.ensure_future(b.submit(r)) for r in reqs]
+        await asyncio.sleep(0.01)
+        inst.gate.set()
+        results = await asyncio.gather(first, *rest)
+        for i, r in enumerate(results[1:]):
+            np.testing.assert_array_equal(r["OUT"], expected(i, rows=3))
+        assert [s for _, s in log] == [[8], [3, 3], [3, 3], [3]]
+
+    asyncio.run(main())
+
+
+def test_delay_waits_for_a_fuller_batch_but_not_longer_than_the_delay() -> None:
+    async def main() -> None:
+        b, _, log, _ = make_batcher(
+            "max_queue_delay_microseconds: 200000 preferred_batch_size: [4]", max_batch_size=8
+        )
+        t0 = time.monotonic()
+        tasks = [asyncio.ensure_future(b.submit(request(i))) for i in range(3)]
+        await asyncio.sleep(0.05)
+        assert not log  # waiting: 3 < preferred 4, delay not over
+        tasks.append(asyncio.ensure_future(b.submit(request(3))))
+        await asyncio.gather(*tasks)
+        assert [s for _, s in log] == [[1, 1, 1, 1]]  # preferred size reached: sent at once
+        assert time.monotonic() - t0 < 0.19
+        # Alone: the delay expires and it runs with what it has.
+        t1 = time.monotonic()
+        await b.submit(request(9))
+        waited = time.monotonic() - t1
+        assert waited >= 0.2
+        assert waited < 5
+        assert log[-1][1] == [1]
+
+    asyncio.run(main())
+
+
+def test_different_shapes_never_merge() -> None:
+    async def main() -> None:
+        b, (inst,), log, _ = make_batcher(max_batch_size=8, dims=[-1])
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(request(0, width=3)))
+        await asyncio.sleep(0)
+        widths = [3, 3, 5, 5, 5, 3, 7]
+        rest = [asyncio.ensure_future(b.submit(request(i, width=w))) for i, w in enumerate(widths)]
+        await asyncio.sleep(0.01)
+        inst.gate.set()
+        results = await asyncio.gather(first, *rest)
+        for i, (w, r) in enumerate(zip(widths, results[1:], strict=True)):
+            np.testing.assert_array_equal(r["OUT"], expected(i, width=w))
+        assert [len(s) for _, s in log] == [1, 2, 3, 1, 1]
+
+    asyncio.run(main())
+
+
+def test_instances_never_run_two_batches() -> None:
+    async def main() -> None:
+        b, insts, log, running = make_batcher(max_batch_size=4, instances=3)
+        for inst in insts:
+            inst.delay = 0.005
+        results = await submit_all(b, [request(i) for i in range(200)])
+        for i, r in enumerate(results):
+            np.testing.assert_array_equal(r["OUT"], expected(i))
+        assert running[1] <= 3
+        assert sum(len(s) for _, s in log) == 200
+        assert max(len(s) for _, s in log) <= 4
+        assert {name for name, _ in log} == {"fake_0", "fake_1", "fake_2"}
+        assert b.stats.pending == 0
+
+    asyncio.run(main())
+
+
+def test_priority_levels_run_high_priority_first() -> None:
+    async def main() -> None:
+        b, (inst,), log, _ = make_batcher(
+            "priority_levels: 3 default_priority_level: 2 preferred_batch_size: [1]",
+            max_batch_size=4,
+        )
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(request(0)))
+        await asyncio.sleep(0)
+        order = [(10, 3), (11, 0), (12, 1), (13, 2), (14, 1), (15, 9)]  # 0 and 9 -> default 2
+        rest = [asyncio.ensure_future(b.submit(request(v, priority=p))) for v, p in order]
+        await asyncio.sleep(0.01)
+        inst.gate.set()
+        await asyncio.gather(first, *rest)
+        assert len(log) == 7
+        ran: list[int] = []
+        orig = FakeInstance.execute
+
+        async def spy(self: FakeInstance, batch: list[ExecRequest]) -> list[ExecResult]:
+            ran.append(int(batch[0].inputs["IN"][0, 0]))
+            return await orig(self, batch)
+
+        FakeInstance.execute = spy  # type: ignore[method-assign]
+        try:
+            inst.gate = asyncio.Event()
+            first = asyncio.ensure_future(b.submit(request(0)))
+            await asyncio.sleep(0)
+            rest = [asyncio.ensure_future(b.submit(request(v, priority=p))) for v, p in order]
+            await asyncio.sleep(0.01)
+            inst.gate.set()
+            await asyncio.gather(first, *rest)
+        finally:
+            FakeInstance.execute = orig  # type: ignore[method-assign]
+        assert ran == [0, 12, 14, 11, 13, 15, 10]
+
+    asyncio.run(main())
+
+
+def test_max_queue_size_rejects_at_once() -> None:
+    async def main() -> None:
+        b, (inst,), _, _ = make_batcher(
+            "default_queue_policy { max_queue_size: 3 }", max_batch_size=8
+        )
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(request(0)))
+        await asyncio.sleep(0)
+        queued = [asyncio.ensure_future(b.submit(request(i))) for i in range(3)]
+        await asyncio.sleep(0)
+        with pytest.raises(InferError) as e:
+            await b.submit(request(99))
+        assert e.value.status == 503
+        assert "exceeds maximum queue size" in e.value.message
+        inst.gate.set()
+        await asyncio.gather(first, *queued)
+
+    asyncio.run(main())
+
+
+def test_timeout_reject_and_override() -> None:
+    async def main() -> None:
+        b, (inst,), _, _ = make_batcher(
+            "default_queue_policy { default_timeout_microseconds: 10000000 "
+            "allow_timeout_override: true }",
+            max_batch_size=8,
+        )
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(request(0)))
+        await asyncio.sleep(0)
+        short = asyncio.ensure_future(b.submit(request(1, timeout=20000)))  # 20 ms
+        longer = asyncio.ensure_future(b.submit(request(2, timeout=50_000_000)))  # > default
+        await asyncio.sleep(0.2)
+        assert short.done()  # rejected while the instance was still busy
+        with pytest.raises(InferError) as e:
+            short.result()
+        assert e.value.status == 503
+        assert "timeout" in e.value.message.lower()
+        assert not longer.done()
+        inst.gate.set()
+        np.testing.assert_array_equal((await longer)["OUT"], expected(2))
+        await first
+        assert b.stats.pending == 0
+
+    asyncio.run(main())
+
+
+def test_timeout_delay_moves_behind_the_others() -> None:
+    async def main() -> None:
+        b, (inst,), log, _ = make_batcher(
+            "preferred_batch_size: [1] default_queue_policy { timeout_action: DELAY "
+            "default_timeout_microseconds: 10000000 allow_timeout_override: true }",
+            max_batch_size=8,
+        )
+        ran: list[int] = []
+        orig = inst.execute
+
+        async def spy(batch: list[ExecRequest]) -> list[ExecResult]:
+            ran.append(int(batch[0].inputs["IN"][0, 0]))
+            return await orig(batch)
+
+        inst.execute = spy  # type: ignore[method-assign]
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(request(0)))
+        await asyncio.sleep(0)
+        early = asyncio.ensure_future(b.submit(request(1, timeout=10000)))  # times out: DELAY
+        others = [asyncio.ensure_future(b.submit(request(v))) for v in (2, 3)]
+        await asyncio.sleep(0.1)
+        inst.gate.set()
+        results = await asyncio.gather(first, early, *others)
+        np.testing.assert_array_equal(results[1]["OUT"], expected(1))
+        assert ran == [0, 2, 3, 1]
+
+    asyncio.run(main())
+
+
+def test_cancelled_caller_and_gone_client_never_reach_an_instance() -> None:
+    async def main() -> None:
+        b, (inst,), log, _ = make_batcher(max_batch_size=8)
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(request(0)))
+        await asyncio.sleep(0)
+        cancelled = asyncio.ensure_future(b.submit(request(1)))
+        gone_req = request(2)
+        gone_req.request.cancelled = lambda: True
+        gone = asyncio.ensure_future(b.submit(gone_req))
+        kept = asyncio.ensure_future(b.submit(request(3)))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        await asyncio.sleep(0)
+        inst.gate.set()
+        np.testing.assert_array_equal((await kept)["OUT"], expected(3))
+        await first
+        with pytest.raises(InferError) as e:
+            await gone
+        assert e.value.reason == "CANCELED"
+        assert [s for _, s in log] == [[1], [1]]
+        assert b.stats.pending == 0
+
+    asyncio.run(main())
+
+
+def test_preserve_ordering_across_instances() -> None:
+    async def main() -> None:
+        b, insts, _, _ = make_batcher(
+            "preserve_ordering: true preferred_batch_size: [1]", max_batch_size=4, instances=2
+        )
+        insts[0].delay = 0.05  # the first batch finishes last
+        done: list[int] = []
+
+        async def one(v: int) -> None:
+            await b.submit(request(v))
+            done.append(v)
+
+        await asyncio.gather(*(one(v) for v in range(6)))
+        assert done == sorted(done)
+
+    asyncio.run(main())
+
+
+def test_close_fails_queued_requests() -> None:
+    async def main() -> None:
+        b, (inst,), _, _ = make_batcher(max_batch_size=2)
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(request(0)))
+        await asyncio.sleep(0)
+        queued = asyncio.ensure_future(b.submit(request(1)))
+        await asyncio.sleep(0)
+        closing = asyncio.ensure_future(b.close())
+        await asyncio.sleep(0)
+        with pytest.raises(InferError) as e:
+            await queued
+        assert e.value.status == 503
+        inst.gate.set()
+        await first
+        await closing
+        with pytest.raises(InferError):
+            await b.submit(request(2))
+
+    asyncio.run(main())
+
+
+def test_scan_resumes_and_rescans_in_priority_order_while_waiting() -> None:
+    async def main() -> None:
+        b, (inst,), log, _ = make_batcher(
+            "priority_levels: 2 default_priority_level: 2 preferred_batch_size: [4] "
+            "max_queue_delay_microseconds: 5000000",
+            max_batch_size=8,
+        )
+        order: list[list[int]] = []
+        orig = inst.execute
+
+        async def spy(batch: list[ExecRequest]) -> list[ExecResult]:
+            order.append([int(r.inputs["IN"][0, 0]) for r in batch])
+            return await orig(batch)
+
+        inst.execute = spy  # type: ignore[method-assign]
+        tasks = [asyncio.ensure_future(b.submit(request(1)))]
+        await asyncio.sleep(0.01)  # scanned; waiting for the delay
+        tasks.append(asyncio.ensure_future(b.submit(request(2))))  # resumes the scan
+        await asyncio.sleep(0.01)
+        tasks.append(asyncio.ensure_future(b.submit(request(3, priority=1))))  # goes first
+        await asyncio.sleep(0.01)
+        assert not order
+        tasks.append(asyncio.ensure_future(b.submit(request(4))))  # 4 rows: preferred size
+        await asyncio.gather(*tasks)
+        assert order == [[3, 1, 2, 4]]
+
+    asyncio.run(main())
+
+
+def test_deadline_heap_does_not_keep_finished_requests() -> None:
+    async def main() -> None:
+        b, _, _, _ = make_batcher(
+            "default_queue_policy { default_timeout_microseconds: 60000000 }", max_batch_size=4
+        )
+        for _ in range(10):
+            await submit_all(b, [request(i) for i in range(50)])
+        assert len(b._deadlines) <= 2 * 50 + 64 + 1
+
+    asyncio.run(main())
