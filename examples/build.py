@@ -1132,6 +1132,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         out, goldens = ensure_built(args.out, args.goldens, force=args.force)
+        # then the python-backend pipelines (image_classifier, text_embedding) on top
+        if __package__:
+            from . import build_pipelines
+        else:  # run as a script: examples/ is sys.path[0]
+            import build_pipelines
+        build_pipelines.build(out, goldens, force=args.force)
     except RuntimeError as exc:
         print(f"build failed: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,737 @@
+"""The python backend (``backend: "python"``): Triton python models in worker processes.
+
+A model folder holds ``<version>/model.py`` defining ``TritonPythonModel`` exactly
+as for Triton's python backend (``initialize(args)``, ``execute(requests)``,
+``finalize()``, optional static ``auto_complete_config``). pdserve runs **one worker
+process per model instance** (``instance_group`` count; default 1), so the
+pre/post-processing stages of a pipeline use every core instead of sharing one GIL.
+
+Process model (DESIGN.md, "Passing a tensor to a worker process"):
+
+* workers are started with the ``multiprocessing`` **forkserver** method, the fork
+  server having imported numpy and the worker module once (a worker starts in
+  milliseconds); extra modules to preload can be named in the environment variable
+  ``PDSERVE_PYTHON_PRELOAD`` (comma-separated, e.g. ``cv2,PIL.Image``);
+* each worker has one ``AF_UNIX`` socketpair to the server for small control
+  frames; tensors travel through memfd shared-memory arenas
+  (:mod:`~pdserve.backends.python.shm`), copied once each way;
+* the scheduler hands an instance a batch of requests; the worker gets them as one
+  list in one ``execute`` call, as in Triton (requests are never merged), and
+  answers one result per request.
+
+Errors (the HTTP status for each is in
+:mod:`~pdserve.backends.python.triton_python_backend_utils`):
+
+* a response with ``error=pb_utils.TritonError(msg, code)`` fails that request
+  only, with the status of ``code`` (``INVALID_ARG`` -> 400; the default
+  ``INTERNAL`` -> 500, as in Triton);
+* an exception out of ``execute`` fails every request of that call (500, or the
+  code of a raised ``TritonError``), naming the instance and the exception;
+* a worker that dies (segfault, ``os._exit``, SIGKILL, OOM kill) is seen as end of
+  file on its socket at once; the requests it held fail with a 500 that says so,
+  and the worker is restarted (the model stays available; requests wait for the
+  new worker; when it cannot be started they get a 503, and the next request tries
+  again after a back-off of up to :data:`MAX_RESTART_DELAY_S`);
+* an output of the wrong datatype, or a requested output the model did not
+  return, is a 500 naming the output.
+
+Workers stop with the model (``finalize()`` runs; a worker that does not exit
+within :data:`STOP_TIMEOUT_S` is killed) and, since the shared memory is memfd
+based, nothing is left in ``/dev/shm`` even when the server itself is killed.
+
+BLS: a worker's ``pb_utils.InferenceRequest(...).exec()`` comes back over its
+socket and runs through the server core (``InferenceServer.infer_on``), so it is
+scheduled, batched and counted like any request.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pdserve import config as cfgmod
+from pdserve.backends.base import Backend, ExecRequest, ExecResult, ModelInstance, ModelSpec
+from pdserve.backends.python import shm
+from pdserve.backends.python.triton_python_backend_utils import (
+    ERROR_CODE_TO_HTTP,
+    http_status_to_error_code,
+)
+from pdserve.datatypes import numpy_to_v2
+from pdserve.types import InferError, InferRequest, RequestedOutput
+
+log = logging.getLogger("pdserve.python")
+
+#: Seconds a worker may take to import model.py and run ``initialize``.
+START_TIMEOUT_S = 600.0
+#: Seconds ``finalize`` may take at unload before the worker is killed.
+STOP_TIMEOUT_S = 10.0
+#: Longest wait between two attempts to restart a worker that keeps failing.
+MAX_RESTART_DELAY_S = 10.0
+
+_ctx_lock = threading.Lock()
+_start_lock = threading.Lock()
+_ctx: Any = None
+
+
+_launching = threading.local()
+
+
+def _install_preparation_filter() -> None:
+    """Keep workers from re-importing the server's ``__main__`` module.
+
+    A ``spawn``/``forkserver`` child normally runs the parent's main script (or
+    ``-m`` module) again as ``__mp_main__`` before its target: a script without an
+    ``if __name__ == "__main__"`` guard would then start a second server, and
+    heavy scripts would be imported in every worker. Workers need nothing from
+    it, so while this module starts one, the main-module entries are left out of
+    the preparation data (``multiprocessing.spawn.get_preparation_data``).
+    """
+    from multiprocessing import spawn
+
+    original = spawn.get_preparation_data
+    if getattr(original, "_pdserve", False):
+        return
+
+    def get_preparation_data(name: str) -> dict[str, Any]:
+        data = original(name)
+        if getattr(_launching, "active", False):
+            data.pop("init_main_from_name", None)
+            data.pop("init_main_from_path", None)
+        return data
+
+    get_preparation_data._pdserve = True  # type: ignore[attr-defined]
+    spawn.get_preparation_data = get_preparation_data
+
+
+def _mp_context() -> Any:
+    """The forkserver context, with numpy and the worker module preloaded."""
+    global _ctx
+    with _ctx_lock:
+        if _ctx is None:
+            _install_preparation_filter()
+            ctx = multiprocessing.get_context("forkserver")
+            preload = ["numpy", "pdserve.backends.python.worker"]
+            extra = os.environ.get("PDSERVE_PYTHON_PRELOAD", "")
+            preload += [m.strip() for m in extra.split(",") if m.strip()]
+            ctx.set_forkserver_preload(preload)
+            _ctx = ctx
+        return _ctx
+
+
+def _exit_description(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "exited (status unknown)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name}"
+    return f"exited with code {exitcode}"
+
+
+class WorkerConnection:
+    """The server's side of one worker process: socket, arenas, in-flight work.
+
+    Created by :meth:`start`; :attr:`died` resolves (with a description) when the
+    worker is gone, expectedly or not.
+    """
+
+    def __init__(self, name: str, proc: Any, sock: socket.socket, server: Any) -> None:
+        self.name = name
+        self.proc = proc
+        self.pid: int = proc.pid
+        self.sock = sock
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.pool = shm.ArenaPool(f"{name}.in")
+        self.peer = shm.PeerArenas()
+        self.frames = shm.FrameReader()
+        self.ready: asyncio.Future[int] = self.loop.create_future()
+        self.autocomplete: asyncio.Future[Any] = self.loop.create_future()
+        self.died: asyncio.Future[str] = self.loop.create_future()
+        self.batch_ids = itertools.count()
+        self.batch: tuple[int, asyncio.Future[Any]] | None = None
+        self.stopping = False
+        self._bls_tasks: set[asyncio.Task[None]] = set()
+        self._out: deque[list[Any]] = deque()  # [memoryview, fds, arenas]
+        self._writing = False
+        sock.setblocking(False)
+        self.loop.add_reader(sock.fileno(), self._on_readable)
+
+    # -- start ------------------------------------------------------------------
+
+    @classmethod
+    async def start(cls, name: str, init: dict[str, Any], server: Any) -> WorkerConnection:
+        """Start a worker process (forkserver) and connect to it.
+
+        Raises:
+            OSError: the process could not be started.
+        """
+        ctx = _mp_context()
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        from pdserve.backends.python.worker import worker_main
+
+        proc = ctx.Process(
+            target=worker_main, args=(child, init), name=f"pdserve-{name}", daemon=False
+        )
+
+        def launch() -> None:
+            with _start_lock:
+                _launching.active = True
+                try:
+                    proc.start()
+                finally:
+                    _launching.active = False
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, launch)
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        return cls(name, proc, parent, server)
+
+    # -- sending ----------------------------------------------------------------
+
+    def send(self, *fields: Any) -> None:
+        """Queue one message; new arenas and released worker blocks ride along."""
+        if self.died.done():
+            return
+        announced, arenas = self.pool.take_announcements()
+        ctl = {"add": announced, "releases": self.peer.take_releases()}
+        data = shm.encode_frame((*fields, ctl))
+        self._out.append([memoryview(data), [a.fd for a in arenas], arenas])
+        if not self._writing:
+            self._flush()
+
+    def _flush(self) -> None:
+        while self._out:
+            item = self._out[0]
+            data, fds, arenas = item
+            try:
+                if fds:
+                    sent = self.sock.sendmsg(
+                        [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                    )
+                    item[1] = []
+                    self.pool.sent(arenas)
+                else:
+                    sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                return  # the reader side sees the end of file and handles the death
+            if sent < len(data):
+                item[0] = data[sent:]
+                if not self._writing:
+                    self._writing = True
+                    self.loop.add_writer(self.sock.fileno(), self._flush)
+                return
+            self._out.popleft()
+        if self._writing:
+            self._writing = False
+            self.loop.remove_writer(self.sock.fileno())
+
+    # -- receiving --------------------------------------------------------------
+
+    def _on_readable(self) -> None:
+        try:
+            data, ancdata, _, _ = self.sock.recvmsg(shm.RECV_BYTES, shm.ANCILLARY_SPACE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, ancdata = b"", []
+        if not data:
+            self._on_eof()
+            return
+        self.frames.feed(data, ancdata)
+        for message in self.frames.frames():
+            try:
+                self._dispatch(message)
+            except Exception:
+                log.exception("%s: bad message from worker", self.name)
+
+    def _dispatch(self, message: tuple[Any, ...]) -> None:
+        ctl = message[-1]
+        announced = ctl.get("add") or []
+        if announced:
+            self.peer.add(announced, self.frames.take_fds(len(announced)))
+        self.pool.free_many(ctl.get("releases") or [])
+        tag = message[0]
+        if tag == "result":
+            _, batch_id, results, batch_error, _ = message
+            if self.batch is not None and self.batch[0] == batch_id:
+                future = self.batch[1]
+                self.batch = None
+                if not future.done():
+                    future.set_result((results, batch_error))
+        elif tag == "bls":
+            task = self.loop.create_task(self._run_bls(*message[1:-1]))
+            self._bls_tasks.add(task)
+            task.add_done_callback(self._bls_tasks.discard)
+        elif tag == "ready":
+            if not self.ready.done():
+                self.ready.set_result(message[1])
+        elif tag == "init_error":
+            if not self.ready.done():
+                self.ready.set_exception(RuntimeError(message[1]))
+        elif tag == "autocomplete":
+            if not self.autocomplete.done():
+                self.autocomplete.set_result((message[1], message[2]))
+
+    def _on_eof(self) -> None:
+        """The worker closed its socket: it exited or died."""
+        with contextlib.suppress(Exception):
+            self.loop.remove_reader(self.sock.fileno())
+        if self._writing:
+            self._writing = False
+            with contextlib.suppress(Exception):
+                self.loop.remove_writer(self.sock.fileno())
+        self.loop.create_task(self._reap())
+
+    async def _reap(self) -> None:
+        exitcode = await self._wait_exit(2.0)
+        if exitcode is None:  # closed its socket but lives on: not usable any more
+            self._kill()
+            exitcode = await self._wait_exit(5.0)
+        how = _exit_description(exitcode)
+        description = (
+            f"worker process of python model instance '{self.name}' (pid {self.pid}) {how}"
+        )
+        if not self.stopping:
+            log.error("%s", description)
+        error = InferError(
+            f"{description} while executing this request; the worker is being restarted",
+            500,
+        )
+        if self.batch is not None and not self.batch[1].done():
+            self.batch[1].set_exception(error)
+            self.batch = None
+        for fut in (self.ready, self.autocomplete):
+            if not fut.done():
+                fut.set_exception(RuntimeError(f"{description} while starting"))
+                fut.exception()  # only a caller that waits on it cares
+        for task in list(self._bls_tasks):
+            task.cancel()
+        self._close_resources()
+        if not self.died.done():
+            self.died.set_result(description)
+
+    async def _wait_exit(self, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self.proc.exitcode  # non-blocking poll of the forkserver sentinel
+            if code is not None or time.monotonic() >= deadline:
+                return code
+            await asyncio.sleep(0.005)
+
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def _close_resources(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self.frames.close()
+        for _, fds, arenas in self._out:
+            if fds:
+                self.pool.sent(arenas)
+        self._out.clear()
+        self.pool.close()
+        self.peer.close()
+
+    # -- work -------------------------------------------------------------------
+
+    async def run_batch(
+        self, batch: list[ExecRequest]
+    ) -> tuple[list[Any] | None, tuple[str, int] | None]:
+        """Send a batch, wait for the worker's results (raw descriptors).
+
+        Returns:
+            ``(results, batch_error)`` as the worker sent them.
+
+        Raises:
+            InferError(500): the worker died before answering.
+        """
+        blocks: list[tuple[int, int]] = []
+
+        def alloc(nbytes: int) -> tuple[shm.Arena, int] | None:
+            placed = self.pool.alloc(nbytes)
+            if placed is not None:
+                blocks.append((placed[0].id, placed[1]))
+            return placed
+
+        reqs = []
+        for r in batch:
+            inputs = [(name, shm.write_tensor(arr, alloc)) for name, arr in r.inputs.items()]
+            params = dict(r.request.parameters) if r.request.parameters else {}
+            reqs.append((r.request.id, params, inputs, list(r.output_names)))
+        batch_id = next(self.batch_ids)
+        future: asyncio.Future[Any] = self.loop.create_future()
+        self.batch = (batch_id, future)
+        self.send("exec", batch_id, reqs)
+        try:
+            try:
+                return await asyncio.shield(future)
+            except asyncio.CancelledError:
+                # The worker is still busy with this batch: keep the instance taken
+                # until it answers, or the next batch would overtake this one.
+                while not future.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.shield(future)
+                raise
+        finally:
+            self.pool.free_many(blocks)
+
+    def read_outputs(self, outputs: list[tuple[str, shm.TensorDesc]]) -> dict[str, np.ndarray]:
+        """Views of a result's output tensors (released when garbage-collected)."""
+        return {name: self.peer.read(desc, release=True) for name, desc in outputs}
+
+    async def _run_bls(
+        self,
+        call_id: int,
+        model_name: str,
+        version: str,
+        request_id: str,
+        params: dict[str, Any],
+        inputs: list[tuple[str, shm.TensorDesc]],
+        output_names: list[str],
+    ) -> None:
+        """Run a BLS request from the worker through the server core, send the result."""
+        try:
+            if self.server is None:
+                raise InferError("BLS is not available: the model has no server", 500)
+            arrays = {name: self.peer.read(desc, release=True) for name, desc in inputs}
+            request = InferRequest(
+                model_name=model_name,
+                model_version=version,
+                inputs=arrays,
+                outputs=[RequestedOutput(n) for n in output_names] or None,
+                id=request_id,
+                parameters=params,
+            )
+            del arrays
+            mv = self.server.manager.get(model_name, version)
+            response = await self.server.infer_on(mv, request)
+            del request
+            descs = [
+                (name, shm.write_tensor(arr, self.pool.alloc))
+                for name, arr in response.outputs.items()
+            ]
+            self.send("bls_result", call_id, descs, None)
+        except asyncio.CancelledError:
+            raise
+        except InferError as e:
+            self.send("bls_result", call_id, None, (e.message, http_status_to_error_code(e.status)))
+        except Exception as e:  # a server fault still answers the worker
+            log.exception("BLS call from %s failed", self.name)
+            self.send("bls_result", call_id, None, (f"{type(e).__name__}: {e}", 1))
+
+    # -- stop -------------------------------------------------------------------
+
+    async def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Ask the worker to finalize and exit; kill it after ``timeout`` seconds."""
+        self.stopping = True
+        if not self.died.done():
+            self.send("stop")
+            try:
+                await asyncio.wait_for(asyncio.shield(self.died), timeout)
+            except TimeoutError:
+                log.warning("%s did not stop within %.0f s: killing it", self.name, timeout)
+                self._kill()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self.died), 5.0)
+        if not self.died.done():  # pragma: no cover - unreachable unless the OS misbehaves
+            self._close_resources()
+            self.died.set_result("stopped")
+
+
+def _model_file(spec: ModelSpec) -> Path:
+    filename = spec.config.default_model_filename or "model.py"
+    path = spec.version_dir / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"python model file {path} does not exist")
+    return path
+
+
+def _init_message(
+    spec: ModelSpec, mode: str, instance: str, kind: str, device: int
+) -> dict[str, Any]:
+    return {
+        "mode": mode,
+        "model_file": str(_model_file(spec)),
+        "version_dir": str(spec.version_dir),
+        "model_dir": str(spec.model_dir),
+        "model_name": spec.name,
+        "model_version": spec.version,
+        "model_config": json.dumps(cfgmod.config_to_json(spec.config)),
+        "instance_name": instance,
+        "instance_kind": kind,
+        "device_id": device,
+    }
+
+
+class PythonBackend(Backend):
+    """Runs ``model.py`` models (``backend: "python"``) in worker processes."""
+
+    name = "python"
+
+    async def auto_complete(self, spec: ModelSpec) -> None:  # type: ignore[override]
+        """Run the model's static ``auto_complete_config`` in a worker, if it has one.
+
+        A coroutine (the model code runs in a worker process): the model manager
+        awaits what ``Backend.auto_complete`` returns when it is awaitable.
+
+        The worker gets the configuration as Triton's JSON, calls
+        ``TritonPythonModel.auto_complete_config(pb_utils.ModelConfig)`` and returns
+        the (possibly changed) configuration, which replaces ``spec.config``.
+
+        Raises:
+            FileNotFoundError: no ``model.py`` in the version folder.
+            pdserve.config.ConfigError: ``auto_complete_config`` raised, or returned
+                a configuration that does not parse.
+        """
+        model_file = _model_file(spec)
+        if "auto_complete_config" not in model_file.read_text(encoding="utf-8", errors="replace"):
+            return
+        where = str(spec.model_dir / cfgmod.CONFIG_FILENAME)
+        init = _init_message(spec, "autocomplete", f"{spec.name}_autocomplete", "CPU", 0)
+        conn = await WorkerConnection.start(f"{spec.name}_autocomplete", init, spec.server)
+        try:
+            config, error = await asyncio.wait_for(conn.autocomplete, START_TIMEOUT_S)
+        except (RuntimeError, TimeoutError) as e:
+            raise cfgmod.ConfigError(where, "auto_complete_config", str(e)) from None
+        finally:
+            await conn.stop(5.0)
+        if error is not None:
+            raise cfgmod.ConfigError(
+                where,
+                "auto_complete_config",
+                f"auto_complete_config of {model_file} raised {error}",
+            )
+        spec.config.CopyFrom(cfgmod.config_from_json(config, where))
+
+    async def load(self, spec: ModelSpec) -> list[ModelInstance]:
+        """Start one worker per instance (``instance_group``), wait for ``initialize``.
+
+        Raises:
+            RuntimeError: a worker failed to import the model or ``initialize``
+                raised (the message names the instance and the exception).
+        """
+        from tritonclient.grpc import model_config_pb2 as mc
+
+        plans: list[tuple[str, str, int]] = []
+        groups = list(spec.config.instance_group) or [None]
+        for gi, group in enumerate(groups):
+            count = group.count if group is not None and group.count > 0 else 1
+            gname = group.name if group is not None and group.name else f"{spec.name}_{gi}"
+            kind = "CPU"
+            devices = [0]
+            if group is not None:
+                kind_name = mc.ModelInstanceGroup.Kind.Name(group.kind)
+                if kind_name == "KIND_GPU":
+                    kind, devices = "GPU", (list(group.gpus) or [0])
+                elif kind_name == "KIND_MODEL":
+                    kind = "MODEL"
+            n = 0
+            for device in devices:
+                for _ in range(count):
+                    plans.append((f"{gname}_{n}", kind, device))
+                    n += 1
+        instances = [PythonInstance(spec, name, kind, device) for name, kind, device in plans]
+        results = await asyncio.gather(*(i.start() for i in instances), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            await asyncio.gather(*(i.close() for i in instances), return_exceptions=True)
+            raise failures[0]
+        return list(instances)
+
+
+class PythonInstance(ModelInstance):
+    """One model instance = one worker process (restarted when it dies)."""
+
+    def __init__(self, spec: ModelSpec, name: str, kind: str, device: int) -> None:
+        self.spec = spec
+        self.name = name
+        self.kind = f"KIND_{kind}"
+        self._init = _init_message(spec, "serve", name, kind, device)
+        self.conn: WorkerConnection | None = None
+        self._restarting: asyncio.Task[WorkerConnection] | None = None
+        self._closing = False
+        self._watch: asyncio.Task[None] | None = None
+        self.restarts = 0
+        self._retry_delay = 0.05
+        self._retry_at = 0.0
+        self._out_types = {o.name: cfgmod.datatype_of(o) for o in spec.config.output}
+
+    async def start(self) -> None:
+        """Start the worker and wait for ``initialize`` to finish.
+
+        Raises:
+            RuntimeError: import or ``initialize`` failed, or the worker died.
+        """
+        self.conn = await self._start_once()
+
+    async def _start_once(self) -> WorkerConnection:
+        conn = await WorkerConnection.start(self.name, self._init, self.spec.server)
+        try:
+            await asyncio.wait_for(asyncio.shield(conn.ready), START_TIMEOUT_S)
+        except BaseException as e:
+            await conn.stop(2.0)
+            if isinstance(e, TimeoutError):
+                raise RuntimeError(
+                    f"python model instance '{self.name}' did not initialize within "
+                    f"{START_TIMEOUT_S:.0f} s"
+                ) from None
+            if isinstance(e, RuntimeError):
+                raise RuntimeError(
+                    f"failed to initialize python model instance '{self.name}': {e}"
+                ) from None
+            raise
+        self._watch = asyncio.get_running_loop().create_task(self._watch_death(conn))
+        return conn
+
+    async def _watch_death(self, conn: WorkerConnection) -> None:
+        await conn.died
+        if self._closing or conn.stopping or self.conn is not conn:
+            return
+        self.conn = None
+        self._begin_restart()
+
+    def _begin_restart(self) -> asyncio.Task[WorkerConnection]:
+        task = asyncio.get_running_loop().create_task(self._restart_once())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # reported by waiters
+        self._restarting = task
+        return task
+
+    async def _restart_once(self) -> WorkerConnection:
+        """One attempt to replace a dead worker.
+
+        Raises:
+            Exception: the new worker failed to start (the next request tries again,
+                no sooner than the back-off delay).
+        """
+        try:
+            conn = await self._start_once()
+        except Exception as e:
+            self._retry_at = time.monotonic() + self._retry_delay
+            log.error(
+                "restarting %s failed: %s (next attempt in >= %.1f s)",
+                self.name,
+                e,
+                self._retry_delay,
+            )
+            self._retry_delay = min(self._retry_delay * 2, MAX_RESTART_DELAY_S)
+            raise
+        if self._closing:
+            await conn.stop()
+            raise InferError(f"model instance '{self.name}' is unloading", 503)
+        self._retry_delay = 0.05
+        self.restarts += 1
+        self.conn = conn
+        log.info("restarted %s (worker pid %d)", self.name, conn.pid)
+        return conn
+
+    async def _connection(self) -> WorkerConnection:
+        """The live worker, waiting for a restart in progress (or starting one).
+
+        Raises:
+            InferError(503): unloading, or the worker could not be restarted.
+        """
+        conn = self.conn
+        if conn is not None and not conn.died.done():
+            return conn
+        if self._closing:
+            raise InferError(f"model instance '{self.name}' is unloading", 503)
+        self.conn = None
+        task = self._restarting
+        failed = task is not None and task.done() and (task.cancelled() or task.exception())
+        if task is None or (failed and time.monotonic() >= self._retry_at):
+            task = self._begin_restart()
+        try:
+            return await asyncio.shield(task)
+        except InferError:
+            raise
+        except Exception as e:
+            raise InferError(
+                f"python model instance '{self.name}' is unavailable: its worker process "
+                f"died and could not be restarted: {e}",
+                503,
+            ) from None
+
+    async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
+        """Run ``batch`` in the worker: one ``execute(requests)`` call, one result each."""
+        conn = await self._connection()
+        results, batch_error = await conn.run_batch(batch)
+        if batch_error is not None:
+            message, code = batch_error
+            error = InferError(message, ERROR_CODE_TO_HTTP.get(code, 500))
+            return [error] * len(batch)
+        assert results is not None
+        out: list[ExecResult] = []
+        for request, result in zip(batch, results, strict=True):
+            if result[0] == "err":
+                _, message, code = result
+                out.append(InferError(message, ERROR_CODE_TO_HTTP.get(code, 500)))
+                continue
+            outputs = conn.read_outputs(result[1])
+            out.append(self._check_outputs(request, outputs))
+        return out
+
+    def _check_outputs(
+        self, request: ExecRequest, outputs: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray] | InferError:
+        model = self.spec.name
+        for name in request.output_names:
+            if name not in outputs:
+                return InferError(
+                    f"python model '{model}' did not return requested output '{name}' "
+                    f"(it returned {sorted(outputs) or 'none'})",
+                    500,
+                )
+        for name, tensor in outputs.items():
+            want = self._out_types.get(name)
+            if want is None:
+                return InferError(
+                    f"python model '{model}' returned output '{name}', which its model "
+                    f"configuration does not declare",
+                    500,
+                )
+            got = numpy_to_v2(tensor.dtype)
+            if got != want:
+                return InferError(
+                    f"python model '{model}' returned output '{name}' as {got}, but its "
+                    f"model configuration says {want}",
+                    500,
+                )
+        return {name: outputs[name] for name in request.output_names}
+
+    async def close(self) -> None:
+        """Stop the worker (``finalize`` runs) and release its shared memory."""
+        self._closing = True
+        if self._restarting is not None:
+            self._restarting.cancel()
+            with contextlib.suppress(BaseException):
+                await self._restarting
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            await conn.stop()
+        if self._watch is not None:
+            self._watch.cancel()

@@ -1,0 +1,761 @@
+"""``triton_python_backend_utils`` for pdserve's python workers (``import ... as pb_utils``).
+
+A python model written for Triton's python backend imports this module by its
+Triton name; each worker registers it in ``sys.modules`` under that name before it
+imports ``model.py``. It provides what Triton's module provides to such models
+(triton-inference-server/python_backend: ``src/resources/triton_python_backend_utils.py``
+for the pure-Python helpers, ``src/pb_stub.cc`` / ``src/pb_tensor.cc`` for the
+classes Triton implements in C++):
+
+* tensors: :class:`Tensor` (``as_numpy``, ``name``, ``triton_dtype``, ``shape``,
+  ``is_cpu``, DLPack in and out);
+* requests and responses: :class:`InferenceRequest` (the ``requests`` handed to
+  ``execute``, and the BLS request a model builds: ``exec()`` / ``async_exec()``),
+  :class:`InferenceResponse` (``output_tensors=[...]``, ``error=TritonError``);
+* errors: :class:`TritonError` with Triton's codes, :class:`TritonModelException`;
+* helpers: ``get_input_tensor_by_name``, ``get_output_tensor_by_name``,
+  ``get_input_config_by_name``, ``get_output_config_by_name``,
+  ``triton_string_to_numpy``, ``numpy_to_triton_type``, ``triton_to_numpy_type``,
+  ``serialize_byte_tensor``, ``deserialize_bytes_tensor``,
+  ``using_decoupled_model_transaction_policy``;
+* auto-complete: :class:`ModelConfig` (``as_dict``, ``set_max_batch_size``,
+  ``set_dynamic_batching``, ``add_input``, ``add_output``,
+  ``set_model_transaction_policy``, ``add_model_warmup``);
+* :class:`Logger`.
+
+Error codes and HTTP status (pdserve follows Triton's HTTP frontend): a response
+whose ``error`` has code ``INVALID_ARG``, ``UNKNOWN``, ``ALREADY_EXISTS`` or
+``CANCELLED`` is a 400; ``NOT_FOUND`` 404; ``UNAVAILABLE`` 503; ``UNSUPPORTED`` 501;
+``INTERNAL`` — the default code of ``TritonError(message)``, as in Triton — is a 500.
+So a model reports a bad input as
+``pb_utils.TritonError(msg, pb_utils.TritonError.INVALID_ARG)``.
+
+Not supported: decoupled models (``get_response_sender``), GPU tensors, custom
+metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import struct
+import sys
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+#: Triton ``TYPE_*`` names -> numpy types (Triton's table).
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+# TRITONSERVER_DataType values (tritonserver.h)
+_TRITON_TO_NUMPY: dict[int, Any] = {
+    1: np.bool_,
+    2: np.uint8,
+    3: np.uint16,
+    4: np.uint32,
+    5: np.uint64,
+    6: np.int8,
+    7: np.int16,
+    8: np.int32,
+    9: np.int64,
+    10: np.float16,
+    11: np.float32,
+    12: np.float64,
+    13: np.object_,
+}
+_NUMPY_TO_TRITON: dict[Any, int] = {np.dtype(v): k for k, v in _TRITON_TO_NUMPY.items()}
+
+#: TRITONSERVER_DataType value -> V2 datatype name (as pdserve's core uses).
+TRITON_TYPE_TO_V2: dict[int, str] = {
+    1: "BOOL",
+    2: "UINT8",
+    3: "UINT16",
+    4: "UINT32",
+    5: "UINT64",
+    6: "INT8",
+    7: "INT16",
+    8: "INT32",
+    9: "INT64",
+    10: "FP16",
+    11: "FP32",
+    12: "FP64",
+    13: "BYTES",
+}
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class TritonError(Exception):
+    """An error a model attaches to a response (``InferenceResponse(error=...)``).
+
+    Args:
+        message: what went wrong; the client sees it as the error message.
+        code: one of the class constants; decides the HTTP status (module docstring).
+            Triton's default is ``INTERNAL`` (HTTP 500).
+
+    (In Triton this is not an exception class; pdserve also lets a model *raise*
+    it from ``execute``, which fails every request of that call with its code.)
+    """
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        super().__init__(message)
+        self._message = message
+        self._code = int(code)
+
+    def message(self) -> str:
+        """The error message."""
+        return self._message
+
+    def code(self) -> int:
+        """The error code (``TritonError.INVALID_ARG``...)."""
+        return self._code
+
+    def __str__(self) -> str:
+        return str(self._message)
+
+
+class TritonModelException(Exception):
+    """Raised by pb_utils when a model uses it wrongly; a model may raise it too.
+
+    Raised out of ``execute`` it fails that call's requests with HTTP 500.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self._message = message
+
+    def message(self) -> str:
+        """The exception message."""
+        return self._message
+
+
+#: TritonError code -> HTTP status (Triton's HTTP frontend mapping).
+ERROR_CODE_TO_HTTP: dict[int, int] = {
+    TritonError.UNKNOWN: 400,
+    TritonError.INTERNAL: 500,
+    TritonError.NOT_FOUND: 404,
+    TritonError.INVALID_ARG: 400,
+    TritonError.UNAVAILABLE: 503,
+    TritonError.UNSUPPORTED: 501,
+    TritonError.ALREADY_EXISTS: 400,
+    TritonError.CANCELLED: 400,
+}
+
+
+def http_status_to_error_code(status: int) -> int:
+    """The TritonError code a BLS caller sees for a pdserve error of HTTP ``status``."""
+    return {
+        400: TritonError.INVALID_ARG,
+        404: TritonError.NOT_FOUND,
+        499: TritonError.CANCELLED,
+        501: TritonError.UNSUPPORTED,
+        503: TritonError.UNAVAILABLE,
+    }.get(status, TritonError.INTERNAL)
+
+
+# --------------------------------------------------------------------------- types
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    """numpy type of a ``TRITONSERVER_DataType`` value (None when unknown)."""
+    return _TRITON_TO_NUMPY.get(data_type)
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    """``TRITONSERVER_DataType`` value of a numpy type (``bytes_``/``object_`` -> 13)."""
+    try:
+        dt = np.dtype(data_type)
+    except TypeError:
+        return None
+    if dt.kind in "OS":
+        return 13
+    return _NUMPY_TO_TRITON.get(dt)
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    """numpy type of a configuration type name (``"TYPE_FP32"`` -> ``np.float32``).
+
+    Raises:
+        KeyError: unknown name.
+    """
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | tuple[()] | None:
+    """Length-prefixed (uint32 LE) concatenation of a BYTES tensor's elements, C order.
+
+    Returns ``()`` for an empty tensor and None for a non-BYTES one (as Triton).
+    """
+    if input_tensor.size == 0:
+        return ()
+    if input_tensor.dtype == np.object_ or input_tensor.dtype.type == np.bytes_:
+        parts: list[bytes] = []
+        for obj in input_tensor.reshape(-1):
+            if isinstance(obj, bytes):
+                s = obj
+            elif input_tensor.dtype.type == np.bytes_:
+                s = bytes(obj)
+            else:
+                s = str(obj).encode("utf-8")
+            parts.append(struct.pack("<I", len(s)))
+            parts.append(s)
+        return b"".join(parts)
+    return None
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
+    """Inverse of :func:`serialize_byte_tensor`: a 1-D object array of ``bytes``."""
+    strs: list[bytes] = []
+    offset = 0
+    while offset < len(encoded_tensor):
+        (length,) = struct.unpack_from("<I", encoded_tensor, offset)
+        offset += 4
+        strs.append(bytes(encoded_tensor[offset : offset + length]))
+        offset += length
+    out = np.empty(len(strs), dtype=np.object_)
+    out[:] = strs
+    return out
+
+
+# --------------------------------------------------------------------------- tensors
+
+
+class Tensor:
+    """A named tensor: a request input, a response output or a BLS input.
+
+    Args:
+        name: tensor name.
+        numpy_array: the data. BYTES tensors are ``np.object_`` arrays of ``bytes``
+            (or ``np.bytes_`` arrays); ``np.str_`` arrays are refused, as in Triton.
+        triton_dtype: optional ``TRITONSERVER_DataType`` to reinterpret the array as.
+
+    Raises:
+        TritonModelException: unsupported dtype.
+    """
+
+    __slots__ = ("_name", "_array", "_triton_dtype")
+
+    def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
+        if not isinstance(numpy_array, np.ndarray):
+            numpy_array = np.asarray(numpy_array)
+        if numpy_array.dtype.type == np.str_ or numpy_array.dtype.kind == "V":
+            raise TritonModelException(
+                "Tensor dtype used for numpy_array is not supported by Python backend. "
+                "Please use np.object_ instead."
+            )
+        if triton_dtype is not None:
+            wanted = triton_to_numpy_type(triton_dtype)
+            if wanted is not None and numpy_array.dtype != np.dtype(wanted):
+                numpy_array = numpy_array.view(wanted)
+        else:
+            triton_dtype = numpy_to_triton_type(numpy_array.dtype)
+            if triton_dtype is None:
+                raise TritonModelException(
+                    f"tensor '{name}': numpy dtype {numpy_array.dtype} has no Triton datatype"
+                )
+        self._name = name
+        self._array = numpy_array
+        self._triton_dtype = triton_dtype
+
+    def name(self) -> str:
+        """The tensor's name."""
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        """The data as a numpy array (a view of shared memory for request inputs)."""
+        return self._array
+
+    def triton_dtype(self) -> int:
+        """The ``TRITONSERVER_DataType`` value (11 for FP32...)."""
+        return self._triton_dtype
+
+    def shape(self) -> list[int]:
+        """The shape as a list of ints."""
+        return list(self._array.shape)
+
+    def is_cpu(self) -> bool:
+        """Always True: pdserve's python tensors live in CPU memory."""
+        return True
+
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule of the data (not for BYTES)."""
+        return self._array.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        return self._array.__dlpack__()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._array.__dlpack_device__()
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack_object: Any) -> Tensor:
+        """A tensor from any object with ``__dlpack__`` (a torch CPU tensor...).
+
+        Raises:
+            TritonModelException: the object is not on the CPU.
+        """
+        try:
+            array = np.from_dlpack(dlpack_object)
+        except (TypeError, RuntimeError, BufferError) as e:
+            raise TritonModelException(f"tensor '{name}': cannot import DLPack data: {e}") from e
+        return Tensor(name, array)
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+
+
+# --------------------------------------------------------------------------- BLS hook
+
+#: Set by the worker: ``submit(request) -> concurrent.futures.Future[InferenceResponse]``.
+_bls_submit: Callable[[InferenceRequest], Future[InferenceResponse]] | None = None
+#: Set by the worker: ``wait(future)`` blocks until it resolves (reading the channel).
+_bls_wait: Callable[[Future[Any]], None] | None = None
+
+
+class InferenceRequest:
+    """An inference request: one of those ``execute`` receives, or a BLS request.
+
+    A BLS request is built by the model and run on any loaded model of the same
+    server with :meth:`exec` (blocking) or :meth:`async_exec` (awaitable)::
+
+        request = pb_utils.InferenceRequest(
+            model_name="efficientnet_lite0",
+            requested_output_names=["logits"],
+            inputs=[pb_utils.Tensor("input", batch)],
+        )
+        response = request.exec()
+        if response.has_error():
+            raise pb_utils.TritonModelException(response.error().message())
+
+    Args:
+        model_name: the target model (BLS).
+        requested_output_names: outputs to return (all when empty).
+        inputs: :class:`Tensor` list.
+        request_id: client request id.
+        correlation_id: sequence correlation id (kept, unused).
+        model_version: BLS target version, -1 for the version policy's choice.
+        flags: request flags (kept, unused).
+        timeout: BLS timeout in microseconds (0 = none).
+        parameters: request parameters, a dict or a JSON string.
+    """
+
+    def __init__(
+        self,
+        model_name: str = "",
+        requested_output_names: list[str] | None = None,
+        inputs: list[Tensor] | None = None,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: Any = None,
+        trace: Any = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        self.model_name = model_name
+        self._requested_output_names = list(requested_output_names or [])
+        self._inputs = list(inputs or [])
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self.model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters) if parameters else {}
+        self._parameters: dict[str, Any] = dict(parameters or {})
+
+    def inputs(self) -> list[Tensor]:
+        """The input tensors."""
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        """Names of the outputs to compute."""
+        return self._requested_output_names
+
+    def request_id(self) -> str:
+        """The client's request id (``""`` when none)."""
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        """The correlation id (0 when none)."""
+        return self._correlation_id
+
+    def flags(self) -> int:
+        """Request flags."""
+        return self._flags
+
+    def timeout(self) -> int:
+        """Timeout in microseconds (0 = none)."""
+        return self._timeout
+
+    def parameters(self) -> str:
+        """The request parameters as a JSON string (as Triton returns them)."""
+        return json.dumps(self._parameters)
+
+    def is_cancelled(self) -> bool:
+        """Whether the client cancelled the request (pdserve: always False here)."""
+        return False
+
+    def get_response_sender(self) -> Any:
+        """Decoupled models are not supported by pdserve.
+
+        Raises:
+            TritonModelException: always.
+        """
+        raise TritonModelException("decoupled models (response senders) are not supported")
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        """Run this request on ``model_name`` and wait for the response (BLS).
+
+        Errors of the target model come back as a response with an error (check
+        :meth:`InferenceResponse.has_error`), as in Triton.
+
+        Raises:
+            TritonModelException: decoupled BLS, or called outside a pdserve worker.
+        """
+        future = self._submit(decoupled)
+        if _bls_wait is not None:
+            _bls_wait(future)
+        return future.result()
+
+    def async_exec(self, decoupled: bool = False) -> Awaitable[InferenceResponse]:
+        """Start this request on ``model_name``; await the result (BLS, ``async def execute``).
+
+        Raises:
+            TritonModelException: decoupled BLS, or called outside a pdserve worker.
+        """
+        future = self._submit(decoupled)
+        return asyncio.wrap_future(future)
+
+    def _submit(self, decoupled: bool) -> Future[InferenceResponse]:
+        if decoupled:
+            raise TritonModelException("decoupled BLS requests are not supported by pdserve")
+        if not self.model_name:
+            raise TritonModelException("a BLS InferenceRequest needs a model_name")
+        if _bls_submit is None:
+            raise TritonModelException("BLS is only available inside a pdserve python worker")
+        return _bls_submit(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"InferenceRequest(model_name={self.model_name!r}, "
+            f"inputs={[t.name() for t in self._inputs]}, "
+            f"requested_output_names={self._requested_output_names})"
+        )
+
+
+class InferenceResponse:
+    """The response to one request: output tensors, or an error.
+
+    Args:
+        output_tensors: :class:`Tensor` list (must be a list, as in Triton).
+        error: a :class:`TritonError` to fail this request only.
+        parameters: response parameters (dict or JSON string).
+
+    Raises:
+        TritonModelException: ``output_tensors`` is not a list.
+    """
+
+    def __init__(
+        self,
+        output_tensors: list[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        if output_tensors is None:
+            output_tensors = []
+        if not isinstance(output_tensors, list):
+            raise TritonModelException('"output_tensors" must be a list.')
+        self._output_tensors = output_tensors
+        if error is not None and not isinstance(error, TritonError):
+            error = TritonError(str(error))
+        self._error = error
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters) if parameters else {}
+        self._parameters = dict(parameters or {})
+
+    def output_tensors(self) -> list[Tensor]:
+        """The output tensors."""
+        return self._output_tensors
+
+    def has_error(self) -> bool:
+        """True when the response carries an error."""
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        """The error, or None."""
+        return self._error
+
+    def parameters(self) -> str:
+        """Response parameters as a JSON string."""
+        return json.dumps(self._parameters)
+
+
+# --------------------------------------------------------------------------- lookups
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    """The input tensor called ``name`` of a request, or None."""
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    """The output tensor called ``name`` of a (BLS) response, or None."""
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The ``input`` entry called ``name`` of a model configuration dict, or None."""
+    for entry in model_config.get("input", []):
+        if entry["name"] == name:
+            return entry
+    return None
+
+
+def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The ``output`` entry called ``name`` of a model configuration dict, or None."""
+    for entry in model_config.get("output", []):
+        if entry["name"] == name:
+            return entry
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    """Whether the configuration asks for the decoupled transaction policy."""
+    policy = model_config.get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
+
+
+# --------------------------------------------------------------------------- auto-complete
+
+
+class ModelConfig:
+    """The configuration handed to ``auto_complete_config`` (Triton's helper class).
+
+    Only ``max_batch_size``, inputs, outputs, the dynamic batcher, the transaction
+    policy and warm-up may be changed, as in Triton.
+
+    Args:
+        model_config: the configuration as a JSON string (Triton's JSON form).
+    """
+
+    def __init__(self, model_config: str | dict[str, Any]) -> None:
+        self._model_config: dict[str, Any] = (
+            json.loads(model_config) if isinstance(model_config, str) else model_config
+        )
+        self._model_config.setdefault("input", [])
+        self._model_config.setdefault("output", [])
+        self._model_config.setdefault("max_batch_size", 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The configuration as a dict (changes go through the setters)."""
+        return self._model_config
+
+    def _name(self) -> str:
+        return str(self._model_config.get("name", ""))
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        """Set ``max_batch_size``.
+
+        Raises:
+            ValueError: the configuration already sets a larger non-zero value.
+        """
+        current = int(self._model_config.get("max_batch_size", 0))
+        if current > max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but in auto-complete-config "
+                f"function for model '{self._name()}' specified max_batch_size {max_batch_size}"
+            )
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        """Use the dynamic batcher unless another scheduler is configured.
+
+        Raises:
+            ValueError: ``sequence_batching`` or ``ensemble_scheduling`` is set.
+        """
+        for other in ("sequence_batching", "ensemble_scheduling"):
+            if self._model_config.get(other):
+                raise ValueError(
+                    f"Configuration specified scheduling_choice as '{other}', but "
+                    f"auto-complete-config function for model '{self._name()}' tries to set "
+                    "scheduling_choice as 'dynamic_batching'"
+                )
+        if not self._model_config.get("dynamic_batching"):
+            self._model_config["dynamic_batching"] = {}
+
+    def _add_io(self, kind: str, io: dict[str, Any], valid: tuple[str, ...]) -> None:
+        if not isinstance(io, dict):
+            raise ValueError(f"{kind} in auto-complete-config function must be a dict")
+        for key in io:
+            if key not in valid:
+                raise ValueError(
+                    f"{kind} '{io.get('name', '')}' in auto-complete-config function for model "
+                    f"'{self._name()}' contains property other than {', '.join(valid)}."
+                )
+        for key in ("name", "data_type", "dims"):
+            if key not in io:
+                raise ValueError(
+                    f"{kind} '{io.get('name', '')}' in auto-complete-config function for model "
+                    f"'{self._name()}' is missing '{key}' property."
+                )
+        for current in self._model_config[kind]:
+            if current.get("name") != io["name"]:
+                continue
+            cur_type = current.get("data_type", "TYPE_INVALID")
+            if cur_type not in ("", "TYPE_INVALID") and cur_type != io["data_type"]:
+                raise ValueError(
+                    f"unable to load model '{self._name()}', configuration expects datatype "
+                    f"{cur_type} for {kind} '{io['name']}', model provides {io['data_type']}"
+                )
+            cur_dims = [int(d) for d in current.get("dims", [])]
+            if cur_dims and cur_dims != [int(d) for d in io["dims"]]:
+                raise ValueError(
+                    f"model '{self._name()}', tensor '{io['name']}': the model expects dims "
+                    f"{list(io['dims'])} but the model configuration specifies dims {cur_dims}"
+                )
+            current.update(io)
+            return
+        self._model_config[kind].append(dict(io))
+
+    def add_input(self, input: dict[str, Any]) -> None:  # noqa: A002 - Triton's name
+        """Add (or complete) an input ``{"name", "data_type", "dims"[, "optional"]}``.
+
+        Raises:
+            ValueError: missing/unknown properties, or it contradicts the configuration.
+        """
+        self._add_io("input", input, ("name", "data_type", "dims", "optional"))
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        """Add (or complete) an output ``{"name", "data_type", "dims"}``.
+
+        Raises:
+            ValueError: missing/unknown properties, or it contradicts the configuration.
+        """
+        self._add_io("output", output, ("name", "data_type", "dims"))
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        """Set ``model_transaction_policy`` (only ``decoupled`` is a valid key).
+
+        Raises:
+            ValueError: an unknown key, or it contradicts the configuration.
+        """
+        for key in transaction_policy_dict:
+            if key != "decoupled":
+                raise ValueError(
+                    f"model transaction property in auto-complete-config function for model "
+                    f"'{self._name()}' contains property other than 'decoupled'"
+                )
+        policy = self._model_config.setdefault("model_transaction_policy", {})
+        want = bool(transaction_policy_dict.get("decoupled", False))
+        if "decoupled" in policy and bool(policy["decoupled"]) != want:
+            raise ValueError(
+                f"trying to change decoupled property in auto-complete-config for model "
+                f"'{self._name()}', which is already set to {policy['decoupled']}"
+            )
+        policy["decoupled"] = want
+
+    def add_model_warmup(self, model_warmup: dict[str, Any]) -> None:
+        """Append a ``model_warmup`` entry (needs ``name``, ``batch_size``, ``inputs``).
+
+        Raises:
+            ValueError: missing properties.
+        """
+        for key in ("name", "batch_size", "inputs"):
+            if key not in model_warmup:
+                raise ValueError(f"model_warmup entry is missing '{key}'")
+        self._model_config.setdefault("model_warmup", []).append(dict(model_warmup))
+
+
+# --------------------------------------------------------------------------- logging
+
+
+class LogLevel:
+    """Levels accepted by :meth:`Logger.log`."""
+
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+_log = logging.getLogger("pdserve.python_model")
+
+
+class Logger:
+    """Triton's model logger; messages go to the server's log (the worker's stderr)."""
+
+    @staticmethod
+    def log(message: str, level: int = LogLevel.INFO) -> None:
+        """Log ``message`` at ``level`` (a :class:`LogLevel` value)."""
+        py_level = {
+            LogLevel.INFO: logging.INFO,
+            LogLevel.WARNING: logging.WARNING,
+            LogLevel.ERROR: logging.ERROR,
+            LogLevel.VERBOSE: logging.DEBUG,
+        }.get(level, logging.INFO)
+        _log.log(py_level, "%s", message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        """Log at INFO."""
+        Logger.log(message, LogLevel.INFO)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        """Log at WARNING."""
+        Logger.log(message, LogLevel.WARNING)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        """Log at ERROR."""
+        Logger.log(message, LogLevel.ERROR)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        """Log at VERBOSE (debug)."""
+        Logger.log(message, LogLevel.VERBOSE)
+
+
+def install() -> None:
+    """Make ``import triton_python_backend_utils`` return this module."""
+    sys.modules["triton_python_backend_utils"] = sys.modules[__name__]

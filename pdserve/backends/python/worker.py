@@ -1,0 +1,441 @@
+"""The python worker process: runs one instance of a Triton python model.
+
+Started by :mod:`pdserve.backends.python.backend` (``multiprocessing`` forkserver
+with numpy and this module preloaded), it talks to the server over one
+``AF_UNIX`` stream socket with the frames of :mod:`~pdserve.backends.python.shm`.
+Tensors live in shared-memory arenas; the frames carry descriptors.
+
+Life of a worker (``mode == "serve"``):
+
+1. register ``triton_python_backend_utils``, put the version folder and the model
+   folder first on ``sys.path``, import ``model.py`` (as module ``model``), build
+   ``TritonPythonModel()`` and call ``initialize(args)`` if it has one; answer
+   ``("ready", pid)`` or ``("init_error", message)``.
+2. For each ``("exec", batch_id, requests)`` call ``execute(requests)`` — the
+   whole list at once, as Triton's python backend does (a coroutine ``execute`` is
+   run on this process's event loop) — and answer ``("result", batch_id, ...)``
+   with one result per request: its outputs, or its ``TritonError``. An exception
+   out of ``execute`` fails every request of the call.
+3. ``("stop",)``: call ``finalize()`` and exit. End of file on the socket (the
+   server is gone): exit at once.
+
+Reading the socket: there is no reader thread. Whichever thread is waiting reads
+(:meth:`Worker.wait_until`): the idle main thread waiting for the next ``exec``, or
+a thread blocked in a BLS ``exec()``; the event loop of an ``async def execute``
+reads while it runs. So a batch reaches the model without a thread switch.
+
+BLS: ``pb_utils.InferenceRequest(...).exec()`` sends ``("bls", call_id, ...)`` and
+waits for the matching ``("bls_result", ...)``; it works from ``execute``,
+``initialize`` and any thread the model starts; ``async_exec()`` from
+``async def execute``.
+
+``mode == "autocomplete"`` imports the model, calls the static
+``TritonPythonModel.auto_complete_config(pb_utils.ModelConfig)`` and answers
+``("autocomplete", config_dict, error)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import itertools
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from types import ModuleType
+from typing import Any
+
+from pdserve.backends.python import shm
+from pdserve.backends.python import triton_python_backend_utils as pb
+
+log = logging.getLogger("pdserve.python_worker")
+
+
+def _format_exception(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def load_model_module(model_file: str, version_dir: str, model_dir: str) -> ModuleType:
+    """Import ``model.py`` the way Triton's stub does, with pb_utils importable.
+
+    Raises:
+        Exception: whatever importing the file raises.
+    """
+    pb.install()
+    for path in (model_dir, version_dir):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    spec = importlib.util.spec_from_file_location("model", model_file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {model_file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["model"] = module
+    spec.loader.exec_module(module)
+    if not hasattr(module, "TritonPythonModel"):
+        raise AttributeError(f"{model_file} does not define class TritonPythonModel")
+    return module
+
+
+class Worker:
+    """One worker's side of the channel: arenas, sending, receiving, BLS."""
+
+    def __init__(self, sock: socket.socket, init: dict[str, Any]) -> None:
+        self.sock = sock
+        self.init = init
+        self.instance_name: str = init.get("instance_name", "")
+        self.pool = shm.ArenaPool(f"{self.instance_name}.out")
+        self.peer = shm.PeerArenas()
+        self.frames = shm.FrameReader()
+        self.inbox: deque[tuple[Any, ...]] = deque()
+        self._cond = threading.Condition()
+        self._reading = False
+        self.send_lock = threading.Lock()
+        self.calls = itertools.count()
+        self.bls_pending: dict[int, Future[pb.InferenceResponse]] = {}
+        self.stopping = False
+        self.eof = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # -- channel ----------------------------------------------------------------
+
+    def send(self, *fields: Any) -> None:
+        """Send one message; new arenas and released peer blocks ride along."""
+        with self.send_lock:
+            announced, arenas = self.pool.take_announcements()
+            ctl = {"add": announced, "releases": self.peer.take_releases()}
+            shm.send_frame(self.sock, (*fields, ctl), [a.fd for a in arenas])
+            self.pool.sent(arenas)
+
+    def write(self, array: Any) -> shm.TensorDesc:
+        """Copy an output / BLS input into this worker's pool (one copy)."""
+        return shm.write_tensor(array, self.pool.alloc)
+
+    # -- receiving: whichever thread waits reads (no reader thread, no hand-off) --
+
+    def wait_until(self, done: Callable[[], bool]) -> None:
+        """Block until ``done()``, reading and dispatching frames meanwhile.
+
+        One waiting thread at a time reads the socket (the idle main thread, or a
+        thread blocked in a BLS ``exec()``); the others sleep until a frame it
+        dispatched may concern them. So an ``exec`` frame reaches the main thread
+        without a thread switch.
+        """
+        while True:
+            with self._cond:
+                while not done() and self._reading:
+                    self._cond.wait()
+                if done():
+                    return
+                if self.eof:
+                    raise pb.TritonModelException("the server closed the connection")
+                self._reading = True
+            try:
+                self._read_once(blocking=True)
+            finally:
+                with self._cond:
+                    self._reading = False
+                    self._cond.notify_all()
+
+    def next_message(self) -> tuple[Any, ...]:
+        """The next ``exec`` / ``stop`` / ``eof`` message for the main thread."""
+        if self.eof and not self.inbox:
+            return ("eof",)
+        self.wait_until(lambda: bool(self.inbox))
+        return self.inbox.popleft()
+
+    def read_available(self) -> None:
+        """Event-loop reader (``async def execute``): read what is there, if no
+        other thread is reading."""
+        with self._cond:
+            if self._reading:
+                return
+            self._reading = True
+        try:
+            self._read_once(blocking=False)
+        finally:
+            with self._cond:
+                self._reading = False
+                self._cond.notify_all()
+
+    def _read_once(self, blocking: bool) -> None:
+        try:
+            data, ancdata, _, _ = self.sock.recvmsg(
+                shm.RECV_BYTES, shm.ANCILLARY_SPACE, 0 if blocking else socket.MSG_DONTWAIT
+            )
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, ancdata = b"", []
+        if not data:
+            if not self.stopping:
+                os._exit(0)  # the server is gone: nobody wants our results
+            self.eof = True
+            self.inbox.append(("eof",))
+            return
+        self.frames.feed(data, ancdata)
+        for message in self.frames.frames():
+            self._dispatch(message)
+
+    def _dispatch(self, message: tuple[Any, ...]) -> None:
+        ctl = message[-1]
+        announced = ctl.get("add") or []
+        if announced:
+            self.peer.add(announced, self.frames.take_fds(len(announced)))
+        self.pool.free_many(ctl.get("releases") or [])
+        if message[0] == "bls_result":
+            self._bls_result(message)
+        else:
+            if message[0] == "stop":
+                self.stopping = True  # an end of file may follow at once
+            self.inbox.append(message)
+
+    # -- BLS ----------------------------------------------------------------------
+
+    def submit_bls(self, request: pb.InferenceRequest) -> Future[pb.InferenceResponse]:
+        """Send a BLS request to the server; the future resolves with its response."""
+        future: Future[pb.InferenceResponse] = Future()
+        call_id = next(self.calls)
+        self.bls_pending[call_id] = future
+        try:
+            inputs = [(t.name(), self.write(t.as_numpy())) for t in request.inputs()]
+            params = dict(request._parameters)
+            if request.timeout():
+                params.setdefault("timeout", request.timeout())
+            version = "" if request.model_version in (-1, None, "") else str(request.model_version)
+            self.send(
+                "bls",
+                call_id,
+                request.model_name,
+                version,
+                request.request_id(),
+                params,
+                inputs,
+                list(request.requested_output_names()),
+            )
+        except BaseException:
+            self.bls_pending.pop(call_id, None)
+            raise
+        return future
+
+    def _bls_result(self, message: tuple[Any, ...]) -> None:
+        _, call_id, outputs, error, _ = message
+        future = self.bls_pending.pop(call_id, None)
+        if future is None:
+            return
+        if error is not None:
+            text, code = error
+            response = pb.InferenceResponse([], error=pb.TritonError(text, code))
+        else:
+            tensors = [
+                pb.Tensor(name, self.peer.read(desc, release=True)) for name, desc in outputs
+            ]
+            response = pb.InferenceResponse(tensors)
+        future.set_result(response)
+
+    # -- execute ------------------------------------------------------------------
+
+    def run_batch(self, model: Any, batch_id: int, reqs: list[Any]) -> None:
+        """Build the requests, call ``execute``, send the results of the batch."""
+        model_name = self.init["model_name"]
+        version = int(self.init["model_version"])
+        requests = []
+        for request_id, params, inputs, output_names in reqs:
+            tensors = [
+                pb.Tensor(name, self.peer.read(desc, release=False)) for name, desc in inputs
+            ]
+            requests.append(
+                pb.InferenceRequest(
+                    model_name=model_name,
+                    requested_output_names=output_names,
+                    inputs=tensors,
+                    request_id=request_id,
+                    model_version=version,
+                    parameters=params,
+                )
+            )
+        try:
+            responses = model.execute(requests)
+            if inspect.isawaitable(responses):
+                responses = self.run_coroutine(responses)
+            if not isinstance(responses, (list, tuple)):
+                raise pb.TritonModelException(
+                    f"execute() must return a list of InferenceResponse, got "
+                    f"{type(responses).__name__}"
+                )
+            if len(responses) != len(requests):
+                raise pb.TritonModelException(
+                    f"execute() returned {len(responses)} responses for {len(requests)} requests"
+                )
+        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the server
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            log.error(
+                "execute() of %s failed:\n%s", self.instance_name, traceback.format_exc().rstrip()
+            )
+            code = exc.code() if isinstance(exc, pb.TritonError) else pb.TritonError.INTERNAL
+            message = (
+                f"Failed to process the request(s) for model instance '{self.instance_name}', "
+                f"message: {_format_exception(exc)}"
+            )
+            del requests
+            self.send("result", batch_id, None, (message, code))
+            return
+        results: list[Any] = []
+        for request, response in zip(requests, responses, strict=True):
+            results.append(self._encode_response(request, response))
+        del requests, responses
+        self.send("result", batch_id, results, None)
+
+    def _encode_response(self, request: pb.InferenceRequest, response: Any) -> tuple[Any, ...]:
+        if not isinstance(response, pb.InferenceResponse):
+            return (
+                "err",
+                f"model instance '{self.instance_name}' returned {type(response).__name__} "
+                "instead of an InferenceResponse",
+                pb.TritonError.INTERNAL,
+            )
+        if response.has_error():
+            error = response.error()
+            assert error is not None
+            return ("err", str(error.message()), error.code())
+        wanted = set(request.requested_output_names())
+        outputs = []
+        try:
+            for tensor in response.output_tensors():
+                if not isinstance(tensor, pb.Tensor):
+                    raise pb.TritonModelException(
+                        f"output_tensors must hold pb_utils.Tensor, got {type(tensor).__name__}"
+                    )
+                if wanted and tensor.name() not in wanted:
+                    continue  # Triton drops outputs nobody asked for
+                outputs.append((tensor.name(), self.write(tensor.as_numpy())))
+        except Exception as exc:
+            return ("err", _format_exception(exc), pb.TritonError.INTERNAL)
+        return ("ok", outputs)
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+        return self.loop
+
+    def run_coroutine(self, coro: Any) -> Any:
+        """Run a coroutine of the model (``async def execute`` / ``initialize``).
+
+        While it runs, the event loop reads the socket too, so that the futures
+        of ``async_exec()`` resolve.
+        """
+        loop = self._event_loop()
+        loop.add_reader(self.sock.fileno(), self.read_available)
+        try:
+            return loop.run_until_complete(coro)
+        finally:
+            loop.remove_reader(self.sock.fileno())
+
+    def wait_bls(self, future: Future[Any]) -> None:
+        """Block until a BLS future resolves (``exec()``), reading the socket meanwhile."""
+        self.wait_until(future.done)
+
+
+def _model_args(init: dict[str, Any]) -> dict[str, str]:
+    """The ``args`` dict Triton passes to ``initialize`` (all values are strings)."""
+    return {
+        "model_config": init["model_config"],
+        "model_instance_kind": init.get("instance_kind", "CPU"),
+        "model_instance_name": init.get("instance_name", ""),
+        "model_instance_device_id": str(init.get("device_id", 0)),
+        "model_repository": init["model_dir"],
+        "model_version": str(init["model_version"]),
+        "model_name": init["model_name"],
+    }
+
+
+def _serve(worker: Worker) -> None:
+    init = worker.init
+    try:
+        module = load_model_module(init["model_file"], init["version_dir"], init["model_dir"])
+        model = module.TritonPythonModel()
+        if hasattr(model, "initialize"):
+            result = model.initialize(_model_args(init))
+            if inspect.isawaitable(result):
+                worker.run_coroutine(result)
+    except BaseException as exc:  # noqa: BLE001 - reported to the server
+        log.error("initialize of %s failed:\n%s", worker.instance_name, traceback.format_exc())
+        worker.send("init_error", _format_exception(exc))
+        return
+    worker.send("ready", os.getpid())
+    while True:
+        message = worker.next_message()
+        tag = message[0]
+        if tag == "exec":
+            worker.run_batch(model, message[1], message[2])
+        elif tag in ("stop", "eof"):
+            worker.stopping = True
+            break
+    if hasattr(model, "finalize"):
+        try:
+            result = model.finalize()
+            if inspect.isawaitable(result):
+                worker.run_coroutine(result)
+        except Exception:
+            log.error("finalize of %s failed:\n%s", worker.instance_name, traceback.format_exc())
+
+
+def _autocomplete(worker: Worker) -> None:
+    init = worker.init
+    try:
+        module = load_model_module(init["model_file"], init["version_dir"], init["model_dir"])
+        cls = module.TritonPythonModel
+        config = pb.ModelConfig(init["model_config"])
+        hook = getattr(cls, "auto_complete_config", None)
+        if hook is not None:
+            returned = hook(config)
+            if isinstance(returned, pb.ModelConfig):
+                config = returned
+        worker.send("autocomplete", config.as_dict(), None)
+    except BaseException as exc:  # noqa: BLE001 - reported to the server
+        worker.send("autocomplete", None, _format_exception(exc))
+
+
+def worker_main(sock: socket.socket, init: dict[str, Any]) -> None:
+    """Entry point of a worker process (``multiprocessing`` target).
+
+    Args:
+        sock: this worker's end of the socketpair.
+        init: ``mode`` (``"serve"`` / ``"autocomplete"``), ``model_file``,
+            ``version_dir``, ``model_dir``, ``model_name``, ``model_version``,
+            ``model_config`` (JSON), ``instance_name``, ``instance_kind``,
+            ``device_id``.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when we stop
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname).1s {init.get('instance_name', 'worker')}"
+        f"[{os.getpid()}] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    sock.setblocking(True)
+    worker = Worker(sock, init)
+    pb._bls_submit = worker.submit_bls
+    pb._bls_wait = worker.wait_bls
+    try:
+        if init.get("mode") == "autocomplete":
+            _autocomplete(worker)
+        else:
+            _serve(worker)
+    finally:
+        worker.stopping = True
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sys.stdout.flush()
+        sys.stderr.flush()

@@ -1,0 +1,475 @@
+"""Ensembles (``platform: "ensemble"``): pipelines of models run as one model.
+
+An ensemble's configuration lists *steps* (``ensemble_scheduling { step [...] }``);
+each step names a model (``model_name``, ``model_version``, -1 for the version
+policy's choice) and maps that model's inputs from ensemble tensors
+(``input_map { key: "<model input>" value: "<ensemble tensor>" }``) and its
+outputs to ensemble tensors (``output_map { key: "<model output>" value:
+"<ensemble tensor>" }``). Ensemble tensors are the ensemble's inputs, its outputs
+and any intermediate names the steps agree on.
+
+Validation at load (:func:`validate_ensemble`, Triton's ``ValidateEnsembleConfig``
+in ``ensemble_utils.cc``): every step model is loaded; every key of a map is an
+input / output of that model; every required model input is mapped; every tensor a
+step reads is an ensemble input or produced by exactly one step; no step writes an
+ensemble input; every ensemble output is produced; every ensemble input is read by
+some step; the steps form no cycle; and wherever a tensor passes between the
+ensemble and a step or between two steps, datatypes are equal and shapes agree
+(a ``-1`` matches any size; batching models contribute a leading ``-1``). An
+ensemble that batches (``max_batch_size > 0``) needs steps whose
+``max_batch_size`` is at least its own. Every error is a
+:class:`~pdserve.config.ConfigError` naming the ensemble, the step and the tensor.
+
+Execution (:class:`EnsembleScheduler`): event-driven. A step starts as soon as all
+the tensors it reads exist, so independent steps run concurrently; each step's
+request goes through that step model's own scheduler
+(``InferenceServer.infer_on``), so the predictor step batches across concurrent
+pipeline requests and shows in that model's statistics. Only the steps needed for
+the requested outputs run. An error in a step fails that ensemble request with the
+step's error (message and status) unchanged; other requests are untouched. The
+ensemble itself has no instances and no instance limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pdserve import config as cfgmod
+from pdserve.backends.base import Backend, ExecRequest, ModelInstance, ModelSpec
+from pdserve.scheduling.base import InstancePool, Scheduler
+from pdserve.types import InferError, InferRequest, RequestedOutput
+
+if TYPE_CHECKING:
+    from tritonclient.grpc import model_config_pb2
+
+    from pdserve.repository.model import ModelVersion
+
+WILDCARD = -1
+
+
+@dataclass(slots=True)
+class TensorInfo:
+    """A tensor as one side of a connection sees it.
+
+    Attributes:
+        datatype: V2 datatype name.
+        shape: full shape, leading ``-1`` for a batching model's batch dimension.
+        where: who it belongs to, for messages (``"input 'x' of model 'm'"``).
+    """
+
+    datatype: str
+    shape: list[int]
+    where: str
+
+
+@dataclass
+class EnsembleStep:
+    """One step of a validated ensemble.
+
+    Attributes:
+        index: position in ``ensemble_scheduling.step``.
+        model_name / model_version: the model to run (``""`` = policy's choice).
+        input_map: model input -> ensemble tensor.
+        output_map: model output -> ensemble tensor.
+        reads: ensemble tensors the step needs (its mapped required inputs and any
+            mapped optional ones produced inside the ensemble).
+    """
+
+    index: int
+    model_name: str
+    model_version: str
+    input_map: dict[str, str]
+    output_map: dict[str, str]
+    reads: set[str] = field(default_factory=set)
+
+
+@dataclass
+class EnsemblePlan:
+    """A validated ensemble: its steps and who produces / reads each tensor."""
+
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    steps: list[EnsembleStep]
+    producer: dict[str, int]
+    consumers: dict[str, list[int]]
+
+    def steps_for(self, outputs: list[str]) -> list[int]:
+        """Indices of the steps needed to produce ``outputs``, in config order."""
+        needed: set[int] = set()
+        stack = [self.producer[o] for o in outputs if o in self.producer]
+        while stack:
+            index = stack.pop()
+            if index in needed:
+                continue
+            needed.add(index)
+            for tensor in self.steps[index].reads:
+                if tensor in self.producer:
+                    stack.append(self.producer[tensor])
+        return sorted(needed)
+
+
+def _full_shape(cfg: model_config_pb2.ModelConfig, dims: Any) -> list[int]:
+    return ([WILDCARD] if cfg.max_batch_size > 0 else []) + [int(d) for d in dims]
+
+
+def _shapes_agree(a: list[int], b: list[int]) -> bool:
+    return len(a) == len(b) and all(x == y or WILDCARD in (x, y) for x, y in zip(a, b, strict=True))
+
+
+def _shape_str(shape: list[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def validate_ensemble(
+    cfg: model_config_pb2.ModelConfig,
+    lookup: Callable[[str, str], model_config_pb2.ModelConfig | None],
+    path: str = "",
+) -> EnsemblePlan:
+    """Check an ensemble configuration against its step models; build its plan.
+
+    Args:
+        cfg: the ensemble's configuration.
+        lookup: ``lookup(model_name, version)`` -> that model's (auto-completed)
+            configuration, or None when it is not loaded. ``version`` is ``""``
+            for the version policy's choice.
+        path: the configuration file, for error messages.
+
+    Returns:
+        the plan :class:`EnsembleScheduler` runs.
+
+    Raises:
+        pdserve.config.ConfigError: the first problem found (see the module
+            docstring), naming the ensemble, the step and the tensor.
+    """
+    name = cfg.name
+    where = path or f"{name}/{cfgmod.CONFIG_FILENAME}"
+
+    def fail(field_name: str, message: str) -> cfgmod.ConfigError:
+        return cfgmod.ConfigError(where, field_name, f"ensemble '{name}': {message}")
+
+    steps_cfg = list(cfg.ensemble_scheduling.step)
+    if not steps_cfg:
+        raise fail("ensemble_scheduling.step", "must have at least one step")
+    ens_inputs: dict[str, TensorInfo] = {}
+    for io in cfg.input:
+        ens_inputs[io.name] = TensorInfo(
+            cfgmod.datatype_of(io), _full_shape(cfg, io.dims), f"ensemble input '{io.name}'"
+        )
+    ens_outputs: dict[str, TensorInfo] = {}
+    for io in cfg.output:
+        ens_outputs[io.name] = TensorInfo(
+            cfgmod.datatype_of(io), _full_shape(cfg, io.dims), f"ensemble output '{io.name}'"
+        )
+
+    steps: list[EnsembleStep] = []
+    producer: dict[str, int] = {}
+    produced_info: dict[str, TensorInfo] = {}
+    reads_info: list[tuple[int, str, TensorInfo, bool]] = []  # (step, tensor, info, optional)
+    for index, step in enumerate(steps_cfg):
+        field_name = f"ensemble_scheduling.step[{index}]"
+        if not step.model_name:
+            raise fail(f"{field_name}.model_name", f"step {index} must name a model")
+        version = "" if step.model_version < 0 else str(step.model_version)
+        model = lookup(step.model_name, version)
+        label = f"step {index} (model '{step.model_name}')"
+        if model is None:
+            shown = f" version {version}" if version else ""
+            raise fail(
+                f"{field_name}.model_name",
+                f"{label}: model '{step.model_name}'{shown} is not loaded; "
+                "load it before the ensemble",
+            )
+        if cfg.max_batch_size > 0 and model.max_batch_size < cfg.max_batch_size:
+            raise fail(
+                "max_batch_size",
+                f"the ensemble allows batches of {cfg.max_batch_size}, but {label} only allows "
+                f"max_batch_size {model.max_batch_size}",
+            )
+        model_inputs = {io.name: io for io in model.input}
+        model_outputs = {io.name: io for io in model.output}
+        input_map = dict(step.input_map)
+        output_map = dict(step.output_map)
+        if not output_map:
+            raise fail(f"{field_name}.output_map", f"{label} maps no output")
+        for model_in, tensor in input_map.items():
+            io = model_inputs.get(model_in)
+            if io is None:
+                raise fail(
+                    f"{field_name}.input_map",
+                    f"{label}: ensemble tensor '{tensor}' is mapped to '{model_in}', which is "
+                    f"not an input of the model (its inputs: {sorted(model_inputs) or 'none'})",
+                )
+            info = TensorInfo(
+                cfgmod.datatype_of(io),
+                _full_shape(model, io.dims),
+                f"input '{model_in}' of {label}",
+            )
+            reads_info.append((index, tensor, info, io.optional))
+        for model_in, io in model_inputs.items():
+            if model_in not in input_map and not io.optional:
+                raise fail(
+                    f"{field_name}.input_map",
+                    f"{label}: required input '{model_in}' of the model is not mapped from any "
+                    "ensemble tensor",
+                )
+        for model_out, tensor in output_map.items():
+            io = model_outputs.get(model_out)
+            if io is None:
+                raise fail(
+                    f"{field_name}.output_map",
+                    f"{label}: '{model_out}' (mapped to ensemble tensor '{tensor}') is not an "
+                    f"output of the model (its outputs: {sorted(model_outputs) or 'none'})",
+                )
+            if tensor in ens_inputs:
+                raise fail(
+                    f"{field_name}.output_map",
+                    f"ensemble tensor '{tensor}' is an ensemble input and cannot also be "
+                    f"produced by {label}",
+                )
+            if tensor in producer:
+                other = steps[producer[tensor]] if producer[tensor] < len(steps) else None
+                first = (
+                    f"step {producer[tensor]} (model '{other.model_name}')"
+                    if other
+                    else f"step {producer[tensor]}"
+                )
+                raise fail(
+                    f"{field_name}.output_map",
+                    f"ensemble tensor '{tensor}' is produced twice: by {first} and by {label}",
+                )
+            producer[tensor] = index
+            produced_info[tensor] = TensorInfo(
+                cfgmod.datatype_of(io),
+                _full_shape(model, io.dims),
+                f"output '{model_out}' of {label}",
+            )
+        steps.append(EnsembleStep(index, step.model_name, version, input_map, output_map))
+
+    # every read tensor exists, with a matching datatype and shape
+    consumers: dict[str, list[int]] = {}
+    for index, tensor, info, optional in reads_info:
+        source = ens_inputs.get(tensor) or produced_info.get(tensor)
+        if source is None:
+            raise fail(
+                f"ensemble_scheduling.step[{index}].input_map",
+                f"ensemble tensor '{tensor}', read by {info.where}, is neither an ensemble "
+                "input nor produced by any step",
+            )
+        _check_match(fail, tensor, source, info, f"ensemble_scheduling.step[{index}].input_map")
+        if tensor in produced_info or not optional:
+            steps[index].reads.add(tensor)
+        consumers.setdefault(tensor, []).append(index)
+    for tensor, info in ens_outputs.items():
+        source = produced_info.get(tensor)
+        if source is None:
+            raise fail("output", f"ensemble output '{tensor}' is not produced by any step")
+        _check_match(fail, tensor, source, info, "output")
+    for tensor in ens_inputs:
+        if tensor not in consumers:
+            raise fail("input", f"ensemble input '{tensor}' is not read by any step")
+
+    _check_acyclic(fail, steps, producer)
+    return EnsemblePlan(
+        name=name,
+        inputs=list(ens_inputs),
+        outputs=list(ens_outputs),
+        steps=steps,
+        producer=producer,
+        consumers=consumers,
+    )
+
+
+def _check_match(
+    fail: Callable[[str, str], cfgmod.ConfigError],
+    tensor: str,
+    source: TensorInfo,
+    sink: TensorInfo,
+    field_name: str,
+) -> None:
+    if source.datatype != sink.datatype:
+        raise fail(
+            field_name,
+            f"ensemble tensor '{tensor}': datatype mismatch: {source.where} is "
+            f"{source.datatype} but {sink.where} is {sink.datatype}",
+        )
+    if not _shapes_agree(source.shape, sink.shape):
+        raise fail(
+            field_name,
+            f"ensemble tensor '{tensor}': shape mismatch: {source.where} has shape "
+            f"{_shape_str(source.shape)} but {sink.where} has shape {_shape_str(sink.shape)}",
+        )
+
+
+def _check_acyclic(
+    fail: Callable[[str, str], cfgmod.ConfigError],
+    steps: list[EnsembleStep],
+    producer: dict[str, int],
+) -> None:
+    """Raise when the steps' data dependencies contain a cycle (names its tensors)."""
+    state = [0] * len(steps)  # 0 new, 1 on the path, 2 done
+    path: list[tuple[int, str]] = []
+
+    def visit(index: int) -> None:
+        state[index] = 1
+        for tensor in sorted(steps[index].reads):
+            before = producer.get(tensor)
+            if before is None:
+                continue
+            if state[before] == 1:
+                start = next(i for i, (s, _) in enumerate(path) if s == before)
+                loop = [t for _, t in path[start:]] + [tensor]
+                raise fail(
+                    "ensemble_scheduling.step",
+                    "the steps form a cycle through ensemble tensors "
+                    + " -> ".join(f"'{t}'" for t in loop),
+                )
+            if state[before] == 0:
+                path.append((index, tensor))
+                visit(before)
+                path.pop()
+        state[index] = 2
+
+    for i in range(len(steps)):
+        if state[i] == 0:
+            visit(i)
+
+
+# --------------------------------------------------------------------------- backend
+
+
+class EnsembleBackend(Backend):
+    """``platform: "ensemble"``: validates the steps at load; no model instances."""
+
+    name = "ensemble"
+
+    def auto_complete(self, spec: ModelSpec) -> None:
+        """Validate the ensemble against the loaded step models; keep the plan.
+
+        The plan is stored in ``spec.extra["ensemble_plan"]``.
+
+        Raises:
+            pdserve.config.ConfigError: see :func:`validate_ensemble`.
+        """
+        server = spec.server
+
+        def lookup(model_name: str, version: str) -> Any:
+            if server is None:
+                return None
+            try:
+                return server.manager.get(model_name, version).config
+            except InferError:
+                return None
+
+        where = str(spec.model_dir / cfgmod.CONFIG_FILENAME)
+        spec.extra["ensemble_plan"] = validate_ensemble(spec.config, lookup, where)
+
+    async def load(self, spec: ModelSpec) -> list[ModelInstance]:
+        """An ensemble has no instances (its steps' models have them)."""
+        if "ensemble_plan" not in spec.extra:
+            self.auto_complete(spec)
+        return []
+
+
+# --------------------------------------------------------------------------- scheduler
+
+
+class EnsembleScheduler(Scheduler):
+    """Runs an ensemble request step by step as the step inputs become available.
+
+    Args:
+        model: the ensemble's loaded version; its ``spec.extra["ensemble_plan"]``
+            comes from :class:`EnsembleBackend`; its ``spec.server`` runs the steps.
+    """
+
+    def __init__(self, model: ModelVersion) -> None:
+        super().__init__(InstancePool([]), model.stats)
+        self.model = model
+        self.plan: EnsemblePlan = model.spec.extra["ensemble_plan"]
+        self.server = model.spec.server
+
+    async def submit(self, request: ExecRequest) -> dict[str, np.ndarray]:
+        """Run the steps needed for the requested outputs; return those outputs.
+
+        Raises:
+            InferError: the first failing step's error, unchanged; 503 when a step
+                model is not available any more.
+        """
+        start = time.monotonic_ns()
+        plan = self.plan
+        tensors: dict[str, np.ndarray] = dict(request.inputs)
+        wanted = request.output_names or plan.outputs
+        todo = set(plan.steps_for(wanted))
+        running: dict[asyncio.Task[dict[str, np.ndarray]], EnsembleStep] = {}
+
+        def launch_ready() -> None:
+            for index in sorted(todo):
+                step = plan.steps[index]
+                if step.reads.issubset(tensors):
+                    todo.discard(index)
+                    task = asyncio.ensure_future(self._run_step(step, tensors, request))
+                    running[task] = step
+
+        try:
+            launch_ready()
+            while running:
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    step = running.pop(task)
+                    outputs = task.result()  # raises the step's error
+                    for model_out, tensor in step.output_map.items():
+                        if model_out in outputs:
+                            tensors[tensor] = outputs[model_out]
+                launch_ready()
+        finally:
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+        missing = [n for n in wanted if n not in tensors]
+        if missing or todo:
+            raise InferError(
+                f"ensemble '{plan.name}' could not produce {missing or sorted(todo)}", 500
+            )
+        request.compute_ns = time.monotonic_ns() - start
+        return {n: tensors[n] for n in wanted}
+
+    async def _run_step(
+        self, step: EnsembleStep, tensors: dict[str, np.ndarray], parent: ExecRequest
+    ) -> dict[str, np.ndarray]:
+        inputs = {m: tensors[t] for m, t in step.input_map.items() if t in tensors}
+        origin = parent.request
+        sub = InferRequest(
+            model_name=step.model_name,
+            model_version=step.model_version,
+            inputs=inputs,
+            outputs=[RequestedOutput(name) for name in step.output_map],
+            id=origin.id,
+            parameters=_step_parameters(origin.parameters),
+            cancelled=origin.cancelled,
+        )
+        try:
+            mv = self.server.manager.get(step.model_name, step.model_version)
+        except InferError as e:
+            raise InferError(
+                f"ensemble '{self.plan.name}': step model '{step.model_name}' is not "
+                f"available: {e.message}",
+                503,
+            ) from None
+        response = await self.server.infer_on(mv, sub)
+        return response.outputs
+
+
+def _step_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """Request parameters handed on to steps: priority, timeout and user keys.
+
+    Output-format keys of the frontends (``binary_data_output``...) stay with the
+    ensemble's response.
+    """
+    return {k: v for k, v in parameters.items() if not k.startswith("binary_data")}
