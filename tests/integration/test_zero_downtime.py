@@ -441,8 +441,9 @@ def test_graceful_shutdown_finishes_in_flight(tmp_path: Path) -> None:
         threads = [threading.Thread(target=slow) for _ in range(6)]
         for t in threads:
             t.start()
-        # 2 instances run two; wait until the other four are queued in the server
-        wait_for(lambda: pending(server, "efficientnet_lite0") >= 4, "4 queued requests", 20)
+        # 2 instances run two; wait until some of the others are queued in the server
+        # (on a loaded machine the six clients may not all be in at once)
+        wait_for(lambda: pending(server, "efficientnet_lite0") >= 2, "2 queued requests", 60)
         accepted_before = len(outcomes)
         t_term = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
