@@ -32,12 +32,9 @@ EXTENSIONS = [
     "model_repository(unload_dependents)",
     "schedule_policy",
     "model_configuration",
-    "system_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",
-    "trace",
-    "logging",
 ]
 
 

@@ -85,6 +85,28 @@ def available_gpus() -> list[int]:
     return [0]
 
 
+def check_model_name(name: str) -> None:
+    """Refuse a model name that is not one plain folder name of the repository.
+
+    A model name becomes a path (``<repository>/<name>``) when the repository API
+    loads it and writes ``file:`` contents, so ``..``, ``.``, separators, NUL and
+    absolute paths are refused before anything touches the disk.
+
+    Raises:
+        InferError(400): the name is empty, ``.``/``..``, hidden, or holds ``/``,
+            ``\\`` or NUL.
+    """
+    if (
+        not name
+        or name in (".", "..")
+        or name.startswith(".")
+        or any(c in name for c in ("/", "\\", "\0"))
+    ):
+        raise InferError(
+            f"invalid model name {name!r}: it must be one folder name of the repository"
+        )
+
+
 def _guess_files(model_dir: Path, versions: list[int]) -> list[str]:
     names: list[str] = []
     for v in versions:
@@ -140,10 +162,9 @@ class ModelManager:
                     f"Request for unknown model: '{name}' has no available versions{reason}"
                 )
             return mv
-        try:
-            mv = entry.serving.get(int(version))
-        except ValueError:
-            raise InferError(f"model version '{version}' is not a number") from None
+        if not (version.isascii() and version.isdigit()):  # int() would take "+2", "٢", "2_0"
+            raise InferError(f"model version '{version}' is not a number")
+        mv = entry.serving.get(int(version))
         if mv is None:
             raise not_found(f"Request for unknown model: '{name}' version {version} is not found")
         return mv
@@ -229,6 +250,7 @@ class ModelManager:
                 entry records the reason; what served before still serves).
             InferError(503): the manager is closing.
         """
+        check_model_name(name)
         if self.closing:
             raise unavailable(f"failed to load '{name}': the server is shutting down")
         async with self._lock(name):
