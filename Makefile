@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 REPO := examples/model_repository
 HOST ?= 127.0.0.1
 HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
 
 .PHONY: serve test examples lint format bench clean
 
@@ -21,7 +23,8 @@ examples: $(STAMP)
 	$(PY) examples/build.py
 
 serve: examples
-	$(PY) -m pdserve serve --model-repository $(REPO) --host $(HOST) --http-port $(HTTP_PORT)
+	$(PY) -m pdserve serve --model-repository $(REPO) --host $(HOST) --http-port $(HTTP_PORT) \
+		--grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
