@@ -141,22 +141,24 @@ async def serve(args: argparse.Namespace) -> int:
     await server.start()
     rows = server.repository_index()
     ready = [r for r in rows if r.get("state") == "READY"]
+    failed = [r for r in rows if r.get("state") not in (None, "READY")]
+    not_loaded = sorted({r["name"] for r in rows if r.get("state") is None})
     log.info(
-        "model repository %s: %d version%s ready, %d not",
+        "model repository %s: %d version%s ready, %d failed%s",
         repo,
         len(ready),
         "" if len(ready) == 1 else "s",
-        len(rows) - len(ready),
+        len(failed),
+        f", {len(not_loaded)} model(s) not loaded (explicit mode)" if not_loaded else "",
     )
-    for r in rows:
-        if r.get("state") != "READY":
-            log.warning(
-                "  %s v%s %s: %s",
-                r["name"],
-                r.get("version", "-"),
-                r.get("state", "-"),
-                r.get("reason", ""),
-            )
+    for r in failed:
+        log.warning(
+            "  %s version %s %s: %s",
+            r["name"],
+            r.get("version", "-"),
+            r.get("state"),
+            r.get("reason", ""),
+        )
     waiter = asyncio.create_task(stop_event.wait())
     await asyncio.wait([waiter, http_task], return_when=asyncio.FIRST_COMPLETED)
     if http_task.done() and not stop_event.is_set():

@@ -349,7 +349,7 @@ def add_rollback_command(sub: Any) -> None:
 
 def _run_rollback(args: argparse.Namespace) -> int:
     if (args.version is None) == (not args.unpin):
-        print("pdserve rollback: give a VERSION or --unpin (not both)")
+        print("pdserve rollback: give exactly one of VERSION or --unpin")
         return 2
     try:
         versions = rollback(args.url, args.model, None if args.unpin else args.version)
