@@ -52,6 +52,18 @@ class InferError(Exception):
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return f"InferError({self.message!r}, status={self.status})"
 
+    def fresh(self) -> InferError:
+        """A copy with no traceback, cause or context: give each request its own.
+
+        One error object raised in many requests' frames would collect all their
+        tracebacks (``raise`` prepends the raising frame to ``__traceback__``), and a
+        traceback kept where it references its own frame is a reference cycle that
+        holds the request's tensors until the cyclic garbage collector runs.
+        """
+        err = InferError(self.message, self.status, self.reason)
+        err.__dict__.update(self.__dict__)
+        return err
+
 
 def not_found(message: str) -> InferError:
     """An unknown model / version / tensor: HTTP 404, gRPC NOT_FOUND."""

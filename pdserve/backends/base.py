@@ -94,6 +94,13 @@ class ModelInstance(abc.ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release the instance's resources (sessions, worker processes)."""
 
+    async def abort(self, grace: float) -> None:  # noqa: B027 - optional hook
+        """Stop now, failing (503) the batch running: the shutdown timeout has passed.
+
+        Backends that can (the python backend: kill the worker after ``grace`` s)
+        end a batch that would never finish; the others let it run.
+        """
+
 
 class Backend(abc.ABC):
     """A backend: turns a :class:`ModelSpec` into model instances."""

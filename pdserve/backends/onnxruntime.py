@@ -44,7 +44,7 @@ from pdserve.backends.base import (
     split_batch,
 )
 from pdserve.datatypes import ORT_TO_V2, to_bytes_object_array
-from pdserve.types import InferError
+from pdserve.types import InferError, unavailable
 
 log = logging.getLogger("pdserve.onnxruntime")
 
@@ -52,6 +52,11 @@ log = logging.getLogger("pdserve.onnxruntime")
 INLINE_RUN_MAX_S = 0.0002
 #: an inline run longer than this switches the instance to its thread for good.
 INLINE_STICKY_LIMIT_S = 0.002
+
+
+class _Closed(Exception):
+    """The instance was closed before a batch could start on its thread."""
+
 
 _LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
 
@@ -240,6 +245,7 @@ class OnnxRuntimeInstance(ModelInstance):
         self._mode = mode
         #: moving average of a run's duration, seconds (drives ``auto``).
         self._avg_run_s = 0.0
+        self._closed = False
 
     def _run(self, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
         values = self.session.run(names, feeds)
@@ -267,7 +273,46 @@ class OnnxRuntimeInstance(ModelInstance):
         thread; ``auto`` (default) — on the thread, except while the moving average
         run time is under ``INLINE_RUN_MAX_S`` (a sub-0.2 ms model), where handing
         the batch to a thread and back costs more than the run itself.
+
+        A request whose string (``tensor(string)``) input is not UTF-8 gets a 400
+        naming the input, without running; the others of the batch run. A batch
+        that reaches an instance already closed (shutdown, unload) gets a 503.
         """
+        if self._string_inputs:
+            bad = self._check_strings(batch)
+            if bad:
+                good = [r for r in batch if id(r) not in bad]
+                results = await self._execute(good) if good else []
+                it = iter(results)
+                return [bad[id(r)] if id(r) in bad else next(it) for r in batch]
+        return await self._execute(batch)
+
+    def _check_strings(self, batch: list[ExecRequest]) -> dict[int, InferError]:
+        """Requests whose string inputs are not UTF-8 -> their 400 (ORT would 500)."""
+        bad: dict[int, InferError] = {}
+        for r in batch:
+            for name in self._string_inputs:
+                arr = r.inputs.get(name)
+                if arr is None or not arr.size:
+                    continue
+                for i, item in enumerate(arr.reshape(-1)):
+                    if not isinstance(item, bytes):
+                        continue
+                    try:
+                        item.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        bad[id(r)] = InferError(
+                            f"input '{name}' element {i} is not valid UTF-8 (byte {e.start}: "
+                            f"{item[e.start : e.start + 4]!r}); this model's string inputs "
+                            "must be UTF-8 text",
+                            400,
+                        )
+                        break
+                if id(r) in bad:
+                    break
+        return bad
+
+    async def _execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
         inputs = merge_batch(batch, self._ragged)
         if self._batch_inputs:
             inputs = {**inputs, **batch_input_tensors(self._batch_inputs, batch)}
@@ -280,9 +325,7 @@ class OnnxRuntimeInstance(ModelInstance):
             if name in self._string_inputs:
                 arr = (
                     np.vectorize(
-                        lambda b: (
-                            b.decode("utf-8", "surrogateescape") if isinstance(b, bytes) else b
-                        ),
+                        lambda b: b.decode("utf-8") if isinstance(b, bytes) else b,
                         otypes=[object],
                     )(arr)
                     if arr.size
@@ -307,8 +350,21 @@ class OnnxRuntimeInstance(ModelInstance):
                     self._mode = "thread"
                     log.info("%s: a %.1f ms run moved it to its own thread", self.name, took * 1e3)
             else:
+                if self._closed:
+                    raise _Closed
                 loop = asyncio.get_running_loop()
-                outputs = await loop.run_in_executor(self._executor, self._timed_run, feeds, wanted)
+                try:
+                    outputs = await loop.run_in_executor(
+                        self._executor, self._timed_run, feeds, wanted
+                    )
+                except RuntimeError as e:
+                    if "shutdown" in str(e) and self._executor._shutdown:  # type: ignore[attr-defined]
+                        raise _Closed from None
+                    raise
+        except _Closed:
+            raise unavailable(
+                f"model instance '{self.name}' is unloading: the request did not run"
+            ) from None
         except Exception as e:  # ORT raises its own exception types
             raise InferError(f"onnxruntime execution failed: {e}", 500) from e
         for n in wanted:
@@ -321,5 +377,6 @@ class OnnxRuntimeInstance(ModelInstance):
 
     async def close(self) -> None:
         """Stop the instance's thread and drop the session."""
+        self._closed = True
         self._executor.shutdown(wait=True)
         self.session = None

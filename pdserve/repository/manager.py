@@ -5,7 +5,9 @@ time or all together; a model that fails to load is reported UNAVAILABLE with it
 reason and never stops the others. New versions are loaded *beside* the serving
 ones and the switch is one dict assignment, so a request always finds a complete
 set of ready versions; retired versions drain their in-flight requests before
-they are closed.
+they are closed (at most :attr:`ModelManager.retire_timeout` seconds; then what is
+still running is failed with 503 and its instances are stopped, python workers
+killed).
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ from pdserve.scheduling import create_scheduler
 from pdserve.types import InferError, not_found, unavailable
 
 log = logging.getLogger("pdserve.repository")
+
+#: Seconds a retired (unloaded or replaced) version may take to finish its
+#: in-flight requests before they fail with 503 and its instances are stopped.
+RETIRE_TIMEOUT_S = 60.0
 
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
@@ -141,6 +147,11 @@ class ModelManager:
         self._retiring: set[asyncio.Task[None]] = set()
         #: set by :meth:`close`: loads are refused from then on.
         self.closing = False
+        #: seconds a retired version may drain before it is closed by force.
+        self.retire_timeout = RETIRE_TIMEOUT_S
+        #: set by :meth:`close` once its own timeout has passed: retirements in
+        #: progress stop waiting for their requests.
+        self._cut: asyncio.Event | None = None
 
     # -- lookups (hot path) ---------------------------------------------------
 
@@ -418,8 +429,24 @@ class ModelManager:
         """Drain ``mv``'s in-flight requests in the background, then close it."""
 
         async def retire() -> None:
-            await mv.drain()
-            await mv.close()
+            if self._cut is None:
+                self._cut = asyncio.Event()
+            drain = asyncio.ensure_future(mv.drain(self.retire_timeout))
+            cut = asyncio.ensure_future(self._cut.wait())
+            try:
+                await asyncio.wait({drain, cut}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                drain.cancel()
+                cut.cancel()
+            if mv.inflight:
+                log.warning(
+                    "model %s version %d: %d requests still in flight after the unload "
+                    "timeout; failing them",
+                    entry.name,
+                    version,
+                    mv.inflight,
+                )
+            await mv.close(0.0 if mv.inflight else None)
             if forget and version not in entry.serving:
                 entry.states.pop(version, None)
                 entry.fingerprints.pop(version, None)
@@ -481,6 +508,12 @@ class ModelManager:
         (within the same ``timeout``) and serve nothing.
         """
         self.closing = True
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + max(0.0, timeout)
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - loop.time())
+
         locks = list(self._locks.values())
         if locks:
 
@@ -490,16 +523,21 @@ class ModelManager:
                         pass
 
             try:
-                await asyncio.wait_for(wait_loads(), timeout)
+                await asyncio.wait_for(wait_loads(), left())
             except TimeoutError:
                 log.warning("closing while a model is still loading")
         versions = [mv for e in self.models.values() for mv in e.serving.values()]
         if versions:
             tasks = [asyncio.ensure_future(mv.drain()) for mv in versions]
-            _, pending = await asyncio.wait(tasks, timeout=timeout)
+            retiring = [asyncio.ensure_future(asyncio.shield(t)) for t in self._retiring]
+            _, pending = await asyncio.wait(tasks + retiring, timeout=left())
             for t in pending:
                 t.cancel()
         for e in self.models.values():
             e.serving = {}
-        await asyncio.gather(*(mv.close() for mv in versions), return_exceptions=True)
+        # Past the timeout: what is still in flight fails (503), stuck workers are killed.
+        if self._cut is None:
+            self._cut = asyncio.Event()
+        self._cut.set()
+        await asyncio.gather(*(mv.close(left()) for mv in versions), return_exceptions=True)
         await self.wait_retired()

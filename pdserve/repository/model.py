@@ -8,6 +8,7 @@ outputs) and the classification extension on the way out.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,14 @@ from pdserve.backends.base import ExecRequest, ModelInstance, ModelSpec
 from pdserve.datatypes import bytes_array, numpy_to_v2
 from pdserve.observability.stats import ModelStats
 from pdserve.types import InferError, InferRequest, RequestedOutput
+
+log = logging.getLogger("pdserve.model")
+
+#: Seconds an instance aborted at the shutdown / unload timeout gets before it is
+#: killed (the python backend: its worker process, SIGKILL).
+ABORT_GRACE_S = 1.0
+#: Seconds to wait, after aborting the instances, for the requests they held to fail.
+ABORT_WAIT_S = 5.0
 
 if TYPE_CHECKING:
     from pdserve.scheduling.base import Scheduler
@@ -267,10 +276,39 @@ class ModelVersion:
         except TimeoutError:
             return False
 
-    async def close(self) -> None:
-        """Close the scheduler and every instance."""
+    async def close(self, timeout: float | None = None) -> None:
+        """Close the scheduler and every instance, in about ``timeout`` s at most.
+
+        Queued requests fail with 503 at once; running ones get ``timeout`` s
+        (``None``: no limit) to finish. After that the instances are aborted (a
+        python worker stuck in ``execute`` is killed after :data:`ABORT_GRACE_S`)
+        and what is still in flight fails with 503, so a hung model never keeps the
+        server from stopping or a retired version from unloading.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + max(0.0, timeout)
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - loop.time())
+
+        finished = True
         if self.scheduler is not None:
-            await self.scheduler.close()
+            finished = await self.scheduler.close(left())
+        if finished and self.inflight and self.platform != "ensemble":
+            finished = await self.drain(left())
+        if not finished:
+            log.warning(
+                "model %s version %s: %d requests still running after the timeout; "
+                "stopping its instances",
+                self.name,
+                self.version_str,
+                self.inflight,
+            )
+            await asyncio.gather(
+                *(i.abort(ABORT_GRACE_S) for i in self.instances), return_exceptions=True
+            )
+            if not await self.drain(ABORT_WAIT_S) and self.scheduler is not None:
+                await self.scheduler.cancel_running()
         await asyncio.gather(*(i.close() for i in self.instances), return_exceptions=True)
         self.instances = []
 

@@ -85,10 +85,19 @@ async def run_batch(
                 500,
             )
     except InferError as e:
-        results = [e] * len(batch)
+        # one error object per request, without this frame's traceback: a shared or
+        # traceback-holding error would keep every request of the batch alive
+        results = [e.fresh() for _ in batch]
+    except RuntimeError as e:
+        if "after shutdown" in str(e):  # an executor closed under us: the server is stopping
+            results = [
+                InferError(f"model instance {instance.name} is shutting down: {e}", 503)
+                for _ in batch
+            ]
+        else:
+            results = [InferError(f"RuntimeError: {e}", 500) for _ in batch]
     except Exception as e:  # a backend fault fails its batch only
-        err = InferError(f"{type(e).__name__}: {e}", 500)
-        results = [err] * len(batch)
+        results = [InferError(f"{type(e).__name__}: {e}", 500) for _ in batch]
     elapsed = time.monotonic_ns() - start
     rows = sum(r.batch_size for r in batch)
     stats.record_execution(rows, 0, elapsed, 0)
@@ -114,8 +123,17 @@ class Scheduler(abc.ABC):
                 the model (500 with the model's message).
         """
 
-    async def close(self) -> None:  # noqa: B027 - optional hook
-        """Stop accepting; queued requests are finished or failed, not dropped."""
+    async def close(self, timeout: float | None = None) -> bool:
+        """Stop accepting; queued requests are finished or failed, not dropped.
+
+        Returns:
+            True when the scheduler has nothing running any more, False when work
+            was still running after ``timeout`` seconds (``None``: no limit).
+        """
+        return True
+
+    async def cancel_running(self) -> None:  # noqa: B027 - optional hook
+        """Fail (503) what the scheduler still runs; the instances are stopping."""
 
 
 def is_cancelled(request: ExecRequest) -> bool:
@@ -143,5 +161,8 @@ class DirectScheduler(Scheduler):
         finally:
             self.pool.release(instance)
         if isinstance(result, InferError):
-            raise result
+            try:
+                raise result
+            finally:
+                result = None  # type: ignore[assignment]  # no error -> traceback -> frame cycle
         return result

@@ -115,9 +115,20 @@ def _deliver(items: list[_Item], results: list[ExecResult]) -> None:
         if type(res) is dict:
             fut.set_result(res)
         elif isinstance(res, InferError):
-            fut.set_exception(res)
+            fut.set_exception(res.fresh())  # one error object per request: no shared tracebacks
         else:
             fut.set_result(res)  # type: ignore[arg-type]
+
+
+def _gone_error() -> InferError:
+    return InferError("request was cancelled: the client went away", 499, "CANCELED")
+
+
+def _cancel_gone(items: list[_Item]) -> None:
+    """Answer 499 to requests whose client went away (each its own error object)."""
+    for it in items:
+        if not it.fut.done():
+            it.fut.set_exception(_gone_error())
 
 
 class DynamicBatcher(Scheduler):
@@ -261,6 +272,11 @@ class DynamicBatcher(Scheduler):
             if item.state == _QUEUED:
                 self._drop(item)
             raise
+        finally:
+            # A failed future's exception carries a traceback through this frame: without
+            # this, future -> exception -> traceback -> frame -> future would be a cycle
+            # keeping the request's tensors until a full garbage collection.
+            fut = item = None  # type: ignore[assignment]
 
     def _kick(self) -> None:
         self._kicked = False
@@ -415,10 +431,7 @@ class DynamicBatcher(Scheduler):
         self._compact()
         self._reset_scan()
         if gone:
-            err = InferError("request was cancelled: the client went away", 499, "CANCELED")
-            for it in gone:
-                if not it.fut.done():
-                    it.fut.set_exception(err)
+            _cancel_gone(gone)
         if not live:
             self.pool.release(instance)
             return
@@ -434,15 +447,33 @@ class DynamicBatcher(Scheduler):
         task.add_done_callback(self._tasks.discard)
 
     async def _execute(self, instance: Any, items: list[_Item]) -> list[ExecResult]:
-        """Run one batch on ``instance`` (released afterwards); one result per item."""
+        """Run one batch on ``instance`` (released afterwards); one result per item.
+
+        Requests whose client went away since the batch was formed are answered 499
+        here, right before the batch reaches the instance, and do not run.
+        """
         try:
-            return await run_batch(instance, [it.req for it in items], self.stats)
+            gone = [
+                it for it in items if it.req.request.cancelled is not None and is_cancelled(it.req)
+            ]
+            if not gone:
+                return await run_batch(instance, [it.req for it in items], self.stats)
+            _cancel_gone(gone)
+            skip = {id(it) for it in gone}
+            live = [it for it in items if id(it) not in skip]
+            results = (
+                iter(await run_batch(instance, [it.req for it in live], self.stats))
+                if live
+                else iter(())
+            )
+            # the cancelled ones' futures are already done: _deliver skips them
+            return [_gone_error() if id(it) in skip else next(results) for it in items]
         except asyncio.CancelledError:
             _deliver(items, [unavailable("batch cancelled: the model is unloading")] * len(items))
             raise
         except Exception as e:  # run_batch catches model errors; this is a safety net
             log.exception("dynamic batcher of %s failed to run a batch", self.name)
-            return [InferError(f"{type(e).__name__}: {e}", 500)] * len(items)
+            return [InferError(f"{type(e).__name__}: {e}", 500) for _ in items]
         finally:
             self.pool.release(instance)
 
@@ -516,21 +547,39 @@ class DynamicBatcher(Scheduler):
 
     # -- shutdown -------------------------------------------------------------
 
-    async def close(self) -> None:
-        """Stop accepting; fail what is still queued with 503; wait for running batches."""
+    async def close(self, timeout: float | None = None) -> bool:
+        """Stop accepting; fail what is still queued with 503; wait for running batches.
+
+        Returns:
+            True when no batch is running any more; False when some were still
+            running after ``timeout`` s (they keep running: the caller stops the
+            instances, which fails them, or calls :meth:`cancel_running`).
+        """
         self._closed = True
         for timer in (self._timer, self._expiry_timer):
             if timer is not None:
                 timer.cancel()
         self._timer = self._expiry_timer = None
-        err = unavailable(f"model '{self.name}' was unloaded before the request ran")
+        message = f"model '{self.name}' was unloaded before the request ran"
         for q in self._queues:
             while q:
                 it = q.popleft()
                 if it.state == _QUEUED:
                     self._drop(it)
                     if not it.fut.done():
-                        it.fut.set_exception(err)
+                        it.fut.set_exception(unavailable(message))
         self._reset_scan()
         if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            if timeout is not None and timeout <= 0:
+                return False
+            _, pending = await asyncio.wait(list(self._tasks), timeout=timeout)
+            return not pending
+        return True
+
+    async def cancel_running(self) -> None:
+        """Cancel the batches still running: their requests get a 503 at once."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)

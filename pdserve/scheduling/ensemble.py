@@ -25,7 +25,7 @@ the tensors it reads exist, so independent steps run concurrently; each step's
 request goes through that step model's own scheduler
 (``InferenceServer.infer_on``), so the predictor step batches across concurrent
 pipeline requests and shows in that model's statistics. Only the steps needed for
-the requested outputs run. An error in a step fails that ensemble request with the
+the requested outputs run. When the client goes away, no further step starts (499). An error in a step fails that ensemble request with the
 step's error (message and status) unchanged; other requests are untouched. The
 ensemble itself has no instances and no instance limit.
 """
@@ -42,7 +42,7 @@ import numpy as np
 
 from pdserve import config as cfgmod
 from pdserve.backends.base import Backend, ExecRequest, ModelInstance, ModelSpec
-from pdserve.scheduling.base import InstancePool, Scheduler
+from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled
 from pdserve.types import InferError, InferRequest, RequestedOutput
 
 if TYPE_CHECKING:
@@ -409,6 +409,14 @@ class EnsembleScheduler(Scheduler):
         running: dict[asyncio.Task[dict[str, np.ndarray]], EnsembleStep] = {}
 
         def launch_ready() -> None:
+            if todo and is_cancelled(request):
+                # the client went away: run no further step
+                raise InferError(
+                    f"request was cancelled: the client went away (ensemble '{plan.name}' "
+                    "stopped between steps)",
+                    499,
+                    "CANCELED",
+                )
             for index in sorted(todo):
                 step = plan.steps[index]
                 if step.reads.issubset(tensors):
@@ -432,6 +440,10 @@ class EnsembleScheduler(Scheduler):
                 task.cancel()
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
+            # a failed step's error has a traceback through this frame, and the tasks
+            # hold that error: drop them here so that no cycle keeps the tensors alive
+            running.clear()
+            done = task = None  # type: ignore[assignment]
         missing = [n for n in wanted if n not in tensors]
         if missing or todo:
             raise InferError(

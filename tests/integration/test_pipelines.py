@@ -175,3 +175,122 @@ def test_an_empty_batch_is_refused(client: httpclient.InferenceServerClient) -> 
     with pytest.raises(InferenceServerException) as info:
         client.infer("image_classifier", [tensor])
     assert info.value.status() == "400"
+
+
+def _png(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (width, height)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A ~100-byte PNG whose header declares ``width x height`` pixels."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"\0" * 10))
+        + chunk(b"IEND", b"")
+    )
+
+
+def test_hostile_images_fail_only_their_own_request(
+    client: httpclient.InferenceServerClient, images: dict
+) -> None:
+    """Decompression bombs (90-179 megapixels declared in ~100 bytes: Pillow's warning
+    used to escape execute() and fail the whole batch with 500) and extreme aspect
+    ratios (3000x1: 760 MB once the shorter side is resized to 256) are 400s for their
+    request, refused from the header; the good requests batched with them succeed."""
+    good_raw = images["image_bytes_coffee"].tobytes()
+    row = list(images["names"]).index("coffee")
+    want = (images["top5_labels"][row], images["top5_confidences"][row])
+    bad_cases = [
+        (_png_header(10000, 9000), "over this model's limit of 40.0 megapixels"),
+        (_png_header(13000, 13000), "over this model's limit of 40.0 megapixels"),
+        (_png(3000, 1), "aspect ratio 3000.0:1 is over this model's limit of 16:1"),
+        (_png(1, 4000), "parameter max_aspect_ratio"),
+        (_png_header(5000, 10), "aspect ratio"),
+    ]
+    for _ in range(2):
+        good = [
+            client.async_infer("image_classifier", [_image_input([good_raw])]) for _ in range(6)
+        ]
+        bad = [(client.async_infer("preprocess", [_image_input([b])]), w) for b, w in bad_cases]
+        bad += [
+            (client.async_infer("image_classifier", [_image_input([good_raw, b])]), w)
+            for b, w in bad_cases
+        ]
+        good += [
+            client.async_infer("image_classifier", [_image_input([good_raw])]) for _ in range(6)
+        ]
+        for pending, words in bad:
+            with pytest.raises(InferenceServerException) as info:
+                pending.get_result()
+            assert info.value.status() == "400", info.value.message()
+            assert words in info.value.message(), info.value.message()
+        for pending in good:
+            r = pending.get_result()
+            _assert_top5(r.as_numpy("top5_labels")[0], r.as_numpy("top5_confidences")[0], *want)
+    # a 16:1 image is still accepted
+    ok = client.infer("preprocess", [_image_input([_png(16 * 20, 20)])])
+    assert ok.as_numpy("image_tensor").shape == (1, 3, 224, 224)
+
+
+def test_long_texts_are_truncated_like_sentence_transformers(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """all-MiniLM-L6-v2's max_seq_length is 256 word pieces: longer texts are cut there
+    (minilm itself would fail past 512 positions), so texts that differ only after
+    the first 256 word pieces have the same embedding."""
+    head = " ".join(f"word{i}" for i in range(400))
+    a = (head + " and then something about cats " * 50).encode()
+    b = (head + " while this one talks about the stock market " * 80).encode()
+    result = client.infer("text_embedding", [_text_input([a, b, b"short text"])])
+    got = result.as_numpy("embedding")
+    assert got.shape == (3, 384)
+    np.testing.assert_allclose(got[0], got[1], atol=1e-5)
+    assert float(got[0] @ got[2]) < 0.99
+
+
+def test_pool_refuses_mismatched_lengths(client: httpclient.InferenceServerClient) -> None:
+    tokens = httpclient.InferInput("token_embeddings", [1, 4, 384], "FP32")
+    tokens.set_data_from_numpy(np.full((1, 4, 384), 0.1, np.float32))
+    mask = httpclient.InferInput("attention_mask", [1, 7], "INT64")
+    mask.set_data_from_numpy(np.ones((1, 7), np.int64))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("pool", [tokens, mask])
+    assert info.value.status() == "400", info.value.message()
+    assert "attention_mask" in info.value.message()
+
+
+def test_non_utf8_string_to_an_onnx_model_is_400(client: httpclient.InferenceServerClient) -> None:
+    meta = client.get_model_metadata("tiny_dtypes")
+    inputs = []
+    for spec in meta["inputs"]:
+        shape = [1 if d == -1 else d for d in spec["shape"]]
+        t = httpclient.InferInput(spec["name"], shape, spec["datatype"])
+        if spec["datatype"] == "BYTES":
+            t.set_data_from_numpy(np.full(shape, b"\xff", dtype=object))
+        else:
+            dtype = {"BOOL": np.bool_}.get(spec["datatype"])
+            if dtype is None:
+                from tritonclient.utils import triton_to_np_dtype
+
+                dtype = triton_to_np_dtype(spec["datatype"])
+            t.set_data_from_numpy(np.zeros(shape, dtype=dtype))
+        inputs.append(t)
+    assert any(i.datatype() == "BYTES" for i in inputs)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("tiny_dtypes", inputs)
+    assert info.value.status() == "400", info.value.message()
+    assert "not valid UTF-8" in info.value.message()
+    assert "IN_STRING" in info.value.message()

@@ -441,9 +441,16 @@ def test_graceful_shutdown_finishes_in_flight(tmp_path: Path) -> None:
         threads = [threading.Thread(target=slow) for _ in range(6)]
         for t in threads:
             t.start()
+
         # 2 instances run two; wait until some of the others are queued in the server
         # (on a loaded machine the six clients may not all be in at once)
-        wait_for(lambda: pending(server, "efficientnet_lite0") >= 2, "2 queued requests", 60)
+        # ... and until all six are in: 2 running + the queued + those already answered
+        # (a client that connects only after SIGTERM would rightly get a 503)
+        def all_in() -> bool:
+            queued = pending(server, "efficientnet_lite0")
+            return queued >= 2 and len(outcomes) + 2 + queued >= 6
+
+        wait_for(all_in, "2 queued requests and all 6 accepted", 60)
         accepted_before = len(outcomes)
         t_term = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
@@ -472,7 +479,7 @@ def test_graceful_shutdown_finishes_in_flight(tmp_path: Path) -> None:
     assert accepted_before < 6, "the slow requests finished before SIGTERM: nothing to check"
     assert finished_when_unready < 6, "readiness went false only after the work was done"
     assert "StatusCode.UNAVAILABLE" in str(rejected.value.status())
-    assert outcomes == [(16, 1000)] * 6, outcomes
+    assert outcomes == [(16, 1000)] * 6, [str(o) for o in outcomes]
     assert code == 0
     assert exit_secs < 60
     assert "pdserve stopped" in server.log()
@@ -513,3 +520,78 @@ def test_exit_timeout_bounds_shutdown(tmp_path: Path) -> None:
     assert code == 0
     assert exit_secs < 15, exit_secs
     assert not any(t.is_alive() for t in threads)
+
+
+def _descendants(pid: int) -> set[int]:
+    rows = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            rows.append((int(entry), int(fields[1])))
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        for child, ppid in rows:
+            if ppid == parent and child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_exit_timeout_bounds_shutdown_with_a_hung_python_model(tmp_path: Path) -> None:
+    """A python model whose execute never returns (here: sleeps for an hour) must not
+    keep SIGTERM from finishing: after --exit-timeout-secs the request in flight gets
+    a 503, the stuck worker is killed, and the process exits 0 with no worker left."""
+    data = Path(__file__).resolve().parents[1] / "data" / "python_models"
+    repo = tmp_path / "repo"
+    shutil.copytree(data / "sleepy", repo / "sleepy")
+    with open(repo / "sleepy" / "config.pbtxt", "a") as f:
+        f.write("dynamic_batching { }\n")  # the batcher used to wait for its batch forever
+    server = start_server(repo, tmp_path / "pdserve.log", "--exit-timeout-secs=2")
+    outcome: list[Any] = []
+
+    def hang() -> None:
+        c = grpcclient.InferenceServerClient(server.grpc_url)
+        inp = grpcclient.InferInput("X", [1], "FP32")
+        inp.set_data_from_numpy(np.array([3600.0], np.float32))
+        try:
+            c.infer("sleepy", [inp], client_timeout=60)
+            outcome.append("ok")
+        except InferenceServerException as e:
+            outcome.append(e)
+
+    try:
+        workers = _descendants(server.proc.pid)
+        assert workers, "no worker processes found"
+        thread = threading.Thread(target=hang)
+        thread.start()
+        wait_for(lambda: pending(server, "sleepy") == 0, "the request to start", 10)
+        time.sleep(0.5)
+        t_term = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(30)
+        exit_secs = time.monotonic() - t_term
+        thread.join(30)
+    finally:
+        server.stop(signal.SIGKILL)
+    assert code == 0, server.log()[-3000:]
+    assert exit_secs < 10, exit_secs  # 2 s + the kill grace, not the 10 s finalize wait
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in workers if _alive(p)], "worker processes left behind"
+    assert len(outcome) == 1 and isinstance(outcome[0], InferenceServerException), outcome
+    assert "UNAVAILABLE" in str(outcome[0].status()), outcome[0]

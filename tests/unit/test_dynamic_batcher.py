@@ -419,3 +419,130 @@ def test_deadline_heap_does_not_keep_finished_requests() -> None:
         assert len(b._deadlines) <= 2 * 50 + 64 + 1
 
     asyncio.run(main())
+
+
+class FailingInstance(ModelInstance):
+    """Fails every request of every batch (one error object for the whole batch)."""
+
+    name = "failing_0"
+
+    async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
+        raise InferError("the model failed", 500)
+
+
+def test_a_failed_request_is_freed_without_the_cyclic_gc() -> None:
+    """future -> exception -> traceback -> frame -> future cycles would keep every failed
+    request's tensors until a full collection; with the GC off they must still go."""
+    import gc
+    import weakref
+
+    async def main() -> None:
+        cfg = mc.ModelConfig(name="fake", max_batch_size=8)
+        cfg.dynamic_batching.SetInParent()
+        model = SimpleNamespace(name="fake", config=cfg, inputs={"IN": IOSpec("IN", "FP32", [4])})
+        b = DynamicBatcher(InstancePool([FailingInstance()]), ModelStats("fake", "1"), model)  # type: ignore[arg-type]
+        refs = []
+        reqs = [request(float(i)) for i in range(4)]
+        refs = [weakref.ref(r.inputs["IN"]) for r in reqs]
+        results = await submit_all(b, reqs)
+        assert all(isinstance(r, InferError) and r.status == 500 for r in results)
+        assert len({id(r) for r in results}) == 4, "requests must not share one error"
+        del reqs, results
+        await asyncio.sleep(0)
+        alive = [r for r in refs if r() is not None]
+        assert not alive, gc.get_referrers(alive[0]())
+
+    gc.collect()
+    gc.disable()
+    try:
+        asyncio.run(main())
+    finally:
+        gc.enable()
+
+
+def test_a_client_gone_after_batching_does_not_reach_the_instance() -> None:
+    async def main() -> None:
+        b, (inst,), log, _ = make_batcher(max_batch_size=8)
+        gone = [False]
+        req = request(1)
+        req.request.cancelled = lambda: gone[0]
+        task = asyncio.ensure_future(b.submit(req))
+        kept = asyncio.ensure_future(b.submit(request(2)))
+        await asyncio.sleep(0)  # the batch is formed (dispatched) here ...
+        gone[0] = True  # ... and the client leaves before it runs
+        with pytest.raises(InferError) as e:
+            await task
+        assert e.value.status == 499
+        np.testing.assert_array_equal((await kept)["OUT"], expected(2))
+        assert [s for _, s in log] == [[1]]
+
+    asyncio.run(main())
+
+
+def test_close_with_a_timeout_does_not_wait_for_a_stuck_batch() -> None:
+    async def main() -> None:
+        b, (inst,), _, _ = make_batcher(max_batch_size=8)
+        inst.gate = asyncio.Event()  # never set: the batch hangs
+        stuck = asyncio.ensure_future(b.submit(request(1)))
+        await asyncio.sleep(0.01)
+        start = time.monotonic()
+        assert await b.close(0.2) is False
+        assert time.monotonic() - start < 1
+        await b.cancel_running()
+        with pytest.raises(InferError) as e:
+            await stuck
+        assert e.value.status == 503
+
+    asyncio.run(main())
+
+
+def test_server_frees_a_failed_batched_requests_inputs_without_the_gc(tmp_path: Any) -> None:
+    """In-process InferenceServer, a batching ONNX model whose run fails (Reshape of 4
+    values to [-1, 3]): with the cyclic GC off, the failed requests' inputs are freed."""
+    import gc
+    import weakref
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    from pdserve.server import InferenceServer
+
+    x = helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 3])
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [-1, 3])
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["INPUT0", "shape"], ["OUTPUT0"])], "bad", [x], [y], [shape]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (tmp_path / "bad" / "1").mkdir(parents=True)
+    onnx.save(model, str(tmp_path / "bad" / "1" / "model.onnx"))
+    (tmp_path / "bad" / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        "dynamic_batching { max_queue_delay_microseconds: 2000 }\n"
+    )
+
+    async def main() -> None:
+        server = InferenceServer(tmp_path)
+        await server.start()
+        try:
+            arrays = [np.ones((1, 4), np.float32) for _ in range(4)]
+            refs = [weakref.ref(a) for a in arrays]
+            reqs = [InferRequest("bad", inputs={"INPUT0": a}) for a in arrays]
+            del arrays
+            results = await asyncio.gather(*(server.infer(r) for r in reqs), return_exceptions=True)
+            assert all(isinstance(r, InferError) and r.status == 500 for r in results), results
+            assert server.manager.get("bad").stats.as_dict()["execution_count"] >= 1
+            del reqs, results
+            await asyncio.sleep(0)
+            alive = [r() for r in refs if r() is not None]
+            assert not alive, [type(o).__name__ for o in gc.get_referrers(alive[0])]
+        finally:
+            await server.stop(5)
+
+    gc.collect()
+    gc.disable()
+    try:
+        asyncio.run(main())
+    finally:
+        gc.enable()

@@ -317,10 +317,16 @@ class WorkerConnection:
         )
         if not self.stopping:
             log.error("%s", description)
-        error = InferError(
-            f"{description} while executing this request; the worker is being restarted",
-            500,
-        )
+            error = InferError(
+                f"{description} while executing this request; the worker is being restarted",
+                500,
+            )
+        else:  # stopped by us: the model is unloading or the server is shutting down
+            error = InferError(
+                f"{description}: the model is unloading or the server is shutting down "
+                "and this request did not finish in time",
+                503,
+            )
         if self.batch is not None and not self.batch[1].done():
             self.batch[1].set_exception(error)
             self.batch = None
@@ -399,6 +405,9 @@ class WorkerConnection:
                 raise
         finally:
             self.pool.free_many(blocks)
+            # a failed future's exception has a traceback through this frame:
+            # future -> exception -> traceback -> frame -> future would be a cycle
+            future = None  # type: ignore[assignment]
 
     def read_outputs(self, outputs: list[tuple[str, shm.TensorDesc]]) -> dict[str, np.ndarray]:
         """Views of a result's output tensors (released when garbage-collected)."""
@@ -667,14 +676,16 @@ class PythonInstance(ModelInstance):
             task = self._begin_restart()
         try:
             return await asyncio.shield(task)
-        except InferError:
-            raise
+        except InferError as e:
+            raise e.fresh() from None
         except Exception as e:
             raise InferError(
                 f"python model instance '{self.name}' is unavailable: its worker process "
                 f"died and could not be restarted: {e}",
                 503,
             ) from None
+        finally:
+            task = None  # type: ignore[assignment]  # no task -> error -> frame cycle
 
     async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
         """Run ``batch`` in the worker: one ``execute(requests)`` call, one result each."""
@@ -682,8 +693,7 @@ class PythonInstance(ModelInstance):
         results, batch_error = await conn.run_batch(batch)
         if batch_error is not None:
             message, code = batch_error
-            error = InferError(message, ERROR_CODE_TO_HTTP.get(code, 500))
-            return [error] * len(batch)
+            return [InferError(message, ERROR_CODE_TO_HTTP.get(code, 500)) for _ in batch]
         assert results is not None
         out: list[ExecResult] = []
         for request, result in zip(batch, results, strict=True):
@@ -722,6 +732,18 @@ class PythonInstance(ModelInstance):
                     500,
                 )
         return {name: outputs[name] for name in request.output_names}
+
+    async def abort(self, grace: float) -> None:
+        """Stop the worker now: ``finalize`` if it answers within ``grace`` s, else SIGKILL.
+
+        A batch still running in it fails with 503 (the worker is not restarted).
+        """
+        self._closing = True
+        if self._restarting is not None:
+            self._restarting.cancel()
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            await conn.stop(grace)
 
     async def close(self) -> None:
         """Stop the worker (``finalize`` runs) and release its shared memory."""
