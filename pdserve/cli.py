@@ -84,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=64 * 1024 * 1024,
         help="largest HTTP request body accepted, after decompression (default 64 MiB)",
     )
+    serve.add_argument(
+        "--http-body-timeout-secs",
+        type=float,
+        default=60.0,
+        help="longest wait for the next piece of an HTTP request body before answering 408 "
+        "and closing the connection; 0 waits forever (default 60)",
+    )
     for add_arguments, _ in SERVE_EXTENSIONS:
         add_arguments(serve)
     for add_command in COMMANDS:
@@ -128,7 +135,11 @@ async def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_event.set)
 
-    app = create_http_app(server, max_request_bytes=args.max_request_bytes)
+    app = create_http_app(
+        server,
+        max_request_bytes=args.max_request_bytes,
+        body_timeout=args.http_body_timeout_secs,
+    )
     http = serve_http(app, args.host, args.http_port)
     http_task = asyncio.create_task(http.serve())
     stoppers = []

@@ -117,7 +117,10 @@ def deserialize_bytes_tensor(buffer: bytes | memoryview, count: int | None = Non
 
     Args:
         buffer: concatenated ``<uint32 LE length><bytes>`` elements.
-        count: the number of elements the shape calls for, if known.
+        count: the number of elements the shape calls for, if known. Then the buffer
+            must hold at least ``4 * count`` bytes (checked before parsing) and parsing
+            stops at the first element past ``count``, so a buffer of millions of
+            zero-length elements costs nothing when the shape calls for a few.
 
     Raises:
         InferError(400): an element's length runs past the buffer, or the element
@@ -125,20 +128,32 @@ def deserialize_bytes_tensor(buffer: bytes | memoryview, count: int | None = Non
     """
     mv = memoryview(buffer)
     n = len(mv)
+    if count is not None and n < 4 * count:
+        raise InferError(
+            f"BYTES tensor data is truncated: its {n} bytes hold at most {n // 4} elements "
+            f"but its shape calls for {count} (each element needs a 4-byte length prefix)"
+        )
+    limit = n if count is None else count
     items: list[bytes] = []
+    append = items.append
     offset = 0
     unpack = struct.Struct("<I").unpack_from
     while offset < n:
+        if len(items) >= limit:
+            raise InferError(
+                f"BYTES tensor holds more than {count} elements but its shape calls for {count}"
+            )
         if offset + 4 > n:
             raise InferError("BYTES tensor data is truncated: a length prefix runs past the end")
         (length,) = unpack(mv, offset)
         offset += 4
-        if offset + length > n:
+        end = offset + length
+        if end > n:
             raise InferError(
                 f"BYTES tensor data is truncated: element of {length} bytes runs past the end"
             )
-        items.append(bytes(mv[offset : offset + length]))
-        offset += length
+        append(bytes(mv[offset:end]))
+        offset = end
     if count is not None and len(items) != count:
         raise InferError(
             f"BYTES tensor holds {len(items)} elements but its shape calls for {count}"
@@ -146,6 +161,45 @@ def deserialize_bytes_tensor(buffer: bytes | memoryview, count: int | None = Non
     out = np.empty(len(items), dtype=object)
     out[:] = items
     return out
+
+
+#: Most dimensions a tensor shape may have (numpy's own limit is 64).
+MAX_DIMS = 64
+
+#: A shape's element count, counting a 0 dimension as 1, must stay below this: numpy
+#: refuses arrays whose ``size * itemsize`` passes 2**63 even when a 0 dimension makes
+#: them empty, and 2**59 elements of the widest (8-byte) datatype is 2**62 bytes.
+MAX_ELEMENTS = 1 << 59
+
+
+def shape_element_count(shape: list[int], name: str) -> int:
+    """The element count of an input's ``shape`` (1 for ``[]``), checked for use as a
+    numpy shape.
+
+    Raises:
+        InferError(400): a negative dimension, more than :data:`MAX_DIMS` dimensions,
+            or an element count (0 dimensions counted as 1) of :data:`MAX_ELEMENTS` or more.
+    """
+    if len(shape) > MAX_DIMS:
+        raise InferError(
+            f"input '{name}' has {len(shape)} dimensions; at most {MAX_DIMS} are supported"
+        )
+    count = 1
+    span = 1
+    for dim in shape:
+        if dim < 0:
+            raise InferError(
+                f"input '{name}' has shape {shape}: dimensions must be non-negative integers"
+            )
+        count *= dim
+        if dim:
+            span *= dim
+    if span >= MAX_ELEMENTS:
+        raise InferError(
+            f"input '{name}' has shape {shape}: too many elements "
+            f"(the product of its non-zero dimensions must be below 2**59)"
+        )
+    return count
 
 
 def bytes_array(items: Iterable[bytes | str]) -> np.ndarray:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import inspect
 import logging
 import time
@@ -46,10 +47,13 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pdserve.config import config_from_json
 from pdserve.datatypes import (
+    MAX_DIMS,
+    MAX_ELEMENTS,
     V2_TO_NUMPY,
     deserialize_bytes_tensor,
     numpy_to_v2,
     serialize_bytes_tensor,
+    shape_element_count,
 )
 from pdserve.types import InferError, InferRequest, InferResponse, RequestedOutput
 
@@ -125,12 +129,49 @@ def _set_param(p: Any, value: Any) -> None:
 
 
 def _element_count(shape: list[int], name: str) -> int:
+    if len(shape) > MAX_DIMS:
+        raise InferError(
+            f"input '{name}' has {len(shape)} dimensions; at most {MAX_DIMS} are supported"
+        )
     count = 1
     for d in shape:
         if d < 0:
             raise InferError(f"input '{name}' has a negative dimension in shape {shape}")
         count *= d
+    if count >= MAX_ELEMENTS or count == 0:
+        shape_element_count(shape, name)  # raises when the shape is too large for numpy
     return count
+
+
+#: Typed contents fields wider than their datatype: values are range-checked.
+_NARROW_INTS: dict[str, tuple[np.dtype, int, int]] = {
+    dt: (np.dtype(np.int32 if dt[0] == "I" else np.uint32), int(info.min), int(info.max))
+    for dt, info in (
+        ("INT8", np.iinfo(np.int8)),
+        ("INT16", np.iinfo(np.int16)),
+        ("UINT8", np.iinfo(np.uint8)),
+        ("UINT16", np.iinfo(np.uint16)),
+    )
+}
+
+
+def _typed_contents_array(values: Any, datatype: str, name: str) -> np.ndarray:
+    """A fixed-size input's typed ``contents`` as a 1-D array, range-checked for the
+    datatypes narrower than their field (INT8/INT16 in ``int_contents``, UINT8/UINT16
+    in ``uint_contents``)."""
+    narrow = _NARROW_INTS.get(datatype)
+    if narrow is None:
+        return np.array(values, dtype=V2_TO_NUMPY[datatype])
+    wide, lo, hi = narrow
+    arr = np.array(values, dtype=wide)
+    if arr.size:
+        low, high = int(arr.min()), int(arr.max())
+        if low < lo or high > hi:
+            bad = low if low < lo else high
+            raise InferError(
+                f"input '{name}' value {bad} is out of range for {datatype} [{lo}, {hi}]"
+            )
+    return arr.astype(V2_TO_NUMPY[datatype])
 
 
 def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) -> InferRequest:
@@ -138,6 +179,8 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
 
     Raises:
         InferError(400): unknown datatype, data whose size disagrees with the shape,
+            a shape of more than 64 dimensions or 2**59 elements or more, typed
+            contents out of range for the datatype (INT8/INT16/UINT8/UINT16),
             raw and typed contents mixed, a raw-contents count that is not the input
             count, FP16 sent as typed contents, shared-memory inputs or outputs.
     """
@@ -200,7 +243,7 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
                 arr[:] = list(values)
                 arr = arr.reshape(shape)
             else:
-                arr = np.array(values, dtype=V2_TO_NUMPY[datatype]).reshape(shape)
+                arr = _typed_contents_array(values, datatype, name).reshape(shape)
         inputs[name] = arr
     outputs: list[RequestedOutput] | None = None
     if msg.outputs:
@@ -252,6 +295,57 @@ def encode_infer_response(response: InferResponse) -> service_pb2.ModelInferResp
     for k, v in response.parameters.items():
         _set_param(msg.parameters[k], v)
     return msg
+
+
+#: Requests whose tensor payload is over this many bytes are decoded, and responses
+#: whose outputs are over it encoded, on a worker thread: parsing millions of BYTES
+#: elements would otherwise stall every other call on the event loop. Smaller ones
+#: stay on the loop (a thread hop costs more than they take).
+OFFLOAD_BYTES = 1 << 20
+
+_codec_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _codec_pool
+    if _codec_pool is None:
+        _codec_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="pdserve-grpc-codec"
+        )
+    return _codec_pool
+
+
+def _payload_bytes(msg: service_pb2.ModelInferRequest) -> int:
+    """About how many bytes of tensor data ``msg`` carries (cheap: no element walk)."""
+    total = 0
+    for raw in msg.raw_input_contents:
+        total += len(raw)
+    if total:
+        return total
+    for tensor in msg.inputs:
+        field = _CONTENTS_FIELD.get(tensor.datatype)
+        if field is not None and tensor.HasField("contents"):
+            total += 8 * len(getattr(tensor.contents, field))
+    return total
+
+
+async def _decode_off_loop(msg: service_pb2.ModelInferRequest, arrival_ns: int) -> InferRequest:
+    """:func:`decode_infer_request`, on a worker thread when the payload is large."""
+    if _payload_bytes(msg) <= OFFLOAD_BYTES:
+        return decode_infer_request(msg, arrival_ns)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_pool(), decode_infer_request, msg, arrival_ns)
+
+
+async def _encode_off_loop(response: InferResponse) -> service_pb2.ModelInferResponse:
+    """:func:`encode_infer_response`, on a worker thread when the outputs are large."""
+    size = 0
+    for arr in response.outputs.values():
+        size += getattr(arr, "nbytes", 0)
+    if size <= OFFLOAD_BYTES:
+        return encode_infer_response(response)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_pool(), encode_infer_response, response)
 
 
 def _metadata_response(meta: dict[str, Any]) -> service_pb2.ModelMetadataResponse:
@@ -367,9 +461,9 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         """One inference request."""
         arrival_ns = time.monotonic_ns()
         try:
-            req = decode_infer_request(request, arrival_ns)
+            req = await _decode_off_loop(request, arrival_ns)
             req.cancelled = context.cancelled
-            return encode_infer_response(await self.server.infer(req))
+            return await _encode_off_loop(await self.server.infer(req))
         except InferError as e:
             await context.abort(grpc_status(e), e.message)
         except (grpc.aio.AbortError, grpc.RpcError):
@@ -395,8 +489,8 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         async def one(request: service_pb2.ModelInferRequest, arrival_ns: int) -> None:
             try:
-                req = decode_infer_request(request, arrival_ns)
-                resp = encode_infer_response(await self.server.infer(req))
+                req = await _decode_off_loop(request, arrival_ns)
+                resp = await _encode_off_loop(await self.server.infer(req))
                 msg = service_pb2.ModelStreamInferResponse(infer_response=resp)
             except InferError as e:
                 msg = service_pb2.ModelStreamInferResponse(error_message=e.message)

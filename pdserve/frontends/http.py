@@ -28,8 +28,10 @@ Errors are ``{"error": message}``: an :class:`~pdserve.types.InferError` with it
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import concurrent.futures
 import contextlib
 import functools
 import inspect
@@ -50,6 +52,7 @@ from pdserve.frontends.v2_codec import (
 from pdserve.types import InferError
 
 __all__ = [
+    "DEFAULT_BODY_TIMEOUT_SECS",
     "DEFAULT_MAX_REQUEST_BYTES",
     "HttpApp",
     "QuietServer",
@@ -66,6 +69,28 @@ Send = Callable[[Message], Awaitable[None]]
 
 #: Default limit on a request body, compressed and decompressed: 64 MiB.
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
+#: Default longest wait for the next piece of a request body, in seconds; a client
+#: that stalls longer gets 408 and the connection is closed.
+DEFAULT_BODY_TIMEOUT_SECS = 60.0
+
+#: Request bodies (after decompression) over this many bytes are decoded, and
+#: responses whose outputs hold more than this many bytes are encoded, on a worker
+#: thread so that the event loop keeps answering other requests. Smaller ones stay
+#: on the loop: a thread hop costs more than they take.
+OFFLOAD_BYTES = 1 << 20
+
+#: Compressed bodies over this many bytes are decompressed on a worker thread (zlib
+#: expands up to ~1000:1, so 8 KiB may become 8 MiB).
+_INLINE_DECOMPRESS_BYTES = 8 * 1024
+
+#: Most gzip members one body may hold (a bgzip file of the largest default body has
+#: about 1024); more is answered 400.
+MAX_GZIP_MEMBERS = 4096
+
+#: Compressed input is fed to zlib this many bytes at a time, so that what is left
+#: after each gzip member (``unused_data``) is a small copy, not the rest of the body.
+_FEED_BYTES = 16 * 1024
 
 #: Above this many bytes a response with binary outputs is sent part by part (the JSON
 #: header, then each output's buffer) instead of being joined into one bytes object.
@@ -90,6 +115,28 @@ class _ClientGoneError(Exception):
     """The client disconnected before the whole body arrived: nothing to answer."""
 
 
+class _BodyTimeoutError(Exception):
+    """The client stopped sending the body; answered 408 and the connection closed."""
+
+
+_codec_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The small worker pool that decodes / decompresses / encodes large bodies."""
+    global _codec_pool
+    if _codec_pool is None:
+        _codec_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="pdserve-http-codec"
+        )
+    return _codec_pool
+
+
+async def _off_loop(func: Callable[..., Any], *args: Any) -> Any:
+    """Run ``func(*args)`` on the codec pool and wait for it."""
+    return await asyncio.get_running_loop().run_in_executor(_pool(), func, *args)
+
+
 class HttpApp:
     """The V2 REST ASGI application around one ``InferenceServer``.
 
@@ -100,11 +147,20 @@ class HttpApp:
             ``async load_model``, ``async unload_model``). Methods may be sync or async.
         max_request_bytes: the largest request body accepted, in bytes, before and
             after ``Content-Encoding`` decompression; larger ones get 413.
+        body_timeout: the longest wait, in seconds, for the next piece of a request
+            body; a client that stalls longer gets 408 and the connection is closed.
+            ``None`` or 0 waits forever.
     """
 
-    def __init__(self, server: Any, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
+    def __init__(
+        self,
+        server: Any,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        body_timeout: float | None = DEFAULT_BODY_TIMEOUT_SECS,
+    ) -> None:
         self.server = server
         self.max_request_bytes = max_request_bytes
+        self.body_timeout = body_timeout or None
         self._infer = server.infer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -133,6 +189,8 @@ class HttpApp:
             return
         except _BodyTooLargeError as exc:
             await _send_json(send, 413, encode_error(str(exc)), close=True)
+        except _BodyTimeoutError as exc:
+            await _send_json(send, 408, encode_error(str(exc)), close=True)
         except Exception as exc:  # noqa: BLE001 - one request must not take the server down
             logger.exception("error serving %s %s", method, path)
             await _send_json(send, 500, encode_error(f"{type(exc).__name__}: {exc}"))
@@ -161,12 +219,28 @@ class HttpApp:
                         f"got {value.decode('latin-1')!r}"
                     )
             elif key == b"content-encoding":
-                encoding = value
+                encoding = value if not encoding else encoding + b"," + value
         body = await self._read_body(receive, content_length, encoding)
-        request = decode_infer_request(body, header_length, model, version, arrival_ns)
+        if len(body) <= OFFLOAD_BYTES:
+            request = decode_infer_request(body, header_length, model, version, arrival_ns)
+        else:
+            request = await _off_loop(
+                decode_infer_request, body, header_length, model, version, arrival_ns
+            )
         request.cancelled = _disconnect_probe(receive)
         response = await self._infer(request)
-        parts, json_length, total = encode_infer_response_parts(response, request)
+        size = 0
+        try:
+            for arr in response.outputs.values():
+                size += arr.nbytes
+        except AttributeError:  # not an array (the encoder converts it): count it small
+            pass
+        if size <= OFFLOAD_BYTES:
+            parts, json_length, total = encode_infer_response_parts(response, request)
+        else:
+            parts, json_length, total = await _off_loop(
+                encode_infer_response_parts, response, request
+            )
         if json_length is None:
             await send(
                 {
@@ -201,6 +275,7 @@ class HttpApp:
         Raises:
             _BodyTooLargeError: the declared, received or decompressed size is over the limit
                 (reading stops there; the rest is never held in memory).
+            _BodyTimeoutError: no part of the body came for ``body_timeout`` seconds.
             _ClientGoneError: ``http.disconnect`` came before the end of the body.
             InferError(400 / 415): a corrupt or truncated compressed body / an
                 unsupported ``Content-Encoding``.
@@ -210,7 +285,14 @@ class HttpApp:
             raise _BodyTooLargeError(
                 f"request body of {content_length} bytes exceeds the limit of {limit} bytes"
             )
-        message = await receive()
+        # uvicorn's cycle sets ``message_event`` once body bytes are buffered: then
+        # ``receive()`` returns at once and needs no timer (the small-request path).
+        event = getattr(getattr(receive, "__self__", None), "message_event", None)
+        timeout = self.body_timeout
+        if timeout is None or (event is not None and event.is_set()):
+            message = await receive()
+        else:
+            message = await _receive_within(receive, timeout)
         if message["type"] != "http.request":
             raise _ClientGoneError()
         body: bytes = message.get("body", b"")
@@ -222,7 +304,10 @@ class HttpApp:
                     raise _BodyTooLargeError(
                         f"request body of at least {total} bytes exceeds the limit of {limit} bytes"
                     )
-                message = await receive()
+                if timeout is None:
+                    message = await receive()
+                else:
+                    message = await _receive_within(receive, timeout)
                 if message["type"] != "http.request":
                     raise _ClientGoneError()
                 chunk = message.get("body", b"")
@@ -237,7 +322,12 @@ class HttpApp:
                 f"request body of {len(body)} bytes exceeds the limit of {limit} bytes"
             )
         if encoding:
-            body = _decompress(body, encoding, limit)
+            codings = _parse_encoding(encoding)
+            if codings:
+                if len(body) <= _INLINE_DECOMPRESS_BYTES:
+                    body = _decompress(body, codings, limit)
+                else:
+                    body = await _off_loop(_decompress, body, codings, limit)
         return body
 
     # ----------------------------------------------------------------- other routes
@@ -394,12 +484,16 @@ class HttpApp:
             if key == b"content-length":
                 content_length = _int_header(value, -1)
             elif key == b"content-encoding":
-                encoding = value
+                encoding = value if not encoding else encoding + b"," + value
         body = await self._read_body(receive, content_length, encoding)
         if not body.strip():
             return {}
         try:
-            doc = orjson.loads(body)
+            doc = (
+                orjson.loads(body)
+                if len(body) <= OFFLOAD_BYTES
+                else await _off_loop(orjson.loads, body)
+            )
         except orjson.JSONDecodeError as exc:
             raise InferError(f"failed to parse the request JSON: {exc}") from None
         if type(doc) is not dict:
@@ -413,18 +507,25 @@ class HttpApp:
         return method
 
 
-def create_http_app(server: Any, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> HttpApp:
+def create_http_app(
+    server: Any,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    body_timeout: float | None = DEFAULT_BODY_TIMEOUT_SECS,
+) -> HttpApp:
     """Build the V2 REST ASGI application for ``server``.
 
     Args:
         server: the ``InferenceServer`` (see :class:`HttpApp` for the methods used).
         max_request_bytes: request body limit in bytes (compressed and decompressed);
             default 64 MiB. Larger bodies get 413 and the connection is closed.
+        body_timeout: seconds to wait for each next piece of a request body (default
+            60); a stalled client gets 408 and the connection is closed. ``None`` or 0:
+            no limit.
 
     Returns:
         An ASGI 3 callable ``app(scope, receive, send)``.
     """
-    return HttpApp(server, max_request_bytes)
+    return HttpApp(server, max_request_bytes, body_timeout)
 
 
 def serve_http(
@@ -530,51 +631,107 @@ def _disconnect_probe(receive: Receive) -> Callable[[], bool] | None:
     return None
 
 
-def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
-    """Undo ``Content-Encoding: gzip | x-gzip | deflate | identity`` (RFC 9110 8.4.1),
-    keeping the output within ``limit`` bytes.
+async def _receive_within(receive: Receive, timeout: float) -> Message:
+    """``await receive()``, giving up after ``timeout`` seconds with 408."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await receive()
+    except TimeoutError:
+        raise _BodyTimeoutError(
+            f"the request body did not arrive: nothing received for {timeout:g} seconds"
+        ) from None
 
-    ``deflate`` is the zlib format (what ``tritonclient`` sends); raw deflate streams are
-    accepted too. gzip bodies may hold several members.
+
+def _parse_encoding(encoding: bytes) -> list[str]:
+    """The codings of a ``Content-Encoding`` value (a comma-separated list, RFC 9110
+    8.4), in the order to undo them (the reverse of the order applied), without
+    ``identity``.
 
     Raises:
-        InferError(415): any other encoding.
-        InferError(400): corrupt or truncated data.
+        InferError(415): a coding other than gzip, x-gzip, deflate or identity.
+    """
+    names = [n.strip().lower() for n in encoding.decode("latin-1").split(",")]
+    codings: list[str] = []
+    for name in reversed(names):
+        if name in ("", "identity"):
+            continue
+        if name not in ("gzip", "x-gzip", "deflate"):
+            raise InferError(
+                f"unsupported Content-Encoding '{name}'; expected gzip, deflate or identity",
+                415,
+            )
+        codings.append(name)
+    return codings
+
+
+def _decompress(body: bytes, codings: list[str], limit: int) -> bytes:
+    """Undo ``Content-Encoding`` codings (from :func:`_parse_encoding`: gzip, x-gzip,
+    deflate; RFC 9110 8.4.1) one after another, keeping each output within ``limit``
+    bytes.
+
+    ``deflate`` is the zlib format (what ``tritonclient`` sends); raw deflate streams are
+    accepted too. gzip bodies may hold several members, at most :data:`MAX_GZIP_MEMBERS`.
+    Time is linear in the body size, however many members it holds.
+
+    Raises:
+        InferError(400): corrupt or truncated data, or too many gzip members.
         _BodyTooLargeError: the decompressed size goes over ``limit``.
     """
-    name = encoding.decode("latin-1").strip().lower()
-    if name in ("", "identity"):
-        return body
-    if name in ("gzip", "x-gzip"):
-        wbits = _GZIP_WBITS
-    elif name == "deflate":
+    for name in codings:
+        body = _inflate(body, name, limit)
+    return body
+
+
+def _inflate(body: bytes, name: str, limit: int) -> bytes:
+    """Undo one coding (see :func:`_decompress`)."""
+    if name == "deflate":
         # zlib-wrapped (RFC 1950 header: CM=8, header checksum) or raw deflate (RFC 1951).
         zlib_header = len(body) >= 2 and body[0] & 0x0F == 8 and (body[0] << 8 | body[1]) % 31 == 0
         wbits = _ZLIB_WBITS if zlib_header else -zlib.MAX_WBITS
     else:
-        raise InferError(
-            f"unsupported Content-Encoding '{name}'; expected gzip, deflate or identity", 415
-        )
+        wbits = _GZIP_WBITS
+    view = memoryview(body)
+    size = len(view)
     out: list[bytes] = []
     produced = 0
-    data = body
+    pos = 0
+    members = 0
     while True:
-        decoder = zlib.decompressobj(wbits)
-        try:
-            chunk = decoder.decompress(data, limit + 1 - produced)
-        except zlib.error as exc:
-            raise InferError(f"could not decompress the {name} request body: {exc}") from None
-        produced += len(chunk)
-        if produced > limit:
-            raise _BodyTooLargeError(
-                f"decompressed request body exceeds the limit of {limit} bytes"
+        members += 1
+        if members > MAX_GZIP_MEMBERS:
+            raise InferError(
+                f"the {name} request body holds more than {MAX_GZIP_MEMBERS} gzip members"
             )
-        out.append(chunk)
-        if not decoder.eof:
-            raise InferError(f"the {name} request body is truncated")
-        data = decoder.unused_data
-        if wbits != _GZIP_WBITS or not data:
+        decoder = zlib.decompressobj(wbits)
+        # Feed the member in pieces that start small and double, so that the copy zlib
+        # makes of the input left over at the member's end (``unused_data``) stays
+        # within a constant factor of the member's own size.
+        feed = 64
+        while True:
+            piece = view[pos : pos + feed]
+            try:
+                chunk = decoder.decompress(piece, limit + 1 - produced)
+            except zlib.error as exc:
+                raise InferError(f"the {name} request body is corrupt: {exc}") from None
+            produced += len(chunk)
+            if produced > limit:
+                raise _BodyTooLargeError(
+                    f"decompressed request body exceeds the limit of {limit} bytes"
+                )
+            if chunk:
+                out.append(chunk)
+            if decoder.eof:
+                pos += len(piece) - len(decoder.unused_data)
+                break
+            pos += len(piece)
+            if pos >= size:
+                raise InferError(f"the {name} request body is truncated")
+            if feed < _FEED_BYTES:
+                feed *= 2
+        if wbits != _GZIP_WBITS or pos >= size:
             break
+    if pos < size and wbits != _GZIP_WBITS:
+        raise InferError(f"the {name} request body is corrupt: data after the end of the stream")
     return out[0] if len(out) == 1 else b"".join(out)
 
 

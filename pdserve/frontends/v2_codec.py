@@ -54,11 +54,14 @@ import numpy as np
 import orjson
 
 from pdserve.datatypes import (
+    MAX_DIMS,
+    MAX_ELEMENTS,
     NUMPY_TO_V2,
     V2_TO_NUMPY,
     deserialize_bytes_tensor,
     numpy_to_v2,
     serialize_bytes_tensor,
+    shape_element_count,
     to_bytes_object_array,
 )
 from pdserve.types import InferError, InferRequest, InferResponse, RequestedOutput, internal
@@ -89,6 +92,10 @@ _KIND_WORDS = {
 }
 
 _DUMPS_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+#: JSON ``data`` whose nested lists promise more elements than the shape's count, and
+#: more than this many, is rejected before it is converted element by element.
+_EXCESS_CHECK = 4096
 
 #: What the encoder hands back to send: ``bytes`` or a zero-copy ``memoryview``.
 Buffer: TypeAlias = bytes | memoryview
@@ -127,9 +134,11 @@ def decode_infer_request(
     Raises:
         InferError(400): malformed JSON; a header length outside ``[0, len(body)]``;
             a field of the wrong type; an unknown datatype; a negative or non-integer
-            shape; ``data`` whose element count differs from the shape's, or whose
-            values do not fit the datatype; binary sizes that disagree with the
-            datatype and shape or with the bytes the body holds; truncated BYTES.
+            shape, or one of more than 64 dimensions or 2**59 elements or more;
+            ``data`` whose element count differs from the shape's, or whose values do
+            not fit the datatype; binary sizes that disagree with the datatype and
+            shape or with the bytes the body holds; truncated BYTES, or more BYTES
+            elements than the shape calls for.
     """
     if arrival_ns is None:
         arrival_ns = time.monotonic_ns()
@@ -241,6 +250,10 @@ def _parse_shape(shape: Any, name: str) -> tuple[list[int], int]:
     its element count (1 for ``[]``)."""
     if type(shape) is not list:
         raise InferError(f"input '{name}' must have a 'shape' list of integers")
+    if len(shape) > MAX_DIMS:
+        raise InferError(
+            f"input '{name}' has {len(shape)} dimensions; at most {MAX_DIMS} are supported"
+        )
     count = 1
     for dim in shape:
         if type(dim) is not int or dim < 0:
@@ -248,6 +261,8 @@ def _parse_shape(shape: Any, name: str) -> tuple[list[int], int]:
                 f"input '{name}' has shape {shape}: dimensions must be non-negative integers"
             )
         count *= dim
+    if count >= MAX_ELEMENTS or count == 0:
+        shape_element_count(shape, name)  # raises when the shape is too large for numpy
     return shape, count
 
 
@@ -299,6 +314,21 @@ def _json_to_array(data: Any, datatype: str, shape: list[int], count: int, name:
     dtype = V2_TO_NUMPY.get(datatype)
     if dtype is None:
         raise InferError(_unknown_datatype(datatype, name))
+    # The lengths along the first path of nested lists give the element count of a
+    # rectangular array: reject a large excess before numpy or the BYTES loop walks it
+    # all (small ones take the normal path and its exact messages).
+    leading = 1
+    item = data
+    while type(item) is list:
+        leading *= len(item)
+        if not item:
+            break
+        item = item[0]
+    if leading > count and leading > _EXCESS_CHECK:
+        raise InferError(
+            f"input '{name}' has at least {leading} elements in 'data' (or 'data' is not a "
+            f"regular array) but its shape {shape} calls for {count}"
+        )
     if datatype == "BYTES":
         flat: list[bytes] = []
         _flatten_strings(data, flat, name)

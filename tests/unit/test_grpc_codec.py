@@ -239,3 +239,76 @@ def test_warmup_configured_samples(tmp_path: Path) -> None:
     missing = extra.replace("in.bin", "missing.bin")
     with pytest.raises(WarmupError, match="cannot read"):
         asyncio.run(warmup(_model_version(tmp_path, missing)))
+
+
+# -- robustness ---------------------------------------------------------------------
+
+
+def _grpc_decode_error(msg: service_pb2.ModelInferRequest) -> str:
+    with pytest.raises(InferError) as info:
+        decode_infer_request(msg, 0)
+    assert info.value.status == 400
+    assert grpc_status(info.value) == grpc.StatusCode.INVALID_ARGUMENT
+    return info.value.message
+
+
+@pytest.mark.parametrize(
+    ("shape", "words"),
+    [
+        ([1] * 70, "at most 64"),
+        ([0, 2**63 - 1], "too many elements"),
+        ([2**31, 2**31, 4], "too many elements"),
+        ([1, 2**62], "too many elements"),
+    ],
+)
+def test_decode_shapes_numpy_cannot_hold_are_invalid_argument(shape: list[int], words: str) -> None:
+    raw = service_pb2.ModelInferRequest(model_name="m", raw_input_contents=[b""])
+    raw.inputs.add(name="X", datatype="FP32", shape=shape)
+    assert words in _grpc_decode_error(raw)
+    typed = service_pb2.ModelInferRequest(model_name="m")
+    typed.inputs.add(name="X", datatype="FP32", shape=shape)
+    assert words in _grpc_decode_error(typed)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "field", "values", "bad"),
+    [
+        ("INT8", "int_contents", [1, 1000], 1000),
+        ("INT8", "int_contents", [-129, 0], -129),
+        ("INT16", "int_contents", [40000], 40000),
+        ("UINT8", "uint_contents", [256], 256),
+        ("UINT16", "uint_contents", [70000], 70000),
+    ],
+)
+def test_decode_typed_contents_out_of_range_are_invalid_argument(
+    datatype: str, field: str, values: list[int], bad: int
+) -> None:
+    msg = service_pb2.ModelInferRequest(model_name="m")
+    tensor = msg.inputs.add(name="X", datatype=datatype, shape=[len(values)])
+    getattr(tensor.contents, field).extend(values)
+    message = _grpc_decode_error(msg)
+    assert f"value {bad} is out of range for {datatype}" in message
+
+
+def test_decode_typed_contents_at_the_range_edges() -> None:
+    msg = service_pb2.ModelInferRequest(model_name="m")
+    msg.inputs.add(name="A", datatype="INT8", shape=[2]).contents.int_contents.extend([-128, 127])
+    msg.inputs.add(name="B", datatype="UINT16", shape=[2]).contents.uint_contents.extend([0, 65535])
+    msg.inputs.add(name="C", datatype="INT16", shape=[0])
+    inputs = decode_infer_request(msg, 0).inputs
+    assert inputs["A"].dtype == np.int8 and inputs["A"].tolist() == [-128, 127]
+    assert inputs["B"].dtype == np.uint16 and inputs["B"].tolist() == [0, 65535]
+    assert inputs["C"].shape == (0,)
+
+
+def test_decode_raw_bytes_with_millions_of_extra_elements_stops_early() -> None:
+    import time
+
+    msg = service_pb2.ModelInferRequest(model_name="m", raw_input_contents=[b"\0" * 8_000_000])
+    msg.inputs.add(name="S", datatype="BYTES", shape=[1, 1])
+    start = time.perf_counter()
+    assert "more than 1 elements" in _grpc_decode_error(msg)
+    assert time.perf_counter() - start < 0.5
+    short = service_pb2.ModelInferRequest(model_name="m", raw_input_contents=[b"\0" * 8])
+    short.inputs.add(name="S", datatype="BYTES", shape=[1000])
+    assert "at most 2 elements" in _grpc_decode_error(short)

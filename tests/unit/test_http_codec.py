@@ -12,6 +12,8 @@ import asyncio
 import base64
 import gzip
 import struct
+import threading
+import time
 import zlib
 from typing import Any
 
@@ -756,3 +758,157 @@ def test_load_parameter_base64_uses_standard_alphabet() -> None:
     body = orjson.dumps({"parameters": {"file:1/m.bin": encoded}})
     assert call(create_http_app(server), "POST", "/v2/repository/models/m/load", body).status == 200
     assert server.loaded[0][3] == {"1/m.bin": payload}
+
+
+# --------------------------------------------------------------------------- robustness
+
+
+def test_shapes_numpy_cannot_hold_are_400() -> None:
+    assert "at most 64" in decode_error(one_input(shape=[1] * 70, data=[1.0]))
+    for shape in ([0, 2**63 - 1], [2**31, 2**31, 4], [1, 2**62], [0, 2**59]):
+        assert "too many elements" in decode_error(one_input(shape=shape, data=[]))
+    # 64 dimensions, and an empty array with a wide but representable dimension, are fine.
+    assert decode_infer_request(*raw_request(one_input(shape=[1] * 64, data=[2.0])), "m")
+    empty = decode_infer_request(*raw_request(one_input(shape=[0, 2**58], data=[])), "m")
+    assert empty.inputs["X"].shape == (0, 2**58)
+
+
+def test_bytes_binary_stops_at_the_first_element_past_the_shape() -> None:
+    n = 2_000_000
+    doc = {"inputs": [{"name": "S", "shape": [1, 1], "datatype": "BYTES"}]}
+    doc["inputs"][0]["parameters"] = {"binary_data_size": 4 * n}
+    start = time.perf_counter()
+    message = decode_error(doc, b"\0" * (4 * n))
+    assert time.perf_counter() - start < 0.5
+    assert "more than 1 elements" in message and "calls for 1" in message
+    # Too short for the count: rejected before parsing.
+    doc["inputs"][0]["shape"] = [1000]
+    doc["inputs"][0]["parameters"] = {"binary_data_size": 8}
+    assert "at most 2 elements but its shape calls for 1000" in decode_error(doc, b"\0" * 8)
+
+
+def test_json_data_far_longer_than_the_shape_is_400_before_conversion() -> None:
+    message = decode_error(one_input(shape=[1, 64], data=[1.0] * 100_000))
+    assert "at least 100000 elements" in message and "calls for 64" in message
+    bytes_doc = {"inputs": [{"name": "S", "shape": [1], "datatype": "BYTES", "data": [""] * 10000}]}
+    assert "at least 10000 elements" in decode_error(bytes_doc)
+
+
+def test_many_gzip_members_decompress_in_linear_time() -> None:
+    from pdserve.frontends import http as http_module
+
+    payload = np.random.default_rng(0).bytes(2 << 20)
+    packed = gzip.compress(b"") * 4000 + gzip.compress(payload, 1)
+    start = time.perf_counter()
+    assert http_module._decompress(packed, ["gzip"], 4 << 20) == payload
+    # The quadratic loop copied the 2 MiB tail once per member: 8 GB.
+    assert time.perf_counter() - start < 2.0
+    app = create_http_app(FakeServer())
+    reply = call(
+        app,
+        "POST",
+        "/v2/models/echo/infer",
+        gzip.compress(b"") * 5000,
+        {"Content-Encoding": "gzip"},
+    )
+    assert reply.status == 400 and "more than 4096 gzip members" in reply.json()["error"]
+
+
+def test_content_encoding_lists_and_corrupt_bodies() -> None:
+    app = create_http_app(FakeServer(), max_request_bytes=100_000)
+    arr = np.arange(10, dtype=np.int32)
+    body, _ = client_request({"IN": arr}, False)
+    for encoding, packed in [
+        ("gzip, identity", gzip.compress(body)),
+        ("identity,GZIP", gzip.compress(body)),
+        ("deflate, gzip", gzip.compress(zlib.compress(body))),  # applied in order
+        ("gzip, deflate", zlib.compress(gzip.compress(body))),
+        ("identity", body),
+    ]:
+        reply = call(app, "POST", "/v2/models/echo/infer", packed, {"Content-Encoding": encoding})
+        assert reply.status == 200, (encoding, reply.body)
+        length = reply.headers.get("inference-header-content-length")
+        result = parse(reply.body, None if length is None else int(length))
+        np.testing.assert_array_equal(result.as_numpy("IN"), arr)
+    reply = call(app, "POST", "/v2/models/echo/infer", body, {"Content-Encoding": "gzip, br"})
+    assert reply.status == 415 and "'br'" in reply.json()["error"]
+    bad_crc = bytearray(gzip.compress(body))
+    bad_crc[-8] ^= 0xFF
+    reply = call(app, "POST", "/v2/models/echo/infer", bytes(bad_crc), {"Content-Encoding": "gzip"})
+    assert reply.status == 400 and "corrupt" in reply.json()["error"]
+    trailing = zlib.compress(body) + b"junk"
+    reply = call(app, "POST", "/v2/models/echo/infer", trailing, {"Content-Encoding": "deflate"})
+    assert reply.status == 400 and "corrupt" in reply.json()["error"]
+
+
+def test_stalled_body_is_408_and_closes() -> None:
+    app = create_http_app(FakeServer(), body_timeout=0.2)
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v2/models/echo/infer",
+        "headers": [(b"content-length", b"1000")],
+    }
+    sent: list[dict[str, Any]] = []
+    first = True
+
+    async def receive() -> dict[str, Any]:
+        nonlocal first
+        if first:
+            first = False
+            return {"type": "http.request", "body": b"{" * 100, "more_body": True}
+        await asyncio.sleep(3600)  # the client sends nothing more
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    start = time.perf_counter()
+    asyncio.run(app(scope, receive, send))
+    assert time.perf_counter() - start < 2
+    reply = Reply(sent)
+    assert reply.status == 408 and reply.headers["connection"] == "close"
+    assert "0.2 seconds" in reply.json()["error"]
+    # The same through the other routes' body reader, and when nothing came at all.
+    sent.clear()
+    first = False
+    scope = {**scope, "path": "/v2/repository/index"}
+    asyncio.run(create_http_app(StatsServer(), body_timeout=0.2)(scope, receive, send))
+    assert Reply(sent).status == 408
+
+
+def test_large_bodies_decode_and_encode_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pdserve.frontends import http as http_module
+
+    threads: list[str] = []
+    real_decode, real_encode = (
+        http_module.decode_infer_request,
+        http_module.encode_infer_response_parts,
+    )
+
+    def decode(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real_decode(*args)
+
+    def encode(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real_encode(*args)
+
+    monkeypatch.setattr(http_module, "decode_infer_request", decode)
+    monkeypatch.setattr(http_module, "encode_infer_response_parts", encode)
+    app = create_http_app(FakeServer())
+    small, json_size = client_request({"IN": SAMPLES["FP32"]}, True)
+    headers = {"Inference-Header-Content-Length": str(json_size)}
+    assert call(app, "POST", "/v2/models/echo/infer", small, headers).status == 200
+    assert threads == ["MainThread", "MainThread"]
+    threads.clear()
+    big = np.arange(1 << 19, dtype=np.float32)  # 2 MiB
+    body, json_size = client_request(
+        {"IN": big}, True, outputs=[triton_http.InferRequestedOutput("IN", binary_data=True)]
+    )
+    headers = {"Inference-Header-Content-Length": str(json_size)}
+    reply = call(app, "POST", "/v2/models/echo/infer", body, headers)
+    assert reply.status == 200
+    result = parse(reply.body, int(reply.headers["inference-header-content-length"]))
+    np.testing.assert_array_equal(result.as_numpy("IN"), big)
+    assert all(name.startswith("pdserve-http-codec") for name in threads), threads
