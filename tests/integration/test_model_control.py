@@ -145,6 +145,8 @@ def test_explicit_load_override_and_unload_over_http(explicit: ServerProcess) ->
     )
     assert status == 200
     assert versions(explicit, "tiny_all_versions") is None
+    # the versions drain and close in the background; then the model's row remains
+    wait_for(lambda: ("tiny_all_versions", None) in index(explicit), 10, "the unload to finish")
     row = index(explicit)[("tiny_all_versions", None)]
     assert row["state"] == "UNAVAILABLE" and row["reason"] == "unloaded"
     status, body = http(explicit, "POST", "/v2/repository/models/tiny_all_versions/unload", {})
