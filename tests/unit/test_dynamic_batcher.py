@@ -534,7 +534,13 @@ def test_server_frees_a_failed_batched_requests_inputs_without_the_gc(tmp_path: 
             assert all(isinstance(r, InferError) and r.status == 500 for r in results), results
             assert server.manager.get("bad").stats.as_dict()["execution_count"] >= 1
             del reqs, results
-            await asyncio.sleep(0)
+            # The instance's executor thread drops its work item (which holds the
+            # feeds) only once it runs again after the result is handed over: give
+            # it a moment — the GC stays off, so only reference counting can free them.
+            for _ in range(100):
+                if all(r() is None for r in refs):
+                    break
+                await asyncio.sleep(0.01)
             alive = [r() for r in refs if r() is not None]
             assert not alive, [type(o).__name__ for o in gc.get_referrers(alive[0])]
         finally:
