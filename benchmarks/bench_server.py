@@ -159,12 +159,16 @@ def efficientnet_body() -> tuple[bytes, str]:
 
 
 def bare_ort(duration: float) -> dict[str, float]:
-    """efficientnet_lite0 batch 1 in-process with ONNX Runtime, pinned to core 0."""
+    """efficientnet_lite0 batch 1 in-process with ONNX Runtime on core 0, one intra-op
+    thread: the CPU budget the pinned server's sessions get (pdserve gives each of
+    a model's instances its share of the process's CPUs)."""
     code = f"""
 import json, time, numpy as np, onnxruntime as ort
 x = np.load({str(GOLDENS / "efficientnet_lite0.npz")!r})["inputs"][:1].astype(np.float32)
+so = ort.SessionOptions()
+so.intra_op_num_threads = 1  # ORT pins its own pool threads past taskset: one core, one thread
 s = ort.InferenceSession({str(REPO / "efficientnet_lite0" / "1" / "model.onnx")!r},
-                         providers=["CPUExecutionProvider"])
+                         sess_options=so, providers=["CPUExecutionProvider"])
 for _ in range(5): s.run(None, {{"input": x}})
 n, t0 = 0, time.perf_counter()
 while time.perf_counter() - t0 < {duration}:

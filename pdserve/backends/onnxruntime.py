@@ -14,7 +14,8 @@ Session options come from the model configuration, with Triton's onnxruntime
 backend keys:
 
 - ``parameters { key: "intra_op_thread_count" value { string_value: "1" } }``
-  (0 or absent: ORT's default, one thread per core),
+  (absent: the process's CPUs shared among the model's instances, at least 1 —
+  see :func:`default_intra_op_threads`),
 - ``parameters { key: "inter_op_thread_count" ... }``,
 - ``parameters { key: "execution_mode" ... }`` ``0`` sequential (default) / ``1`` parallel,
 - ``optimization { graph { level: N } }``: ``-1`` basic, ``0`` (default) all,
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import time
 from typing import Any
 
@@ -111,6 +113,22 @@ def session_options(config: Any) -> Any:
             level, gol.ORT_ENABLE_ALL
         )
     return so
+
+
+def default_intra_op_threads(instances: int) -> int:
+    """Intra-op threads per session when the config sets none: the CPUs this
+    process may use (its affinity mask), shared among the model's instances, at
+    least 1.
+
+    ORT's own default (one thread per core for every session) oversubscribes the
+    cores as soon as a model has several instances — Triton's default for a CPU
+    ONNX model is two — and its spinning threads then fight over them.
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // max(1, instances))
 
 
 def _shape_of(arg: Any) -> list[int | None]:
@@ -203,6 +221,8 @@ class OnnxRuntimeBackend(Backend):
                     f"instance_group kind {kind_name} is not supported by onnxruntime"
                 )
         so = session_options(spec.config)
+        if not cfgmod.get_parameter(spec.config, "intra_op_thread_count"):
+            so.intra_op_num_threads = default_intra_op_threads(len(plans))
         loop = asyncio.get_running_loop()
 
         def make(providers: list[Any]) -> Any:
