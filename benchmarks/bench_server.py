@@ -80,18 +80,28 @@ def start_server(repo: Path, core: str = "0") -> tuple[subprocess.Popen[bytes], 
     raise RuntimeError("server did not become ready")
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (python-backend workers are children of a
+    forkserver, grandchildren of the server), from the parent ids in /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
 def rss_mib(pid: int) -> float:
-    """Resident memory of ``pid`` and its children, MiB (from /proc)."""
+    """Resident memory of ``pid`` and all its descendants, MiB (from /proc)."""
     total = 0
-    pids = [pid]
-    try:
-        out = subprocess.run(
-            ["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False
-        ).stdout
-        pids += [int(p) for p in out.split()]
-    except FileNotFoundError:
-        pass
-    for p in pids:
+    for p in descendants(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -198,6 +208,7 @@ def main() -> int:
     try:
         results["startup_to_ready_s"] = round(startup_s, 2)
         results["rss_idle_mib"] = round(rss_mib(proc.pid), 1)
+        results["processes"] = len(descendants(proc.pid))
         base = f"http://127.0.0.1:{port}/v2/models"
         for c in (1, 32):
             r = load(f"{base}/tiny/infer", tiny_body(), c, args.duration, [])
@@ -230,7 +241,8 @@ def main() -> int:
     )
     print(
         f"start-up to ready: {results['startup_to_ready_s']} s; RSS idle "
-        f"{results['rss_idle_mib']} MiB, after load {results['rss_after_load_mib']} MiB"
+        f"{results['rss_idle_mib']} MiB, after load {results['rss_after_load_mib']} MiB "
+        f"({results['processes']} processes)"
     )
     return 0
 
