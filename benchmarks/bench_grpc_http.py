@@ -29,71 +29,14 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import GOLDENS, LOADGEN, REPO, ROOT, header_args, run_client, start_server
 
-ROOT = Path(__file__).resolve().parents[1]
-REPO = ROOT / "examples" / "model_repository"
-GOLDENS = ROOT / "examples" / "goldens"
-PY = sys.executable
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def taskset(core: str) -> list[str]:
-    """``taskset -c core`` when taskset exists (else no pinning)."""
-    return ["taskset", "-c", core] if shutil.which("taskset") else []
-
-
-def start_server(
-    repo: Path, *args: str, core: str = "0"
-) -> tuple[subprocess.Popen[bytes], int, int, float]:
-    """Start pdserve on ``core``; return (process, http port, grpc port, seconds to ready)."""
-    http_port, grpc_port = free_port(), free_port()
-    cmd = [
-        *taskset(core),
-        PY,
-        "-m",
-        "pdserve",
-        "serve",
-        "--model-repository",
-        str(repo),
-        "--http-port",
-        str(http_port),
-        "--grpc-port",
-        str(grpc_port),
-        "--metrics-port",
-        str(free_port()),
-        *args,
-    ]
-    t0 = time.monotonic()
-    log = open(Path(tempfile.gettempdir()) / f"pdserve-bench-{http_port}.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{http_port}/v2/health/ready"
-    while time.monotonic() - t0 < 120:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return proc, http_port, grpc_port, time.monotonic() - t0
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"server did not become ready; log in {log.name}")
 
 
 # --------------------------------------------------------------------------- bodies
@@ -154,28 +97,16 @@ def grpc_body(model: str, name: str, x: np.ndarray) -> bytes:
 
 def http_load(url: str, body: bytes, headers: list[str], concurrency: int, duration: float) -> Any:
     """One HTTP load point with benchmarks/loadgen.py pinned to core 1."""
-    with tempfile.NamedTemporaryFile(suffix=".body", delete=False) as f:
-        f.write(body)
-    try:
-        cmd = [
-            *taskset("1"),
-            PY,
-            str(ROOT / "benchmarks" / "loadgen.py"),
-            "--url",
-            url,
-            "--body-file",
-            f.name,
-            "--concurrency",
-            str(concurrency),
-            "--duration",
-            str(duration),
-        ]
-        for h in headers:
-            cmd += ["--header", h]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=duration + 90)
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    finally:
-        os.unlink(f.name)
+    return run_client(
+        str(LOADGEN),
+        "--url",
+        url,
+        body,
+        concurrency,
+        duration,
+        extra=header_args(headers),
+        timeout=duration + 90,
+    )
 
 
 async def _grpc_load(
@@ -245,26 +176,16 @@ async def _grpc_load(
 
 def grpc_load(target: str, body: bytes, concurrency: int, duration: float) -> Any:
     """One gRPC load point in a client process pinned to core 1."""
-    with tempfile.NamedTemporaryFile(suffix=".pb", delete=False) as f:
-        f.write(body)
-    try:
-        cmd = [
-            *taskset("1"),
-            PY,
-            __file__,
-            "--client",
-            target,
-            "--body-file",
-            f.name,
-            "--concurrency",
-            str(concurrency),
-            "--duration",
-            str(duration),
-        ]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=duration + 90)
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    finally:
-        os.unlink(f.name)
+    return run_client(
+        __file__,
+        "--client",
+        target,
+        body,
+        concurrency,
+        duration,
+        timeout=duration + 90,
+        suffix=".pb",
+    )
 
 
 # --------------------------------------------------------------------------- main

@@ -36,7 +36,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,14 +44,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import PY, REPO, ROOT, free_port, pdserve_command, taskset
 
-ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 OUT = BENCH / "out"
 VENVS = BENCH / ".venvs"
 PEERS = BENCH / "peers"
-EXAMPLES = ROOT / "examples" / "model_repository"
-PY = sys.executable
+EXAMPLES = REPO
 
 #: pip requirements of each peer's venv.
 PEER_REQUIREMENTS: dict[str, list[str]] = {
@@ -87,20 +85,6 @@ ONE_CORE = (
 #: (DESIGN.md: raising it lifts 602 KB bodies from ~3 to ~4.4 GB/s); the pdserve
 #: server and the bare echo both run with it.
 MALLOC_ENV = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=16777216"}
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pin(cpu: str | None) -> list[str]:
-    """``taskset -c CPU`` prefix (empty when taskset or the option is missing)."""
-    if cpu is None or shutil.which("taskset") is None:
-        return []
-    return ["taskset", "-c", cpu]
 
 
 def latest_version_dir(model: str) -> Path:
@@ -249,7 +233,7 @@ def load(
     figure that other load on the machine disturbs less than req/s does.
     """
     cmd = [
-        *pin(args.client_cpu),
+        *taskset(args.client_cpu),
         PY,
         str(BENCH / "loadgen.py"),
         "--url",
@@ -298,21 +282,7 @@ def ensure_venv(name: str, install: bool) -> Path | None:
 
 def start_pdserve(args: argparse.Namespace, repo: Path) -> tuple[Proc, str]:
     port = free_port()
-    cmd = [
-        *pin(args.server_cpu),
-        PY,
-        "-m",
-        "pdserve",
-        "serve",
-        "--model-repository",
-        str(repo),
-        "--http-port",
-        str(port),
-        "--grpc-port",
-        str(free_port()),
-        "--metrics-port",
-        str(free_port()),
-    ]
+    cmd = pdserve_command(repo, port, free_port(), free_port(), core=args.server_cpu)
     env = MALLOC_ENV
     p = Proc("pdserve", cmd, cwd=ROOT, env=env)
     base = f"http://127.0.0.1:{port}"
@@ -357,7 +327,7 @@ def start_triton(args: argparse.Namespace, py: Path, tiny: Path, port: int) -> t
         "LD_LIBRARY_PATH": f"{libdir}:{libs}:{os.environ.get('LD_LIBRARY_PATH', '')}",
     }
     cmd = [
-        *pin(args.server_cpu),
+        *taskset(args.server_cpu),
         str(bundle / "bin" / "tritonserver"),
         f"--model-repository={repo}",
         f"--backend-directory={backends}",
@@ -387,14 +357,20 @@ def start_peer(args: argparse.Namespace, name: str, tiny: Path) -> tuple[Proc, s
     if name == "kserve":
         p = Proc(
             name,
-            [*pin(args.server_cpu), str(py), str(PEERS / "kserve_server.py"), str(tiny), str(port)],
+            [
+                *taskset(args.server_cpu),
+                str(py),
+                str(PEERS / "kserve_server.py"),
+                str(tiny),
+                str(port),
+            ],
         )
         p.wait_ready(base + "/v2/health/ready")
     elif name == "litserve":
         p = Proc(
             name,
             [
-                *pin(args.server_cpu),
+                *taskset(args.server_cpu),
                 str(py),
                 str(PEERS / "litserve_server.py"),
                 str(tiny),
@@ -430,7 +406,7 @@ def start_peer(args: argparse.Namespace, name: str, tiny: Path) -> tuple[Proc, s
             )
         )
         mlserver = py.parent / "mlserver"
-        p = Proc(name, [*pin(args.server_cpu), str(mlserver), "start", str(d)], cwd=d)
+        p = Proc(name, [*taskset(args.server_cpu), str(mlserver), "start", str(d)], cwd=d)
         p.wait_ready(base + "/v2/models/tiny/ready", timeout=180)
     return p, base
 
@@ -525,7 +501,7 @@ def section_binary(args: argparse.Namespace, repo: Path, results: dict[str, Any]
     port = free_port()
     echo = Proc(
         "echo",
-        [*pin(args.server_cpu), PY, str(PEERS / "echo_server.py"), str(port)],
+        [*taskset(args.server_cpu), PY, str(PEERS / "echo_server.py"), str(port)],
         env=MALLOC_ENV,
     )
     try:
@@ -550,7 +526,7 @@ def section_efficientnet(args: argparse.Namespace, repo: Path, results: dict[str
     sizes = "1,2,4,8,16,32"
     bare = subprocess.run(
         [
-            *pin(args.server_cpu),
+            *taskset(args.server_cpu),
             PY,
             str(PEERS / "bare_ort.py"),
             str(eff),

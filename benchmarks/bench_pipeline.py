@@ -31,7 +31,6 @@ import os
 import platform
 import re
 import shutil
-import socket
 import statistics
 import struct
 import subprocess
@@ -43,55 +42,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import GOLDENS, PY, REPO, ROOT, free_port, pdserve_command, wait_ready
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-REPO = ROOT / "examples" / "model_repository"
-GOLDENS = ROOT / "examples" / "goldens"
 DATA = ROOT / "tests" / "data" / "python_models"
-PY = sys.executable
 PIPELINE_MODELS = ("preprocess", "efficientnet_lite0", "postprocess", "image_classifier")
 
 
 # --------------------------------------------------------------------------- helpers
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(repo: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
     """Start pdserve on ``repo``; return (process, http port) once it is ready."""
     port = free_port()
-    cmd = [
-        PY,
-        "-m",
-        "pdserve",
-        "serve",
-        "--model-repository",
-        str(repo),
-        "--http-port",
-        str(port),
-        "--grpc-port",
-        str(free_port()),
-        "--metrics-port",
-        str(free_port()),
-    ]
+    cmd = pdserve_command(repo, port, free_port(), free_port())
     proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=ROOT)  # noqa: SIM115
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"pdserve exited:\n{log.read_text()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
-                return proc, port
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("pdserve did not become ready")
+    wait_ready(proc, port, log, "pdserve", interval=0.2)
+    return proc, port
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:
@@ -557,17 +524,8 @@ def start_triton(root: Path, repo: Path, log: Path) -> tuple[subprocess.Popen[by
     ]
     env = dict(os.environ, LD_LIBRARY_PATH=str(root / "nvidia_pytriton.libs"))
     proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tritonserver exited:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
-                return proc, port
-        except OSError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("tritonserver did not become ready")
+    wait_ready(proc, port, log, "tritonserver", interval=0.3, tail=3000)
+    return proc, port
 
 
 def bench_triton(

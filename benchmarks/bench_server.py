@@ -18,66 +18,14 @@ import argparse
 import json
 import os
 import platform
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-REPO = ROOT / "examples" / "model_repository"
-GOLDENS = ROOT / "examples" / "goldens"
-PY = sys.executable
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def taskset(core: str) -> list[str]:
-    """``taskset -c core`` when taskset exists (else no pinning)."""
-    return ["taskset", "-c", core] if shutil.which("taskset") else []
-
-
-def start_server(repo: Path, core: str = "0") -> tuple[subprocess.Popen[bytes], int, float]:
-    """Start pdserve on ``core``; return (process, http port, seconds to ready)."""
-    port = free_port()
-    cmd = [
-        *taskset(core),
-        PY,
-        "-m",
-        "pdserve",
-        "serve",
-        "--model-repository",
-        str(repo),
-        "--http-port",
-        str(port),
-        "--grpc-port",
-        str(free_port()),
-        "--metrics-port",
-        str(free_port()),
-    ]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/v2/health/ready"
-    while time.monotonic() - t0 < 120:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return proc, port, time.monotonic() - t0
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("server did not become ready")
+from common import GOLDENS, LOADGEN, PY, REPO, ROOT, header_args, run_client, start_server, taskset
 
 
 def descendants(pid: int) -> list[int]:
@@ -115,30 +63,16 @@ def load(
     url: str, body: bytes, concurrency: int, duration: float, headers: list[str]
 ) -> dict[str, Any]:
     """One load point with benchmarks/loadgen.py pinned to core 1."""
-    with tempfile.NamedTemporaryFile(suffix=".body", delete=False) as f:
-        f.write(body)
-    try:
-        cmd = [
-            *taskset("1"),
-            PY,
-            str(ROOT / "benchmarks" / "loadgen.py"),
-            "--url",
-            url,
-            "--body-file",
-            f.name,
-            "--concurrency",
-            str(concurrency),
-            "--duration",
-            str(duration),
-            "--max-requests",
-            "2000000",
-        ]
-        for h in headers:
-            cmd += ["--header", h]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=duration + 60)
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    finally:
-        os.unlink(f.name)
+    return run_client(
+        str(LOADGEN),
+        "--url",
+        url,
+        body,
+        concurrency,
+        duration,
+        extra=["--max-requests", "2000000", *header_args(headers)],
+        timeout=duration + 60,
+    )
 
 
 def tiny_body() -> bytes:
@@ -204,7 +138,7 @@ def main() -> int:
         "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
-    proc, port, startup_s = start_server(REPO)
+    proc, port, _, startup_s = start_server(REPO, log=False)
     try:
         results["startup_to_ready_s"] = round(startup_s, 2)
         results["rss_idle_mib"] = round(rss_mib(proc.pid), 1)

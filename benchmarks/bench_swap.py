@@ -38,17 +38,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_grpc_http import (  # noqa: E402
-    METHOD,
-    PY,
-    REPO,
-    ROOT,
-    efficientnet_input,
-    grpc_body,
-    start_server,
-    taskset,
-    tiny_input,
-)
+from bench_grpc_http import METHOD, efficientnet_input, grpc_body, tiny_input  # noqa: E402
+from common import PY, REPO, ROOT, start_server, taskset  # noqa: E402
 
 MODELS = {
     "tiny": ("INPUT0", tiny_input, 8),

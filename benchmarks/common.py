@@ -1,0 +1,166 @@
+"""Helpers shared by the benchmark scripts in this folder.
+
+The scripts run as ``python benchmarks/X.py``, so this folder is ``sys.path[0]``
+and they import these helpers with ``from common import ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+ROOT = Path(__file__).resolve().parents[1]
+REPO = ROOT / "examples" / "model_repository"
+GOLDENS = ROOT / "examples" / "goldens"
+LOADGEN = ROOT / "benchmarks" / "loadgen.py"
+PY = sys.executable
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def taskset(core: str | None) -> list[str]:
+    """``taskset -c core`` prefix (empty when taskset is missing or ``core`` is None)."""
+    if core is None or shutil.which("taskset") is None:
+        return []
+    return ["taskset", "-c", core]
+
+
+def pdserve_command(
+    repo: Path,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    *args: str,
+    core: str | None = None,
+) -> list[str]:
+    """The ``pdserve serve`` command line on ``repo`` (pinned to ``core`` if given)."""
+    return [
+        *taskset(core),
+        PY,
+        "-m",
+        "pdserve",
+        "serve",
+        "--model-repository",
+        str(repo),
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(metrics_port),
+        *args,
+    ]
+
+
+def start_server(
+    repo: Path, *args: str, core: str = "0", log: bool = True
+) -> tuple[subprocess.Popen[bytes], int, int, float]:
+    """Start pdserve on ``core``; return (process, http port, grpc port, seconds to ready).
+
+    With ``log``, the server's output goes to ``pdserve-bench-PORT.log`` in the
+    temporary directory; without, it is discarded.
+    """
+    http_port, grpc_port = free_port(), free_port()
+    cmd = pdserve_command(repo, http_port, grpc_port, free_port(), *args, core=core)
+    t0 = time.monotonic()
+    out: IO[bytes] | int = subprocess.DEVNULL
+    if log:
+        out = open(Path(tempfile.gettempdir()) / f"pdserve-bench-{http_port}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if log else subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{http_port}/v2/health/ready"
+    while time.monotonic() - t0 < 120:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return proc, http_port, grpc_port, time.monotonic() - t0
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    if isinstance(out, int):
+        raise RuntimeError("server did not become ready")
+    raise RuntimeError(f"server did not become ready; log in {out.name}")
+
+
+def wait_ready(
+    proc: subprocess.Popen[bytes],
+    port: int,
+    log: Path,
+    name: str,
+    interval: float,
+    tail: int | None = None,
+) -> None:
+    """Poll ``/v2/health/ready`` on ``port`` for up to 120 s; raise if ``proc`` exits
+    (with the last ``tail`` characters of ``log``, all of it when None) or never answers."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            text = log.read_text()
+            raise RuntimeError(f"{name} exited:\n{text if tail is None else text[-tail:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
+                return
+        except OSError:
+            time.sleep(interval)
+    proc.kill()
+    raise RuntimeError(f"{name} did not become ready")
+
+
+def run_client(
+    script: str,
+    flag: str,
+    target: str,
+    body: bytes,
+    concurrency: int,
+    duration: float,
+    *,
+    extra: Sequence[str] = (),
+    timeout: float,
+    suffix: str = ".body",
+    core: str = "1",
+) -> Any:
+    """Run a load client ``script FLAG TARGET --body-file F --concurrency C --duration D
+    EXTRA...`` pinned to ``core``, with ``body`` in a temporary file; return the JSON
+    object on its last line of output."""
+    with tempfile.NamedTemporaryFile(suffix=suffix, delete=False) as f:
+        f.write(body)
+    try:
+        cmd = [
+            *taskset(core),
+            PY,
+            script,
+            flag,
+            target,
+            "--body-file",
+            f.name,
+            "--concurrency",
+            str(concurrency),
+            "--duration",
+            str(duration),
+            *extra,
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=timeout)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        os.unlink(f.name)
+
+
+def header_args(headers: Sequence[str]) -> list[str]:
+    """``--header H`` for each of ``headers`` (loadgen.py options)."""
+    return [arg for h in headers for arg in ("--header", h)]
