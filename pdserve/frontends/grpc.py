@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import inspect
 import logging
 import time
@@ -55,6 +54,7 @@ from pdserve.datatypes import (
     serialize_bytes_tensor,
     shape_element_count,
 )
+from pdserve.frontends.offload import codec_pool
 from pdserve.types import InferError, InferRequest, InferResponse, RequestedOutput
 
 __all__ = [
@@ -303,17 +303,6 @@ def encode_infer_response(response: InferResponse) -> service_pb2.ModelInferResp
 #: stay on the loop (a thread hop costs more than they take).
 OFFLOAD_BYTES = 1 << 20
 
-_codec_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _codec_pool
-    if _codec_pool is None:
-        _codec_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2, thread_name_prefix="pdserve-grpc-codec"
-        )
-    return _codec_pool
-
 
 def _payload_bytes(msg: service_pb2.ModelInferRequest) -> int:
     """About how many bytes of tensor data ``msg`` carries (cheap: no element walk)."""
@@ -334,7 +323,7 @@ async def _decode_off_loop(msg: service_pb2.ModelInferRequest, arrival_ns: int) 
     if _payload_bytes(msg) <= OFFLOAD_BYTES:
         return decode_infer_request(msg, arrival_ns)
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_pool(), decode_infer_request, msg, arrival_ns)
+    return await loop.run_in_executor(codec_pool(), decode_infer_request, msg, arrival_ns)
 
 
 async def _encode_off_loop(response: InferResponse) -> service_pb2.ModelInferResponse:
@@ -345,7 +334,7 @@ async def _encode_off_loop(response: InferResponse) -> service_pb2.ModelInferRes
     if size <= OFFLOAD_BYTES:
         return encode_infer_response(response)
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_pool(), encode_infer_response, response)
+    return await loop.run_in_executor(codec_pool(), encode_infer_response, response)
 
 
 def _metadata_response(meta: dict[str, Any]) -> service_pb2.ModelMetadataResponse:

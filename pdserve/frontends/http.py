@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import concurrent.futures
 import contextlib
 import functools
 import inspect
@@ -44,6 +43,7 @@ from typing import Any
 import orjson
 import uvicorn
 
+from pdserve.frontends.offload import off_loop
 from pdserve.frontends.v2_codec import (
     decode_infer_request,
     encode_error,
@@ -117,24 +117,6 @@ class _ClientGoneError(Exception):
 
 class _BodyTimeoutError(Exception):
     """The client stopped sending the body; answered 408 and the connection closed."""
-
-
-_codec_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The small worker pool that decodes / decompresses / encodes large bodies."""
-    global _codec_pool
-    if _codec_pool is None:
-        _codec_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2, thread_name_prefix="pdserve-http-codec"
-        )
-    return _codec_pool
-
-
-async def _off_loop(func: Callable[..., Any], *args: Any) -> Any:
-    """Run ``func(*args)`` on the codec pool and wait for it."""
-    return await asyncio.get_running_loop().run_in_executor(_pool(), func, *args)
 
 
 class HttpApp:
@@ -224,7 +206,7 @@ class HttpApp:
         if len(body) <= OFFLOAD_BYTES:
             request = decode_infer_request(body, header_length, model, version, arrival_ns)
         else:
-            request = await _off_loop(
+            request = await off_loop(
                 decode_infer_request, body, header_length, model, version, arrival_ns
             )
         request.cancelled = _disconnect_probe(receive)
@@ -238,7 +220,7 @@ class HttpApp:
         if size <= OFFLOAD_BYTES:
             parts, json_length, total = encode_infer_response_parts(response, request)
         else:
-            parts, json_length, total = await _off_loop(
+            parts, json_length, total = await off_loop(
                 encode_infer_response_parts, response, request
             )
         if json_length is None:
@@ -327,7 +309,7 @@ class HttpApp:
                 if len(body) <= _INLINE_DECOMPRESS_BYTES:
                     body = _decompress(body, codings, limit)
                 else:
-                    body = await _off_loop(_decompress, body, codings, limit)
+                    body = await off_loop(_decompress, body, codings, limit)
         return body
 
     # ----------------------------------------------------------------- other routes
@@ -492,7 +474,7 @@ class HttpApp:
             doc = (
                 orjson.loads(body)
                 if len(body) <= OFFLOAD_BYTES
-                else await _off_loop(orjson.loads, body)
+                else await off_loop(orjson.loads, body)
             )
         except orjson.JSONDecodeError as exc:
             raise InferError(f"failed to parse the request JSON: {exc}") from None

@@ -911,4 +911,4 @@ def test_large_bodies_decode_and_encode_off_the_event_loop(monkeypatch: pytest.M
     assert reply.status == 200
     result = parse(reply.body, int(reply.headers["inference-header-content-length"]))
     np.testing.assert_array_equal(result.as_numpy("IN"), big)
-    assert all(name.startswith("pdserve-http-codec") for name in threads), threads
+    assert all(name.startswith("pdserve-codec") for name in threads), threads
