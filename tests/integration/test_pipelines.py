@@ -49,6 +49,19 @@ def _text_input(items: list[bytes]) -> httpclient.InferInput:
     return tensor
 
 
+def _assert_bad_400_good_top5(bad: list, good: list, want: tuple) -> None:
+    """Each bad async request failed with 400 naming ``words``; each good one gave
+    the golden top-5 (the bad ones were batched beside them)."""
+    for pending, words in bad:
+        with pytest.raises(InferenceServerException) as info:
+            pending.get_result()
+        assert info.value.status() == "400", info.value.message()
+        assert words in info.value.message(), info.value.message()
+    for pending in good:
+        r = pending.get_result()
+        _assert_top5(r.as_numpy("top5_labels")[0], r.as_numpy("top5_confidences")[0], *want)
+
+
 def _assert_top5(
     labels: np.ndarray, confidences: np.ndarray, want_labels: np.ndarray, want_conf: np.ndarray
 ) -> None:
@@ -158,14 +171,7 @@ def test_bad_inputs_get_clear_400s_while_good_requests_succeed(
     good_text = client.async_infer("text_embedding", [_text_input([b"a good sentence"])])
     bad = [(client.async_infer(model, [tensor]), words) for model, tensor, words in bad_cases]
     good += [client.async_infer("image_classifier", [_image_input([good_raw])]) for _ in range(8)]
-    for pending, words in bad:
-        with pytest.raises(InferenceServerException) as info:
-            pending.get_result()
-        assert info.value.status() == "400", info.value.message()
-        assert words in info.value.message(), info.value.message()
-    for pending in good:
-        r = pending.get_result()
-        _assert_top5(r.as_numpy("top5_labels")[0], r.as_numpy("top5_confidences")[0], *want)
+    _assert_bad_400_good_top5(bad, good, want)
     assert good_text.get_result().as_numpy("embedding").shape == (1, 384)
 
 
@@ -232,14 +238,7 @@ def test_hostile_images_fail_only_their_own_request(
         good += [
             client.async_infer("image_classifier", [_image_input([good_raw])]) for _ in range(6)
         ]
-        for pending, words in bad:
-            with pytest.raises(InferenceServerException) as info:
-                pending.get_result()
-            assert info.value.status() == "400", info.value.message()
-            assert words in info.value.message(), info.value.message()
-        for pending in good:
-            r = pending.get_result()
-            _assert_top5(r.as_numpy("top5_labels")[0], r.as_numpy("top5_confidences")[0], *want)
+        _assert_bad_400_good_top5(bad, good, want)
     # a 16:1 image is still accepted
     ok = client.infer("preprocess", [_image_input([_png(16 * 20, 20)])])
     assert ok.as_numpy("image_tensor").shape == (1, 3, 224, 224)
