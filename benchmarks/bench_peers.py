@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import PY, REPO, ROOT, free_port, pdserve_command, taskset
+from common import PY, REPO, ROOT, free_port, pdserve_command, taskset, tritonserver_command
 
 BENCH = ROOT / "benchmarks"
 OUT = BENCH / "out"
@@ -57,7 +57,9 @@ PEER_REQUIREMENTS: dict[str, list[str]] = {
     "kserve": ["kserve==0.21.*", "onnxruntime==1.32.0", "numpy"],
     "mlserver": ["mlserver==1.7.1", "uvloop<0.22", "onnxruntime==1.32.0", "numpy"],
     "litserve": ["litserve==0.2.19", "onnxruntime==1.32.0", "numpy"],
-    "triton": ["nvidia-pytriton==0.7.0", "onnxruntime==1.32.0", "numpy"],
+    # numpy < 2: the bundled python backend stub's pybind11 predates numpy 2's ABI.
+    # Pillow: bench_pipeline.py runs the image pipeline's preprocess model there.
+    "triton": ["nvidia-pytriton==0.7.0", "onnxruntime==1.32.0", "numpy<2", "pillow==13.0.0"],
 }
 
 #: Declared inputs/outputs: with both declared, auto-complete does not turn the dynamic
@@ -294,22 +296,6 @@ def start_triton(args: argparse.Namespace, py: Path, tiny: Path, port: int) -> t
     """Real Triton 2.51 from the nvidia-pytriton wheel (ANCHORS.md): python backend
     only, so ``peers/triton_model.py`` runs the ONNX model; dynamic batching with a
     2 ms queue delay and max_batch_size 32."""
-    site = Path(
-        subprocess.check_output(
-            [str(py), "-c", "import pytriton, os; print(os.path.dirname(pytriton.__file__))"],
-            text=True,
-        ).strip()
-    )
-    bundle = site / "tritonserver"
-    libdir = subprocess.check_output(
-        [str(py), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"], text=True
-    ).strip()
-    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
-    backends = OUT / "triton_backends"
-    shutil.rmtree(backends, ignore_errors=True)
-    shutil.copytree(bundle / "backends" / "python", backends / "python")
-    stub = bundle / "python_backend_stubs" / ver / "triton_python_backend_stub"
-    shutil.copy(stub, backends / "python" / "triton_python_backend_stub")
     repo = OUT / "triton_repo"
     shutil.rmtree(repo, ignore_errors=True)
     (repo / "tiny" / "1").mkdir(parents=True)
@@ -321,24 +307,7 @@ def start_triton(args: argparse.Namespace, py: Path, tiny: Path, port: int) -> t
         "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
         f'parameters {{ key: "model_path" value {{ string_value: "{tiny}" }} }}\n'
     )
-    libs = site.parent / "nvidia_pytriton.libs"
-    env = {
-        "PATH": f"{py.parent}:{os.environ.get('PATH', '')}",
-        "LD_LIBRARY_PATH": f"{libdir}:{libs}:{os.environ.get('LD_LIBRARY_PATH', '')}",
-    }
-    cmd = [
-        *taskset(args.server_cpu),
-        str(bundle / "bin" / "tritonserver"),
-        f"--model-repository={repo}",
-        f"--backend-directory={backends}",
-        "--http-address=127.0.0.1",
-        "--grpc-address=127.0.0.1",
-        "--metrics-address=127.0.0.1",
-        f"--http-port={port}",
-        f"--grpc-port={free_port()}",
-        f"--metrics-port={free_port()}",
-        "--allow-gpu-metrics=false",
-    ]
+    cmd, env = tritonserver_command(py, repo, port, OUT / "triton_backends", core=args.server_cpu)
     p = Proc("triton", cmd, env=env)
     base = f"http://127.0.0.1:{port}"
     p.wait_ready(base + "/v2/health/ready", timeout=180)

@@ -42,7 +42,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import GOLDENS, PY, REPO, ROOT, free_port, pdserve_command, wait_ready
+from common import (
+    GOLDENS,
+    PY,
+    REPO,
+    ROOT,
+    free_port,
+    pdserve_command,
+    tritonserver_command,
+    wait_ready,
+)
 
 sys.path.insert(0, str(ROOT))
 DATA = ROOT / "tests" / "data" / "python_models"
@@ -446,109 +455,80 @@ class TritonPythonModel:
 """
 
 
-#: preprocess taking the image as UINT8 [N] (one row per image) instead of BYTES:
-#: on this machine (no CUDA driver) the pytriton wheel's tritonserver hands BYTES
-#: inputs of python models over uninitialised (the stub dies unpacking them), so
-#: the comparison pipeline carries raw bytes as UINT8, on both servers.
-UINT8_PREPROCESS_MODEL = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-import preprocessing
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            rows = pb_utils.get_input_tensor_by_name(request, "input_image_bytes").as_numpy()
-            batch = np.stack([preprocessing.preprocess_image(row.tobytes()) for row in rows])
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("image_tensor", batch)]))
-        return responses
-"""
-
-
-def make_python_predictor_repo(dst: Path, site_packages: str | None, threads: int) -> Path:
-    """The image pipeline with efficientnet_lite0 as a python model running ORT and
-    the image as UINT8 (see :data:`UINT8_PREPROCESS_MODEL`).
-
-    ``site_packages``: prepended to ``sys.path`` at the top of every model.py (the
-    python backend stub of the pytriton wheel runs an isolated interpreter that
-    ignores PYTHONPATH).
+def make_python_predictor_repo(dst: Path, threads: int) -> Path:
+    """The image pipeline as both servers can run it: the example repository's
+    ``preprocess``, ``postprocess`` and ``image_classifier`` unchanged (raw image as
+    BYTES), and efficientnet_lite0 as a python model running ONNX Runtime
+    (:data:`ORT_PYTHON_MODEL`) with ``dynamic_batching { }``, one instance and
+    ``threads`` intra-op threads.
     """
     make_repo(dst, 2, True, threads)
-    for name in ("preprocess", "image_classifier"):
-        cfg = dst / name / "config.pbtxt"
-        text = cfg.read_text()
-        text = text[: text.index("model_warmup")] if "model_warmup" in text else text
-        text = text.replace(
-            'name: "input_image_bytes"\n    data_type: TYPE_STRING\n    dims: [ 1 ]',
-            'name: "input_image_bytes"\n    data_type: TYPE_UINT8\n    dims: [ -1 ]',
-        )
-        assert "TYPE_UINT8" in text, name
-        cfg.write_text(text)
-    (dst / "preprocess" / "1" / "model.py").write_text(UINT8_PREPROCESS_MODEL.lstrip())
     model_dir = dst / "efficientnet_lite0"
     cfg = model_dir / "config.pbtxt"
     cfg.write_text(cfg.read_text().replace('platform: "onnxruntime_onnx"', 'backend: "python"'))
     (model_dir / "1" / "model.py").write_text(ORT_PYTHON_MODEL.lstrip())
-    if site_packages:
-        for model_py in dst.glob("*/1/model.py"):
-            text = model_py.read_text()
-            model_py.write_text(f"import sys\nsys.path.insert(0, {site_packages!r})\n" + text)
     return dst
 
 
-def start_triton(root: Path, repo: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """Start the tritonserver of an unpacked nvidia-pytriton wheel on ``repo``."""
-    server = root / "pytriton" / "tritonserver"
-    backends = server / "backends"
-    stub = backends / "python" / "triton_python_backend_stub"
-    if not stub.exists():
-        version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        shutil.copy2(server / "python_backend_stubs" / version / "triton_python_backend_stub", stub)
-    port = free_port()
-    cmd = [
-        str(server / "bin" / "tritonserver"),
-        "--model-repository",
-        str(repo),
-        "--backend-directory",
-        str(backends),
-        "--http-port",
-        str(port),
-        "--grpc-port",
-        str(free_port()),
-        "--metrics-port",
-        str(free_port()),
-        "--pinned-memory-pool-byte-size=0",
-    ]
-    env = dict(os.environ, LD_LIBRARY_PATH=str(root / "nvidia_pytriton.libs"))
-    proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
-    wait_ready(proc, port, log, "tritonserver", interval=0.3, tail=3000)
-    return proc, port
+def check_top5(port: int, jpeg: bytes, expected: list[str]) -> list[str]:
+    """Send ``jpeg`` once to ``image_classifier`` and check its top-5 labels.
+
+    Raises:
+        RuntimeError: the labels differ from ``expected`` (the build-time PyTorch
+            top-5), i.e. the server computed something else.
+    """
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+    inp = httpclient.InferInput("input_image_bytes", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[jpeg]], dtype=object), binary_data=True)
+    result = client.infer("image_classifier", [inp])
+    labels = [x.decode() for x in result.as_numpy("top5_labels")[0]]
+    client.close()
+    if labels != expected:
+        raise RuntimeError(f"top-5 {labels} differs from the golden {expected}")
+    return labels
 
 
 def bench_triton(
-    root: Path, duration: float, warmup: float, work: Path, tries: int, threads: int = 1
+    triton_python: Path, duration: float, warmup: float, work: Path, tries: int, threads: int = 1
 ) -> dict[str, Any]:
-    """The same pipeline and client on real Triton (pytriton's tritonserver 2.51)
-    and on pdserve, both with efficientnet_lite0 as a python model running ORT."""
-    import sysconfig
+    """The same pipeline, images and client on real Triton (pytriton's tritonserver
+    2.51) and on pdserve, with efficientnet_lite0 as a python model running ORT on
+    both; pdserve also with its own ONNX Runtime backend for the predictor.
 
-    jpeg = np.load(GOLDENS / "image_classifier.npz")["image_bytes_flower"].tobytes()
+    ``triton_python``: the interpreter of a venv holding nvidia-pytriton, numpy < 2,
+    onnxruntime and Pillow (``benchmarks/bench_peers.py --install`` makes
+    ``benchmarks/.venvs/triton``).
+    """
+    goldens = np.load(GOLDENS / "image_classifier.npz")
+    jpeg = goldens["image_bytes_flower"].tobytes()
+    expected = [str(x) for x in goldens["top5_labels"][list(goldens["names"]).index("flower")]]
     body = binary_body(
-        [("input_image_bytes", "UINT8", [1, len(jpeg)], jpeg)],
+        [("input_image_bytes", "BYTES", [1, 1], bytes_element(jpeg))],
         ["top5_labels", "top5_confidences"],
     )
-    site = sysconfig.get_paths()["purelib"]
     out: dict[str, Any] = {"predictor_intra_op_threads": threads, "servers": {}}
-    for name in ("triton", "pdserve"):
-        repo = make_python_predictor_repo(work / f"{name}_repo", site, threads)
-        if name == "triton":
-            proc, port = start_triton(root, repo, work / "triton.log")
+    for name in ("triton", "pdserve", "pdserve (ORT backend)"):
+        if name == "pdserve (ORT backend)":
+            repo = make_repo(work / "pdserve_onnx_repo", 2, True, threads)
         else:
-            proc, port = start_server(repo, work / "pdserve_python_predictor.log")
+            repo = make_python_predictor_repo(work / f"{name}_repo", threads)
+        if name == "triton":
+            port = free_port()
+            cmd, env = tritonserver_command(triton_python, repo, port, work / "backends")
+            log = work / "triton.log"
+            proc = subprocess.Popen(  # noqa: SIM115
+                cmd,
+                stdout=open(log, "wb"),  # noqa: SIM115
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env},
+            )
+            wait_ready(proc, port, log, "tritonserver", interval=0.3, tail=3000)
+        else:
+            proc, port = start_server(repo, work / f"pdserve{len(out['servers'])}.log")
         try:
+            check_top5(port, jpeg, expected)
             rows = []
             for c in (1, 8, 32):
                 r = best_of(tries, port, "image_classifier", *body, c, duration, warmup)
@@ -617,7 +597,7 @@ def markdown(results: dict[str, Any]) -> str:
         t = results["triton"]["servers"]
         lines += [
             "",
-            "| server (efficientnet_lite0 as a python model running ORT) | c | images/s | p50 ms | p99 ms |",
+            "| server (predictor: a python model running ORT, or pdserve's ORT backend) | c | images/s | p50 ms | p99 ms |",
             "|---|---|---|---|---|",
         ]
         for name, rows in t.items():
@@ -643,10 +623,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-shm", action="store_true")
     p.add_argument("--skip-pipeline", action="store_true")
     p.add_argument(
-        "--triton-root",
+        "--triton",
         type=Path,
+        nargs="?",
+        const=ROOT / "benchmarks" / ".venvs" / "triton" / "bin" / "python",
         default=None,
-        help="an unpacked nvidia-pytriton wheel: also run the pipeline on its tritonserver",
+        help="also run the pipeline on real Triton: the python of a venv with "
+        "nvidia-pytriton, numpy<2, onnxruntime and Pillow (default: "
+        "benchmarks/.venvs/triton, made by bench_peers.py --install)",
     )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "pipeline.json")
     args = p.parse_args(argv)
@@ -663,10 +647,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_pipeline:
         with tempfile.TemporaryDirectory(prefix="bench_pipeline_") as tmp:
             results["pipeline"] = bench_pipeline(args.duration, args.warmup, Path(tmp), args.tries)
-    if args.triton_root is not None:
+    if args.triton is not None:
         with tempfile.TemporaryDirectory(prefix="bench_triton_") as tmp:
             results["triton"] = bench_triton(
-                args.triton_root, args.duration, args.warmup, Path(tmp), args.tries
+                args.triton, args.duration, args.warmup, Path(tmp), args.tries
             )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -161,6 +161,62 @@ def run_client(
         os.unlink(f.name)
 
 
+def tritonserver_command(
+    py: Path, repo: Path, http_port: int, backends: Path, *, core: str | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of real Triton (the ``tritonserver`` 2.51 in
+    the ``nvidia-pytriton`` wheel of the venv whose interpreter is ``py``) on ``repo``.
+
+    Follows ``../shared/ANCHORS.md``: ``backends/python`` is refreshed from the
+    bundle with the stub for this Python version; the venv's ``bin`` goes first on
+    PATH (the stub imports numpy/onnxruntime/Pillow from that venv) and the
+    interpreter's own LIBDIR first in LD_LIBRARY_PATH (otherwise the stub loads the
+    system libpython). The venv must hold numpy < 2: the bundled stub's pybind11
+    predates numpy 2's ABI, and with numpy 2 the arrays it hands to ``model.py`` are
+    garbage (BYTES lengths like 0xD5D5D5D5, undecodable images).
+
+    Returns:
+        (argv, environment additions); servers listen on 127.0.0.1 only.
+
+    Raises:
+        subprocess.CalledProcessError: ``py`` has no ``pytriton``.
+    """
+    site = Path(
+        subprocess.check_output(
+            [str(py), "-c", "import pytriton, os; print(os.path.dirname(pytriton.__file__))"],
+            text=True,
+        ).strip()
+    )
+    bundle = site / "tritonserver"
+    libdir = subprocess.check_output(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"], text=True
+    ).strip()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    shutil.rmtree(backends, ignore_errors=True)
+    shutil.copytree(bundle / "backends" / "python", backends / "python")
+    stub = bundle / "python_backend_stubs" / version / "triton_python_backend_stub"
+    shutil.copy(stub, backends / "python" / "triton_python_backend_stub")
+    libs = site.parent / "nvidia_pytriton.libs"
+    env = {
+        "PATH": f"{py.parent}:{os.environ.get('PATH', '')}",
+        "LD_LIBRARY_PATH": f"{libdir}:{libs}:{os.environ.get('LD_LIBRARY_PATH', '')}",
+    }
+    cmd = [
+        *taskset(core),
+        str(bundle / "bin" / "tritonserver"),
+        f"--model-repository={repo}",
+        f"--backend-directory={backends}",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        f"--http-port={http_port}",
+        f"--grpc-port={free_port()}",
+        f"--metrics-port={free_port()}",
+        "--allow-gpu-metrics=false",
+    ]
+    return cmd, env
+
+
 def header_args(headers: Sequence[str]) -> list[str]:
     """``--header H`` for each of ``headers`` (loadgen.py options)."""
     return [arg for h in headers for arg in ("--header", h)]
