@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from typing import TypeAlias
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import ExifTags, Image, ImageOps
 
 #: Per-channel mean subtracted from 0..255 RGB pixels (TF EfficientNet-Lite).
 MEAN_RGB: tuple[float, float, float] = (127.0, 127.0, 127.0)
@@ -50,8 +50,8 @@ A path, encoded image bytes (JPEG/PNG/...), a PIL image, a decoded ``uint8``
 pixel array (``HxW`` or ``HxWxC``), or a 1-D ``uint8`` array of encoded bytes.
 """
 
-_MEAN = np.asarray(MEAN_RGB, dtype=np.float32)
-_INV_STD = np.float32(1.0) / np.asarray(STDDEV_RGB, dtype=np.float32)
+_MEAN = np.asarray(MEAN_RGB, dtype=np.float32).reshape(3, 1, 1)
+_INV_STD = (np.float32(1.0) / np.asarray(STDDEV_RGB, dtype=np.float32)).reshape(3, 1, 1)
 
 
 def load_image(source: ImageSource) -> Image.Image:
@@ -79,18 +79,35 @@ def load_image(source: ImageSource) -> Image.Image:
         return _to_rgb(Image.open(io.BytesIO(bytes(source))))
     if isinstance(source, str | os.PathLike):
         with Image.open(source) as opened:
-            return _to_rgb(opened)
+            return _to_rgb(opened).copy()
     raise TypeError(f"unsupported image source type: {type(source).__name__}")
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
-    """Apply the EXIF orientation and return a new, fully loaded RGB copy."""
-    image = ImageOps.exif_transpose(image) or image
-    return image.convert("RGB")
+    """Apply the EXIF orientation and return the fully loaded RGB image.
+
+    Copies only when something changes: an EXIF orientation other than 1 (normal)
+    or a mode other than RGB. (``ImageOps.exif_transpose`` and ``convert`` each
+    return a copy even when there is nothing to do: ~2 ms of a 640x427 photo's
+    ~6 ms.) ``image`` itself may be returned.
+    """
+    if image.getexif().get(ExifTags.Base.Orientation, 1) != 1:
+        image = ImageOps.exif_transpose(image)
+    if image.mode != "RGB":
+        return image.convert("RGB")
+    image.load()
+    return image
 
 
 def resize_and_crop(image: Image.Image) -> Image.Image:
     """Resize the shorter side to ``RESIZE_SHORTER`` (bilinear), centre-crop ``CROP_SIZE``.
+
+    Only the crop is computed: Pillow resamples the source region that maps onto
+    the crop (``resize(..., box=...)``) with the scale factor of the full resize, so
+    the pixels outside the crop are never made (about half the resize work for a
+    4:3 photo). The result equals resizing the whole image and then cropping up to
+    floating-point rounding of the filter positions: at most one 8-bit level on a
+    few percent of the pixels.
 
     Args:
         image: an RGB image of any size.
@@ -102,10 +119,12 @@ def resize_and_crop(image: Image.Image) -> Image.Image:
     scale = RESIZE_SHORTER / min(width, height)
     new_w = max(CROP_SIZE, round(width * scale))
     new_h = max(CROP_SIZE, round(height * scale))
-    image = image.resize((new_w, new_h), Image.Resampling.BILINEAR)
     left = (new_w - CROP_SIZE) // 2
     top = (new_h - CROP_SIZE) // 2
-    return image.crop((left, top, left + CROP_SIZE, top + CROP_SIZE))
+    # The crop's edges in source pixels: resized coordinate x is source x * width / new_w.
+    sx, sy = width / new_w, height / new_h
+    box = (left * sx, top * sy, (left + CROP_SIZE) * sx, (top + CROP_SIZE) * sy)
+    return image.resize((CROP_SIZE, CROP_SIZE), Image.Resampling.BILINEAR, box=box)
 
 
 def normalize(pixels: np.ndarray) -> np.ndarray:
@@ -117,8 +136,12 @@ def normalize(pixels: np.ndarray) -> np.ndarray:
     Returns:
         C-contiguous float32 ``[3, H, W]`` array, ``(pixels - MEAN_RGB) / STDDEV_RGB``.
     """
-    chw = (pixels.astype(np.float32) - _MEAN) * _INV_STD
-    return np.ascontiguousarray(chw.transpose(2, 0, 1))
+    # HWC -> CHW on the uint8 pixels (a quarter of the bytes), then in place in
+    # float32: the same operations as (x - mean) * (1 / std), bit for bit.
+    chw = np.ascontiguousarray(pixels.transpose(2, 0, 1)).astype(np.float32)
+    chw -= _MEAN
+    chw *= _INV_STD
+    return chw
 
 
 def preprocess_image(source: ImageSource) -> np.ndarray:
