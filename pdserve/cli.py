@@ -35,6 +35,49 @@ SERVE_EXTENSIONS: list[tuple[Callable[[argparse.ArgumentParser], None], Any]] = 
 COMMANDS: list[Callable[[Any], None]] = []
 
 
+class HostPolicyAction(argparse.Action):
+    """``--host-policy NAME,SETTING=VALUE`` (repeatable): collect and check host policies.
+
+    The namespace attribute holds ``policy name -> {setting: value}``; options with
+    the same name merge (a later value of a setting wins), as in Triton. Each
+    option is checked as soon as it is read (its syntax, the setting, and the cores
+    of the merged policy: see :func:`pdserve.host_policy.resolve_policy`), so a bad
+    one is an argparse error (exit code 2) naming the option.
+    """
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        from pdserve.host_policy import HostPolicyError, parse_option, resolve_policy
+
+        policies: dict[str, dict[str, str]] = dict(getattr(namespace, self.dest, None) or {})
+        try:
+            name, setting, value = parse_option(str(values))
+            settings = {**policies.get(name, {}), setting: value}
+            resolve_policy(name, settings)
+        except HostPolicyError as e:
+            raise argparse.ArgumentError(self, str(e)) from None
+        policies[name] = settings
+        setattr(namespace, self.dest, policies)
+
+
+def host_policies(args: argparse.Namespace) -> dict[str, frozenset[int]]:
+    """The ``--host-policy`` options of ``args`` as ``policy name -> CPU ids``.
+
+    Raises:
+        pdserve.host_policy.HostPolicyError: a core left the process's affinity
+            mask since the options were read.
+    """
+    from pdserve.host_policy import resolve_policy
+
+    raw = getattr(args, "host_policy", None) or {}
+    return {name: resolve_policy(name, settings) for name, settings in raw.items()}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``pdserve`` argument parser."""
     parser = argparse.ArgumentParser(
@@ -91,6 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="longest wait for the next piece of an HTTP request body before answering 408 "
         "and closing the connection; 0 waits forever (default 60)",
     )
+    serve.add_argument(
+        "--host-policy",
+        action=HostPolicyAction,
+        default=None,
+        metavar="NAME,SETTING=VALUE",
+        help="host policy, as in tritonserver (repeatable): SETTING is cpu-cores (e.g. "
+        "cpu-cores=0-3,5) or numa-node (e.g. numa-node=0: that node's CPUs; memory is not "
+        "bound to the node, Python cannot); both settings: their intersection. Instances "
+        "of a group whose host_policy is NAME run pinned to those cores; a group without "
+        "host_policy uses 'cpu' (KIND_CPU), 'gpu_<id>' (KIND_GPU) or 'model' (KIND_MODEL), "
+        "so --host-policy cpu,cpu-cores=0 pins every CPU instance. A group naming a policy "
+        "not given fails to load",
+    )
     for add_arguments, _ in SERVE_EXTENSIONS:
         add_arguments(serve)
     for add_command in COMMANDS:
@@ -125,10 +181,20 @@ async def serve(args: argparse.Namespace) -> int:
             " (build it with `python examples/build.py`)" if args.model_repository is None else "",
         )
         return 2
+    from pdserve.host_policy import HostPolicyError, format_cpu_list
+
+    try:
+        policies = host_policies(args)
+    except HostPolicyError as e:
+        log.error("--host-policy: %s", e)
+        return 2
+    for name, cores in sorted(policies.items()):
+        log.info("host policy %s: cpu-cores %s", name, format_cpu_list(cores))
     server = InferenceServer(
         repo,
         strict_readiness=args.strict_readiness,
         load_models=getattr(args, "load_models", None),
+        host_policies=policies,
     )
     stop_event = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,8 @@ class InferenceServer:
         strict_readiness: ``ready()`` is False while any model meant to be loaded
             is not ready (Triton's ``--strict-readiness``).
         load_models: names to load at start (``None``: every model).
+        host_policies: host policy name -> CPU ids the instances of that policy
+            are pinned to (``--host-policy``, see :mod:`pdserve.host_policy`).
     """
 
     def __init__(
@@ -54,9 +57,10 @@ class InferenceServer:
         *,
         strict_readiness: bool = False,
         load_models: list[str] | None = None,
+        host_policies: Mapping[str, Collection[int]] | None = None,
     ) -> None:
         self.repository = Path(model_repository)
-        self.manager = ModelManager(self.repository, server=self)
+        self.manager = ModelManager(self.repository, server=self, host_policies=host_policies)
         self.strict_readiness = strict_readiness
         self.load_models = load_models
         self._started = False

@@ -60,6 +60,9 @@ class ModelSpec:
         version_dir: ``<repository>/<model>/<version>``.
         repository: the model repository root.
         server: the :class:`pdserve.server.InferenceServer` (for BLS); may be None.
+        host_policies: the server's host policies, policy name -> CPU ids
+            (``--host-policy``); a backend pins each instance to
+            :func:`pdserve.host_policy.instance_cores` of its group. Empty: no pinning.
     """
 
     name: str
@@ -70,6 +73,7 @@ class ModelSpec:
     repository: Path
     server: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+    host_policies: dict[str, frozenset[int]] = field(default_factory=dict)
 
 
 class ModelInstance(abc.ABC):

@@ -14,13 +14,27 @@ Session options come from the model configuration, with Triton's onnxruntime
 backend keys:
 
 - ``parameters { key: "intra_op_thread_count" value { string_value: "1" } }``
-  (absent: the process's CPUs shared among the model's instances, at least 1 —
-  see :func:`default_intra_op_threads`),
+  (absent: the process's CPUs — or the host policy's cores — shared among the
+  model's instances, at least 1; see :func:`default_intra_op_threads`),
 - ``parameters { key: "inter_op_thread_count" ... }``,
 - ``parameters { key: "execution_mode" ... }`` ``0`` sequential (default) / ``1`` parallel,
 - ``optimization { graph { level: N } }``: ``-1`` basic, ``0`` (default) all,
   ``1`` extended — or the parameter ``graph_optimization_level`` with
   ``disable`` / ``basic`` / ``extended`` / ``all``.
+
+Host policies (``--host-policy``, :mod:`pdserve.host_policy`): an instance whose
+group's policy has cores runs its session only on its own thread, which pins
+itself to those cores (``os.sched_setaffinity(0, cores)``) before it creates the
+session; ``execution_thread`` ``auto`` and ``loop`` are overridden (``loop`` with
+a warning at load: the event loop thread is shared and cannot be pinned for one
+instance). ORT's intra-op pool threads stay inside the policy's cores too: the
+thread count is always set explicitly (ORT 1.32 pins its pool threads to cores of
+its own choosing when the count is left at 0, which escapes any mask — checked on
+Linux through ``/proc/<pid>/task/*/status``), the threads inherit the creating
+thread's mask, and the session config entry ``session.intra_op_thread_affinities``
+gives each pool thread the policy's cores explicitly (:func:`intra_op_affinities`).
+The default thread count divides the policy's cores, not the process's, among the
+model's instances that share them.
 """
 
 from __future__ import annotations
@@ -30,6 +44,7 @@ import concurrent.futures
 import logging
 import os
 import time
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -46,6 +61,12 @@ from pdserve.backends.base import (
     split_batch,
 )
 from pdserve.datatypes import ORT_TO_V2, to_bytes_object_array
+from pdserve.host_policy import (
+    format_cpu_list,
+    instance_cores,
+    name_current_thread,
+    pin_current_thread,
+)
 from pdserve.types import InferError, unavailable
 
 log = logging.getLogger("pdserve.onnxruntime")
@@ -115,7 +136,7 @@ def session_options(config: Any) -> Any:
     return so
 
 
-def default_intra_op_threads(instances: int) -> int:
+def default_intra_op_threads(instances: int, cores: Collection[int] | None = None) -> int:
     """Intra-op threads per session when the config sets none: the CPUs this
     process may use (its affinity mask), shared among the model's instances, at
     least 1.
@@ -123,12 +144,42 @@ def default_intra_op_threads(instances: int) -> int:
     ORT's own default (one thread per core for every session) oversubscribes the
     cores as soon as a model has several instances — Triton's default for a CPU
     ONNX model is two — and its spinning threads then fight over them.
+
+    Args:
+        instances: how many sessions share the CPUs.
+        cores: the host policy's cores when the instances are pinned; then those
+            are shared instead of the process's CPUs.
     """
+    if cores:
+        return max(1, len(cores) // max(1, instances))
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - non-Linux
         cpus = os.cpu_count() or 1
     return max(1, cpus // max(1, instances))
+
+
+#: ORT session config key giving each intra-op pool thread its processors.
+INTRA_OP_AFFINITIES_KEY = "session.intra_op_thread_affinities"
+
+
+def intra_op_affinities(cores: Collection[int], threads: int) -> str:
+    """The ``session.intra_op_thread_affinities`` value that keeps every intra-op
+    pool thread on ``cores``.
+
+    ORT's format (checked with onnxruntime 1.32 on Linux): one entry per pool
+    thread, i.e. ``threads - 1`` entries (the calling thread is the first of the
+    ``intra_op_num_threads``), separated by ``;``; each entry a ``,`` list of
+    processor ids or ``a-b`` ranges, **1-based** (``1`` is CPU 0; ``0`` is refused:
+    "Processor id must start from 1"). ``cores={1}, threads=3`` -> ``"2;2"``.
+
+    Returns:
+        the value, or ``""`` when ``threads <= 1`` (no pool thread: set nothing).
+    """
+    if threads <= 1:
+        return ""
+    entry = ",".join(str(c + 1) for c in sorted(cores))
+    return ";".join([entry] * (threads - 1))
 
 
 def _shape_of(arg: Any) -> list[int | None]:
@@ -184,7 +235,8 @@ class OnnxRuntimeBackend(Backend):
         path = self._model_path(spec)
         available = ort.get_available_providers()
         groups = list(spec.config.instance_group) or [None]
-        plans: list[tuple[str, list[Any]]] = []
+        #: (kind, providers, host policy cores or None) per instance
+        plans: list[tuple[str, list[Any], frozenset[int] | None]] = []
         for group in groups:
             count = group.count if group is not None and group.count > 0 else 1
             kind_name = "KIND_CPU"
@@ -204,6 +256,7 @@ class OnnxRuntimeBackend(Backend):
                         "onnxruntime-gpu on a machine with a CUDA GPU, or use KIND_CPU"
                     )
                 for gpu in gpus:
+                    cores = instance_cores(spec.host_policies, group, gpu)
                     for _ in range(count):
                         plans.append(
                             (
@@ -212,39 +265,111 @@ class OnnxRuntimeBackend(Backend):
                                     ("CUDAExecutionProvider", {"device_id": gpu}),
                                     "CPUExecutionProvider",
                                 ],
+                                cores,
                             )
                         )
             elif kind_name in ("KIND_CPU", "KIND_MODEL"):
-                plans.extend(("KIND_CPU", ["CPUExecutionProvider"]) for _ in range(count))
+                cores = instance_cores(spec.host_policies, group, 0)
+                plans.extend(("KIND_CPU", ["CPUExecutionProvider"], cores) for _ in range(count))
             else:
                 raise RuntimeError(
                     f"instance_group kind {kind_name} is not supported by onnxruntime"
                 )
-        so = session_options(spec.config)
-        if not cfgmod.get_parameter(spec.config, "intra_op_thread_count"):
-            so.intra_op_num_threads = default_intra_op_threads(len(plans))
+        configured = cfgmod.get_parameter(spec.config, "intra_op_thread_count")
         loop = asyncio.get_running_loop()
+        executors: list[concurrent.futures.ThreadPoolExecutor | None] = []
+        futures = []
+        for i, (_, providers, cores) in enumerate(plans):
+            so = session_options(spec.config)
+            if cores:
+                # ORT pins a 0-count pool to cores of its own choosing: always set it.
+                if not configured or so.intra_op_num_threads <= 0:
+                    sharing = sum(1 for p in plans if p[2] == cores)
+                    so.intra_op_num_threads = default_intra_op_threads(sharing, cores)
+                value = intra_op_affinities(cores, so.intra_op_num_threads)
+                if value:
+                    so.add_session_config_entry(INTRA_OP_AFFINITIES_KEY, value)
+                executor = _pinned_executor(f"{spec.name}_{i}", cores)
+            else:
+                if not configured:
+                    so.intra_op_num_threads = default_intra_op_threads(len(plans))
+                executor = None
+            executors.append(executor)
 
-        def make(providers: list[Any]) -> Any:
-            return ort.InferenceSession(path, sess_options=so, providers=providers)
+            def make(providers: list[Any] = providers, so: Any = so) -> Any:
+                return ort.InferenceSession(path, sess_options=so, providers=providers)
 
-        sessions = await asyncio.gather(
-            *(loop.run_in_executor(None, make, providers) for _, providers in plans)
-        )
-        return [
-            OnnxRuntimeInstance(f"{spec.name}_{i}", kind, sess, spec)
-            for i, ((kind, _), sess) in enumerate(zip(plans, sessions, strict=True))
-        ]
+            # A pinned instance creates its session on its own (pinned) thread: the
+            # pool threads ORT starts there inherit the mask.
+            futures.append(loop.run_in_executor(executor, make))
+        try:
+            sessions = await asyncio.gather(*futures)
+            return [
+                OnnxRuntimeInstance(f"{spec.name}_{i}", kind, sess, spec, cores, executor)
+                for i, ((kind, _, cores), sess, executor) in enumerate(
+                    zip(plans, sessions, executors, strict=True)
+                )
+            ]
+        except BaseException:
+            await asyncio.gather(*futures, return_exceptions=True)
+            for executor in executors:
+                if executor is not None:
+                    executor.shutdown(wait=False)
+            raise
+
+
+def _start_pinned_thread(name: str, cores: frozenset[int]) -> None:
+    pin_current_thread(cores)
+    name_current_thread(name)
+
+
+def _pinned_executor(name: str, cores: frozenset[int]) -> concurrent.futures.ThreadPoolExecutor:
+    """A one-thread executor whose thread pins itself to ``cores`` when it starts.
+
+    The thread also takes the instance name as its kernel name (``comm``), which
+    the ORT pool threads it creates inherit: ``/proc/<pid>/task/*/status`` (or
+    ``top -H``) shows which threads belong to which instance.
+    """
+    return concurrent.futures.ThreadPoolExecutor(
+        1, thread_name_prefix=name, initializer=_start_pinned_thread, initargs=(name, cores)
+    )
 
 
 class OnnxRuntimeInstance(ModelInstance):
-    """One ORT session running on its own thread."""
+    """One ORT session running on its own thread.
 
-    def __init__(self, name: str, kind: str, session: Any, spec: ModelSpec) -> None:
+    Args:
+        cores: the host policy's cores, or None. With cores the session always
+            runs on the instance's thread, pinned to them (``execution_thread``
+            ``auto``/``loop`` are overridden).
+        executor: the instance's one-thread executor (for a pinned instance, the
+            one whose thread created the session); None creates one.
+
+    Raises:
+        ValueError: ``execution_thread`` is not ``auto``, ``loop`` or ``thread``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        session: Any,
+        spec: ModelSpec,
+        cores: frozenset[int] | None = None,
+        executor: concurrent.futures.ThreadPoolExecutor | None = None,
+    ) -> None:
         self.name = name
         self.kind = kind
         self.session = session
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        #: the CPU ids this instance's thread is pinned to (host policy), or None.
+        self.cores = cores
+        if executor is None:
+            executor = (
+                _pinned_executor(name, cores)
+                if cores
+                else concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+            )
+        self._executor = executor
         cfg = spec.config
         self._batching = cfg.max_batch_size > 0
         self._string_inputs = {a.name for a in session.get_inputs() if a.type == "tensor(string)"}
@@ -262,6 +387,15 @@ class OnnxRuntimeInstance(ModelInstance):
         mode = cfgmod.get_parameter(cfg, "execution_thread", "auto")
         if mode not in ("auto", "loop", "thread"):
             raise ValueError(f"execution_thread '{mode}' is not one of auto, loop, thread")
+        if cores and mode != "thread":
+            if mode == "loop":
+                log.warning(
+                    "%s: execution_thread 'loop' is overridden by its host policy: the "
+                    "session runs on the instance's own thread, pinned to cpu-cores %s",
+                    name,
+                    format_cpu_list(cores),
+                )
+            mode = "thread"
         self._mode = mode
         #: moving average of a run's duration, seconds (drives ``auto``).
         self._avg_run_s = 0.0
@@ -292,7 +426,8 @@ class OnnxRuntimeInstance(ModelInstance):
         the event loop keeps accepting requests); ``loop`` — on the event loop
         thread; ``auto`` (default) — on the thread, except while the moving average
         run time is under ``INLINE_RUN_MAX_S`` (a sub-0.2 ms model), where handing
-        the batch to a thread and back costs more than the run itself.
+        the batch to a thread and back costs more than the run itself. An instance
+        under a host policy always runs on its (pinned) thread.
 
         A request whose string (``tensor(string)``) input is not UTF-8 gets a 400
         naming the input, without running; the others of the batch run. A batch

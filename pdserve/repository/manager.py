@@ -17,11 +17,13 @@ import copy
 import inspect
 import logging
 import os
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pdserve import config as cfgmod
+from pdserve import host_policy
 from pdserve.backends import get_backend
 from pdserve.backends.base import ModelSpec
 from pdserve.repository import layout
@@ -137,11 +139,22 @@ class ModelManager:
     Args:
         repository: the model repository root.
         server: passed to backends in :class:`ModelSpec` (BLS, ensembles).
+        host_policies: host policy name -> CPU ids (``--host-policy``), passed to
+            backends in :class:`ModelSpec`; a model whose instance group names a
+            policy not in it fails to load (:mod:`pdserve.host_policy`).
     """
 
-    def __init__(self, repository: Path, server: Any = None) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        server: Any = None,
+        host_policies: Mapping[str, Collection[int]] | None = None,
+    ) -> None:
         self.repository = Path(repository)
         self.server = server
+        self.host_policies: dict[str, frozenset[int]] = {
+            name: frozenset(cores) for name, cores in (host_policies or {}).items()
+        }
         self.models: dict[str, ModelEntry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._retiring: set[asyncio.Task[None]] = set()
@@ -405,6 +418,7 @@ class ModelManager:
             version_dir=model_dir / str(version),
             repository=self.repository,
             server=self.server,
+            host_policies=self.host_policies,
         )
         backend_name = cfg.backend or ("ensemble" if cfg.platform == "ensemble" else "")
         backend = get_backend(backend_name)
@@ -413,6 +427,7 @@ class ModelManager:
             await completing
         cfgmod.apply_defaults(cfg, gpus=available_gpus())
         cfgmod.validate_config(cfg, str(model_dir / "config.pbtxt"), model_dir=model_dir)
+        host_policy.check_instance_groups(name, cfg, self.host_policies)
         mv = ModelVersion(spec, cfg.platform or cfg.backend, backend_name)
         mv.instances = await backend.load(spec)
         mv.scheduler = create_scheduler(mv)

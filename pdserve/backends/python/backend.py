@@ -35,6 +35,12 @@ Errors (the HTTP status for each is in
 * an output of the wrong datatype, or a requested output the model did not
   return, is a 500 naming the output.
 
+Host policies (``--host-policy``, :mod:`pdserve.host_policy`): each worker of an
+instance whose group's policy has cores is pinned to them — by the server with
+``os.sched_setaffinity(pid, cores)`` as soon as the process exists, and by the
+worker itself before it imports ``model.py`` (so threads the model starts inherit
+the mask) — at start and again at every restart after a crash.
+
 Workers stop with the model (``finalize()`` runs; a worker that does not exit
 within :data:`STOP_TIMEOUT_S` is killed) and, since the shared memory is memfd
 based, nothing is left in ``/dev/shm`` even when the server itself is killed.
@@ -72,6 +78,7 @@ from pdserve.backends.python.triton_python_backend_utils import (
     http_status_to_error_code,
 )
 from pdserve.datatypes import numpy_to_v2
+from pdserve.host_policy import instance_cores
 from pdserve.types import InferError, InferRequest, RequestedOutput
 
 log = logging.getLogger("pdserve.python")
@@ -177,11 +184,20 @@ class WorkerConnection:
     # -- start ------------------------------------------------------------------
 
     @classmethod
-    async def start(cls, name: str, init: dict[str, Any], server: Any) -> WorkerConnection:
+    async def start(
+        cls,
+        name: str,
+        init: dict[str, Any],
+        server: Any,
+        cores: frozenset[int] | None = None,
+    ) -> WorkerConnection:
         """Start a worker process (forkserver) and connect to it.
 
+        Args:
+            cores: CPU ids to pin the process to (its host policy), or None.
+
         Raises:
-            OSError: the process could not be started.
+            OSError: the process could not be started or pinned.
         """
         ctx = _mp_context()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -198,6 +214,14 @@ class WorkerConnection:
                     proc.start()
                 finally:
                     _launching.active = False
+            if cores:
+                try:
+                    os.sched_setaffinity(proc.pid, cores)
+                except ProcessLookupError:
+                    pass  # died at once: seen as end of file on its socket
+                except OSError:
+                    proc.kill()
+                    raise
 
         try:
             await asyncio.get_running_loop().run_in_executor(None, launch)
@@ -481,9 +505,15 @@ def _model_file(spec: ModelSpec) -> Path:
 
 
 def _init_message(
-    spec: ModelSpec, mode: str, instance: str, kind: str, device: int
+    spec: ModelSpec,
+    mode: str,
+    instance: str,
+    kind: str,
+    device: int,
+    cores: frozenset[int] | None = None,
 ) -> dict[str, Any]:
     return {
+        "cpu_cores": sorted(cores) if cores else None,
         "mode": mode,
         "model_file": str(_model_file(spec)),
         "version_dir": str(spec.version_dir),
@@ -546,7 +576,7 @@ class PythonBackend(Backend):
         """
         from tritonclient.grpc import model_config_pb2 as mc
 
-        plans: list[tuple[str, str, int]] = []
+        plans: list[tuple[str, str, int, frozenset[int] | None]] = []
         groups = list(spec.config.instance_group) or [None]
         for gi, group in enumerate(groups):
             count = group.count if group is not None and group.count > 0 else 1
@@ -561,10 +591,11 @@ class PythonBackend(Backend):
                     kind = "MODEL"
             n = 0
             for device in devices:
+                cores = instance_cores(spec.host_policies, group, device)
                 for _ in range(count):
-                    plans.append((f"{gname}_{n}", kind, device))
+                    plans.append((f"{gname}_{n}", kind, device, cores))
                     n += 1
-        instances = [PythonInstance(spec, name, kind, device) for name, kind, device in plans]
+        instances = [PythonInstance(spec, *plan) for plan in plans]
         results = await asyncio.gather(*(i.start() for i in instances), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
@@ -574,13 +605,27 @@ class PythonBackend(Backend):
 
 
 class PythonInstance(ModelInstance):
-    """One model instance = one worker process (restarted when it dies)."""
+    """One model instance = one worker process (restarted when it dies).
 
-    def __init__(self, spec: ModelSpec, name: str, kind: str, device: int) -> None:
+    Args:
+        cores: the host policy's CPU ids; each worker (the first and every
+            restarted one) is pinned to them. None: not pinned.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        name: str,
+        kind: str,
+        device: int,
+        cores: frozenset[int] | None = None,
+    ) -> None:
         self.spec = spec
         self.name = name
         self.kind = f"KIND_{kind}"
-        self._init = _init_message(spec, "serve", name, kind, device)
+        #: CPU ids the worker process is pinned to (host policy), or None.
+        self.cores = cores
+        self._init = _init_message(spec, "serve", name, kind, device, cores)
         self.conn: WorkerConnection | None = None
         self._restarting: asyncio.Task[WorkerConnection] | None = None
         self._closing = False
@@ -599,7 +644,7 @@ class PythonInstance(ModelInstance):
         self.conn = await self._start_once()
 
     async def _start_once(self) -> WorkerConnection:
-        conn = await WorkerConnection.start(self.name, self._init, self.spec.server)
+        conn = await WorkerConnection.start(self.name, self._init, self.spec.server, self.cores)
         try:
             await asyncio.wait_for(asyncio.shield(conn.ready), START_TIMEOUT_S)
         except BaseException as e:

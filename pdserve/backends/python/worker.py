@@ -413,8 +413,11 @@ def worker_main(sock: socket.socket, init: dict[str, Any]) -> None:
         init: ``mode`` (``"serve"`` / ``"autocomplete"``), ``model_file``,
             ``version_dir``, ``model_dir``, ``model_name``, ``model_version``,
             ``model_config`` (JSON), ``instance_name``, ``instance_kind``,
-            ``device_id``.
+            ``device_id``, ``cpu_cores`` (the host policy's CPU ids, or None).
     """
+    cores = init.get("cpu_cores")
+    if cores:  # before model.py is imported: every thread it starts inherits the mask
+        os.sched_setaffinity(0, cores)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when we stop
     logging.basicConfig(
         level=logging.INFO,

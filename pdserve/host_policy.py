@@ -1,0 +1,337 @@
+"""Host policies: pin model instances to CPU cores (Triton's ``--host-policy``).
+
+``tritonserver --host-policy=<policy_name>,<setting>=<value>`` (repeatable) names a
+policy and gives it settings; an instance group joins a policy through its
+``host_policy`` field. The rules followed here are Triton core's:
+
+* settings are ``cpu-cores`` (e.g. ``0-3,5``) and ``numa-node`` (e.g. ``0``); any
+  other is refused with Triton's message (``TritonServerOptions::SetHostPolicy``);
+* several ``--host-policy`` options with the same name add settings to one policy,
+  a later value of the same setting replacing the earlier one;
+* an instance group without ``host_policy`` uses its device's default policy name:
+  ``cpu`` for ``KIND_CPU``, ``gpu_<device id>`` for each GPU of a ``KIND_GPU``
+  group, ``model`` for ``KIND_MODEL`` (``TritonModel::PrepareInstances``), so
+  ``--host-policy cpu,cpu-cores=0`` pins every CPU instance without touching a
+  model configuration;
+* a policy applies to the thread(s) that run an instance
+  (``SetNumaThreadAffinity``: ``pthread_setaffinity_np`` to the policy's cores).
+
+Where pdserve differs, and why:
+
+* ``cpu-cores`` also takes single ids (``5``, ``0-3,5``); Triton's parser wants
+  every item as a ``<lower>-<upper>`` range (``5-5``). Ranges are accepted as Triton
+  writes them.
+* ``numa-node`` pins to that node's CPUs (``/sys/devices/system/node/node<N>/cpulist``).
+  Triton also binds the instance's *memory* to the node (``set_mempolicy(MPOL_BIND)``);
+  Python has no portable call for that, so pdserve does not bind memory — first
+  touch from the pinned threads usually places it on the node anyway. With both
+  settings a policy pins to their intersection.
+* Cores are checked when the server starts: a core the process may not use
+  (``os.sched_getaffinity(0)``), a NUMA node that does not exist, or an empty
+  intersection is a command-line error. (Triton finds a bad core only when an
+  instance loads.)
+* An instance group whose ``host_policy`` names a policy that was not given makes
+  the model fail to load, naming the model, the group and the policy. Triton
+  silently runs such an instance unpinned; a typo that quietly drops the pinning
+  is worse than a load error. A group that names its own default policy
+  (``cpu`` on a CPU group) is not an error when that policy is not given.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+#: The settings a host policy takes (Triton's).
+SETTINGS = ("numa-node", "cpu-cores")
+
+#: Where Linux lists the NUMA nodes and their CPUs.
+NUMA_ROOT = Path("/sys/devices/system/node")
+
+#: Triton's wording for a malformed ``--host-policy`` option.
+FORMAT = "'<policy name>,<setting>=<value>'"
+
+
+class HostPolicyError(ValueError):
+    """A host policy option is malformed or names cores this process cannot use."""
+
+
+def parse_option(text: str) -> tuple[str, str, str]:
+    """Split one ``--host-policy`` value into ``(policy name, setting, value)``.
+
+    Args:
+        text: ``<policy name>,<setting>=<value>``, e.g. ``cpu,cpu-cores=0-3``.
+
+    Raises:
+        HostPolicyError: not of that form (an empty part included), or a setting
+            other than ``numa-node`` / ``cpu-cores`` (Triton's messages).
+    """
+    name, comma, rest = text.partition(",")
+    setting, eq, value = rest.partition("=")
+    name, setting, value = name.strip(), setting.strip(), value.strip()
+    if not comma or not eq or not name or not setting or not value:
+        raise HostPolicyError(f"--host-policy option format is {FORMAT}. Got {text}")
+    if setting not in SETTINGS:
+        raise HostPolicyError(
+            f"Unsupported host policy setting '{setting}' is specified, supported settings "
+            "are 'numa-node', 'cpu-cores'"
+        )
+    return name, setting, value
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """CPU ids of a list such as ``0-3,5`` (Linux ``cpulist`` syntax).
+
+    Returns:
+        the ids, each ``>= 0``.
+
+    Raises:
+        HostPolicyError: an empty item, a non-integer, a negative id, or a range
+            whose lower end is above its upper end.
+    """
+    cpus: set[int] = set()
+    for item in text.split(","):
+        item = item.strip()
+        lo_text, dash, hi_text = item.partition("-")
+        try:
+            lo = int(lo_text)
+            hi = int(hi_text) if dash else lo
+        except ValueError:
+            raise HostPolicyError(
+                f"'cpu-cores' value '{text}': '{item}' is not a core id or a "
+                "'<lower>-<upper>' range of core ids"
+            ) from None
+        if lo < 0 or hi < lo:
+            raise HostPolicyError(
+                f"'cpu-cores' value '{text}': '{item}' is not a valid range "
+                "(ids are >= 0 and the lower end comes first)"
+            )
+        cpus.update(range(lo, hi + 1))
+    return frozenset(cpus)
+
+
+def format_cpu_list(cpus: Iterable[int]) -> str:
+    """The ``cpulist`` form of ``cpus``: ``{0, 1, 2, 5}`` -> ``"0-2,5"``."""
+    ids = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def numa_node_cpus(node: str, root: Path = NUMA_ROOT) -> frozenset[int]:
+    """The CPUs of NUMA node ``node`` (from ``<root>/node<N>/cpulist``).
+
+    Raises:
+        HostPolicyError: ``node`` is not a non-negative integer, or no such node.
+    """
+    if not (node.isascii() and node.isdigit()):
+        raise HostPolicyError(f"'numa-node' value '{node}' is not a NUMA node id (0, 1, ...)")
+    path = root / f"node{int(node)}" / "cpulist"
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        known = (
+            sorted(p.name for p in root.glob("node[0-9]*") if p.name[4:].isdigit())
+            if root.is_dir()
+            else []
+        )
+        raise HostPolicyError(
+            f"NUMA node {int(node)} does not exist (no {path}; nodes here: "
+            f"{', '.join(known) or 'none'})"
+        ) from None
+    return parse_cpu_list(text) if text else frozenset()
+
+
+def allowed_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (its affinity mask)."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def resolve_policy(
+    name: str,
+    settings: Mapping[str, str],
+    allowed: Collection[int] | None = None,
+    numa_root: Path = NUMA_ROOT,
+) -> frozenset[int]:
+    """The cores one policy pins to.
+
+    ``cpu-cores`` gives them; ``numa-node`` gives that node's CPUs (those this
+    process may use); with both, their intersection.
+
+    Args:
+        name: the policy name (for messages).
+        settings: setting -> value, as given on the command line.
+        allowed: the CPUs this process may use (default: its affinity mask).
+
+    Returns:
+        a non-empty set of CPU ids.
+
+    Raises:
+        HostPolicyError: a bad value, a core outside ``allowed``, a NUMA node that
+            does not exist or has none of ``allowed``, or an empty intersection.
+    """
+    allowed = frozenset(allowed if allowed is not None else allowed_cpus())
+    where = f"host policy '{name}'"
+    cores: frozenset[int] | None = None
+    if "cpu-cores" in settings:
+        cores = parse_cpu_list(settings["cpu-cores"])
+        outside = cores - allowed
+        if outside:
+            raise HostPolicyError(
+                f"{where}: cpu-cores {format_cpu_list(outside)} not available to this "
+                f"process (it may use {format_cpu_list(allowed)})"
+            )
+    if "numa-node" in settings:
+        node = settings["numa-node"]
+        try:
+            node_cpus = numa_node_cpus(node, numa_root) & allowed
+        except HostPolicyError as e:
+            raise HostPolicyError(f"{where}: {e}") from None
+        if not node_cpus:
+            raise HostPolicyError(
+                f"{where}: NUMA node {node} has none of the CPUs this process may use "
+                f"({format_cpu_list(allowed)})"
+            )
+        if cores is not None:
+            both = cores & node_cpus
+            if not both:
+                raise HostPolicyError(
+                    f"{where}: cpu-cores {format_cpu_list(cores)} are not on NUMA node "
+                    f"{node} (its CPUs: {format_cpu_list(node_cpus)})"
+                )
+            cores = both
+        else:
+            cores = node_cpus
+    if not cores:
+        raise HostPolicyError(f"{where} has no setting")
+    return cores
+
+
+def resolve_policies(
+    options: Iterable[str],
+    allowed: Collection[int] | None = None,
+    numa_root: Path = NUMA_ROOT,
+) -> dict[str, frozenset[int]]:
+    """Resolve every ``--host-policy`` value to ``policy name -> cores``.
+
+    Options with the same policy name merge (a later value of a setting wins),
+    as in Triton.
+
+    Raises:
+        HostPolicyError: see :func:`parse_option` and :func:`resolve_policy`.
+    """
+    raw: dict[str, dict[str, str]] = {}
+    for text in options:
+        name, setting, value = parse_option(text)
+        raw.setdefault(name, {})[setting] = value
+    return {n: resolve_policy(n, s, allowed, numa_root) for n, s in raw.items()}
+
+
+# -- instance groups --------------------------------------------------------------
+
+
+def _kind_name(group: Any) -> str:
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    return mc.ModelInstanceGroup.Kind.Name(group.kind)
+
+
+def default_policy_name(kind: str, device_id: int = 0) -> str:
+    """Triton's default policy name of an instance: ``cpu``, ``gpu_<id>`` or ``model``.
+
+    Args:
+        kind: ``KIND_CPU`` / ``KIND_GPU`` / ``KIND_MODEL`` (``KIND_AUTO`` is
+            resolved before this; it counts as CPU).
+        device_id: the GPU of a ``KIND_GPU`` instance.
+    """
+    if kind == "KIND_GPU":
+        return f"gpu_{device_id}"
+    if kind == "KIND_MODEL":
+        return "model"
+    return "cpu"
+
+
+def policy_name(group: Any, device_id: int = 0) -> str:
+    """The policy name of one instance of ``group`` (a ``ModelInstanceGroup``)."""
+    if group is not None and group.host_policy:
+        return group.host_policy
+    kind = _kind_name(group) if group is not None else "KIND_CPU"
+    return default_policy_name(kind, device_id)
+
+
+def instance_cores(
+    policies: Mapping[str, frozenset[int]], group: Any, device_id: int = 0
+) -> frozenset[int] | None:
+    """The cores an instance of ``group`` on ``device_id`` is pinned to.
+
+    Returns:
+        the policy's cores, or None when its policy was not given (no pinning).
+    """
+    if not policies:
+        return None
+    return policies.get(policy_name(group, device_id))
+
+
+def check_instance_groups(model: str, config: Any, policies: Mapping[str, frozenset[int]]) -> None:
+    """Refuse a model whose instance group names a host policy that was not given.
+
+    A group naming the default policy of its own kind (``cpu`` on a CPU group,
+    ``gpu_<id>`` on a GPU group, ``model``) is accepted: that is the policy it
+    would have without the field.
+
+    Raises:
+        HostPolicyError: the message names the model, the group and the policy.
+    """
+    for group in config.instance_group:
+        name = group.host_policy
+        if not name or name in policies:
+            continue
+        kind = _kind_name(group)
+        defaults = (
+            {default_policy_name(kind, g) for g in group.gpus}
+            if kind == "KIND_GPU"
+            else {default_policy_name(kind)}
+        )
+        if name in defaults:
+            continue
+        given = ", ".join(sorted(policies)) or "none"
+        raise HostPolicyError(
+            f"model '{model}' instance group '{group.name}' names host policy '{name}', "
+            f"which was not given (start pdserve with --host-policy {name},cpu-cores=... "
+            f"or {name},numa-node=...; policies given: {given})"
+        )
+
+
+def pin_current_thread(cores: Collection[int]) -> None:
+    """Pin the calling thread to ``cores`` (Linux: pid 0 is the calling thread).
+
+    Raises:
+        OSError: the kernel refused (e.g. the cores left this process's cpuset).
+    """
+    os.sched_setaffinity(0, cores)
+
+
+def name_current_thread(name: str) -> None:
+    """Set the calling thread's kernel name (``comm``, 15 bytes) where Linux allows.
+
+    ``top -H``, ``ps -L`` and ``/proc/<pid>/task/<tid>/status`` then show it; threads
+    the named thread starts (ORT's pool threads) inherit it. Does nothing elsewhere.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, name.encode("utf-8", "replace")[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):  # pragma: no cover - not Linux / no prctl
+        pass
