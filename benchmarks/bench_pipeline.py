@@ -49,6 +49,7 @@ from common import (
     ROOT,
     free_port,
     pdserve_command,
+    taskset,
     tritonserver_command,
     wait_ready,
 )
@@ -61,10 +62,11 @@ PIPELINE_MODELS = ("preprocess", "efficientnet_lite0", "postprocess", "image_cla
 # --------------------------------------------------------------------------- helpers
 
 
-def start_server(repo: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """Start pdserve on ``repo``; return (process, http port) once it is ready."""
+def start_server(repo: Path, log: Path, *args: str) -> tuple[subprocess.Popen[bytes], int]:
+    """Start pdserve on ``repo`` with extra CLI ``args``; return (process, http port)
+    once it is ready."""
     port = free_port()
-    cmd = pdserve_command(repo, port, free_port(), free_port())
+    cmd = pdserve_command(repo, port, free_port(), free_port(), *args)
     proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=ROOT)  # noqa: SIM115
     wait_ready(proc, port, log, "pdserve", interval=0.2)
     return proc, port
@@ -117,13 +119,16 @@ def load_point(
     concurrency: int,
     duration: float,
     warmup: float,
+    core: str | None = None,
 ) -> dict[str, Any]:
-    """One closed-loop load point with benchmarks/loadgen.py (its own process)."""
+    """One closed-loop load point with benchmarks/loadgen.py (its own process, pinned
+    to ``core`` when given)."""
     with tempfile.NamedTemporaryFile(suffix=".bin") as f:
         f.write(body)
         f.flush()
         out = subprocess.run(
             [
+                *taskset(core),
                 PY,
                 str(ROOT / "benchmarks" / "loadgen.py"),
                 "--url",
@@ -154,7 +159,12 @@ def load_point(
 
 
 def make_repo(
-    dst: Path, preprocess_instances: int, predictor_batching: bool, predictor_threads: int = 0
+    dst: Path,
+    preprocess_instances: int,
+    predictor_batching: bool,
+    predictor_threads: int = 0,
+    *,
+    predictor_policy: str = "",
 ) -> Path:
     """A copy of the image pipeline's models with the given variations.
 
@@ -162,6 +172,8 @@ def make_repo(
     instance (one ONNX Runtime session using every core, instead of two sessions
     competing for them); ``predictor_threads`` > 0 limits that session's intra-op
     threads (a share of the cores for the predictor, the rest for the python steps).
+    ``predictor_policy`` puts efficientnet_lite0's instance group under
+    that host policy (``--host-policy NAME,cpu-cores=...`` on the server).
     """
     dst.mkdir(parents=True)
     for name in PIPELINE_MODELS:
@@ -174,7 +186,10 @@ def make_repo(
     cfg = dst / "efficientnet_lite0" / "config.pbtxt"
     text = cfg.read_text()
     if predictor_batching and "dynamic_batching" not in text:
-        text += "dynamic_batching { }\ninstance_group [ { count: 1, kind: KIND_CPU } ]\n"
+        policy = f', host_policy: "{predictor_policy}"' if predictor_policy else ""
+        text += (
+            f"dynamic_batching {{ }}\ninstance_group [ {{ count: 1, kind: KIND_CPU{policy} }} ]\n"
+        )
         if predictor_threads:
             text += (
                 'parameters { key: "intra_op_thread_count" '
@@ -284,13 +299,13 @@ async def _bench_shm(repeats: int) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- pipeline
 
 
-def best_of(tries: int, *args: Any) -> dict[str, Any]:
+def best_of(tries: int, *args: Any, core: str | None = None) -> dict[str, Any]:
     """The best of ``tries`` runs of one load point (the machine is shared: other
     processes only ever make a point slower), with the load average before each."""
     runs = []
     for _ in range(tries):
         load = os.getloadavg()[0]
-        r = load_point(*args)
+        r = load_point(*args, core=core)
         r["loadavg_before"] = round(load, 2)
         runs.append(r)
     best = max(runs, key=lambda r: r["rps"])
@@ -298,8 +313,41 @@ def best_of(tries: int, *args: Any) -> dict[str, Any]:
     return best
 
 
-def bench_pipeline(duration: float, warmup: float, work: Path, tries: int) -> dict[str, Any]:
-    """Stage capacities and pipeline throughput for the repository variants."""
+#: The repository / server variants of the pipeline benchmark (see :func:`make_repo`).
+#: ``server_args``: extra ``pdserve serve`` options; ``client_core``: the load
+#: generator's core (``taskset``), else it floats; ``main_thread_core``: the core of
+#: the server's main thread (its event loop), else it floats.
+VARIANTS: list[dict[str, Any]] = [
+    {"label": "as shipped, 2 preprocess", "preprocess_instances": 2},
+    {"label": "as shipped, 1 preprocess", "preprocess_instances": 1},
+    {
+        "label": "predictor batched, 1 preprocess",
+        "preprocess_instances": 1,
+        "predictor_batching": True,
+    },
+    {
+        "label": "host policies: predictor on core 0, the rest on core 1",
+        "preprocess_instances": 1,
+        "predictor_batching": True,
+        "predictor_threads": 1,
+        "predictor_policy": "predictor",
+        "server_args": [
+            "--host-policy",
+            "predictor,cpu-cores=0",
+            "--host-policy",
+            "cpu,cpu-cores=1",
+        ],
+        "client_core": "1",
+        "main_thread_core": "1",
+    },
+]
+
+
+def bench_pipeline(
+    duration: float, warmup: float, work: Path, tries: int, only: set[int] | None = None
+) -> dict[str, Any]:
+    """Stage capacities and pipeline throughput for the repository variants
+    (:data:`VARIANTS`, those whose index is in ``only`` when given)."""
     jpeg = np.load(GOLDENS / "image_classifier.npz")["image_bytes_flower"].tobytes()
     image_tensor = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
     logits = np.random.default_rng(1).standard_normal((1, 1000), dtype=np.float32)
@@ -318,29 +366,35 @@ def bench_pipeline(duration: float, warmup: float, work: Path, tries: int) -> di
             [("logits", "FP32", [1, 1000], logits.tobytes())], ["top5_labels", "top5_confidences"]
         ),
     }
-    variants: list[tuple[Any, ...]] = [
-        ("as shipped, 2 preprocess", 2, False),
-        ("as shipped, 1 preprocess", 1, False),
-        ("predictor batched, 2 preprocess", 2, True),
-        ("predictor batched, 1 preprocess", 1, True),
-        ("cores split: predictor batched on 1 thread, 1 preprocess", 1, True, 1),
-    ]
     out: dict[str, Any] = {"image": "flower.jpg", "image_bytes": len(jpeg), "variants": []}
-    for i, (label, n_pre, batching, *threads) in enumerate(variants):
-        repo = make_repo(work / f"repo{i}", n_pre, batching, *threads)
-        proc, port = start_server(repo, work / f"server{i}.log")
+    for i, variant in enumerate(VARIANTS):
+        if only and i not in only:
+            continue
+        label = variant["label"]
+        repo = make_repo(
+            work / f"repo{i}",
+            variant["preprocess_instances"],
+            variant.get("predictor_batching", False),
+            variant.get("predictor_threads", 0),
+            predictor_policy=variant.get("predictor_policy", ""),
+        )
+        proc, port = start_server(repo, work / f"server{i}.log", *variant.get("server_args", ()))
+        client = variant.get("client_core")
+        if variant.get("main_thread_core") and shutil.which("taskset"):
+            # Only the thread whose id is the pid: the event loop (HTTP, ensemble,
+            # dispatch). Instances under a host policy have pinned themselves.
+            subprocess.run(
+                ["taskset", "-p", "-c", variant["main_thread_core"], str(proc.pid)],
+                check=True,
+                capture_output=True,
+            )
         try:
-            entry: dict[str, Any] = {
-                "label": label,
-                "preprocess_instances": n_pre,
-                "predictor_dynamic_batching": batching,
-                "predictor_intra_op_threads": threads[0] if threads else 0,
-                "stages": {},
-                "pipeline": [],
-            }
+            entry: dict[str, Any] = {**variant, "stages": {}, "pipeline": []}
             for model in ("preprocess", "efficientnet_lite0", "postprocess"):
                 for c in (8, 32):
-                    r = best_of(tries, port, model, *bodies[model], c, duration, warmup)
+                    r = best_of(
+                        tries, port, model, *bodies[model], c, duration, warmup, core=client
+                    )
                     entry["stages"].setdefault(model, []).append(r)
                 best = max(entry["stages"][model], key=lambda r: r["rps"])
                 print(f"  [{label}] {model} alone: {best['rps']:.1f}/s", file=sys.stderr)
@@ -353,6 +407,7 @@ def bench_pipeline(duration: float, warmup: float, work: Path, tries: int) -> di
                     c,
                     duration,
                     warmup,
+                    core=client,
                 )
                 entry["pipeline"].append(r)
                 print(
@@ -381,8 +436,36 @@ def bench_pipeline(duration: float, warmup: float, work: Path, tries: int) -> di
     return out
 
 
+def _ort_images_per_s(session: Any, batch: int, runs: int) -> tuple[float, float]:
+    """(median ms per run, images/s) of ``session`` on random ``batch`` images."""
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+    session.run(None, {"input": x})
+    ts = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        session.run(None, {"input": x})
+        ts.append(time.perf_counter() - t)
+    ms = statistics.median(ts) * 1000
+    return round(ms, 1), round(batch * 1000 / ms, 1)
+
+
+#: Work for the other core while the predictor is timed on core 0: a pure Python
+#: loop (no memory traffic) or the image preprocessing of the pipeline.
+NEIGHBOURS = {
+    "idle": None,
+    "python spin loop": "import time\nt = time.time()\nwhile time.time() - t < {s}: pass\n",
+    "preprocessing.py loop": (
+        "import sys, time\nimport numpy as np\nsys.path.insert(0, {examples!r})\n"
+        "import preprocessing\nd = np.load({goldens!r})['image_bytes_flower'].tobytes()\n"
+        "t = time.time()\nwhile time.time() - t < {s}: preprocessing.preprocess_image(d)\n"
+    ),
+}
+
+
 def bench_in_process_stages() -> dict[str, Any]:
-    """Stage costs without the server: preprocessing.py per image and ORT per batch size."""
+    """Stage costs without the server: preprocessing.py per image, ORT per batch size
+    on every core, and ORT on one thread pinned to core 0 while core 1 is idle or
+    busy (how much a busy neighbour core slows the predictor on this machine)."""
     import onnxruntime as ort
 
     sys.path.insert(0, str(ROOT / "examples"))
@@ -394,29 +477,47 @@ def bench_in_process_stages() -> dict[str, Any]:
         t = time.perf_counter()
         preprocessing.preprocess_image(jpeg)
         times.append(time.perf_counter() - t)
-    session = ort.InferenceSession(
-        str(REPO / "efficientnet_lite0" / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
-    )
+    model = str(REPO / "efficientnet_lite0" / "1" / "model.onnx")
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     ort_rows = []
     for bs in (1, 8, 32):
-        x = np.random.default_rng(0).standard_normal((bs, 3, 224, 224), dtype=np.float32)
-        session.run(None, {"input": x})
-        ts = []
-        for _ in range(max(3, 48 // bs)):
-            t = time.perf_counter()
-            session.run(None, {"input": x})
-            ts.append(time.perf_counter() - t)
-        ort_rows.append(
-            {
-                "batch": bs,
-                "ms": round(statistics.median(ts) * 1000, 1),
-                "images_per_s": round(bs / statistics.median(ts), 1),
-            }
-        )
-    return {
+        ms, ips = _ort_images_per_s(session, bs, max(3, 48 // bs))
+        ort_rows.append({"batch": bs, "ms": ms, "images_per_s": ips})
+    out: dict[str, Any] = {
         "preprocess_ms_per_image_one_core": round(statistics.median(times) * 1000, 2),
         "onnxruntime": ort_rows,
     }
+    if not {0, 1} <= os.sched_getaffinity(0) or shutil.which("taskset") is None:
+        return out
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})  # this thread only: ORT runs in it with one thread
+    try:
+        one = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        rows = []
+        for name, code in NEIGHBOURS.items():
+            neighbour = None
+            if code is not None:
+                script = code.format(
+                    s=20,
+                    examples=str(ROOT / "examples"),
+                    goldens=str(GOLDENS / "image_classifier.npz"),
+                )
+                neighbour = subprocess.Popen(["taskset", "-c", "1", PY, "-c", script])
+                time.sleep(1.0)
+            try:
+                for bs in (1, 4):
+                    ms, ips = _ort_images_per_s(one, bs, 48 // bs)
+                    rows.append({"neighbour": name, "batch": bs, "ms": ms, "images_per_s": ips})
+            finally:
+                if neighbour is not None:
+                    neighbour.kill()
+                    neighbour.wait()
+        out["onnxruntime_core0_one_thread"] = rows
+    finally:
+        os.sched_setaffinity(0, saved)
+    return out
 
 
 # --------------------------------------------------------------------------- real Triton
@@ -570,6 +671,11 @@ def markdown(results: dict[str, Any]) -> str:
                 for r in ip["onnxruntime"]
             )
         )
+        for r in ip.get("onnxruntime_core0_one_thread", []):
+            lines.append(
+                f"- ORT, 1 thread on core 0, batch {r['batch']}, core 1 {r['neighbour']}: "
+                f"{r['ms']} ms ({r['images_per_s']} img/s)"
+            )
         lines.append("")
     if "pipeline" in results:
         lines += [
@@ -623,6 +729,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-shm", action="store_true")
     p.add_argument("--skip-pipeline", action="store_true")
     p.add_argument(
+        "--variants",
+        default="",
+        help="comma list of indices into VARIANTS to run (default: all): "
+        + "; ".join(f"{i}: {v['label']}" for i, v in enumerate(VARIANTS)),
+    )
+    p.add_argument(
         "--triton",
         type=Path,
         nargs="?",
@@ -646,7 +758,10 @@ def main(argv: list[str] | None = None) -> int:
     results["in_process"] = bench_in_process_stages()
     if not args.skip_pipeline:
         with tempfile.TemporaryDirectory(prefix="bench_pipeline_") as tmp:
-            results["pipeline"] = bench_pipeline(args.duration, args.warmup, Path(tmp), args.tries)
+            only = {int(x) for x in args.variants.split(",") if x.strip()} or None
+            results["pipeline"] = bench_pipeline(
+                args.duration, args.warmup, Path(tmp), args.tries, only
+            )
     if args.triton is not None:
         with tempfile.TemporaryDirectory(prefix="bench_triton_") as tmp:
             results["triton"] = bench_triton(
