@@ -164,6 +164,7 @@ def make_repo(
     predictor_batching: bool,
     predictor_threads: int = 0,
     *,
+    preprocess_batch: int = 0,
     predictor_policy: str = "",
 ) -> Path:
     """A copy of the image pipeline's models with the given variations.
@@ -172,7 +173,10 @@ def make_repo(
     instance (one ONNX Runtime session using every core, instead of two sessions
     competing for them); ``predictor_threads`` > 0 limits that session's intra-op
     threads (a share of the cores for the predictor, the rest for the python steps).
-    ``predictor_policy`` puts efficientnet_lite0's instance group under
+    ``preprocess_batch`` > 0 gives preprocess ``preferred_batch_size: [N]``: batches
+    of at most N images even when more wait (a python step gains nothing from
+    batching, and one batch of every request in flight makes them move through the
+    stages as a convoy, each stage idle while the other works). ``predictor_policy`` puts efficientnet_lite0's instance group under
     that host policy (``--host-policy NAME,cpu-cores=...`` on the server).
     """
     dst.mkdir(parents=True)
@@ -182,6 +186,13 @@ def make_repo(
     text = cfg.read_text()
     text, n = re.subn(r"count: \d+", f"count: {preprocess_instances}", text)
     assert n == 1
+    if preprocess_batch:
+        text, n = re.subn(
+            r"dynamic_batching \{ \}",
+            f"dynamic_batching {{ preferred_batch_size: [ {preprocess_batch} ] }}",
+            text,
+        )
+        assert n == 1
     cfg.write_text(text)
     cfg = dst / "efficientnet_lite0" / "config.pbtxt"
     text = cfg.read_text()
@@ -340,14 +351,31 @@ VARIANTS: list[dict[str, Any]] = [
         "client_core": "1",
         "main_thread_core": "1",
     },
+    {
+        "label": "host policies, preprocess batches of 1",
+        "preprocess_instances": 1,
+        "preprocess_batch": 1,
+        "predictor_batching": True,
+        "predictor_threads": 1,
+        "predictor_policy": "predictor",
+        "server_args": [
+            "--host-policy",
+            "predictor,cpu-cores=0",
+            "--host-policy",
+            "cpu,cpu-cores=1",
+        ],
+        "client_core": "1",
+        "main_thread_core": "1",
+    },
 ]
 
 
 def bench_pipeline(
-    duration: float, warmup: float, work: Path, tries: int, only: set[int] | None = None
+    duration: float, warmup: float, work: Path, rounds: int, only: set[int] | None = None
 ) -> dict[str, Any]:
     """Stage capacities and pipeline throughput for the repository variants
-    (:data:`VARIANTS`, those whose index is in ``only`` when given)."""
+    (:data:`VARIANTS`, those whose index is in ``only`` when given), in ``rounds``
+    rounds per variant (:func:`_round`); the summary takes the medians."""
     jpeg = np.load(GOLDENS / "image_classifier.npz")["image_bytes_flower"].tobytes()
     image_tensor = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
     logits = np.random.default_rng(1).standard_normal((1, 1000), dtype=np.float32)
@@ -376,6 +404,7 @@ def bench_pipeline(
             variant["preprocess_instances"],
             variant.get("predictor_batching", False),
             variant.get("predictor_threads", 0),
+            preprocess_batch=variant.get("preprocess_batch", 0),
             predictor_policy=variant.get("predictor_policy", ""),
         )
         proc, port = start_server(repo, work / f"server{i}.log", *variant.get("server_args", ()))
@@ -389,30 +418,10 @@ def bench_pipeline(
                 capture_output=True,
             )
         try:
-            entry: dict[str, Any] = {**variant, "stages": {}, "pipeline": []}
-            for model in ("preprocess", "efficientnet_lite0", "postprocess"):
-                for c in (8, 32):
-                    r = best_of(
-                        tries, port, model, *bodies[model], c, duration, warmup, core=client
-                    )
-                    entry["stages"].setdefault(model, []).append(r)
-                best = max(entry["stages"][model], key=lambda r: r["rps"])
-                print(f"  [{label}] {model} alone: {best['rps']:.1f}/s", file=sys.stderr)
-            for c in (1, 8, 32):
-                r = best_of(
-                    tries,
-                    port,
-                    "image_classifier",
-                    *bodies["image_classifier"],
-                    c,
-                    duration,
-                    warmup,
-                    core=client,
-                )
-                entry["pipeline"].append(r)
-                print(
-                    f"  [{label}] image_classifier c={c}: {r['rps']:.1f}/s p99 {r['p99_ms']:.0f} ms",
-                    file=sys.stderr,
+            entry: dict[str, Any] = {**variant, "rounds": []}
+            for k in range(rounds):
+                entry["rounds"].append(
+                    _round(port, bodies, duration, warmup, client, f"{label}, round {k + 1}")
                 )
             stats = json.loads(
                 urllib.request.urlopen(
@@ -423,17 +432,76 @@ def bench_pipeline(
                 "inference_count": stats["inference_count"],
                 "execution_count": stats["execution_count"],
             }
+            entry["summary"] = _summary(entry["rounds"])
             out["variants"].append(entry)
         finally:
             stop_server(proc)
-    for v in out["variants"]:
-        caps = {m: max(r["rps"] for r in rs) for m, rs in v["stages"].items()}
-        slowest = min(caps, key=caps.get)
-        v["capacity"] = caps
-        v["slowest_stage"] = slowest
-        for r in v["pipeline"]:
-            r["ratio_to_slowest"] = round(r["rps"] / caps[slowest], 3)
     return out
+
+
+def _round(
+    port: int,
+    bodies: dict[str, tuple[bytes, int]],
+    duration: float,
+    warmup: float,
+    client: str | None,
+    label: str,
+) -> dict[str, Any]:
+    """One round: each stage alone (c = 8 and 32, the better is its capacity), then
+    the pipeline at c = 1, 8, 32, and the pipeline's ratio to the slowest stage of
+    this round (measured minutes apart at most: the VM's speed drifts)."""
+    rnd: dict[str, Any] = {"stages": {}, "pipeline": []}
+    for model in ("preprocess", "efficientnet_lite0", "postprocess"):
+        rnd["stages"][model] = [
+            load_point(port, model, *bodies[model], c, duration, warmup, core=client)
+            for c in (8, 32)
+        ]
+    caps = {m: max(r["rps"] for r in rs) for m, rs in rnd["stages"].items()}
+    slowest = min(caps, key=caps.__getitem__)
+    rnd["capacity"], rnd["slowest_stage"] = caps, slowest
+    for c in (1, 8, 32):
+        r = load_point(
+            port, "image_classifier", *bodies["image_classifier"], c, duration, warmup, core=client
+        )
+        r["loadavg_before"] = round(os.getloadavg()[0], 2)
+        r["ratio_to_slowest"] = round(r["rps"] / caps[slowest], 3)
+        rnd["pipeline"].append(r)
+    print(
+        f"  [{label}] alone: "
+        + " / ".join(f"{m} {v:.0f}" for m, v in caps.items())
+        + "; pipeline: "
+        + ", ".join(
+            f"c={r['concurrency']} {r['rps']:.1f}/s ({r['ratio_to_slowest']:.2f})"
+            for r in rnd["pipeline"]
+        ),
+        file=sys.stderr,
+    )
+    return rnd
+
+
+def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the rounds: each stage's capacity, and per concurrency the
+    pipeline's images/s, p50, p99 and ratio to that round's slowest stage."""
+    caps = {
+        m: round(statistics.median(r["capacity"][m] for r in rounds), 1)
+        for m in rounds[0]["capacity"]
+    }
+    rows = []
+    for i, first in enumerate(rounds[0]["pipeline"]):
+        runs = [r["pipeline"][i] for r in rounds]
+        rows.append(
+            {
+                "concurrency": first["concurrency"],
+                "rps": round(statistics.median(r["rps"] for r in runs), 1),
+                "p50_ms": round(statistics.median(r["p50_ms"] for r in runs), 1),
+                "p99_ms": round(statistics.median(r["p99_ms"] for r in runs), 1),
+                "ratio_to_slowest": round(
+                    statistics.median(r["ratio_to_slowest"] for r in runs), 3
+                ),
+                "ratios": [r["ratio_to_slowest"] for r in runs],
+            }
+        )
+    return {"capacity": caps, "slowest_stage": min(caps, key=caps.__getitem__), "pipeline": rows}
 
 
 def _ort_images_per_s(session: Any, batch: int, runs: int) -> tuple[float, float]:
@@ -679,18 +747,20 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append("")
     if "pipeline" in results:
         lines += [
-            "| variant | stage capacity (images/s): preprocess / efficientnet / postprocess | c | images/s | p50 ms | p99 ms | ratio to slowest stage |",
+            "| variant | stage capacity (images/s): preprocess / efficientnet / postprocess | c | images/s | p50 ms | p99 ms | ratio to slowest stage: median (each round) |",
             "|---|---|---|---|---|---|---|",
         ]
         for v in results["pipeline"]["variants"]:
-            caps = v["capacity"]
+            sm = v["summary"]
+            caps = sm["capacity"]
             cap_text = " / ".join(
                 f"{caps[m]:.0f}" for m in ("preprocess", "efficientnet_lite0", "postprocess")
             )
-            for r in v["pipeline"]:
+            for r in sm["pipeline"]:
+                each = ", ".join(f"{x:.2f}" for x in r["ratios"])
                 lines.append(
-                    f"| {v['label']} | {cap_text} (slowest: {v['slowest_stage']}) | {r['concurrency']} | "
-                    f"{r['rps']:.1f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['ratio_to_slowest']:.2f} |"
+                    f"| {v['label']} | {cap_text} | {r['concurrency']} | {r['rps']:.1f} | "
+                    f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | **{r['ratio_to_slowest']:.2f}** ({each}) |"
                 )
         lines.append("")
         for v in results["pipeline"]["variants"]:
@@ -725,7 +795,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=6.0, help="measured seconds per load point")
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per load point")
     p.add_argument("--repeats", type=int, default=2000, help="shared-memory round trips per size")
-    p.add_argument("--tries", type=int, default=2, help="runs per load point; the best counts")
+    p.add_argument(
+        "--tries",
+        type=int,
+        default=3,
+        help="pipeline: rounds per variant (medians reported); Triton: runs per point (best counts)",
+    )
     p.add_argument("--skip-shm", action="store_true")
     p.add_argument("--skip-pipeline", action="store_true")
     p.add_argument(
