@@ -36,6 +36,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -439,6 +440,71 @@ def bench_pipeline(
     return out
 
 
+def _busy_ns(port: int, model: str) -> int:
+    """Nanoseconds ``model``'s instances have spent executing batches so far (the
+    compute_input + compute_infer + compute_output totals of its ``batch_stats``)."""
+    url = f"http://127.0.0.1:{port}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url) as r:
+        stats = json.loads(r.read())["model_stats"][0]
+    return sum(
+        b[k]["ns"]
+        for b in stats["batch_stats"]
+        for k in ("compute_input", "compute_infer", "compute_output")
+    )
+
+
+def _instances(port: int, model: str) -> int:
+    """The number of instances in ``model``'s configuration."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/config") as r:
+        cfg = json.loads(r.read())
+    return sum(int(g.get("count", 1)) for g in cfg.get("instance_group", [])) or 1
+
+
+def busy_load_point(
+    port: int,
+    model: str,
+    body: bytes,
+    head_len: int,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    core: str | None,
+    watched: str = "efficientnet_lite0",
+) -> dict[str, Any]:
+    """:func:`load_point`, plus how busy ``watched``'s instances were meanwhile.
+
+    The statistics extension is polled every 0.25 s while the load runs; the
+    fraction is the growth of the instances' execution time over the wall time
+    between the first poll after warm-up and the last before the end, divided by
+    the instance count (1.0: an instance was always executing a batch). Measured
+    in the same seconds as the throughput, so it does not suffer from the VM's
+    speed drifting between measurements.
+    """
+    samples: list[tuple[float, int]] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            samples.append((time.monotonic(), _busy_ns(port, watched)))
+            done.wait(0.25)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        r = load_point(port, model, body, head_len, concurrency, duration, warmup, core=core)
+    finally:
+        done.set()
+        thread.join()
+    end = time.monotonic()
+    # loadgen's own start-up is part of [start, end - duration - warmup]; keep clear of it.
+    lo, hi = end - duration + 0.5, end - 0.5
+    window = [x for x in samples if lo <= x[0] <= hi]
+    if len(window) >= 2:
+        (t0, b0), (t1, b1) = window[0], window[-1]
+        r["predictor_busy"] = round((b1 - b0) / ((t1 - t0) * 1e9 * _instances(port, watched)), 3)
+    return r
+
+
 def _round(
     port: int,
     bodies: dict[str, tuple[bytes, int]],
@@ -453,15 +519,17 @@ def _round(
     rnd: dict[str, Any] = {"stages": {}, "pipeline": []}
     for model in ("preprocess", "efficientnet_lite0", "postprocess"):
         rnd["stages"][model] = [
-            load_point(port, model, *bodies[model], c, duration, warmup, core=client)
+            busy_load_point(port, model, *bodies[model], c, duration, warmup, client)
+            if model == "efficientnet_lite0"
+            else load_point(port, model, *bodies[model], c, duration, warmup, core=client)
             for c in (8, 32)
         ]
     caps = {m: max(r["rps"] for r in rs) for m, rs in rnd["stages"].items()}
     slowest = min(caps, key=caps.__getitem__)
     rnd["capacity"], rnd["slowest_stage"] = caps, slowest
     for c in (1, 8, 32):
-        r = load_point(
-            port, "image_classifier", *bodies["image_classifier"], c, duration, warmup, core=client
+        r = busy_load_point(
+            port, "image_classifier", *bodies["image_classifier"], c, duration, warmup, client
         )
         r["loadavg_before"] = round(os.getloadavg()[0], 2)
         r["ratio_to_slowest"] = round(r["rps"] / caps[slowest], 3)
@@ -471,7 +539,8 @@ def _round(
         + " / ".join(f"{m} {v:.0f}" for m, v in caps.items())
         + "; pipeline: "
         + ", ".join(
-            f"c={r['concurrency']} {r['rps']:.1f}/s ({r['ratio_to_slowest']:.2f})"
+            f"c={r['concurrency']} {r['rps']:.1f}/s ({r['ratio_to_slowest']:.2f}, "
+            f"predictor busy {r.get('predictor_busy', 0):.2f})"
             for r in rnd["pipeline"]
         ),
         file=sys.stderr,
@@ -499,9 +568,21 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
                     statistics.median(r["ratio_to_slowest"] for r in runs), 3
                 ),
                 "ratios": [r["ratio_to_slowest"] for r in runs],
+                "predictor_busy": round(
+                    statistics.median(r.get("predictor_busy", 0.0) for r in runs), 3
+                ),
+                "predictor_busy_each": [r.get("predictor_busy") for r in runs],
             }
         )
-    return {"capacity": caps, "slowest_stage": min(caps, key=caps.__getitem__), "pipeline": rows}
+    alone_busy = [
+        r.get("predictor_busy", 0.0) for rnd in rounds for r in rnd["stages"]["efficientnet_lite0"]
+    ]
+    return {
+        "capacity": caps,
+        "slowest_stage": min(caps, key=caps.__getitem__),
+        "pipeline": rows,
+        "predictor_alone_busy": round(statistics.median(alone_busy), 3),
+    }
 
 
 def _ort_images_per_s(session: Any, batch: int, runs: int) -> tuple[float, float]:
@@ -747,8 +828,8 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append("")
     if "pipeline" in results:
         lines += [
-            "| variant | stage capacity (images/s): preprocess / efficientnet / postprocess | c | images/s | p50 ms | p99 ms | ratio to slowest stage: median (each round) |",
-            "|---|---|---|---|---|---|---|",
+            "| variant | stage capacity (images/s): preprocess / efficientnet / postprocess | c | images/s | p50 ms | p99 ms | ratio to slowest stage: median (each round) | predictor busy: median (each round) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for v in results["pipeline"]["variants"]:
             sm = v["summary"]
@@ -758,10 +839,16 @@ def markdown(results: dict[str, Any]) -> str:
             )
             for r in sm["pipeline"]:
                 each = ", ".join(f"{x:.2f}" for x in r["ratios"])
+                busy = ", ".join(f"{x or 0:.2f}" for x in r["predictor_busy_each"])
                 lines.append(
                     f"| {v['label']} | {cap_text} | {r['concurrency']} | {r['rps']:.1f} | "
-                    f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | **{r['ratio_to_slowest']:.2f}** ({each}) |"
+                    f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | **{r['ratio_to_slowest']:.2f}** ({each}) "
+                    f"| **{r['predictor_busy']:.2f}** ({busy}) |"
                 )
+            lines.append(
+                f"| {v['label']}: efficientnet_lite0 alone | | 8, 32 | | | | | "
+                f"{sm['predictor_alone_busy']:.2f} |"
+            )
         lines.append("")
         for v in results["pipeline"]["variants"]:
             b = v["predictor_batches"]
