@@ -5,19 +5,28 @@
    worker (``PythonInstance.execute``) versus the same ``TritonPythonModel.execute``
    called in-process, for 64 B, 602 KB (3x224x224 FP32) and 19 MB (32x3x224x224).
    The difference is the per-request cost of the process boundary.
-2. **Pipeline throughput**: ``image_classifier`` (raw JPEG in, top-5 out) through
+2. **Stage costs in-process**: ``preprocessing.py`` per image, ORT per batch size,
+   and ORT on one thread pinned to core 0 while core 1 is idle or busy (how much
+   a busy neighbour core slows the predictor on this VM).
+3. **Pipeline throughput**: ``image_classifier`` (raw JPEG in, top-5 out) through
    pdserve's HTTP frontend with ``benchmarks/loadgen.py`` (binary tensor extension,
-   closed loop) at concurrency 1, 8 and 32, against each stage model's own
-   standalone capacity measured the same way (preprocess: JPEG in, 602 KB tensor
-   out; efficientnet_lite0: 602 KB in; postprocess: 4 KB in), with 1 and 2
-   preprocess instances, and with efficientnet_lite0 as the example repository
-   ships it or with ``dynamic_batching { }`` added (the predictor then batches across
-   concurrent pipeline requests).
+   closed loop) at concurrency 1, 8 and 32, against each stage model's standalone
+   capacity on the same server (preprocess: JPEG in, 602 KB tensor out;
+   efficientnet_lite0: 602 KB in; postprocess: 4 KB in), for the repository and
+   server variants in :data:`VARIANTS` (1 or 2 preprocess instances, the predictor
+   with ``dynamic_batching``, host policies giving the predictor its own core).
+   Each variant runs in rounds (stages alone, then the pipeline; the ratio is taken
+   within a round, the medians are reported), and during every load point the
+   predictor's *busy fraction* is read from the statistics extension.
+4. With ``--triton``: the same pipeline on **real Triton** (the tritonserver 2.51 of
+   ``nvidia-pytriton``, python backend only, so efficientnet_lite0 runs as a python
+   model calling ONNX Runtime) and on pdserve with the same models, images and
+   client; pdserve also with its own ORT backend for the predictor.
 
 Server and client share the machine's cores (the pipeline needs all of them); each
 load point is bounded in time. Usage::
 
-    .venv/bin/python benchmarks/bench_pipeline.py [--duration 6] [--out benchmarks/out/pipeline.json]
+    .venv/bin/python benchmarks/bench_pipeline.py [--duration 5] [--tries 3] [--variants 0,3] [--triton]
 
 Prints Markdown tables and writes the raw figures as JSON.
 """
@@ -330,8 +339,8 @@ def best_of(tries: int, *args: Any, core: str | None = None) -> dict[str, Any]:
 #: generator's core (``taskset``), else it floats; ``main_thread_core``: the core of
 #: the server's main thread (its event loop), else it floats.
 VARIANTS: list[dict[str, Any]] = [
-    {"label": "as shipped, 2 preprocess", "preprocess_instances": 2},
-    {"label": "as shipped, 1 preprocess", "preprocess_instances": 1},
+    {"label": "as shipped but 2 preprocess", "preprocess_instances": 2},
+    {"label": "as shipped (1 preprocess)", "preprocess_instances": 1},
     {
         "label": "predictor batched, 1 preprocess",
         "preprocess_instances": 1,
@@ -904,7 +913,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="also run the pipeline on real Triton: the python of a venv with "
         "nvidia-pytriton, numpy<2, onnxruntime and Pillow (default: "
-        "benchmarks/.venvs/triton, made by bench_peers.py --install)",
+        "benchmarks/.venvs/triton/bin/python, created when missing)",
     )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "pipeline.json")
     args = p.parse_args(argv)
@@ -925,6 +934,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.duration, args.warmup, Path(tmp), args.tries, only
             )
     if args.triton is not None:
+        if not args.triton.exists() and args.triton.parent.parent.name == "triton":
+            from bench_peers import ensure_venv  # its PEER_REQUIREMENTS["triton"]
+
+            ensure_venv("triton", install=True)
         with tempfile.TemporaryDirectory(prefix="bench_triton_") as tmp:
             results["triton"] = bench_triton(
                 args.triton, args.duration, args.warmup, Path(tmp), args.tries
