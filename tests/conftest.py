@@ -73,8 +73,12 @@ def start_server(
     *args: str,
     ready_timeout: float = 120,
     wait_ready: bool = True,
+    new_session: bool = False,
 ) -> ServerProcess:
     """Start ``python -m pdserve serve`` on free ports and wait until it is ready.
+
+    ``new_session``: the server leads its own session and process group (as under
+    systemd or a container runtime), so a test may signal the whole group.
 
     Raises:
         RuntimeError: the server exited or did not become ready in time (its log
@@ -100,7 +104,14 @@ def start_server(
     ]
     logf = open(log_path, "wb")  # noqa: SIM115 - closed with the process
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env=env,
+        start_new_session=new_session,
+    )
     server = ServerProcess(proc, http_port, grpc_port, metrics_port, log_path)
     if not wait_ready:
         return server

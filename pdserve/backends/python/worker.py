@@ -418,7 +418,12 @@ def worker_main(sock: socket.socket, init: dict[str, Any]) -> None:
     cores = init.get("cpu_cores")
     if cores:  # before model.py is imported: every thread it starts inherits the mask
         os.sched_setaffinity(0, cores)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when we stop
+    # The server decides when a worker stops ("stop" frame, SIGKILL after a timeout;
+    # a worker whose server vanished sees its socket close). A SIGINT or SIGTERM sent
+    # to the whole process group (Ctrl-C, systemd's KillMode=control-group, timeout)
+    # must not kill workers under the server's orderly shutdown.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s %(levelname).1s {init.get('instance_name', 'worker')}"
