@@ -50,6 +50,10 @@ SETTINGS = ("numa-node", "cpu-cores")
 #: Where Linux lists the NUMA nodes and their CPUs.
 NUMA_ROOT = Path("/sys/devices/system/node")
 
+#: The highest CPU id :func:`parse_cpu_list` takes (Linux's ``NR_CPUS`` is at most
+#: 8192); a larger one is an error rather than a range expanded into a huge set.
+MAX_CPU_ID = 65535
+
 #: Triton's wording for a malformed ``--host-policy`` option.
 FORMAT = "'<policy name>,<setting>=<value>'"
 
@@ -85,31 +89,42 @@ def parse_cpu_list(text: str) -> frozenset[int]:
     """CPU ids of a list such as ``0-3,5`` (Linux ``cpulist`` syntax).
 
     Returns:
-        the ids, each ``>= 0``.
+        the ids, each ``>= 0`` and ``<= MAX_CPU_ID``.
 
     Raises:
-        HostPolicyError: an empty item, a non-integer, a negative id, or a range
-            whose lower end is above its upper end.
+        HostPolicyError: an empty item, anything but ASCII digits (a negative id
+            included), a range whose lower end is above its upper end, or an id
+            above :data:`MAX_CPU_ID`.
     """
     cpus: set[int] = set()
     for item in text.split(","):
         item = item.strip()
         lo_text, dash, hi_text = item.partition("-")
-        try:
-            lo = int(lo_text)
-            hi = int(hi_text) if dash else lo
-        except ValueError:
+        lo_text, hi_text = lo_text.strip(), hi_text.strip()
+        # plain ASCII digits only: int() would also take "+1", "1_0" and other scripts' digits
+        if not _is_id(lo_text) or (dash and not _is_id(hi_text)):
             raise HostPolicyError(
                 f"'cpu-cores' value '{text}': '{item}' is not a core id or a "
                 "'<lower>-<upper>' range of core ids"
-            ) from None
-        if lo < 0 or hi < lo:
+            )
+        lo = int(lo_text)
+        hi = int(hi_text) if dash else lo
+        if hi < lo:
             raise HostPolicyError(
                 f"'cpu-cores' value '{text}': '{item}' is not a valid range "
                 "(ids are >= 0 and the lower end comes first)"
             )
+        if hi > MAX_CPU_ID:  # checked before the range is expanded into a set
+            raise HostPolicyError(
+                f"'cpu-cores' value '{text}': '{item}' goes past {MAX_CPU_ID}, the "
+                "highest core id accepted"
+            )
         cpus.update(range(lo, hi + 1))
     return frozenset(cpus)
+
+
+def _is_id(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def format_cpu_list(cpus: Iterable[int]) -> str:
@@ -185,7 +200,10 @@ def resolve_policy(
     where = f"host policy '{name}'"
     cores: frozenset[int] | None = None
     if "cpu-cores" in settings:
-        cores = parse_cpu_list(settings["cpu-cores"])
+        try:
+            cores = parse_cpu_list(settings["cpu-cores"])
+        except HostPolicyError as e:
+            raise HostPolicyError(f"{where}: {e}") from None
         outside = cores - allowed
         if outside:
             raise HostPolicyError(

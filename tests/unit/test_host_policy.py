@@ -4,6 +4,7 @@ instance group check, and ORT's intra-op affinity string."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,12 +51,29 @@ def test_parse_cpu_list(text: str, expected: set[int]) -> None:
         ("3-1", "'3-1' is not a valid range"),
         ("-1", "'-1' is not a core id"),
         ("0-", "'0-' is not a core id"),
+        # int() would take these: "+1" as 1, "1_0" as 10, Arabic-Indic zero as 0
+        ("+1", "'+1' is not a core id"),
+        ("1_0", "'1_0' is not a core id"),
+        ("\u0660", "'\u0660' is not a core id"),
+        ("0-+1", "'0-+1' is not a core id"),
     ],
 )
 def test_parse_cpu_list_errors(text: str, needle: str) -> None:
-    with pytest.raises(hp.HostPolicyError, match=f"'cpu-cores' value '{text}'") as e:
+    with pytest.raises(hp.HostPolicyError, match=re.escape(f"'cpu-cores' value '{text}'")) as e:
         hp.parse_cpu_list(text)
     assert needle in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["0-99999999999", "99999999999", "65536", "0-65536,1"])
+def test_parse_cpu_list_huge_ids_refused_without_expanding(text: str) -> None:
+    # each used to be expanded into a set of every id up to it (gigabytes, minutes)
+    with pytest.raises(hp.HostPolicyError, match="the highest core id accepted") as e:
+        hp.parse_cpu_list(text)
+    assert f"goes past {hp.MAX_CPU_ID}" in str(e.value)
+
+
+def test_parse_cpu_list_highest_id() -> None:
+    assert hp.parse_cpu_list(f"{hp.MAX_CPU_ID}") == {hp.MAX_CPU_ID}
 
 
 def test_format_cpu_list() -> None:
@@ -159,6 +177,9 @@ def test_cli_collects_policies() -> None:
         ("cpu,cpu-cores=4096", "cpu-cores 4096 not available to this process"),
         ("cpu,numa-node=999", "NUMA node 999 does not exist"),
         ("cpu,cpu-cores=2-1", "'2-1' is not a valid range"),
+        # a huge range is refused at once (it used to build a set of 10^11 ids)
+        ("cpu,cpu-cores=0-99999999999", "host policy 'cpu': 'cpu-cores' value '0-99999999999'"),
+        ("cpu,cpu-cores=1_0", "host policy 'cpu': 'cpu-cores' value '1_0': '1_0' is not a"),
     ],
 )
 def test_cli_bad_host_policy_exits_2(value: str, needle: str) -> None:
