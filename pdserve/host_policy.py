@@ -331,13 +331,37 @@ def check_instance_groups(model: str, config: Any, policies: Mapping[str, frozen
         )
 
 
+def pin(pid: int, cores: Collection[int]) -> None:
+    """Pin thread or process ``pid`` to ``cores`` (0: the calling thread).
+
+    Raises:
+        ProcessLookupError: no such process (it already exited).
+        HostPolicyError: the kernel refused: the message names the cores and the
+            CPUs this process may use now (the cores were checked when the server
+            started, but a container's cpuset can shrink while it runs, and a
+            program may build :class:`pdserve.server.InferenceServer` with
+            policies that never went through the command line).
+    """
+    try:
+        os.sched_setaffinity(pid, cores)
+    except ProcessLookupError:
+        raise
+    except OSError as e:
+        raise HostPolicyError(
+            f"cannot pin to host policy cpu-cores {format_cpu_list(cores)}: "
+            f"{e.strerror or e} (this process may use cpu-cores "
+            f"{format_cpu_list(allowed_cpus())} now)"
+        ) from None
+
+
 def pin_current_thread(cores: Collection[int]) -> None:
     """Pin the calling thread to ``cores`` (Linux: pid 0 is the calling thread).
 
     Raises:
-        OSError: the kernel refused (e.g. the cores left this process's cpuset).
+        HostPolicyError: the kernel refused (e.g. the cores left this process's
+            cpuset); see :func:`pin`.
     """
-    os.sched_setaffinity(0, cores)
+    pin(0, cores)
 
 
 def name_current_thread(name: str) -> None:

@@ -289,14 +289,26 @@ class OnnxRuntimeBackend(Backend):
                 value = intra_op_affinities(cores, so.intra_op_num_threads)
                 if value:
                     so.add_session_config_entry(INTRA_OP_AFFINITIES_KEY, value)
-                executor = _pinned_executor(f"{spec.name}_{i}", cores)
+                # pinned by make() below, not by an initializer: a refused pin then
+                # fails the load with its own message (not "the thread pool is not
+                # usable anymore"); the executor's one thread runs every later batch
+                executor = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix=f"{spec.name}_{i}"
+                )
             else:
                 if not configured:
                     so.intra_op_num_threads = default_intra_op_threads(len(plans))
                 executor = None
             executors.append(executor)
 
-            def make(providers: list[Any] = providers, so: Any = so) -> Any:
+            def make(
+                providers: list[Any] = providers,
+                so: Any = so,
+                cores: frozenset[int] | None = cores,
+                name: str = f"{spec.name}_{i}",
+            ) -> Any:
+                if cores:
+                    _start_pinned_thread(name, cores)
                 return ort.InferenceSession(path, sess_options=so, providers=providers)
 
             # A pinned instance creates its session on its own (pinned) thread: the

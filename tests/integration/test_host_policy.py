@@ -4,6 +4,7 @@ group naming a policy that was not given fails to load with a clear reason."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
@@ -15,6 +16,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from pdserve.server import InferenceServer
+from pdserve.types import InferError
 from tests.conftest import copy_models, start_server
 from tests.goldens import tiny_reference
 
@@ -174,3 +177,40 @@ def test_unknown_policy_fails_to_load(pinned_server) -> None:
     assert not client.is_model_ready("tiny_unknown")
     assert rows["affinity"]["state"] == "READY" and rows["tiny"]["state"] == "READY"
     assert "numa7" in pinned_server.log()
+
+
+def test_refused_pin_is_a_clear_load_error(tmp_path: Path) -> None:
+    """A policy whose cores the kernel refuses (a container cpuset that shrank after
+    the start-up check, or an InferenceServer built in code) fails the load with a
+    reason naming the cores, for ORT ("A thread initializer failed, the thread pool
+    is not usable anymore" before) and python ("[Errno 22] Invalid argument")."""
+    repo = copy_models(tmp_path / "repo", "tiny")
+    shutil.copytree(DATA / "affinity", repo / "affinity")
+    outside = max(os.sched_getaffinity(0)) + 1
+
+    async def main() -> list[dict[str, str]]:
+        server = InferenceServer(repo, host_policies={"cpu": {outside}})
+        try:
+            for model in ("tiny", "affinity"):
+                with pytest.raises(InferError) as e:
+                    await server.manager.load_model(model)
+                assert f"cannot pin to host policy cpu-cores {outside}" in str(e.value)
+                assert e.value.status == 400
+            return server.manager.index()
+        finally:
+            await server.manager.close(5.0)
+
+    before = {t.name for t in Path("/proc/self/task").iterdir()}
+    rows = {r["name"]: r for r in asyncio.run(main())}
+    for model in ("tiny", "affinity"):
+        assert rows[model]["state"] == "UNAVAILABLE"
+        assert rows[model]["reason"].startswith(f"cannot pin to host policy cpu-cores {outside}: ")
+    # the instances' threads did not stay behind
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        left = {t.name for t in Path("/proc/self/task").iterdir()} - before
+        if not left:
+            break
+        time.sleep(0.1)
+    names = {(Path("/proc/self/task") / t / "comm").read_text().strip() for t in left}
+    assert not any(n.startswith("tiny_") for n in names), names

@@ -262,3 +262,18 @@ def test_default_intra_op_threads_counts_policy_cores() -> None:
     assert default_intra_op_threads(2, frozenset({4, 5, 6, 7})) == 2
     assert default_intra_op_threads(2, frozenset({1})) == 1
     assert default_intra_op_threads(1) == len(os.sched_getaffinity(0))
+
+
+# -- pinning --------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
+def test_pin_refused_names_the_cores() -> None:
+    # a core this process may not use (a cpuset that shrank since the server started)
+    outside = max(hp.allowed_cpus()) + 1
+    with pytest.raises(hp.HostPolicyError) as e:
+        hp.pin(0, {outside})
+    assert f"cannot pin to host policy cpu-cores {outside}: " in str(e.value)
+    assert f"may use cpu-cores {hp.format_cpu_list(hp.allowed_cpus())} now" in str(e.value)
+    with pytest.raises(ProcessLookupError):  # a process that already exited
+        hp.pin(2**22 + 12345, hp.allowed_cpus())

@@ -71,6 +71,7 @@ from typing import Any
 import numpy as np
 
 from pdserve import config as cfgmod
+from pdserve import host_policy
 from pdserve.backends.base import Backend, ExecRequest, ExecResult, ModelInstance, ModelSpec
 from pdserve.backends.python import shm
 from pdserve.backends.python.triton_python_backend_utils import (
@@ -197,7 +198,8 @@ class WorkerConnection:
             cores: CPU ids to pin the process to (its host policy), or None.
 
         Raises:
-            OSError: the process could not be started or pinned.
+            OSError: the process could not be started.
+            pdserve.host_policy.HostPolicyError: it could not be pinned to ``cores``.
         """
         ctx = _mp_context()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -216,11 +218,12 @@ class WorkerConnection:
                     _launching.active = False
             if cores:
                 try:
-                    os.sched_setaffinity(proc.pid, cores)
+                    host_policy.pin(proc.pid, cores)
                 except ProcessLookupError:
                     pass  # died at once: seen as end of file on its socket
-                except OSError:
+                except host_policy.HostPolicyError:
                     proc.kill()
+                    proc.join(5.0)
                     raise
 
         try:
