@@ -317,7 +317,8 @@ def check_instance_groups(model: str, config: Any, policies: Mapping[str, frozen
             continue
         kind = _kind_name(group)
         defaults = (
-            {default_policy_name(kind, g) for g in group.gpus}
+            # no gpus listed (none found here): the backends run it on GPU 0
+            {default_policy_name(kind, g) for g in (group.gpus or [0])}
             if kind == "KIND_GPU"
             else {default_policy_name(kind)}
         )

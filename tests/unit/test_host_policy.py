@@ -248,6 +248,17 @@ def test_check_instance_groups() -> None:
         hp.check_instance_groups("m", wrong_kind, {})
 
 
+def test_check_instance_groups_gpu_group_without_gpus() -> None:
+    # on a machine without GPUs the defaults leave `gpus` empty and the backends use
+    # GPU 0: naming gpu_0 is the group's own default (its load then fails on the
+    # missing GPU, not on a "policy not given" error); gpu_1 is not
+    own = _config('instance_group [{ name: "g", kind: KIND_GPU, host_policy: "gpu_0" }]')
+    hp.check_instance_groups("m", own, {})
+    other = _config('instance_group [{ name: "g", kind: KIND_GPU, host_policy: "gpu_1" }]')
+    with pytest.raises(hp.HostPolicyError, match="'g' names host policy 'gpu_1'"):
+        hp.check_instance_groups("m", other, {})
+
+
 # -- ONNX Runtime -------------------------------------------------------------------
 
 
