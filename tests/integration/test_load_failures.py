@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -10,8 +11,11 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import copy_models, start_server
+from pdserve.devices import visible_gpu_count
+from tests.conftest import ROOT, copy_models, start_server
 from tests.goldens import tiny_reference
+
+PYTHON_MODELS = ROOT / "tests" / "data" / "python_models"
 
 
 def _variant(
@@ -53,6 +57,13 @@ def broken_repo_server(tmp_path_factory: pytest.TempPathFactory):
     )
     # a config that does not parse
     _variant(repo, "tiny", "tiny_syntax", "this is { not pbtxt\n")
+    # a python model on KIND_GPU where no GPU is visible (this machine, CI)
+    shutil.copytree(PYTHON_MODELS / "identity", repo / "identity_gpu")
+    cfg = (repo / "identity_gpu" / "config.pbtxt").read_text()
+    cfg = re.sub(r"instance_group \[[^\]]*\]", "", cfg).replace('"identity"', '"identity_gpu"')
+    (repo / "identity_gpu" / "config.pbtxt").write_text(
+        cfg + "instance_group [{ count: 1, kind: KIND_GPU, gpus: [ 1 ] }]\n"
+    )
     server = start_server(repo, tmp / "log.txt")
     yield server
     assert server.stop() == 0
@@ -95,3 +106,14 @@ def test_failed_model_reports_reason(broken_repo_server, model: str, needles: li
     inp.set_data_from_numpy(np.zeros((1, 64), dtype=np.float32))
     with pytest.raises(InferenceServerException):
         client.infer(model, [inp])
+
+
+@pytest.mark.skipif(visible_gpu_count() >= 2, reason="GPU 1 exists here")
+def test_python_model_on_a_missing_gpu_fails_to_load(broken_repo_server) -> None:
+    row = _index(broken_repo_server)["identity_gpu"]
+    assert row.get("state") == "UNAVAILABLE", row
+    for needle in ("identity_gpu", "KIND_GPU on GPU 1", "use KIND_CPU"):
+        assert needle in row["reason"], row
+    assert not httpclient.InferenceServerClient(broken_repo_server.http_url).is_model_ready(
+        "identity_gpu"
+    )

@@ -575,9 +575,14 @@ class PythonBackend(Backend):
 
         Raises:
             RuntimeError: a worker failed to import the model or ``initialize``
-                raised (the message names the instance and the exception).
+                raised (the message names the instance and the exception), or a
+                ``KIND_GPU`` group names a GPU this process cannot see
+                (:func:`pdserve.devices.visible_gpu_count`; Triton refuses such a
+                group too).
         """
         from tritonclient.grpc import model_config_pb2 as mc
+
+        from pdserve.devices import visible_gpu_count
 
         plans: list[tuple[str, str, int, frozenset[int] | None]] = []
         groups = list(spec.config.instance_group) or [None]
@@ -590,6 +595,15 @@ class PythonBackend(Backend):
                 kind_name = mc.ModelInstanceGroup.Kind.Name(group.kind)
                 if kind_name == "KIND_GPU":
                     kind, devices = "GPU", (list(group.gpus) or [0])
+                    gpus = visible_gpu_count()
+                    missing = [d for d in devices if not 0 <= d < gpus]
+                    if missing:
+                        raise RuntimeError(
+                            f"instance group '{gname}' asks for KIND_GPU on GPU "
+                            f"{', '.join(map(str, missing))}, but this process sees "
+                            f"{gpus} GPU(s) (NVIDIA driver and CUDA_VISIBLE_DEVICES); "
+                            "use KIND_CPU"
+                        )
                 elif kind_name == "KIND_MODEL":
                     kind = "MODEL"
             n = 0
