@@ -338,6 +338,17 @@ def best_of(tries: int, *args: Any, core: str | None = None) -> dict[str, Any]:
 #: ``server_args``: extra ``pdserve serve`` options; ``client_core``: the load
 #: generator's core (``taskset``), else it floats; ``main_thread_core``: the core of
 #: the server's main thread (its event loop), else it floats.
+#: Host policies giving efficientnet_lite0 (batched, one intra-op thread) core 0 and
+#: everything else — python workers, the event loop, the load generator — core 1.
+PINNED: dict[str, Any] = {
+    "preprocess_instances": 1,
+    "predictor_batching": True,
+    "predictor_threads": 1,
+    "predictor_policy": "predictor",
+    "server_args": ["--host-policy", "predictor,cpu-cores=0", "--host-policy", "cpu,cpu-cores=1"],
+    "client_core": "1",
+    "main_thread_core": "1",
+}
 VARIANTS: list[dict[str, Any]] = [
     {"label": "as shipped but 2 preprocess", "preprocess_instances": 2},
     {"label": "as shipped (1 preprocess)", "preprocess_instances": 1},
@@ -346,37 +357,8 @@ VARIANTS: list[dict[str, Any]] = [
         "preprocess_instances": 1,
         "predictor_batching": True,
     },
-    {
-        "label": "host policies: predictor on core 0, the rest on core 1",
-        "preprocess_instances": 1,
-        "predictor_batching": True,
-        "predictor_threads": 1,
-        "predictor_policy": "predictor",
-        "server_args": [
-            "--host-policy",
-            "predictor,cpu-cores=0",
-            "--host-policy",
-            "cpu,cpu-cores=1",
-        ],
-        "client_core": "1",
-        "main_thread_core": "1",
-    },
-    {
-        "label": "host policies, preprocess batches of 1",
-        "preprocess_instances": 1,
-        "preprocess_batch": 1,
-        "predictor_batching": True,
-        "predictor_threads": 1,
-        "predictor_policy": "predictor",
-        "server_args": [
-            "--host-policy",
-            "predictor,cpu-cores=0",
-            "--host-policy",
-            "cpu,cpu-cores=1",
-        ],
-        "client_core": "1",
-        "main_thread_core": "1",
-    },
+    {"label": "host policies: predictor on core 0, the rest on core 1", **PINNED},
+    {"label": "host policies, preprocess batches of 1", **PINNED, "preprocess_batch": 1},
 ]
 
 
