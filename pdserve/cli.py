@@ -30,6 +30,17 @@ EXAMPLE_REPOSITORY = Path(__file__).resolve().parents[1] / "examples" / "model_r
 #: ``start(args, server) -> awaitable stop()``.
 SERVE_EXTENSIONS: list[tuple[Callable[[argparse.ArgumentParser], None], Any]] = []
 
+
+def register_serve_extension(
+    add_arguments: Callable[[argparse.ArgumentParser], None], start: Any
+) -> None:
+    """Add ``(add_arguments, start)`` to :data:`SERVE_EXTENSIONS` unless it is there
+    already (the extension modules call this when imported)."""
+    entry = (add_arguments, start)
+    if entry not in SERVE_EXTENSIONS:
+        SERVE_EXTENSIONS.append(entry)
+
+
 #: Extra subcommands other modules register: ``add(subparsers)`` adds a parser whose
 #: defaults set ``run(args) -> exit code`` (e.g. ``pdserve rollback``).
 COMMANDS: list[Callable[[Any], None]] = []

@@ -559,9 +559,7 @@ async def start(args: argparse.Namespace, server: Any) -> Callable[[], Awaitable
 def _register() -> None:
     from pdserve import cli
 
-    entry = (add_arguments, start)
-    if entry not in cli.SERVE_EXTENSIONS:
-        cli.SERVE_EXTENSIONS.append(entry)
+    cli.register_serve_extension(add_arguments, start)
 
 
 _register()

@@ -363,9 +363,7 @@ def _run_rollback(args: argparse.Namespace) -> int:
 def _register() -> None:
     from pdserve import cli
 
-    entry = (add_arguments, start)
-    if entry not in cli.SERVE_EXTENSIONS:
-        cli.SERVE_EXTENSIONS.append(entry)
+    cli.register_serve_extension(add_arguments, start)
     commands = getattr(cli, "COMMANDS", None)
     if commands is not None and add_rollback_command not in commands:
         commands.append(add_rollback_command)
