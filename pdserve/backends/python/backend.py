@@ -241,8 +241,7 @@ class WorkerConnection:
         """Queue one message; new arenas and released worker blocks ride along."""
         if self.died.done():
             return
-        announced, arenas = self.pool.take_announcements()
-        ctl = {"add": announced, "releases": self.peer.take_releases()}
+        ctl, arenas = shm.outgoing_control(self.pool, self.peer)
         data = shm.encode_frame((*fields, ctl))
         self._out.append([memoryview(data), [a.fd for a in arenas], arenas])
         if not self._writing:
@@ -296,11 +295,7 @@ class WorkerConnection:
                 log.exception("%s: bad message from worker", self.name)
 
     def _dispatch(self, message: tuple[Any, ...]) -> None:
-        ctl = message[-1]
-        announced = ctl.get("add") or []
-        if announced:
-            self.peer.add(announced, self.frames.take_fds(len(announced)))
-        self.pool.free_many(ctl.get("releases") or [])
+        shm.apply_control(message[-1], self.frames, self.peer, self.pool)
         tag = message[0]
         if tag == "result":
             _, batch_id, results, batch_error, _ = message

@@ -480,6 +480,37 @@ def encode_frame(message: Any) -> bytes:
     return _HEADER.pack(len(payload)) + payload
 
 
+def outgoing_control(pool: ArenaPool, peer: PeerArenas) -> tuple[dict[str, Any], list[Any]]:
+    """The control part that rides at the end of every frame, either direction.
+
+    ``{"add": [(arena id, size), ...], "releases": [(arena id, offset), ...]}``:
+    this side's arenas the peer has not seen yet (their descriptors go with the
+    frame, ``SCM_RIGHTS``) and the peer's blocks this side has finished reading.
+
+    Returns:
+        (control dict, the announced arenas: pass their ``fd`` with the frame and
+        ``pool.sent(arenas)`` once it is on the socket).
+    """
+    announced, arenas = pool.take_announcements()
+    return {"add": announced, "releases": peer.take_releases()}, arenas
+
+
+def apply_control(
+    ctl: dict[str, Any], frames: FrameReader, peer: PeerArenas, pool: ArenaPool
+) -> None:
+    """Act on a received frame's control part (see :func:`outgoing_control`): map
+    the peer's new arenas from the descriptors that came with it, and free this
+    side's blocks the peer released.
+
+    Raises:
+        RuntimeError: fewer descriptors arrived than arenas were announced.
+    """
+    announced = ctl.get("add") or []
+    if announced:
+        peer.add(announced, frames.take_fds(len(announced)))
+    pool.free_many(ctl.get("releases") or [])
+
+
 def send_frame(sock: socket.socket, message: Any, fds: list[int] | None = None) -> None:
     """Send one frame on a *blocking* socket, with ``fds`` attached to its first byte."""
     data = memoryview(encode_frame(message))

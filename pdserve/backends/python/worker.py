@@ -109,8 +109,7 @@ class Worker:
     def send(self, *fields: Any) -> None:
         """Send one message; new arenas and released peer blocks ride along."""
         with self.send_lock:
-            announced, arenas = self.pool.take_announcements()
-            ctl = {"add": announced, "releases": self.peer.take_releases()}
+            ctl, arenas = shm.outgoing_control(self.pool, self.peer)
             shm.send_frame(self.sock, (*fields, ctl), [a.fd for a in arenas])
             self.pool.sent(arenas)
 
@@ -185,11 +184,7 @@ class Worker:
             self._dispatch(message)
 
     def _dispatch(self, message: tuple[Any, ...]) -> None:
-        ctl = message[-1]
-        announced = ctl.get("add") or []
-        if announced:
-            self.peer.add(announced, self.frames.take_fds(len(announced)))
-        self.pool.free_many(ctl.get("releases") or [])
+        shm.apply_control(message[-1], self.frames, self.peer, self.pool)
         if message[0] == "bls_result":
             self._bls_result(message)
         else:
