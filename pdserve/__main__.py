@@ -1,6 +1,6 @@
 """``python -m pdserve`` runs the command line interface."""
 
-from pdserve.cli import main
+from pdserve.app.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

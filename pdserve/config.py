@@ -34,7 +34,7 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import model_config_pb2
 
-from pdserve.datatypes import CONFIG_TO_V2, V2_TO_CONFIG
+from pdserve.core.datatypes import CONFIG_TO_V2, V2_TO_CONFIG
 
 ModelConfig = model_config_pb2.ModelConfig
 ModelInput = model_config_pb2.ModelInput

@@ -1,6 +1,6 @@
 """InferenceServer: the protocol-neutral core every frontend calls.
 
-Frontends (HTTP, gRPC) turn the wire into :class:`~pdserve.types.InferRequest`
+Frontends (HTTP, gRPC) turn the wire into :class:`~pdserve.core.types.InferRequest`
 and call :meth:`InferenceServer.infer`; they never touch models or backends.
 The server looks the model version up in the :class:`ModelManager`, checks the
 request against the configuration, submits it to that model's scheduler and
@@ -19,10 +19,11 @@ from typing import Any
 
 from pdserve import __version__
 from pdserve.config import ConfigError, config_from_json
+from pdserve.core.errors import InferError, unavailable
+from pdserve.core.types import InferRequest, InferResponse
 from pdserve.repository.manager import ModelManager
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.warmup import warmup as run_warmup
-from pdserve.types import InferError, InferRequest, InferResponse, unavailable
 
 log = logging.getLogger("pdserve.server")
 
@@ -48,7 +49,7 @@ class InferenceServer:
             is not ready (Triton's ``--strict-readiness``).
         load_models: names to load at start (``None``: every model).
         host_policies: host policy name -> CPU ids the instances of that policy
-            are pinned to (``--host-policy``, see :mod:`pdserve.host_policy`).
+            are pinned to (``--host-policy``, see :mod:`pdserve.backends.host_policy`).
     """
 
     def __init__(

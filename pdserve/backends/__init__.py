@@ -12,7 +12,7 @@ from pdserve.backends.base import Backend
 
 #: backend name -> "module:Class"
 BACKENDS: dict[str, str] = {
-    "onnxruntime": "pdserve.backends.onnxruntime:OnnxRuntimeBackend",
+    "onnxruntime": "pdserve.backends.onnxruntime.backend:OnnxRuntimeBackend",
     "python": "pdserve.backends.python.backend:PythonBackend",
     "pytorch": "pdserve.backends.pytorch:PyTorchBackend",
     "ensemble": "pdserve.scheduling.ensemble:EnsembleBackend",

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pdserve.types import InferError, InferRequest
+from pdserve.core.errors import InferError
+from pdserve.core.types import InferRequest
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2
@@ -62,7 +63,7 @@ class ModelSpec:
         server: the :class:`pdserve.server.InferenceServer` (for BLS); may be None.
         host_policies: the server's host policies, policy name -> CPU ids
             (``--host-policy``); a backend pins each instance to
-            :func:`pdserve.host_policy.instance_cores` of its group. Empty: no pinning.
+            :func:`pdserve.backends.host_policy.instance_cores` of its group. Empty: no pinning.
     """
 
     name: str

@@ -26,10 +26,10 @@ from pdserve import config as cfgmod
 from pdserve import host_policy
 from pdserve.backends import get_backend
 from pdserve.backends.base import ModelSpec
+from pdserve.core.errors import InferError, not_found, unavailable
 from pdserve.repository import layout
 from pdserve.repository.model import ModelVersion
 from pdserve.scheduling import create_scheduler
-from pdserve.types import InferError, not_found, unavailable
 
 log = logging.getLogger("pdserve.repository")
 
@@ -141,7 +141,7 @@ class ModelManager:
         server: passed to backends in :class:`ModelSpec` (BLS, ensembles).
         host_policies: host policy name -> CPU ids (``--host-policy``), passed to
             backends in :class:`ModelSpec`; a model whose instance group names a
-            policy not in it fails to load (:mod:`pdserve.host_policy`).
+            policy not in it fails to load (:mod:`pdserve.backends.host_policy`).
     """
 
     def __init__(

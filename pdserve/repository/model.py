@@ -17,9 +17,10 @@ import numpy as np
 
 from pdserve import config as cfgmod
 from pdserve.backends.base import ExecRequest, ModelInstance, ModelSpec
-from pdserve.datatypes import bytes_array, numpy_to_v2
+from pdserve.core.datatypes import bytes_array, numpy_to_v2
+from pdserve.core.errors import InferError
+from pdserve.core.types import InferRequest, RequestedOutput
 from pdserve.observability.stats import ModelStats
-from pdserve.types import InferError, InferRequest, RequestedOutput
 
 log = logging.getLogger("pdserve.model")
 

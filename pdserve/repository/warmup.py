@@ -28,9 +28,10 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2
 
 from pdserve.config import datatype_of
-from pdserve.datatypes import CONFIG_TO_V2, V2_TO_NUMPY, deserialize_bytes_tensor
+from pdserve.core.datatypes import CONFIG_TO_V2, V2_TO_NUMPY, deserialize_bytes_tensor
+from pdserve.core.errors import InferError
+from pdserve.core.types import InferRequest
 from pdserve.repository.model import ModelVersion
-from pdserve.types import InferError, InferRequest
 
 log = logging.getLogger("pdserve.warmup")
 

@@ -15,8 +15,8 @@ from collections import deque
 import numpy as np
 
 from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance
+from pdserve.core.errors import InferError
 from pdserve.observability.stats import ModelStats
-from pdserve.types import InferError
 
 
 class InstancePool:

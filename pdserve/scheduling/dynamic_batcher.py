@@ -51,10 +51,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pdserve.backends.base import ExecRequest, ExecResult
+from pdserve.core.errors import InferError, unavailable
 from pdserve.observability.stats import ModelStats
 from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled, run_batch
 from pdserve.scheduling.queue_policy import PriorityLevels
-from pdserve.types import InferError, unavailable
 
 if TYPE_CHECKING:
     from pdserve.repository.model import ModelVersion

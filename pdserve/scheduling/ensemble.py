@@ -42,8 +42,9 @@ import numpy as np
 
 from pdserve import config as cfgmod
 from pdserve.backends.base import Backend, ExecRequest, ModelInstance, ModelSpec
+from pdserve.core.errors import InferError
+from pdserve.core.types import InferRequest, RequestedOutput
 from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled
-from pdserve.types import InferError, InferRequest, RequestedOutput
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pdserve.types import InferError
+from pdserve.core.errors import InferError
 
 #: ``ModelQueuePolicy.TimeoutAction`` values (model_config.proto).
 REJECT = 0

@@ -16,8 +16,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from pdserve.core.errors import InferError
 from pdserve.server import InferenceServer
-from pdserve.types import InferError
 from tests.conftest import copy_models, start_server
 from tests.goldens import tiny_reference
 

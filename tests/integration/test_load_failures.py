@@ -11,7 +11,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from pdserve.devices import visible_gpu_count
+from pdserve.backends.devices import visible_gpu_count
 from tests.conftest import ROOT, copy_models, start_server
 from tests.goldens import tiny_reference
 

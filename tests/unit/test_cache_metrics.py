@@ -14,6 +14,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from pdserve.backends.base import ExecRequest, batch_input_tensors, merge_batch
 from pdserve.cache import ResponseCache, parse_cache_config
+from pdserve.core.errors import InferError
+from pdserve.core.types import InferRequest
 from pdserve.observability.metrics import (
     Histogram,
     ModelMetrics,
@@ -23,7 +25,6 @@ from pdserve.observability.metrics import (
 )
 from pdserve.observability.stats import ModelStats
 from pdserve.scheduling.queue_policy import PriorityLevels, QueuePolicy
-from pdserve.types import InferError, InferRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 

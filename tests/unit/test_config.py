@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2
 
 from pdserve import config as cfgmod
 from pdserve.config import ConfigError
-from pdserve.datatypes import ORT_TO_V2
+from pdserve.core.datatypes import ORT_TO_V2
 
 # --------------------------------------------------------------------------- helpers
 

@@ -1,4 +1,4 @@
-"""pdserve.devices.visible_gpu_count: the driver's GPUs under CUDA_VISIBLE_DEVICES."""
+"""pdserve.backends.devices.visible_gpu_count: the driver's GPUs under CUDA_VISIBLE_DEVICES."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.devices import visible_gpu_count
+from pdserve.backends.devices import visible_gpu_count
 
 
 def _driver(tmp_path: Path, n: int) -> Path:

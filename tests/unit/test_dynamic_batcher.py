@@ -17,11 +17,12 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance, merge_batch, split_batch
+from pdserve.core.errors import InferError
+from pdserve.core.types import InferRequest
 from pdserve.observability.stats import ModelStats
 from pdserve.repository.model import IOSpec
 from pdserve.scheduling.base import InstancePool
 from pdserve.scheduling.dynamic_batcher import DynamicBatcher
-from pdserve.types import InferError, InferRequest
 
 
 class FakeInstance(ModelInstance):

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from pdserve.frontends.grpc import decode_infer_request, encode_infer_response, grpc_status
-from pdserve.types import InferError, InferResponse
+from pdserve.core.errors import InferError
+from pdserve.core.types import InferResponse
+from pdserve.frontends.grpc.codec import decode_infer_request, encode_infer_response
+from pdserve.frontends.grpc.service import grpc_status
 
 ROOT = Path(__file__).resolve().parents[2]
 

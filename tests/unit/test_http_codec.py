@@ -1,4 +1,4 @@
-"""The V2 REST codec (pdserve.frontends.v2_codec) and the ASGI frontend in isolation.
+"""The V2 REST codec (pdserve.frontends.http.codec) and the ASGI frontend in isolation.
 
 Codec tests use real request bodies built by ``tritonclient.http`` (the exact bytes the
 real client sends) and parse our responses with ``tritonclient.http``'s own parser. The
@@ -22,13 +22,15 @@ import orjson
 import pytest
 import tritonclient.http as triton_http
 
-from pdserve.frontends.http import create_http_app, serve_http
-from pdserve.frontends.v2_codec import (
+from pdserve.core.errors import InferError, not_found
+from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
+from pdserve.frontends.http.app import create_http_app
+from pdserve.frontends.http.codec import (
     decode_infer_request,
     encode_infer_response,
     encode_infer_response_parts,
 )
-from pdserve.types import InferError, InferRequest, InferResponse, RequestedOutput, not_found
+from pdserve.frontends.http.server import serve_http
 
 Client = triton_http.InferenceServerClient
 
@@ -795,12 +797,12 @@ def test_json_data_far_longer_than_the_shape_is_400_before_conversion() -> None:
 
 
 def test_many_gzip_members_decompress_in_linear_time() -> None:
-    from pdserve.frontends import http as http_module
+    from pdserve.frontends.http.compression import decompress
 
     payload = np.random.default_rng(0).bytes(2 << 20)
     packed = gzip.compress(b"") * 4000 + gzip.compress(payload, 1)
     start = time.perf_counter()
-    assert http_module._decompress(packed, ["gzip"], 4 << 20) == payload
+    assert decompress(packed, ["gzip"], 4 << 20) == payload
     # The quadratic loop copied the 2 MiB tail once per member: 8 GB.
     assert time.perf_counter() - start < 2.0
     app = create_http_app(FakeServer())
@@ -878,7 +880,7 @@ def test_stalled_body_is_408_and_closes() -> None:
 
 
 def test_large_bodies_decode_and_encode_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pdserve.frontends import http as http_module
+    from pdserve.frontends.http import app as http_module
 
     threads: list[str] = []
     real_decode, real_encode = (

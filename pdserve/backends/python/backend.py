@@ -35,7 +35,7 @@ Errors (the HTTP status for each is in
 * an output of the wrong datatype, or a requested output the model did not
   return, is a 500 naming the output.
 
-Host policies (``--host-policy``, :mod:`pdserve.host_policy`): each worker of an
+Host policies (``--host-policy``, :mod:`pdserve.backends.host_policy`): each worker of an
 instance whose group's policy has cores is pinned to them — by the server with
 ``os.sched_setaffinity(pid, cores)`` as soon as the process exists, and by the
 worker itself before it imports ``model.py`` (so threads the model starts inherit
@@ -73,14 +73,15 @@ import numpy as np
 from pdserve import config as cfgmod
 from pdserve import host_policy
 from pdserve.backends.base import Backend, ExecRequest, ExecResult, ModelInstance, ModelSpec
+from pdserve.backends.host_policy import instance_cores
 from pdserve.backends.python import shm
 from pdserve.backends.python.triton_python_backend_utils import (
     ERROR_CODE_TO_HTTP,
     http_status_to_error_code,
 )
-from pdserve.datatypes import numpy_to_v2
-from pdserve.host_policy import instance_cores
-from pdserve.types import InferError, InferRequest, RequestedOutput
+from pdserve.core.datatypes import numpy_to_v2
+from pdserve.core.errors import InferError
+from pdserve.core.types import InferRequest, RequestedOutput
 
 log = logging.getLogger("pdserve.python")
 
@@ -199,7 +200,7 @@ class WorkerConnection:
 
         Raises:
             OSError: the process could not be started.
-            pdserve.host_policy.HostPolicyError: it could not be pinned to ``cores``.
+            pdserve.backends.host_policy.HostPolicyError: it could not be pinned to ``cores``.
         """
         ctx = _mp_context()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -572,12 +573,12 @@ class PythonBackend(Backend):
             RuntimeError: a worker failed to import the model or ``initialize``
                 raised (the message names the instance and the exception), or a
                 ``KIND_GPU`` group names a GPU this process cannot see
-                (:func:`pdserve.devices.visible_gpu_count`; Triton refuses such a
+                (:func:`pdserve.backends.devices.visible_gpu_count`; Triton refuses such a
                 group too).
         """
         from tritonclient.grpc import model_config_pb2 as mc
 
-        from pdserve.devices import visible_gpu_count
+        from pdserve.backends.devices import visible_gpu_count
 
         plans: list[tuple[str, str, int, frozenset[int] | None]] = []
         groups = list(spec.config.instance_group) or [None]

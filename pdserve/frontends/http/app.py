@@ -1,64 +1,27 @@
-"""The KServe V2 REST frontend: a raw ASGI application, served by uvicorn.
-
-No web framework: :class:`HttpApp` routes on the path by hand, reads the body with a
-running size limit, and calls the protocol-neutral ``InferenceServer``; the codec lives
-in :mod:`pdserve.frontends.v2_codec`. Measured in ``/work/shared/DESIGN.md``: a
-framework per request costs up to 4x on small models.
-
-Routes (Open Inference Protocol REST, https://github.com/kserve/open-inference-protocol,
-plus Triton's extensions; status codes mimic Triton's ``src/http_server.cc``):
-
-=======  ==================================================  ==============================
-GET      ``/v2/health/live``, ``/v2/health/ready``            200 empty / 400 empty when not
-GET      ``/v2``                                             server metadata
-GET      ``/v2/models/{m}[/versions/{v}]``                   model metadata
-GET      ``/v2/models/{m}[/versions/{v}]/ready``             200 empty / 400 when not ready
-GET      ``/v2/models/{m}[/versions/{v}]/config``            Triton model configuration JSON
-POST     ``/v2/models/{m}[/versions/{v}]/infer``             inference (+ binary extension)
-GET      ``/v2/models/stats``, ``/v2/models/{m}[/versions/{v}]/stats``   statistics extension
-POST     ``/v2/repository/index``                            repository index (``{"ready": b}``)
-POST     ``/v2/repository/models/{m}/load`` / ``unload``     model control (explicit mode)
-=======  ==================================================  ==============================
-
-Errors are ``{"error": message}``: an :class:`~pdserve.types.InferError` with its
-``status``; any other exception 500 (logged; the server keeps serving); an unknown path
-404; a known path with the wrong method 405; a route the server object lacks (no
-``model_statistics``...) 404.
-"""
+"""The V2 REST ASGI application: routing, body reading, calls into the core."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import binascii
-import contextlib
 import functools
 import inspect
 import logging
 import time
-import zlib
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import orjson
-import uvicorn
 
-from pdserve.frontends.offload import off_loop
-from pdserve.frontends.v2_codec import (
+from pdserve.core.errors import InferError
+from pdserve.frontends.http.codec import (
     decode_infer_request,
     encode_error,
     encode_infer_response_parts,
 )
-from pdserve.types import InferError
-
-__all__ = [
-    "DEFAULT_BODY_TIMEOUT_SECS",
-    "DEFAULT_MAX_REQUEST_BYTES",
-    "HttpApp",
-    "QuietServer",
-    "create_http_app",
-    "serve_http",
-]
+from pdserve.frontends.http.compression import BodyTooLargeError, decompress, parse_encoding
+from pdserve.frontends.offload import off_loop
 
 logger = logging.getLogger("pdserve.http")
 
@@ -84,14 +47,6 @@ OFFLOAD_BYTES = 1 << 20
 #: expands up to ~1000:1, so 8 KiB may become 8 MiB).
 _INLINE_DECOMPRESS_BYTES = 8 * 1024
 
-#: Most gzip members one body may hold (a bgzip file of the largest default body has
-#: about 1024); more is answered 400.
-MAX_GZIP_MEMBERS = 4096
-
-#: Compressed input is fed to zlib this many bytes at a time, so that what is left
-#: after each gzip member (``unused_data``) is a small copy, not the rest of the body.
-_FEED_BYTES = 16 * 1024
-
 #: Above this many bytes a response with binary outputs is sent part by part (the JSON
 #: header, then each output's buffer) instead of being joined into one bytes object.
 _JOIN_LIMIT = 64 * 1024
@@ -102,13 +57,6 @@ _CLOSE = (b"connection", b"close")
 _EMPTY_JSON_HEADERS = [_JSON, (b"content-length", b"0")]
 _EMPTY_HEADERS = [(b"content-length", b"0")]
 _METHOD_NOT_ALLOWED = encode_error("Method Not Allowed")
-
-_GZIP_WBITS = 16 + zlib.MAX_WBITS
-_ZLIB_WBITS = zlib.MAX_WBITS
-
-
-class _BodyTooLargeError(Exception):
-    """The request body is over the limit; answered 413 and the connection closed."""
 
 
 class _ClientGoneError(Exception):
@@ -169,7 +117,7 @@ class HttpApp:
             await _send_json(send, exc.status, encode_error(exc.message))
         except _ClientGoneError:
             return
-        except _BodyTooLargeError as exc:
+        except BodyTooLargeError as exc:
             await _send_json(send, 413, encode_error(str(exc)), close=True)
         except _BodyTimeoutError as exc:
             await _send_json(send, 408, encode_error(str(exc)), close=True)
@@ -255,7 +203,7 @@ class HttpApp:
         """Read the request body, at most ``max_request_bytes`` of it, and decompress it.
 
         Raises:
-            _BodyTooLargeError: the declared, received or decompressed size is over the limit
+            BodyTooLargeError: the declared, received or decompressed size is over the limit
                 (reading stops there; the rest is never held in memory).
             _BodyTimeoutError: no part of the body came for ``body_timeout`` seconds.
             _ClientGoneError: ``http.disconnect`` came before the end of the body.
@@ -264,7 +212,7 @@ class HttpApp:
         """
         limit = self.max_request_bytes
         if content_length > limit:
-            raise _BodyTooLargeError(
+            raise BodyTooLargeError(
                 f"request body of {content_length} bytes exceeds the limit of {limit} bytes"
             )
         # uvicorn's cycle sets ``message_event`` once body bytes are buffered: then
@@ -283,7 +231,7 @@ class HttpApp:
             total = len(body)
             while True:
                 if total > limit:
-                    raise _BodyTooLargeError(
+                    raise BodyTooLargeError(
                         f"request body of at least {total} bytes exceeds the limit of {limit} bytes"
                     )
                 if timeout is None:
@@ -300,16 +248,16 @@ class HttpApp:
                     break
             body = b"".join(chunks)
         if len(body) > limit:
-            raise _BodyTooLargeError(
+            raise BodyTooLargeError(
                 f"request body of {len(body)} bytes exceeds the limit of {limit} bytes"
             )
         if encoding:
-            codings = _parse_encoding(encoding)
+            codings = parse_encoding(encoding)
             if codings:
                 if len(body) <= _INLINE_DECOMPRESS_BYTES:
-                    body = _decompress(body, codings, limit)
+                    body = decompress(body, codings, limit)
                 else:
-                    body = await off_loop(_decompress, body, codings, limit)
+                    body = await off_loop(decompress, body, codings, limit)
         return body
 
     # ----------------------------------------------------------------- other routes
@@ -510,59 +458,6 @@ def create_http_app(
     return HttpApp(server, max_request_bytes, body_timeout)
 
 
-def serve_http(
-    app: Callable[..., Awaitable[None]],
-    host: str = "0.0.0.0",
-    port: int = 8000,
-    *,
-    install_signal_handlers: bool = False,
-    log_level: str = "warning",
-    **uvicorn_options: Any,
-) -> uvicorn.Server:
-    """Build (not start) a uvicorn server for ``app`` on uvloop + httptools.
-
-    Run it inside the caller's asyncio loop with ``await server.serve()``; set
-    ``server.should_exit = True`` for a graceful shutdown (stop accepting, finish
-    in-flight requests), ``server.force_exit = True`` to stop at once.
-
-    Args:
-        app: the ASGI application (from :func:`create_http_app`).
-        host / port: where to listen (port 0 picks a free port; read it back from
-            ``server.servers[0].sockets`` once ``server.started`` is true).
-        install_signal_handlers: uvicorn's ``serve()`` takes over SIGINT/SIGTERM and
-            re-raises them when it returns. The default ``False`` leaves signals to the
-            caller (the CLI shuts down HTTP, gRPC and workers together).
-        log_level: uvicorn's own log level.
-        **uvicorn_options: passed to ``uvicorn.Config`` (``timeout_keep_alive``,
-            ``backlog``, ``ssl_certfile``, ``limit_concurrency``...).
-
-    Returns:
-        The ``uvicorn.Server``.
-    """
-    options: dict[str, Any] = {
-        "loop": "uvloop",
-        "http": "httptools",
-        "lifespan": "off",
-        "access_log": False,
-        "log_level": log_level,
-        "server_header": False,
-        "date_header": False,
-    }
-    options.update(uvicorn_options)
-    config = uvicorn.Config(app, host=host, port=port, **options)
-    if install_signal_handlers:
-        return uvicorn.Server(config)
-    return QuietServer(config)
-
-
-class QuietServer(uvicorn.Server):
-    """A ``uvicorn.Server`` that leaves SIGINT/SIGTERM to its owner."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 # --------------------------------------------------------------------------- helpers
 
 
@@ -622,99 +517,6 @@ async def _receive_within(receive: Receive, timeout: float) -> Message:
         raise _BodyTimeoutError(
             f"the request body did not arrive: nothing received for {timeout:g} seconds"
         ) from None
-
-
-def _parse_encoding(encoding: bytes) -> list[str]:
-    """The codings of a ``Content-Encoding`` value (a comma-separated list, RFC 9110
-    8.4), in the order to undo them (the reverse of the order applied), without
-    ``identity``.
-
-    Raises:
-        InferError(415): a coding other than gzip, x-gzip, deflate or identity.
-    """
-    names = [n.strip().lower() for n in encoding.decode("latin-1").split(",")]
-    codings: list[str] = []
-    for name in reversed(names):
-        if name in ("", "identity"):
-            continue
-        if name not in ("gzip", "x-gzip", "deflate"):
-            raise InferError(
-                f"unsupported Content-Encoding '{name}'; expected gzip, deflate or identity",
-                415,
-            )
-        codings.append(name)
-    return codings
-
-
-def _decompress(body: bytes, codings: list[str], limit: int) -> bytes:
-    """Undo ``Content-Encoding`` codings (from :func:`_parse_encoding`: gzip, x-gzip,
-    deflate; RFC 9110 8.4.1) one after another, keeping each output within ``limit``
-    bytes.
-
-    ``deflate`` is the zlib format (what ``tritonclient`` sends); raw deflate streams are
-    accepted too. gzip bodies may hold several members, at most :data:`MAX_GZIP_MEMBERS`.
-    Time is linear in the body size, however many members it holds.
-
-    Raises:
-        InferError(400): corrupt or truncated data, or too many gzip members.
-        _BodyTooLargeError: the decompressed size goes over ``limit``.
-    """
-    for name in codings:
-        body = _inflate(body, name, limit)
-    return body
-
-
-def _inflate(body: bytes, name: str, limit: int) -> bytes:
-    """Undo one coding (see :func:`_decompress`)."""
-    if name == "deflate":
-        # zlib-wrapped (RFC 1950 header: CM=8, header checksum) or raw deflate (RFC 1951).
-        zlib_header = len(body) >= 2 and body[0] & 0x0F == 8 and (body[0] << 8 | body[1]) % 31 == 0
-        wbits = _ZLIB_WBITS if zlib_header else -zlib.MAX_WBITS
-    else:
-        wbits = _GZIP_WBITS
-    view = memoryview(body)
-    size = len(view)
-    out: list[bytes] = []
-    produced = 0
-    pos = 0
-    members = 0
-    while True:
-        members += 1
-        if members > MAX_GZIP_MEMBERS:
-            raise InferError(
-                f"the {name} request body holds more than {MAX_GZIP_MEMBERS} gzip members"
-            )
-        decoder = zlib.decompressobj(wbits)
-        # Feed the member in pieces that start small and double, so that the copy zlib
-        # makes of the input left over at the member's end (``unused_data``) stays
-        # within a constant factor of the member's own size.
-        feed = 64
-        while True:
-            piece = view[pos : pos + feed]
-            try:
-                chunk = decoder.decompress(piece, limit + 1 - produced)
-            except zlib.error as exc:
-                raise InferError(f"the {name} request body is corrupt: {exc}") from None
-            produced += len(chunk)
-            if produced > limit:
-                raise _BodyTooLargeError(
-                    f"decompressed request body exceeds the limit of {limit} bytes"
-                )
-            if chunk:
-                out.append(chunk)
-            if decoder.eof:
-                pos += len(piece) - len(decoder.unused_data)
-                break
-            pos += len(piece)
-            if pos >= size:
-                raise InferError(f"the {name} request body is truncated")
-            if feed < _FEED_BYTES:
-                feed *= 2
-        if wbits != _GZIP_WBITS or pos >= size:
-            break
-    if pos < size and wbits != _GZIP_WBITS:
-        raise InferError(f"the {name} request body is corrupt: data after the end of the stream")
-    return out[0] if len(out) == 1 else b"".join(out)
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -53,7 +53,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import orjson
 
-from pdserve.datatypes import (
+from pdserve.core.datatypes import (
     MAX_DIMS,
     MAX_ELEMENTS,
     NUMPY_TO_V2,
@@ -64,7 +64,8 @@ from pdserve.datatypes import (
     shape_element_count,
     to_bytes_object_array,
 )
-from pdserve.types import InferError, InferRequest, InferResponse, RequestedOutput, internal
+from pdserve.core.errors import InferError, internal
+from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
 
 __all__ = [
     "decode_infer_request",

@@ -52,7 +52,7 @@ class HostPolicyAction(argparse.Action):
     The namespace attribute holds ``policy name -> {setting: value}``; options with
     the same name merge (a later value of a setting wins), as in Triton. Each
     option is checked as soon as it is read (its syntax, the setting, and the cores
-    of the merged policy: see :func:`pdserve.host_policy.resolve_policy`), so a bad
+    of the merged policy: see :func:`pdserve.backends.host_policy.resolve_policy`), so a bad
     one is an argparse error (exit code 2) naming the option.
     """
 
@@ -63,7 +63,7 @@ class HostPolicyAction(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        from pdserve.host_policy import HostPolicyError, parse_option, resolve_policy
+        from pdserve.backends.host_policy import HostPolicyError, parse_option, resolve_policy
 
         policies: dict[str, dict[str, str]] = dict(getattr(namespace, self.dest, None) or {})
         try:
@@ -80,10 +80,10 @@ def host_policies(args: argparse.Namespace) -> dict[str, frozenset[int]]:
     """The ``--host-policy`` options of ``args`` as ``policy name -> CPU ids``.
 
     Raises:
-        pdserve.host_policy.HostPolicyError: a core left the process's affinity
+        pdserve.backends.host_policy.HostPolicyError: a core left the process's affinity
             mask since the options were read.
     """
-    from pdserve.host_policy import resolve_policy
+    from pdserve.backends.host_policy import resolve_policy
 
     raw = getattr(args, "host_policy", None) or {}
     return {name: resolve_policy(name, settings) for name, settings in raw.items()}
@@ -181,7 +181,8 @@ async def serve(args: argparse.Namespace) -> int:
     requests finish (at most ``--exit-timeout-secs``), models unload (workers
     stop), listeners close, exit 0.
     """
-    from pdserve.frontends.http import create_http_app, serve_http
+    from pdserve.frontends.http.app import create_http_app
+    from pdserve.frontends.http.server import serve_http
     from pdserve.server import InferenceServer
 
     repo = args.model_repository or EXAMPLE_REPOSITORY
@@ -192,7 +193,7 @@ async def serve(args: argparse.Namespace) -> int:
             " (build it with `python examples/build.py`)" if args.model_repository is None else "",
         )
         return 2
-    from pdserve.host_policy import HostPolicyError, format_cpu_list
+    from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
 
     try:
         policies = host_policies(args)
@@ -271,7 +272,7 @@ def _load_extensions() -> None:
     import importlib
 
     for name in (
-        "pdserve.frontends.grpc",
+        "pdserve.frontends.grpc.server",
         "pdserve.observability.metrics",
         "pdserve.cache",
         "pdserve.repository.control",

@@ -22,7 +22,7 @@ backend keys:
   ``1`` extended — or the parameter ``graph_optimization_level`` with
   ``disable`` / ``basic`` / ``extended`` / ``all``.
 
-Host policies (``--host-policy``, :mod:`pdserve.host_policy`): an instance whose
+Host policies (``--host-policy``, :mod:`pdserve.backends.host_policy`): an instance whose
 group's policy has cores runs its session only on its own thread, which pins
 itself to those cores (``os.sched_setaffinity(0, cores)``) before it creates the
 session; ``execution_thread`` ``auto`` and ``loop`` are overridden (``loop`` with
@@ -60,14 +60,14 @@ from pdserve.backends.base import (
     merge_batch,
     split_batch,
 )
-from pdserve.datatypes import ORT_TO_V2, to_bytes_object_array
-from pdserve.host_policy import (
+from pdserve.backends.host_policy import (
     format_cpu_list,
     instance_cores,
     name_current_thread,
     pin_current_thread,
 )
-from pdserve.types import InferError, unavailable
+from pdserve.core.datatypes import ORT_TO_V2, to_bytes_object_array
+from pdserve.core.errors import InferError, unavailable
 
 log = logging.getLogger("pdserve.onnxruntime")
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from pdserve.types import InferError
+from pdserve.core.errors import InferError
 
 #: V2 datatype name -> numpy dtype (BYTES -> object).
 V2_TO_NUMPY: dict[str, np.dtype] = {

@@ -1,0 +1,1 @@
+"""The ONNX Runtime backend (``backend: "onnxruntime"``, ``platform: "onnxruntime_onnx"``)."""

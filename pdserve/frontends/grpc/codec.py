@@ -1,0 +1,291 @@
+"""V2 gRPC codec: ``ModelInferRequest`` <-> InferRequest, InferResponse -> ``ModelInferResponse``.
+
+Tensor data, as Triton's gRPC frontend accepts and sends it: see :mod:`pdserve.frontends.grpc`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2
+
+from pdserve.core.datatypes import (
+    MAX_DIMS,
+    MAX_ELEMENTS,
+    V2_TO_NUMPY,
+    deserialize_bytes_tensor,
+    numpy_to_v2,
+    serialize_bytes_tensor,
+    shape_element_count,
+)
+from pdserve.core.errors import InferError
+from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
+from pdserve.frontends.offload import codec_pool
+
+log = logging.getLogger("pdserve.grpc")
+
+#: Default limit on a gRPC message, sent or received: 64 MiB, like the HTTP body limit.
+#: A 32x3x224x224 FP32 batch is 19 MB. ``--grpc-max-message-bytes`` raises it (Triton
+#: uses 2 GiB - 1).
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+#: V2 datatype -> little-endian numpy dtype (raw contents are little-endian).
+_LE_DTYPE: dict[str, np.dtype] = {
+    k: v.newbyteorder("<") for k, v in V2_TO_NUMPY.items() if k != "BYTES"
+}
+
+#: V2 datatype -> the ``InferTensorContents`` field that carries it (FP16: raw only).
+_CONTENTS_FIELD: dict[str, str] = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def param_value(p: Any) -> Any:
+    """The Python value of an ``InferParameter`` / ``ModelRepositoryParameter``."""
+    which = p.WhichOneof("parameter_choice")
+    return None if which is None else getattr(p, which)
+
+
+def _set_param(p: Any, value: Any) -> None:
+    """Store a Python value in an ``InferParameter``."""
+    if isinstance(value, bool):
+        p.bool_param = value
+    elif isinstance(value, int):
+        p.int64_param = value
+    elif isinstance(value, float):
+        p.double_param = value
+    else:
+        p.string_param = str(value)
+
+
+def _element_count(shape: list[int], name: str) -> int:
+    if len(shape) > MAX_DIMS:
+        raise InferError(
+            f"input '{name}' has {len(shape)} dimensions; at most {MAX_DIMS} are supported"
+        )
+    count = 1
+    for d in shape:
+        if d < 0:
+            raise InferError(f"input '{name}' has a negative dimension in shape {shape}")
+        count *= d
+    if count >= MAX_ELEMENTS or count == 0:
+        shape_element_count(shape, name)  # raises when the shape is too large for numpy
+    return count
+
+
+#: Typed contents fields wider than their datatype: values are range-checked.
+_NARROW_INTS: dict[str, tuple[np.dtype, int, int]] = {
+    dt: (np.dtype(np.int32 if dt[0] == "I" else np.uint32), int(info.min), int(info.max))
+    for dt, info in (
+        ("INT8", np.iinfo(np.int8)),
+        ("INT16", np.iinfo(np.int16)),
+        ("UINT8", np.iinfo(np.uint8)),
+        ("UINT16", np.iinfo(np.uint16)),
+    )
+}
+
+
+def _typed_contents_array(values: Any, datatype: str, name: str) -> np.ndarray:
+    """A fixed-size input's typed ``contents`` as a 1-D array, range-checked for the
+    datatypes narrower than their field (INT8/INT16 in ``int_contents``, UINT8/UINT16
+    in ``uint_contents``)."""
+    narrow = _NARROW_INTS.get(datatype)
+    if narrow is None:
+        return np.array(values, dtype=V2_TO_NUMPY[datatype])
+    wide, lo, hi = narrow
+    arr = np.array(values, dtype=wide)
+    if arr.size:
+        low, high = int(arr.min()), int(arr.max())
+        if low < lo or high > hi:
+            bad = low if low < lo else high
+            raise InferError(
+                f"input '{name}' value {bad} is out of range for {datatype} [{lo}, {hi}]"
+            )
+    return arr.astype(V2_TO_NUMPY[datatype])
+
+
+def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) -> InferRequest:
+    """Turn a ``ModelInferRequest`` into an :class:`InferRequest`.
+
+    Raises:
+        InferError(400): unknown datatype, data whose size disagrees with the shape,
+            a shape of more than 64 dimensions or 2**59 elements or more, typed
+            contents out of range for the datatype (INT8/INT16/UINT8/UINT16),
+            raw and typed contents mixed, a raw-contents count that is not the input
+            count, FP16 sent as typed contents, shared-memory inputs or outputs.
+    """
+    raw = msg.raw_input_contents
+    n_raw = len(raw)
+    inputs_msg = msg.inputs
+    if n_raw and n_raw != len(inputs_msg):
+        raise InferError(
+            f"expected {len(inputs_msg)} raw input contents (one per input), got {n_raw}"
+        )
+    inputs: dict[str, np.ndarray] = {}
+    for i, tensor in enumerate(inputs_msg):
+        name = tensor.name
+        datatype = tensor.datatype
+        shape = list(tensor.shape)
+        count = _element_count(shape, name)
+        if tensor.parameters and "shared_memory_region" in tensor.parameters:
+            raise InferError(
+                f"input '{name}': the shared-memory extension is not supported by pdserve"
+            )
+        if name in inputs:
+            raise InferError(f"input '{name}' is given more than once")
+        if n_raw:
+            if tensor.HasField("contents"):
+                raise InferError(
+                    f"contents field must not be specified when using raw_input_contents "
+                    f"for '{name}'"
+                )
+            data = raw[i]
+            if datatype == "BYTES":
+                arr = deserialize_bytes_tensor(data, count).reshape(shape)
+            else:
+                dtype = _LE_DTYPE.get(datatype)
+                if dtype is None:
+                    raise InferError(f"input '{name}' has unknown datatype '{datatype}'")
+                expected = count * dtype.itemsize
+                if len(data) != expected:
+                    raise InferError(
+                        f"unexpected total byte size {len(data)} for input '{name}', "
+                        f"expecting {expected}"
+                    )
+                arr = np.frombuffer(data, dtype=dtype).reshape(shape)
+        else:
+            field = _CONTENTS_FIELD.get(datatype)
+            if field is None:
+                if datatype in _LE_DTYPE:
+                    raise InferError(
+                        f"input '{name}' of datatype {datatype} must be sent in "
+                        "raw_input_contents (it has no typed contents field)"
+                    )
+                raise InferError(f"input '{name}' has unknown datatype '{datatype}'")
+            values = getattr(tensor.contents, field)
+            if len(values) != count:
+                raise InferError(
+                    f"unexpected number of elements {len(values)} in the contents of input "
+                    f"'{name}', expecting {count} for shape {shape}"
+                )
+            if datatype == "BYTES":
+                arr = np.empty(count, dtype=object)
+                arr[:] = list(values)
+                arr = arr.reshape(shape)
+            else:
+                arr = _typed_contents_array(values, datatype, name).reshape(shape)
+        inputs[name] = arr
+    outputs: list[RequestedOutput] | None = None
+    if msg.outputs:
+        outputs = []
+        for out in msg.outputs:
+            params = {k: param_value(v) for k, v in out.parameters.items()}
+            if "shared_memory_region" in params:
+                raise InferError(
+                    f"output '{out.name}': the shared-memory extension is not supported by pdserve"
+                )
+            cls = params.pop("classification", 0) or 0
+            if not isinstance(cls, int) or isinstance(cls, bool):
+                raise InferError(f"output '{out.name}': 'classification' must be an integer")
+            params.pop("binary_data", None)
+            outputs.append(RequestedOutput(out.name, None, cls, params))
+    parameters = {k: param_value(v) for k, v in msg.parameters.items()} if msg.parameters else {}
+    return InferRequest(
+        model_name=msg.model_name,
+        model_version=msg.model_version,
+        inputs=inputs,
+        outputs=outputs,
+        id=msg.id,
+        parameters=parameters,
+        arrival_ns=arrival_ns,
+    )
+
+
+def encode_infer_response(response: InferResponse) -> service_pb2.ModelInferResponse:
+    """Turn an :class:`InferResponse` into a ``ModelInferResponse`` with raw outputs."""
+    msg = service_pb2.ModelInferResponse(
+        model_name=response.model_name, model_version=response.model_version, id=response.id
+    )
+    raw = msg.raw_output_contents
+    for name, arr in response.outputs.items():
+        out = msg.outputs.add()
+        out.name = name
+        out.shape.extend(arr.shape)
+        if arr.dtype.kind in "OSU":
+            out.datatype = "BYTES"
+            raw.append(serialize_bytes_tensor(arr))
+            continue
+        try:
+            out.datatype = numpy_to_v2(arr.dtype)
+        except InferError as e:
+            raise InferError(f"output '{name}': {e.message}", 500) from None
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        raw.append(arr.tobytes())
+    for k, v in response.parameters.items():
+        _set_param(msg.parameters[k], v)
+    return msg
+
+
+#: Requests whose tensor payload is over this many bytes are decoded, and responses
+#: whose outputs are over it encoded, on a worker thread: parsing millions of BYTES
+#: elements would otherwise stall every other call on the event loop. Smaller ones
+#: stay on the loop (a thread hop costs more than they take).
+OFFLOAD_BYTES = 1 << 20
+
+
+def _payload_bytes(msg: service_pb2.ModelInferRequest) -> int:
+    """About how many bytes of tensor data ``msg`` carries (cheap: no element walk)."""
+    total = 0
+    for raw in msg.raw_input_contents:
+        total += len(raw)
+    if total:
+        return total
+    for tensor in msg.inputs:
+        field = _CONTENTS_FIELD.get(tensor.datatype)
+        if field is not None and tensor.HasField("contents"):
+            total += 8 * len(getattr(tensor.contents, field))
+    return total
+
+
+async def decode_off_loop(msg: service_pb2.ModelInferRequest, arrival_ns: int) -> InferRequest:
+    """:func:`decode_infer_request`, on a worker thread when the payload is large."""
+    if _payload_bytes(msg) <= OFFLOAD_BYTES:
+        return decode_infer_request(msg, arrival_ns)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(codec_pool(), decode_infer_request, msg, arrival_ns)
+
+
+async def encode_off_loop(response: InferResponse) -> service_pb2.ModelInferResponse:
+    """:func:`encode_infer_response`, on a worker thread when the outputs are large."""
+    size = 0
+    for arr in response.outputs.values():
+        size += getattr(arr, "nbytes", 0)
+    if size <= OFFLOAD_BYTES:
+        return encode_infer_response(response)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(codec_pool(), encode_infer_response, response)
+
+
+def metadata_response(meta: dict[str, Any]) -> service_pb2.ModelMetadataResponse:
+    msg = service_pb2.ModelMetadataResponse(
+        name=meta["name"], versions=meta.get("versions", []), platform=meta.get("platform", "")
+    )
+    for key, target in (("inputs", msg.inputs), ("outputs", msg.outputs)):
+        for t in meta.get(key, []):
+            target.add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+    return msg

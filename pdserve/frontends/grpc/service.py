@@ -1,0 +1,278 @@
+"""The V2 gRPC servicer: each RPC calls the protocol-neutral core; errors mapped at this edge."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from pdserve.config import config_from_json
+from pdserve.core.errors import InferError
+from pdserve.frontends.grpc.codec import (
+    decode_off_loop,
+    encode_off_loop,
+    metadata_response,
+    param_value,
+)
+
+log = logging.getLogger("pdserve.grpc")
+
+#: ``InferError.status`` values with no entry in ``types._HTTP_TO_GRPC``.
+_EXTRA_CODES = {499: grpc.StatusCode.CANCELLED, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+def grpc_status(error: InferError) -> grpc.StatusCode:
+    """The gRPC status code for ``error`` (Triton's ``TRITONSERVER_Error`` mapping)."""
+    extra = _EXTRA_CODES.get(error.status)
+    if extra is not None:
+        return extra
+    return getattr(grpc.StatusCode, error.grpc_code, grpc.StatusCode.UNKNOWN)
+
+
+async def _call(func: Callable[..., Any], *args: Any) -> Any:
+    """Call a server method that may be sync or async."""
+    result = func(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """``inference.GRPCInferenceService`` around one ``InferenceServer``.
+
+    Args:
+        server: the protocol-neutral core (``live``, ``ready``, ``metadata``,
+            ``model_metadata``, ``model_config``, ``model_ready``, ``async infer``,
+            ``model_statistics``, ``repository_index``, ``async load_model``,
+            ``async unload_model``).
+    """
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    async def _guard(
+        self, context: grpc.aio.ServicerContext, func: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """Run ``func``; answer an error with the gRPC status Triton would use."""
+        try:
+            return await func()
+        except InferError as e:
+            await context.abort(grpc_status(e), e.message)
+        except (grpc.aio.AbortError, grpc.RpcError):
+            raise
+        except Exception as e:  # noqa: BLE001 - one request must not take the server down
+            log.exception("gRPC call failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+    # -- health and metadata --------------------------------------------------
+
+    async def ServerLive(  # noqa: N802 - gRPC method name
+        self, request: service_pb2.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerLiveResponse:
+        """``live``: the process serves requests."""
+        return service_pb2.ServerLiveResponse(live=bool(await _call(self.server.live)))
+
+    async def ServerReady(  # noqa: N802
+        self, request: service_pb2.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerReadyResponse:
+        """``ready``: the server's readiness (see ``--strict-readiness``)."""
+        return service_pb2.ServerReadyResponse(ready=bool(await _call(self.server.ready)))
+
+    async def ModelReady(  # noqa: N802
+        self, request: service_pb2.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelReadyResponse:
+        """``ready`` of one model (version); an unknown model is not ready (no error)."""
+
+        async def run() -> service_pb2.ModelReadyResponse:
+            ok = await _call(self.server.model_ready, request.name, request.version)
+            return service_pb2.ModelReadyResponse(ready=bool(ok))
+
+        return await self._guard(context, run)
+
+    async def ServerMetadata(  # noqa: N802
+        self, request: service_pb2.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerMetadataResponse:
+        """Server name, version and protocol extensions."""
+        meta = await _call(self.server.metadata)
+        return service_pb2.ServerMetadataResponse(
+            name=meta["name"], version=meta["version"], extensions=meta["extensions"]
+        )
+
+    async def ModelMetadata(  # noqa: N802
+        self, request: service_pb2.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelMetadataResponse:
+        """Model metadata: versions, platform, inputs and outputs."""
+
+        async def run() -> service_pb2.ModelMetadataResponse:
+            meta = await _call(self.server.model_metadata, request.name, request.version)
+            return metadata_response(meta)
+
+        return await self._guard(context, run)
+
+    async def ModelConfig(  # noqa: N802
+        self, request: service_pb2.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelConfigResponse:
+        """The model's (auto-completed) configuration as a ``ModelConfig`` message."""
+
+        async def run() -> service_pb2.ModelConfigResponse:
+            cfg_json = await _call(self.server.model_config, request.name, request.version)
+            cfg = config_from_json(cfg_json)
+            return service_pb2.ModelConfigResponse(config=cfg)
+
+        return await self._guard(context, run)
+
+    # -- inference ------------------------------------------------------------
+
+    async def ModelInfer(  # noqa: N802
+        self, request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelInferResponse:
+        """One inference request."""
+        arrival_ns = time.monotonic_ns()
+        try:
+            req = await decode_off_loop(request, arrival_ns)
+            req.cancelled = context.cancelled
+            return await encode_off_loop(await self.server.infer(req))
+        except InferError as e:
+            await context.abort(grpc_status(e), e.message)
+        except (grpc.aio.AbortError, grpc.RpcError):
+            raise
+        except Exception as e:  # noqa: BLE001
+            log.exception("gRPC ModelInfer failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        raise AssertionError("unreachable")  # pragma: no cover - abort raises
+
+    async def ModelStreamInfer(  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[service_pb2.ModelInferRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
+        """Bidirectional stream: one response (or ``error_message``) per request.
+
+        Requests run concurrently, as they arrive; responses are sent as they
+        complete (match them by request ``id``, as with Triton). Errors do not end
+        the stream: they come back as ``ModelStreamInferResponse.error_message``.
+        """
+        done: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(request: service_pb2.ModelInferRequest, arrival_ns: int) -> None:
+            try:
+                req = await decode_off_loop(request, arrival_ns)
+                resp = await encode_off_loop(await self.server.infer(req))
+                msg = service_pb2.ModelStreamInferResponse(infer_response=resp)
+            except InferError as e:
+                msg = service_pb2.ModelStreamInferResponse(error_message=e.message)
+                msg.infer_response.id = request.id
+            except Exception as e:  # noqa: BLE001
+                log.exception("gRPC ModelStreamInfer request failed")
+                msg = service_pb2.ModelStreamInferResponse(error_message=f"{type(e).__name__}: {e}")
+                msg.infer_response.id = request.id
+            await done.put(msg)
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    task = asyncio.ensure_future(one(request, time.monotonic_ns()))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                if running:
+                    await asyncio.gather(*list(running), return_exceptions=True)
+            finally:
+                await done.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (msg := await done.get()) is not None:
+                yield msg
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    # -- statistics and repository -------------------------------------------
+
+    async def ModelStatistics(  # noqa: N802
+        self, request: service_pb2.ModelStatisticsRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelStatisticsResponse:
+        """Triton's statistics extension (all models when no name is given)."""
+
+        async def run() -> service_pb2.ModelStatisticsResponse:
+            stats = await _call(self.server.model_statistics, request.name, request.version)
+            msg = service_pb2.ModelStatisticsResponse()
+            json_format.ParseDict(stats, msg, ignore_unknown_fields=True)
+            return msg
+
+        return await self._guard(context, run)
+
+    async def RepositoryIndex(  # noqa: N802
+        self, request: service_pb2.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.RepositoryIndexResponse:
+        """Every model of the repository: ``{name, version, state, reason}``."""
+
+        async def run() -> service_pb2.RepositoryIndexResponse:
+            rows = await _call(self.server.repository_index, request.ready)
+            msg = service_pb2.RepositoryIndexResponse()
+            for row in rows:
+                msg.models.add(
+                    name=row.get("name", ""),
+                    version=row.get("version", ""),
+                    state=row.get("state", ""),
+                    reason=row.get("reason", ""),
+                )
+            return msg
+
+        return await self._guard(context, run)
+
+    async def RepositoryModelLoad(  # noqa: N802
+        self, request: service_pb2.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.RepositoryModelLoadResponse:
+        """Load or reload a model; parameters ``config`` (JSON string) and
+        ``file:<version>/<name>`` (bytes) as in Triton's repository extension."""
+
+        async def run() -> service_pb2.RepositoryModelLoadResponse:
+            config: str | None = None
+            files: dict[str, bytes] = {}
+            for key, p in request.parameters.items():
+                value = param_value(p)
+                if key == "config":
+                    if not isinstance(value, str):
+                        raise InferError("load parameter 'config' must be a string_param")
+                    config = value
+                elif key.startswith("file:"):
+                    if not isinstance(value, bytes):
+                        raise InferError(f"load parameter '{key}' must be a bytes_param")
+                    files[key[5:]] = value
+                else:
+                    raise InferError(
+                        f"unknown load parameter '{key}'; expected 'config' or 'file:<path>'"
+                    )
+            await _call(self.server.load_model, request.model_name, config, files)
+            return service_pb2.RepositoryModelLoadResponse()
+
+        return await self._guard(context, run)
+
+    async def RepositoryModelUnload(  # noqa: N802
+        self,
+        request: service_pb2.RepositoryModelUnloadRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> service_pb2.RepositoryModelUnloadResponse:
+        """Unload a model; parameter ``unload_dependents`` (bool)."""
+
+        async def run() -> service_pb2.RepositoryModelUnloadResponse:
+            dependents = False
+            p = request.parameters.get("unload_dependents")
+            if p is not None:
+                dependents = param_value(p)
+                if not isinstance(dependents, bool):
+                    raise InferError("unload parameter 'unload_dependents' must be a bool_param")
+            await _call(self.server.unload_model, request.model_name, dependents)
+            return service_pb2.RepositoryModelUnloadResponse()
+
+        return await self._guard(context, run)

@@ -1,0 +1,27 @@
+"""The KServe V2 REST frontend: a raw ASGI application, served by uvicorn.
+
+No web framework: :class:`HttpApp` routes on the path by hand, reads the body with a
+running size limit, and calls the protocol-neutral ``InferenceServer``; the codec lives
+in :mod:`pdserve.frontends.http.codec`. Measured in ``/work/shared/DESIGN.md``: a
+framework per request costs up to 4x on small models.
+
+Routes (Open Inference Protocol REST, https://github.com/kserve/open-inference-protocol,
+plus Triton's extensions; status codes mimic Triton's ``src/http_server.cc``):
+
+=======  ==================================================  ==============================
+GET      ``/v2/health/live``, ``/v2/health/ready``            200 empty / 400 empty when not
+GET      ``/v2``                                             server metadata
+GET      ``/v2/models/{m}[/versions/{v}]``                   model metadata
+GET      ``/v2/models/{m}[/versions/{v}]/ready``             200 empty / 400 when not ready
+GET      ``/v2/models/{m}[/versions/{v}]/config``            Triton model configuration JSON
+POST     ``/v2/models/{m}[/versions/{v}]/infer``             inference (+ binary extension)
+GET      ``/v2/models/stats``, ``/v2/models/{m}[/versions/{v}]/stats``   statistics extension
+POST     ``/v2/repository/index``                            repository index (``{"ready": b}``)
+POST     ``/v2/repository/models/{m}/load`` / ``unload``     model control (explicit mode)
+=======  ==================================================  ==============================
+
+Errors are ``{"error": message}``: an :class:`~pdserve.core.errors.InferError` with its
+``status``; any other exception 500 (logged; the server keeps serving); an unknown path
+404; a known path with the wrong method 405; a route the server object lacks (no
+``model_statistics``...) 404.
+"""
