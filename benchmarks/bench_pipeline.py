@@ -235,7 +235,7 @@ async def _bench_shm(repeats: int) -> list[dict[str, Any]]:
     from pdserve.backends.python import triton_python_backend_utils as pb
     from pdserve.backends.python.backend import PythonBackend
     from pdserve.backends.python.worker import load_model_module
-    from pdserve.types import InferRequest
+    from pdserve.core.types import InferRequest
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_shm_"))
     model_dir = tmp / "identity"
