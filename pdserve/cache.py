@@ -21,21 +21,16 @@ Triton's response cache (docs/user_guide/response_cache.md), ``local`` flavour:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import logging
 import struct
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
     from pdserve.backends.base import ExecRequest
     from pdserve.repository.model import ModelVersion
-
-log = logging.getLogger("pdserve.cache")
 
 _LEN = struct.Struct("<Q")
 
@@ -166,42 +161,3 @@ def parse_cache_config(values: list[str]) -> int:
                         f"--cache-config: size must be an integer, got {v!r}"
                     ) from None
     return size
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--response-cache-byte-size`` and ``--cache-config`` on ``pdserve serve``."""
-    parser.add_argument(
-        "--response-cache-byte-size",
-        type=int,
-        default=0,
-        help="size in bytes of the response cache used by models with "
-        "response_cache { enable: true } (default 0: no cache)",
-    )
-    parser.add_argument(
-        "--cache-config",
-        action="append",
-        default=[],
-        metavar="local,size=N",
-        help="Triton's form of the response cache size (e.g. local,size=1048576)",
-    )
-
-
-async def start(args: argparse.Namespace, server: Any) -> Callable[[], Awaitable[None]] | None:
-    """Give ``server`` a response cache when a size was asked for."""
-    size = int(getattr(args, "response_cache_byte_size", 0) or 0)
-    extra = getattr(args, "cache_config", None) or []
-    if extra:
-        size = parse_cache_config(extra) or size
-    if size > 0:
-        server.response_cache = ResponseCache(size)
-        log.info("response cache: %d bytes", size)
-    return None
-
-
-def _register() -> None:
-    from pdserve import cli
-
-    cli.register_serve_extension(add_arguments, start)
-
-
-_register()

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from pdserve import __version__
+from pdserve.cache import ResponseCache
 from pdserve.config import ConfigError, config_from_json
 from pdserve.core.errors import InferError, unavailable
 from pdserve.core.types import InferRequest, InferResponse
+from pdserve.repository.control import MODES
 from pdserve.repository.manager import ModelManager
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.warmup import warmup as run_warmup
@@ -50,6 +52,17 @@ class InferenceServer:
         load_models: names to load at start (``None``: every model).
         host_policies: host policy name -> CPU ids the instances of that policy
             are pinned to (``--host-policy``, see :mod:`pdserve.backends.host_policy`).
+        model_control_mode: ``none`` | ``poll`` | ``explicit`` (Triton's
+            ``--model-control-mode``, see :mod:`pdserve.repository.control`). Only
+            ``explicit`` (the default for a library user) accepts repository load /
+            unload requests; polling itself is run by the caller
+            (:class:`~pdserve.repository.control.RepositoryPoller`).
+        response_cache: the :class:`pdserve.cache.ResponseCache` used by models with
+            ``response_cache { enable: true }`` (``--response-cache-byte-size``);
+            None: no cache.
+
+    Raises:
+        ValueError: an unknown ``model_control_mode``.
     """
 
     def __init__(
@@ -59,20 +72,21 @@ class InferenceServer:
         strict_readiness: bool = False,
         load_models: list[str] | None = None,
         host_policies: Mapping[str, Collection[int]] | None = None,
+        model_control_mode: str = "explicit",
+        response_cache: ResponseCache | None = None,
     ) -> None:
+        if model_control_mode not in MODES:
+            raise ValueError(
+                f"model control mode must be one of {', '.join(MODES)}, got {model_control_mode!r}"
+            )
         self.repository = Path(model_repository)
         self.manager = ModelManager(self.repository, server=self, host_policies=host_policies)
         self.strict_readiness = strict_readiness
         self.load_models = load_models
         self._started = False
         self._shutting_down = False
-        #: :class:`pdserve.cache.ResponseCache` when the server has a cache size
-        #: (``--response-cache-byte-size``); used by models with ``response_cache``.
-        self.response_cache: Any = None
-        #: ``none`` | ``poll`` | ``explicit`` (``pdserve.repository.control`` sets it from
-        #: ``--model-control-mode``). Only ``explicit`` accepts repository load /
-        #: unload requests; a library user gets ``explicit``.
-        self.model_control_mode = "explicit"
+        self.response_cache = response_cache
+        self.model_control_mode = model_control_mode
 
     # -- lifecycle ------------------------------------------------------------
 

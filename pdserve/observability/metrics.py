@@ -47,18 +47,17 @@ Cost on the inference path: the counters are read from
 histograms are fed per request, through ``ModelStats.hooks``, by a lock-free
 bucket array (the event loop is single-threaded). The exposition is written by
 this module in the Prometheus text format 0.0.4 (``prometheus_client`` would add
-``_total`` to Triton's counter names); the HTTP listener is a tiny asyncio server
-on the main loop, so a scrape reads consistent numbers.
+``_total`` to Triton's counter names); the HTTP listener
+(:mod:`pdserve.frontends.metrics_http`) is a tiny asyncio server on the main loop, so
+a scrape reads consistent numbers.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import logging
 import math
 from bisect import bisect_left
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pdserve.observability import stats as stats_mod
@@ -457,109 +456,7 @@ class MetricsExporter:
         return text
 
 
-# -- HTTP listener ---------------------------------------------------------------
-
-
-async def _handle(
-    exporter: MetricsExporter, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> None:
-    """Serve ``GET /metrics`` (and HEAD) on one connection, then close it."""
-    try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        line = head.split(b"\r\n", 1)[0].decode("latin-1")
-        method, _, rest = line.partition(" ")
-        path = rest.split(" ", 1)[0].split("?", 1)[0]
-        if path == "/metrics" and method in ("GET", "HEAD"):
-            body = exporter.render()
-            status = "200 OK"
-            ctype = CONTENT_TYPE
-        else:
-            body = b"not found: metrics are served at /metrics\n"
-            status = "404 Not Found"
-            ctype = "text/plain; charset=utf-8"
-        writer.write(
-            f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n".encode()
-        )
-        if method != "HEAD":
-            writer.write(body)
-        await writer.drain()
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
-        pass
-    except Exception:  # noqa: BLE001 - a scrape never takes the server down
-        log.exception("metrics request failed")
-    finally:
-        writer.close()
-
-
-async def serve_metrics(exporter: MetricsExporter, host: str, port: int) -> asyncio.Server:
-    """Start the ``/metrics`` listener on the running loop.
-
-    Raises:
-        OSError: the port cannot be bound.
-    """
-    return await asyncio.start_server(lambda r, w: _handle(exporter, r, w), host, port)
-
-
 def install_hooks() -> None:
     """Attach histogram hooks to every ModelStats created from now on."""
     if attach not in stats_mod.LISTENERS:
         stats_mod.LISTENERS.append(attach)
-
-
-# -- serve extension ---------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--allow-metrics``, ``--allow-gpu-metrics``, ``--allow-cpu-metrics`` (Triton's flags)."""
-    flag = argparse.BooleanOptionalAction
-    parser.add_argument(
-        "--allow-metrics",
-        action=flag,
-        default=True,
-        help="serve Prometheus metrics on --metrics-port (default on)",
-    )
-    parser.add_argument(
-        "--allow-gpu-metrics",
-        action=flag,
-        default=True,
-        help="GPU metrics through NVML when a GPU is present (default on)",
-    )
-    parser.add_argument("--allow-cpu-metrics", action=flag, default=True, help="CPU and memory metrics (default on)")  # fmt: skip
-
-
-async def start(args: argparse.Namespace, server: Any) -> Callable[[], Awaitable[None]] | None:
-    """Start the metrics listener; returns its stopper (None when disabled)."""
-    if not getattr(args, "allow_metrics", True):
-        return None
-    install_hooks()
-    for mv_stats in MetricsExporter(server, cpu=False, gpu=False).model_stats():
-        attach(mv_stats)
-    exporter = MetricsExporter(
-        server,
-        cpu=getattr(args, "allow_cpu_metrics", True),
-        gpu=getattr(args, "allow_gpu_metrics", True),
-    )
-    host = getattr(args, "host", "127.0.0.1")
-    port = getattr(args, "metrics_port", 8002)
-    try:
-        listener = await serve_metrics(exporter, host, port)
-    except OSError as e:
-        log.error("metrics not served: cannot listen on %s:%d (%s)", host, port, e)
-        return None
-    log.info("metrics (Prometheus) at http://%s:%d/metrics", host, port)
-
-    async def stop() -> None:
-        listener.close()
-        await listener.wait_closed()
-
-    return stop
-
-
-def _register() -> None:
-    from pdserve import cli
-
-    cli.register_serve_extension(add_arguments, start)
-
-
-_register()

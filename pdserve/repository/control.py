@@ -1,4 +1,4 @@
-"""Model control modes (``none`` / ``poll`` / ``explicit``), repository polling, rollback.
+"""Model control modes (``none`` / ``poll`` / ``explicit``) and repository polling.
 
 Triton's three model control modes (``--model-control-mode``):
 
@@ -30,23 +30,17 @@ Triton's three model control modes (``--model-control-mode``):
 Rollback (pin a model to an earlier version that is still in the repository):
 in ``explicit`` mode, load the model with a configuration override whose
 ``version_policy`` is ``specific { versions: [N] }``; ``pdserve rollback MODEL N
---url HOST:PORT`` does exactly that over HTTP, and ``pdserve rollback MODEL
---unpin`` reloads config.pbtxt from disk. In ``poll`` mode, write the same
-``version_policy`` into config.pbtxt (or remove the bad version folder): the next
-poll swaps back.
+--url HOST:PORT`` (:mod:`pdserve.app.rollback`) does exactly that over HTTP, and
+``pdserve rollback MODEL --unpin`` reloads config.pbtxt from disk. In ``poll`` mode,
+write the same ``version_policy`` into config.pbtxt (or remove the bad version
+folder): the next poll swaps back.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import json
 import logging
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pdserve import config as cfgmod
@@ -58,11 +52,7 @@ __all__ = [
     "MODES",
     "SETTLE_SECS",
     "RepositoryPoller",
-    "add_arguments",
-    "add_rollback_command",
-    "rollback",
     "snapshot",
-    "start",
 ]
 
 #: The model control modes.
@@ -197,176 +187,3 @@ class RepositoryPoller:
                 await self.poll_once()
             except Exception:  # noqa: BLE001 - polling must never stall
                 log.exception("repository poll failed")
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``serve`` flags: ``--model-control-mode``, ``--load-model``, ``--repository-poll-secs``."""
-    parser.add_argument(
-        "--model-control-mode",
-        choices=MODES,
-        default="none",
-        help="none: load everything at start, ignore changes (default); poll: also pick up "
-        "added, removed and changed models every --repository-poll-secs; explicit: load "
-        "only --load-model models, then what the repository API asks",
-    )
-    parser.add_argument(
-        "--load-model",
-        dest="load_models",
-        action="append",
-        default=None,
-        metavar="NAME",
-        help="explicit mode: a model to load at start (repeatable; '*' loads all)",
-    )
-    parser.add_argument(
-        "--repository-poll-secs",
-        type=float,
-        default=15.0,
-        help="poll mode: seconds between repository scans (default 15)",
-    )
-
-
-async def start(args: argparse.Namespace, server: Any) -> Callable[[], Awaitable[None]] | None:
-    """CLI hook: apply the model control mode to ``server``; in poll mode start polling.
-
-    Runs before the server's initial load, so it also decides what that loads.
-
-    Raises:
-        SystemExit(2): ``--load-model`` without ``--model-control-mode=explicit``, or a
-            poll interval that is not positive.
-    """
-    mode = getattr(args, "model_control_mode", "none")
-    names = getattr(args, "load_models", None)
-    if names and mode != "explicit":
-        log.error("Use of '--load-model' requires setting '--model-control-mode=explicit' as well")
-        raise SystemExit(2)
-    server.model_control_mode = mode
-    if mode == "explicit":
-        if names and "*" in names:
-            server.load_models = None
-        else:
-            server.load_models = list(dict.fromkeys(names or []))
-        log.info(
-            "model control mode explicit: loading %s at start",
-            "every model" if server.load_models is None else (server.load_models or "no model"),
-        )
-        return None
-    server.load_models = None
-    if mode != "poll":
-        return None
-    interval = getattr(args, "repository_poll_secs", 15.0)
-    if interval <= 0:
-        log.error("--repository-poll-secs must be > 0 in poll mode (got %s)", interval)
-        raise SystemExit(2)
-    poller = RepositoryPoller(server, interval)
-    poller.baseline()
-    task = asyncio.get_running_loop().create_task(poller.run(), name="pdserve-repository-poll")
-    log.info("model control mode poll: scanning the repository every %gs", interval)
-
-    async def stop() -> None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-
-    return stop
-
-
-# --------------------------------------------------------------------------- rollback
-
-
-def _http(url: str, method: str = "GET", body: dict[str, Any] | None = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=600) as r:
-            raw = r.read()
-    except urllib.error.HTTPError as e:
-        text = e.read().decode(errors="replace")
-        try:
-            text = json.loads(text).get("error", text)
-        except ValueError:
-            pass
-        raise RuntimeError(f"{method} {url}: HTTP {e.code}: {text}") from None
-    except urllib.error.URLError as e:
-        raise RuntimeError(f"{method} {url}: {e.reason}") from None
-    return json.loads(raw) if raw.strip() else None
-
-
-def rollback(url: str, model: str, version: int | None) -> list[str]:
-    """Pin ``model`` to ``version`` (or, with ``None``, reload config.pbtxt from disk).
-
-    Uses the repository API of a server in ``explicit`` mode: the served
-    configuration with ``version_policy {specific {versions: [version]}}`` as a
-    load override. The pinned version loads and warms up beside the serving one
-    and traffic switches when it is ready; if it fails, nothing changes.
-
-    Args:
-        url: the server's HTTP address, ``host:port`` or ``http://host:port``.
-
-    Returns:
-        the versions serving afterwards.
-
-    Raises:
-        RuntimeError: the server refused (not explicit mode, no such version...).
-    """
-    base = url if "://" in url else f"http://{url}"
-    base = base.rstrip("/")
-    if version is None:
-        _http(f"{base}/v2/repository/models/{model}/load", "POST", {})
-    else:
-        cfg = _http(f"{base}/v2/models/{model}/config")
-        cfg["version_policy"] = {"specific": {"versions": [int(version)]}}
-        _http(
-            f"{base}/v2/repository/models/{model}/load",
-            "POST",
-            {"parameters": {"config": json.dumps(cfg)}},
-        )
-    meta = _http(f"{base}/v2/models/{model}")
-    return list(meta.get("versions", []))
-
-
-def add_rollback_command(sub: Any) -> None:
-    """Add ``pdserve rollback`` to the CLI's subcommands."""
-    p = sub.add_parser(
-        "rollback",
-        help="pin a model to an earlier version (explicit model control mode)",
-        description="Pin MODEL to VERSION on a running pdserve (or Triton) in explicit model "
-        "control mode, through the repository API: the served configuration is loaded "
-        "again with version_policy specific [VERSION]. The version loads and warms up "
-        "beside the serving one; traffic switches when it is ready. --unpin reloads "
-        "config.pbtxt from disk.",
-    )
-    p.add_argument("model", help="model name")
-    p.add_argument("version", nargs="?", type=int, help="version to pin (a version folder)")
-    p.add_argument("--unpin", action="store_true", help="go back to config.pbtxt's policy")
-    p.add_argument("--url", default="127.0.0.1:8000", help="server HTTP address (host:port)")
-    p.set_defaults(run=_run_rollback)
-
-
-def _run_rollback(args: argparse.Namespace) -> int:
-    if (args.version is None) == (not args.unpin):
-        print("pdserve rollback: give exactly one of VERSION or --unpin")
-        return 2
-    try:
-        versions = rollback(args.url, args.model, None if args.unpin else args.version)
-    except RuntimeError as e:
-        print(f"pdserve rollback: {e}")
-        return 1
-    print(f"{args.model}: serving versions {', '.join(versions) or '(none)'}")
-    return 0
-
-
-def _register() -> None:
-    from pdserve import cli
-
-    cli.register_serve_extension(add_arguments, start)
-    commands = getattr(cli, "COMMANDS", None)
-    if commands is not None and add_rollback_command not in commands:
-        commands.append(add_rollback_command)
-
-
-_register()

@@ -36,7 +36,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from pdserve.repository.control import rollback
+from pdserve.app.rollback import rollback
 from tests.conftest import EXAMPLE_REPO, GOLDENS, ServerProcess, copy_models, start_server
 
 SOURCE = EXAMPLE_REPO / "tiny_all_versions"  # version N computes relu(x @ W) + N

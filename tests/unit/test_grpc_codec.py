@@ -159,9 +159,8 @@ def test_kubernetes_example_is_consistent() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     # every flag in the example exists
-    from pdserve import cli
+    from pdserve.app import cli
 
-    cli._load_extensions()
     cli.build_parser().parse_args(container["args"])
 
 

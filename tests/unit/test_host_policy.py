@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from pdserve.app.cli import build_parser
+from pdserve.app.settings import Settings
+from pdserve.backends import host_policy as hp
 from pdserve.backends.onnxruntime.backend import (
     default_intra_op_threads,
     intra_op_affinities,
 )
-from tritonclient.grpc import model_config_pb2 as mc
-
-from pdserve import host_policy as hp
-from pdserve.app.cli import build_parser, host_policies
 
 ALLOWED = frozenset({0, 1, 2, 3, 4, 5, 6, 7})
 
@@ -168,8 +169,8 @@ def test_cli_collects_policies() -> None:
         ["serve", "--host-policy", f"cpu,cpu-cores={core}", "--host-policy", f"x,cpu-cores={core}"]
     )
     assert args.host_policy == {"cpu": {"cpu-cores": str(core)}, "x": {"cpu-cores": str(core)}}
-    assert host_policies(args) == {"cpu": {core}, "x": {core}}
-    assert host_policies(build_parser().parse_args(["serve"])) == {}
+    assert Settings(host_policy=args.host_policy).host_policies() == {"cpu": {core}, "x": {core}}
+    assert Settings().host_policies() == {}
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -12,8 +9,6 @@ from tritonclient.grpc import service_pb2_grpc
 
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
 from pdserve.frontends.grpc.service import GrpcService
-
-log = logging.getLogger("pdserve.grpc")
 
 
 async def serve_grpc(
@@ -54,55 +49,3 @@ async def serve_grpc(
         raise RuntimeError(f"could not listen for gRPC on {address}")
     await srv.start()
     return srv
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``serve`` flags of the gRPC frontend (``--grpc-port`` is the CLI's own)."""
-    parser.add_argument(
-        "--grpc-max-message-bytes",
-        type=int,
-        default=DEFAULT_MAX_MESSAGE_BYTES,
-        help="largest gRPC message received or sent, in bytes (default 64 MiB; "
-        "Triton uses 2147483647)",
-    )
-    parser.add_argument(
-        "--allow-grpc",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="serve the V2 gRPC protocol on --grpc-port (default on)",
-    )
-
-
-async def start(args: argparse.Namespace, server: Any) -> Callable[[], Awaitable[None]] | None:
-    """CLI hook: start gRPC on ``--host``:``--grpc-port``; return its stopper.
-
-    Raises:
-        SystemExit(1): the port cannot be bound (logged).
-    """
-    if not getattr(args, "allow_grpc", True):
-        return None
-    try:
-        srv = await serve_grpc(
-            server,
-            args.host,
-            args.grpc_port,
-            max_message_bytes=getattr(args, "grpc_max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES),
-        )
-    except RuntimeError as e:
-        log.error("%s", e)
-        raise SystemExit(1) from None
-    log.info("gRPC (KServe V2) listening on %s:%d", args.host, args.grpc_port)
-
-    async def stop() -> None:
-        await srv.stop(5)
-
-    return stop
-
-
-def _register() -> None:
-    from pdserve import cli
-
-    cli.register_serve_extension(add_arguments, start)
-
-
-_register()

@@ -1,0 +1,348 @@
+"""The composition root: build every part of a serving process from :class:`Settings`,
+start them in one explicit order and stop them in the reverse order.
+
+Nothing below :mod:`pdserve.app` knows about flags or about the other parts: this
+module is the only place that wires them together.
+
+Start (:func:`serve`), each step only once the one before it succeeded:
+
+0. **Features**: import the optional parts the settings ask for (gRPC frontend,
+   metrics). An import that fails is an error (exit 1) naming the flag that
+   turns the feature off; nothing has started yet.
+1. **Core**: the :class:`~pdserve.server.InferenceServer`, given at construction
+   its model control mode, the models to load at start, the response cache
+   (:class:`~pdserve.cache.ResponseCache`, when it has a size) and the host
+   policies. It loads nothing yet.
+2. **Metrics hooks**: histogram hooks on every ``ModelStats`` created from now on
+   (before any model loads, so each version's statistics feed them).
+3. **HTTP** listener (KServe V2 REST): the process is live, not ready.
+4. **gRPC** listener (KServe V2 gRPC), unless ``--no-allow-grpc``.
+5. **Metrics** listener (``/metrics``), unless ``--no-allow-metrics``; a port that
+   cannot be bound is logged and serving goes on without metrics.
+6. **Repository poller** (``--model-control-mode=poll``): records what is on disk
+   now, then scans every ``--repository-poll-secs`` once the initial load is done.
+7. **Models**: the initial load; then the server is ready.
+
+Stop, on SIGTERM/SIGINT (or when the HTTP listener dies), in reverse:
+
+7. models: readiness goes false, new requests get 503, in-flight requests finish
+   (at most ``--exit-timeout-secs``; 0 when HTTP died), loads in progress are
+   waited for, models unload (workers stop);
+6. the poller ends; 5. the metrics listener closes; 4. gRPC stops (in-flight RPCs
+   get 5 s); 3. HTTP stops (open connections get 5 s).
+
+A step that fails to start (a port in use) stops the steps already started, in
+reverse, and :func:`serve` returns 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from types import ModuleType
+from typing import Any
+
+from pdserve.app.settings import Settings
+from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
+from pdserve.cache import ResponseCache
+from pdserve.frontends.http.app import create_http_app
+from pdserve.frontends.http.server import serve_http
+from pdserve.repository.control import RepositoryPoller
+from pdserve.server import InferenceServer
+
+log = logging.getLogger("pdserve")
+
+#: Seconds HTTP connections and gRPC calls still open after the models stopped get.
+LISTENER_GRACE_SECS = 5.0
+
+Stop = Callable[[], Awaitable[None]]
+
+
+class StartError(RuntimeError):
+    """A part could not start (its reason is the message); the process exits 1."""
+
+
+def import_feature(module: str, feature: str, off_flag: str) -> ModuleType:
+    """Import the module of an optional feature the settings ask for.
+
+    Raises:
+        StartError: the import failed; the message names the feature, the error and
+            the flag that turns the feature off.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise StartError(
+            f"{feature} is asked for but cannot be imported ({module}: {e}); "
+            f"fix the installation or start with {off_flag}"
+        ) from e
+
+
+def build_server(settings: Settings) -> InferenceServer:
+    """Step 1: the core, configured at construction (it loads nothing yet).
+
+    Raises:
+        pdserve.backends.host_policy.HostPolicyError: a host policy names cores this
+            process can no longer use.
+    """
+    policies = settings.host_policies()
+    for name, cores in sorted(policies.items()):
+        log.info("host policy %s: cpu-cores %s", name, format_cpu_list(cores))
+    cache_bytes = settings.response_cache_bytes
+    cache = ResponseCache(cache_bytes) if cache_bytes > 0 else None
+    if cache is not None:
+        log.info("response cache: %d bytes", cache_bytes)
+    server = InferenceServer(
+        settings.repository,
+        strict_readiness=settings.strict_readiness,
+        load_models=settings.startup_models,
+        host_policies=policies,
+        model_control_mode=settings.model_control_mode,
+        response_cache=cache,
+    )
+    if settings.model_control_mode == "explicit":
+        log.info(
+            "model control mode explicit: loading %s at start",
+            "every model" if server.load_models is None else (server.load_models or "no model"),
+        )
+    return server
+
+
+async def start_http(settings: Settings, server: InferenceServer) -> tuple[asyncio.Task[Any], Stop]:
+    """Step 3: the HTTP listener; returns once it listens.
+
+    Returns:
+        the task serving HTTP (it ends if the listener dies) and the stopper.
+
+    Raises:
+        StartError: the address cannot be bound.
+    """
+    app = create_http_app(
+        server,
+        max_request_bytes=settings.max_request_bytes,
+        body_timeout=settings.http_body_timeout_secs,
+    )
+    http = serve_http(app, settings.host, settings.http_port)
+
+    async def run() -> None:
+        try:
+            await http.serve()
+        except SystemExit:  # uvicorn exits when it cannot bind (it logged why)
+            raise StartError(
+                f"could not listen for HTTP on {settings.host}:{settings.http_port}"
+            ) from None
+
+    task = asyncio.create_task(run(), name="pdserve-http")
+    while not http.started and not task.done():
+        await asyncio.sleep(0.005)
+    if task.done():
+        task.result()  # raises the StartError
+        raise StartError("the HTTP listener stopped while starting")
+    log.info("HTTP (KServe V2) listening on http://%s:%d", settings.host, settings.http_port)
+
+    async def stop() -> None:
+        http.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, LISTENER_GRACE_SECS)
+
+    return task, stop
+
+
+async def start_grpc(settings: Settings, server: InferenceServer, grpc_server: ModuleType) -> Stop:
+    """Step 4: the gRPC listener (``grpc_server`` is :mod:`pdserve.frontends.grpc.server`).
+
+    Raises:
+        StartError: the address cannot be bound.
+    """
+    try:
+        srv = await grpc_server.serve_grpc(
+            server,
+            settings.host,
+            settings.grpc_port,
+            max_message_bytes=settings.grpc_max_message_bytes,
+        )
+    except RuntimeError as e:
+        raise StartError(str(e)) from None
+    log.info("gRPC (KServe V2) listening on %s:%d", settings.host, settings.grpc_port)
+
+    async def stop() -> None:
+        await srv.stop(LISTENER_GRACE_SECS)
+
+    return stop
+
+
+async def start_metrics(
+    settings: Settings, server: InferenceServer, metrics: ModuleType, metrics_http: ModuleType
+) -> Stop | None:
+    """Step 5: the ``/metrics`` listener; None (logged) when its port cannot be bound.
+
+    ``metrics`` is :mod:`pdserve.observability.metrics`, ``metrics_http``
+    :mod:`pdserve.frontends.metrics_http`.
+    """
+    exporter = metrics.MetricsExporter(
+        server, cpu=settings.allow_cpu_metrics, gpu=settings.allow_gpu_metrics
+    )
+    host, port = settings.host, settings.metrics_port
+    try:
+        listener = await metrics_http.serve_metrics(
+            exporter.render, host, port, content_type=metrics.CONTENT_TYPE
+        )
+    except OSError as e:
+        log.error("metrics not served: cannot listen on %s:%d (%s)", host, port, e)
+        return None
+    log.info("metrics (Prometheus) at http://%s:%d/metrics", host, port)
+
+    async def stop() -> None:
+        listener.close()
+        await listener.wait_closed()
+
+    return stop
+
+
+def start_poller(settings: Settings, server: InferenceServer) -> Stop:
+    """Step 6 (poll mode): record the repository as it is now and start polling it;
+    the poller waits for the initial load before its first scan."""
+    poller = RepositoryPoller(server, settings.repository_poll_secs)
+    poller.baseline()
+    task = asyncio.get_running_loop().create_task(poller.run(), name="pdserve-repository-poll")
+    log.info(
+        "model control mode poll: scanning the repository every %gs",
+        settings.repository_poll_secs,
+    )
+
+    async def stop() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+    return stop
+
+
+async def load_models(settings: Settings, server: InferenceServer) -> None:
+    """Step 7: the initial load (a model that fails is logged, never fatal)."""
+    await server.start()
+    rows = server.repository_index()
+    ready = [r for r in rows if r.get("state") == "READY"]
+    failed = [r for r in rows if r.get("state") not in (None, "READY")]
+    not_loaded = sorted({r["name"] for r in rows if r.get("state") is None})
+    log.info(
+        "model repository %s: %d version%s ready, %d failed%s",
+        settings.repository,
+        len(ready),
+        "" if len(ready) == 1 else "s",
+        len(failed),
+        f", {len(not_loaded)} model(s) not loaded (explicit mode)" if not_loaded else "",
+    )
+    for r in failed:
+        log.warning(
+            "  %s version %s %s: %s",
+            r["name"],
+            r.get("version", "-"),
+            r.get("state"),
+            r.get("reason", ""),
+        )
+
+
+async def serve(settings: Settings) -> int:
+    """Run the server until SIGTERM/SIGINT; return the process exit code.
+
+    See the module docstring for the order in which parts start and stop.
+
+    Returns:
+        0 after a signal-driven shutdown; 1 when a part could not start or the
+        HTTP listener died; 2 when a host policy became unusable since the flags
+        were checked.
+
+    Raises:
+        SettingsError: ``settings`` are not valid (checked again here for library
+            callers; the CLI checked them while parsing).
+    """
+    settings.validate()
+    try:
+        grpc_server = (
+            import_feature("pdserve.frontends.grpc.server", "gRPC", "--no-allow-grpc")
+            if settings.allow_grpc
+            else None
+        )
+        if settings.allow_metrics:
+            metrics = import_feature(
+                "pdserve.observability.metrics", "metrics", "--no-allow-metrics"
+            )
+            metrics_http = import_feature(
+                "pdserve.frontends.metrics_http", "metrics", "--no-allow-metrics"
+            )
+        else:
+            metrics = metrics_http = None
+    except StartError as e:
+        log.error("%s", e)
+        return 1
+    try:
+        server = build_server(settings)
+    except HostPolicyError as e:
+        log.error("--host-policy: %s", e)
+        return 2
+
+    stop_event = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_event.set)
+
+    stops: list[tuple[str, Stop]] = []  # started parts, in start order
+    drain_secs = settings.exit_timeout_secs
+    code = 0
+    try:
+        if metrics is not None:
+            metrics.install_hooks()
+        http_task, stop_http = await start_http(settings, server)
+        stops.append(("HTTP", stop_http))
+        if grpc_server is not None:
+            stops.append(("gRPC", await start_grpc(settings, server, grpc_server)))
+        if metrics is not None and metrics_http is not None:
+            stop_metrics = await start_metrics(settings, server, metrics, metrics_http)
+            if stop_metrics is not None:
+                stops.append(("metrics", stop_metrics))
+        if settings.model_control_mode == "poll":
+            stops.append(("repository poller", start_poller(settings, server)))
+
+        async def stop_models() -> None:
+            await server.stop(drain_secs)
+
+        stops.append(("models", stop_models))
+        await load_models(settings, server)
+
+        waiter = asyncio.create_task(stop_event.wait())
+        await asyncio.wait([waiter, http_task], return_when=asyncio.FIRST_COMPLETED)
+        if http_task.done() and not stop_event.is_set():
+            exc = http_task.exception() if not http_task.cancelled() else None
+            log.error("HTTP server stopped: %s", exc)
+            drain_secs = 0
+            code = 1
+        else:
+            log.info("shutting down: finishing in-flight requests (timeout %.0fs)", drain_secs)
+        waiter.cancel()
+    except StartError as e:
+        log.error("%s", e)
+        code = 1
+    finally:
+        for name, stop in reversed(stops):
+            try:
+                await stop()
+            except Exception:  # noqa: BLE001 - stop the other parts regardless
+                log.exception("stopping %s failed", name)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    log.info("pdserve stopped")
+    return code
+
+
+def run(settings: Settings) -> int:
+    """Run :func:`serve` on a new uvloop event loop (asyncio's without uvloop)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        return asyncio.run(serve(settings))
+    return uvloop.run(serve(settings))

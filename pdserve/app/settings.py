@@ -1,0 +1,463 @@
+"""Every ``pdserve serve`` flag, its default and its check, in one place.
+
+:class:`Settings` is the whole configuration of a serving process. Each field is
+one flag: its default is the field's default, and the field's metadata gives the
+flag's name, help and argparse options, so :func:`add_arguments` declares the
+flags from the fields and :meth:`Settings.from_namespace` reads them back with no
+second copy of any default (a flag not given is not in the namespace: each
+flag's argparse default is ``argparse.SUPPRESS``). The defaults that are also a
+frontend's own (``DEFAULT_MAX_REQUEST_BYTES``...) are that frontend's constants.
+
+Flag names follow ``tritonserver``'s where they exist (``--model-repository``,
+``--http-port``, ``--grpc-port``, ``--metrics-port``, ``--strict-readiness``,
+``--exit-timeout-secs``, ``--log-verbose``, ``--model-control-mode``,
+``--load-model``, ``--repository-poll-secs``, ``--host-policy``,
+``--allow-grpc``, ``--allow-metrics``, ``--allow-gpu-metrics``,
+``--allow-cpu-metrics``, ``--response-cache-byte-size``, ``--cache-config``), with
+``--host`` defaulting to 127.0.0.1 (Triton binds 0.0.0.0; pdserve listens on
+loopback unless told).
+
+:meth:`Settings.validate` checks every value, and the combinations, before
+anything starts; a bad one raises :class:`SettingsError` naming the flag, which
+the CLI turns into an argparse error (exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdserve.backends.host_policy import HostPolicyError, parse_option, resolve_policy
+from pdserve.cache import parse_cache_config
+from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
+from pdserve.frontends.http.app import DEFAULT_BODY_TIMEOUT_SECS, DEFAULT_MAX_REQUEST_BYTES
+from pdserve.repository.control import MODES
+
+#: The example repository that ``examples/build.py`` builds (``--model-repository``'s default).
+EXAMPLE_REPOSITORY = Path(__file__).resolve().parents[2] / "examples" / "model_repository"
+
+#: The largest gRPC message size grpc accepts (a signed 32-bit int; Triton's maximum).
+MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
+
+#: Help sections of ``pdserve serve --help``, in order.
+GROUPS = (
+    "server",
+    "HTTP",
+    "gRPC",
+    "metrics",
+    "model control",
+    "response cache",
+)
+
+
+class SettingsError(ValueError):
+    """A serve flag has a bad value, or flags do not go together.
+
+    Attributes:
+        flag: the flag at fault, e.g. ``--http-port``.
+        message: what is wrong with it.
+
+    ``str()`` is argparse's form: ``argument --http-port: <message>``.
+    """
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(f"argument {flag}: {message}")
+        self.flag = flag
+        self.message = message
+
+
+class HostPolicyAction(argparse.Action):
+    """``--host-policy NAME,SETTING=VALUE`` (repeatable): collect and check host policies.
+
+    The namespace attribute holds ``policy name -> {setting: value}``; options with
+    the same name merge (a later value of a setting wins), as in Triton. Each
+    option is checked as soon as it is read (its syntax, the setting, and the cores
+    of the merged policy: see :func:`pdserve.backends.host_policy.resolve_policy`), so a bad
+    one is an argparse error (exit code 2) naming the option.
+    """
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        policies: dict[str, dict[str, str]] = dict(getattr(namespace, self.dest, None) or {})
+        try:
+            name, setting, value = parse_option(str(values))
+            settings = {**policies.get(name, {}), setting: value}
+            resolve_policy(name, settings)
+        except HostPolicyError as e:
+            raise argparse.ArgumentError(self, str(e)) from None
+        policies[name] = settings
+        setattr(namespace, self.dest, policies)
+
+
+def _flag(
+    name: str, default: Any, group: str, help: str, factory: Any = None, **argparse_options: Any
+) -> Any:
+    """A :class:`Settings` field that is the flag ``name``.
+
+    ``help`` may say ``{default}``: it is replaced by the default, written for people
+    (see :func:`show_default`). ``factory`` replaces ``default`` for mutable defaults.
+    """
+    assert group in GROUPS, group
+    metadata = {"flag": name, "group": group, "help": help, "argparse": argparse_options}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The configuration of ``pdserve serve``: one field per flag, defaults declared here only.
+
+    Build it from parsed arguments with :meth:`from_namespace` (which validates), or
+    directly (library use; call :meth:`validate` before serving). Sizes are bytes,
+    durations seconds.
+    """
+
+    # -- server ------------------------------------------------------------------------
+    model_repository: Path | None = _flag(
+        "--model-repository",
+        None,
+        "server",
+        "model repository folder (default: the example repository built by examples/build.py)",
+        type=Path,
+    )
+    host: str = _flag("--host", "127.0.0.1", "server", "address to listen on (default {default})")
+    log_verbose: int = _flag(
+        "--log-verbose",
+        0,
+        "server",
+        "verbose logging level: 0 (info) or 1+ (debug) (default {default})",
+        type=int,
+    )
+    exit_timeout_secs: float = _flag(
+        "--exit-timeout-secs",
+        30.0,
+        "server",
+        "on SIGTERM/SIGINT, seconds to wait for in-flight requests (default {default})",
+        type=float,
+    )
+    strict_readiness: bool = _flag(
+        "--strict-readiness",
+        False,
+        "server",
+        "report not-ready while any model meant to be loaded is not ready (default {default})",
+        action=argparse.BooleanOptionalAction,
+    )
+    host_policy: Mapping[str, Mapping[str, str]] = _flag(
+        "--host-policy",
+        None,
+        "server",
+        "host policy, as in tritonserver (repeatable): SETTING is cpu-cores (e.g. "
+        "cpu-cores=0-3,5) or numa-node (e.g. numa-node=0: that node's CPUs; memory is not "
+        "bound to the node, Python cannot); both settings: their intersection. Instances "
+        "of a group whose host_policy is NAME run pinned to those cores; a group without "
+        "host_policy uses 'cpu' (KIND_CPU), 'gpu_<id>' (KIND_GPU) or 'model' (KIND_MODEL), "
+        "so --host-policy cpu,cpu-cores=0 pins every CPU instance. A group naming a policy "
+        "not given fails to load",
+        factory=dict,
+        action=HostPolicyAction,
+        metavar="NAME,SETTING=VALUE",
+    )
+
+    # -- HTTP ---------------------------------------------------------------------------
+    http_port: int = _flag(
+        "--http-port", 8000, "HTTP", "V2 HTTP port (default {default})", type=int
+    )
+    max_request_bytes: int = _flag(
+        "--max-request-bytes",
+        DEFAULT_MAX_REQUEST_BYTES,
+        "HTTP",
+        "largest HTTP request body accepted, after decompression (default {default})",
+        type=int,
+    )
+    http_body_timeout_secs: float = _flag(
+        "--http-body-timeout-secs",
+        DEFAULT_BODY_TIMEOUT_SECS,
+        "HTTP",
+        "longest wait for the next piece of an HTTP request body before answering 408 "
+        "and closing the connection; 0 waits forever (default {default})",
+        type=float,
+    )
+
+    # -- gRPC ---------------------------------------------------------------------------
+    allow_grpc: bool = _flag(
+        "--allow-grpc",
+        True,
+        "gRPC",
+        "serve the V2 gRPC protocol on --grpc-port (default {default})",
+        action=argparse.BooleanOptionalAction,
+    )
+    grpc_port: int = _flag(
+        "--grpc-port", 8001, "gRPC", "V2 gRPC port (default {default})", type=int
+    )
+    grpc_max_message_bytes: int = _flag(
+        "--grpc-max-message-bytes",
+        DEFAULT_MAX_MESSAGE_BYTES,
+        "gRPC",
+        "largest gRPC message received or sent, in bytes (default {default}; "
+        "Triton uses 2147483647)",
+        type=int,
+    )
+
+    # -- metrics ------------------------------------------------------------------------
+    allow_metrics: bool = _flag(
+        "--allow-metrics",
+        True,
+        "metrics",
+        "serve Prometheus metrics on --metrics-port (default {default})",
+        action=argparse.BooleanOptionalAction,
+    )
+    metrics_port: int = _flag(
+        "--metrics-port", 8002, "metrics", "Prometheus metrics port (default {default})", type=int
+    )
+    allow_gpu_metrics: bool = _flag(
+        "--allow-gpu-metrics",
+        True,
+        "metrics",
+        "GPU metrics through NVML when a GPU is present (default {default})",
+        action=argparse.BooleanOptionalAction,
+    )
+    allow_cpu_metrics: bool = _flag(
+        "--allow-cpu-metrics",
+        True,
+        "metrics",
+        "CPU and memory metrics (default {default})",
+        action=argparse.BooleanOptionalAction,
+    )
+
+    # -- model control ------------------------------------------------------------------
+    model_control_mode: str = _flag(
+        "--model-control-mode",
+        "none",
+        "model control",
+        "none: load everything at start, ignore changes; poll: also pick up added, "
+        "removed and changed models every --repository-poll-secs; explicit: load only "
+        "--load-model models, then what the repository API asks (default {default})",
+        choices=MODES,
+    )
+    load_models: tuple[str, ...] | None = _flag(
+        "--load-model",
+        None,
+        "model control",
+        "explicit mode: a model to load at start (repeatable; '*' loads all)",
+        action="append",
+        metavar="NAME",
+    )
+    repository_poll_secs: float = _flag(
+        "--repository-poll-secs",
+        15.0,
+        "model control",
+        "poll mode: seconds between repository scans (default {default})",
+        type=float,
+    )
+
+    # -- response cache -----------------------------------------------------------------
+    response_cache_byte_size: int = _flag(
+        "--response-cache-byte-size",
+        0,
+        "response cache",
+        "size in bytes of the response cache used by models with "
+        "response_cache { enable: true } (default {default}: no cache)",
+        type=int,
+    )
+    cache_config: tuple[str, ...] = _flag(
+        "--cache-config",
+        (),
+        "response cache",
+        "Triton's form of the response cache size (e.g. local,size=1048576); "
+        "it wins over --response-cache-byte-size",
+        action="append",
+        metavar="local,size=N",
+    )
+
+    # -- construction and checks --------------------------------------------------------
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace) -> Settings:
+        """The settings of a namespace parsed by a parser :func:`add_arguments` built,
+        validated.
+
+        A flag absent from ``args`` keeps its field's default; lists (repeatable
+        flags) become tuples; other attributes (``command``, ``run``) are ignored.
+
+        Raises:
+            SettingsError: a bad value or combination (see :meth:`validate`).
+        """
+        given = vars(args)
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name in given:
+                value = given[f.name]
+                values[f.name] = tuple(value) if isinstance(value, list) else value
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Check every value and the combinations of flags.
+
+        Raises:
+            SettingsError: naming the first flag at fault: a port outside 0-65535,
+                two enabled listeners on one port, a negative or non-finite timeout,
+                a size out of range, a bad ``--cache-config``, ``--load-model``
+                without ``--model-control-mode=explicit``, a poll interval that is
+                not positive in poll mode, a host policy naming cores this process
+                cannot use, or a model repository that is not a folder.
+        """
+        if self.log_verbose < 0:
+            raise SettingsError("--log-verbose", f"must be >= 0, got {self.log_verbose}")
+        listeners = [("--http-port", "HTTP", self.http_port, True)]
+        listeners.append(("--grpc-port", "gRPC", self.grpc_port, self.allow_grpc))
+        listeners.append(("--metrics-port", "metrics", self.metrics_port, self.allow_metrics))
+        used: dict[int, tuple[str, str]] = {}
+        for flag, what, port, enabled in listeners:
+            if not 0 <= port <= 65535:
+                raise SettingsError(flag, f"must be a port number 0-65535, got {port}")
+            if not enabled or port == 0:
+                continue
+            if port in used:
+                other_flag, other = used[port]
+                raise SettingsError(
+                    flag,
+                    f"the server cannot listen to {other} requests and {what} requests at "
+                    f"the same port {port} ({other_flag})",
+                )
+            used[port] = (flag, what)
+        for flag, secs in (
+            ("--exit-timeout-secs", self.exit_timeout_secs),
+            ("--http-body-timeout-secs", self.http_body_timeout_secs),
+        ):
+            if not (math.isfinite(secs) and secs >= 0):
+                raise SettingsError(flag, f"must be a number of seconds >= 0, got {secs}")
+        if self.max_request_bytes <= 0:
+            raise SettingsError(
+                "--max-request-bytes", f"must be > 0 bytes, got {self.max_request_bytes}"
+            )
+        if not 0 < self.grpc_max_message_bytes <= MAX_GRPC_MESSAGE_BYTES:
+            raise SettingsError(
+                "--grpc-max-message-bytes",
+                f"must be 1-{MAX_GRPC_MESSAGE_BYTES} bytes, got {self.grpc_max_message_bytes}",
+            )
+        if self.response_cache_byte_size < 0:
+            raise SettingsError(
+                "--response-cache-byte-size",
+                f"must be >= 0 bytes, got {self.response_cache_byte_size}",
+            )
+        if self.response_cache_bytes < 0:
+            raise SettingsError(
+                "--cache-config", f"size must be >= 0 bytes, got {self.response_cache_bytes}"
+            )
+        if self.model_control_mode not in MODES:
+            raise SettingsError(
+                "--model-control-mode",
+                f"invalid choice: {self.model_control_mode!r} (choose from {', '.join(MODES)})",
+            )
+        if self.load_models and self.model_control_mode != "explicit":
+            raise SettingsError(
+                "--load-model",
+                "Use of '--load-model' requires setting '--model-control-mode=explicit' as well",
+            )
+        if self.model_control_mode == "poll" and not (
+            math.isfinite(self.repository_poll_secs) and self.repository_poll_secs > 0
+        ):
+            raise SettingsError(
+                "--repository-poll-secs",
+                f"must be > 0 in poll mode, got {self.repository_poll_secs}",
+            )
+        try:
+            self.host_policies()
+        except HostPolicyError as e:
+            raise SettingsError("--host-policy", str(e)) from None
+        if not self.repository.is_dir():
+            hint = " (build it with `python examples/build.py`)"
+            raise SettingsError(
+                "--model-repository",
+                f"model repository {self.repository} does not exist or is not a folder"
+                + (hint if self.model_repository is None else ""),
+            )
+
+    # -- what the flags mean --------------------------------------------------------------
+
+    @property
+    def repository(self) -> Path:
+        """The model repository served: ``--model-repository`` or the example repository."""
+        return self.model_repository if self.model_repository is not None else EXAMPLE_REPOSITORY
+
+    @property
+    def response_cache_bytes(self) -> int:
+        """The response cache size in bytes (0: no cache): ``--cache-config``'s size when
+        it gives one, else ``--response-cache-byte-size``.
+
+        Raises:
+            SettingsError: ``--cache-config`` is malformed.
+        """
+        try:
+            size = parse_cache_config(list(self.cache_config)) if self.cache_config else 0
+        except ValueError as e:
+            message = str(e).removeprefix("--cache-config: ")
+            raise SettingsError("--cache-config", message) from None
+        return size or self.response_cache_byte_size
+
+    @property
+    def startup_models(self) -> list[str] | None:
+        """The models loaded at start: None (every model in the repository) except in
+        explicit mode, where it is the ``--load-model`` names (none given: no model;
+        ``*``: every model)."""
+        if self.model_control_mode != "explicit":
+            return None
+        names = self.load_models or ()
+        if "*" in names:
+            return None
+        return list(dict.fromkeys(names))
+
+    def host_policies(self) -> dict[str, frozenset[int]]:
+        """The ``--host-policy`` options as ``policy name -> CPU ids``.
+
+        Raises:
+            pdserve.backends.host_policy.HostPolicyError: a policy names cores this
+                process cannot use (now; its affinity mask may have changed since
+                the options were read).
+        """
+        return {name: resolve_policy(name, dict(s)) for name, s in self.host_policy.items()}
+
+
+def show_default(value: Any) -> str:
+    """A default as ``--help`` writes it: ``on`` / ``off``, ``30`` for 30.0, ``64 MiB``."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
+        return f"{value >> 20} MiB"
+    return str(value)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare every :class:`Settings` field as a flag of ``parser`` (``pdserve serve``),
+    in help sections (:data:`GROUPS`).
+
+    Every flag's argparse default is ``argparse.SUPPRESS``: a flag not given leaves no
+    attribute, and :meth:`Settings.from_namespace` keeps the field's default.
+    """
+    groups = {name: parser.add_argument_group(f"{name} options") for name in GROUPS}
+    for f in dataclasses.fields(Settings):
+        meta = f.metadata
+        default = None if f.default is dataclasses.MISSING else f.default
+        help_text = meta["help"].replace("{default}", show_default(default))
+        groups[meta["group"]].add_argument(
+            meta["flag"],
+            dest=f.name,
+            default=argparse.SUPPRESS,
+            help=help_text,
+            **meta["argparse"],
+        )

@@ -1,0 +1,57 @@
+"""Unit tests: the composition root (pdserve.app.main) builds the core from Settings."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdserve.app.main import StartError, build_server, import_feature
+from pdserve.app.settings import Settings
+from pdserve.cache import ResponseCache
+from pdserve.server import InferenceServer
+
+
+def test_server_is_configured_at_construction(tmp_path: Path) -> None:
+    core = min(os.sched_getaffinity(0))
+    settings = Settings(
+        model_repository=tmp_path,
+        strict_readiness=True,
+        model_control_mode="explicit",
+        load_models=("b", "a", "b"),
+        cache_config=("local,size=4096",),
+        host_policy={"cpu": {"cpu-cores": str(core)}},
+    )
+    server = build_server(settings)
+    assert server.repository == tmp_path
+    assert server.model_control_mode == "explicit"
+    assert server.load_models == ["b", "a"]
+    assert server.strict_readiness is True
+    assert isinstance(server.response_cache, ResponseCache)
+    assert server.response_cache.capacity_bytes == 4096
+    assert server.manager.host_policies == {"cpu": frozenset({core})}
+    assert not server.ready()  # nothing loaded yet
+
+
+def test_defaults_build_a_server_without_cache(tmp_path: Path) -> None:
+    server = build_server(Settings(model_repository=tmp_path, model_control_mode="poll"))
+    assert server.model_control_mode == "poll"
+    assert server.load_models is None and server.response_cache is None
+
+
+def test_library_server_defaults_to_explicit_and_checks_the_mode(tmp_path: Path) -> None:
+    assert InferenceServer(tmp_path).model_control_mode == "explicit"
+    with pytest.raises(ValueError, match="model control mode must be one of none, poll, explicit"):
+        InferenceServer(tmp_path, model_control_mode="sometimes")
+
+
+def test_feature_import_failure_names_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pdserve.frontends.grpc.server", None)
+    with pytest.raises(StartError) as e:
+        import_feature("pdserve.frontends.grpc.server", "gRPC", "--no-allow-grpc")
+    assert "gRPC is asked for but cannot be imported (pdserve.frontends.grpc.server:" in str(
+        e.value
+    )
+    assert "start with --no-allow-grpc" in str(e.value)

@@ -1,0 +1,283 @@
+"""Unit tests: ``pdserve serve`` flags (pdserve.app.settings) and their checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from pdserve.app import cli
+from pdserve.app.settings import (
+    EXAMPLE_REPOSITORY,
+    Settings,
+    SettingsError,
+    show_default,
+)
+
+#: Every ``serve`` flag (Triton's names where Triton has the flag).
+FLAGS = {
+    "--model-repository",
+    "--host",
+    "--log-verbose",
+    "--exit-timeout-secs",
+    "--strict-readiness",
+    "--host-policy",
+    "--http-port",
+    "--max-request-bytes",
+    "--http-body-timeout-secs",
+    "--allow-grpc",
+    "--grpc-port",
+    "--grpc-max-message-bytes",
+    "--allow-metrics",
+    "--metrics-port",
+    "--allow-gpu-metrics",
+    "--allow-cpu-metrics",
+    "--model-control-mode",
+    "--load-model",
+    "--repository-poll-secs",
+    "--response-cache-byte-size",
+    "--cache-config",
+}
+
+
+def parse(repo: Path, *argv: str) -> Settings:
+    """Settings of ``pdserve serve --model-repository repo *argv`` (validated)."""
+    args = cli.build_parser().parse_args(["serve", "--model-repository", str(repo), *argv])
+    return Settings.from_namespace(args)
+
+
+def serve_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run ``pdserve serve *argv``, expect exit code 2; return its stderr."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["serve", *argv])
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+# -- one declaration per flag -------------------------------------------------------------
+
+
+def test_every_field_is_one_flag_and_every_flag_a_field() -> None:
+    fields = dataclasses.fields(Settings)
+    assert {f.metadata["flag"] for f in fields} == FLAGS
+    assert len(fields) == len(FLAGS)
+
+
+def test_defaults_come_only_from_the_dataclass(tmp_path: Path) -> None:
+    args = cli.build_parser().parse_args(["serve"])
+    # no flag given: argparse holds no value, so no second copy of any default
+    assert not {f.name for f in dataclasses.fields(Settings)} & set(vars(args))
+    settings = parse(tmp_path)
+    assert settings == Settings(model_repository=tmp_path)
+    assert (settings.host, settings.http_port, settings.grpc_port, settings.metrics_port) == (
+        "127.0.0.1",
+        8000,
+        8001,
+        8002,
+    )
+    assert settings.exit_timeout_secs == 30.0 and settings.strict_readiness is False
+    assert settings.max_request_bytes == 64 * 1024 * 1024
+    assert settings.grpc_max_message_bytes == 64 * 1024 * 1024
+    assert settings.http_body_timeout_secs == 60.0
+    assert settings.allow_grpc and settings.allow_metrics
+    assert settings.allow_cpu_metrics and settings.allow_gpu_metrics
+    assert settings.model_control_mode == "none" and settings.load_models is None
+    assert settings.repository_poll_secs == 15.0
+    assert settings.response_cache_bytes == 0 and settings.host_policies() == {}
+    assert Settings().repository == EXAMPLE_REPOSITORY
+
+
+def test_help_shows_the_field_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["serve", "--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for flag in FLAGS:
+        assert flag in out, flag
+    assert "V2 HTTP port (default 8000)" in out
+    assert "after decompression (default 64 MiB)" in out
+    assert "seconds to wait for in-flight requests (default 30)" in out
+    assert "on --grpc-port (default on)" in out
+    assert "not ready (default off)" in out
+    assert "what the repository API asks (default none)" in out
+    assert "(default: True)" not in out  # argparse's own suffix would repeat the default
+
+
+def test_show_default() -> None:
+    assert show_default(True) == "on" and show_default(False) == "off"
+    assert show_default(30.0) == "30" and show_default(0.5) == "0.5"
+    assert show_default(64 * 1024 * 1024) == "64 MiB" and show_default(8000) == "8000"
+    assert show_default(None) == "None"
+
+
+def test_given_flags_reach_settings(tmp_path: Path) -> None:
+    core = min(os.sched_getaffinity(0))
+    s = parse(
+        tmp_path,
+        "--host=0.0.0.0",
+        "--http-port=9000",
+        "--grpc-port=9001",
+        "--metrics-port=9002",
+        "--log-verbose=1",
+        "--exit-timeout-secs=2.5",
+        "--strict-readiness",
+        "--max-request-bytes=4096",
+        "--http-body-timeout-secs=0",
+        "--no-allow-grpc",
+        "--grpc-max-message-bytes=1000",
+        "--no-allow-metrics",
+        "--no-allow-gpu-metrics",
+        "--no-allow-cpu-metrics",
+        "--model-control-mode=explicit",
+        "--load-model=a",
+        "--load-model=b",
+        "--load-model=a",
+        "--repository-poll-secs=0",
+        "--response-cache-byte-size=100",
+        f"--host-policy=cpu,cpu-cores={core}",
+    )
+    assert (s.host, s.http_port, s.grpc_port, s.metrics_port) == ("0.0.0.0", 9000, 9001, 9002)
+    assert s.log_verbose == 1 and s.exit_timeout_secs == 2.5 and s.strict_readiness
+    assert s.max_request_bytes == 4096 and s.http_body_timeout_secs == 0.0
+    assert not s.allow_grpc and s.grpc_max_message_bytes == 1000
+    assert not (s.allow_metrics or s.allow_gpu_metrics or s.allow_cpu_metrics)
+    assert s.load_models == ("a", "b", "a")
+    assert s.startup_models == ["a", "b"]
+    assert s.repository_poll_secs == 0.0  # only checked in poll mode, as before
+    assert s.response_cache_bytes == 100
+    assert s.host_policies() == {"cpu": frozenset({core})}
+
+
+def test_models_loaded_at_start(tmp_path: Path) -> None:
+    assert parse(tmp_path).startup_models is None  # none mode: every model
+    assert parse(tmp_path, "--model-control-mode=poll").startup_models is None
+    assert parse(tmp_path, "--model-control-mode=explicit").startup_models == []
+    explicit_all = parse(tmp_path, "--model-control-mode=explicit", "--load-model=*")
+    assert explicit_all.startup_models is None
+
+
+def test_cache_config_wins_over_byte_size(tmp_path: Path) -> None:
+    s = parse(tmp_path, "--response-cache-byte-size=100", "--cache-config", "local,size=200")
+    assert s.response_cache_bytes == 200
+    s = parse(tmp_path, "--response-cache-byte-size=100", "--cache-config", "local,other=1")
+    assert s.response_cache_bytes == 100
+    assert s.cache_config == ("local,other=1",)
+
+
+# -- checks before anything starts: exit 2 naming the flag ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--http-port=-1"], "argument --http-port: must be a port number 0-65535, got -1"),
+        (["--grpc-port=65536"], "argument --grpc-port: must be a port number 0-65535, got 65536"),
+        (["--metrics-port=-5"], "argument --metrics-port: must be a port number 0-65535, got -5"),
+        (
+            ["--http-port=9000", "--grpc-port=9000"],
+            "argument --grpc-port: the server cannot listen to HTTP requests and gRPC "
+            "requests at the same port 9000 (--http-port)",
+        ),
+        (
+            ["--grpc-port=9000", "--metrics-port=9000"],
+            "argument --metrics-port: the server cannot listen to gRPC requests and metrics "
+            "requests at the same port 9000 (--grpc-port)",
+        ),
+        (
+            ["--load-model=tiny"],
+            "argument --load-model: Use of '--load-model' requires setting "
+            "'--model-control-mode=explicit' as well",
+        ),
+        (
+            ["--model-control-mode=poll", "--load-model=tiny"],
+            "requires setting '--model-control-mode=explicit'",
+        ),
+        (
+            ["--model-control-mode=poll", "--repository-poll-secs=0"],
+            "argument --repository-poll-secs: must be > 0 in poll mode, got 0.0",
+        ),
+        (
+            ["--model-control-mode=sometimes"],
+            "argument --model-control-mode: invalid choice: 'sometimes'",
+        ),
+        (["--host-policy", "cpu"], "argument --host-policy: --host-policy option format is"),
+        (
+            ["--host-policy", "cpu,cpu-cores=4096"],
+            "argument --host-policy: host policy 'cpu': cpu-cores 4096 not available",
+        ),
+        (
+            ["--cache-config", "redis,size=10"],
+            "argument --cache-config: only the 'local' cache is supported, got 'redis'",
+        ),
+        (
+            ["--cache-config", "local,size=ten"],
+            "argument --cache-config: size must be an integer, got 'ten'",
+        ),
+        (
+            ["--cache-config", "local,size=-1"],
+            "argument --cache-config: size must be >= 0 bytes, got -1",
+        ),
+        (
+            ["--response-cache-byte-size=-1"],
+            "argument --response-cache-byte-size: must be >= 0 bytes, got -1",
+        ),
+        (
+            ["--exit-timeout-secs=-1"],
+            "argument --exit-timeout-secs: must be a number of seconds >= 0, got -1.0",
+        ),
+        (
+            ["--http-body-timeout-secs=nan"],
+            "argument --http-body-timeout-secs: must be a number of seconds >= 0, got nan",
+        ),
+        (["--max-request-bytes=0"], "argument --max-request-bytes: must be > 0 bytes, got 0"),
+        (
+            ["--grpc-max-message-bytes=2147483648"],
+            "argument --grpc-max-message-bytes: must be 1-2147483647 bytes, got 2147483648",
+        ),
+        (["--log-verbose=-1"], "argument --log-verbose: must be >= 0, got -1"),
+        (["--http-port=eighty"], "argument --http-port: invalid int value: 'eighty'"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    err = serve_error(capsys, "--model-repository", str(tmp_path), *argv)
+    assert "pdserve serve: error: " in err
+    assert needle in err
+
+
+def test_missing_repository_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope"
+    err = serve_error(capsys, "--model-repository", str(missing))
+    assert (
+        f"pdserve serve: error: argument --model-repository: model repository {missing} "
+        "does not exist or is not a folder"
+    ) in err
+
+
+def test_ports_of_disabled_listeners_may_repeat(tmp_path: Path) -> None:
+    s = parse(tmp_path, "--http-port=9000", "--grpc-port=9000", "--no-allow-grpc")
+    assert s.grpc_port == s.http_port == 9000
+    s = parse(tmp_path, "--metrics-port=9000", "--http-port=9000", "--no-allow-metrics")
+    assert s.metrics_port == 9000
+    s = parse(tmp_path, "--http-port=0", "--grpc-port=0", "--metrics-port=0")  # any free port
+    assert (s.http_port, s.grpc_port, s.metrics_port) == (0, 0, 0)
+
+
+def test_library_settings_are_checked_too(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError) as e:
+        Settings(model_repository=tmp_path, http_port=70000).validate()
+    assert e.value.flag == "--http-port" and "70000" in e.value.message
+    with pytest.raises(SettingsError) as e:
+        Settings(model_repository=tmp_path, load_models=("x",)).validate()
+    assert e.value.flag == "--load-model"
+    Settings(model_repository=tmp_path).validate()
+
+
+def test_subcommands_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0
+    assert "{serve,rollback}" in capsys.readouterr().out
