@@ -19,7 +19,7 @@ class ErrorCode(enum.Enum):
     (triton-inference-server/core ``include/triton/core/tritonserver.h``), with the same
     values; they are also the codes of the python backend's ``pb_utils.TritonError``
     (``TritonError.INVALID_ARG == ErrorCode.INVALID_ARG.value``), so a python model's
-    code converts with ``ErrorCode(code)``.
+    code converts with :meth:`from_triton`.
 
     Members above 99 are pdserve extensions; each names the Triton code it stands for
     where only Triton's codes can be carried (:attr:`triton_code`, e.g. the code a
