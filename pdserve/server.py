@@ -20,7 +20,7 @@ from typing import Any
 from pdserve import __version__
 from pdserve.cache import ResponseCache
 from pdserve.config import ConfigError, config_from_json
-from pdserve.core.errors import InferError, unavailable
+from pdserve.core.errors import InferError, internal, unavailable
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.repository.control import MODES
 from pdserve.repository.manager import ModelManager
@@ -123,7 +123,7 @@ class InferenceServer:
         """V2 model metadata.
 
         Raises:
-            InferError(404 / 503): unknown model or version, or none ready.
+            InferError(NOT_FOUND / UNAVAILABLE): unknown model or version, or none ready.
         """
         mv = self.manager.get(name, version)
         return mv.metadata(self.manager.ready_versions(name))
@@ -132,7 +132,7 @@ class InferenceServer:
         """The model's (auto-completed) configuration in Triton's JSON form.
 
         Raises:
-            InferError(404 / 503): unknown model or version, or none ready.
+            InferError(NOT_FOUND / UNAVAILABLE): unknown model or version, or none ready.
         """
         return self.manager.get(name, version).config_json
 
@@ -154,8 +154,10 @@ class InferenceServer:
             the classification extension applied.
 
         Raises:
-            InferError: 404 unknown model/version; 400 bad inputs; 503 not ready,
-                queue full or shutting down; 500 the model failed.
+            InferError: ``NOT_FOUND`` unknown model/version; ``INVALID_ARG`` bad
+                inputs; ``UNAVAILABLE`` not ready, queue full or shutting down;
+                ``CLIENT_GONE`` the client went away; ``INTERNAL`` (or the model's
+                code) the model failed.
         """
         if self._shutting_down:
             raise unavailable("Server is shutting down: no new requests are accepted")
@@ -184,7 +186,7 @@ class InferenceServer:
             except Exception as e:
                 log.exception("request to %s failed", mv.name)
                 stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
-                raise InferError(f"{type(e).__name__}: {e}", 500) from e
+                raise internal(f"{type(e).__name__}: {e}") from e
             stats.record_success(
                 exec_req.batch_size,
                 time.monotonic_ns() - request.arrival_ns,
@@ -219,7 +221,7 @@ class InferenceServer:
         version, every served version of that model.
 
         Raises:
-            InferError(404): unknown model or version.
+            InferError(NOT_FOUND): unknown model or version.
         """
         if name:
             if version:
@@ -268,8 +270,8 @@ class InferenceServer:
                 first; requires ``config``, as in Triton.
 
         Raises:
-            InferError(503): the model control mode is not ``explicit``.
-            InferError(400): bad override, the model is missing or fails to load.
+            InferError(UNAVAILABLE): the model control mode is not ``explicit``.
+            InferError(INVALID_ARG): bad override, the model is missing or fails to load.
         """
         self._check_model_control()
         if files and config is None:
@@ -292,8 +294,8 @@ class InferenceServer:
         """Unload a model (repository extension); in-flight requests finish first.
 
         Raises:
-            InferError(503): the model control mode is not ``explicit``.
-            InferError(400): the model is not loaded.
+            InferError(UNAVAILABLE): the model control mode is not ``explicit``.
+            InferError(INVALID_ARG): the model is not loaded.
         """
         self._check_model_control()
         await self.manager.unload_model(name, unload_dependents)

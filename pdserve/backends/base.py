@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pdserve.core.errors import InferError
+from pdserve.core.errors import InferError, internal
 from pdserve.core.types import InferRequest
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ def batch_input_tensors(batch_inputs: Any, batch: list[ExecRequest]) -> dict[str
     The dtype is FP32 when ``data_type`` is ``TYPE_FP32``, else INT32.
 
     Raises:
-        InferError(400): an unsupported kind (``BATCH_ITEM_SHAPE*``) or a request
+        InferError(INVALID_ARG): an unsupported kind (``BATCH_ITEM_SHAPE*``) or a request
             without the source input.
     """
     out: dict[str, np.ndarray] = {}
@@ -204,7 +204,7 @@ def batch_input_tensors(batch_inputs: Any, batch: list[ExecRequest]) -> dict[str
         elif bi.kind == _BATCH_MAX_ELEMENT_COUNT_AS_SHAPE:
             value = np.zeros(max(counts), dtype=dtype)
         else:
-            raise InferError(f"batch input kind {bi.kind} is not supported", 400)
+            raise InferError(f"batch input kind {bi.kind} is not supported")
         for target in bi.target_name:
             out[target] = value
     return out
@@ -216,7 +216,7 @@ def split_batch(batch: list[ExecRequest], outputs: dict[str, np.ndarray]) -> lis
     Each request gets only the outputs it asked for.
 
     Raises:
-        InferError(500): an output's first dim does not equal the total rows.
+        InferError(INTERNAL): an output's first dim does not equal the total rows.
     """
     if len(batch) == 1:
         req = batch[0]
@@ -230,10 +230,9 @@ def split_batch(batch: list[ExecRequest], outputs: dict[str, np.ndarray]) -> lis
         for n in req.output_names:
             arr = outputs[n]
             if arr.ndim == 0 or arr.shape[0] != total:
-                raise InferError(
+                raise internal(
                     f"output '{n}' has shape {list(arr.shape)}: its first dim should be "
-                    f"the batch size {total}",
-                    500,
+                    f"the batch size {total}"
                 )
             out[n] = arr[offset:end]
         results.append(out)

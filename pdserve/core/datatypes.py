@@ -70,7 +70,7 @@ def numpy_to_v2(dtype: np.dtype) -> str:
     ``object``, ``bytes_`` (``S``) and ``str_`` (``U``) arrays are BYTES.
 
     Raises:
-        InferError(400): the dtype has no V2 datatype (e.g. complex64).
+        InferError(INVALID_ARG): the dtype has no V2 datatype (e.g. complex64).
     """
     dtype = np.dtype(dtype)
     if dtype.kind in "OSU":
@@ -85,7 +85,7 @@ def v2_to_numpy(datatype: str) -> np.dtype:
     """Return the numpy dtype for a V2 datatype name (``"FP32"`` -> ``float32``).
 
     Raises:
-        InferError(400): unknown datatype name.
+        InferError(INVALID_ARG): unknown datatype name.
     """
     try:
         return V2_TO_NUMPY[datatype]
@@ -123,7 +123,7 @@ def deserialize_bytes_tensor(buffer: bytes | memoryview, count: int | None = Non
             zero-length elements costs nothing when the shape calls for a few.
 
     Raises:
-        InferError(400): an element's length runs past the buffer, or the element
+        InferError(INVALID_ARG): an element's length runs past the buffer, or the element
             count differs from ``count``.
     """
     mv = memoryview(buffer)
@@ -177,7 +177,7 @@ def shape_element_count(shape: list[int], name: str) -> int:
     numpy shape.
 
     Raises:
-        InferError(400): a negative dimension, more than :data:`MAX_DIMS` dimensions,
+        InferError(INVALID_ARG): a negative dimension, more than :data:`MAX_DIMS` dimensions,
             or an element count (0 dimensions counted as 1) of :data:`MAX_ELEMENTS` or more.
     """
     if len(shape) > MAX_DIMS:

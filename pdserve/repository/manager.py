@@ -101,7 +101,7 @@ def check_model_name(name: str) -> None:
     absolute paths are refused before anything touches the disk.
 
     Raises:
-        InferError(400): the name is empty, ``.``/``..``, hidden, or holds ``/``,
+        InferError(INVALID_ARG): the name is empty, ``.``/``..``, hidden, or holds ``/``,
             ``\\`` or NUL.
     """
     if (
@@ -172,8 +172,8 @@ class ModelManager:
         """The ready model version for a request.
 
         Raises:
-            InferError(404): unknown model, or a version that is not served.
-            InferError(503): the model exists but no version is ready.
+            InferError(NOT_FOUND): unknown model, or a version that is not served.
+            InferError(UNAVAILABLE): the model exists but no version is ready.
         """
         entry = self.models.get(name)
         if entry is None:
@@ -269,10 +269,10 @@ class ModelManager:
         index. A load with ``config_override`` loads every selected version anew.
 
         Raises:
-            InferError(400): the model is not in the repository, its
+            InferError(INVALID_ARG): the model is not in the repository, its
                 configuration is invalid, or a selected version failed (the
                 entry records the reason; what served before still serves).
-            InferError(503): the manager is closing.
+            InferError(UNAVAILABLE): the manager is closing.
         """
         check_model_name(name)
         if self.closing:
@@ -301,10 +301,10 @@ class ModelManager:
             await asyncio.to_thread(_write_files, {targets[r]: d for r, d in files.items()})
         try:
             if not model_dir.is_dir():
-                raise InferError(f"failed to load '{name}': no such model in the repository", 400)
+                raise InferError(f"failed to load '{name}': no such model in the repository")
             mdir = layout.scan_repository(self.repository).get(name)
             if mdir is None:
-                raise InferError(f"failed to load '{name}': no such model in the repository", 400)
+                raise InferError(f"failed to load '{name}': no such model in the repository")
             base_cfg = (
                 copy.deepcopy(config_override)
                 if config_override is not None
@@ -321,8 +321,7 @@ class ModelManager:
             if not versions:
                 raise InferError(
                     f"failed to load '{name}': no version folder selected by the version "
-                    f"policy (found {mdir.versions})",
-                    400,
+                    f"policy (found {mdir.versions})"
                 )
         except (cfgmod.ConfigError, InferError) as e:
             entry.reason = str(e)
@@ -332,7 +331,7 @@ class ModelManager:
             if model_dir.is_dir() or name in self.models:  # no index row for a typo
                 self.models.setdefault(name, entry)
             log.error("model %s failed to load: %s", name, e)
-            raise InferError(str(e), 400) from e
+            raise InferError(str(e)) from e
 
         for v in list(entry.states):  # forget failures of versions no longer selected
             if v not in entry.serving and v not in versions:
@@ -403,7 +402,7 @@ class ModelManager:
                 self._retire(entry, v, mv, forget=gone)
         if errors:
             kept = f"; serving versions {sorted(entry.serving)}" if entry.serving else ""
-            raise InferError(f"failed to load '{name}': {'; '.join(errors)}{kept}", 400)
+            raise InferError(f"failed to load '{name}': {'; '.join(errors)}{kept}")
         return entry
 
     async def _load_version(
@@ -490,7 +489,7 @@ class ModelManager:
             unload_dependents: also unload the ensembles that use ``name``.
 
         Raises:
-            InferError(400): the model is not loaded.
+            InferError(INVALID_ARG): the model is not loaded.
         """
         if unload_dependents:
             for dep in self.dependents(name):
@@ -501,7 +500,7 @@ class ModelManager:
         async with self._lock(name):
             entry = self.models.get(name)
             if entry is None or not entry.serving:
-                raise InferError(f"failed to unload '{name}': model is not loaded", 400)
+                raise InferError(f"failed to unload '{name}': model is not loaded")
             old = entry.serving
             entry.serving = {}
             entry.wanted = False

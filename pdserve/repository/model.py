@@ -139,7 +139,7 @@ class ModelVersion:
         """Check ``request`` against the configuration and build its ExecRequest.
 
         Raises:
-            InferError(400): unknown/missing input, datatype or shape that
+            InferError(INVALID_ARG): unknown/missing input, datatype or shape that
                 disagrees with the configuration, batch size over
                 ``max_batch_size``, inputs with different batch sizes, unknown
                 requested output, classification asked of a non-numeric output.

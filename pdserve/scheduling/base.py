@@ -15,7 +15,7 @@ from collections import deque
 import numpy as np
 
 from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance
-from pdserve.core.errors import InferError
+from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.observability.stats import ModelStats
 
 
@@ -72,17 +72,16 @@ async def run_batch(
     """Execute ``batch`` on ``instance``, record execution statistics.
 
     Sets ``compute_ns`` on every request. An exception from the instance becomes
-    the result (an :class:`InferError`, status 500 unless it is one) of every
+    the result (an :class:`InferError`, ``INTERNAL`` unless it is one) of every
     request in the batch, so one bad batch never escapes into the scheduler.
     """
     start = time.monotonic_ns()
     try:
         results = await instance.execute(batch)
         if len(results) != len(batch):
-            raise InferError(
+            raise internal(
                 f"model instance {instance.name} returned {len(results)} responses for "
-                f"{len(batch)} requests",
-                500,
+                f"{len(batch)} requests"
             )
     except InferError as e:
         # one error object per request, without this frame's traceback: a shared or
@@ -91,13 +90,12 @@ async def run_batch(
     except RuntimeError as e:
         if "after shutdown" in str(e):  # an executor closed under us: the server is stopping
             results = [
-                InferError(f"model instance {instance.name} is shutting down: {e}", 503)
-                for _ in batch
+                unavailable(f"model instance {instance.name} is shutting down: {e}") for _ in batch
             ]
         else:
-            results = [InferError(f"RuntimeError: {e}", 500) for _ in batch]
+            results = [internal(f"RuntimeError: {e}") for _ in batch]
     except Exception as e:  # a backend fault fails its batch only
-        results = [InferError(f"{type(e).__name__}: {e}", 500) for _ in batch]
+        results = [internal(f"{type(e).__name__}: {e}") for _ in batch]
     elapsed = time.monotonic_ns() - start
     rows = sum(r.batch_size for r in batch)
     stats.record_execution(rows, 0, elapsed, 0)
@@ -119,8 +117,9 @@ class Scheduler(abc.ABC):
         """Run one request; return its outputs.
 
         Raises:
-            InferError: rejected (queue full 503, timeout), cancelled, or failed in
-                the model (500 with the model's message).
+            InferError: rejected (queue full or timeout: ``UNAVAILABLE``), cancelled
+                (``CLIENT_GONE``), or failed in the model (``INTERNAL`` or the model's
+                code, with the model's message).
         """
 
     async def close(self, timeout: float | None = None) -> bool:
@@ -133,7 +132,7 @@ class Scheduler(abc.ABC):
         return True
 
     async def cancel_running(self) -> None:  # noqa: B027 - optional hook
-        """Fail (503) what the scheduler still runs; the instances are stopping."""
+        """Fail (``UNAVAILABLE``) what the scheduler still runs; the instances are stopping."""
 
 
 def is_cancelled(request: ExecRequest) -> bool:
@@ -156,7 +155,7 @@ class DirectScheduler(Scheduler):
         try:
             request.queue_ns = time.monotonic_ns() - enqueued
             if is_cancelled(request):
-                raise InferError("request was cancelled: the client went away", 499, "CANCELED")
+                raise client_gone()
             (result,) = await run_batch(instance, [request], self.stats)
         finally:
             self.pool.release(instance)

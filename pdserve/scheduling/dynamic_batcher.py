@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pdserve.backends.base import ExecRequest, ExecResult
-from pdserve.core.errors import InferError, unavailable
+from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.observability.stats import ModelStats
 from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled, run_batch
 from pdserve.scheduling.queue_policy import PriorityLevels
@@ -121,11 +121,11 @@ def _deliver(items: list[_Item], results: list[ExecResult]) -> None:
 
 
 def _gone_error() -> InferError:
-    return InferError("request was cancelled: the client went away", 499, "CANCELED")
+    return client_gone()
 
 
 def _cancel_gone(items: list[_Item]) -> None:
-    """Answer 499 to requests whose client went away (each its own error object)."""
+    """Answer ``CLIENT_GONE`` to requests whose client went away (each its own error object)."""
     for it in items:
         if not it.fut.done():
             it.fut.set_exception(_gone_error())
@@ -206,9 +206,10 @@ class DynamicBatcher(Scheduler):
         """Queue ``request`` and wait for its outputs.
 
         Raises:
-            InferError: 503 queue full ("exceeds maximum queue size"), 503 queue
-                timeout ("Request timeout expired"), 503 model unloading, 400 bad
-                ``priority`` / ``timeout`` parameter, 499 client gone, 500 the
+            InferError: ``UNAVAILABLE`` queue full ("exceeds maximum queue size"),
+                queue timeout ("Request timeout expired") or model unloading;
+                ``INVALID_ARG`` bad ``priority`` / ``timeout`` parameter;
+                ``CLIENT_GONE`` client gone; ``INTERNAL`` (or the model's code) the
                 model failed.
         """
         if self._closed:
@@ -221,10 +222,9 @@ class DynamicBatcher(Scheduler):
         if self._bounded:
             limit = self._max_sizes[level]
             if limit and self._level_counts[level] >= limit:
-                raise InferError(
+                raise unavailable(
                     f"inference request to model '{self.name}' exceeds maximum queue size "
                     f"({limit} at priority level {level + 1})",
-                    503,
                     reason="REJECTED",
                 )
         now = _monotonic_ns()
@@ -371,7 +371,7 @@ class DynamicBatcher(Scheduler):
             self._queues[2 * it.level + 1].append(it)
             return True
         self._drop(it)
-        it.fut.set_exception(InferError("Request timeout expired", 503, reason="REJECTED"))
+        it.fut.set_exception(unavailable("Request timeout expired", reason="REJECTED"))
         return False
 
     def _schedule(self) -> None:
@@ -449,7 +449,7 @@ class DynamicBatcher(Scheduler):
     async def _execute(self, instance: Any, items: list[_Item]) -> list[ExecResult]:
         """Run one batch on ``instance`` (released afterwards); one result per item.
 
-        Requests whose client went away since the batch was formed are answered 499
+        Requests whose client went away since the batch was formed are answered ``CLIENT_GONE``
         here, right before the batch reaches the instance, and do not run.
         """
         try:
@@ -473,7 +473,7 @@ class DynamicBatcher(Scheduler):
             raise
         except Exception as e:  # run_batch catches model errors; this is a safety net
             log.exception("dynamic batcher of %s failed to run a batch", self.name)
-            return [InferError(f"{type(e).__name__}: {e}", 500) for _ in items]
+            return [internal(f"{type(e).__name__}: {e}") for _ in items]
         finally:
             self.pool.release(instance)
 

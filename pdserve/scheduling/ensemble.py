@@ -25,8 +25,9 @@ the tensors it reads exist, so independent steps run concurrently; each step's
 request goes through that step model's own scheduler
 (``InferenceServer.infer_on``), so the predictor step batches across concurrent
 pipeline requests and shows in that model's statistics. Only the steps needed for
-the requested outputs run. When the client goes away, no further step starts (499). An error in a step fails that ensemble request with the
-step's error (message and status) unchanged; other requests are untouched. The
+the requested outputs run. When the client goes away, no further step starts
+(``CLIENT_GONE``). An error in a step fails that ensemble request with the step's
+error (message and code) unchanged; other requests are untouched. The
 ensemble itself has no instances and no instance limit.
 """
 
@@ -42,7 +43,7 @@ import numpy as np
 
 from pdserve import config as cfgmod
 from pdserve.backends.base import Backend, ExecRequest, ModelInstance, ModelSpec
-from pdserve.core.errors import InferError
+from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.core.types import InferRequest, RequestedOutput
 from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled
 
@@ -412,11 +413,9 @@ class EnsembleScheduler(Scheduler):
         def launch_ready() -> None:
             if todo and is_cancelled(request):
                 # the client went away: run no further step
-                raise InferError(
+                raise client_gone(
                     f"request was cancelled: the client went away (ensemble '{plan.name}' "
-                    "stopped between steps)",
-                    499,
-                    "CANCELED",
+                    "stopped between steps)"
                 )
             for index in sorted(todo):
                 step = plan.steps[index]
@@ -447,9 +446,7 @@ class EnsembleScheduler(Scheduler):
             done = task = None  # type: ignore[assignment]
         missing = [n for n in wanted if n not in tensors]
         if missing or todo:
-            raise InferError(
-                f"ensemble '{plan.name}' could not produce {missing or sorted(todo)}", 500
-            )
+            raise internal(f"ensemble '{plan.name}' could not produce {missing or sorted(todo)}")
         request.compute_ns = time.monotonic_ns() - start
         return {n: tensors[n] for n in wanted}
 
@@ -470,10 +467,9 @@ class EnsembleScheduler(Scheduler):
         try:
             mv = self.server.manager.get(step.model_name, step.model_version)
         except InferError as e:
-            raise InferError(
+            raise unavailable(
                 f"ensemble '{self.plan.name}': step model '{step.model_name}' is not "
-                f"available: {e.message}",
-                503,
+                f"available: {e.message}"
             ) from None
         response = await self.server.infer_on(mv, sub)
         return response.outputs

@@ -60,7 +60,7 @@ class QueuePolicy:
         """Queue timeout in ns for a request with these ``parameters`` (0: none).
 
         Raises:
-            InferError(400): ``timeout`` is not a non-negative integer.
+            InferError(INVALID_ARG): ``timeout`` is not a non-negative integer.
         """
         if not self.allow_override:
             return self.timeout_ns
@@ -120,7 +120,7 @@ class PriorityLevels:
         """0-based level index of a request (Triton: 0 or > levels -> default).
 
         Raises:
-            InferError(400): ``priority`` is not a non-negative integer.
+            InferError(INVALID_ARG): ``priority`` is not a non-negative integer.
         """
         value = parameters.get("priority")
         if value is None or self.count == 1:

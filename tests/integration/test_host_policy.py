@@ -17,6 +17,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from pdserve.core.errors import InferError
+from pdserve.frontends.http.status import http_status
 from pdserve.server import InferenceServer
 from tests.conftest import copy_models, start_server
 from tests.goldens import tiny_reference
@@ -195,7 +196,7 @@ def test_refused_pin_is_a_clear_load_error(tmp_path: Path) -> None:
                 with pytest.raises(InferError) as e:
                     await server.manager.load_model(model)
                 assert f"cannot pin to host policy cpu-cores {outside}" in str(e.value)
-                assert e.value.status == 400
+                assert http_status(e.value.code) == 400
             return server.manager.index()
         finally:
             await server.manager.close(5.0)

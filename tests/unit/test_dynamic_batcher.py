@@ -17,8 +17,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance, merge_batch, split_batch
-from pdserve.core.errors import InferError
+from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferRequest
+from pdserve.frontends.http.status import http_status
 from pdserve.observability.stats import ModelStats
 from pdserve.repository.model import IOSpec
 from pdserve.scheduling.base import InstancePool
@@ -251,7 +252,7 @@ def test_max_queue_size_rejects_at_once() -> None:
         await asyncio.sleep(0)
         with pytest.raises(InferError) as e:
             await b.submit(request(99))
-        assert e.value.status == 503
+        assert http_status(e.value.code) == 503
         assert "exceeds maximum queue size" in e.value.message
         inst.gate.set()
         await asyncio.gather(first, *queued)
@@ -275,7 +276,7 @@ def test_timeout_reject_and_override() -> None:
         assert short.done()  # rejected while the instance was still busy
         with pytest.raises(InferError) as e:
             short.result()
-        assert e.value.status == 503
+        assert http_status(e.value.code) == 503
         assert "timeout" in e.value.message.lower()
         assert not longer.done()
         inst.gate.set()
@@ -371,7 +372,7 @@ def test_close_fails_queued_requests() -> None:
         await asyncio.sleep(0)
         with pytest.raises(InferError) as e:
             await queued
-        assert e.value.status == 503
+        assert http_status(e.value.code) == 503
         inst.gate.set()
         await first
         await closing
@@ -428,7 +429,7 @@ class FailingInstance(ModelInstance):
     name = "failing_0"
 
     async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
-        raise InferError("the model failed", 500)
+        raise InferError("the model failed", ErrorCode.INTERNAL)
 
 
 def test_a_failed_request_is_freed_without_the_cyclic_gc() -> None:
@@ -446,7 +447,7 @@ def test_a_failed_request_is_freed_without_the_cyclic_gc() -> None:
         reqs = [request(float(i)) for i in range(4)]
         refs = [weakref.ref(r.inputs["IN"]) for r in reqs]
         results = await submit_all(b, reqs)
-        assert all(isinstance(r, InferError) and r.status == 500 for r in results)
+        assert all(isinstance(r, InferError) and http_status(r.code) == 500 for r in results)
         assert len({id(r) for r in results}) == 4, "requests must not share one error"
         del reqs, results
         await asyncio.sleep(0)
@@ -473,7 +474,7 @@ def test_a_client_gone_after_batching_does_not_reach_the_instance() -> None:
         gone[0] = True  # ... and the client leaves before it runs
         with pytest.raises(InferError) as e:
             await task
-        assert e.value.status == 499
+        assert http_status(e.value.code) == 499
         np.testing.assert_array_equal((await kept)["OUT"], expected(2))
         assert [s for _, s in log] == [[1]]
 
@@ -492,7 +493,7 @@ def test_close_with_a_timeout_does_not_wait_for_a_stuck_batch() -> None:
         await b.cancel_running()
         with pytest.raises(InferError) as e:
             await stuck
-        assert e.value.status == 503
+        assert http_status(e.value.code) == 503
 
     asyncio.run(main())
 
@@ -532,7 +533,9 @@ def test_server_frees_a_failed_batched_requests_inputs_without_the_gc(tmp_path: 
             reqs = [InferRequest("bad", inputs={"INPUT0": a}) for a in arrays]
             del arrays
             results = await asyncio.gather(*(server.infer(r) for r in reqs), return_exceptions=True)
-            assert all(isinstance(r, InferError) and r.status == 500 for r in results), results
+            assert all(isinstance(r, InferError) and http_status(r.code) == 500 for r in results), (
+                results
+            )
             assert server.manager.get("bad").stats.as_dict()["execution_count"] >= 1
             del reqs, results
             # The instance's executor thread drops its work item (which holds the

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from pdserve.core.errors import InferError
+from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferResponse
 from pdserve.frontends.grpc.codec import decode_infer_request, encode_infer_response
 from pdserve.frontends.grpc.service import grpc_status
+from pdserve.frontends.http.status import http_status
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,7 +110,7 @@ def _bad_requests() -> dict[str, service_pb2.ModelInferRequest]:
 def test_decode_errors(case: str) -> None:
     with pytest.raises(InferError) as e:
         decode_infer_request(_bad_requests()[case], 0)
-    assert e.value.status == 400
+    assert http_status(e.value.code) == 400
 
 
 def test_encode_raw_outputs() -> None:
@@ -136,12 +137,12 @@ def test_encode_raw_outputs() -> None:
 
 
 def test_status_codes_follow_triton() -> None:
-    assert grpc_status(InferError("x", 400)) == grpc.StatusCode.INVALID_ARGUMENT
-    assert grpc_status(InferError("x", 404)) == grpc.StatusCode.NOT_FOUND
-    assert grpc_status(InferError("x", 503)) == grpc.StatusCode.UNAVAILABLE
-    assert grpc_status(InferError("x", 500)) == grpc.StatusCode.INTERNAL
-    assert grpc_status(InferError("x", 501)) == grpc.StatusCode.UNIMPLEMENTED
-    assert grpc_status(InferError("x", 499)) == grpc.StatusCode.CANCELLED
+    assert grpc_status(InferError("x", ErrorCode.INVALID_ARG)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert grpc_status(InferError("x", ErrorCode.NOT_FOUND)) == grpc.StatusCode.NOT_FOUND
+    assert grpc_status(InferError("x", ErrorCode.UNAVAILABLE)) == grpc.StatusCode.UNAVAILABLE
+    assert grpc_status(InferError("x", ErrorCode.INTERNAL)) == grpc.StatusCode.INTERNAL
+    assert grpc_status(InferError("x", ErrorCode.UNSUPPORTED)) == grpc.StatusCode.UNIMPLEMENTED
+    assert grpc_status(InferError("x", ErrorCode.CLIENT_GONE)) == grpc.StatusCode.CANCELLED
 
 
 def test_kubernetes_example_is_consistent() -> None:
@@ -177,7 +178,7 @@ class _Recorder:
     async def execute(self, batch: list) -> list:
         self.seen.append(dict(batch[0].inputs))
         if self.fail:
-            return [InferError("model says no", 500)]
+            return [InferError("model says no", ErrorCode.INTERNAL)]
         return [{"OUTPUT0": np.zeros((batch[0].batch_size, 64), np.float32)}]
 
 
@@ -248,7 +249,7 @@ def test_warmup_configured_samples(tmp_path: Path) -> None:
 def _grpc_decode_error(msg: service_pb2.ModelInferRequest) -> str:
     with pytest.raises(InferError) as info:
         decode_infer_request(msg, 0)
-    assert info.value.status == 400
+    assert http_status(info.value.code) == 400
     assert grpc_status(info.value) == grpc.StatusCode.INVALID_ARGUMENT
     return info.value.message
 

@@ -22,7 +22,7 @@ import orjson
 import pytest
 import tritonclient.http as triton_http
 
-from pdserve.core.errors import InferError, not_found
+from pdserve.core.errors import ErrorCode, InferError, not_found
 from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
 from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.codec import (
@@ -31,6 +31,7 @@ from pdserve.frontends.http.codec import (
     encode_infer_response_parts,
 )
 from pdserve.frontends.http.server import serve_http
+from pdserve.frontends.http.status import http_status
 
 Client = triton_http.InferenceServerClient
 
@@ -208,7 +209,7 @@ def decode_error(doc: dict[str, Any] | bytes, binary: bytes = b"", header: Any =
         header_length = header
     with pytest.raises(InferError) as info:
         decode_infer_request(body, header_length, "m")
-    assert info.value.status == 400
+    assert http_status(info.value.code) == 400
     return info.value.message
 
 
@@ -386,7 +387,7 @@ def test_non_utf8_bytes_output_as_json_is_400_and_fine_as_binary() -> None:
     outputs = {"O": np.array([b"ok", b"\xff\xfe"], dtype=object)}
     with pytest.raises(InferError) as info:
         encode_infer_response(InferResponse("m", "1", outputs), InferRequest("m"))
-    assert info.value.status == 400 and "binary_data" in info.value.message
+    assert http_status(info.value.code) == 400 and "binary_data" in info.value.message
     request = InferRequest("m", outputs=[RequestedOutput("O", binary_data=True)])
     result = parse(*encode_infer_response(InferResponse("m", "1", outputs), request))
     assert result.as_numpy("O").tolist() == [b"ok", b"\xff\xfe"]
@@ -404,7 +405,7 @@ def test_unsupported_output_dtype_is_500() -> None:
         encode_infer_response(
             InferResponse("m", "1", {"C": np.zeros(2, dtype=np.complex64)}), InferRequest("m")
         )
-    assert info.value.status == 500 and "'C'" in info.value.message
+    assert http_status(info.value.code) == 500 and "'C'" in info.value.message
 
 
 # --------------------------------------------------------------------------- ASGI harness
@@ -443,7 +444,7 @@ class FakeServer:
         if request.model_name == "boom":
             raise RuntimeError("kaboom")
         if request.model_name != "echo":
-            raise InferError("model is not ready", 503)
+            raise InferError("model is not ready", ErrorCode.UNAVAILABLE)
         return InferResponse("echo", "1", dict(request.inputs), id=request.id)
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from pdserve.backends.python import shm
 from pdserve.backends.python import triton_python_backend_utils as pb
+from pdserve.core.errors import ErrorCode
+from pdserve.frontends.http.status import http_status
 
 
 def test_free_list_allocator_reuses_and_coalesces() -> None:
@@ -112,8 +114,9 @@ def test_pb_utils_model_config_helpers() -> None:
     assert config.as_dict()["max_batch_size"] == 8 and config.as_dict()["dynamic_batching"] == {}
     assert pb.triton_string_to_numpy("TYPE_FP16") is np.float16
     assert pb.numpy_to_triton_type(np.object_) == 13
-    assert pb.ERROR_CODE_TO_HTTP[pb.TritonError("x", pb.TritonError.INVALID_ARG).code()] == 400
-    assert pb.ERROR_CODE_TO_HTTP[pb.TritonError("x").code()] == 500  # Triton's default
+    invalid = pb.TritonError("x", pb.TritonError.INVALID_ARG).code()
+    assert http_status(ErrorCode.from_triton(invalid)) == 400
+    assert http_status(ErrorCode.from_triton(pb.TritonError("x").code())) == 500  # Triton's default
     with pytest.raises(pb.TritonModelException):
         pb.Tensor("s", np.array(["unicode"]))
     with pytest.raises(pb.TritonModelException, match="only available inside"):

@@ -67,7 +67,7 @@ from pdserve.backends.host_policy import (
     pin_current_thread,
 )
 from pdserve.core.datatypes import ORT_TO_V2, to_bytes_object_array
-from pdserve.core.errors import InferError, unavailable
+from pdserve.core.errors import InferError, internal, unavailable
 
 log = logging.getLogger("pdserve.onnxruntime")
 
@@ -471,8 +471,7 @@ class OnnxRuntimeInstance(ModelInstance):
                         bad[id(r)] = InferError(
                             f"input '{name}' element {i} is not valid UTF-8 (byte {e.start}: "
                             f"{item[e.start : e.start + 4]!r}); this model's string inputs "
-                            "must be UTF-8 text",
-                            400,
+                            "must be UTF-8 text"
                         )
                         break
                 if id(r) in bad:
@@ -533,7 +532,7 @@ class OnnxRuntimeInstance(ModelInstance):
                 f"model instance '{self.name}' is unloading: the request did not run"
             ) from None
         except Exception as e:  # ORT raises its own exception types
-            raise InferError(f"onnxruntime execution failed: {e}", 500) from e
+            raise internal(f"onnxruntime execution failed: {e}") from e
         for n in wanted:
             if n in self._string_outputs:
                 outputs[n] = to_bytes_object_array(np.asarray(outputs[n], dtype=object))

@@ -19,21 +19,22 @@ Process model (DESIGN.md, "Passing a tensor to a worker process"):
   list in one ``execute`` call, as in Triton (requests are never merged), and
   answers one result per request.
 
-Errors (the HTTP status for each is in
+Errors (a ``TritonError`` code is the :class:`~pdserve.core.errors.ErrorCode` of the
+same value; the status each gets is in
 :mod:`~pdserve.backends.python.triton_python_backend_utils`):
 
 * a response with ``error=pb_utils.TritonError(msg, code)`` fails that request
-  only, with the status of ``code`` (``INVALID_ARG`` -> 400; the default
-  ``INTERNAL`` -> 500, as in Triton);
-* an exception out of ``execute`` fails every request of that call (500, or the
-  code of a raised ``TritonError``), naming the instance and the exception;
+  only, with ``code`` unchanged (``INVALID_ARG`` -> HTTP 400, gRPC INVALID_ARGUMENT;
+  the default ``INTERNAL`` -> 500 / INTERNAL, as in Triton);
+* an exception out of ``execute`` fails every request of that call (``INTERNAL``, or
+  the code of a raised ``TritonError``), naming the instance and the exception;
 * a worker that dies (segfault, ``os._exit``, SIGKILL, OOM kill) is seen as end of
-  file on its socket at once; the requests it held fail with a 500 that says so,
+  file on its socket at once; the requests it held fail with ``INTERNAL`` saying so,
   and the worker is restarted (the model stays available; requests wait for the
-  new worker; when it cannot be started they get a 503, and the next request tries
+  new worker; when it cannot be started they get ``UNAVAILABLE``, and the next request tries
   again after a back-off of up to :data:`MAX_RESTART_DELAY_S`);
 * an output of the wrong datatype, or a requested output the model did not
-  return, is a 500 naming the output.
+  return, is ``INTERNAL`` naming the output.
 
 Host policies (``--host-policy``, :mod:`pdserve.backends.host_policy`): each worker of an
 instance whose group's policy has cores is pinned to them — by the server with
@@ -75,12 +76,8 @@ from pdserve import host_policy
 from pdserve.backends.base import Backend, ExecRequest, ExecResult, ModelInstance, ModelSpec
 from pdserve.backends.host_policy import instance_cores
 from pdserve.backends.python import shm
-from pdserve.backends.python.triton_python_backend_utils import (
-    ERROR_CODE_TO_HTTP,
-    http_status_to_error_code,
-)
 from pdserve.core.datatypes import numpy_to_v2
-from pdserve.core.errors import InferError
+from pdserve.core.errors import ErrorCode, InferError, internal, unavailable
 from pdserve.core.types import InferRequest, RequestedOutput
 
 log = logging.getLogger("pdserve.python")
@@ -340,15 +337,13 @@ class WorkerConnection:
         )
         if not self.stopping:
             log.error("%s", description)
-            error = InferError(
-                f"{description} while executing this request; the worker is being restarted",
-                500,
+            error = internal(
+                f"{description} while executing this request; the worker is being restarted"
             )
         else:  # stopped by us: the model is unloading or the server is shutting down
-            error = InferError(
+            error = unavailable(
                 f"{description}: the model is unloading or the server is shutting down "
-                "and this request did not finish in time",
-                503,
+                "and this request did not finish in time"
             )
         if self.batch is not None and not self.batch[1].done():
             self.batch[1].set_exception(error)
@@ -397,7 +392,7 @@ class WorkerConnection:
             ``(results, batch_error)`` as the worker sent them.
 
         Raises:
-            InferError(500): the worker died before answering.
+            InferError(INTERNAL): the worker died before answering.
         """
         blocks: list[tuple[int, int]] = []
 
@@ -449,7 +444,7 @@ class WorkerConnection:
         """Run a BLS request from the worker through the server core, send the result."""
         try:
             if self.server is None:
-                raise InferError("BLS is not available: the model has no server", 500)
+                raise internal("BLS is not available: the model has no server")
             arrays = {name: self.peer.read(desc, release=True) for name, desc in inputs}
             request = InferRequest(
                 model_name=model_name,
@@ -471,10 +466,11 @@ class WorkerConnection:
         except asyncio.CancelledError:
             raise
         except InferError as e:
-            self.send("bls_result", call_id, None, (e.message, http_status_to_error_code(e.status)))
+            self.send("bls_result", call_id, None, (e.message, e.code.triton_code.value))
         except Exception as e:  # a server fault still answers the worker
             log.exception("BLS call from %s failed", self.name)
-            self.send("bls_result", call_id, None, (f"{type(e).__name__}: {e}", 1))
+            error = (f"{type(e).__name__}: {e}", ErrorCode.INTERNAL.value)
+            self.send("bls_result", call_id, None, error)
 
     # -- stop -------------------------------------------------------------------
 
@@ -709,7 +705,7 @@ class PythonInstance(ModelInstance):
             raise
         if self._closing:
             await conn.stop()
-            raise InferError(f"model instance '{self.name}' is unloading", 503)
+            raise unavailable(f"model instance '{self.name}' is unloading")
         self._retry_delay = 0.05
         self.restarts += 1
         self.conn = conn
@@ -720,13 +716,13 @@ class PythonInstance(ModelInstance):
         """The live worker, waiting for a restart in progress (or starting one).
 
         Raises:
-            InferError(503): unloading, or the worker could not be restarted.
+            InferError(UNAVAILABLE): unloading, or the worker could not be restarted.
         """
         conn = self.conn
         if conn is not None and not conn.died.done():
             return conn
         if self._closing:
-            raise InferError(f"model instance '{self.name}' is unloading", 503)
+            raise unavailable(f"model instance '{self.name}' is unloading")
         self.conn = None
         task = self._restarting
         failed = task is not None and task.done() and (task.cancelled() or task.exception())
@@ -737,10 +733,9 @@ class PythonInstance(ModelInstance):
         except InferError as e:
             raise e.fresh() from None
         except Exception as e:
-            raise InferError(
+            raise unavailable(
                 f"python model instance '{self.name}' is unavailable: its worker process "
-                f"died and could not be restarted: {e}",
-                503,
+                f"died and could not be restarted: {e}"
             ) from None
         finally:
             task = None  # type: ignore[assignment]  # no task -> error -> frame cycle
@@ -751,13 +746,14 @@ class PythonInstance(ModelInstance):
         results, batch_error = await conn.run_batch(batch)
         if batch_error is not None:
             message, code = batch_error
-            return [InferError(message, ERROR_CODE_TO_HTTP.get(code, 500)) for _ in batch]
+            error_code = ErrorCode.from_triton(code)
+            return [InferError(message, error_code) for _ in batch]
         assert results is not None
         out: list[ExecResult] = []
         for request, result in zip(batch, results, strict=True):
             if result[0] == "err":
                 _, message, code = result
-                out.append(InferError(message, ERROR_CODE_TO_HTTP.get(code, 500)))
+                out.append(InferError(message, ErrorCode.from_triton(code)))
                 continue
             outputs = conn.read_outputs(result[1])
             out.append(self._check_outputs(request, outputs))
@@ -769,32 +765,29 @@ class PythonInstance(ModelInstance):
         model = self.spec.name
         for name in request.output_names:
             if name not in outputs:
-                return InferError(
+                return internal(
                     f"python model '{model}' did not return requested output '{name}' "
-                    f"(it returned {sorted(outputs) or 'none'})",
-                    500,
+                    f"(it returned {sorted(outputs) or 'none'})"
                 )
         for name, tensor in outputs.items():
             want = self._out_types.get(name)
             if want is None:
-                return InferError(
+                return internal(
                     f"python model '{model}' returned output '{name}', which its model "
-                    f"configuration does not declare",
-                    500,
+                    f"configuration does not declare"
                 )
             got = numpy_to_v2(tensor.dtype)
             if got != want:
-                return InferError(
+                return internal(
                     f"python model '{model}' returned output '{name}' as {got}, but its "
-                    f"model configuration says {want}",
-                    500,
+                    f"model configuration says {want}"
                 )
         return {name: outputs[name] for name in request.output_names}
 
     async def abort(self, grace: float) -> None:
         """Stop the worker now: ``finalize`` if it answers within ``grace`` s, else SIGKILL.
 
-        A batch still running in it fails with 503 (the worker is not restarted).
+        A batch still running in it fails with ``UNAVAILABLE`` (the worker is not restarted).
         """
         self._closing = True
         if self._restarting is not None:

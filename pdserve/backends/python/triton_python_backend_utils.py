@@ -23,12 +23,15 @@ classes Triton implements in C++):
   ``set_model_transaction_policy``, ``add_model_warmup``);
 * :class:`Logger`.
 
-Error codes and HTTP status (pdserve follows Triton's HTTP frontend): a response
-whose ``error`` has code ``INVALID_ARG``, ``UNKNOWN``, ``ALREADY_EXISTS`` or
-``CANCELLED`` is a 400; ``NOT_FOUND`` 404; ``UNAVAILABLE`` 503; ``UNSUPPORTED`` 501;
-``INTERNAL`` — the default code of ``TritonError(message)``, as in Triton — is a 500.
-So a model reports a bad input as
-``pb_utils.TritonError(msg, pb_utils.TritonError.INVALID_ARG)``.
+Error codes: ``TritonError``'s codes are Triton's ``TRITONSERVER_Error_Code`` values,
+the same as :class:`pdserve.core.errors.ErrorCode`'s, and reach the client unchanged:
+over gRPC as Triton's status (``INVALID_ARG`` -> ``INVALID_ARGUMENT``, ``UNSUPPORTED``
+-> ``UNIMPLEMENTED``, the others by name); over HTTP as Triton's HTTP frontend does
+(``INVALID_ARG``, ``UNKNOWN``, ``ALREADY_EXISTS`` and ``CANCELLED`` are 400;
+``NOT_FOUND`` 404; ``UNAVAILABLE`` 503; ``UNSUPPORTED`` 501; ``INTERNAL`` — the default
+code of ``TritonError(message)``, as in Triton — 500). So a model reports a bad input
+as ``pb_utils.TritonError(msg, pb_utils.TritonError.INVALID_ARG)``. A failed BLS call
+gives the model the code of the error (``CANCELLED`` when the client went away).
 
 Not supported: decoupled models (``get_response_sender``), GPU tensors, custom
 metrics.
@@ -46,6 +49,8 @@ from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
+
+from pdserve.core.errors import ErrorCode
 
 #: Triton ``TYPE_*`` names -> numpy types (Triton's table).
 TRITON_STRING_TO_NUMPY: dict[str, Any] = {
@@ -113,21 +118,22 @@ class TritonError(Exception):
 
     Args:
         message: what went wrong; the client sees it as the error message.
-        code: one of the class constants; decides the HTTP status (module docstring).
+        code: one of the class constants (Triton's ``TRITONSERVER_Error_Code``
+            values); decides the client's gRPC / HTTP status (module docstring).
             Triton's default is ``INTERNAL`` (HTTP 500).
 
     (In Triton this is not an exception class; pdserve also lets a model *raise*
     it from ``execute``, which fails every request of that call with its code.)
     """
 
-    UNKNOWN = 0
-    INTERNAL = 1
-    NOT_FOUND = 2
-    INVALID_ARG = 3
-    UNAVAILABLE = 4
-    UNSUPPORTED = 5
-    ALREADY_EXISTS = 6
-    CANCELLED = 7
+    UNKNOWN = ErrorCode.UNKNOWN.value
+    INTERNAL = ErrorCode.INTERNAL.value
+    NOT_FOUND = ErrorCode.NOT_FOUND.value
+    INVALID_ARG = ErrorCode.INVALID_ARG.value
+    UNAVAILABLE = ErrorCode.UNAVAILABLE.value
+    UNSUPPORTED = ErrorCode.UNSUPPORTED.value
+    ALREADY_EXISTS = ErrorCode.ALREADY_EXISTS.value
+    CANCELLED = ErrorCode.CANCELLED.value
 
     def __init__(self, message: str, code: int = INTERNAL) -> None:
         super().__init__(message)
@@ -149,7 +155,7 @@ class TritonError(Exception):
 class TritonModelException(Exception):
     """Raised by pb_utils when a model uses it wrongly; a model may raise it too.
 
-    Raised out of ``execute`` it fails that call's requests with HTTP 500.
+    Raised out of ``execute`` it fails that call's requests with ``INTERNAL`` (HTTP 500).
     """
 
     def __init__(self, message: str) -> None:
@@ -159,30 +165,6 @@ class TritonModelException(Exception):
     def message(self) -> str:
         """The exception message."""
         return self._message
-
-
-#: TritonError code -> HTTP status (Triton's HTTP frontend mapping).
-ERROR_CODE_TO_HTTP: dict[int, int] = {
-    TritonError.UNKNOWN: 400,
-    TritonError.INTERNAL: 500,
-    TritonError.NOT_FOUND: 404,
-    TritonError.INVALID_ARG: 400,
-    TritonError.UNAVAILABLE: 503,
-    TritonError.UNSUPPORTED: 501,
-    TritonError.ALREADY_EXISTS: 400,
-    TritonError.CANCELLED: 400,
-}
-
-
-def http_status_to_error_code(status: int) -> int:
-    """The TritonError code a BLS caller sees for a pdserve error of HTTP ``status``."""
-    return {
-        400: TritonError.INVALID_ARG,
-        404: TritonError.NOT_FOUND,
-        499: TritonError.CANCELLED,
-        501: TritonError.UNSUPPORTED,
-        503: TritonError.UNAVAILABLE,
-    }.get(status, TritonError.INTERNAL)
 
 
 # --------------------------------------------------------------------------- types

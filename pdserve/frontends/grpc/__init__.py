@@ -23,8 +23,10 @@ Tensor data, as Triton's gRPC frontend accepts and sends it:
   what ``tritonclient``'s ``InferResult.as_numpy`` reads first.
 
 Errors: an :class:`~pdserve.core.errors.InferError` is answered with the gRPC status code
-Triton uses for the same error (``INVALID_ARGUMENT`` bad request, ``NOT_FOUND``
-unknown model / version, ``UNAVAILABLE`` not ready / queue full / shutting down /
-model control disabled, ``INTERNAL`` model failure, ``CANCELLED``); anything else is
-``INTERNAL`` and logged. A bad request never takes the server down.
+Triton uses for its :class:`~pdserve.core.errors.ErrorCode` (one table,
+:data:`~pdserve.frontends.grpc.service.GRPC_STATUS`: ``INVALID_ARGUMENT`` bad request,
+``NOT_FOUND`` unknown model / version, ``UNAVAILABLE`` not ready / queue full /
+shutting down / model control disabled, ``INTERNAL`` model failure, ``CANCELLED``
+client gone, and a python model's own code by name); anything else is ``INTERNAL``
+and logged. A bad request never takes the server down.
 """

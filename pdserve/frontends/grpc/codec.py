@@ -21,7 +21,7 @@ from pdserve.core.datatypes import (
     serialize_bytes_tensor,
     shape_element_count,
 )
-from pdserve.core.errors import InferError
+from pdserve.core.errors import InferError, internal
 from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
 from pdserve.frontends.offload import codec_pool
 
@@ -122,7 +122,7 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
     """Turn a ``ModelInferRequest`` into an :class:`InferRequest`.
 
     Raises:
-        InferError(400): unknown datatype, data whose size disagrees with the shape,
+        InferError(INVALID_ARG): unknown datatype, data whose size disagrees with the shape,
             a shape of more than 64 dimensions or 2**59 elements or more, typed
             contents out of range for the datatype (INT8/INT16/UINT8/UINT16),
             raw and typed contents mixed, a raw-contents count that is not the input
@@ -232,7 +232,7 @@ def encode_infer_response(response: InferResponse) -> service_pb2.ModelInferResp
         try:
             out.datatype = numpy_to_v2(arr.dtype)
         except InferError as e:
-            raise InferError(f"output '{name}': {e.message}", 500) from None
+            raise internal(f"output '{name}': {e.message}") from None
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         raw.append(arr.tobytes())

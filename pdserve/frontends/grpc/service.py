@@ -14,7 +14,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pdserve.config import config_from_json
-from pdserve.core.errors import InferError
+from pdserve.core.errors import ErrorCode, InferError
 from pdserve.frontends.grpc.codec import (
     decode_off_loop,
     encode_off_loop,
@@ -24,16 +24,26 @@ from pdserve.frontends.grpc.codec import (
 
 log = logging.getLogger("pdserve.grpc")
 
-#: ``InferError.status`` values with no entry in ``types._HTTP_TO_GRPC``.
-_EXTRA_CODES = {499: grpc.StatusCode.CANCELLED, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
+#: ErrorCode -> gRPC status: the one table of the gRPC frontend. Triton's codes as
+#: Triton's gRPC frontend maps them (triton-inference-server/server
+#: ``src/grpc/grpc_utils.cc``, ``ToGrpcStatusCode``); pdserve's extensions as their
+#: Triton code (:attr:`ErrorCode.triton_code`).
+GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
+    ErrorCode.UNKNOWN: grpc.StatusCode.UNKNOWN,
+    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorCode.CLIENT_GONE: grpc.StatusCode.CANCELLED,
+}
 
 
 def grpc_status(error: InferError) -> grpc.StatusCode:
-    """The gRPC status code for ``error`` (Triton's ``TRITONSERVER_Error`` mapping)."""
-    extra = _EXTRA_CODES.get(error.status)
-    if extra is not None:
-        return extra
-    return getattr(grpc.StatusCode, error.grpc_code, grpc.StatusCode.UNKNOWN)
+    """The gRPC status code for ``error``, from :data:`GRPC_STATUS`."""
+    return GRPC_STATUS[error.code]
 
 
 async def _call(func: Callable[..., Any], *args: Any) -> Any:

@@ -20,8 +20,10 @@ POST     ``/v2/repository/index``                            repository index (`
 POST     ``/v2/repository/models/{m}/load`` / ``unload``     model control (explicit mode)
 =======  ==================================================  ==============================
 
-Errors are ``{"error": message}``: an :class:`~pdserve.core.errors.InferError` with its
-``status``; any other exception 500 (logged; the server keeps serving); an unknown path
-404; a known path with the wrong method 405; a route the server object lacks (no
-``model_statistics``...) 404.
+Errors are ``{"error": message}``: an :class:`~pdserve.core.errors.InferError` with the
+status of its code (one table, :data:`~pdserve.frontends.http.status.HTTP_STATUS`,
+Triton's mapping); HTTP's own errors (405, 408, 413, 415) are
+:class:`~pdserve.frontends.http.status.HttpError`; any other exception 500 (logged;
+the server keeps serving); an unknown path 404; a known path with the wrong method
+405; a route the server object lacks (no ``model_statistics``...) 404.
 """

@@ -14,13 +14,20 @@ from typing import Any
 
 import orjson
 
-from pdserve.core.errors import InferError
+from pdserve.core.errors import InferError, not_found
 from pdserve.frontends.http.codec import (
     decode_infer_request,
     encode_error,
     encode_infer_response_parts,
 )
-from pdserve.frontends.http.compression import BodyTooLargeError, decompress, parse_encoding
+from pdserve.frontends.http.compression import decompress, parse_encoding
+from pdserve.frontends.http.status import (
+    HTTP_STATUS,
+    BodyTimeoutError,
+    BodyTooLargeError,
+    HttpError,
+    MethodNotAllowedError,
+)
 from pdserve.frontends.offload import off_loop
 
 logger = logging.getLogger("pdserve.http")
@@ -61,10 +68,6 @@ _METHOD_NOT_ALLOWED = encode_error("Method Not Allowed")
 
 class _ClientGoneError(Exception):
     """The client disconnected before the whole body arrived: nothing to answer."""
-
-
-class _BodyTimeoutError(Exception):
-    """The client stopped sending the body; answered 408 and the connection closed."""
 
 
 class HttpApp:
@@ -114,13 +117,11 @@ class HttpApp:
                     return
             await self._route(scope, receive, send, path, method)
         except InferError as exc:
-            await _send_json(send, exc.status, encode_error(exc.message))
+            await _send_json(send, HTTP_STATUS[exc.code], encode_error(exc.message))
         except _ClientGoneError:
             return
-        except BodyTooLargeError as exc:
-            await _send_json(send, 413, encode_error(str(exc)), close=True)
-        except _BodyTimeoutError as exc:
-            await _send_json(send, 408, encode_error(str(exc)), close=True)
+        except HttpError as exc:  # 405, 408, 413, 415: HTTP's own errors
+            await _send_json(send, exc.status, encode_error(exc.message), close=exc.close)
         except Exception as exc:  # noqa: BLE001 - one request must not take the server down
             logger.exception("error serving %s %s", method, path)
             await _send_json(send, 500, encode_error(f"{type(exc).__name__}: {exc}"))
@@ -205,10 +206,10 @@ class HttpApp:
         Raises:
             BodyTooLargeError: the declared, received or decompressed size is over the limit
                 (reading stops there; the rest is never held in memory).
-            _BodyTimeoutError: no part of the body came for ``body_timeout`` seconds.
+            BodyTimeoutError: no part of the body came for ``body_timeout`` seconds.
             _ClientGoneError: ``http.disconnect`` came before the end of the body.
-            InferError(400 / 415): a corrupt or truncated compressed body / an
-                unsupported ``Content-Encoding``.
+            InferError(INVALID_ARG): a corrupt or truncated compressed body.
+            UnsupportedMediaTypeError: an unsupported ``Content-Encoding``.
         """
         limit = self.max_request_bytes
         if content_length > limit:
@@ -269,7 +270,7 @@ class HttpApp:
         parts = path.split("/")
         n = len(parts)
         if n < 2 or parts[0] != "" or parts[1] != "v2":
-            raise InferError(f"no route for {path}", 404)
+            raise not_found(f"no route for {path}")
         if n == 2:
             _check_method(method, "GET")
             await _send_json(send, 200, _dumps(await _call(self.server.metadata)))
@@ -315,7 +316,7 @@ class HttpApp:
                 )
                 await send({"type": "http.response.body", "body": b""})
                 return
-        raise InferError(f"no route for {path}", 404)
+        raise not_found(f"no route for {path}")
 
     async def _model_route(
         self, scope: Scope, receive: Receive, send: Send, parts: list[str], method: str, path: str
@@ -333,9 +334,9 @@ class HttpApp:
         elif n == rest + 1:
             action = parts[rest]
         else:
-            raise InferError(f"no route for {path}", 404)
+            raise not_found(f"no route for {path}")
         if action not in ("", "ready", "config", "stats", "infer"):
-            raise InferError(f"no route for {path}", 404)
+            raise not_found(f"no route for {path}")
         if not model:
             raise InferError("missing model name in the request path")
         if action == "infer":
@@ -353,7 +354,7 @@ class HttpApp:
             body = _dumps(await _call(stats, model, version))
         else:  # ready
             if not await _call(server.model_ready, model, version):
-                raise InferError("Model version not ready", 400)
+                raise InferError("Model version not ready")
             body = b""
         await _send_json(send, 200, body)
 
@@ -433,7 +434,7 @@ class HttpApp:
     def _optional(self, name: str, what: str) -> Callable[..., Any]:
         method = getattr(self.server, name, None)
         if method is None:
-            raise InferError(f"this server does not support {what}", 404)
+            raise not_found(f"this server does not support {what}")
         return method
 
 
@@ -484,7 +485,7 @@ async def _call(func: Callable[..., Any], *args: Any) -> Any:
 
 def _check_method(method: str, allowed: str) -> None:
     if method != allowed:
-        raise InferError("Method Not Allowed", 405)
+        raise MethodNotAllowedError("Method Not Allowed")
 
 
 def _int_header(value: bytes, default: int | None) -> int | None:
@@ -514,7 +515,7 @@ async def _receive_within(receive: Receive, timeout: float) -> Message:
         async with asyncio.timeout(timeout):
             return await receive()
     except TimeoutError:
-        raise _BodyTimeoutError(
+        raise BodyTimeoutError(
             f"the request body did not arrive: nothing received for {timeout:g} seconds"
         ) from None
 

@@ -133,7 +133,7 @@ def decode_infer_request(
         ``timeout``...). ``cancelled`` is left ``None`` for the caller to set.
 
     Raises:
-        InferError(400): malformed JSON; a header length outside ``[0, len(body)]``;
+        InferError(INVALID_ARG): malformed JSON; a header length outside ``[0, len(body)]``;
             a field of the wrong type; an unknown datatype; a negative or non-integer
             shape, or one of more than 64 dimensions or 2**59 elements or more;
             ``data`` whose element count differs from the shape's, or whose values do
@@ -485,9 +485,9 @@ def encode_infer_response_parts(
         the JSON). ``total`` is the byte size of all parts.
 
     Raises:
-        InferError(400): a BYTES output asked for as JSON holds bytes that are not
+        InferError(INVALID_ARG): a BYTES output asked for as JSON holds bytes that are not
             valid UTF-8.
-        InferError(500): an output array has a dtype with no V2 datatype, or
+        InferError(INTERNAL): an output array has a dtype with no V2 datatype, or
             something in ``parameters`` cannot be written as JSON.
     """
     default_binary = request.parameters.get("binary_data_output") is True

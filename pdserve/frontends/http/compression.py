@@ -6,6 +6,7 @@ import logging
 import zlib
 
 from pdserve.core.errors import InferError
+from pdserve.frontends.http.status import BodyTooLargeError, UnsupportedMediaTypeError
 
 logger = logging.getLogger("pdserve.http")
 
@@ -21,17 +22,14 @@ _GZIP_WBITS = 16 + zlib.MAX_WBITS
 _ZLIB_WBITS = zlib.MAX_WBITS
 
 
-class BodyTooLargeError(Exception):
-    """The request body is over the limit; answered 413 and the connection closed."""
-
-
 def parse_encoding(encoding: bytes) -> list[str]:
     """The codings of a ``Content-Encoding`` value (a comma-separated list, RFC 9110
     8.4), in the order to undo them (the reverse of the order applied), without
     ``identity``.
 
     Raises:
-        InferError(415): a coding other than gzip, x-gzip, deflate or identity.
+        UnsupportedMediaTypeError: a coding other than gzip, x-gzip, deflate or identity
+            (answered 415).
     """
     names = [n.strip().lower() for n in encoding.decode("latin-1").split(",")]
     codings: list[str] = []
@@ -39,9 +37,8 @@ def parse_encoding(encoding: bytes) -> list[str]:
         if name in ("", "identity"):
             continue
         if name not in ("gzip", "x-gzip", "deflate"):
-            raise InferError(
-                f"unsupported Content-Encoding '{name}'; expected gzip, deflate or identity",
-                415,
+            raise UnsupportedMediaTypeError(
+                f"unsupported Content-Encoding '{name}'; expected gzip, deflate or identity"
             )
         codings.append(name)
     return codings
@@ -57,7 +54,7 @@ def decompress(body: bytes, codings: list[str], limit: int) -> bytes:
     Time is linear in the body size, however many members it holds.
 
     Raises:
-        InferError(400): corrupt or truncated data, or too many gzip members.
+        InferError(INVALID_ARG): corrupt or truncated data, or too many gzip members.
         BodyTooLargeError: the decompressed size goes over ``limit``.
     """
     for name in codings:
