@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve import config as cfgmod
-from pdserve import host_policy
-from pdserve.backends import get_backend
+from pdserve.backends import get_backend, host_policy
 from pdserve.backends.base import ModelSpec
 from pdserve.core.errors import InferError, not_found, unavailable
 from pdserve.repository import layout
@@ -74,23 +73,6 @@ class ModelEntry:
     def default_version(self) -> ModelVersion | None:
         """The highest ready version."""
         return self.serving[max(self.serving)] if self.serving else None
-
-
-def available_gpus() -> list[int]:
-    """GPU device ids this process can use (empty without CUDA in onnxruntime)."""
-    try:
-        import onnxruntime
-
-        if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-            return []
-    except ImportError:  # pragma: no cover - onnxruntime is a dependency
-        return []
-    import os
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [i for i, d in enumerate(visible.split(",")) if d.strip()]
-    return [0]
 
 
 def check_model_name(name: str) -> None:
@@ -425,7 +407,7 @@ class ModelManager:
         completing = backend.auto_complete(spec)
         if inspect.isawaitable(completing):  # the python backend runs model code for it
             await completing
-        cfgmod.apply_defaults(cfg, gpus=available_gpus())
+        cfgmod.apply_defaults(cfg, gpus=backend.usable_gpus())
         cfgmod.validate_config(cfg, str(model_dir / "config.pbtxt"), model_dir=model_dir)
         host_policy.check_instance_groups(name, cfg, self.host_policies)
         mv = ModelVersion(spec, cfg.platform or cfg.backend, backend_name)

@@ -6,9 +6,10 @@ run concurrently (DESIGN.md). ``instance_group`` gives the count and kind:
 
 - ``KIND_CPU``: ``CPUExecutionProvider``.
 - ``KIND_GPU``: ``CUDAExecutionProvider`` on the listed ``gpus`` (default GPU 0).
-  When this onnxruntime build or machine has no CUDA provider the model fails to
-  load with that reason (no silent fallback to CPU).
-- ``KIND_AUTO``: GPU when CUDA is available, else CPU.
+  When this onnxruntime build or machine has no CUDA provider, or a listed GPU is
+  not visible (:mod:`pdserve.backends.devices`), the model fails to load with
+  that reason (no silent fallback to CPU).
+- ``KIND_AUTO``: GPU when the CUDA provider is there and a GPU is visible, else CPU.
 
 Session options come from the model configuration, with Triton's onnxruntime
 backend keys:
@@ -60,6 +61,7 @@ from pdserve.backends.base import (
     merge_batch,
     split_batch,
 )
+from pdserve.backends.devices import check_gpu_ids, visible_gpus
 from pdserve.backends.host_policy import (
     format_cpu_list,
     instance_cores,
@@ -70,6 +72,9 @@ from pdserve.core.datatypes import ORT_TO_V2, to_bytes_object_array
 from pdserve.core.errors import InferError, unavailable
 
 log = logging.getLogger("pdserve.onnxruntime")
+
+#: The ONNX Runtime execution provider that runs a session on a CUDA GPU.
+CUDA_PROVIDER = "CUDAExecutionProvider"
 
 #: ``auto`` runs a session inline on the event loop while its average run is shorter.
 INLINE_RUN_MAX_S = 0.0002
@@ -191,6 +196,13 @@ class OnnxRuntimeBackend(Backend):
 
     name = "onnxruntime"
 
+    def usable_gpus(self) -> list[int]:
+        """The visible GPUs (:func:`pdserve.backends.devices.visible_gpus`) when this
+        onnxruntime build has the CUDA execution provider, else none."""
+        if CUDA_PROVIDER not in _ort().get_available_providers():
+            return []
+        return visible_gpus()
+
     def _model_path(self, spec: ModelSpec) -> str:
         filename = spec.config.default_model_filename or "model.onnx"
         path = spec.version_dir / filename
@@ -228,7 +240,9 @@ class OnnxRuntimeBackend(Backend):
         """Create one ORT session per instance in ``instance_group``.
 
         Raises:
-            RuntimeError: KIND_GPU asked but no CUDAExecutionProvider is available.
+            RuntimeError: KIND_GPU asked but no CUDAExecutionProvider is available,
+                or on a GPU this process cannot see
+                (:func:`pdserve.backends.devices.check_gpu_ids`).
             ValueError: bad session option parameters.
         """
         ort = _ort()
@@ -241,20 +255,23 @@ class OnnxRuntimeBackend(Backend):
             count = group.count if group is not None and group.count > 0 else 1
             kind_name = "KIND_CPU"
             gpus: list[int] = [0]
+            gname = spec.name
             if group is not None:
                 from tritonclient.grpc import model_config_pb2 as mc
 
                 kind_name = mc.ModelInstanceGroup.Kind.Name(group.kind)
                 gpus = list(group.gpus) or [0]
+                gname = group.name or gname
             if kind_name == "KIND_AUTO":
-                kind_name = "KIND_GPU" if "CUDAExecutionProvider" in available else "KIND_CPU"
+                kind_name = "KIND_GPU" if self.usable_gpus() else "KIND_CPU"
             if kind_name == "KIND_GPU":
-                if "CUDAExecutionProvider" not in available:
+                if CUDA_PROVIDER not in available:
                     raise RuntimeError(
                         "instance_group asks for KIND_GPU but this onnxruntime has no "
                         f"CUDAExecutionProvider (available: {', '.join(available)}); install "
                         "onnxruntime-gpu on a machine with a CUDA GPU, or use KIND_CPU"
                     )
+                check_gpu_ids(gname, gpus)
                 for gpu in gpus:
                     cores = instance_cores(spec.host_policies, group, gpu)
                     for _ in range(count):
@@ -262,7 +279,7 @@ class OnnxRuntimeBackend(Backend):
                             (
                                 "KIND_GPU",
                                 [
-                                    ("CUDAExecutionProvider", {"device_id": gpu}),
+                                    (CUDA_PROVIDER, {"device_id": gpu}),
                                     "CPUExecutionProvider",
                                 ],
                                 cores,

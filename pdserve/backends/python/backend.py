@@ -71,8 +71,9 @@ from typing import Any
 import numpy as np
 
 from pdserve import config as cfgmod
-from pdserve import host_policy
+from pdserve.backends import host_policy
 from pdserve.backends.base import Backend, ExecRequest, ExecResult, ModelInstance, ModelSpec
+from pdserve.backends.devices import check_gpu_ids
 from pdserve.backends.host_policy import instance_cores
 from pdserve.backends.python import shm
 from pdserve.backends.python.triton_python_backend_utils import (
@@ -573,12 +574,10 @@ class PythonBackend(Backend):
             RuntimeError: a worker failed to import the model or ``initialize``
                 raised (the message names the instance and the exception), or a
                 ``KIND_GPU`` group names a GPU this process cannot see
-                (:func:`pdserve.backends.devices.visible_gpu_count`; Triton refuses such a
+                (:func:`pdserve.backends.devices.check_gpu_ids`; Triton refuses such a
                 group too).
         """
         from tritonclient.grpc import model_config_pb2 as mc
-
-        from pdserve.backends.devices import visible_gpu_count
 
         plans: list[tuple[str, str, int, frozenset[int] | None]] = []
         groups = list(spec.config.instance_group) or [None]
@@ -591,15 +590,7 @@ class PythonBackend(Backend):
                 kind_name = mc.ModelInstanceGroup.Kind.Name(group.kind)
                 if kind_name == "KIND_GPU":
                     kind, devices = "GPU", (list(group.gpus) or [0])
-                    gpus = visible_gpu_count()
-                    missing = [d for d in devices if not 0 <= d < gpus]
-                    if missing:
-                        raise RuntimeError(
-                            f"instance group '{gname}' asks for KIND_GPU on GPU "
-                            f"{', '.join(map(str, missing))}, but this process sees "
-                            f"{gpus} GPU(s) (NVIDIA driver and CUDA_VISIBLE_DEVICES); "
-                            "use KIND_CPU"
-                        )
+                    check_gpu_ids(gname, devices)
                 elif kind_name == "KIND_MODEL":
                     kind = "MODEL"
             n = 0
