@@ -34,7 +34,14 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import model_config_pb2
 
-from pdserve.core.datatypes import CONFIG_TO_V2, V2_TO_CONFIG
+from pdserve.core.datatypes import (
+    CONFIG_TO_V2,
+    V2_TO_CONFIG,
+    WILDCARD_DIM,
+    dims_element_count,
+    fixed_dim_chunks,
+    shape_str,
+)
 
 ModelConfig = model_config_pb2.ModelConfig
 ModelInput = model_config_pb2.ModelInput
@@ -47,9 +54,6 @@ CONFIG_FILENAME = "config.pbtxt"
 #: ``max_batch_size`` auto-complete gives a model that can batch but whose
 #: configuration does not say (Triton server ``qa/L0_backend_config`` asserts 4).
 DEFAULT_MAX_BATCH_SIZE = 4
-
-#: Triton's ``WILDCARD_DIM``: a variable-size dimension.
-WILDCARD_DIM = -1
 
 #: platform -> backend for the platforms pdserve serves (Triton's equivalences).
 PLATFORM_TO_BACKEND: dict[str, str] = {
@@ -451,14 +455,10 @@ def _cannot_batch_reason(
             if shape is None or not shape or shape[0] != WILDCARD_DIM:
                 return (
                     f"{head}: the first dimension of {kind} '{name}' (shape "
-                    f"{_shape_str(shape)}) is not a variable-size batch dimension; "
+                    f"{shape_str(shape)}) is not a variable-size batch dimension; "
                     "set max_batch_size: 0 and give full shapes in dims"
                 )
     return head
-
-
-def _shape_str(shape: Sequence[int] | None) -> str:
-    return "unknown" if shape is None else "[" + ",".join(str(d) for d in shape) + "]"
 
 
 def _complete_io(
@@ -499,7 +499,7 @@ def _complete_io(
                 where,
                 f"{field}.dims",
                 f"the model cannot batch: the first dimension of '{io.name}' (shape "
-                f"{_shape_str(model_shape)}) is not a variable-size batch dimension, "
+                f"{shape_str(model_shape)}) is not a variable-size batch dimension, "
                 "but max_batch_size > 0",
             )
         debatched = model_shape[1:] if model_shape is not None else None
@@ -531,12 +531,12 @@ def _complete_io(
         c != m and c != WILDCARD_DIM and m != WILDCARD_DIM
         for c, m in zip(configured, debatched, strict=False)
     ):
-        shown = f"[-1] + {_shape_str(configured)}" if batching else _shape_str(configured)
+        shown = f"[-1] + {shape_str(configured)}" if batching else shape_str(configured)
         raise ConfigError(
             where,
             f"{field}.{label}",
             f"{label} {shown} of '{io.name}' disagree with the model file's shape "
-            f"{_shape_str(model_shape)}",
+            f"{shape_str(model_shape)}",
         )
 
 
@@ -759,46 +759,22 @@ def _validate_io_shape(
                 f"{field}.reshape.shape",
                 f"reshape dimension {d} of '{io.name}' must be an integer >= 1, or -1",
             )
-    dims_count = _element_count(io.dims)
-    reshape_count = _element_count(shape)
+    dims_count = dims_element_count(io.dims)
+    reshape_count = dims_element_count(shape)
     if dims_count != reshape_count and (reshape_count != 0 or dims_count != 1):
         raise ConfigError(
             where,
             f"{field}.reshape",
-            f"'{io.name}' has a different element count for dims {_shape_str(list(io.dims))} "
-            f"and reshape {_shape_str(shape)}",
+            f"'{io.name}' has a different element count for dims {shape_str(list(io.dims))} "
+            f"and reshape {shape_str(shape)}",
         )
-    if dims_count == WILDCARD_DIM and _chunks(io.dims) != _chunks(shape):
+    if dims_count == WILDCARD_DIM and fixed_dim_chunks(io.dims) != fixed_dim_chunks(shape):
         raise ConfigError(
             where,
             f"{field}.reshape",
-            f"'{io.name}': dims {_shape_str(list(io.dims))} and reshape {_shape_str(shape)} "
+            f"'{io.name}': dims {shape_str(list(io.dims))} and reshape {shape_str(shape)} "
             "differ around their variable-size dimensions",
         )
-
-
-def _element_count(dims: Iterable[int]) -> int:
-    """Triton's ``GetElementCount``: -1 if any dim is variable; 0 for no dims."""
-    dims = list(dims)
-    if any(d == WILDCARD_DIM for d in dims):
-        return WILDCARD_DIM
-    count = 0
-    for i, d in enumerate(dims):
-        count = d if i == 0 else count * d
-    return count
-
-
-def _chunks(dims: Iterable[int]) -> list[int]:
-    """Element counts of the runs of fixed dims between -1s ([2,4,-1,6] -> [8, 6])."""
-    out, current = [], 1
-    for d in dims:
-        if d == WILDCARD_DIM:
-            out.append(current)
-            current = 1
-        else:
-            current *= d
-    out.append(current)
-    return out
 
 
 def _validate_dynamic_batching(cfg: ModelConfig, where: str, warnings: list[str]) -> None:
