@@ -55,30 +55,45 @@ CONFIG_FILENAME = "config.pbtxt"
 #: configuration does not say (Triton server ``qa/L0_backend_config`` asserts 4).
 DEFAULT_MAX_BATCH_SIZE = 4
 
-#: platform -> backend for the platforms pdserve serves (Triton's equivalences).
+# Triton's platform and backend names, the one place pdserve spells them. Which
+# backends this server can actually run is the backend registry's business
+# (:mod:`pdserve.backends`), which validation asks through ``backends=``.
+
+#: ``platform`` of an ONNX model (backend ``onnxruntime``).
+ONNXRUNTIME_PLATFORM = "onnxruntime_onnx"
+#: ``platform`` of a TorchScript model (backend ``pytorch``).
+PYTORCH_PLATFORM = "pytorch_libtorch"
+#: The ensemble platform: no backend, no model file, ``ensemble_scheduling`` instead.
+ENSEMBLE_PLATFORM = "ensemble"
+
+#: ``backend`` names.
+ONNXRUNTIME_BACKEND = "onnxruntime"
+PYTORCH_BACKEND = "pytorch"
+PYTHON_BACKEND = "python"
+
+#: platform -> backend for the platforms pdserve knows (Triton's equivalences).
 PLATFORM_TO_BACKEND: dict[str, str] = {
-    "onnxruntime_onnx": "onnxruntime",
-    "pytorch_libtorch": "pytorch",
+    ONNXRUNTIME_PLATFORM: ONNXRUNTIME_BACKEND,
+    PYTORCH_PLATFORM: PYTORCH_BACKEND,
 }
 #: backend -> the platform Triton fills in for it (python has none).
 BACKEND_TO_PLATFORM: dict[str, str] = {v: k for k, v in PLATFORM_TO_BACKEND.items()}
-#: The ensemble platform: no backend, no model file, ``ensemble_scheduling`` instead.
-ENSEMBLE_PLATFORM = "ensemble"
-#: Backends pdserve knows.
-KNOWN_BACKENDS = frozenset({"onnxruntime", "pytorch", "python"})
-#: Platforms pdserve knows.
+#: Backend names a configuration may give (the registry says which can run here).
+KNOWN_BACKENDS = frozenset({ONNXRUNTIME_BACKEND, PYTORCH_BACKEND, PYTHON_BACKEND})
+#: Platform names a configuration may give.
 KNOWN_PLATFORMS = frozenset({*PLATFORM_TO_BACKEND, ENSEMBLE_PLATFORM})
 
-#: backend -> the model file Triton looks for in a version folder by default.
+#: backend -> the model file Triton looks for in a version folder by default, in
+#: the order Triton's auto-complete tries them (onnxruntime, (openvino), pytorch, python).
 DEFAULT_MODEL_FILENAMES: dict[str, str] = {
-    "onnxruntime": "model.onnx",
-    "pytorch": "model.pt",
-    "python": "model.py",
+    ONNXRUNTIME_BACKEND: "model.onnx",
+    PYTORCH_BACKEND: "model.pt",
+    PYTHON_BACKEND: "model.py",
 }
 
 #: Backends whose CPU instance groups default to 2 instances (Triton's
 #: ``SetDefaultInstanceCount``; everything else defaults to 1).
-_TWO_CPU_INSTANCE_BACKENDS = frozenset({"onnxruntime", "tensorflow"})
+_TWO_CPU_INSTANCE_BACKENDS = frozenset({ONNXRUNTIME_BACKEND, "tensorflow"})
 
 _INT64_TYPES = frozenset(
     {
@@ -238,7 +253,7 @@ def normalize_platform(
     cfg.platform = platform
     cfg.backend = backend
     # Triton: a pytorch model with runtime "model.py" keeps an empty default.
-    python_runtime = backend == "pytorch" and cfg.runtime == "model.py"
+    python_runtime = backend == PYTORCH_BACKEND and cfg.runtime == "model.py"
     if not cfg.default_model_filename and not python_runtime:
         cfg.default_model_filename = DEFAULT_MODEL_FILENAMES[backend]
 
@@ -249,9 +264,8 @@ def _guess_backend(default_filename: str, files: Iterable[str] | None) -> str | 
     if default_filename:
         return by_file.get(default_filename)
     names = set(files or ())
-    # Triton checks in this order: onnxruntime, (openvino), pytorch, python.
-    for backend in ("onnxruntime", "pytorch", "python"):
-        if DEFAULT_MODEL_FILENAMES[backend] in names:
+    for backend, filename in DEFAULT_MODEL_FILENAMES.items():  # Triton's order
+        if filename in names:
             return backend
     return None
 

@@ -226,7 +226,8 @@ class ModelManager:
                 cfg = cfgmod.load_model_config(on_disk[name].path) if name in on_disk else None
             except Exception:
                 cfg = None
-            (ensembles if cfg is not None and cfg.platform == "ensemble" else first).append(name)
+            is_ensemble = cfg is not None and cfg.platform == cfgmod.ENSEMBLE_PLATFORM
+            (ensembles if is_ensemble else first).append(name)
         # A model that fails is recorded (index, log) and never stops the others.
         await asyncio.gather(*(self.load_model(n) for n in first), return_exceptions=True)
         await asyncio.gather(*(self.load_model(n) for n in ensembles), return_exceptions=True)
@@ -458,7 +459,7 @@ class ModelManager:
         found = []
         for other, entry in self.models.items():
             mv = entry.default_version
-            if other == name or mv is None or mv.config.platform != "ensemble":
+            if other == name or mv is None or mv.config.platform != cfgmod.ENSEMBLE_PLATFORM:
                 continue
             if any(step.model_name == name for step in mv.config.ensemble_scheduling.step):
                 found.append(other)

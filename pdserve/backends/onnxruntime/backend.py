@@ -194,7 +194,7 @@ def _shape_of(arg: Any) -> list[int | None]:
 class OnnxRuntimeBackend(Backend):
     """Loads ``model.onnx`` (or ``default_model_filename``) into ORT sessions."""
 
-    name = "onnxruntime"
+    name = cfgmod.ONNXRUNTIME_BACKEND
 
     def usable_gpus(self) -> list[int]:
         """The visible GPUs (:func:`pdserve.backends.devices.visible_gpus`) when this

@@ -530,7 +530,7 @@ def _init_message(
 class PythonBackend(Backend):
     """Runs ``model.py`` models (``backend: "python"``) in worker processes."""
 
-    name = "python"
+    name = cfgmod.PYTHON_BACKEND
 
     async def auto_complete(self, spec: ModelSpec) -> None:  # type: ignore[override]
         """Run the model's static ``auto_complete_config`` in a worker, if it has one.
