@@ -26,7 +26,7 @@ Every problem is a :class:`ConfigError` naming the file and the dotted field
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,12 @@ _INT64_TYPES = frozenset(
 )
 
 
+#: The backend registry's answer to "can backend NAME run here?": None if it can, else
+#: the reason (:func:`pdserve.backends.unavailable_reason`). The configuration sits
+#: below the backends in the import order, so its callers hand the registry in.
+BackendCheck = Callable[[str], str | None]
+
+
 class ConfigError(Exception):
     """A model configuration that cannot be served.
 
@@ -179,6 +185,7 @@ def normalize_platform(
     path: str | Path = "",
     *,
     guess_from_files: Iterable[str] | None = None,
+    backends: BackendCheck | None = None,
 ) -> None:
     """Fill the missing half of the platform/backend pair, in place.
 
@@ -196,10 +203,15 @@ def normalize_platform(
         path: the configuration file, for error messages.
         guess_from_files: file names of a version folder, used only when neither
             platform nor backend is set.
+        backends: the backend registry's check
+            (:func:`pdserve.backends.unavailable_reason`); with it, a backend this
+            server cannot run (``pytorch``, a missing optional package) is an error
+            with the registry's reason. None: any backend Triton names is accepted.
 
     Raises:
-        ConfigError: an unknown platform or backend, a pair that disagrees, or
-            nothing to infer the backend from.
+        ConfigError: an unknown platform or backend, a pair that disagrees,
+            nothing to infer the backend from, or (with ``backends``) a backend
+            that cannot run here.
     """
     where = path or cfg.name or CONFIG_FILENAME
     platform, backend = cfg.platform, cfg.backend
@@ -211,11 +223,7 @@ def normalize_platform(
             f"unknown platform '{platform}'; pdserve serves {_names(KNOWN_PLATFORMS)}",
         )
     if backend and backend not in KNOWN_BACKENDS:
-        raise ConfigError(
-            where,
-            "backend",
-            f"unknown backend '{backend}'; pdserve serves {_names(KNOWN_BACKENDS)}",
-        )
+        raise ConfigError(where, "backend", _unknown_backend(backend, backends))
 
     if not platform and not backend:
         backend = _guess_backend(cfg.default_model_filename, guess_from_files)
@@ -250,6 +258,10 @@ def normalize_platform(
     else:
         platform = BACKEND_TO_PLATFORM.get(backend, "")
 
+    reason = backends(backend) if backends is not None else None
+    if reason:
+        raise ConfigError(where, "backend" if cfg.backend else "platform", reason)
+
     cfg.platform = platform
     cfg.backend = backend
     # Triton: a pytorch model with runtime "model.py" keeps an empty default.
@@ -272,6 +284,12 @@ def _guess_backend(default_filename: str, files: Iterable[str] | None) -> str | 
 
 def _names(items: Iterable[str]) -> str:
     return ", ".join(f"'{i}'" for i in sorted(items))
+
+
+def _unknown_backend(backend: str, backends: BackendCheck | None) -> str:
+    """The message for a backend name Triton's configuration does not know."""
+    reason = backends(backend) if backends is not None else None
+    return reason or f"unknown backend '{backend}'; pdserve knows {_names(KNOWN_BACKENDS)}"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -617,11 +635,12 @@ def validate_config(
     *,
     model_dir: Path | None = None,
     complete: bool = True,
+    backends: BackendCheck | None = None,
 ) -> list[str]:
     """Check a configuration against Triton's generic rules.
 
     The rules are Triton core's ``ValidateModelConfig`` and ``ValidateIOShape``:
-    platform/backend pair; ``max_batch_size >= 0``; every input/output has a
+    platform/backend pair (and, with ``backends``, a backend this server runs); ``max_batch_size >= 0``; every input/output has a
     ``name`` (no duplicates), a ``data_type`` and ``dims``; each dim is ``>= 1``
     or ``-1``; ``reshape`` has valid dims, the same element count as ``dims``
     (chunk by chunk around ``-1``) and is not empty on a non-batching model;
@@ -643,6 +662,9 @@ def validate_config(
         model_dir: the model folder (``label_filename`` is relative to it);
             defaults to ``path``'s parent.
         complete: whether auto-complete has run.
+        backends: the backend registry's check
+            (:func:`pdserve.backends.unavailable_reason`): a backend this server
+            cannot run is then an error with its reason.
 
     Returns:
         Warnings: things Triton accepts that are probably not what the user
@@ -666,6 +688,9 @@ def validate_config(
         raise ConfigError(where, "platform", f"unknown platform '{cfg.platform}'")
     if cfg.backend and cfg.backend not in KNOWN_BACKENDS:
         raise ConfigError(where, "backend", f"unknown backend '{cfg.backend}'")
+    reason = backends(cfg.backend) if backends is not None and cfg.backend else None
+    if reason:
+        raise ConfigError(where, "backend", reason)
     if is_ensemble and cfg.backend:
         raise ConfigError(where, "backend", "an ensemble must have an empty backend")
     if cfg.platform in PLATFORM_TO_BACKEND and cfg.backend not in (

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve import config as cfgmod
-from pdserve.backends import get_backend, host_policy
+from pdserve.backends import backend_name, get_backend, host_policy, unavailable_reason
 from pdserve.backends.base import ModelSpec
 from pdserve.core.errors import InferError, not_found, unavailable
 from pdserve.repository import layout
@@ -299,6 +299,7 @@ class ModelManager:
                 base_cfg,
                 str(model_dir / "config.pbtxt"),
                 guess_from_files=_guess_files(model_dir, mdir.versions),
+                backends=unavailable_reason,
             )
             versions = layout.select_versions(base_cfg, mdir.versions)
             if not versions:
@@ -403,15 +404,16 @@ class ModelManager:
             server=self.server,
             host_policies=self.host_policies,
         )
-        backend_name = cfg.backend or ("ensemble" if cfg.platform == "ensemble" else "")
-        backend = get_backend(backend_name)
+        backend = get_backend(backend_name(cfg))
         completing = backend.auto_complete(spec)
         if inspect.isawaitable(completing):  # the python backend runs model code for it
             await completing
         cfgmod.apply_defaults(cfg, gpus=backend.usable_gpus())
-        cfgmod.validate_config(cfg, str(model_dir / "config.pbtxt"), model_dir=model_dir)
+        cfgmod.validate_config(
+            cfg, str(model_dir / "config.pbtxt"), model_dir=model_dir, backends=unavailable_reason
+        )
         host_policy.check_instance_groups(name, cfg, self.host_policies)
-        mv = ModelVersion(spec, cfg.platform or cfg.backend, backend_name)
+        mv = ModelVersion(spec, cfg.platform or cfg.backend, backend.name)
         mv.instances = await backend.load(spec)
         mv.scheduler = create_scheduler(mv)
         warmup = getattr(self.server, "warmup", None)
