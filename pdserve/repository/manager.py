@@ -97,15 +97,6 @@ def check_model_name(name: str) -> None:
         )
 
 
-def _guess_files(model_dir: Path, versions: list[int]) -> list[str]:
-    names: list[str] = []
-    for v in versions:
-        d = model_dir / str(v)
-        if d.is_dir():
-            names.extend(p.name for p in d.iterdir())
-    return names
-
-
 def _write_files(files: dict[Path, bytes]) -> None:
     """Write each file through a temporary name and a rename."""
     for target, data in files.items():
@@ -298,7 +289,9 @@ class ModelManager:
             cfgmod.normalize_platform(
                 base_cfg,
                 str(model_dir / "config.pbtxt"),
-                guess_from_files=_guess_files(model_dir, mdir.versions),
+                guess_from_files=[
+                    f for v in mdir.versions for f in layout.version_dir_files(mdir, v)
+                ],
                 backends=unavailable_reason,
             )
             versions = layout.select_versions(base_cfg, mdir.versions)
@@ -399,7 +392,7 @@ class ModelManager:
             version=version,
             config=cfg,
             model_dir=model_dir,
-            version_dir=model_dir / str(version),
+            version_dir=layout.version_path(model_dir, version),
             repository=self.repository,
             server=self.server,
             host_policies=self.host_policies,

@@ -70,6 +70,7 @@ from pdserve.backends.host_policy import (
 )
 from pdserve.core.datatypes import ORT_TO_V2, to_bytes_object_array
 from pdserve.core.errors import InferError, unavailable
+from pdserve.repository import layout
 
 log = logging.getLogger("pdserve.onnxruntime")
 
@@ -204,11 +205,7 @@ class OnnxRuntimeBackend(Backend):
         return visible_gpus()
 
     def _model_path(self, spec: ModelSpec) -> str:
-        filename = spec.config.default_model_filename or "model.onnx"
-        path = spec.version_dir / filename
-        if not path.exists():
-            raise FileNotFoundError(f"model file {path} does not exist")
-        return str(path)
+        return str(layout.find_model_file(spec.config, spec.model_dir, spec.version))
 
     def auto_complete(self, spec: ModelSpec) -> None:
         """Complete and check the config against the graph's inputs and outputs.

@@ -83,6 +83,7 @@ from pdserve.backends.python.triton_python_backend_utils import (
 from pdserve.core.datatypes import numpy_to_v2
 from pdserve.core.errors import InferError
 from pdserve.core.types import InferRequest, RequestedOutput
+from pdserve.repository import layout
 
 log = logging.getLogger("pdserve.python")
 
@@ -497,11 +498,7 @@ class WorkerConnection:
 
 
 def _model_file(spec: ModelSpec) -> Path:
-    filename = spec.config.default_model_filename or "model.py"
-    path = spec.version_dir / filename
-    if not path.is_file():
-        raise FileNotFoundError(f"python model file {path} does not exist")
-    return path
+    return layout.find_model_file(spec.config, spec.model_dir, spec.version)
 
 
 def _init_message(
