@@ -68,7 +68,8 @@ from pdserve.backends.host_policy import (
     name_current_thread,
     pin_current_thread,
 )
-from pdserve.core.datatypes import ORT_TO_V2, to_bytes_object_array
+from pdserve.backends.onnxruntime.autocomplete import complete_from_session
+from pdserve.core.datatypes import to_bytes_object_array
 from pdserve.core.errors import InferError, unavailable
 from pdserve.repository import layout
 
@@ -188,10 +189,6 @@ def intra_op_affinities(cores: Collection[int], threads: int) -> str:
     return ";".join([entry] * (threads - 1))
 
 
-def _shape_of(arg: Any) -> list[int | None]:
-    return [d if isinstance(d, int) and d >= 0 else None for d in arg.shape]
-
-
 class OnnxRuntimeBackend(Backend):
     """Loads ``model.onnx`` (or ``default_model_filename``) into ORT sessions."""
 
@@ -208,7 +205,8 @@ class OnnxRuntimeBackend(Backend):
         return str(layout.find_model_file(spec.config, spec.model_dir, spec.version))
 
     def auto_complete(self, spec: ModelSpec) -> None:
-        """Complete and check the config against the graph's inputs and outputs.
+        """Complete and check the config against the graph's inputs and outputs
+        (:mod:`pdserve.backends.onnxruntime.autocomplete`).
 
         Raises:
             pdserve.config.ConfigError: dims/datatypes disagree, unknown tensors,
@@ -216,21 +214,8 @@ class OnnxRuntimeBackend(Backend):
         """
         ort = _ort()
         sess = ort.InferenceSession(self._model_path(spec), providers=["CPUExecutionProvider"])
-
-        def io(args: list[Any]) -> list[tuple[str, str, list[int | None]]]:
-            out = []
-            for a in args:
-                if a.type not in ORT_TO_V2:
-                    raise cfgmod.ConfigError(
-                        str(spec.version_dir), a.name, f"unsupported ONNX type {a.type}"
-                    )
-                out.append((a.name, ORT_TO_V2[a.type], _shape_of(a)))
-            return out
-
-        inputs, outputs = io(sess.get_inputs()), io(sess.get_outputs())
-        batching = all(s and s[0] is None for _, _, s in inputs + outputs)
-        cfgmod.autocomplete_from_io(
-            spec.config, inputs, outputs, batching, str(spec.model_dir / "config.pbtxt")
+        complete_from_session(
+            spec.config, sess, spec.model_dir / cfgmod.CONFIG_FILENAME, str(spec.version_dir)
         )
 
     async def load(self, spec: ModelSpec) -> list[ModelInstance]:
