@@ -8,9 +8,11 @@ the order in which Triton prepares a model's configuration:
    sets / checks ``name``.
 2. :func:`normalize_platform` fills the missing half of the ``platform`` /
    ``backend`` pair and ``default_model_filename`` (Triton core's
-   ``AutoCompleteBackendFields``).
-3. A backend auto-completes what only the model file knows; for ONNX that is
-   :func:`autocomplete_from_io` (the onnxruntime backend's ``AutoCompleteConfig``).
+   ``AutoCompleteBackendFields``); given the backend registry's check, it also
+   refuses a backend this server cannot run.
+3. A backend auto-completes what only the model file knows (its ``auto_complete``
+   hook; for ONNX, :mod:`pdserve.backends.onnxruntime.autocomplete`, as Triton's
+   onnxruntime backend's ``AutoCompleteConfig``).
 4. :func:`apply_defaults` fills Triton's defaults (``NormalizeModelConfig`` and
    ``NormalizeInstanceGroup``): version policy, preferred batch size, instance
    groups.
@@ -26,7 +28,7 @@ Every problem is a :class:`ConfigError` naming the file and the dotted field
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,13 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import model_config_pb2
 
-from pdserve.core.datatypes import CONFIG_TO_V2, V2_TO_CONFIG
+from pdserve.core.datatypes import (
+    CONFIG_TO_V2,
+    WILDCARD_DIM,
+    dims_element_count,
+    fixed_dim_chunks,
+    shape_str,
+)
 
 ModelConfig = model_config_pb2.ModelConfig
 ModelInput = model_config_pb2.ModelInput
@@ -43,38 +51,45 @@ ModelOutput = model_config_pb2.ModelOutput
 #: File name of the model configuration inside a model folder.
 CONFIG_FILENAME = "config.pbtxt"
 
-#: Triton's ``--backend-config=default-max-batch-size`` default: the
-#: ``max_batch_size`` auto-complete gives a model that can batch but whose
-#: configuration does not say (Triton server ``qa/L0_backend_config`` asserts 4).
-DEFAULT_MAX_BATCH_SIZE = 4
+# Triton's platform and backend names, the one place pdserve spells them. Which
+# backends this server can actually run is the backend registry's business
+# (:mod:`pdserve.backends`), which validation asks through ``backends=``.
 
-#: Triton's ``WILDCARD_DIM``: a variable-size dimension.
-WILDCARD_DIM = -1
+#: ``platform`` of an ONNX model (backend ``onnxruntime``).
+ONNXRUNTIME_PLATFORM = "onnxruntime_onnx"
+#: ``platform`` of a TorchScript model (backend ``pytorch``).
+PYTORCH_PLATFORM = "pytorch_libtorch"
+#: The ensemble platform: no backend, no model file, ``ensemble_scheduling`` instead.
+ENSEMBLE_PLATFORM = "ensemble"
 
-#: platform -> backend for the platforms pdserve serves (Triton's equivalences).
+#: ``backend`` names.
+ONNXRUNTIME_BACKEND = "onnxruntime"
+PYTORCH_BACKEND = "pytorch"
+PYTHON_BACKEND = "python"
+
+#: platform -> backend for the platforms pdserve knows (Triton's equivalences).
 PLATFORM_TO_BACKEND: dict[str, str] = {
-    "onnxruntime_onnx": "onnxruntime",
-    "pytorch_libtorch": "pytorch",
+    ONNXRUNTIME_PLATFORM: ONNXRUNTIME_BACKEND,
+    PYTORCH_PLATFORM: PYTORCH_BACKEND,
 }
 #: backend -> the platform Triton fills in for it (python has none).
 BACKEND_TO_PLATFORM: dict[str, str] = {v: k for k, v in PLATFORM_TO_BACKEND.items()}
-#: The ensemble platform: no backend, no model file, ``ensemble_scheduling`` instead.
-ENSEMBLE_PLATFORM = "ensemble"
-#: Backends pdserve knows.
-KNOWN_BACKENDS = frozenset({"onnxruntime", "pytorch", "python"})
-#: Platforms pdserve knows.
+#: Backend names a configuration may give (the registry says which can run here).
+KNOWN_BACKENDS = frozenset({ONNXRUNTIME_BACKEND, PYTORCH_BACKEND, PYTHON_BACKEND})
+#: Platform names a configuration may give.
 KNOWN_PLATFORMS = frozenset({*PLATFORM_TO_BACKEND, ENSEMBLE_PLATFORM})
 
-#: backend -> the model file Triton looks for in a version folder by default.
+#: backend -> the model file Triton looks for in a version folder by default, in
+#: the order Triton's auto-complete tries them (onnxruntime, (openvino), pytorch, python).
 DEFAULT_MODEL_FILENAMES: dict[str, str] = {
-    "onnxruntime": "model.onnx",
-    "pytorch": "model.pt",
-    "python": "model.py",
+    ONNXRUNTIME_BACKEND: "model.onnx",
+    PYTORCH_BACKEND: "model.pt",
+    PYTHON_BACKEND: "model.py",
 }
 
 #: Backends whose CPU instance groups default to 2 instances (Triton's
 #: ``SetDefaultInstanceCount``; everything else defaults to 1).
-_TWO_CPU_INSTANCE_BACKENDS = frozenset({"onnxruntime", "tensorflow"})
+_TWO_CPU_INSTANCE_BACKENDS = frozenset({ONNXRUNTIME_BACKEND, "tensorflow"})
 
 _INT64_TYPES = frozenset(
     {
@@ -85,6 +100,12 @@ _INT64_TYPES = frozenset(
         FieldDescriptor.TYPE_SFIXED64,
     }
 )
+
+
+#: The backend registry's answer to "can backend NAME run here?": None if it can, else
+#: the reason (:func:`pdserve.backends.unavailable_reason`). The configuration sits
+#: below the backends in the import order, so its callers hand the registry in.
+BackendCheck = Callable[[str], str | None]
 
 
 class ConfigError(Exception):
@@ -160,6 +181,7 @@ def normalize_platform(
     path: str | Path = "",
     *,
     guess_from_files: Iterable[str] | None = None,
+    backends: BackendCheck | None = None,
 ) -> None:
     """Fill the missing half of the platform/backend pair, in place.
 
@@ -177,10 +199,15 @@ def normalize_platform(
         path: the configuration file, for error messages.
         guess_from_files: file names of a version folder, used only when neither
             platform nor backend is set.
+        backends: the backend registry's check
+            (:func:`pdserve.backends.unavailable_reason`); with it, a backend this
+            server cannot run (``pytorch``, a missing optional package) is an error
+            with the registry's reason. None: any backend Triton names is accepted.
 
     Raises:
-        ConfigError: an unknown platform or backend, a pair that disagrees, or
-            nothing to infer the backend from.
+        ConfigError: an unknown platform or backend, a pair that disagrees,
+            nothing to infer the backend from, or (with ``backends``) a backend
+            that cannot run here.
     """
     where = path or cfg.name or CONFIG_FILENAME
     platform, backend = cfg.platform, cfg.backend
@@ -189,14 +216,10 @@ def normalize_platform(
         raise ConfigError(
             where,
             "platform",
-            f"unknown platform '{platform}'; pdserve serves {_names(KNOWN_PLATFORMS)}",
+            f"unknown platform '{platform}'; pdserve serves {quoted_names(KNOWN_PLATFORMS)}",
         )
     if backend and backend not in KNOWN_BACKENDS:
-        raise ConfigError(
-            where,
-            "backend",
-            f"unknown backend '{backend}'; pdserve serves {_names(KNOWN_BACKENDS)}",
-        )
+        raise ConfigError(where, "backend", _unknown_backend(backend, backends))
 
     if not platform and not backend:
         backend = _guess_backend(cfg.default_model_filename, guess_from_files)
@@ -231,10 +254,14 @@ def normalize_platform(
     else:
         platform = BACKEND_TO_PLATFORM.get(backend, "")
 
+    reason = backends(backend) if backends is not None else None
+    if reason:
+        raise ConfigError(where, "backend" if cfg.backend else "platform", reason)
+
     cfg.platform = platform
     cfg.backend = backend
     # Triton: a pytorch model with runtime "model.py" keeps an empty default.
-    python_runtime = backend == "pytorch" and cfg.runtime == "model.py"
+    python_runtime = backend == PYTORCH_BACKEND and cfg.runtime == "model.py"
     if not cfg.default_model_filename and not python_runtime:
         cfg.default_model_filename = DEFAULT_MODEL_FILENAMES[backend]
 
@@ -245,15 +272,21 @@ def _guess_backend(default_filename: str, files: Iterable[str] | None) -> str | 
     if default_filename:
         return by_file.get(default_filename)
     names = set(files or ())
-    # Triton checks in this order: onnxruntime, (openvino), pytorch, python.
-    for backend in ("onnxruntime", "pytorch", "python"):
-        if DEFAULT_MODEL_FILENAMES[backend] in names:
+    for backend, filename in DEFAULT_MODEL_FILENAMES.items():  # Triton's order
+        if filename in names:
             return backend
     return None
 
 
-def _names(items: Iterable[str]) -> str:
+def quoted_names(items: Iterable[str]) -> str:
+    """Names as messages list them: ``'a', 'b'`` (sorted)."""
     return ", ".join(f"'{i}'" for i in sorted(items))
+
+
+def _unknown_backend(backend: str, backends: BackendCheck | None) -> str:
+    """The message for a backend name Triton's configuration does not know."""
+    reason = backends(backend) if backends is not None else None
+    return reason or f"unknown backend '{backend}'; pdserve knows {quoted_names(KNOWN_BACKENDS)}"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -289,255 +322,6 @@ def get_parameter(cfg: ModelConfig, key: str, default: str | None = None) -> str
     if key in cfg.parameters:
         return cfg.parameters[key].string_value
     return default
-
-
-# --------------------------------------------------------------------------- auto-complete
-
-#: One model-file tensor: (name, V2 datatype, shape). A shape entry is an int
-#: (negative = variable) or None / a str for a symbolic (variable) dimension; a
-#: shape of None means the rank is unknown.
-TensorInfo = tuple[str, str, Sequence[int | str | None] | None]
-
-
-def autocomplete_from_io(
-    cfg: ModelConfig,
-    inputs: Sequence[TensorInfo],
-    outputs: Sequence[TensorInfo],
-    supports_batching: bool = True,
-    path: str | Path = "",
-    *,
-    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-) -> None:
-    """Complete and check a configuration against a model file's tensors, in place.
-
-    Follows Triton's onnxruntime backend auto-complete (``AutoCompleteConfig``),
-    with pdserve's additions noted:
-
-    * Batching: unless the configuration already declares both inputs and
-      outputs (Triton then skips auto-complete), a model whose every input and
-      output has a variable first dimension can batch; ``max_batch_size`` 0 then
-      becomes ``default_max_batch_size`` (Triton's default is 4) and, when that is
-      above 1 and no batcher is configured, an empty ``dynamic_batching`` is added
-      (Triton turns its dynamic batcher on). ``max_batch_size > 0`` on a model
-      that cannot batch is an error.
-    * Inputs: configured inputs are kept in order; a missing ``data_type`` or
-      ``dims`` is filled from the model; model inputs the configuration lacks are
-      appended (pdserve addition: Triton fails such a model with "configuration
-      expects N inputs, model provides M").
-    * Outputs: with none configured, all of the model's are added. Configured
-      outputs may be a subset of the model's (Triton allows it: only those are
-      served), so missing ones are not added.
-    * Checks: a configured tensor the model does not have, a datatype that
-      differs, a rank that differs, or a fixed dimension that differs from a fixed
-      model dimension. A ``-1`` on either side matches anything (pdserve is
-      lenient here; Triton also rejects a config ``-1`` against a fixed model
-      dimension, and compares output dims exactly). When batching, the model's
-      first dimension must be variable and config dims exclude it.
-
-    Args:
-        cfg: the configuration (after :func:`normalize_platform`).
-        inputs / outputs: the model file's tensors as ``(name, v2_datatype,
-            shape)``; shapes are full (batch dimension included).
-        supports_batching: False when the backend cannot batch this model; it
-            decides the auto-complete of ``max_batch_size``. Declared tensors are
-            checked one by one in any case.
-        path: the configuration file, for error messages.
-        default_max_batch_size: Triton's ``default-max-batch-size`` backend setting.
-
-    Raises:
-        ConfigError: naming the field (``input[0].dims``...) that disagrees with
-            the model file.
-    """
-    where = path or cfg.name or CONFIG_FILENAME
-    model_inputs = {name: (dt, _model_shape(shape)) for name, dt, shape in inputs}
-    model_outputs = {name: (dt, _model_shape(shape)) for name, dt, shape in outputs}
-
-    # ---- batching (Triton's AutoCompleteMaxBatch)
-    def first_dim_variable(shape: list[int] | None) -> bool:
-        return shape is not None and len(shape) > 0 and shape[0] == WILDCARD_DIM
-
-    all_shapes = [s for _, s in model_inputs.values()] + [s for _, s in model_outputs.values()]
-    can_batch = supports_batching and all(first_dim_variable(s) for s in all_shapes)
-    declared_both = len(cfg.input) > 0 and len(cfg.output) > 0
-    if not declared_both:
-        if can_batch:
-            if cfg.max_batch_size == 0:
-                cfg.max_batch_size = max(default_max_batch_size, 0)
-            if (
-                cfg.max_batch_size > 1
-                and not cfg.HasField("dynamic_batching")
-                and not cfg.HasField("sequence_batching")
-            ):
-                cfg.dynamic_batching.SetInParent()
-        elif cfg.max_batch_size != 0:
-            raise ConfigError(
-                where,
-                "max_batch_size",
-                _cannot_batch_reason(cfg.max_batch_size, model_inputs, model_outputs),
-            )
-    # With inputs and outputs both declared, Triton checks batching per declared
-    # tensor (a model output left out of the config does not matter): see below.
-
-    batching = cfg.max_batch_size > 0
-
-    # ---- inputs: check / fill the declared ones, then add the missing ones
-    declared_inputs: set[str] = set()
-    for i, io in enumerate(cfg.input):
-        declared_inputs.add(io.name)
-        if io.name not in model_inputs:
-            raise ConfigError(
-                where,
-                f"input[{i}].name",
-                f"unknown input '{io.name}': the model file's inputs are "
-                f"{_names(model_inputs) or 'none'}",
-            )
-        dt, shape = model_inputs[io.name]
-        if io.allow_ragged_batch and batching:
-            shape = None  # ragged: the model takes the requests' values as one 1-D tensor
-        _complete_io(io, f"input[{i}]", dt, shape, batching, where)
-    # batch_input targets are model inputs the server builds per batch, not request inputs.
-    batch_targets = {t for bi in cfg.batch_input for t in bi.target_name}
-    for name, (dt, shape) in model_inputs.items():
-        if name not in declared_inputs and name not in batch_targets:
-            _complete_io(
-                cfg.input.add(name=name), f"input[{len(cfg.input) - 1}]", dt, shape, batching, where
-            )
-
-    # ---- outputs: Triton fills them only when none is declared
-    if len(cfg.output) == 0:
-        for name, (dt, shape) in model_outputs.items():
-            _complete_io(
-                cfg.output.add(name=name),
-                f"output[{len(cfg.output) - 1}]",
-                dt,
-                shape,
-                batching,
-                where,
-            )
-    else:
-        for i, io in enumerate(cfg.output):
-            if io.name not in model_outputs:
-                raise ConfigError(
-                    where,
-                    f"output[{i}].name",
-                    f"unknown output '{io.name}': the model file's outputs are "
-                    f"{_names(model_outputs) or 'none'}",
-                )
-            dt, shape = model_outputs[io.name]
-            _complete_io(io, f"output[{i}]", dt, shape, batching, where)
-
-
-def _model_shape(shape: Sequence[int | str | None] | None) -> list[int] | None:
-    """A model file shape with every variable/symbolic dimension as -1 (None: unknown rank)."""
-    if shape is None:
-        return None
-    out = []
-    for d in shape:
-        if d is None or isinstance(d, str) or int(d) < 0:
-            out.append(WILDCARD_DIM)
-        else:
-            out.append(int(d))
-    return out
-
-
-def _cannot_batch_reason(
-    max_batch_size: int,
-    model_inputs: dict[str, tuple[str, list[int] | None]],
-    model_outputs: dict[str, tuple[str, list[int] | None]],
-) -> str:
-    head = f"max_batch_size {max_batch_size} asks for batching, but the model cannot batch"
-    for kind, tensors in (("input", model_inputs), ("output", model_outputs)):
-        for name, (_, shape) in tensors.items():
-            if shape is None or not shape or shape[0] != WILDCARD_DIM:
-                return (
-                    f"{head}: the first dimension of {kind} '{name}' (shape "
-                    f"{_shape_str(shape)}) is not a variable-size batch dimension; "
-                    "set max_batch_size: 0 and give full shapes in dims"
-                )
-    return head
-
-
-def _shape_str(shape: Sequence[int] | None) -> str:
-    return "unknown" if shape is None else "[" + ",".join(str(d) for d in shape) + "]"
-
-
-def _complete_io(
-    io: ModelInput | ModelOutput,
-    field: str,
-    model_dt: str,
-    model_shape: list[int] | None,
-    batching: bool,
-    where: str,
-) -> None:
-    """Fill or check one configured tensor against the model file's.
-
-    A missing ``data_type`` / ``dims`` is filled from the model; present ones
-    are checked against it.
-    """
-    config_type = V2_TO_CONFIG.get(model_dt)
-    if config_type is None:
-        raise ConfigError(
-            where,
-            f"{field}.data_type",
-            f"model tensor '{io.name}' has "
-            f"datatype '{model_dt}', which has no model configuration type",
-        )
-    model_enum = model_config_pb2.DataType.Value(config_type)
-    if io.data_type == model_config_pb2.TYPE_INVALID:
-        io.data_type = model_enum
-    elif io.data_type != model_enum:
-        raise ConfigError(
-            where,
-            f"{field}.data_type",
-            f"data_type {model_config_pb2.DataType.Name(io.data_type)} of '{io.name}' disagrees "
-            f"with the model file, which has {config_type}",
-        )
-
-    if batching:
-        if model_shape is not None and (not model_shape or model_shape[0] != WILDCARD_DIM):
-            raise ConfigError(
-                where,
-                f"{field}.dims",
-                f"the model cannot batch: the first dimension of '{io.name}' (shape "
-                f"{_shape_str(model_shape)}) is not a variable-size batch dimension, "
-                "but max_batch_size > 0",
-            )
-        debatched = model_shape[1:] if model_shape is not None else None
-    else:
-        debatched = model_shape
-
-    has_reshape = io.HasField("reshape")
-    if len(io.dims) == 0 and not has_reshape:
-        # Fill from the model, as Triton's AutoCompleteIO does.
-        if debatched is None:
-            io.dims.append(WILDCARD_DIM)
-        elif debatched:
-            io.dims.extend(debatched)
-        else:
-            # Scalar per batch item / scalar model tensor: dims [1]; a batching
-            # model reshapes it back to [] (empty reshape).
-            io.dims.append(1)
-            if batching:
-                io.reshape.SetInParent()
-        return
-
-    if debatched is None:
-        return  # the model file does not say: nothing to compare
-    configured = list(io.reshape.shape) if has_reshape else list(io.dims)
-    label = "reshape.shape" if has_reshape else "dims"
-    if not batching and model_shape == [] and all(d == 1 for d in configured):
-        return  # a scalar model tensor: Triton accepts dims of all 1s
-    if len(configured) != len(debatched) or any(
-        c != m and c != WILDCARD_DIM and m != WILDCARD_DIM
-        for c, m in zip(configured, debatched, strict=False)
-    ):
-        shown = f"[-1] + {_shape_str(configured)}" if batching else _shape_str(configured)
-        raise ConfigError(
-            where,
-            f"{field}.{label}",
-            f"{label} {shown} of '{io.name}' disagree with the model file's shape "
-            f"{_shape_str(model_shape)}",
-        )
 
 
 # --------------------------------------------------------------------------- defaults
@@ -603,11 +387,12 @@ def validate_config(
     *,
     model_dir: Path | None = None,
     complete: bool = True,
+    backends: BackendCheck | None = None,
 ) -> list[str]:
     """Check a configuration against Triton's generic rules.
 
     The rules are Triton core's ``ValidateModelConfig`` and ``ValidateIOShape``:
-    platform/backend pair; ``max_batch_size >= 0``; every input/output has a
+    platform/backend pair (and, with ``backends``, a backend this server runs); ``max_batch_size >= 0``; every input/output has a
     ``name`` (no duplicates), a ``data_type`` and ``dims``; each dim is ``>= 1``
     or ``-1``; ``reshape`` has valid dims, the same element count as ``dims``
     (chunk by chunk around ``-1``) and is not empty on a non-batching model;
@@ -629,6 +414,9 @@ def validate_config(
         model_dir: the model folder (``label_filename`` is relative to it);
             defaults to ``path``'s parent.
         complete: whether auto-complete has run.
+        backends: the backend registry's check
+            (:func:`pdserve.backends.unavailable_reason`): a backend this server
+            cannot run is then an error with its reason.
 
     Returns:
         Warnings: things Triton accepts that are probably not what the user
@@ -652,6 +440,9 @@ def validate_config(
         raise ConfigError(where, "platform", f"unknown platform '{cfg.platform}'")
     if cfg.backend and cfg.backend not in KNOWN_BACKENDS:
         raise ConfigError(where, "backend", f"unknown backend '{cfg.backend}'")
+    reason = backends(cfg.backend) if backends is not None and cfg.backend else None
+    if reason:
+        raise ConfigError(where, "backend", reason)
     if is_ensemble and cfg.backend:
         raise ConfigError(where, "backend", "an ensemble must have an empty backend")
     if cfg.platform in PLATFORM_TO_BACKEND and cfg.backend not in (
@@ -759,46 +550,22 @@ def _validate_io_shape(
                 f"{field}.reshape.shape",
                 f"reshape dimension {d} of '{io.name}' must be an integer >= 1, or -1",
             )
-    dims_count = _element_count(io.dims)
-    reshape_count = _element_count(shape)
+    dims_count = dims_element_count(io.dims)
+    reshape_count = dims_element_count(shape)
     if dims_count != reshape_count and (reshape_count != 0 or dims_count != 1):
         raise ConfigError(
             where,
             f"{field}.reshape",
-            f"'{io.name}' has a different element count for dims {_shape_str(list(io.dims))} "
-            f"and reshape {_shape_str(shape)}",
+            f"'{io.name}' has a different element count for dims {shape_str(list(io.dims))} "
+            f"and reshape {shape_str(shape)}",
         )
-    if dims_count == WILDCARD_DIM and _chunks(io.dims) != _chunks(shape):
+    if dims_count == WILDCARD_DIM and fixed_dim_chunks(io.dims) != fixed_dim_chunks(shape):
         raise ConfigError(
             where,
             f"{field}.reshape",
-            f"'{io.name}': dims {_shape_str(list(io.dims))} and reshape {_shape_str(shape)} "
+            f"'{io.name}': dims {shape_str(list(io.dims))} and reshape {shape_str(shape)} "
             "differ around their variable-size dimensions",
         )
-
-
-def _element_count(dims: Iterable[int]) -> int:
-    """Triton's ``GetElementCount``: -1 if any dim is variable; 0 for no dims."""
-    dims = list(dims)
-    if any(d == WILDCARD_DIM for d in dims):
-        return WILDCARD_DIM
-    count = 0
-    for i, d in enumerate(dims):
-        count = d if i == 0 else count * d
-    return count
-
-
-def _chunks(dims: Iterable[int]) -> list[int]:
-    """Element counts of the runs of fixed dims between -1s ([2,4,-1,6] -> [8, 6])."""
-    out, current = [], 1
-    for d in dims:
-        if d == WILDCARD_DIM:
-            out.append(current)
-            current = 1
-        else:
-            current *= d
-    out.append(current)
-    return out
 
 
 def _validate_dynamic_batching(cfg: ModelConfig, where: str, warnings: list[str]) -> None:

@@ -120,6 +120,18 @@ class Backend(abc.ABC):
             pdserve.config.ConfigError: the config disagrees with the model file.
         """
 
+    def usable_gpus(self) -> list[int]:
+        """The CUDA device ids this backend can put model instances on here.
+
+        ``KIND_AUTO`` instance groups become ``KIND_GPU`` on these, ``KIND_CPU``
+        when empty (Triton's ``NormalizeInstanceGroup``). Default: every GPU this
+        process sees (:func:`pdserve.backends.devices.visible_gpus`); a backend
+        that also needs a GPU build of its runtime narrows it.
+        """
+        from pdserve.backends.devices import visible_gpus
+
+        return visible_gpus()
+
     @abc.abstractmethod
     async def load(self, spec: ModelSpec) -> list[ModelInstance]:
         """Create the model's instances (per ``instance_group``).

@@ -2,14 +2,16 @@
 
 Triton refuses a ``KIND_GPU`` instance group whose GPU does not exist (the model
 fails to load: "instance group ... specifies invalid or unsupported gpu id").
-The ONNX Runtime backend learns it from its execution providers; the python
-backend, whose ``model.py`` picks its own device, asks :func:`visible_gpu_count`.
+This module is the one place that answers "which GPUs are there": the model
+manager resolves ``KIND_AUTO`` with :func:`visible_gpus`, and every backend checks
+a ``KIND_GPU`` group with :func:`check_gpu_ids`. Nothing here imports a CUDA
+library, so asking costs a directory listing.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 #: One entry per GPU the loaded NVIDIA kernel driver manages (Linux).
@@ -17,7 +19,7 @@ NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")
 
 
 def visible_gpu_count(
-    environ: Mapping[str, str] | None = None, gpus_dir: Path = NVIDIA_GPUS_DIR
+    environ: Mapping[str, str] | None = None, gpus_dir: Path | None = None
 ) -> int:
     """The number of CUDA GPUs a model instance of this process could use.
 
@@ -29,12 +31,15 @@ def visible_gpu_count(
 
     Args:
         environ: the environment to read (default ``os.environ``).
-        gpus_dir: the driver's GPU list (a parameter for tests).
+        gpus_dir: the driver's GPU list (default :data:`NVIDIA_GPUS_DIR`; a
+            parameter for tests).
 
     Returns:
         a count >= 0; GPU ids 0 .. count - 1 are usable.
     """
     env = os.environ if environ is None else environ
+    if gpus_dir is None:
+        gpus_dir = NVIDIA_GPUS_DIR
     try:
         physical = sum(1 for _ in gpus_dir.iterdir())
     except OSError:
@@ -50,3 +55,48 @@ def visible_gpu_count(
         else:
             break  # CUDA ignores the list from the first invalid entry on
     return min(count, physical)
+
+
+def visible_gpus(
+    environ: Mapping[str, str] | None = None, gpus_dir: Path | None = None
+) -> list[int]:
+    """The CUDA device ids a model instance of this process could use.
+
+    ``[0, 1, ..., visible_gpu_count() - 1]``: CUDA numbers the visible GPUs from 0
+    whatever ``CUDA_VISIBLE_DEVICES`` lists. ``KIND_AUTO`` instance groups become
+    ``KIND_GPU`` on these (Triton's ``NormalizeInstanceGroup``) for a backend that
+    can use them (:meth:`pdserve.backends.base.Backend.usable_gpus`).
+
+    Args:
+        environ / gpus_dir: as for :func:`visible_gpu_count`.
+
+    Returns:
+        the ids, ascending; empty on a machine (or process) without a visible GPU.
+    """
+    return list(range(visible_gpu_count(environ, gpus_dir)))
+
+
+def check_gpu_ids(group: str, gpus: Sequence[int], visible: int | None = None) -> None:
+    """Refuse a ``KIND_GPU`` instance group that names a GPU this process cannot see.
+
+    Triton fails such a model's load too ("instance group ... specifies invalid or
+    unsupported gpu id").
+
+    Args:
+        group: the instance group's name, for the message.
+        gpus: the CUDA device ids the group asks for.
+        visible: the number of visible GPUs (default :func:`visible_gpu_count`).
+
+    Raises:
+        RuntimeError: an id is not in ``0 .. visible - 1``; the message names the
+            group, the missing ids and how many GPUs the process sees.
+    """
+    count = visible_gpu_count() if visible is None else visible
+    missing = [d for d in gpus if not 0 <= d < count]
+    if missing:
+        raise RuntimeError(
+            f"instance group '{group}' asks for KIND_GPU on GPU "
+            f"{', '.join(map(str, missing))}, but this process sees "
+            f"{count} GPU(s) (NVIDIA driver and CUDA_VISIBLE_DEVICES); "
+            "use KIND_CPU"
+        )

@@ -11,7 +11,7 @@ BYTES element is a 4-byte little-endian unsigned length followed by the bytes.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -163,6 +163,11 @@ def deserialize_bytes_tensor(buffer: bytes | memoryview, count: int | None = Non
     return out
 
 
+# --------------------------------------------------------------------------- shapes
+#
+# The one home of shape and element-count checks: request shapes (both codecs) and
+# configured dims (model configuration validation and auto-complete).
+
 #: Most dimensions a tensor shape may have (numpy's own limit is 64).
 MAX_DIMS = 64
 
@@ -171,35 +176,86 @@ MAX_DIMS = 64
 #: them empty, and 2**59 elements of the widest (8-byte) datatype is 2**62 bytes.
 MAX_ELEMENTS = 1 << 59
 
+#: Triton's ``WILDCARD_DIM``: a variable-size dimension in a model configuration.
+WILDCARD_DIM = -1
 
-def shape_element_count(shape: list[int], name: str) -> int:
-    """The element count of an input's ``shape`` (1 for ``[]``), checked for use as a
-    numpy shape.
+
+def shape_element_count(shape: Sequence[int], name: str) -> int:
+    """The element count of a request input's ``shape`` (1 for ``[]``), checked for
+    use as a numpy shape.
+
+    Both frontends decode a request's shapes with it (KServe V2 ``shape``: int64
+    values, here non-negative; HTTP JSON gives Python ints, gRPC ``int64`` fields).
+
+    Args:
+        shape: the dimensions, each a Python ``int`` (a float or bool is refused).
+        name: the input's name, for the messages.
 
     Raises:
-        InferError(INVALID_ARG): a negative dimension, more than :data:`MAX_DIMS` dimensions,
-            or an element count (0 dimensions counted as 1) of :data:`MAX_ELEMENTS` or more.
+        InferError(INVALID_ARG): a dimension that is not a non-negative ``int``, more than
+            :data:`MAX_DIMS` dimensions, or an element count (0 dimensions counted
+            as 1) of :data:`MAX_ELEMENTS` or more.
     """
     if len(shape) > MAX_DIMS:
         raise InferError(
             f"input '{name}' has {len(shape)} dimensions; at most {MAX_DIMS} are supported"
         )
     count = 1
-    span = 1
     for dim in shape:
-        if dim < 0:
+        if type(dim) is not int or dim < 0:
             raise InferError(
                 f"input '{name}' has shape {shape}: dimensions must be non-negative integers"
             )
         count *= dim
-        if dim:
-            span *= dim
-    if span >= MAX_ELEMENTS:
-        raise InferError(
-            f"input '{name}' has shape {shape}: too many elements "
-            f"(the product of its non-zero dimensions must be below 2**59)"
-        )
+    if count == 0 or count >= MAX_ELEMENTS:
+        span = 1
+        for dim in shape:
+            if dim:
+                span *= dim
+        if span >= MAX_ELEMENTS:
+            raise InferError(
+                f"input '{name}' has shape {shape}: too many elements "
+                f"(the product of its non-zero dimensions must be below 2**59)"
+            )
     return count
+
+
+def dims_element_count(dims: Iterable[int]) -> int:
+    """Triton's ``GetElementCount`` of configured dims.
+
+    Returns:
+        :data:`WILDCARD_DIM` (-1) if any dimension is variable; 0 for no dims;
+        otherwise the product of the dims.
+    """
+    dims = list(dims)
+    if any(d == WILDCARD_DIM for d in dims):
+        return WILDCARD_DIM
+    count = 0
+    for i, d in enumerate(dims):
+        count = d if i == 0 else count * d
+    return count
+
+
+def fixed_dim_chunks(dims: Iterable[int]) -> list[int]:
+    """Element counts of the runs of fixed dims between variable ones.
+
+    ``[2, 4, -1, 6]`` -> ``[8, 6]``; two shapes with equal chunks reshape into each
+    other whatever the variable dimensions turn out to be (Triton's reshape check).
+    """
+    out, current = [], 1
+    for d in dims:
+        if d == WILDCARD_DIM:
+            out.append(current)
+            current = 1
+        else:
+            current *= d
+    out.append(current)
+    return out
+
+
+def shape_str(shape: Sequence[int] | None) -> str:
+    """A shape as messages show it: ``[2,-1,3]``; ``unknown`` for None (unknown rank)."""
+    return "unknown" if shape is None else "[" + ",".join(str(d) for d in shape) + "]"
 
 
 def bytes_array(items: Iterable[bytes | str]) -> np.ndarray:

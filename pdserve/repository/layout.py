@@ -23,7 +23,12 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
-from pdserve.config import CONFIG_FILENAME, DEFAULT_MODEL_FILENAMES, ENSEMBLE_PLATFORM
+from pdserve.config import (
+    CONFIG_FILENAME,
+    DEFAULT_MODEL_FILENAMES,
+    ENSEMBLE_PLATFORM,
+    ONNXRUNTIME_BACKEND,
+)
 
 ModelConfig = model_config_pb2.ModelConfig
 
@@ -50,7 +55,13 @@ class ModelDir:
 
     def version_path(self, version: int) -> Path:
         """The folder of one version: ``<path>/<version>``."""
-        return self.path / str(version)
+        return version_path(self.path, version)
+
+
+def version_path(model_dir: ModelDir | Path, version: int) -> Path:
+    """The folder of one version of a model: ``<model>/<version>`` (Triton's layout)."""
+    base = model_dir.path if isinstance(model_dir, ModelDir) else Path(model_dir)
+    return base / str(version)
 
 
 def _is_version_name(name: str) -> bool:
@@ -138,9 +149,8 @@ def version_dir_files(model_dir: ModelDir | Path, version: int) -> list[str]:
     These are what :func:`pdserve.config.normalize_platform` guesses the
     backend from.
     """
-    base = model_dir.path if isinstance(model_dir, ModelDir) else Path(model_dir)
     try:
-        return sorted(os.listdir(base / str(version)))
+        return sorted(os.listdir(version_path(model_dir, version)))
     except (FileNotFoundError, NotADirectoryError):
         return []
 
@@ -148,23 +158,40 @@ def version_dir_files(model_dir: ModelDir | Path, version: int) -> list[str]:
 def model_file_path(cfg: ModelConfig, model_dir: ModelDir | Path, version: int) -> Path | None:
     """Where the model file of a version is: ``<model>/<version>/<filename>``.
 
-    The file name is ``default_model_filename`` or the backend's default
-    (``model.onnx``, ``model.pt``, ``model.py``). An ensemble has no model file
+    The one model-file lookup: the model manager and every backend find a version's
+    model file here. The file name is ``default_model_filename`` or the backend's
+    default (``model.onnx``, ``model.pt``, ``model.py``:
+    :data:`pdserve.config.DEFAULT_MODEL_FILENAMES`). An ensemble has no model file
     (None). As in Triton's onnxruntime backend, an ONNX "file" that is a folder
-    means ``<folder>/model.onnx``. The path is not checked for existence.
+    means ``<folder>/model.onnx``. The path is not checked for existence
+    (:func:`find_model_file` checks).
 
     Raises:
         ValueError: no file name can be determined (no backend).
     """
     if cfg.platform == ENSEMBLE_PLATFORM:
         return None
-    base = model_dir.path if isinstance(model_dir, ModelDir) else Path(model_dir)
     filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAMES.get(cfg.backend, "")
     if not filename:
         raise ValueError(f"model '{cfg.name}': no default_model_filename and no known backend")
-    path = base / str(version) / filename
-    if cfg.backend == "onnxruntime" and path.is_dir():
-        path = path / DEFAULT_MODEL_FILENAMES["onnxruntime"]
+    path = version_path(model_dir, version) / filename
+    if cfg.backend == ONNXRUNTIME_BACKEND and path.is_dir():
+        path = path / DEFAULT_MODEL_FILENAMES[ONNXRUNTIME_BACKEND]
+    return path
+
+
+def find_model_file(cfg: ModelConfig, model_dir: ModelDir | Path, version: int) -> Path:
+    """:func:`model_file_path`, which must be an existing file.
+
+    Raises:
+        FileNotFoundError: the file does not exist (the message names the path).
+        ValueError: no file name can be determined, or an ensemble (no model file).
+    """
+    path = model_file_path(cfg, model_dir, version)
+    if path is None:
+        raise ValueError(f"model '{cfg.name}': an ensemble has no model file")
+    if not path.is_file():
+        raise FileNotFoundError(f"model file {path} does not exist")
     return path
 
 

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve import config as cfgmod
-from pdserve import host_policy
-from pdserve.backends import get_backend
+from pdserve.backends import backend_name, get_backend, host_policy, unavailable_reason
 from pdserve.backends.base import ModelSpec
 from pdserve.core.errors import InferError, not_found, unavailable
 from pdserve.repository import layout
@@ -76,23 +75,6 @@ class ModelEntry:
         return self.serving[max(self.serving)] if self.serving else None
 
 
-def available_gpus() -> list[int]:
-    """GPU device ids this process can use (empty without CUDA in onnxruntime)."""
-    try:
-        import onnxruntime
-
-        if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-            return []
-    except ImportError:  # pragma: no cover - onnxruntime is a dependency
-        return []
-    import os
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [i for i, d in enumerate(visible.split(",")) if d.strip()]
-    return [0]
-
-
 def check_model_name(name: str) -> None:
     """Refuse a model name that is not one plain folder name of the repository.
 
@@ -113,15 +95,6 @@ def check_model_name(name: str) -> None:
         raise InferError(
             f"invalid model name {name!r}: it must be one folder name of the repository"
         )
-
-
-def _guess_files(model_dir: Path, versions: list[int]) -> list[str]:
-    names: list[str] = []
-    for v in versions:
-        d = model_dir / str(v)
-        if d.is_dir():
-            names.extend(p.name for p in d.iterdir())
-    return names
 
 
 def _write_files(files: dict[Path, bytes]) -> None:
@@ -244,7 +217,8 @@ class ModelManager:
                 cfg = cfgmod.load_model_config(on_disk[name].path) if name in on_disk else None
             except Exception:
                 cfg = None
-            (ensembles if cfg is not None and cfg.platform == "ensemble" else first).append(name)
+            is_ensemble = cfg is not None and cfg.platform == cfgmod.ENSEMBLE_PLATFORM
+            (ensembles if is_ensemble else first).append(name)
         # A model that fails is recorded (index, log) and never stops the others.
         await asyncio.gather(*(self.load_model(n) for n in first), return_exceptions=True)
         await asyncio.gather(*(self.load_model(n) for n in ensembles), return_exceptions=True)
@@ -315,7 +289,10 @@ class ModelManager:
             cfgmod.normalize_platform(
                 base_cfg,
                 str(model_dir / "config.pbtxt"),
-                guess_from_files=_guess_files(model_dir, mdir.versions),
+                guess_from_files=[
+                    f for v in mdir.versions for f in layout.version_dir_files(mdir, v)
+                ],
+                backends=unavailable_reason,
             )
             versions = layout.select_versions(base_cfg, mdir.versions)
             if not versions:
@@ -414,20 +391,21 @@ class ModelManager:
             version=version,
             config=cfg,
             model_dir=model_dir,
-            version_dir=model_dir / str(version),
+            version_dir=layout.version_path(model_dir, version),
             repository=self.repository,
             server=self.server,
             host_policies=self.host_policies,
         )
-        backend_name = cfg.backend or ("ensemble" if cfg.platform == "ensemble" else "")
-        backend = get_backend(backend_name)
+        backend = get_backend(backend_name(cfg))
         completing = backend.auto_complete(spec)
         if inspect.isawaitable(completing):  # the python backend runs model code for it
             await completing
-        cfgmod.apply_defaults(cfg, gpus=available_gpus())
-        cfgmod.validate_config(cfg, str(model_dir / "config.pbtxt"), model_dir=model_dir)
+        cfgmod.apply_defaults(cfg, gpus=backend.usable_gpus())
+        cfgmod.validate_config(
+            cfg, str(model_dir / "config.pbtxt"), model_dir=model_dir, backends=unavailable_reason
+        )
         host_policy.check_instance_groups(name, cfg, self.host_policies)
-        mv = ModelVersion(spec, cfg.platform or cfg.backend, backend_name)
+        mv = ModelVersion(spec, cfg.platform or cfg.backend, backend.name)
         mv.instances = await backend.load(spec)
         mv.scheduler = create_scheduler(mv)
         warmup = getattr(self.server, "warmup", None)
@@ -475,7 +453,7 @@ class ModelManager:
         found = []
         for other, entry in self.models.items():
             mv = entry.default_version
-            if other == name or mv is None or mv.config.platform != "ensemble":
+            if other == name or mv is None or mv.config.platform != cfgmod.ENSEMBLE_PLATFORM:
                 continue
             if any(step.model_name == name for step in mv.config.ensemble_scheduling.step):
                 found.append(other)

@@ -295,7 +295,7 @@ class ModelVersion:
         finished = True
         if self.scheduler is not None:
             finished = await self.scheduler.close(left())
-        if finished and self.inflight and self.platform != "ensemble":
+        if finished and self.inflight and self.platform != cfgmod.ENSEMBLE_PLATFORM:
             finished = await self.drain(left())
         if not finished:
             log.warning(

@@ -27,7 +27,7 @@ import time
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from pdserve.config import datatype_of
+from pdserve.config import ENSEMBLE_PLATFORM, datatype_of
 from pdserve.core.datatypes import CONFIG_TO_V2, V2_TO_NUMPY, deserialize_bytes_tensor
 from pdserve.core.errors import InferError
 from pdserve.core.types import InferRequest
@@ -132,7 +132,7 @@ def build_default_sample(mv: ModelVersion) -> InferRequest | None:
     """One request built from the configuration, or None when none makes sense."""
     cfg = mv.config
     if (
-        cfg.platform == "ensemble"
+        cfg.platform == ENSEMBLE_PLATFORM
         or not mv.instances
         or cfg.model_transaction_policy.decoupled
         or cfg.HasField("sequence_batching")

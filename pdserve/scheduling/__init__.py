@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pdserve.config import ENSEMBLE_PLATFORM
 from pdserve.scheduling.base import DirectScheduler, InstancePool, Scheduler
 
 if TYPE_CHECKING:
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 
 def create_scheduler(model: ModelVersion) -> Scheduler:
     """Build the scheduler for a loaded model version (instances already created)."""
-    if model.config.platform == "ensemble":  # no instances: its steps' schedulers do the work
+    # an ensemble has no instances: its steps' schedulers do the work
+    if model.config.platform == ENSEMBLE_PLATFORM:
         from pdserve.scheduling.ensemble import EnsembleScheduler
 
         return EnsembleScheduler(model)

@@ -349,7 +349,7 @@ def _check_acyclic(
 class EnsembleBackend(Backend):
     """``platform: "ensemble"``: validates the steps at load; no model instances."""
 
-    name = "ensemble"
+    name = cfgmod.ENSEMBLE_PLATFORM
 
     def auto_complete(self, spec: ModelSpec) -> None:
         """Validate the ensemble against the loaded step models; keep the plan.

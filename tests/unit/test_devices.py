@@ -1,4 +1,5 @@
-"""pdserve.backends.devices.visible_gpu_count: the driver's GPUs under CUDA_VISIBLE_DEVICES."""
+"""pdserve.backends.devices: the driver's GPUs under CUDA_VISIBLE_DEVICES, asked once for
+every backend and the model manager."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.backends.devices import visible_gpu_count
+from pdserve.backends import devices, get_backend
+from pdserve.backends.devices import check_gpu_ids, visible_gpu_count, visible_gpus
 
 
 def _driver(tmp_path: Path, n: int) -> Path:
@@ -39,3 +41,43 @@ def test_no_driver_means_no_gpu(tmp_path: Path) -> None:
 def test_cuda_visible_devices(tmp_path: Path, visible: str | None, expected: int) -> None:
     env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
     assert visible_gpu_count(env, _driver(tmp_path, 4)) == expected
+
+
+def test_visible_gpus_are_cuda_ids_from_zero(tmp_path: Path) -> None:
+    gpus = _driver(tmp_path, 4)
+    assert visible_gpus({}, gpus) == [0, 1, 2, 3]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "3,1"}, gpus) == [0, 1]  # renumbered by CUDA
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, gpus) == []
+    assert visible_gpus({}, tmp_path / "absent") == []
+
+
+def test_check_gpu_ids() -> None:
+    check_gpu_ids("g", [0, 1], visible=2)
+    check_gpu_ids("g", [], visible=0)
+    with pytest.raises(RuntimeError) as e:
+        check_gpu_ids("m_0", [0, 2, 5], visible=2)
+    assert str(e.value) == (
+        "instance group 'm_0' asks for KIND_GPU on GPU 2, 5, but this process sees 2 GPU(s) "
+        "(NVIDIA driver and CUDA_VISIBLE_DEVICES); use KIND_CPU"
+    )
+    with pytest.raises(RuntimeError, match="sees 0 GPU"):
+        check_gpu_ids("g", [-1], visible=0)
+
+
+def test_backends_resolve_kind_auto_from_this_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KIND_AUTO: the python backend takes every visible GPU (Triton); ONNX Runtime only
+    when its build has the CUDA execution provider (this test's onnxruntime has not)."""
+    import onnxruntime
+
+    monkeypatch.setattr(devices, "NVIDIA_GPUS_DIR", _driver(tmp_path, 2))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert get_backend("python").usable_gpus() == [0, 1]
+    providers = onnxruntime.get_available_providers()
+    ort_gpus = get_backend("onnxruntime").usable_gpus()
+    assert ort_gpus == ([0, 1] if "CUDAExecutionProvider" in providers else [])
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider"])
+    assert get_backend("onnxruntime").usable_gpus() == [0, 1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert get_backend("onnxruntime").usable_gpus() == [0]

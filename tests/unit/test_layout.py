@@ -113,6 +113,29 @@ def test_model_file_path(repo: Path) -> None:
         layout.model_file_path(cfg(), alpha, 1)
 
 
+def test_find_model_file(repo: Path) -> None:
+    """The lookup every backend and the manager use: the file must exist."""
+    alpha = layout.scan_repository(repo)["alpha"]
+    assert layout.version_path(alpha, 10) == repo / "alpha" / "10" == alpha.version_path(10)
+    assert layout.version_path(repo / "beta", 3) == repo / "beta" / "3"
+    onnx_cfg = cfg('backend: "onnxruntime"')
+    assert layout.find_model_file(onnx_cfg, alpha, 2) == repo / "alpha" / "2" / "model.onnx"
+    python_cfg = cfg('backend: "python"')
+    assert layout.find_model_file(python_cfg, repo / "beta", 3) == repo / "beta" / "3" / "model.py"
+    missing = repo / "alpha" / "1" / "model.py"
+    with pytest.raises(FileNotFoundError) as e:
+        layout.find_model_file(python_cfg, alpha, 1)
+    assert str(e.value) == f"model file {missing} does not exist"
+    # a folder is not a model file (except an ONNX folder holding model.onnx)
+    (repo / "alpha" / "1" / "dir.onnx").mkdir()
+    with pytest.raises(FileNotFoundError, match="dir.onnx/model.onnx does not exist"):
+        layout.find_model_file(
+            cfg('backend: "onnxruntime" default_model_filename: "dir.onnx"'), alpha, 1
+        )
+    with pytest.raises(ValueError, match="ensemble"):
+        layout.find_model_file(cfg('name: "e" platform: "ensemble"'), alpha, 1)
+
+
 def _touch_later(path: Path) -> None:
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))

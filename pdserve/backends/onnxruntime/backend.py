@@ -6,9 +6,10 @@ run concurrently (DESIGN.md). ``instance_group`` gives the count and kind:
 
 - ``KIND_CPU``: ``CPUExecutionProvider``.
 - ``KIND_GPU``: ``CUDAExecutionProvider`` on the listed ``gpus`` (default GPU 0).
-  When this onnxruntime build or machine has no CUDA provider the model fails to
-  load with that reason (no silent fallback to CPU).
-- ``KIND_AUTO``: GPU when CUDA is available, else CPU.
+  When this onnxruntime build or machine has no CUDA provider, or a listed GPU is
+  not visible (:mod:`pdserve.backends.devices`), the model fails to load with
+  that reason (no silent fallback to CPU).
+- ``KIND_AUTO``: GPU when the CUDA provider is there and a GPU is visible, else CPU.
 
 Session options come from the model configuration, with Triton's onnxruntime
 backend keys:
@@ -60,16 +61,22 @@ from pdserve.backends.base import (
     merge_batch,
     split_batch,
 )
+from pdserve.backends.devices import check_gpu_ids, visible_gpus
 from pdserve.backends.host_policy import (
     format_cpu_list,
     instance_cores,
     name_current_thread,
     pin_current_thread,
 )
-from pdserve.core.datatypes import ORT_TO_V2, to_bytes_object_array
+from pdserve.backends.onnxruntime.autocomplete import complete_from_session
+from pdserve.core.datatypes import to_bytes_object_array
 from pdserve.core.errors import InferError, internal, unavailable
+from pdserve.repository import layout
 
 log = logging.getLogger("pdserve.onnxruntime")
+
+#: The ONNX Runtime execution provider that runs a session on a CUDA GPU.
+CUDA_PROVIDER = "CUDAExecutionProvider"
 
 #: ``auto`` runs a session inline on the event loop while its average run is shorter.
 INLINE_RUN_MAX_S = 0.0002
@@ -182,24 +189,24 @@ def intra_op_affinities(cores: Collection[int], threads: int) -> str:
     return ";".join([entry] * (threads - 1))
 
 
-def _shape_of(arg: Any) -> list[int | None]:
-    return [d if isinstance(d, int) and d >= 0 else None for d in arg.shape]
-
-
 class OnnxRuntimeBackend(Backend):
     """Loads ``model.onnx`` (or ``default_model_filename``) into ORT sessions."""
 
-    name = "onnxruntime"
+    name = cfgmod.ONNXRUNTIME_BACKEND
+
+    def usable_gpus(self) -> list[int]:
+        """The visible GPUs (:func:`pdserve.backends.devices.visible_gpus`) when this
+        onnxruntime build has the CUDA execution provider, else none."""
+        if CUDA_PROVIDER not in _ort().get_available_providers():
+            return []
+        return visible_gpus()
 
     def _model_path(self, spec: ModelSpec) -> str:
-        filename = spec.config.default_model_filename or "model.onnx"
-        path = spec.version_dir / filename
-        if not path.exists():
-            raise FileNotFoundError(f"model file {path} does not exist")
-        return str(path)
+        return str(layout.find_model_file(spec.config, spec.model_dir, spec.version))
 
     def auto_complete(self, spec: ModelSpec) -> None:
-        """Complete and check the config against the graph's inputs and outputs.
+        """Complete and check the config against the graph's inputs and outputs
+        (:mod:`pdserve.backends.onnxruntime.autocomplete`).
 
         Raises:
             pdserve.config.ConfigError: dims/datatypes disagree, unknown tensors,
@@ -207,28 +214,17 @@ class OnnxRuntimeBackend(Backend):
         """
         ort = _ort()
         sess = ort.InferenceSession(self._model_path(spec), providers=["CPUExecutionProvider"])
-
-        def io(args: list[Any]) -> list[tuple[str, str, list[int | None]]]:
-            out = []
-            for a in args:
-                if a.type not in ORT_TO_V2:
-                    raise cfgmod.ConfigError(
-                        str(spec.version_dir), a.name, f"unsupported ONNX type {a.type}"
-                    )
-                out.append((a.name, ORT_TO_V2[a.type], _shape_of(a)))
-            return out
-
-        inputs, outputs = io(sess.get_inputs()), io(sess.get_outputs())
-        batching = all(s and s[0] is None for _, _, s in inputs + outputs)
-        cfgmod.autocomplete_from_io(
-            spec.config, inputs, outputs, batching, str(spec.model_dir / "config.pbtxt")
+        complete_from_session(
+            spec.config, sess, spec.model_dir / cfgmod.CONFIG_FILENAME, str(spec.version_dir)
         )
 
     async def load(self, spec: ModelSpec) -> list[ModelInstance]:
         """Create one ORT session per instance in ``instance_group``.
 
         Raises:
-            RuntimeError: KIND_GPU asked but no CUDAExecutionProvider is available.
+            RuntimeError: KIND_GPU asked but no CUDAExecutionProvider is available,
+                or on a GPU this process cannot see
+                (:func:`pdserve.backends.devices.check_gpu_ids`).
             ValueError: bad session option parameters.
         """
         ort = _ort()
@@ -241,20 +237,23 @@ class OnnxRuntimeBackend(Backend):
             count = group.count if group is not None and group.count > 0 else 1
             kind_name = "KIND_CPU"
             gpus: list[int] = [0]
+            gname = spec.name
             if group is not None:
                 from tritonclient.grpc import model_config_pb2 as mc
 
                 kind_name = mc.ModelInstanceGroup.Kind.Name(group.kind)
                 gpus = list(group.gpus) or [0]
+                gname = group.name or gname
             if kind_name == "KIND_AUTO":
-                kind_name = "KIND_GPU" if "CUDAExecutionProvider" in available else "KIND_CPU"
+                kind_name = "KIND_GPU" if self.usable_gpus() else "KIND_CPU"
             if kind_name == "KIND_GPU":
-                if "CUDAExecutionProvider" not in available:
+                if CUDA_PROVIDER not in available:
                     raise RuntimeError(
                         "instance_group asks for KIND_GPU but this onnxruntime has no "
                         f"CUDAExecutionProvider (available: {', '.join(available)}); install "
                         "onnxruntime-gpu on a machine with a CUDA GPU, or use KIND_CPU"
                     )
+                check_gpu_ids(gname, gpus)
                 for gpu in gpus:
                     cores = instance_cores(spec.host_policies, group, gpu)
                     for _ in range(count):
@@ -262,7 +261,7 @@ class OnnxRuntimeBackend(Backend):
                             (
                                 "KIND_GPU",
                                 [
-                                    ("CUDAExecutionProvider", {"device_id": gpu}),
+                                    (CUDA_PROVIDER, {"device_id": gpu}),
                                     "CPUExecutionProvider",
                                 ],
                                 cores,

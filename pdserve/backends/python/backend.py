@@ -72,13 +72,15 @@ from typing import Any
 import numpy as np
 
 from pdserve import config as cfgmod
-from pdserve import host_policy
+from pdserve.backends import host_policy
 from pdserve.backends.base import Backend, ExecRequest, ExecResult, ModelInstance, ModelSpec
+from pdserve.backends.devices import check_gpu_ids
 from pdserve.backends.host_policy import instance_cores
 from pdserve.backends.python import shm
 from pdserve.core.datatypes import numpy_to_v2
 from pdserve.core.errors import ErrorCode, InferError, internal, unavailable
 from pdserve.core.types import InferRequest, RequestedOutput
+from pdserve.repository import layout
 
 log = logging.getLogger("pdserve.python")
 
@@ -492,11 +494,7 @@ class WorkerConnection:
 
 
 def _model_file(spec: ModelSpec) -> Path:
-    filename = spec.config.default_model_filename or "model.py"
-    path = spec.version_dir / filename
-    if not path.is_file():
-        raise FileNotFoundError(f"python model file {path} does not exist")
-    return path
+    return layout.find_model_file(spec.config, spec.model_dir, spec.version)
 
 
 def _init_message(
@@ -525,7 +523,7 @@ def _init_message(
 class PythonBackend(Backend):
     """Runs ``model.py`` models (``backend: "python"``) in worker processes."""
 
-    name = "python"
+    name = cfgmod.PYTHON_BACKEND
 
     async def auto_complete(self, spec: ModelSpec) -> None:  # type: ignore[override]
         """Run the model's static ``auto_complete_config`` in a worker, if it has one.
@@ -569,12 +567,10 @@ class PythonBackend(Backend):
             RuntimeError: a worker failed to import the model or ``initialize``
                 raised (the message names the instance and the exception), or a
                 ``KIND_GPU`` group names a GPU this process cannot see
-                (:func:`pdserve.backends.devices.visible_gpu_count`; Triton refuses such a
+                (:func:`pdserve.backends.devices.check_gpu_ids`; Triton refuses such a
                 group too).
         """
         from tritonclient.grpc import model_config_pb2 as mc
-
-        from pdserve.backends.devices import visible_gpu_count
 
         plans: list[tuple[str, str, int, frozenset[int] | None]] = []
         groups = list(spec.config.instance_group) or [None]
@@ -587,15 +583,7 @@ class PythonBackend(Backend):
                 kind_name = mc.ModelInstanceGroup.Kind.Name(group.kind)
                 if kind_name == "KIND_GPU":
                     kind, devices = "GPU", (list(group.gpus) or [0])
-                    gpus = visible_gpu_count()
-                    missing = [d for d in devices if not 0 <= d < gpus]
-                    if missing:
-                        raise RuntimeError(
-                            f"instance group '{gname}' asks for KIND_GPU on GPU "
-                            f"{', '.join(map(str, missing))}, but this process sees "
-                            f"{gpus} GPU(s) (NVIDIA driver and CUDA_VISIBLE_DEVICES); "
-                            "use KIND_CPU"
-                        )
+                    check_gpu_ids(gname, devices)
                 elif kind_name == "KIND_MODEL":
                     kind = "MODEL"
             n = 0

@@ -13,8 +13,6 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from pdserve.core.datatypes import (
-    MAX_DIMS,
-    MAX_ELEMENTS,
     V2_TO_NUMPY,
     deserialize_bytes_tensor,
     numpy_to_v2,
@@ -72,21 +70,6 @@ def _set_param(p: Any, value: Any) -> None:
         p.string_param = str(value)
 
 
-def _element_count(shape: list[int], name: str) -> int:
-    if len(shape) > MAX_DIMS:
-        raise InferError(
-            f"input '{name}' has {len(shape)} dimensions; at most {MAX_DIMS} are supported"
-        )
-    count = 1
-    for d in shape:
-        if d < 0:
-            raise InferError(f"input '{name}' has a negative dimension in shape {shape}")
-        count *= d
-    if count >= MAX_ELEMENTS or count == 0:
-        shape_element_count(shape, name)  # raises when the shape is too large for numpy
-    return count
-
-
 #: Typed contents fields wider than their datatype: values are range-checked.
 _NARROW_INTS: dict[str, tuple[np.dtype, int, int]] = {
     dt: (np.dtype(np.int32 if dt[0] == "I" else np.uint32), int(info.min), int(info.max))
@@ -140,7 +123,7 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
         name = tensor.name
         datatype = tensor.datatype
         shape = list(tensor.shape)
-        count = _element_count(shape, name)
+        count = shape_element_count(shape, name)
         if tensor.parameters and "shared_memory_region" in tensor.parameters:
             raise InferError(
                 f"input '{name}': the shared-memory extension is not supported by pdserve"

@@ -54,8 +54,6 @@ import numpy as np
 import orjson
 
 from pdserve.core.datatypes import (
-    MAX_DIMS,
-    MAX_ELEMENTS,
     NUMPY_TO_V2,
     V2_TO_NUMPY,
     deserialize_bytes_tensor,
@@ -251,20 +249,7 @@ def _parse_shape(shape: Any, name: str) -> tuple[list[int], int]:
     its element count (1 for ``[]``)."""
     if type(shape) is not list:
         raise InferError(f"input '{name}' must have a 'shape' list of integers")
-    if len(shape) > MAX_DIMS:
-        raise InferError(
-            f"input '{name}' has {len(shape)} dimensions; at most {MAX_DIMS} are supported"
-        )
-    count = 1
-    for dim in shape:
-        if type(dim) is not int or dim < 0:
-            raise InferError(
-                f"input '{name}' has shape {shape}: dimensions must be non-negative integers"
-            )
-        count *= dim
-    if count >= MAX_ELEMENTS or count == 0:
-        shape_element_count(shape, name)  # raises when the shape is too large for numpy
-    return shape, count
+    return shape, shape_element_count(shape, name)
 
 
 def _binary_size_message(inputs_json: list[Any], body_len: int, header_length: int | None) -> str:

@@ -1,0 +1,126 @@
+"""pdserve.backends: the backend registry, the one list of backends, and how configuration
+validation asks it."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from pdserve import backends
+from pdserve import config as cfgmod
+from pdserve.backends import (
+    REGISTRY,
+    BackendEntry,
+    backend_name,
+    get_backend,
+    served_backends,
+    unavailable_reason,
+)
+from pdserve.config import ConfigError
+
+
+def parse(pbtxt: str) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(pbtxt, model_config_pb2.ModelConfig(name="m"))
+
+
+def test_registry_serves_onnxruntime_python_and_ensembles() -> None:
+    assert served_backends() == ["onnxruntime", "python"]
+    assert sorted(REGISTRY) == ["ensemble", "onnxruntime", "python"]
+    for name in REGISTRY:
+        assert unavailable_reason(name) is None
+        assert get_backend(name).name == name
+        assert get_backend(name) is get_backend(name)  # one shared object per backend
+    # every backend a configuration can name is one Triton's configuration knows
+    assert set(served_backends()) <= cfgmod.KNOWN_BACKENDS
+
+
+def test_backend_name() -> None:
+    assert backend_name(parse('backend: "python"')) == "python"
+    assert backend_name(parse('platform: "onnxruntime_onnx" backend: "onnxruntime"')) == (
+        "onnxruntime"
+    )
+    assert backend_name(parse('platform: "ensemble"')) == "ensemble"
+    assert backend_name(parse("")) == ""
+
+
+PYTORCH_REASON = (
+    "backend 'pytorch' (platform 'pytorch_libtorch') is not available: pdserve has no "
+    "pytorch backend; it serves 'onnxruntime', 'python' (export the model to ONNX, or call "
+    "it from a python backend model)"
+)
+
+
+@pytest.mark.parametrize(
+    ("pbtxt", "field"),
+    [
+        ('backend: "pytorch"', "backend"),
+        ('platform: "pytorch_libtorch"', "platform"),
+        ('platform: "pytorch_libtorch" backend: "pytorch"', "backend"),
+        ("", "platform"),  # guessed from model.pt
+    ],
+)
+def test_pytorch_fails_validation_with_the_registry_reason(pbtxt: str, field: str) -> None:
+    assert unavailable_reason("pytorch") == PYTORCH_REASON
+    cfg = parse(pbtxt)
+    with pytest.raises(ConfigError) as e:
+        cfgmod.normalize_platform(
+            cfg, "m/config.pbtxt", guess_from_files=["model.pt"], backends=unavailable_reason
+        )
+    assert (e.value.path, e.value.field, e.value.message) == (
+        "m/config.pbtxt",
+        field,
+        PYTORCH_REASON,
+    )
+    assert cfg.platform == parse(pbtxt).platform  # nothing filled in
+    # validate_config asks the same registry
+    cfg = parse('backend: "pytorch" platform: "pytorch_libtorch"')
+    assert cfgmod.validate_config(cfg, "m/config.pbtxt") == []  # Triton's rules alone
+    with pytest.raises(ConfigError) as e:
+        cfgmod.validate_config(cfg, "m/config.pbtxt", backends=unavailable_reason)
+    assert (e.value.field, e.value.message) == ("backend", PYTORCH_REASON)
+    with pytest.raises(ValueError, match="pdserve has no pytorch backend"):
+        get_backend("pytorch")
+
+
+def test_unknown_backend_names_the_served_ones() -> None:
+    reason = "unknown backend 'tensorflow'; pdserve serves 'onnxruntime', 'python'"
+    assert unavailable_reason("tensorflow") == reason
+    with pytest.raises(ConfigError) as e:
+        cfgmod.normalize_platform(
+            parse('backend: "tensorflow"'), "m/config.pbtxt", backends=unavailable_reason
+        )
+    assert (e.value.field, e.value.message) == ("backend", reason)
+    with pytest.raises(ConfigError) as e:  # without the registry: Triton's names
+        cfgmod.normalize_platform(parse('backend: "tensorflow"'), "m/config.pbtxt")
+    assert e.value.message == (
+        "unknown backend 'tensorflow'; pdserve knows 'onnxruntime', 'python', 'pytorch'"
+    )
+    with pytest.raises(ValueError, match="unknown backend 'tensorflow'"):
+        get_backend("tensorflow")
+
+
+def test_missing_optional_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = BackendEntry(
+        "python", "pdserve.backends.python.backend:PythonBackend", ("pdserve_no_such_pkg",), "fancy"
+    )
+    monkeypatch.setitem(REGISTRY, "python", entry)
+    monkeypatch.setattr(backends, "_instances", {})
+    reason = (
+        "backend 'python' is not available: it needs the Python package(s) "
+        "pdserve_no_such_pkg, which this environment lacks; install pdserve[fancy]"
+    )
+    assert unavailable_reason("python") == reason
+    with pytest.raises(ConfigError) as e:
+        cfgmod.normalize_platform(
+            parse('backend: "python"'), "m/config.pbtxt", backends=unavailable_reason
+        )
+    assert (e.value.field, e.value.message) == ("backend", reason)
+    with pytest.raises(ValueError) as v:
+        get_backend("python")
+    assert str(v.value) == reason
+    # a package pdserve itself depends on: reinstall
+    monkeypatch.setitem(REGISTRY, "python", BackendEntry("python", "x:Y", ("pdserve_no_such_pkg",)))
+    assert unavailable_reason("python").endswith(
+        "which this environment lacks; reinstall pdserve, which depends on it"
+    )
