@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 
 from pdserve import config as cfgmod
-from pdserve import host_policy
+from pdserve.backends import host_policy
 from pdserve.backends.base import Backend, ExecRequest, ExecResult, ModelInstance, ModelSpec
 from pdserve.backends.host_policy import instance_cores
 from pdserve.backends.python import shm
@@ -79,6 +79,7 @@ from pdserve.backends.python.triton_python_backend_utils import (
     ERROR_CODE_TO_HTTP,
     http_status_to_error_code,
 )
+from pdserve.core.api import ModelRunner
 from pdserve.core.datatypes import numpy_to_v2
 from pdserve.core.errors import InferError
 from pdserve.core.types import InferRequest, RequestedOutput
@@ -161,7 +162,9 @@ class WorkerConnection:
     worker is gone, expectedly or not.
     """
 
-    def __init__(self, name: str, proc: Any, sock: socket.socket, server: Any) -> None:
+    def __init__(
+        self, name: str, proc: Any, sock: socket.socket, server: ModelRunner | None
+    ) -> None:
         self.name = name
         self.proc = proc
         self.pid: int = proc.pid
@@ -190,12 +193,14 @@ class WorkerConnection:
         cls,
         name: str,
         init: dict[str, Any],
-        server: Any,
+        server: ModelRunner | None,
         cores: frozenset[int] | None = None,
     ) -> WorkerConnection:
         """Start a worker process (forkserver) and connect to it.
 
         Args:
+            server: the core the worker's BLS calls run through (``ModelSpec.server``);
+                None: BLS calls fail with 500.
             cores: CPU ids to pin the process to (its host policy), or None.
 
         Raises:
@@ -460,7 +465,7 @@ class WorkerConnection:
                 parameters=params,
             )
             del arrays
-            mv = self.server.manager.get(model_name, version)
+            mv = self.server.model_version(model_name, version)
             response = await self.server.infer_on(mv, request)
             del request
             descs = [
@@ -531,7 +536,7 @@ class PythonBackend(Backend):
 
     name = "python"
 
-    async def auto_complete(self, spec: ModelSpec) -> None:  # type: ignore[override]
+    async def auto_complete(self, spec: ModelSpec) -> None:
         """Run the model's static ``auto_complete_config`` in a worker, if it has one.
 
         A coroutine (the model code runs in a worker process): the model manager
@@ -743,7 +748,7 @@ class PythonInstance(ModelInstance):
                 503,
             ) from None
         finally:
-            task = None  # type: ignore[assignment]  # no task -> error -> frame cycle
+            task = None  # no task -> error -> frame cycle
 
     async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
         """Run ``batch`` in the worker: one ``execute(requests)`` call, one result each."""
