@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -36,9 +36,9 @@ from tritonclient.grpc import model_config_pb2
 
 from pdserve.core.datatypes import CONFIG_TO_V2, V2_TO_CONFIG
 
-ModelConfig = model_config_pb2.ModelConfig
-ModelInput = model_config_pb2.ModelInput
-ModelOutput = model_config_pb2.ModelOutput
+ModelConfig: TypeAlias = model_config_pb2.ModelConfig
+ModelInput: TypeAlias = model_config_pb2.ModelInput
+ModelOutput: TypeAlias = model_config_pb2.ModelOutput
 
 #: File name of the model configuration inside a model folder.
 CONFIG_FILENAME = "config.pbtxt"
@@ -467,7 +467,7 @@ def _complete_io(
     model_dt: str,
     model_shape: list[int] | None,
     batching: bool,
-    where: str,
+    where: str | Path,
 ) -> None:
     """Fill or check one configured tensor against the model file's.
 
@@ -881,7 +881,7 @@ def config_to_json(cfg: ModelConfig) -> dict[str, Any]:
             cfg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
         )
     except TypeError:  # protobuf < 5.26
-        d = json_format.MessageToDict(  # type: ignore[call-arg]
+        d = json_format.MessageToDict(
             cfg, preserving_proto_field_name=True, including_default_value_fields=True
         )
     _fix_int64(d, cfg.DESCRIPTOR)

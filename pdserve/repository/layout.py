@@ -20,12 +20,13 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeAlias
 
 from tritonclient.grpc import model_config_pb2
 
 from pdserve.config import CONFIG_FILENAME, DEFAULT_MODEL_FILENAMES, ENSEMBLE_PLATFORM
 
-ModelConfig = model_config_pb2.ModelConfig
+ModelConfig: TypeAlias = model_config_pb2.ModelConfig
 
 
 @dataclass

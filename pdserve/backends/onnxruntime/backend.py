@@ -525,7 +525,7 @@ class OnnxRuntimeInstance(ModelInstance):
                         self._executor, self._timed_run, feeds, wanted
                     )
                 except RuntimeError as e:
-                    if "shutdown" in str(e) and self._executor._shutdown:  # type: ignore[attr-defined]
+                    if "shutdown" in str(e) and self._executor._shutdown:
                         raise _Closed from None
                     raise
         except _Closed:
