@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from pdserve.app.cli import build_parser, host_policies
+from pdserve.backends import host_policy as hp
 from pdserve.backends.onnxruntime.backend import (
     default_intra_op_threads,
     intra_op_affinities,
 )
-from tritonclient.grpc import model_config_pb2 as mc
-
-from pdserve import host_policy as hp
-from pdserve.app.cli import build_parser, host_policies
 
 ALLOWED = frozenset({0, 1, 2, 3, 4, 5, 6, 7})
 
