@@ -29,6 +29,7 @@ serve: examples
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy pdserve
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -44,9 +44,9 @@ from pdserve.core.datatypes import (
     shape_str,
 )
 
-ModelConfig = model_config_pb2.ModelConfig
-ModelInput = model_config_pb2.ModelInput
-ModelOutput = model_config_pb2.ModelOutput
+ModelConfig: TypeAlias = model_config_pb2.ModelConfig
+ModelInput: TypeAlias = model_config_pb2.ModelInput
+ModelOutput: TypeAlias = model_config_pb2.ModelOutput
 
 #: File name of the model configuration inside a model folder.
 CONFIG_FILENAME = "config.pbtxt"
@@ -103,7 +103,7 @@ _INT64_TYPES = frozenset(
 
 
 #: The backend registry's answer to "can backend NAME run here?": None if it can, else
-#: the reason (:func:`pdserve.backends.unavailable_reason`). The configuration sits
+#: the reason (:func:`pdserve.backends.registry.unavailable_reason`). The configuration sits
 #: below the backends in the import order, so its callers hand the registry in.
 BackendCheck = Callable[[str], str | None]
 
@@ -200,7 +200,7 @@ def normalize_platform(
         guess_from_files: file names of a version folder, used only when neither
             platform nor backend is set.
         backends: the backend registry's check
-            (:func:`pdserve.backends.unavailable_reason`); with it, a backend this
+            (:func:`pdserve.backends.registry.unavailable_reason`); with it, a backend this
             server cannot run (``pytorch``, a missing optional package) is an error
             with the registry's reason. None: any backend Triton names is accepted.
 
@@ -324,6 +324,50 @@ def get_parameter(cfg: ModelConfig, key: str, default: str | None = None) -> str
     return default
 
 
+# --------------------------------------------------------------------------- model file
+
+
+def model_file_path(cfg: ModelConfig, version_dir: Path) -> Path | None:
+    """Where the model file of a version is: ``<version_dir>/<filename>``
+    (``version_dir`` is ``<repository>/<model>/<version>``).
+
+    The one model-file lookup: the model manager and every backend find a version's
+    model file here. The file name is ``default_model_filename`` or the backend's
+    default (``model.onnx``, ``model.pt``, ``model.py``:
+    :data:`pdserve.config.DEFAULT_MODEL_FILENAMES`). An ensemble has no model file
+    (None). As in Triton's onnxruntime backend, an ONNX "file" that is a folder
+    means ``<folder>/model.onnx``. The path is not checked for existence
+    (:func:`find_model_file` checks).
+
+    Raises:
+        ValueError: no file name can be determined (no backend).
+    """
+    if cfg.platform == ENSEMBLE_PLATFORM:
+        return None
+    filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAMES.get(cfg.backend, "")
+    if not filename:
+        raise ValueError(f"model '{cfg.name}': no default_model_filename and no known backend")
+    path = version_dir / filename
+    if cfg.backend == ONNXRUNTIME_BACKEND and path.is_dir():
+        path = path / DEFAULT_MODEL_FILENAMES[ONNXRUNTIME_BACKEND]
+    return path
+
+
+def find_model_file(cfg: ModelConfig, version_dir: Path) -> Path:
+    """:func:`model_file_path`, which must be an existing file.
+
+    Raises:
+        FileNotFoundError: the file does not exist (the message names the path).
+        ValueError: no file name can be determined, or an ensemble (no model file).
+    """
+    path = model_file_path(cfg, version_dir)
+    if path is None:
+        raise ValueError(f"model '{cfg.name}': an ensemble has no model file")
+    if not path.is_file():
+        raise FileNotFoundError(f"model file {path} does not exist")
+    return path
+
+
 # --------------------------------------------------------------------------- defaults
 
 
@@ -415,7 +459,7 @@ def validate_config(
             defaults to ``path``'s parent.
         complete: whether auto-complete has run.
         backends: the backend registry's check
-            (:func:`pdserve.backends.unavailable_reason`): a backend this server
+            (:func:`pdserve.backends.registry.unavailable_reason`): a backend this server
             cannot run is then an error with its reason.
 
     Returns:
@@ -648,7 +692,7 @@ def config_to_json(cfg: ModelConfig) -> dict[str, Any]:
             cfg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
         )
     except TypeError:  # protobuf < 5.26
-        d = json_format.MessageToDict(  # type: ignore[call-arg]
+        d = json_format.MessageToDict(
             cfg, preserving_proto_field_name=True, including_default_value_fields=True
         )
     _fix_int64(d, cfg.DESCRIPTOR)

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdserve import __version__
 from pdserve.cache import ResponseCache
@@ -26,6 +26,12 @@ from pdserve.repository.control import MODES
 from pdserve.repository.manager import ModelManager
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.warmup import warmup as run_warmup
+
+if TYPE_CHECKING:
+    from pdserve.backends.base import ExecRequest
+    from pdserve.cache import ResponseCache
+    from pdserve.core.api import InferenceCore, MetricsSource, ModelHost, RepositoryHost
+    from pdserve.observability.stats import ModelStats
 
 log = logging.getLogger("pdserve.server")
 
@@ -44,6 +50,10 @@ EXTENSIONS = [
 
 class InferenceServer:
     """The server core: health, metadata, inference, statistics, repository.
+
+    Implements every protocol of :mod:`pdserve.core.api`: :class:`InferenceCore`
+    (frontends, app), :class:`MetricsSource`, :class:`RepositoryHost` (the poller),
+    :class:`ModelRunner` / :class:`ModelHost` (ensembles, BLS, the model manager).
 
     Args:
         model_repository: the model repository root.
@@ -85,10 +95,19 @@ class InferenceServer:
         self.load_models = load_models
         self._started = False
         self._shutting_down = False
-        self.response_cache = response_cache
+        #: the response cache (``--response-cache-byte-size``), used by models with
+        #: ``response_cache``; None: no cache.
+        self.response_cache: ResponseCache | None = response_cache
+        #: ``none`` | ``poll`` | ``explicit``: only ``explicit`` accepts repository
+        #: load / unload requests.
         self.model_control_mode = model_control_mode
 
     # -- lifecycle ------------------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        """True once :meth:`start` has loaded the initial models."""
+        return self._started
 
     async def start(self) -> None:
         """Load the initial models (a model that fails is logged, not fatal)."""
@@ -164,6 +183,15 @@ class InferenceServer:
         mv = self.manager.get(request.model_name, request.model_version)
         return await self.infer_on(mv, request)
 
+    def model_version(self, name: str, version: str = "") -> ModelVersion:
+        """The ready model version for a step or BLS request (see :meth:`infer_on`).
+
+        Raises:
+            InferError(404): unknown model, or a version that is not served.
+            InferError(503): the model exists but no version is ready.
+        """
+        return self.manager.get(name, version)
+
     async def infer_on(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
         """Run ``request`` on an already resolved model version (ensembles, BLS)."""
         stats = mv.stats
@@ -197,7 +225,9 @@ class InferenceServer:
             mv.end()
         return InferResponse(mv.name, mv.version_str, outputs, request.id)
 
-    async def _infer_cached(self, cache: Any, mv: ModelVersion, exec_req: Any) -> Any:
+    async def _infer_cached(
+        self, cache: ResponseCache, mv: ModelVersion, exec_req: ExecRequest
+    ) -> Any:
         """Response cache lookup; on a miss run the request and store its outputs.
 
         A hit skips the scheduler (no queue or compute time, as in Triton). The
@@ -238,6 +268,14 @@ class InferenceServer:
                 mv for _, e in sorted(self.manager.models.items()) for mv in e.serving.values()
             ]
         return {"model_stats": [mv.stats.as_dict() for mv in versions]}
+
+    def served_model_stats(self) -> list[ModelStats]:
+        """Statistics of every served model version, by model name then version (metrics)."""
+        return [
+            entry.serving[version].stats
+            for _, entry in sorted(self.manager.models.items())
+            for version in sorted(entry.serving)
+        ]
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Repository index rows ``{name, version, state, reason}``."""
@@ -310,3 +348,11 @@ class InferenceServer:
             WarmupError: a configured sample failed; the version does not serve.
         """
         await run_warmup(mv)
+
+
+if TYPE_CHECKING:  # mypy checks that InferenceServer implements every core protocol
+
+    def _implements(
+        server: InferenceServer,
+    ) -> tuple[InferenceCore, MetricsSource, RepositoryHost, ModelHost]:
+        return (server, server, server, server)

@@ -262,6 +262,8 @@ async def serve(settings: Settings) -> int:
             callers; the CLI checked them while parsing).
     """
     settings.validate()
+    metrics: ModuleType | None
+    metrics_http: ModuleType | None
     try:
         grpc_server = (
             import_feature("pdserve.frontends.grpc.server", "gRPC", "--no-allow-grpc")

@@ -10,13 +10,14 @@ list to ``TritonPythonModel.execute(requests)`` unchanged.
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pdserve.core.api import ModelRunner
 from pdserve.core.errors import InferError, internal
 from pdserve.core.types import InferRequest
 
@@ -60,7 +61,8 @@ class ModelSpec:
         model_dir: ``<repository>/<model>``.
         version_dir: ``<repository>/<model>/<version>``.
         repository: the model repository root.
-        server: the :class:`pdserve.server.InferenceServer` (for BLS); may be None.
+        server: the core, for ensemble steps and BLS calls
+            (:class:`~pdserve.core.api.ModelRunner`); may be None.
         host_policies: the server's host policies, policy name -> CPU ids
             (``--host-policy``); a backend pins each instance to
             :func:`pdserve.backends.host_policy.instance_cores` of its group. Empty: no pinning.
@@ -72,7 +74,7 @@ class ModelSpec:
     model_dir: Path
     version_dir: Path
     repository: Path
-    server: Any = None
+    server: ModelRunner | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     host_policies: dict[str, frozenset[int]] = field(default_factory=dict)
 
@@ -113,8 +115,11 @@ class Backend(abc.ABC):
     #: the ``backend`` name in config.pbtxt.
     name: str = ""
 
-    def auto_complete(self, spec: ModelSpec) -> None:  # noqa: B027 - optional hook
+    def auto_complete(self, spec: ModelSpec) -> Awaitable[None] | None:  # noqa: B027 - optional hook
         """Fill in and check ``spec.config`` from the model file, in place.
+
+        May be a coroutine (the python backend runs model code for it): the model
+        manager awaits what it returns when that is awaitable.
 
         Raises:
             pdserve.config.ConfigError: the config disagrees with the model file.

@@ -58,10 +58,14 @@ import logging
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pdserve.core.api import MetricsSource
 from pdserve.observability import stats as stats_mod
 from pdserve.observability.stats import ModelStats
+
+if TYPE_CHECKING:
+    from pdserve.cache import ResponseCache
 
 log = logging.getLogger("pdserve.metrics")
 
@@ -282,7 +286,7 @@ def model_families(models: Iterable[ModelStats]) -> list[Family]:
     return [families[0], failure, *families[1:], *hists]
 
 
-def cache_families(cache: Any) -> list[Family]:
+def cache_families(cache: ResponseCache | None) -> list[Family]:
     """Server-wide response cache families (none without a cache)."""
     if cache is None:
         return []
@@ -411,12 +415,13 @@ class MetricsExporter:
     """Renders every metric of a server.
 
     Args:
-        server: the :class:`pdserve.server.InferenceServer`.
+        server: the core (:class:`~pdserve.core.api.MetricsSource`): its served model
+            versions' statistics and its response cache, read at each scrape.
         cpu: include CPU / memory metrics.
         gpu: try NVML GPU metrics.
     """
 
-    def __init__(self, server: Any, *, cpu: bool = True, gpu: bool = True) -> None:
+    def __init__(self, server: MetricsSource, *, cpu: bool = True, gpu: bool = True) -> None:
         self.server = server
         self.cpu = CpuSampler() if cpu else None
         self.gpu = GpuSampler.create() if gpu else None
@@ -432,18 +437,12 @@ class MetricsExporter:
 
     def model_stats(self) -> list[ModelStats]:
         """Statistics of every served model version, by name then version."""
-        out = []
-        manager = self.server.manager
-        for name in sorted(manager.models):
-            entry = manager.models[name]
-            for version in sorted(entry.serving):
-                out.append(entry.serving[version].stats)
-        return out
+        return self.server.served_model_stats()
 
     def render(self) -> bytes:
         """The whole exposition, Prometheus text format 0.0.4."""
         fams = model_families(self.model_stats())
-        fams += cache_families(getattr(self.server, "response_cache", None))
+        fams += cache_families(self.server.response_cache)
         if self.cpu is not None:
             fams += self.cpu.families()
         if self.gpu is not None:

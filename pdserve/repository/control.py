@@ -41,9 +41,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from pdserve import config as cfgmod
+from pdserve.core.api import RepositoryHost
 from pdserve.repository import layout
 
 log = logging.getLogger("pdserve.control")
@@ -85,11 +85,13 @@ class RepositoryPoller:
     """Poll mode: reconcile the loaded models with the model repository on disk.
 
     Args:
-        server: the ``InferenceServer`` (its ``manager`` loads and unloads).
+        server: the core (:class:`~pdserve.core.api.RepositoryHost`): its ``manager``
+            loads and unloads; polling starts once it has ``started`` and stops when it
+            is no longer ``live``.
         interval: seconds between scans.
     """
 
-    def __init__(self, server: Any, interval: float) -> None:
+    def __init__(self, server: RepositoryHost, interval: float) -> None:
         self.server = server
         self.manager = server.manager
         self.interval = interval
@@ -175,7 +177,7 @@ class RepositoryPoller:
 
     async def run(self) -> None:
         """Poll until the server shuts down (waits for the initial load first)."""
-        while not getattr(self.server, "_started", True):
+        while not self.server.started:
             if not self.server.live():
                 return
             await asyncio.sleep(0.05)

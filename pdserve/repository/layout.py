@@ -20,17 +20,15 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeAlias
 
 from tritonclient.grpc import model_config_pb2
 
 from pdserve.config import (
     CONFIG_FILENAME,
-    DEFAULT_MODEL_FILENAMES,
-    ENSEMBLE_PLATFORM,
-    ONNXRUNTIME_BACKEND,
 )
 
-ModelConfig = model_config_pb2.ModelConfig
+ModelConfig: TypeAlias = model_config_pb2.ModelConfig
 
 
 @dataclass
@@ -153,46 +151,6 @@ def version_dir_files(model_dir: ModelDir | Path, version: int) -> list[str]:
         return sorted(os.listdir(version_path(model_dir, version)))
     except (FileNotFoundError, NotADirectoryError):
         return []
-
-
-def model_file_path(cfg: ModelConfig, model_dir: ModelDir | Path, version: int) -> Path | None:
-    """Where the model file of a version is: ``<model>/<version>/<filename>``.
-
-    The one model-file lookup: the model manager and every backend find a version's
-    model file here. The file name is ``default_model_filename`` or the backend's
-    default (``model.onnx``, ``model.pt``, ``model.py``:
-    :data:`pdserve.config.DEFAULT_MODEL_FILENAMES`). An ensemble has no model file
-    (None). As in Triton's onnxruntime backend, an ONNX "file" that is a folder
-    means ``<folder>/model.onnx``. The path is not checked for existence
-    (:func:`find_model_file` checks).
-
-    Raises:
-        ValueError: no file name can be determined (no backend).
-    """
-    if cfg.platform == ENSEMBLE_PLATFORM:
-        return None
-    filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAMES.get(cfg.backend, "")
-    if not filename:
-        raise ValueError(f"model '{cfg.name}': no default_model_filename and no known backend")
-    path = version_path(model_dir, version) / filename
-    if cfg.backend == ONNXRUNTIME_BACKEND and path.is_dir():
-        path = path / DEFAULT_MODEL_FILENAMES[ONNXRUNTIME_BACKEND]
-    return path
-
-
-def find_model_file(cfg: ModelConfig, model_dir: ModelDir | Path, version: int) -> Path:
-    """:func:`model_file_path`, which must be an existing file.
-
-    Raises:
-        FileNotFoundError: the file does not exist (the message names the path).
-        ValueError: no file name can be determined, or an ensemble (no model file).
-    """
-    path = model_file_path(cfg, model_dir, version)
-    if path is None:
-        raise ValueError(f"model '{cfg.name}': an ensemble has no model file")
-    if not path.is_file():
-        raise FileNotFoundError(f"model file {path} does not exist")
-    return path
 
 
 def fingerprint(model_dir: ModelDir, version: int | None = None) -> str:

@@ -23,12 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from pdserve import config as cfgmod
-from pdserve.backends import backend_name, get_backend, host_policy, unavailable_reason
+from pdserve.backends import host_policy
 from pdserve.backends.base import ModelSpec
+from pdserve.backends.registry import get_backend, unavailable_reason
+from pdserve.core.api import ModelHost
 from pdserve.core.errors import InferError, not_found, unavailable
 from pdserve.repository import layout
 from pdserve.repository.model import ModelVersion
 from pdserve.scheduling import create_scheduler
+from pdserve.scheduling.ensemble import EnsembleBackend
+
+#: Ensembles are not backends (Triton runs them in its ensemble scheduler); this one
+#: object loads every ensemble's plan.
+ENSEMBLE_BACKEND = EnsembleBackend()
 
 log = logging.getLogger("pdserve.repository")
 
@@ -111,7 +118,9 @@ class ModelManager:
 
     Args:
         repository: the model repository root.
-        server: passed to backends in :class:`ModelSpec` (BLS, ensembles).
+        server: the core (:class:`~pdserve.core.api.ModelHost`): passed to backends in
+            :class:`ModelSpec` (BLS, ensembles), and its ``warmup`` runs on every
+            freshly loaded version before it serves. None: neither.
         host_policies: host policy name -> CPU ids (``--host-policy``), passed to
             backends in :class:`ModelSpec`; a model whose instance group names a
             policy not in it fails to load (:mod:`pdserve.backends.host_policy`).
@@ -120,7 +129,7 @@ class ModelManager:
     def __init__(
         self,
         repository: Path,
-        server: Any = None,
+        server: ModelHost | None = None,
         host_policies: Mapping[str, Collection[int]] | None = None,
     ) -> None:
         self.repository = Path(repository)
@@ -211,7 +220,8 @@ class ModelManager:
         """
         on_disk = layout.scan_repository(self.repository)
         wanted = sorted(on_disk) if names is None else names
-        first, ensembles = [], []
+        first: list[str] = []
+        ensembles: list[str] = []
         for name in wanted:
             try:
                 cfg = cfgmod.load_model_config(on_disk[name].path) if name in on_disk else None
@@ -396,7 +406,11 @@ class ModelManager:
             server=self.server,
             host_policies=self.host_policies,
         )
-        backend = get_backend(backend_name(cfg))
+        backend = (
+            ENSEMBLE_BACKEND
+            if cfg.platform == cfgmod.ENSEMBLE_PLATFORM
+            else get_backend(cfg.backend)
+        )
         completing = backend.auto_complete(spec)
         if inspect.isawaitable(completing):  # the python backend runs model code for it
             await completing
@@ -408,10 +422,9 @@ class ModelManager:
         mv = ModelVersion(spec, cfg.platform or cfg.backend, backend.name)
         mv.instances = await backend.load(spec)
         mv.scheduler = create_scheduler(mv)
-        warmup = getattr(self.server, "warmup", None)
-        if warmup is not None:
+        if self.server is not None:
             try:
-                await warmup(mv)
+                await self.server.warmup(mv)
             except Exception:
                 await mv.close()
                 raise
@@ -520,7 +533,9 @@ class ModelManager:
                 log.warning("closing while a model is still loading")
         versions = [mv for e in self.models.values() for mv in e.serving.values()]
         if versions:
-            tasks = [asyncio.ensure_future(mv.drain()) for mv in versions]
+            tasks: list[asyncio.Future[Any]] = [
+                asyncio.ensure_future(mv.drain()) for mv in versions
+            ]
             retiring = [asyncio.ensure_future(asyncio.shield(t)) for t in self._retiring]
             _, pending = await asyncio.wait(tasks + retiring, timeout=left())
             for t in pending:

@@ -196,14 +196,14 @@ async def warmup(mv: ModelVersion) -> None:
         )
         return
     try:
-        request = build_default_sample(mv)
+        default = build_default_sample(mv)
     except Exception as e:  # noqa: BLE001 - a built request is best effort
         log.debug("no warm-up request for %s: %s", mv.name, e)
         return
-    if request is None:
+    if default is None:
         return
     try:
-        await _run_on_instances(mv, request, 1)
+        await _run_on_instances(mv, default, 1)
     except Exception as e:  # noqa: BLE001 - zeros may be meaningless to the model
         message = e.message if isinstance(e, InferError) else f"{type(e).__name__}: {e}"
         log.warning(

@@ -117,7 +117,7 @@ def _deliver(items: list[_Item], results: list[ExecResult]) -> None:
         elif isinstance(res, InferError):
             fut.set_exception(res.fresh())  # one error object per request: no shared tracebacks
         else:
-            fut.set_result(res)  # type: ignore[arg-type]
+            fut.set_result(res)
 
 
 def _gone_error() -> InferError:
@@ -140,6 +140,11 @@ class DynamicBatcher(Scheduler):
             by :func:`run_batch`; ``pending`` kept equal to the queued requests).
         model: the loaded model version (configuration, inputs).
     """
+
+    # the batch-formation scan's position (set by _reset_scan)
+    _cur_q: int
+    _p_last_q: int
+    _p_full: bool
 
     def __init__(self, pool: InstancePool, stats: ModelStats, model: ModelVersion) -> None:
         super().__init__(pool, stats)

@@ -365,7 +365,7 @@ class EnsembleBackend(Backend):
             if server is None:
                 return None
             try:
-                return server.manager.get(model_name, version).config
+                return server.model_version(model_name, version).config
             except InferError:
                 return None
 
@@ -464,14 +464,17 @@ class EnsembleScheduler(Scheduler):
             parameters=_step_parameters(origin.parameters),
             cancelled=origin.cancelled,
         )
+        server = self.server
+        if server is None:  # unreachable: an ensemble loads only when its steps were found
+            raise internal(f"ensemble '{self.plan.name}' has no server to run its steps")
         try:
-            mv = self.server.manager.get(step.model_name, step.model_version)
+            mv = server.model_version(step.model_name, step.model_version)
         except InferError as e:
             raise unavailable(
                 f"ensemble '{self.plan.name}': step model '{step.model_name}' is not "
                 f"available: {e.message}"
             ) from None
-        response = await self.server.infer_on(mv, sub)
+        response = await server.infer_on(mv, sub)
         return response.outputs
 
 

@@ -1,4 +1,4 @@
-"""pdserve.backends: the backend registry, the one list of backends, and how configuration
+"""pdserve.backends.registry: the backend registry, the one list of backends, and how configuration
 validation asks it."""
 
 from __future__ import annotations
@@ -7,12 +7,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from pdserve import backends
 from pdserve import config as cfgmod
-from pdserve.backends import (
+from pdserve.backends import registry as backends
+from pdserve.backends.registry import (
     REGISTRY,
     BackendEntry,
-    backend_name,
     get_backend,
     served_backends,
     unavailable_reason,
@@ -24,24 +23,15 @@ def parse(pbtxt: str) -> model_config_pb2.ModelConfig:
     return text_format.Parse(pbtxt, model_config_pb2.ModelConfig(name="m"))
 
 
-def test_registry_serves_onnxruntime_python_and_ensembles() -> None:
+def test_registry_serves_onnxruntime_and_python() -> None:
     assert served_backends() == ["onnxruntime", "python"]
-    assert sorted(REGISTRY) == ["ensemble", "onnxruntime", "python"]
+    assert sorted(REGISTRY) == ["onnxruntime", "python"]  # an ensemble is not a backend
     for name in REGISTRY:
         assert unavailable_reason(name) is None
         assert get_backend(name).name == name
         assert get_backend(name) is get_backend(name)  # one shared object per backend
     # every backend a configuration can name is one Triton's configuration knows
     assert set(served_backends()) <= cfgmod.KNOWN_BACKENDS
-
-
-def test_backend_name() -> None:
-    assert backend_name(parse('backend: "python"')) == "python"
-    assert backend_name(parse('platform: "onnxruntime_onnx" backend: "onnxruntime"')) == (
-        "onnxruntime"
-    )
-    assert backend_name(parse('platform: "ensemble"')) == "ensemble"
-    assert backend_name(parse("")) == ""
 
 
 PYTORCH_REASON = (

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.backends import devices, get_backend
+from pdserve.backends import devices
 from pdserve.backends.devices import check_gpu_ids, visible_gpu_count, visible_gpus
+from pdserve.backends.registry import get_backend
 
 
 def _driver(tmp_path: Path, n: int) -> Path:

@@ -203,7 +203,7 @@ def _complete_io(
     model_dt: str,
     model_shape: list[int] | None,
     batching: bool,
-    where: str,
+    where: str | Path,
 ) -> None:
     """Fill or check one configured tensor against the model file's.
 

@@ -71,7 +71,6 @@ from pdserve.backends.host_policy import (
 from pdserve.backends.onnxruntime.autocomplete import complete_from_session
 from pdserve.core.datatypes import to_bytes_object_array
 from pdserve.core.errors import InferError, internal, unavailable
-from pdserve.repository import layout
 
 log = logging.getLogger("pdserve.onnxruntime")
 
@@ -202,7 +201,7 @@ class OnnxRuntimeBackend(Backend):
         return visible_gpus()
 
     def _model_path(self, spec: ModelSpec) -> str:
-        return str(layout.find_model_file(spec.config, spec.model_dir, spec.version))
+        return str(cfgmod.find_model_file(spec.config, spec.version_dir))
 
     def auto_complete(self, spec: ModelSpec) -> None:
         """Complete and check the config against the graph's inputs and outputs
@@ -523,7 +522,7 @@ class OnnxRuntimeInstance(ModelInstance):
                         self._executor, self._timed_run, feeds, wanted
                     )
                 except RuntimeError as e:
-                    if "shutdown" in str(e) and self._executor._shutdown:  # type: ignore[attr-defined]
+                    if "shutdown" in str(e) and self._executor._shutdown:
                         raise _Closed from None
                     raise
         except _Closed:

@@ -77,10 +77,10 @@ from pdserve.backends.base import Backend, ExecRequest, ExecResult, ModelInstanc
 from pdserve.backends.devices import check_gpu_ids
 from pdserve.backends.host_policy import instance_cores
 from pdserve.backends.python import shm
+from pdserve.core.api import ModelRunner
 from pdserve.core.datatypes import numpy_to_v2
 from pdserve.core.errors import ErrorCode, InferError, internal, unavailable
 from pdserve.core.types import InferRequest, RequestedOutput
-from pdserve.repository import layout
 
 log = logging.getLogger("pdserve.python")
 
@@ -160,7 +160,9 @@ class WorkerConnection:
     worker is gone, expectedly or not.
     """
 
-    def __init__(self, name: str, proc: Any, sock: socket.socket, server: Any) -> None:
+    def __init__(
+        self, name: str, proc: Any, sock: socket.socket, server: ModelRunner | None
+    ) -> None:
         self.name = name
         self.proc = proc
         self.pid: int = proc.pid
@@ -189,12 +191,14 @@ class WorkerConnection:
         cls,
         name: str,
         init: dict[str, Any],
-        server: Any,
+        server: ModelRunner | None,
         cores: frozenset[int] | None = None,
     ) -> WorkerConnection:
         """Start a worker process (forkserver) and connect to it.
 
         Args:
+            server: the core the worker's BLS calls run through (``ModelSpec.server``);
+                None: BLS calls fail with 500.
             cores: CPU ids to pin the process to (its host policy), or None.
 
         Raises:
@@ -457,7 +461,7 @@ class WorkerConnection:
                 parameters=params,
             )
             del arrays
-            mv = self.server.manager.get(model_name, version)
+            mv = self.server.model_version(model_name, version)
             response = await self.server.infer_on(mv, request)
             del request
             descs = [
@@ -494,7 +498,7 @@ class WorkerConnection:
 
 
 def _model_file(spec: ModelSpec) -> Path:
-    return layout.find_model_file(spec.config, spec.model_dir, spec.version)
+    return cfgmod.find_model_file(spec.config, spec.version_dir)
 
 
 def _init_message(
@@ -525,7 +529,7 @@ class PythonBackend(Backend):
 
     name = cfgmod.PYTHON_BACKEND
 
-    async def auto_complete(self, spec: ModelSpec) -> None:  # type: ignore[override]
+    async def auto_complete(self, spec: ModelSpec) -> None:
         """Run the model's static ``auto_complete_config`` in a worker, if it has one.
 
         A coroutine (the model code runs in a worker process): the model manager
@@ -726,7 +730,7 @@ class PythonInstance(ModelInstance):
                 f"died and could not be restarted: {e}"
             ) from None
         finally:
-            task = None  # type: ignore[assignment]  # no task -> error -> frame cycle
+            task = None  # no task -> error -> frame cycle
 
     async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
         """Run ``batch`` in the worker: one ``execute(requests)`` call, one result each."""

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import grpc
 from tritonclient.grpc import service_pb2_grpc
 
+from pdserve.core.api import InferenceCore
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
 from pdserve.frontends.grpc.service import GrpcService
 
 
 async def serve_grpc(
-    server: Any,
+    server: InferenceCore,
     host: str = "0.0.0.0",
     port: int = 8001,
     *,
@@ -21,7 +20,7 @@ async def serve_grpc(
     """Create and start the gRPC server for ``server`` in the running event loop.
 
     Args:
-        server: the ``InferenceServer``.
+        server: the core (:class:`~pdserve.core.api.InferenceCore`).
         host / port: where to listen.
         max_message_bytes: the largest message received or sent.
 

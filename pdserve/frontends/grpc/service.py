@@ -14,6 +14,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pdserve.config import config_from_json
+from pdserve.core.api import InferenceCore
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.frontends.grpc.codec import (
     decode_off_loop,
@@ -58,13 +59,13 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` around one ``InferenceServer``.
 
     Args:
-        server: the protocol-neutral core (``live``, ``ready``, ``metadata``,
-            ``model_metadata``, ``model_config``, ``model_ready``, ``async infer``,
-            ``model_statistics``, ``repository_index``, ``async load_model``,
-            ``async unload_model``).
+        server: the protocol-neutral core (:class:`~pdserve.core.api.InferenceCore`:
+            ``live``, ``ready``, ``metadata``, ``model_metadata``, ``model_config``,
+            ``model_ready``, ``async infer``, ``model_statistics``, ``repository_index``,
+            ``async load_model``, ``async unload_model``).
     """
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: InferenceCore) -> None:
         self.server = server
 
     async def _guard(

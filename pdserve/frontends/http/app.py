@@ -10,10 +10,11 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
+from pdserve.core.api import InferenceCore
 from pdserve.core.errors import InferError, not_found
 from pdserve.frontends.http.codec import (
     decode_infer_request,
@@ -65,6 +66,8 @@ _EMPTY_JSON_HEADERS = [_JSON, (b"content-length", b"0")]
 _EMPTY_HEADERS = [(b"content-length", b"0")]
 _METHOD_NOT_ALLOWED = encode_error("Method Not Allowed")
 
+_D = TypeVar("_D", int, None)  # _int_header's default: an int, or None
+
 
 class _ClientGoneError(Exception):
     """The client disconnected before the whole body arrived: nothing to answer."""
@@ -74,10 +77,12 @@ class HttpApp:
     """The V2 REST ASGI application around one ``InferenceServer``.
 
     Args:
-        server: the protocol-neutral core (``live``, ``ready``, ``metadata``,
-            ``model_metadata``, ``model_config``, ``model_ready``, ``async infer`` and,
-            when present, ``model_statistics``, ``repository_index``,
-            ``async load_model``, ``async unload_model``). Methods may be sync or async.
+        server: the protocol-neutral core (:class:`~pdserve.core.api.InferenceCore`:
+            ``live``, ``ready``, ``metadata``, ``model_metadata``, ``model_config``,
+            ``model_ready``, ``async infer``, ``model_statistics``, ``repository_index``,
+            ``async load_model``, ``async unload_model``). A core without the last four
+            (an embedding that implements only health, metadata and inference) gets 404
+            on their routes. Methods may be sync or async.
         max_request_bytes: the largest request body accepted, in bytes, before and
             after ``Content-Encoding`` decompression; larger ones get 413.
         body_timeout: the longest wait, in seconds, for the next piece of a request
@@ -87,7 +92,7 @@ class HttpApp:
 
     def __init__(
         self,
-        server: Any,
+        server: InferenceCore,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         body_timeout: float | None = DEFAULT_BODY_TIMEOUT_SECS,
     ) -> None:
@@ -439,14 +444,14 @@ class HttpApp:
 
 
 def create_http_app(
-    server: Any,
+    server: InferenceCore,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     body_timeout: float | None = DEFAULT_BODY_TIMEOUT_SECS,
 ) -> HttpApp:
     """Build the V2 REST ASGI application for ``server``.
 
     Args:
-        server: the ``InferenceServer`` (see :class:`HttpApp` for the methods used).
+        server: the core (:class:`~pdserve.core.api.InferenceCore`; see :class:`HttpApp`).
         max_request_bytes: request body limit in bytes (compressed and decompressed);
             default 64 MiB. Larger bodies get 413 and the connection is closed.
         body_timeout: seconds to wait for each next piece of a request body (default
@@ -488,7 +493,7 @@ def _check_method(method: str, allowed: str) -> None:
         raise MethodNotAllowedError("Method Not Allowed")
 
 
-def _int_header(value: bytes, default: int | None) -> int | None:
+def _int_header(value: bytes, default: _D) -> int | _D:
     try:
         return int(value)
     except ValueError:

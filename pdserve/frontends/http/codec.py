@@ -504,7 +504,7 @@ def encode_infer_response_parts(
                 if arr.dtype != le or not arr.flags.c_contiguous:
                     arr = np.ascontiguousarray(arr, dtype=le)
                 size = arr.nbytes
-                blob = memoryview(arr.reshape(-1).view(np.uint8))
+                blob = arr.reshape(-1).view(np.uint8).data
             total += size
             blobs.append(blob)
             outputs_json.append(

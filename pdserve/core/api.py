@@ -1,0 +1,205 @@
+"""The typed API of the core: what each part of pdserve may call on the server.
+
+:class:`pdserve.server.InferenceServer` implements every protocol here; each consumer
+is typed with the narrowest one it needs, so that go-to-definition and mypy follow
+every call from a frontend, an ensemble step or a BLS call into the core:
+
+================================  ==================================================
+protocol                          used by
+================================  ==================================================
+:class:`InferenceCore`            the HTTP and gRPC frontends, the app (health,
+                                  metadata, inference, statistics, repository)
+:class:`MetricsSource`            :mod:`pdserve.observability.metrics`
+:class:`RepositoryHost`           the repository poller (poll model control mode)
+:class:`ModelRunner`              ensemble steps and BLS calls, through
+                                  ``ModelSpec.server``
+:class:`ModelHost`                :class:`~pdserve.repository.manager.ModelManager`
+                                  (a :class:`ModelRunner` plus the warm-up hook)
+================================  ==================================================
+
+The protocols are ``runtime_checkable`` (``isinstance`` checks member names only;
+mypy checks the signatures). Types from the layers above the core
+(``ModelVersion``, ``ModelManager``, ``ModelStats``, ``ResponseCache``) are imported
+for type checking only: at run time this module imports nothing but
+:mod:`pdserve.core.types`, as the import rule asks (see
+``tests/unit/test_import_rule.py``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from pdserve.core.types import InferRequest, InferResponse
+
+if TYPE_CHECKING:
+    from pdserve.cache import ResponseCache
+    from pdserve.observability.stats import ModelStats
+    from pdserve.repository.manager import ModelManager
+    from pdserve.repository.model import ModelVersion
+
+
+@runtime_checkable
+class InferenceCore(Protocol):
+    """What the frontends (V2 HTTP and gRPC) and the app call on the core.
+
+    Every method is protocol-neutral: requests and responses are
+    :class:`~pdserve.core.types.InferRequest` / :class:`~pdserve.core.types.InferResponse`
+    and plain dicts in the V2 JSON shapes; errors are
+    :class:`~pdserve.core.errors.InferError`, mapped to a status by each frontend.
+    """
+
+    @property
+    def started(self) -> bool:
+        """True once the initial models were loaded (``start`` returned)."""
+        ...
+
+    def live(self) -> bool:
+        """Liveness (``/v2/health/live``): the process serves requests."""
+        ...
+
+    def ready(self) -> bool:
+        """Readiness (``/v2/health/ready``)."""
+        ...
+
+    def metadata(self) -> dict[str, Any]:
+        """V2 server metadata: ``{name, version, extensions}``."""
+        ...
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        """V2 model metadata ``{name, versions, platform, inputs, outputs}``.
+
+        Raises:
+            InferError(404 / 503): unknown model or version, or none ready.
+        """
+        ...
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        """The model's configuration in Triton's JSON form.
+
+        Raises:
+            InferError(404 / 503): unknown model or version, or none ready.
+        """
+        ...
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        """True when that model version (or, with no version, any) is ready."""
+        ...
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Run one inference request.
+
+        Raises:
+            InferError: 404 unknown model/version, 400 bad inputs, 503 unavailable,
+                500 the model failed.
+        """
+        ...
+
+    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics extension: ``{"model_stats": [...]}``.
+
+        Raises:
+            InferError(404): unknown model or version.
+        """
+        ...
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Repository index rows ``{name, version, state, reason}``."""
+        ...
+
+    async def load_model(
+        self, name: str, config: Any = None, files: dict[str, bytes] | None = None
+    ) -> None:
+        """Load or reload a model (repository extension).
+
+        Args:
+            config: a configuration override: Triton's JSON form (``str`` or ``dict``)
+                or a ``ModelConfig``; ``None`` reads config.pbtxt.
+            files: ``{"<version>/<file>": bytes}`` written into the model folder first.
+
+        Raises:
+            InferError(503): the model control mode is not ``explicit``.
+            InferError(400): bad override, or the model is missing or fails to load.
+        """
+        ...
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload a model (repository extension).
+
+        Raises:
+            InferError(503): the model control mode is not ``explicit``.
+            InferError(400): the model is not loaded.
+        """
+        ...
+
+
+@runtime_checkable
+class MetricsSource(Protocol):
+    """What the Prometheus metrics read from the core at scrape time."""
+
+    @property
+    def response_cache(self) -> ResponseCache | None:
+        """The response cache, or None when the server has none."""
+        ...
+
+    def served_model_stats(self) -> list[ModelStats]:
+        """Statistics of every served model version, by model name then version."""
+        ...
+
+
+@runtime_checkable
+class RepositoryHost(Protocol):
+    """What the repository poller (poll model control mode) needs from the core."""
+
+    @property
+    def started(self) -> bool:
+        """True once the initial models were loaded: polling starts after that."""
+        ...
+
+    @property
+    def manager(self) -> ModelManager:
+        """The model manager the poller loads and unloads through (no control-mode check)."""
+        ...
+
+    def live(self) -> bool:
+        """False once the server shuts down: polling stops."""
+        ...
+
+
+@runtime_checkable
+class ModelRunner(Protocol):
+    """What ensemble steps and BLS calls reach the core through (``ModelSpec.server``).
+
+    A step or BLS request runs through the step model's own scheduler, statistics and
+    response cache, exactly as a client's request to that model would.
+    """
+
+    def model_version(self, name: str, version: str = "") -> ModelVersion:
+        """The ready model version ``name`` / ``version`` (``""``: the version policy's).
+
+        Raises:
+            InferError(404): unknown model, or a version that is not served.
+            InferError(503): the model exists but no version is ready.
+        """
+        ...
+
+    async def infer_on(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
+        """Run ``request`` on an already resolved model version.
+
+        Raises:
+            InferError: 400 bad inputs, 503 unavailable, 500 the model failed.
+        """
+        ...
+
+
+@runtime_checkable
+class ModelHost(ModelRunner, Protocol):
+    """The manager's back-reference: a :class:`ModelRunner` handed to backends in
+    ``ModelSpec.server``, and the warm-up hook run on each freshly loaded version."""
+
+    async def warmup(self, mv: ModelVersion) -> None:
+        """Warm ``mv`` up before it serves.
+
+        Raises:
+            Exception: the warm-up failed; the version is closed and does not serve.
+        """
+        ...
