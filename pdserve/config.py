@@ -28,6 +28,7 @@ Every problem is a :class:`ConfigError` naming the file and the dotted field
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -50,6 +51,9 @@ ModelOutput: TypeAlias = model_config_pb2.ModelOutput
 
 #: File name of the model configuration inside a model folder.
 CONFIG_FILENAME = "config.pbtxt"
+#: How errors name a configuration given in a repository load request (the ``config``
+#: parameter) instead of read from ``config.pbtxt``.
+OVERRIDE_PATH = "<config override>"
 
 # Triton's platform and backend names, the one place pdserve spells them. Which
 # backends this server can actually run is the backend registry's business
@@ -446,7 +450,9 @@ def validate_config(
     ``KIND_CPU``/``KIND_MODEL`` groups list no GPUs; an output's
     ``label_filename`` exists (relative to the model folder); an ensemble has
     ``ensemble_scheduling`` with steps, no backend and no instance groups, and
-    only an ensemble has ``ensemble_scheduling``.
+    only an ensemble has ``ensemble_scheduling``. Beyond Triton's rules: no
+    decoupled transaction policy and no ``sequence_batching``, which pdserve cannot
+    serve yet (Triton can).
 
     Run it after auto-complete, as Triton does. With ``complete=False`` the
     checks auto-complete could still satisfy (a missing ``data_type`` or
@@ -525,11 +531,12 @@ def validate_config(
                 raise ConfigError(
                     where,
                     f"{field}.label_filename",
-                    f"label file '{label}' not found in {folder}",
+                    f"label file '{label}' not found in the model folder",
                 )
 
     if cfg.HasField("dynamic_batching"):
         _validate_dynamic_batching(cfg, where, warnings)
+    _refuse_unserved_scheduling(cfg, where)
 
     group_pb = model_config_pb2.ModelInstanceGroup
     for i, group in enumerate(cfg.instance_group):
@@ -557,6 +564,34 @@ def validate_config(
                 where, "instance_group", "instance groups must not be specified for an ensemble"
             )
     return warnings
+
+
+def _refuse_unserved_scheduling(cfg: ModelConfig, where: str) -> None:
+    """Refuse what pdserve cannot serve yet rather than serve it wrongly.
+
+    A decoupled model (``model_transaction_policy { decoupled: true }``) sends zero or
+    several responses per request through a response sender, and ``sequence_batching``
+    routes the requests of one sequence to one instance with its control inputs;
+    pdserve answers each request once through the direct or dynamic scheduler, so such
+    a model would load READY and then fail (or silently lose its sequence semantics)
+    on every request. Triton serves both; here they fail to load with this reason
+    until the streaming work implements them.
+    """
+    if cfg.model_transaction_policy.decoupled:
+        raise ConfigError(
+            where,
+            "model_transaction_policy.decoupled",
+            "decoupled models (zero or several responses per request) are not supported "
+            "by pdserve yet; set 'decoupled: false' or serve this model with Triton",
+        )
+    if cfg.HasField("sequence_batching"):
+        raise ConfigError(
+            where,
+            "sequence_batching",
+            "the sequence batcher (stateful models, sequence control inputs) is not "
+            "supported by pdserve yet; use 'dynamic_batching' or none for a stateless "
+            "model, or serve this model with Triton",
+        )
 
 
 def _validate_io_shape(
@@ -626,7 +661,9 @@ def _validate_dynamic_batching(cfg: ModelConfig, where: str, warnings: list[str]
             what = (
                 "batching asked of a model that cannot batch (max_batch_size is 0)"
                 if mbs == 0
-                else f"must be <= max_batch_size {mbs}"
+                else f"must be <= max_batch_size {mbs} (a served configuration lists "
+                "max_batch_size here when none was configured: lower or remove it "
+                "together with max_batch_size)"
             )
             raise ConfigError(
                 where,
@@ -740,18 +777,82 @@ def _is_repeated(field: FieldDescriptor) -> bool:
     return bool(is_repeated() if callable(is_repeated) else is_repeated)
 
 
-def config_from_json(d: dict[str, Any], path: str | Path = "<config override>") -> ModelConfig:
+def config_from_json(d: Any, path: str | Path = OVERRIDE_PATH) -> ModelConfig:
     """Parse a JSON configuration (the repository API's ``config`` override).
 
     Accepts what :func:`config_to_json` produces (numbers or strings for 64-bit
     integers, enum names).
 
     Raises:
-        ConfigError: unknown fields or values of the wrong type.
+        ConfigError: not a JSON object, unknown fields, values of the wrong type, or
+            nested too deeply.
     """
+    if not isinstance(d, dict):
+        raise ConfigError(
+            path, "config", f"must be a JSON object (a ModelConfig), not {_json_kind(d)}"
+        )
     cfg = ModelConfig()
     try:
         json_format.ParseDict(d, cfg)
     except json_format.ParseError as exc:
         raise ConfigError(path, "config", str(exc)) from None
+    except RecursionError:
+        raise ConfigError(path, "config", "nested too deeply") from None
     return cfg
+
+
+def parse_config_override(
+    value: str | bytes | dict[str, Any] | ModelConfig | None,
+) -> ModelConfig | None:
+    """The repository API's ``config`` load parameter as a ``ModelConfig``.
+
+    Args:
+        value: Triton's JSON form as text (HTTP and gRPC send a string) or already
+            parsed, or a ``ModelConfig`` (returned as is); None: no override.
+
+    Returns:
+        The configuration, or None when there is no override.
+
+    Raises:
+        ConfigError (path :data:`OVERRIDE_PATH`, field ``config``): the text is empty
+            or blank (Triton cannot parse it either; leave the parameter out instead),
+            not UTF-8, not JSON, nested too deeply, not a JSON object, or not a
+            ModelConfig.
+    """
+    if value is None or getattr(value, "DESCRIPTOR", None) is ModelConfig.DESCRIPTOR:
+        return value
+    if isinstance(value, bytes | bytearray):
+        try:
+            value = bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(OVERRIDE_PATH, "config", "not UTF-8 text") from None
+    if isinstance(value, str):
+        if not value.strip():
+            raise ConfigError(
+                OVERRIDE_PATH,
+                "config",
+                "empty: give the model configuration as a JSON object, "
+                "or leave the 'config' parameter out",
+            )
+        try:
+            value = json.loads(value)
+        except RecursionError:
+            raise ConfigError(OVERRIDE_PATH, "config", "nested too deeply") from None
+        except ValueError as exc:
+            raise ConfigError(OVERRIDE_PATH, "config", f"not JSON: {exc}") from None
+    return config_from_json(value)
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words (``a JSON array``...)."""
+    if isinstance(value, bool):
+        return "a JSON boolean"
+    if value is None:
+        return "JSON null"
+    if isinstance(value, int | float):
+        return "a JSON number"
+    if isinstance(value, str):
+        return "a JSON string"
+    if isinstance(value, list):
+        return "a JSON array"
+    return type(value).__name__

@@ -10,7 +10,6 @@ records the request's statistics — once, here, for every protocol.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Collection, Mapping
@@ -19,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from pdserve import __version__
 from pdserve.cache import ResponseCache
-from pdserve.config import ConfigError, config_from_json
+from pdserve.config import ConfigError, parse_config_override
 from pdserve.core.errors import InferError, internal, unavailable
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.repository.control import MODES
-from pdserve.repository.manager import ModelManager
+from pdserve.repository.manager import ModelManager, check_model_name
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.warmup import warmup as run_warmup
 
@@ -301,39 +300,37 @@ class InferenceServer:
         traffic switches when they are ready (see :class:`ModelManager`).
 
         Args:
-            config: a configuration override: Triton's JSON form (``str`` or
-                ``dict``) or a ``ModelConfig``; it replaces config.pbtxt for this
-                load (rollback: ``version_policy {specific {versions: [N]}}``).
-            files: ``{"<version>/<file>": bytes}`` written into the model folder
-                first; requires ``config``, as in Triton.
+            config: a configuration override: Triton's JSON form (a ``str``/``bytes``
+                holding one JSON object, or a ``dict``) or a ``ModelConfig``; it
+                replaces config.pbtxt for this load (rollback: ``version_policy
+                {specific {versions: [N]}}``). What ``GET /v2/models/{m}/config``
+                returns is accepted as it is.
+            files: ``{"<version>/<file>": bytes}`` (Triton's ``file:`` parameters);
+                requires ``config``. As in Triton the model is then loaded from a
+                temporary folder holding only ``config`` and these files: the
+                repository on disk is never written, whatever the outcome.
 
         Raises:
             InferError(UNAVAILABLE): the model control mode is not ``explicit``.
-            InferError(INVALID_ARG): bad override, the model is missing or fails to load.
+            InferError(INVALID_ARG): a malformed request (bad model name, a ``config``
+                that is empty, not JSON, nested too deep, not an object or not a
+                ModelConfig, ``file:`` without ``config``, a bad ``file:`` path), the
+                model is missing, or it fails to load. Messages hold no absolute path.
         """
         self._check_model_control()
-        if files and config is None:
-            raise InferError(
-                f"failed to load '{name}': 'file:' parameters require a 'config' parameter"
-            )
-        if isinstance(config, str | bytes):
-            try:
-                config = json.loads(config) if config.strip() else None
-            except ValueError as e:
-                raise InferError(f"failed to load '{name}': 'config' is not JSON: {e}") from None
-        if isinstance(config, dict):
-            try:
-                config = config_from_json(config)
-            except ConfigError as e:
-                raise InferError(f"failed to load '{name}': {e}") from None
-        await self.manager.load_model(name, config, files)
+        check_model_name(name)
+        try:
+            override = parse_config_override(config)
+        except ConfigError as e:
+            raise InferError(f"failed to load '{name}': {e}") from None
+        await self.manager.load_model(name, override, files)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """Unload a model (repository extension); in-flight requests finish first.
 
         Raises:
             InferError(UNAVAILABLE): the model control mode is not ``explicit``.
-            InferError(INVALID_ARG): the model is not loaded.
+            InferError(INVALID_ARG): a malformed model name, or the model is not loaded.
         """
         self._check_model_control()
         await self.manager.unload_model(name, unload_dependents)

@@ -17,17 +17,22 @@ import copy
 import inspect
 import logging
 import os
+import re
+import shutil
+import tempfile
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from google.protobuf import text_format
 
 from pdserve import config as cfgmod
 from pdserve.backends import host_policy
 from pdserve.backends.base import ModelSpec
 from pdserve.backends.registry import get_backend, unavailable_reason
 from pdserve.core.api import ModelHost
-from pdserve.core.errors import InferError, not_found, unavailable
+from pdserve.core.errors import ErrorCode, InferError, internal, not_found, unavailable
 from pdserve.repository import layout
 from pdserve.repository.model import ModelVersion
 from pdserve.scheduling import create_scheduler
@@ -82,35 +87,142 @@ class ModelEntry:
         return self.serving[max(self.serving)] if self.serving else None
 
 
+#: The longest model name, in UTF-8 bytes: one folder name (NAME_MAX on Linux and
+#: macOS file systems), since a model name is a folder of the repository.
+MAX_NAME_BYTES = 255
+#: The longest ``file:`` path of a load request, in UTF-8 bytes (well inside PATH_MAX
+#: once the staging folder is in front of it).
+MAX_FILE_PATH_BYTES = 1024
+#: How error messages and the repository index name a configuration given in a load
+#: request (``config`` parameter) rather than read from ``config.pbtxt``.
+OVERRIDE_WHERE = cfgmod.OVERRIDE_PATH
+#: How error messages name the temporary folder a ``config`` + ``file:`` load is
+#: served from (its real path is the server's business, not the client's).
+STAGED_WHERE = "<override>"
+#: Name prefix of the temporary folders ``file:`` loads are staged in (in the
+#: system's temporary folder: ``$TMPDIR`` or ``/tmp``).
+STAGING_PREFIX = "pdserve-override-"
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """``repr(text)``, cut to about ``limit`` characters (names echoed in errors)."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} chars)"
+
+
 def check_model_name(name: str) -> None:
     """Refuse a model name that is not one plain folder name of the repository.
 
     A model name becomes a path (``<repository>/<name>``) when the repository API
-    loads it and writes ``file:`` contents, so ``..``, ``.``, separators, NUL and
-    absolute paths are refused before anything touches the disk.
+    loads it, so ``..``, ``.``, separators, NUL, absolute paths and names longer
+    than a folder name may be (:data:`MAX_NAME_BYTES`) are refused before anything
+    touches the disk. Triton refuses empty, blank, ``..``-holding and ``/``-holding
+    names (``ValidateModelName``); pdserve also refuses hidden names (the
+    repository scan skips them), ``\\`` and NUL.
 
     Raises:
-        InferError(INVALID_ARG): the name is empty, ``.``/``..``, hidden, or holds ``/``,
-            ``\\`` or NUL.
+        InferError(INVALID_ARG): the name is empty or blank, ``.``/``..``, hidden,
+            holds ``/``, ``\\`` or NUL, or is too long; the message says which.
     """
-    if (
-        not name
-        or name in (".", "..")
-        or name.startswith(".")
-        or any(c in name for c in ("/", "\\", "\0"))
-    ):
+    if not name or not name.strip():
+        raise InferError("invalid model name: a model name must not be empty or blank")
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
         raise InferError(
-            f"invalid model name {name!r}: it must be one folder name of the repository"
+            f"invalid model name {_shown(name)}: it is {size} bytes long, and a model name "
+            f"is one folder name of the repository (at most {MAX_NAME_BYTES} bytes)"
+        )
+    if name in (".", "..") or name.startswith(".") or any(c in name for c in ("/", "\\", "\0")):
+        raise InferError(
+            f"invalid model name {_shown(name)}: it must be one folder name of the "
+            "repository (no '/', '\\', NUL, and not '.', '..' or hidden)"
         )
 
 
-def _write_files(files: dict[Path, bytes]) -> None:
-    """Write each file through a temporary name and a rename."""
-    for target, data in files.items():
+def check_file_paths(files: Collection[str]) -> None:
+    """Refuse ``file:`` paths of a load request that are not plain relative file paths.
+
+    Each path (the part after ``file:``, e.g. ``1/model.onnx``) must name a file
+    inside the model folder: relative, ``/``-separated, no empty, ``.`` or ``..``
+    component, no NUL or ``\\``, at most :data:`MAX_FILE_PATH_BYTES` bytes and
+    :data:`MAX_NAME_BYTES` per component, not ``config.pbtxt`` (the configuration is
+    the ``config`` parameter), and no path may be a folder another path writes into
+    (Triton: "directory has been created as a file").
+
+    Raises:
+        InferError(INVALID_ARG): the first bad path, named with what is wrong.
+    """
+    folders: set[str] = set()
+    for rel in files:
+        what = f"load parameter {_shown('file:' + rel)}"
+        if not rel:
+            raise InferError(
+                "load parameter 'file:' names no file: give 'file:<version>/<file name>'"
+            )
+        if "\0" in rel or "\\" in rel:
+            raise InferError(f"{what}: a file path must not contain NUL or '\\'")
+        if rel.startswith("/"):
+            raise InferError(
+                f"{what}: a file path must be relative to the model folder, "
+                "e.g. 'file:1/model.onnx', not absolute"
+            )
+        if len(rel.encode("utf-8", "surrogatepass")) > MAX_FILE_PATH_BYTES:
+            raise InferError(f"{what}: a file path may be at most {MAX_FILE_PATH_BYTES} bytes")
+        parts = rel.split("/")
+        if any(p in (".", "..") for p in parts):
+            raise InferError(
+                f"{what}: a file path must not hold '.' or '..' components "
+                "(it must stay inside the model folder)"
+            )
+        if any(not p for p in parts):
+            raise InferError(
+                f"{what}: names a folder or has an empty path component; "
+                "give 'file:<version>/<file name>'"
+            )
+        if any(len(p.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for p in parts):
+            raise InferError(f"{what}: a path component may be at most {MAX_NAME_BYTES} bytes")
+        if rel == cfgmod.CONFIG_FILENAME:
+            raise InferError(
+                f"{what}: the model configuration is the 'config' parameter; "
+                f"'file:{cfgmod.CONFIG_FILENAME}' is not accepted"
+            )
+        folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    clash = sorted(folders.intersection(files))
+    if clash:
+        raise InferError(
+            f"load parameter 'file:{clash[0]}' names a folder that other 'file:' "
+            "parameters write into"
+        )
+
+
+class _Staged:
+    """A temporary model folder written from one load request's ``config`` and
+    ``file:`` contents (Triton's override location): ``<root>/<model name>``.
+
+    The versions loaded from it use it until they are closed; the last one to go
+    (or a load that served nothing from it) removes ``root``.
+    """
+
+    def __init__(self, root: Path, name: str) -> None:
+        self.root = root
+        self.model_dir = root / name
+        self.users = 0
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _write_staged(staged: _Staged, config: Any, files: dict[str, bytes]) -> None:
+    """Write ``config.pbtxt`` and each file into a fresh staged model folder."""
+    model_dir = staged.model_dir
+    model_dir.mkdir()
+    (model_dir / cfgmod.CONFIG_FILENAME).write_text(
+        text_format.MessageToString(config), encoding="utf-8"
+    )
+    for rel, data in files.items():
+        target = model_dir.joinpath(*rel.split("/"))
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.pdserve-tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
+        with open(target, "xb") as f:
+            f.write(data)
 
 
 class ModelManager:
@@ -147,6 +259,8 @@ class ModelManager:
         #: set by :meth:`close` once its own timeout has passed: retirements in
         #: progress stop waiting for their requests.
         self._cut: asyncio.Event | None = None
+        #: id(ModelVersion) -> the staged folder it was loaded from (``file:`` loads).
+        self._staged: dict[int, _Staged] = {}
 
     # -- lookups (hot path) ---------------------------------------------------
 
@@ -244,51 +358,127 @@ class ModelManager:
         version that fails keeps the previously serving one (if any) in place.
 
         Args:
-            config_override: a ``ModelConfig`` that replaces config.pbtxt.
-            files: ``{"<version>/<file>": bytes}`` written into the model folder first.
+            config_override: a ``ModelConfig`` that replaces config.pbtxt for this
+                load; its ``name``, when set, must be ``name``. Errors in it are
+                reported as ``<config override>: <field>: ...``.
+            files: ``{"<version>/<file>": bytes}``, Triton's ``file:`` override
+                (requires ``config_override``). As in Triton, the model is then
+                loaded from a temporary folder holding only ``config_override`` and
+                these files, never from the repository, which is left untouched;
+                the folder is removed when the versions loaded from it are unloaded
+                or replaced, or at once when the load fails.
 
         A newly selected version that fails to load or warm up never costs
         service: the versions it would have replaced keep serving (as many as the
         policy selects, highest first) and the failure is in the repository
         index. A load with ``config_override`` loads every selected version anew.
+        Error messages and index reasons never hold the repository's absolute path
+        (paths are relative to the repository; a staged folder is ``<override>``).
 
         Raises:
-            InferError(INVALID_ARG): the model is not in the repository, its
-                configuration is invalid, or a selected version failed (the
-                entry records the reason; what served before still serves).
+            InferError(INVALID_ARG): a bad name, ``file:`` path or override, the
+                model is not in the repository, its configuration is invalid, or
+                a selected version failed (the entry records the reason; what
+                served before still serves).
             InferError(UNAVAILABLE): the manager is closing.
+            InferError(INTERNAL): the staged files cannot be written, or an
+                unexpected fault (logged with its traceback).
         """
         check_model_name(name)
+        if files:
+            if config_override is None:
+                raise InferError(
+                    f"failed to load '{name}': 'file:' parameters require a 'config' parameter"
+                )
+            check_file_paths(files)
+        if config_override is not None and config_override.name not in ("", name):
+            raise InferError(
+                f"failed to load '{name}': {OVERRIDE_WHERE}: name: the configuration names "
+                f"model {_shown(config_override.name)}, but the request loads '{name}'"
+            )
         if self.closing:
             raise unavailable(f"failed to load '{name}': the server is shutting down")
         async with self._lock(name):
             if self.closing:
                 raise unavailable(f"failed to load '{name}': the server is shutting down")
-            return await self._load_locked(name, config_override, files)
+            staged = None
+            try:
+                if files:
+                    staged = await self._stage(name, config_override, files)
+                return await self._load_locked(name, config_override, staged)
+            except InferError:
+                raise
+            except Exception as e:  # a fault of ours: never a raw exception or a path
+                log.exception("loading model %s failed", name)
+                raise internal(
+                    f"failed to load '{name}': {type(e).__name__}: {self._public(str(e))}"
+                ) from None
+            finally:
+                if staged is not None and staged.users == 0:  # nothing serves from it
+                    await asyncio.to_thread(staged.remove)
+
+    async def _stage(self, name: str, config: Any, files: dict[str, bytes]) -> _Staged:
+        """Write ``config`` and ``files`` into a new temporary model folder.
+
+        Raises:
+            InferError(INTERNAL): the files cannot be written (disk full...).
+        """
+
+        def write() -> _Staged:
+            staged = _Staged(Path(tempfile.mkdtemp(prefix=STAGING_PREFIX)), name)
+            try:
+                _write_staged(staged, config, files)
+            except BaseException:
+                staged.remove()
+                raise
+            return staged
+
+        try:
+            # Off the event loop: model files are large.
+            return await asyncio.to_thread(write)
+        except OSError as e:
+            log.error("model %s: cannot stage the 'file:' contents: %s", name, e)
+            raise internal(
+                f"failed to load '{name}': cannot write the 'file:' contents to a temporary "
+                f"folder: {e.strerror or type(e).__name__}"
+            ) from None
+
+    def _public(self, message: str, override_dir: Path | None = None) -> str:
+        """``message`` as a client may see it: no absolute path of the repository or
+        of a staged folder.
+
+        Paths inside the repository become relative to it (``tiny/config.pbtxt``);
+        a staged folder becomes ``<override>``; with ``override_dir`` (a load with a
+        configuration override), that model's ``config.pbtxt`` is ``<config override>``.
+        """
+        if override_dir is not None:
+            for d in {str(override_dir), str(override_dir.absolute())}:
+                message = message.replace(os.path.join(d, cfgmod.CONFIG_FILENAME), OVERRIDE_WHERE)
+        staging = re.escape(os.path.join(tempfile.gettempdir(), STAGING_PREFIX))
+        message = re.sub(staging + r"[^/\s'\"]*", STAGED_WHERE, message)
+        repos = {str(self.repository.absolute())}
+        try:
+            repos.add(str(self.repository.resolve()))
+        except OSError:
+            pass
+        for repo in sorted(repos, key=len, reverse=True):
+            message = message.replace(repo + os.sep, "")
+            message = message.replace(repo, "<model repository>")
+        return message
 
     async def _load_locked(
-        self, name: str, config_override: Any, files: dict[str, bytes] | None
+        self, name: str, config_override: Any, staged: _Staged | None
     ) -> ModelEntry:
         entry = self.models.get(name)
         if entry is None:
             entry = ModelEntry(name)
-        model_dir = self.repository / name
-        if files:
-            root = model_dir.resolve()
-            targets = {}
-            for rel in files:
-                target = (model_dir / rel).resolve()
-                if target == root or not target.is_relative_to(root):
-                    raise InferError(f"file path '{rel}' escapes the model folder")
-                targets[rel] = target
-            # Off the event loop (model files are large); each file appears whole.
-            await asyncio.to_thread(_write_files, {targets[r]: d for r, d in files.items()})
+        model_dir = staged.model_dir if staged is not None else self.repository / name
+        override_dir = model_dir if config_override is not None else None
+        where = OVERRIDE_WHERE if config_override is not None else f"{name}/config.pbtxt"
         try:
-            if not model_dir.is_dir():
+            if staged is None and not model_dir.is_dir():
                 raise InferError(f"failed to load '{name}': no such model in the repository")
-            mdir = layout.scan_repository(self.repository).get(name)
-            if mdir is None:
-                raise InferError(f"failed to load '{name}': no such model in the repository")
+            mdir = layout.ModelDir(name, model_dir, layout.list_versions(model_dir))
             base_cfg = (
                 copy.deepcopy(config_override)
                 if config_override is not None
@@ -298,7 +488,7 @@ class ModelManager:
                 base_cfg.name = name
             cfgmod.normalize_platform(
                 base_cfg,
-                str(model_dir / "config.pbtxt"),
+                where,
                 guess_from_files=[
                     f for v in mdir.versions for f in layout.version_dir_files(mdir, v)
                 ],
@@ -311,14 +501,17 @@ class ModelManager:
                     f"policy (found {mdir.versions})"
                 )
         except (cfgmod.ConfigError, InferError) as e:
-            entry.reason = str(e)
+            said = str(e) if isinstance(e, InferError) else f"failed to load '{name}': {e}"
+            reason = self._public(said, override_dir)
+            entry.reason = reason
             entry.wanted = True
             for v in entry.serving:  # still serving: say why the reload did not happen
-                entry.states[v] = VersionState(READY, f"reload failed: {e}")
-            if model_dir.is_dir() or name in self.models:  # no index row for a typo
+                entry.states[v] = VersionState(READY, f"reload failed: {reason}")
+            if (self.repository / name).is_dir() or name in self.models:  # no row for a typo
                 self.models.setdefault(name, entry)
             log.error("model %s failed to load: %s", name, e)
-            raise InferError(str(e)) from e
+            code = e.code if isinstance(e, InferError) else ErrorCode.INVALID_ARG
+            raise InferError(reason, code) from None
 
         for v in list(entry.states):  # forget failures of versions no longer selected
             if v not in entry.serving and v not in versions:
@@ -337,16 +530,19 @@ class ModelManager:
             if current is None:  # a serving version stays READY while its copy loads
                 entry.states[v] = VersionState(LOADING)
             try:
-                mv = await self._load_version(name, v, base_cfg, model_dir)
+                mv = await self._load_version(name, v, base_cfg, model_dir, where)
             except Exception as e:  # every failure becomes the version's reason
-                reason = str(e) or type(e).__name__
+                reason = self._public(str(e) or type(e).__name__, override_dir)
                 entry.states[v] = VersionState(UNAVAILABLE, reason)
                 errors.append(f"version {v}: {reason}")
-                log.error("model %s version %d failed to load: %s", name, v, reason)
+                log.error("model %s version %d failed to load: %s", name, v, e)
                 if current is not None:  # keep serving what worked
                     new_serving[v] = current
                     entry.states[v] = VersionState(READY, f"reload failed: {reason}")
                 return
+            if staged is not None:  # the staged folder lives as long as mv
+                staged.users += 1
+                self._staged[id(mv)] = staged
             new_serving[v] = mv
             # Loaded with an override: the next plain load must reload it from disk.
             entry.fingerprints[v] = fp if config_override is None else ""
@@ -365,6 +561,8 @@ class ModelManager:
         if self.closing:  # shut down while loading: serve nothing new
             fresh = [mv for v, mv in new_serving.items() if old.get(v) is not mv]
             await asyncio.gather(*(mv.close() for mv in fresh), return_exceptions=True)
+            for mv in fresh:
+                await self._release(mv)
             raise unavailable(f"failed to load '{name}': the server is shutting down")
         if errors:
             # Keep the versions the failed ones were to replace, highest first, so
@@ -392,8 +590,16 @@ class ModelManager:
             raise InferError(f"failed to load '{name}': {'; '.join(errors)}{kept}")
         return entry
 
+    async def _release(self, mv: ModelVersion) -> None:
+        """``mv`` is closed: remove the staged folder it was loaded from once unused."""
+        staged = self._staged.pop(id(mv), None)
+        if staged is not None:
+            staged.users -= 1
+            if staged.users <= 0:
+                await asyncio.to_thread(staged.remove)
+
     async def _load_version(
-        self, name: str, version: int, base_cfg: Any, model_dir: Path
+        self, name: str, version: int, base_cfg: Any, model_dir: Path, where: str
     ) -> ModelVersion:
         cfg = copy.deepcopy(base_cfg)
         spec = ModelSpec(
@@ -415,9 +621,7 @@ class ModelManager:
         if inspect.isawaitable(completing):  # the python backend runs model code for it
             await completing
         cfgmod.apply_defaults(cfg, gpus=backend.usable_gpus())
-        cfgmod.validate_config(
-            cfg, str(model_dir / "config.pbtxt"), model_dir=model_dir, backends=unavailable_reason
-        )
+        cfgmod.validate_config(cfg, where, model_dir=model_dir, backends=unavailable_reason)
         host_policy.check_instance_groups(name, cfg, self.host_policies)
         mv = ModelVersion(spec, cfg.platform or cfg.backend, backend.name)
         mv.instances = await backend.load(spec)
@@ -451,7 +655,10 @@ class ModelManager:
                     version,
                     mv.inflight,
                 )
-            await mv.close(0.0 if mv.inflight else None)
+            try:
+                await mv.close(0.0 if mv.inflight else None)
+            finally:
+                await self._release(mv)
             if forget and version not in entry.serving:
                 entry.states.pop(version, None)
                 entry.fingerprints.pop(version, None)
@@ -480,8 +687,10 @@ class ModelManager:
             unload_dependents: also unload the ensembles that use ``name``.
 
         Raises:
-            InferError(INVALID_ARG): the model is not loaded.
+            InferError(INVALID_ARG): a malformed name (:func:`check_model_name`), or
+                the model is not loaded.
         """
+        check_model_name(name)
         if unload_dependents:
             for dep in self.dependents(name):
                 try:
@@ -547,4 +756,9 @@ class ModelManager:
             self._cut = asyncio.Event()
         self._cut.set()
         await asyncio.gather(*(mv.close(left()) for mv in versions), return_exceptions=True)
+        for mv in versions:
+            await self._release(mv)
         await self.wait_retired()
+        for staged in list(self._staged.values()):  # every version is closed by now
+            await asyncio.to_thread(staged.remove)
+        self._staged.clear()

@@ -372,19 +372,24 @@ def test_explicit_mode_updates_under_load(tmp_path: Path) -> None:
             assert served(server, "zd") == ["3"]  # switched when the call returned
             timeline.end("2")
             progress(load)
-            # an upload that cannot load: refused, v3 untouched
+            # an upload that cannot load: refused, v3 untouched, nothing left on disk
             with pytest.raises(InferenceServerException, match="version 4"):
                 control.load_model(
                     "zd", config=json.dumps(cfg), files={"file:4/model.onnx": b"not a model"}
                 )
             assert served(server, "zd") == ["3"]
+            assert sorted(os.listdir(repo / "zd")) == ["1", "2", "config.pbtxt"]
             progress(load)
             # rollback to v2 (pdserve rollback's API call)
             timeline.begin("2", 2)
             assert rollback(server.http_url, "zd", 2) == ["2"]
             timeline.end("3")
             progress(load)
-            # unpin: config.pbtxt selects the broken v4, so v2 keeps serving
+            # the repository's owner publishes a broken v4; unpin: config.pbtxt selects
+            # it, so v2 keeps serving
+            (tmp_path / "v4").mkdir()
+            (tmp_path / "v4" / "model.onnx").write_bytes(b"not a model")
+            publish(tmp_path / "v4", repo / "zd" / "4")
             with pytest.raises(RuntimeError, match="version 4"):
                 rollback(server.http_url, "zd", None)
             assert served(server, "zd") == ["2"]

@@ -230,6 +230,12 @@ def test_validate_accepts_valid(tmp_path: Path) -> None:
             "3 dims",
         ),
         ('ensemble_scheduling { step [ { model_name: "x" } ] }', "ensemble_scheduling", "only"),
+        (
+            "model_transaction_policy { decoupled: true }",
+            "model_transaction_policy.decoupled",
+            "not supported by pdserve yet",
+        ),
+        ("sequence_batching { }", "sequence_batching", "not supported by pdserve yet"),
     ],
 )
 def test_validate_errors_name_file_and_field(
@@ -390,3 +396,51 @@ def test_datatype_of() -> None:
     assert cfgmod.datatype_of(io) == "BF16"
     with pytest.raises(ValueError):
         cfgmod.datatype_of(model_config_pb2.ModelInput(name="x"))
+
+
+def test_validate_decoupled_false_is_fine() -> None:
+    cfg = parse(VALID + "model_transaction_policy { decoupled: false }")
+    assert cfgmod.validate_config(cfg, "m/config.pbtxt") == []
+
+
+def test_label_file_error_names_no_absolute_path(tmp_path: Path) -> None:
+    cfg = parse(VALID)
+    cfg.output[0].label_filename = "nope.txt"
+    with pytest.raises(ConfigError) as e:
+        cfgmod.validate_config(cfg, "m/config.pbtxt", model_dir=tmp_path)
+    assert str(tmp_path) not in str(e.value) and "nope.txt" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("", "empty"),
+        ("  \n", "empty"),
+        (b"\xff", "not UTF-8"),
+        ("{nope", "not JSON"),
+        ("[1, 2]", "not a JSON array"),
+        ("null", "not JSON null"),
+        ("true", "not a JSON boolean"),
+        ("3", "not a JSON number"),
+        ('"m"', "not a JSON string"),
+        ("[" * 5000 + "]" * 5000, "nested too deeply"),
+        ('{"parameters":' * 3000 + "{}" + "}" * 3000, "nested too deeply"),
+        ('{"max_batch_size": "lots"}', "max_batch_size"),
+    ],
+)
+def test_parse_config_override_errors(value: str | bytes, words: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        cfgmod.parse_config_override(value)
+    assert e.value.path == cfgmod.OVERRIDE_PATH and e.value.field == "config"
+    assert words in e.value.message
+
+
+def test_parse_config_override_values() -> None:
+    assert cfgmod.parse_config_override(None) is None
+    cfg = cfgmod.parse_config_override('{"name": "m", "max_batch_size": 4}')
+    assert cfg is not None and cfg.name == "m" and cfg.max_batch_size == 4
+    assert cfgmod.parse_config_override(b'{"name": "m"}').name == "m"
+    assert cfgmod.parse_config_override({"name": "m"}).name == "m"
+    assert cfgmod.parse_config_override(cfg) is cfg
+    # what GET .../config serves parses back to the same message
+    assert cfgmod.parse_config_override(json.dumps(cfgmod.config_to_json(cfg))) == cfg
