@@ -232,8 +232,13 @@ def split_batch(batch: list[ExecRequest], outputs: dict[str, np.ndarray]) -> lis
 
     Each request gets only the outputs it asked for.
 
+    A single request's outputs are returned as they are: the scheduler's output
+    check (:mod:`pdserve.scheduling.shapes`) compares each request's outputs with
+    the configuration.
+
     Raises:
-        InferError(INTERNAL): an output's first dim does not equal the total rows.
+        InferError(INTERNAL): an output's first dim does not equal the total rows
+            (the message names the model, the output, the expected rows and the shape).
     """
     if len(batch) == 1:
         req = batch[0]
@@ -247,9 +252,12 @@ def split_batch(batch: list[ExecRequest], outputs: dict[str, np.ndarray]) -> lis
         for n in req.output_names:
             arr = outputs[n]
             if arr.ndim == 0 or arr.shape[0] != total:
+                shape = "[" + ",".join(str(d) for d in arr.shape) + "]"
+                got = arr.shape[0] if arr.ndim else "no"
                 raise internal(
-                    f"output '{n}' has shape {list(arr.shape)}: its first dim should be "
-                    f"the batch size {total}"
+                    f"model '{req.request.model_name}' returned output '{n}' with shape "
+                    f"{shape}, expected [{total},...]: {got} rows for a batch of {total} "
+                    f"rows from {len(batch)} requests"
                 )
             out[n] = arr[offset:end]
         results.append(out)

@@ -21,6 +21,7 @@ from pdserve.core.datatypes import bytes_array, numpy_to_v2
 from pdserve.core.errors import InferError
 from pdserve.core.types import InferRequest, RequestedOutput
 from pdserve.observability.stats import ModelStats
+from pdserve.scheduling.shapes import WILDCARD, OutputCheck, reshape_dims
 
 log = logging.getLogger("pdserve.model")
 
@@ -45,6 +46,8 @@ class IOSpec:
         optional: inputs only: the request may omit it.
         ragged: inputs only: ``allow_ragged_batch``.
         labels: outputs only: lines of ``label_filename`` (classification).
+        reshape: inputs only: ``reshape.shape`` when configured (the shape the model
+            gets instead of ``dims``, batch dim excluded), else None.
     """
 
     name: str
@@ -53,6 +56,7 @@ class IOSpec:
     optional: bool = False
     ragged: bool = False
     labels: list[str] | None = None
+    reshape: tuple[int, ...] | None = None
 
 
 def _shape_str(shape: Any) -> str:
@@ -91,6 +95,7 @@ class ModelVersion:
                 list(i.dims),
                 optional=i.optional,
                 ragged=i.allow_ragged_batch,
+                reshape=tuple(i.reshape.shape) if i.HasField("reshape") else None,
             )
         self.outputs: dict[str, IOSpec] = {}
         for o in cfg.output:
@@ -102,6 +107,8 @@ class ModelVersion:
                 o.name, cfgmod.datatype_of(o), list(o.dims), labels=labels
             )
         self.required_inputs = [n for n, s in self.inputs.items() if not s.optional]
+        #: checks (and reshapes) every result the scheduler gets back (datatype, rows, dims)
+        self.output_check = OutputCheck(cfg)
         self.instances: list[ModelInstance] = []
         self.scheduler: Scheduler | None = None
         self.stats = ModelStats(self.name, self.version_str)
@@ -147,6 +154,7 @@ class ModelVersion:
         name = self.name
         batch_size = 1
         seen_batch: int | None = None
+        inputs: dict[str, np.ndarray] | None = None
         for in_name, arr in request.inputs.items():
             spec = self.inputs.get(in_name)
             if spec is None:
@@ -191,6 +199,10 @@ class ModelVersion:
                     f"unexpected shape for input '{in_name}' for model '{name}'. "
                     f"Expected {_shape_str(expected)}, got {_shape_str(shape)}"
                 )
+            if spec.reshape is not None:
+                if inputs is None:
+                    inputs = dict(request.inputs)
+                inputs[in_name] = self._reshape_input(spec, arr, rest)
         for req_name in self.required_inputs:
             if req_name not in request.inputs:
                 raise InferError(
@@ -212,7 +224,31 @@ class ModelVersion:
                 output_names.append(out.name)
         else:
             output_names = list(self.outputs)
-        return ExecRequest(dict(request.inputs), output_names, request, batch_size)
+        if inputs is None:
+            inputs = dict(request.inputs)
+        return ExecRequest(inputs, output_names, request, batch_size)
+
+    def _reshape_input(self, spec: IOSpec, arr: np.ndarray, rest: Any) -> np.ndarray:
+        """``arr`` (shape ``[batch] + rest``) as the model gets it: ``rest`` reshaped from
+        ``dims`` to ``reshape.shape`` (:func:`~pdserve.scheduling.shapes.reshape_dims`),
+        a view, as Triton's ``InferenceRequest::Normalize`` does for every backend.
+
+        Raises:
+            InferError(INVALID_ARG): a ragged input (its shape is not checked against
+                ``dims``) that does not fit the reshape.
+        """
+        target = spec.reshape
+        assert target is not None
+        try:
+            if WILDCARD in target:
+                target = reshape_dims(rest, spec.dims, target)
+            return arr.reshape((arr.shape[0], *target) if self.max_batch_size > 0 else target)
+        except ValueError as e:
+            raise InferError(
+                f"input '{spec.name}' of shape {_shape_str(arr.shape)} for model '{self.name}' "
+                f"cannot be reshaped from dims {_shape_str(spec.dims)} to reshape.shape "
+                f"{_shape_str(spec.reshape)}: {e}"
+            ) from None
 
     # -- responses ------------------------------------------------------------
 

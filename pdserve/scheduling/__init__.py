@@ -2,7 +2,8 @@
 
 :func:`create_scheduler` picks one from the model configuration, as Triton does:
 ``dynamic_batching { }`` present -> dynamic batcher, otherwise each request runs
-as it comes on the next free instance.
+as it comes on the next free instance. Either checks every result against the
+model configuration (:mod:`pdserve.scheduling.shapes`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,6 @@ def create_scheduler(model: ModelVersion) -> Scheduler:
         try:
             from pdserve.scheduling.dynamic_batcher import DynamicBatcher
         except ImportError:  # pragma: no cover - until the batcher lands
-            return DirectScheduler(pool, model.stats)
-        return DynamicBatcher(pool, model.stats, model)
-    return DirectScheduler(pool, model.stats)
+            return DirectScheduler(pool, model.stats, model.output_check)
+        return DynamicBatcher(pool, model.stats, model, model.output_check)
+    return DirectScheduler(pool, model.stats, model.output_check)

@@ -17,6 +17,7 @@ import numpy as np
 from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.observability.stats import ModelStats
+from pdserve.scheduling.shapes import OutputCheck
 
 
 class InstancePool:
@@ -67,13 +68,19 @@ class InstancePool:
 
 
 async def run_batch(
-    instance: ModelInstance, batch: list[ExecRequest], stats: ModelStats
+    instance: ModelInstance,
+    batch: list[ExecRequest],
+    stats: ModelStats,
+    check: OutputCheck | None = None,
 ) -> list[ExecResult]:
     """Execute ``batch`` on ``instance``, record execution statistics.
 
     Sets ``compute_ns`` on every request. An exception from the instance becomes
     the result (an :class:`InferError`, ``INTERNAL`` unless it is one) of every
     request in the batch, so one bad batch never escapes into the scheduler.
+    With ``check`` (the model's :class:`~pdserve.scheduling.shapes.OutputCheck`),
+    every request's outputs are checked against the configuration (datatype, rows,
+    dims; ``reshape`` applied); a request whose outputs are wrong gets ``INTERNAL``.
     """
     start = time.monotonic_ns()
     try:
@@ -102,15 +109,21 @@ async def run_batch(
     stats.record_compute(len(batch), 0, elapsed, 0)
     for r in batch:
         r.compute_ns = elapsed
+    if check is not None:
+        results = check.results(batch, results)
     return results
 
 
 class Scheduler(abc.ABC):
     """Accepts requests for one model version and runs them on its instances."""
 
-    def __init__(self, pool: InstancePool, stats: ModelStats) -> None:
+    def __init__(
+        self, pool: InstancePool, stats: ModelStats, check: OutputCheck | None = None
+    ) -> None:
         self.pool = pool
         self.stats = stats
+        #: checks every result against the model configuration (None: unchecked)
+        self.check = check
 
     @abc.abstractmethod
     async def submit(self, request: ExecRequest) -> dict[str, np.ndarray]:
@@ -156,7 +169,7 @@ class DirectScheduler(Scheduler):
             request.queue_ns = time.monotonic_ns() - enqueued
             if is_cancelled(request):
                 raise client_gone()
-            (result,) = await run_batch(instance, [request], self.stats)
+            (result,) = await run_batch(instance, [request], self.stats, self.check)
         finally:
             self.pool.release(instance)
         if isinstance(result, InferError):

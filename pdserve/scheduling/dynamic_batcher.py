@@ -55,6 +55,7 @@ from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.observability.stats import ModelStats
 from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled, run_batch
 from pdserve.scheduling.queue_policy import PriorityLevels
+from pdserve.scheduling.shapes import OutputCheck
 
 if TYPE_CHECKING:
     from pdserve.repository.model import ModelVersion
@@ -139,6 +140,8 @@ class DynamicBatcher(Scheduler):
         stats: the model version's statistics (execution stats recorded per batch
             by :func:`run_batch`; ``pending`` kept equal to the queued requests).
         model: the loaded model version (configuration, inputs).
+        check: the model's output check (:class:`~pdserve.scheduling.shapes.OutputCheck`)
+            run on every batch's results; None: unchecked.
     """
 
     # the batch-formation scan's position (set by _reset_scan)
@@ -146,8 +149,14 @@ class DynamicBatcher(Scheduler):
     _p_last_q: int
     _p_full: bool
 
-    def __init__(self, pool: InstancePool, stats: ModelStats, model: ModelVersion) -> None:
-        super().__init__(pool, stats)
+    def __init__(
+        self,
+        pool: InstancePool,
+        stats: ModelStats,
+        model: ModelVersion,
+        check: OutputCheck | None = None,
+    ) -> None:
+        super().__init__(pool, stats, check)
         cfg = model.config
         db = cfg.dynamic_batching
         self.name = model.name
@@ -462,12 +471,12 @@ class DynamicBatcher(Scheduler):
                 it for it in items if it.req.request.cancelled is not None and is_cancelled(it.req)
             ]
             if not gone:
-                return await run_batch(instance, [it.req for it in items], self.stats)
+                return await run_batch(instance, [it.req for it in items], self.stats, self.check)
             _cancel_gone(gone)
             skip = {id(it) for it in gone}
             live = [it for it in items if id(it) not in skip]
             results = (
-                iter(await run_batch(instance, [it.req for it in live], self.stats))
+                iter(await run_batch(instance, [it.req for it in live], self.stats, self.check))
                 if live
                 else iter(())
             )

@@ -27,7 +27,10 @@ request goes through that step model's own scheduler
 pipeline requests and shows in that model's statistics. Only the steps needed for
 the requested outputs run. When the client goes away, no further step starts
 (``CLIENT_GONE``). An error in a step fails that ensemble request with the step's
-error (message and code) unchanged; other requests are untouched. The
+error (message and code) unchanged; other requests are untouched. Each step's
+outputs are checked against its model's configuration by that model's scheduler,
+and the ensemble's outputs against the ensemble's
+(:mod:`pdserve.scheduling.shapes`): a wrong shape or datatype is ``INTERNAL``. The
 ensemble itself has no instances and no instance limit.
 """
 
@@ -448,7 +451,12 @@ class EnsembleScheduler(Scheduler):
         if missing or todo:
             raise internal(f"ensemble '{plan.name}' could not produce {missing or sorted(todo)}")
         request.compute_ns = time.monotonic_ns() - start
-        return {n: tensors[n] for n in wanted}
+        # each step's outputs were checked against its model's configuration; the
+        # ensemble's own may be narrower (a step's -1 dim where the ensemble is fixed)
+        result = self.model.output_check.check(request, {n: tensors[n] for n in wanted})
+        if isinstance(result, InferError):
+            raise result
+        return result
 
     async def _run_step(
         self, step: EnsembleStep, tensors: dict[str, np.ndarray], parent: ExecRequest

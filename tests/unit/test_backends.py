@@ -114,3 +114,22 @@ def test_missing_optional_package_names_the_extra(monkeypatch: pytest.MonkeyPatc
     assert unavailable_reason("python").endswith(
         "which this environment lacks; reinstall pdserve, which depends on it"
     )
+
+
+def test_split_batch_names_the_model_output_and_rows_when_rows_are_wrong() -> None:
+    import numpy as np
+
+    from pdserve.backends.base import ExecRequest, split_batch
+    from pdserve.core.errors import ErrorCode, InferError
+    from pdserve.core.types import InferRequest
+
+    batch = [ExecRequest({}, ["Y"], InferRequest("m"), rows) for rows in (1, 2)]
+    parts = split_batch(batch, {"Y": np.arange(6).reshape(3, 2)})
+    assert [p["Y"].tolist() for p in parts] == [[[0, 1]], [[2, 3], [4, 5]]]  # type: ignore[index]
+    with pytest.raises(InferError) as info:
+        split_batch(batch, {"Y": np.zeros((2, 2))})
+    assert info.value.code is ErrorCode.INTERNAL
+    assert info.value.message == (
+        "model 'm' returned output 'Y' with shape [2,2], expected [3,...]: 2 rows for a "
+        "batch of 3 rows from 2 requests"
+    )

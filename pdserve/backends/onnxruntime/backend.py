@@ -384,12 +384,16 @@ class OnnxRuntimeInstance(ModelInstance):
         self._batching = cfg.max_batch_size > 0
         self._string_inputs = {a.name for a in session.get_inputs() if a.type == "tensor(string)"}
         self._string_outputs = {a.name for a in session.get_outputs() if a.type == "tensor(string)"}
-        self._reshape: dict[str, list[int]] = {
-            i.name: list(i.reshape.shape) for i in cfg.input if i.HasField("reshape")
-        }
-        self._out_reshape: dict[str, list[int]] = {
-            o.name: list(o.dims) for o in cfg.output if o.HasField("reshape")
-        }
+        # ``reshape`` is applied for every backend: inputs when the request is checked
+        # (ModelVersion.prepare), outputs by the scheduler's output check
+        # (pdserve.scheduling.shapes). A scalar graph output of a non-batching model gets
+        # the configured shape (all 1s), as in Triton's onnxruntime backend.
+        self._scalar_outputs: dict[str, tuple[int, ...]] = {}
+        if not self._batching:
+            for o in cfg.output:
+                shape = tuple(o.reshape.shape) if o.HasField("reshape") else tuple(o.dims)
+                if shape and all(d == 1 for d in shape):
+                    self._scalar_outputs[o.name] = shape
         self._all_outputs = [o.name for o in session.get_outputs()]
         #: allow_ragged_batch inputs (flattened, concatenated) and batch_input entries.
         self._ragged = frozenset(i.name for i in cfg.input if i.allow_ragged_batch)
@@ -481,11 +485,7 @@ class OnnxRuntimeInstance(ModelInstance):
         if self._batch_inputs:
             inputs = {**inputs, **batch_input_tensors(self._batch_inputs, batch)}
         feeds: dict[str, np.ndarray] = {}
-        rows = sum(r.batch_size for r in batch)
         for name, arr in inputs.items():
-            if name in self._reshape:
-                shape = ([rows] if self._batching else []) + self._reshape[name]
-                arr = arr.reshape(shape)
             if name in self._string_inputs:
                 arr = (
                     np.vectorize(
@@ -534,9 +534,8 @@ class OnnxRuntimeInstance(ModelInstance):
         for n in wanted:
             if n in self._string_outputs:
                 outputs[n] = to_bytes_object_array(np.asarray(outputs[n], dtype=object))
-            if n in self._out_reshape:
-                dims = self._out_reshape[n]
-                outputs[n] = outputs[n].reshape(([rows] if self._batching else []) + dims)
+            if n in self._scalar_outputs and outputs[n].ndim == 0:
+                outputs[n] = outputs[n].reshape(self._scalar_outputs[n])
         return split_batch(batch, outputs)
 
     async def close(self) -> None:
