@@ -158,12 +158,16 @@ def decode_infer_request(
 
     Raises:
         InferError(INVALID_ARG): malformed JSON; a header length outside ``[0, len(body)]``;
-            a field of the wrong type; an unknown datatype; a negative or non-integer
+            a field of the wrong type (``id`` not a string, ``data`` not an array, a
+            ``parameters`` value that is not a string, number or boolean, a reserved
+            request parameter of the wrong type: see :mod:`pdserve.frontends.parameters`);
+            an unknown datatype; a negative or non-integer
             shape, or one of more than 64 dimensions or 2**59 elements or more;
             ``data`` whose element count differs from the shape's, or whose values do
-            not fit the datatype; binary sizes that disagree with the datatype and
-            shape or with the bytes the body holds; truncated BYTES, or more BYTES
-            elements than the shape calls for.
+            not fit the datatype (integers out of range, finite numbers past FP32 /
+            FP16's range); binary sizes that disagree with the datatype and
+            shape or with the bytes the body holds (the message names the input);
+            truncated BYTES, or more BYTES elements than the shape calls for.
     """
     if arrival_ns is None:
         arrival_ns = time.monotonic_ns()
