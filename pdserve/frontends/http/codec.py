@@ -97,6 +97,7 @@ _LE_DTYPE: dict[str, np.dtype] = {
 #: numpy ``dtype.kind`` values that JSON data may have for each datatype family.
 _INT_TYPES = frozenset(["UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"])
 _FLOAT_TYPES = frozenset(["FP16", "FP32", "FP64"])
+_NARROW_FLOATS = frozenset(["FP16", "FP32"])
 _KIND_WORDS = {
     "b": "true/false",
     "i": "integer",
@@ -483,14 +484,14 @@ def _json_to_array(data: Any, datatype: str, shape: list[int], count: int, name:
                     f"input '{name}' value {bad} is out of range for {datatype} "
                     f"[{info.min}, {info.max}]"
                 )
-        if dtype.kind == "f" and dtype.itemsize < arr.dtype.itemsize:
+        if datatype in _NARROW_FLOATS:  # (JSON numbers arrive as 8-byte numpy values)
             # Narrowing to FP32 / FP16: a finite number past the type's range would
             # become +/-inf. For FP32 from JSON numbers, one dot product clears every
             # value at once (a sum of squares under FP32's max squared means no value
             # is out of range; NaN / inf anywhere fails the test and takes the exact
             # check). Integers always fit FP32; FP16 always takes the exact check.
             vec = arr if arr.ndim == 1 else arr.reshape(-1)
-            if dtype.itemsize == 4 and (kind != "f" or vec.dot(vec) < _FP32_MAX_SQUARED):
+            if datatype == "FP32" and (kind != "f" or vec.dot(vec) < _FP32_MAX_SQUARED):
                 return vec.astype(dtype).reshape(shape)
             return _narrow_checked(vec, dtype, datatype, name).reshape(shape)
     return arr.astype(dtype, copy=False).reshape(shape)
@@ -687,9 +688,12 @@ def encode_infer_response_parts(
                 if not (arr.flags.c_contiguous and arr.dtype.isnative):
                     arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("="))
                 data = arr.reshape(-1)
-                if data.dtype.kind == "f" and not _all_finite(data):
+                if datatype in _FLOAT_TYPES:
                     # orjson would write NaN and +/-inf as null; Triton writes tokens.
-                    data = orjson.Fragment(_float_json(data))
+                    # One dot product (finite: no NaN / inf) spares the exact test.
+                    if datatype == "FP16" or not math.isfinite(data.dot(data)):
+                        if not np.isfinite(data).all():
+                            data = orjson.Fragment(_float_json(data))
             outputs_json.append(
                 {"name": name, "datatype": datatype, "shape": arr.shape, "data": data}
             )
@@ -710,17 +714,6 @@ def encode_infer_response_parts(
     if not blobs:
         return [header], None, len(header)
     return [header, *blobs], len(header), len(header) + total
-
-
-def _all_finite(data: np.ndarray) -> bool:
-    """True when no element of the 1-D float array ``data`` is NaN or +/-inf.
-
-    FP32 / FP64: one dot product (NaN or inf anywhere makes it non-finite; so may a
-    sum of huge squares, which the exact test then clears). FP16: the exact test.
-    """
-    if data.dtype.itemsize >= 4 and math.isfinite(data.dot(data)):
-        return True
-    return bool(np.isfinite(data).all())
 
 
 def _float_json(data: np.ndarray) -> bytes:
