@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from pdserve import __version__
 from pdserve.cache import ResponseCache
-from pdserve.config import ConfigError, parse_config_override
+from pdserve.config import ENSEMBLE_PLATFORM, ConfigError, parse_config_override
 from pdserve.core.errors import InferError, internal, unavailable
 from pdserve.core.types import InferRequest, InferResponse
+from pdserve.observability.stats import NOT_QUEUED
 from pdserve.repository.control import MODES
 from pdserve.repository.manager import ModelManager, check_model_name
 from pdserve.repository.model import ModelVersion
@@ -140,11 +141,14 @@ class InferenceServer:
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         """V2 model metadata.
 
+        ``versions`` lists every ready version when ``version`` is empty, else only
+        ``version`` (Triton's ``TRITONSERVER_ServerModelMetadata``).
+
         Raises:
             InferError(NOT_FOUND / UNAVAILABLE): unknown model or version, or none ready.
         """
         mv = self.manager.get(name, version)
-        return mv.metadata(self.manager.ready_versions(name))
+        return mv.metadata([mv.version_str] if version else self.manager.ready_versions(name))
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         """The model's (auto-completed) configuration in Triton's JSON form.
@@ -194,10 +198,12 @@ class InferenceServer:
     async def infer_on(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
         """Run ``request`` on an already resolved model version (ensembles, BLS)."""
         stats = mv.stats
+        # Triton counts a failure once a request has passed its checks and was queued
+        # (see record_failure); a request refused before that counts nowhere.
+        exec_req = mv.prepare(request)
         mv.begin()
         try:
             try:
-                exec_req = mv.prepare(request)
                 cache = self.response_cache
                 if cache is not None and cache.enabled_for(mv):
                     outputs = await self._infer_cached(cache, mv, exec_req)
@@ -205,7 +211,9 @@ class InferenceServer:
                     outputs = await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
                 outputs = mv.finish_outputs(request, outputs)
             except InferError as e:
-                stats.record_failure(time.monotonic_ns() - request.arrival_ns, e.reason)
+                if e.reason != NOT_QUEUED:
+                    reason = "OTHER" if mv.platform == ENSEMBLE_PLATFORM else e.reason
+                    stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason)
                 raise
             except asyncio.CancelledError:
                 stats.record_failure(time.monotonic_ns() - request.arrival_ns, "CANCELED")
@@ -250,18 +258,25 @@ class InferenceServer:
         version, every served version of that model.
 
         Raises:
-            InferError(NOT_FOUND): unknown model or version.
+            InferError(INVALID_ARG): the model is unknown or has no ready version, or
+                ``version`` is not one of them (HTTP 400, gRPC INVALID_ARGUMENT, as
+                Triton's ``TRITONSERVER_ServerModelStatistics`` answers).
         """
         if name:
+            entry = self.manager.models.get(name)
+            if entry is None or not entry.serving:
+                raise InferError(f"requested model '{name}' is not available")
             if version:
-                versions = [self.manager.get(name, version)]
+                mv = None
+                if version.isascii() and version.isdigit() and len(version) <= 19:
+                    mv = entry.serving.get(int(version))
+                if mv is None:
+                    raise InferError(
+                        f"requested model version '{version}' is not available for model '{name}'"
+                    )
+                versions = [mv]
             else:
-                entry = self.manager.models.get(name)
-                if entry is None or not entry.serving:
-                    self.manager.get(name)  # raises the right error
-                    versions = []
-                else:
-                    versions = list(entry.serving.values())
+                versions = list(entry.serving.values())
         else:
             versions = [
                 mv for _, e in sorted(self.manager.models.items()) for mv in e.serving.values()
@@ -277,10 +292,19 @@ class InferenceServer:
         ]
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Repository index rows ``{name, version, state, reason}``."""
-        rows = self.manager.index()
-        if ready_only:
-            rows = [r for r in rows if r.get("state") == "READY"]
+        """Repository index rows ``{name, version, state, reason}``.
+
+        As Triton's ``TRITONSERVER_ServerModelIndex``: ``reason`` only where there is
+        one (a READY version has none unless a reload of it failed), ``version`` and
+        ``state`` only for models that were loaded at some point.
+        """
+        rows = []
+        for row in self.manager.index():
+            if ready_only and row.get("state") != "READY":
+                continue
+            if "reason" in row and not row["reason"]:
+                row = {k: v for k, v in row.items() if k != "reason"}
+            rows.append(row)
         return rows
 
     def _check_model_control(self) -> None:

@@ -7,6 +7,18 @@ numbers. The JSON form follows Triton's ``GET /v2/models/{m}/stats`` response
 compute_input, compute_infer, compute_output, cache_hit and cache_miss;
 ``batch_stats`` holds the compute durations per executed batch size.
 All durations are nanoseconds.
+
+Which failures count (``fail`` here, ``nv_inference_request_failure`` in metrics),
+as in Triton's core: a request counts once it has passed the request checks and
+reached the model's scheduler. Then it fails with a reason: ``REJECTED`` (its queue
+timeout expired), ``CANCELED`` (the client went away), ``BACKEND`` (the model
+failed), ``OTHER`` (anything else; every failure of an ensemble). Requests refused
+before that count nowhere, as Triton returns them from
+``TRITONSERVER_ServerInferAsync`` without statistics: malformed requests (decoded by
+the frontends), unknown models or versions, inputs that do not match the
+configuration (``ModelVersion.prepare``; Triton's ``PrepareForInference``), and
+requests the scheduler refuses to queue (queue full, model unloading; Triton's
+``Enqueue`` errors), which carry the reason :data:`NOT_QUEUED`.
 """
 
 from __future__ import annotations
@@ -14,6 +26,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+#: The ``InferError.reason`` of a request a scheduler refused to queue (queue full,
+#: model unloading): not counted as a failure (see the module docstring).
+NOT_QUEUED = "NOT_QUEUED"
 
 #: Callables ``listener(stats)`` run when a :class:`ModelStats` is created — the
 #: Prometheus exporter uses this to add its hooks to every model version.
@@ -105,7 +121,8 @@ class ModelStats:
             )
 
     def record_failure(self, request_ns: int, reason: str = "BACKEND") -> None:
-        """A request failed (``reason``: REJECTED, CANCELED, BACKEND, OTHER)."""
+        """A request that reached the scheduler failed (``reason``: REJECTED,
+        CANCELED, BACKEND, OTHER; see the module docstring for what counts)."""
         self.durations["fail"].add(request_ns)
         for hook in self.hooks:
             hook("failure", request_ns=request_ns, reason=reason)

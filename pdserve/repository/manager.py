@@ -283,8 +283,10 @@ class ModelManager:
                 )
             return mv
         if not (version.isascii() and version.isdigit()):  # int() would take "+2", "٢", "2_0"
-            raise InferError(f"model version '{version}' is not a number")
-        mv = entry.serving.get(int(version))
+            raise InferError(f"model version '{version[:40]}' is not a number")
+        # Versions are int64 (19 digits); longer strings are no version (and int() of
+        # thousands of digits is slow, then refused).
+        mv = entry.serving.get(int(version)) if len(version.lstrip("0")) <= 19 else None
         if mv is None:
             raise not_found(f"Request for unknown model: '{name}' version {version} is not found")
         return mv

@@ -125,7 +125,12 @@ class ModelVersion:
         return ([-1] if self.max_batch_size > 0 else []) + spec.dims
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
-        """V2 model metadata (``GET /v2/models/{m}``) with the given served versions."""
+        """V2 model metadata (``GET /v2/models/{m}[/versions/{v}]``).
+
+        Args:
+            versions: the ``versions`` to list: every ready version when the request
+                named none, else only the one it named (as Triton does).
+        """
         return {
             "name": self.name,
             "versions": versions,
@@ -203,12 +208,10 @@ class ModelVersion:
                 if inputs is None:
                     inputs = dict(request.inputs)
                 inputs[in_name] = self._reshape_input(spec, arr, rest)
-        for req_name in self.required_inputs:
-            if req_name not in request.inputs:
-                raise InferError(
-                    f"expected {len(self.required_inputs)} inputs but got "
-                    f"{len(request.inputs)} inputs for model '{name}': missing input '{req_name}'"
-                )
+        if len(request.inputs) < len(self.inputs):
+            missing = [n for n in self.required_inputs if n not in request.inputs]
+            if missing:
+                raise InferError(self._missing_inputs_message(request, missing))
         if request.outputs:
             output_names = []
             for out in request.outputs:
@@ -249,6 +252,23 @@ class ModelVersion:
                 f"cannot be reshaped from dims {_shape_str(spec.dims)} to reshape.shape "
                 f"{_shape_str(spec.reshape)}: {e}"
             ) from None
+
+    def _missing_inputs_message(self, request: InferRequest, missing: list[str]) -> str:
+        """Triton's message for a request without every required input
+        (``InferenceRequest::ValidateRequestInputs``): it names every missing one."""
+        given = "[" + ",".join(f"'{n}'" for n in request.inputs) + "]"
+        absent = "[" + ",".join(f"'{n}'" for n in missing) + "]"
+        total, required = len(self.inputs), len(self.required_inputs)
+        expected = (
+            f"{total} inputs"
+            if total == required
+            else f"number of inputs between {required} and {total}"
+        )
+        return (
+            f"expected {expected} but got {len(request.inputs)} inputs for model "
+            f"'{self.name}'. Got input(s) {given}, but missing required input(s) {absent}. "
+            "Please provide all required input(s)."
+        )
 
     # -- responses ------------------------------------------------------------
 

@@ -52,7 +52,7 @@ import numpy as np
 
 from pdserve.backends.base import ExecRequest, ExecResult
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
-from pdserve.observability.stats import ModelStats
+from pdserve.observability.stats import NOT_QUEUED, ModelStats
 from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled, run_batch
 from pdserve.scheduling.queue_policy import PriorityLevels
 from pdserve.scheduling.shapes import OutputCheck
@@ -227,7 +227,9 @@ class DynamicBatcher(Scheduler):
                 model failed.
         """
         if self._closed:
-            raise unavailable(f"model '{self.name}' is unloading: request not accepted")
+            raise unavailable(
+                f"model '{self.name}' is unloading: request not accepted", reason=NOT_QUEUED
+            )
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -239,7 +241,7 @@ class DynamicBatcher(Scheduler):
                 raise unavailable(
                     f"inference request to model '{self.name}' exceeds maximum queue size "
                     f"({limit} at priority level {level + 1})",
-                    reason="REJECTED",
+                    reason=NOT_QUEUED,
                 )
         now = _monotonic_ns()
         deadline = 0

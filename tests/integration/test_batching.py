@@ -341,7 +341,7 @@ def test_timeout_override_and_full_queue_reject(server: ServerProcess) -> None:
         np.testing.assert_array_equal(call.output(), np.full((1, 4), 3 + i, np.float32))
     after = stats_of(server, "slow_policy")
     fails = after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"]
-    assert fails == 2
+    assert fails == 1  # as in Triton: the queue timeout counts, the full-queue refusal does not
     assert after["inference_count"] - before["inference_count"] == 3
 
 

@@ -102,6 +102,8 @@ def test_model_metadata(client: grpcclient.InferenceServerClient) -> None:
     assert meta["outputs"] == [{"name": "OUTPUT0", "datatype": "FP32", "shape": ["-1", "64"]}]
     versions = client.get_model_metadata("tiny_all_versions").versions
     assert list(versions) == ["1", "2", "3"]
+    # For one version, that version only (as Triton).
+    assert list(client.get_model_metadata("tiny_all_versions", "2").versions) == ["2"]
 
 
 def test_model_config(client: grpcclient.InferenceServerClient) -> None:
@@ -278,6 +280,31 @@ def test_infer_errors(client: grpcclient.InferenceServerClient) -> None:
     assert client.infer("tiny", [_input("INPUT0", x)]).as_numpy("OUTPUT0").shape == (1, 64)
 
 
+def test_request_parameters_are_checked(stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
+    """Triton's reserved parameters must have their types; any value must be set."""
+
+    def request(**params: tuple[str, object]) -> service_pb2.ModelInferRequest:
+        req = service_pb2.ModelInferRequest(model_name="tiny")
+        req.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 64]).contents.fp32_contents.extend(
+            [0.5] * 64
+        )
+        for key, (kind, value) in params.items():
+            setattr(req.parameters[key], kind, value)
+        return req
+
+    for params, words in (
+        ({"priority": ("string_param", "high")}, "'priority' must be an int64_param >= 0"),
+        ({"timeout": ("double_param", 1.5)}, "'timeout' must be an int64_param >= 0"),
+        ({"triton_x": ("bool_param", True)}, "keys starting with 'triton_' are reserved"),
+    ):
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ModelInfer(request(**params))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert words in e.value.details()
+    ok = stub.ModelInfer(request(priority=("uint64_param", 1), timeout=("int64_param", 10**6)))
+    assert list(ok.outputs[0].shape) == [1, 64]
+
+
 def test_raw_size_mismatch(stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
     req = service_pb2.ModelInferRequest(model_name="tiny", raw_input_contents=[b"\0" * 10])
     req.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 64])
@@ -329,9 +356,12 @@ def test_statistics(client: grpcclient.InferenceServerClient) -> None:
     assert stats[0].inference_stats.success.count - before.inference_stats.success.count == 2
     everything = client.get_inference_statistics().model_stats
     assert {"tiny", "tiny_specific", "efficientnet_lite0"} <= {s.name for s in everything}
-    with pytest.raises(InferenceServerException) as e:
-        client.get_inference_statistics("no_such_model")
-    assert _code(e) == "StatusCode.NOT_FOUND"
+    # Triton answers INVALID_ARGUMENT (HTTP 400) for a model or version it cannot report.
+    for args in (("no_such_model",), ("tiny_specific", "2"), ("tiny", "x")):
+        with pytest.raises(InferenceServerException) as e:
+            client.get_inference_statistics(*args)
+        assert _code(e) == "StatusCode.INVALID_ARGUMENT", args
+        assert "is not available" in str(e.value)
 
 
 def test_repository_index(client: grpcclient.InferenceServerClient) -> None:

@@ -272,6 +272,73 @@ def test_every_datatype(client: httpclient.InferenceServerClient) -> None:
 # -- version policies ----------------------------------------------------------------
 
 
+FLOAT_DTYPES = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
+
+
+def test_nonfinite_floats_give_the_same_values_in_json_and_binary(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    """NaN and +/-inf travel as Triton sends them: ``NaN`` / ``Infinity`` tokens in JSON
+    (both ways), raw IEEE values in binary; tritonclient reads the same arrays."""
+    meta = client.get_model_metadata("tiny_dtypes")
+    values = [np.nan, np.inf, -np.inf, 0.5, -0.0, 2.0]
+    results = {}
+    for binary_in, binary_out in ((False, False), (True, True), (False, True), (True, False)):
+        inputs, outputs = [], []
+        for spec in meta["inputs"]:
+            dt = spec["datatype"]
+            if dt == "BYTES":
+                arr = np.array([[b"x"] * 6], dtype=object)
+            elif dt.startswith("FP"):
+                arr = np.array([values], dtype=FLOAT_DTYPES[dt])
+            else:
+                arr = np.zeros((1, 6), dtype=bool if dt == "BOOL" else dt.lower())
+            inp = httpclient.InferInput(spec["name"], [1, 6], dt)
+            inp.set_data_from_numpy(arr, binary_data=binary_in)
+            inputs.append(inp)
+            out = "OUT_" + spec["name"].removeprefix("IN_")
+            outputs.append(httpclient.InferRequestedOutput(out, binary_data=binary_out))
+        result = client.infer("tiny_dtypes", inputs, outputs=outputs)
+        for dt, np_dt in FLOAT_DTYPES.items():
+            got = result.as_numpy(f"OUT_{dt}").astype(np_dt)
+            expected = np.array([values], dtype=np_dt)
+            assert got.shape == (1, 6)
+            assert np.array_equal(got, expected, equal_nan=True), (binary_in, binary_out, dt)
+            assert np.signbit(got[0, 4])  # -0.0 kept
+            results[(binary_in, binary_out, dt)] = got
+    assert len(results) == 12  # every combination was checked
+
+
+def test_metadata_for_one_version_lists_that_version(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    assert client.get_model_metadata("tiny_all_versions")["versions"] == ["1", "2", "3"]
+    for v in ("1", "3"):
+        assert client.get_model_metadata("tiny_all_versions", v)["versions"] == [v]
+
+
+def test_repository_index_has_no_reason_for_ready_models(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    index = client.get_model_repository_index()
+    ready = [row for row in index if row.get("state") == "READY"]
+    assert {"tiny", "tiny_dtypes", "efficientnet_lite0"} <= {row["name"] for row in ready}
+    for row in ready:
+        assert set(row) == {"name", "version", "state"}, row
+
+
+def test_missing_inputs_are_all_named(client: httpclient.InferenceServerClient) -> None:
+    inp = httpclient.InferInput("IN_BOOL", [1, 1], "BOOL")
+    inp.set_data_from_numpy(np.array([[True]]))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("tiny_dtypes", [inp])
+    names = [spec["name"] for spec in client.get_model_metadata("tiny_dtypes")["inputs"]]
+    missing = "[" + ",".join(f"'{n}'" for n in names if n != "IN_BOOL") + "]"
+    assert e.value.status() == "400"
+    assert f"expected {len(names)} inputs but got 1 inputs for model 'tiny_dtypes'" in str(e.value)
+    assert f"Got input(s) ['IN_BOOL'], but missing required input(s) {missing}" in str(e.value)
+
+
 def test_version_policy_latest_default(client: httpclient.InferenceServerClient) -> None:
     assert client.is_model_ready("tiny", "2")
     assert not client.is_model_ready("tiny", "1")
@@ -374,6 +441,45 @@ def _case_bodies():
             "NOPE_OUT",
         ),
         (_bad("batch-over-max", with_(shape=[129, 64], data=[0.1] * 129 * 64)), 400, "128"),
+        (_bad("fp32-out-of-range", with_(data=[1e39] * 64)), 400, "out of range for FP32"),
+        (_bad("data-not-array", with_(shape=[], data=0.5)), 400, "'data' must be a JSON array"),
+        (
+            _bad(
+                "bad-priority",
+                json.dumps(dict(good_json, parameters={"priority": "high"})).encode(),
+            ),
+            400,
+            "'priority' must be a non-negative integer",
+        ),
+        (
+            _bad("param-object", json.dumps(dict(good_json, parameters={"k": {"a": 1}})).encode()),
+            400,
+            "parameter 'k' must be a string, number or boolean",
+        ),
+        (
+            _bad(
+                "reserved-param", json.dumps(dict(good_json, parameters={"triton_x": 1})).encode()
+            ),
+            400,
+            "reserved",
+        ),
+        (
+            _bad("empty-version", _GOOD, path="/v2/models/tiny/versions//infer"),
+            400,
+            "empty model version",
+        ),
+        (
+            _bad("version-not-a-number", _GOOD, path="/v2/models/tiny/versions/v2/infer"),
+            400,
+            "not a number",
+        ),
+        (
+            _bad(
+                "version-too-long", _GOOD, path="/v2/models/tiny/versions/" + "9" * 5000 + "/infer"
+            ),
+            404,
+            "not found",
+        ),
     ]
 
 

@@ -314,3 +314,110 @@ def test_decode_raw_bytes_with_millions_of_extra_elements_stops_early() -> None:
     short = service_pb2.ModelInferRequest(model_name="m", raw_input_contents=[b"\0" * 8])
     short.inputs.add(name="S", datatype="BYTES", shape=[1000])
     assert "at most 2 elements" in _grpc_decode_error(short)
+
+
+# -- field rules (issue 10): the HTTP rules, in gRPC's types ----------------------------
+
+
+def _one_input() -> service_pb2.ModelInferRequest:
+    msg = service_pb2.ModelInferRequest(model_name="m")
+    msg.inputs.add(name="X", datatype="FP32", shape=[1]).contents.fp32_contents.append(1.0)
+    return msg
+
+
+def _decode_error(msg: service_pb2.ModelInferRequest) -> str:
+    with pytest.raises(InferError) as e:
+        decode_infer_request(msg, 0)
+    assert grpc_status(e.value) == grpc.StatusCode.INVALID_ARGUMENT
+    return e.value.message
+
+
+@pytest.mark.parametrize(
+    ("key", "kind", "value", "words"),
+    [
+        (
+            "priority",
+            "string_param",
+            "1",
+            "'priority' must be an int64_param >= 0 or a uint64_param",
+        ),
+        ("priority", "int64_param", -1, "'priority' must be an int64_param >= 0"),
+        ("priority", "double_param", 1.0, "'priority' must be an int64_param >= 0"),
+        ("timeout", "double_param", 0.5, "'timeout' must be an int64_param >= 0 (microseconds)"),
+        ("timeout", "int64_param", -1, "'timeout' must be an int64_param >= 0"),
+        (
+            "sequence_id",
+            "bool_param",
+            True,
+            "'sequence_id' must be an int64_param >= 0 or a string",
+        ),
+        ("sequence_start", "int64_param", 1, "'sequence_start' must be a bool_param"),
+        ("sequence_end", "string_param", "yes", "'sequence_end' must be a bool_param"),
+        ("triton_other", "bool_param", True, "keys starting with 'triton_' are reserved"),
+        (
+            "triton_enable_empty_final_response",
+            "int64_param",
+            1,
+            "'triton_enable_empty_final_response' must be a bool_param",
+        ),
+    ],
+)
+def test_request_parameters_follow_triton_grpc(
+    key: str, kind: str, value: object, words: str
+) -> None:
+    msg = _one_input()
+    setattr(msg.parameters[key], kind, value)
+    assert words in _decode_error(msg)
+
+
+def test_parameters_without_a_value_are_invalid_argument() -> None:
+    msg = _one_input()
+    msg.parameters["user"].CopyFrom(service_pb2.InferParameter())
+    assert "request parameter 'user' must be a string, number or boolean, not null" in (
+        _decode_error(msg)
+    )
+    msg = _one_input()
+    msg.inputs[0].parameters["note"].CopyFrom(service_pb2.InferParameter())
+    assert "input 'X' parameter 'note' must be a string, number or boolean" in _decode_error(msg)
+    msg = _one_input()
+    msg.outputs.add(name="Y").parameters["note"].CopyFrom(service_pb2.InferParameter())
+    assert "output 'Y' parameter 'note' must be a string, number or boolean" in _decode_error(msg)
+
+
+def test_requested_output_parameters_are_checked() -> None:
+    for kind, value, words in (
+        ("int64_param", -2, "'classification' must be an int64_param >= 0"),
+        ("double_param", 2.0, "'classification' must be an int64_param >= 0"),
+        ("bool_param", True, "'classification' must be an int64_param >= 0"),
+    ):
+        msg = _one_input()
+        setattr(msg.outputs.add(name="Y").parameters["classification"], kind, value)
+        assert f"output 'Y' parameter {words}" in _decode_error(msg)
+    msg = _one_input()
+    msg.outputs.add(name="Y").parameters["binary_data"].string_param = "yes"
+    assert "output 'Y' parameter 'binary_data' must be a bool_param" in _decode_error(msg)
+
+
+def test_valid_parameters_pass_unchanged() -> None:
+    msg = _one_input()
+    msg.parameters["priority"].uint64_param = 2**64 - 1
+    msg.parameters["timeout"].int64_param = 0
+    msg.parameters["sequence_id"].string_param = "s"
+    msg.parameters["sequence_start"].bool_param = True
+    msg.parameters["triton_enable_empty_final_response"].bool_param = False
+    msg.parameters["binary_data_output"].string_param = "any: an ordinary key on gRPC"
+    msg.parameters["user"].double_param = 0.5
+    out = msg.outputs.add(name="Y")
+    out.parameters["classification"].uint64_param = 3
+    out.parameters["binary_data"].bool_param = True
+    out.parameters["note"].string_param = "kept"
+    req = decode_infer_request(msg, 0)
+    assert req.parameters["priority"] == 2**64 - 1 and req.parameters["user"] == 0.5
+    assert req.outputs is not None
+    assert (req.outputs[0].classification, req.outputs[0].parameters) == (3, {"note": "kept"})
+
+
+def test_raw_bytes_errors_name_the_input() -> None:
+    msg = service_pb2.ModelInferRequest(model_name="m", raw_input_contents=[b"\x05\x00\x00\x00ab"])
+    msg.inputs.add(name="TEXT", datatype="BYTES", shape=[1])
+    assert _decode_error(msg).startswith("input 'TEXT': BYTES tensor data is truncated")

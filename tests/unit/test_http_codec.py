@@ -279,8 +279,13 @@ def test_binary_sizes_must_match_the_body() -> None:
     assert decode_infer_request(*raw_request(doc, payload), "m").inputs["X"].tolist() == [1, 2]
     message = decode_error(doc, payload + b"\x00")
     assert "add up to 8 bytes" in message and "holds 9 bytes" in message
+    assert "1 bytes follow the last binary input, 'X'" in message
     message = decode_error(doc, payload[:5])
-    assert "add up to 8 bytes" in message and "holds 5 bytes" in message
+    assert message == (
+        "input 'X' has binary_data_size 8 but only 5 bytes of binary data are left in the "
+        "body after the inputs before it"
+    )
+    assert "no input has a binary_data_size" in decode_error(one_input(), b"\x00\x00")
     assert "no Inference-Header-Content-Length" in decode_error(doc, b"", header=None)
     assert "needs the Inference-Header-Content-Length" in decode_error(doc, payload, header=None)
     doc["inputs"][0]["parameters"]["binary_data_size"] = 4
@@ -393,11 +398,188 @@ def test_non_utf8_bytes_output_as_json_is_400_and_fine_as_binary() -> None:
     assert result.as_numpy("O").tolist() == [b"ok", b"\xff\xfe"]
 
 
-def test_nan_is_null_in_json_and_exact_in_binary() -> None:
-    arr = np.array([np.nan, np.inf, 1.0], dtype=np.float32)
-    body, _ = encode_infer_response(InferResponse("m", "1", {"O": arr}), InferRequest("m"))
-    assert orjson.loads(body)["outputs"][0]["data"] == [None, None, 1.0]
-    assert np.isnan(parse(body, None).as_numpy("O")[0])
+# --------------------------------------------------------------------------- non-finite
+
+NONFINITE = [np.nan, np.inf, -np.inf, 1.5, -0.0]
+
+
+def same_floats(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal element by element, NaN equal to NaN, dtype included."""
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_nonfinite_values_round_trip_json_and_binary_through_tritonclient(dtype: type) -> None:
+    """tritonclient sends NaN / Infinity tokens in JSON (Python's json.dumps); they decode
+    to the values sent, and JSON and binary outputs give tritonclient the same values
+    (Triton reads and writes these tokens: RapidJSON's NanAndInf flags)."""
+    original = np.array(NONFINITE, dtype=dtype).reshape(1, 5)
+    json_output = [triton_http.InferRequestedOutput("OUT", binary_data=False)]
+    body, header_length = client_request({"IN": original}, binary=False, outputs=json_output)
+    assert b"NaN" in body and b"-Infinity" in body and header_length is None
+    request = decode_infer_request(body, header_length, "m")
+    assert same_floats(request.inputs["IN"], original)
+    response = InferResponse("m", "1", {"OUT": request.inputs["IN"]})
+    json_body, json_header = encode_infer_response(response, request)
+    assert json_header is None and b"[NaN,Infinity,-Infinity,1.5,-0.0]" in json_body
+    binary_request = InferRequest("m", outputs=[RequestedOutput("OUT", binary_data=True)])
+    binary_out = parse(*encode_infer_response(response, binary_request)).as_numpy("OUT")
+    json_out = parse(json_body, json_header).as_numpy("OUT")
+    assert same_floats(binary_out, original)
+    assert same_floats(json_out.astype(dtype), original)
+
+
+def test_nonfinite_tokens_only_in_float_outputs_and_null_elsewhere_untouched() -> None:
+    outputs = {
+        "F": np.array([[1.0, np.nan]], np.float32),
+        "S": np.array([b"null", b"NaN"], dtype=object),
+    }
+    body, _ = encode_infer_response(InferResponse("m", "1", outputs), InferRequest("m"))
+    assert b'"data":[1.0,NaN]' in body and b'"data":["null","NaN"]' in body
+    big = np.array([3e38, -3e38, 1e20], np.float32)  # huge squares, all finite: no tokens
+    body, _ = encode_infer_response(InferResponse("m", "1", {"B": big}), InferRequest("m"))
+    assert np.array(orjson.loads(body)["outputs"][0]["data"], np.float32).tolist() == big.tolist()
+
+
+def test_numbers_out_of_range_for_the_datatype_are_400() -> None:
+    message = decode_error(one_input(data=[1.0, 1e39]))
+    assert "input 'X' value 1e+39 is out of range for FP32" in message
+    assert "3.4028235e+38" in message
+    assert "out of range for FP32" in decode_error(one_input(data=[[-1e39], [2.0]]), header=None)
+    assert "out of range for FP16" in decode_error(one_input(datatype="FP16", data=[1e10, 0]))
+    assert "value 100000 is out of range for FP16" in decode_error(
+        one_input(datatype="FP16", data=[100000, 0])
+    )
+    assert "failed to parse the request JSON" in decode_error(b'{"inputs":[{"data":[1e400]}]}')
+    # The largest finite values (rounding to them) and tiny ones are fine.
+    ok = decode_infer_request(raw_request(one_input(data=[3.4028235e38, 1e-50]))[0], None, "m")
+    assert ok.inputs["X"].tolist() == [float(np.finfo(np.float32).max), 0.0]
+    fp16 = one_input(datatype="FP16", data=[65504, -65504.0])
+    assert decode_infer_request(raw_request(fp16)[0], None, "m").inputs["X"].tolist() == [
+        65504.0,
+        -65504.0,
+    ]
+    fp64 = decode_infer_request(
+        raw_request(one_input(datatype="FP64", data=[1e308, 1]))[0], None, "m"
+    )
+    assert fp64.inputs["X"].tolist() == [1e308, 1.0]
+
+
+def test_nonfinite_tokens_are_read_as_strictly_as_orjson_reads_the_rest() -> None:
+    def body(data: str, **extra: str) -> bytes:
+        fields = "".join(f', "{k}": {v}' for k, v in extra.items())
+        return (
+            '{"inputs": [{"name": "X", "shape": [2], "datatype": "FP32", "data": '
+            f"{data}}}]{fields}}}"
+        ).encode()
+
+    tokens = decode_infer_request(body("[NaN, -Infinity]"), None, "m").inputs["X"]
+    assert np.isnan(tokens[0]) and tokens[1] == -np.inf
+    for bad in ("[nan, 1]", "[NaN, 1e400]", "[NaN, 1,]", "[Infinity, 2] x"):
+        assert "failed to parse the request JSON" in decode_error(body(bad))
+    assert "failed to parse" in decode_error(body("[NaN, 1]", id='"\\ud800"'))
+    paired = decode_infer_request(body("[NaN, 1]", id='"\\ud83d\\ude00"'), None, "m")
+    assert paired.id == "\U0001f600"
+    big = body("[NaN, 1]", parameters='{"k": 18446744073709551616}')
+    assert decode_infer_request(big, None, "m").parameters["k"] == float(2**64)
+    deep = b'{"inputs": [], "x": [NaN, ' + b"[" * 100_000 + b"]" * 100_000 + b"]}"
+    assert "failed to parse" in decode_error(deep)
+    # Tokens are numbers: refused where the datatype wants integers, booleans, strings.
+    for datatype, words in (
+        ("INT32", "expected integers"),
+        ("BOOL", "true/false"),
+        ("BYTES", "expected strings"),
+    ):
+        doc = body("[NaN, 1]").replace(b"FP32", datatype.encode())
+        assert words in decode_error(doc)
+
+
+# --------------------------------------------------------------------------- field rules
+
+
+@pytest.mark.parametrize(
+    ("parameters", "words"),
+    [
+        ({"priority": "high"}, "'priority' must be a non-negative integer, got 'high'"),
+        ({"priority": -1}, "'priority' must be a non-negative integer"),
+        ({"priority": 1.5}, "'priority' must be a non-negative integer"),
+        ({"priority": True}, "'priority' must be a non-negative integer"),
+        ({"priority": 2**64 - 1 + 1.0}, "'priority' must be a non-negative integer"),
+        ({"timeout": -5}, "'timeout' must be a non-negative integer (microseconds)"),
+        ({"timeout": "10"}, "'timeout' must be a non-negative integer"),
+        ({"sequence_id": 1.5}, "'sequence_id' must be a non-negative integer or a string"),
+        ({"sequence_start": 1}, "'sequence_start' must be true or false"),
+        ({"sequence_end": "yes"}, "'sequence_end' must be true or false"),
+        ({"binary_data_output": 1}, "'binary_data_output' must be true or false"),
+        ({"triton_x": True}, "'triton_x': keys starting with 'triton_' are reserved"),
+        ({"user": {"a": 1}}, "request parameter 'user' must be a string, number or boolean"),
+        ({"user": [1]}, "'user' must be a string, number or boolean, not an array"),
+        ({"user": None}, "'user' must be a string, number or boolean, not null"),
+    ],
+)
+def test_request_parameters_follow_v2_and_triton(parameters: dict, words: str) -> None:
+    assert words in decode_error({"inputs": [], "parameters": parameters})
+
+
+def test_valid_request_parameters_pass_unchanged() -> None:
+    parameters = {
+        "priority": 2,
+        "timeout": 0,
+        "sequence_id": "session-1",
+        "sequence_start": True,
+        "binary_data_output": False,
+        "user_s": "x",
+        "user_i": -3,
+        "user_f": 0.5,
+        "user_b": False,
+    }
+    request = decode_infer_request(
+        orjson.dumps({"inputs": [], "parameters": parameters}), None, "m"
+    )
+    assert request.parameters == parameters
+
+
+def test_input_and_output_parameters_and_data_must_have_v2_types() -> None:
+    message = decode_error(one_input(parameters={"note": ["a"]}))
+    assert message == "input 'X' parameter 'note' must be a string, number or boolean, not an array"
+    assert "output 'o' parameter 'k' must be a string, number or boolean, not an object" in (
+        decode_error({"inputs": [], "outputs": [{"name": "o", "parameters": {"k": {}}}]})
+    )
+    assert "classification" in decode_error(
+        {"inputs": [], "outputs": [{"name": "o", "parameters": {"classification": 1.0}}]}
+    )
+    for data, kind in (
+        (1.0, "a number"),
+        ("1", "a string"),
+        ({"a": 1}, "an object"),
+        (True, "a boolean"),
+    ):
+        message = decode_error(one_input(shape=[], data=data))
+        assert (
+            message
+            == f"input 'X' 'data' must be a JSON array (flat or nested, row-major), not {kind}"
+        )
+    request = decode_infer_request(raw_request(one_input(parameters={"note": "ok"}))[0], None, "m")
+    assert request.inputs["X"].tolist() == [1.0, 2.0]
+
+
+def test_binary_size_errors_name_the_input() -> None:
+    doc = {
+        "inputs": [
+            {"name": "A", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}},
+            {"name": "B", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}},
+        ]
+    }
+    message = decode_error(doc, b"\x00" * 10)
+    assert message.startswith("input 'B' has binary_data_size 8 but only 6 bytes")
+    assert "input 'A' has binary_data_size 4 but the request has no" in decode_error(
+        doc, b"", header=None
+    )
+    assert "follow the last binary input, 'B'" in decode_error(doc, b"\x00" * 13)
 
 
 def test_unsupported_output_dtype_is_500() -> None:

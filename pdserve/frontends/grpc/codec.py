@@ -22,6 +22,7 @@ from pdserve.core.datatypes import (
 from pdserve.core.errors import InferError, internal
 from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
 from pdserve.frontends.offload import codec_pool
+from pdserve.frontends.parameters import check_request_parameters, check_scalar_parameters
 
 log = logging.getLogger("pdserve.grpc")
 
@@ -109,7 +110,12 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
             a shape of more than 64 dimensions or 2**59 elements or more, typed
             contents out of range for the datatype (INT8/INT16/UINT8/UINT16),
             raw and typed contents mixed, a raw-contents count that is not the input
-            count, FP16 sent as typed contents, shared-memory inputs or outputs.
+            count, FP16 sent as typed contents, shared-memory inputs or outputs; an
+            ``InferParameter`` with no value set; a reserved request parameter of the
+            wrong type (``priority``, ``timeout``, ``sequence_*``; keys starting with
+            ``triton_``; see :mod:`pdserve.frontends.parameters`); an output's
+            ``classification`` that is not an integer >= 0 or ``binary_data`` that is
+            not a bool. Each message names the input, output or parameter.
     """
     raw = msg.raw_input_contents
     n_raw = len(raw)
@@ -124,9 +130,13 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
         datatype = tensor.datatype
         shape = list(tensor.shape)
         count = shape_element_count(shape, name)
-        if tensor.parameters and "shared_memory_region" in tensor.parameters:
-            raise InferError(
-                f"input '{name}': the shared-memory extension is not supported by pdserve"
+        if tensor.parameters:
+            if "shared_memory_region" in tensor.parameters:
+                raise InferError(
+                    f"input '{name}': the shared-memory extension is not supported by pdserve"
+                )
+            check_scalar_parameters(
+                {k: param_value(v) for k, v in tensor.parameters.items()}, f"input '{name}'"
             )
         if name in inputs:
             raise InferError(f"input '{name}' is given more than once")
@@ -138,7 +148,10 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
                 )
             data = raw[i]
             if datatype == "BYTES":
-                arr = deserialize_bytes_tensor(data, count).reshape(shape)
+                try:
+                    arr = deserialize_bytes_tensor(data, count).reshape(shape)
+                except InferError as exc:
+                    raise InferError(f"input '{name}': {exc.message}") from None
             else:
                 dtype = _LE_DTYPE.get(datatype)
                 if dtype is None:
@@ -176,17 +189,31 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
     if msg.outputs:
         outputs = []
         for out in msg.outputs:
+            if not out.parameters:
+                outputs.append(RequestedOutput(out.name))
+                continue
             params = {k: param_value(v) for k, v in out.parameters.items()}
             if "shared_memory_region" in params:
                 raise InferError(
                     f"output '{out.name}': the shared-memory extension is not supported by pdserve"
                 )
-            cls = params.pop("classification", 0) or 0
-            if not isinstance(cls, int) or isinstance(cls, bool):
-                raise InferError(f"output '{out.name}': 'classification' must be an integer")
-            params.pop("binary_data", None)
+            check_scalar_parameters(params, f"output '{out.name}'")
+            cls = params.pop("classification", 0)
+            if type(cls) is not int or cls < 0:
+                raise InferError(
+                    f"output '{out.name}' parameter 'classification' must be an int64_param "
+                    f">= 0 or a uint64_param, got {cls!r}"
+                )
+            binary = params.pop("binary_data", None)
+            if binary is not None and type(binary) is not bool:
+                raise InferError(
+                    f"output '{out.name}' parameter 'binary_data' must be a bool_param"
+                )
             outputs.append(RequestedOutput(out.name, None, cls, params))
-    parameters = {k: param_value(v) for k, v in msg.parameters.items()} if msg.parameters else {}
+    parameters: dict[str, Any] = {}
+    if msg.parameters:
+        parameters = {k: param_value(v) for k, v in msg.parameters.items()}
+        check_request_parameters(parameters, grpc=True)
     return InferRequest(
         model_name=msg.model_name,
         model_version=msg.model_version,

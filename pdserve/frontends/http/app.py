@@ -117,7 +117,7 @@ class HttpApp:
                 if n == 5:
                     await self._handle_infer(scope, receive, send, parts[3], "")
                     return
-                if n == 7 and parts[4] == "versions":
+                if n == 7 and parts[4] == "versions" and parts[5]:
                     await self._handle_infer(scope, receive, send, parts[3], parts[5])
                     return
             await self._route(scope, receive, send, path, method)
@@ -333,6 +333,8 @@ class HttpApp:
         rest = 4
         if n >= 6 and parts[4] == "versions":
             version = parts[5]
+            if not version:
+                raise InferError(f"empty model version in the request path {path}")
             rest = 6
         if n == rest:
             action = ""

@@ -26,19 +26,30 @@ Decisions, beyond the specs:
 - Fixed-size binary inputs are zero-copy, **read-only** ``np.frombuffer`` views into
   the body (possibly not aligned to their item size; numpy and ONNX Runtime accept
   that). A backend that writes into an input must copy it first.
-- JSON input data must have the kind the datatype calls for: BOOL takes only
-  ``true``/``false``; integer types take only JSON integers, range-checked (Triton
-  silently wraps out-of-range values; we answer 400); FP16/FP32/FP64 take integers
-  or floats. BYTES takes strings (UTF-8 encoded to ``bytes``).
+- JSON input data must be an array (flat or nested) [V2] of the kind the datatype
+  calls for: BOOL takes only ``true``/``false``; integer types take only JSON
+  integers, range-checked (Triton silently wraps out-of-range values; we answer 400);
+  FP16/FP32/FP64 take numbers. BYTES takes strings (UTF-8 encoded to ``bytes``).
+- Non-finite floats, as Triton (its JSON is RapidJSON with ``kParseNanAndInfFlag`` /
+  ``kWriteNanAndInfFlag``): the tokens ``NaN``, ``Infinity`` and ``-Infinity`` are
+  read in input data (``tritonclient`` sends them: Python's ``json.dumps``) and
+  written in output data (``tritonclient``'s ``json.loads`` reads them), so JSON and
+  binary outputs give a client the same values. A finite JSON number outside the
+  datatype's range (``1e39`` for FP32, ``1e10`` for FP16) is refused with 400 where
+  Triton's C++ cast silently makes it inf; a number that overflows a double
+  (``1e400``) is a JSON error, as in Triton.
+- FP16 as JSON numbers: Triton refuses it ("receiving FP16 data via JSON is not
+  supported"), in inputs and outputs; pdserve accepts and writes it (a deliberate
+  difference: it costs nothing and saves clients a binary request).
+- Parameters: every value of a request's, an input's or an output's ``parameters``
+  is a string, number or boolean [V2]; the keys Triton reserves are type-checked
+  as Triton does (see :mod:`pdserve.frontends.parameters`).
 - JSON output of BYTES: elements are decoded as strict UTF-8. An element that is not
   valid UTF-8 cannot be a JSON string without loss, so the request fails with 400
   telling the client to ask for that output with ``binary_data: true`` (the same
   advice ``tritonclient`` gives for non-UTF-8 input data). Triton itself writes the
   raw bytes into the JSON, producing a body clients cannot parse; a lossy
   ``errors="replace"`` or latin-1 decode would hand back wrong bytes silently.
-- JSON output of floats: NaN and +/-Inf have no JSON form; orjson writes ``null``,
-  which ``np.array([None], dtype=np.float32)`` (tritonclient's ``as_numpy``) reads
-  back as NaN. Ask for binary output to keep infinities.
 - FP16 JSON output is written by orjson directly from the float16 array (shortest
   decimal that round-trips through float16).
 - Inputs given through the shared-memory extension (``shared_memory_region``) are
@@ -47,7 +58,11 @@ Decisions, beyond the specs:
 
 from __future__ import annotations
 
+import json
+import math
+import re
 import time
+import warnings
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -64,6 +79,7 @@ from pdserve.core.datatypes import (
 )
 from pdserve.core.errors import InferError, internal
 from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
+from pdserve.frontends.parameters import check_request_parameters, check_scalar_parameters
 
 __all__ = [
     "decode_infer_request",
@@ -81,6 +97,7 @@ _LE_DTYPE: dict[str, np.dtype] = {
 #: numpy ``dtype.kind`` values that JSON data may have for each datatype family.
 _INT_TYPES = frozenset(["UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"])
 _FLOAT_TYPES = frozenset(["FP16", "FP32", "FP64"])
+_NARROW_FLOATS = frozenset(["FP16", "FP32"])
 _KIND_WORDS = {
     "b": "true/false",
     "i": "integer",
@@ -95,6 +112,16 @@ _DUMPS_OPTS = orjson.OPT_SERIALIZE_NUMPY
 #: JSON ``data`` whose nested lists promise more elements than the shape's count, and
 #: more than this many, is rejected before it is converted element by element.
 _EXCESS_CHECK = 4096
+
+# The finiteness / range tests below are dot products, which overflow (harmlessly: the
+# exact test follows) for huge values; numpy would warn each time.
+warnings.filterwarnings(
+    "ignore", "overflow encountered in dot", RuntimeWarning, re.escape(__name__) + "$"
+)
+
+#: FP32's largest finite value, squared (as a float64): JSON numbers whose squares sum
+#: to less than this all fit FP32.
+_FP32_MAX_SQUARED = float(np.finfo(np.float32).max) ** 2
 
 #: What the encoder hands back to send: ``bytes`` or a zero-copy ``memoryview``.
 Buffer: TypeAlias = bytes | memoryview
@@ -132,12 +159,16 @@ def decode_infer_request(
 
     Raises:
         InferError(INVALID_ARG): malformed JSON; a header length outside ``[0, len(body)]``;
-            a field of the wrong type; an unknown datatype; a negative or non-integer
+            a field of the wrong type (``id`` not a string, ``data`` not an array, a
+            ``parameters`` value that is not a string, number or boolean, a reserved
+            request parameter of the wrong type: see :mod:`pdserve.frontends.parameters`);
+            an unknown datatype; a negative or non-integer
             shape, or one of more than 64 dimensions or 2**59 elements or more;
             ``data`` whose element count differs from the shape's, or whose values do
-            not fit the datatype; binary sizes that disagree with the datatype and
-            shape or with the bytes the body holds; truncated BYTES, or more BYTES
-            elements than the shape calls for.
+            not fit the datatype (integers out of range, finite numbers past FP32 /
+            FP16's range); binary sizes that disagree with the datatype and
+            shape or with the bytes the body holds (the message names the input);
+            truncated BYTES, or more BYTES elements than the shape calls for.
     """
     if arrival_ns is None:
         arrival_ns = time.monotonic_ns()
@@ -156,12 +187,7 @@ def decode_infer_request(
     try:
         doc = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
-        hint = ""
-        if header_length is None and b"binary_data_size" in body:
-            hint = (
-                " (a body with binary tensor data needs the Inference-Header-Content-Length header)"
-            )
-        raise InferError(f"failed to parse the request JSON: {exc}{hint}") from None
+        doc = _loads_lenient(header, exc, header_length is None and b"binary_data_size" in body)
     if type(doc) is not dict:
         raise InferError("the inference request must be a JSON object")
 
@@ -173,14 +199,15 @@ def decode_infer_request(
         parameters = {}
     elif type(parameters) is not dict:
         raise InferError("request 'parameters' must be a JSON object")
-    elif "binary_data_output" in parameters and type(parameters["binary_data_output"]) is not bool:
-        raise InferError("request parameter 'binary_data_output' must be true or false")
+    elif parameters:
+        check_request_parameters(parameters)
 
     inputs_json = doc.get("inputs")
     if type(inputs_json) is not list:
         raise InferError("the inference request must have an 'inputs' list")
     inputs: dict[str, np.ndarray] = {}
     mv: memoryview | None = None
+    last_binary: str | None = None
     for item in inputs_json:
         if type(item) is not dict:
             raise InferError("each entry of 'inputs' must be a JSON object")
@@ -194,8 +221,11 @@ def decode_infer_request(
             raise InferError(f"input '{name}' must have a string 'datatype'")
         shape, count = _parse_shape(item.get("shape"), name)
         params = item.get("parameters")
-        if params is not None and type(params) is not dict:
-            raise InferError(f"input '{name}' 'parameters' must be a JSON object")
+        if params is not None:
+            if type(params) is not dict:
+                raise InferError(f"input '{name}' 'parameters' must be a JSON object")
+            if params:
+                check_scalar_parameters(params, f"input '{name}'")
         if params and "binary_data_size" in params:
             size = params["binary_data_size"]
             if type(size) is not int or size < 0:
@@ -208,11 +238,14 @@ def decode_infer_request(
                 )
             end = offset + size
             if end > body_len:
-                raise InferError(_binary_size_message(inputs_json, body_len, header_length))
+                raise InferError(
+                    _binary_overrun_message(name, size, body_len - offset, header_length)
+                )
             if mv is None:
                 mv = memoryview(body)
             inputs[name] = _binary_to_array(mv[offset:end], datatype, shape, count, name)
             offset = end
+            last_binary = name
         elif params and "shared_memory_region" in params:
             raise InferError(
                 f"input '{name}' uses shared memory, which this server does not support; "
@@ -220,11 +253,18 @@ def decode_infer_request(
             )
         else:
             data = item.get("data")
-            if data is None:
-                raise InferError(f"input '{name}' has neither 'data' nor 'binary_data_size'")
+            if type(data) is not list:
+                if data is None:
+                    raise InferError(f"input '{name}' has neither 'data' nor 'binary_data_size'")
+                raise InferError(
+                    f"input '{name}' 'data' must be a JSON array (flat or nested, row-major), "
+                    f"not {_json_kind(data)}"
+                )
             inputs[name] = _json_to_array(data, datatype, shape, count, name)
     if offset != body_len:
-        raise InferError(_binary_size_message(inputs_json, body_len, header_length))
+        raise InferError(
+            _binary_excess_message(inputs_json, body_len, offset, header_length, last_binary)
+        )
 
     outputs_json = doc.get("outputs")
     outputs: list[RequestedOutput] | None = None
@@ -244,6 +284,66 @@ def decode_infer_request(
     )
 
 
+#: The non-finite number tokens Triton reads and writes (RapidJSON's
+#: ``kParseNanAndInfFlag`` / ``kWriteNanAndInfFlag``) and Python's ``json`` writes.
+_NONFINITE_TOKENS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+_NONFINITE_RE = re.compile(rb"NaN|Infinity")
+#: A ``\uD800``-``\uDFFF`` escape: orjson refuses a lone surrogate, Python's json
+#: does not (a valid pair is one character in both).
+_SURROGATE_RE = re.compile(rb"\\u[dD][89a-fA-F]")
+_U64_LIMIT = 1 << 64
+
+
+def _parse_int(text: str) -> int | float:
+    """Integers as orjson reads them: past 64 bits they become floats."""
+    value = int(text)
+    if -_U64_LIMIT < value < _U64_LIMIT:
+        return value
+    return float(value)
+
+
+def _parse_float(text: str) -> float:
+    """Numbers as orjson reads them: one that overflows a double is an error."""
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text[:40]} is out of range for a double")
+    return value
+
+
+def _loads_lenient(header: Buffer, exc: orjson.JSONDecodeError, binary_hint: bool) -> Any:
+    """Parse a request JSON that orjson refused, if it failed only for ``NaN`` /
+    ``Infinity`` / ``-Infinity`` tokens (which Triton and ``tritonclient`` accept in
+    tensor data); otherwise answer 400 with orjson's message.
+
+    This is the slow path, taken only for such bodies. It reads them with Python's
+    ``json`` made as strict as orjson: UTF-8 only, integers past 64 bits as floats,
+    numbers that overflow a double and lone surrogates refused.
+
+    Raises:
+        InferError(INVALID_ARG): the JSON is malformed (``binary_hint``: mention the
+            ``Inference-Header-Content-Length`` header, since the body seems to carry
+            binary data).
+    """
+    raw = bytes(header)
+    if _NONFINITE_RE.search(raw) is not None:
+        try:
+            doc = json.loads(
+                raw.decode("utf-8"),
+                parse_constant=_NONFINITE_TOKENS.__getitem__,
+                parse_float=_parse_float,
+                parse_int=_parse_int,
+            )
+            if _SURROGATE_RE.search(raw) is not None:
+                orjson.dumps(doc)  # refuses strings holding a lone surrogate
+            return doc
+        except (ValueError, RecursionError, orjson.JSONEncodeError):
+            pass  # report orjson's message, which points at the first problem
+    hint = ""
+    if binary_hint:
+        hint = " (a body with binary tensor data needs the Inference-Header-Content-Length header)"
+    raise InferError(f"failed to parse the request JSON: {exc}{hint}") from None
+
+
 def _parse_shape(shape: Any, name: str) -> tuple[list[int], int]:
     """Check a ``shape`` list ([V2]: array of int64, here non-negative); return it and
     its element count (1 for ``[]``)."""
@@ -252,21 +352,44 @@ def _parse_shape(shape: Any, name: str) -> tuple[list[int], int]:
     return shape, shape_element_count(shape, name)
 
 
-def _binary_size_message(inputs_json: list[Any], body_len: int, header_length: int | None) -> str:
-    """Explain a mismatch between the inputs' ``binary_data_size`` and the body [BIN]."""
-    declared = 0
-    for item in inputs_json:
-        params = item.get("parameters") if type(item) is dict else None
-        if type(params) is dict and type(params.get("binary_data_size")) is int:
-            declared += params["binary_data_size"]
+def _binary_overrun_message(name: str, size: int, remaining: int, header_length: int | None) -> str:
+    """Input ``name`` declares more binary data than the body holds after the inputs
+    before it [BIN]."""
     if header_length is None:
         return (
-            f"the inputs' binary_data_size add up to {declared} bytes but the request has no "
+            f"input '{name}' has binary_data_size {size} but the request has no "
             "Inference-Header-Content-Length header, so the body holds no binary data"
         )
     return (
-        f"the inputs' binary_data_size add up to {declared} bytes but the body holds "
-        f"{body_len - header_length} bytes after the {header_length}-byte JSON header"
+        f"input '{name}' has binary_data_size {size} but only {remaining} bytes of binary "
+        "data are left in the body after the inputs before it"
+    )
+
+
+def _binary_excess_message(
+    inputs_json: list[Any],
+    body_len: int,
+    offset: int,
+    header_length: int | None,
+    last_binary: str | None,
+) -> str:
+    """The body holds bytes that no input's ``binary_data_size`` accounts for [BIN]."""
+    extra = body_len - offset
+    held = body_len - (header_length or 0)
+    if last_binary is None:
+        return (
+            f"the request body holds {held} bytes of binary data after the JSON header but "
+            "no input has a binary_data_size parameter"
+        )
+    declared = 0
+    for item in inputs_json:
+        params = item.get("parameters")
+        if type(params) is dict and type(params.get("binary_data_size")) is int:
+            declared += params["binary_data_size"]
+    return (
+        f"the inputs' binary_data_size add up to {declared} bytes but the body holds {held} "
+        f"bytes of binary data after the JSON header: {extra} bytes follow the last binary "
+        f"input, '{last_binary}'"
     )
 
 
@@ -361,7 +484,49 @@ def _json_to_array(data: Any, datatype: str, shape: list[int], count: int, name:
                     f"input '{name}' value {bad} is out of range for {datatype} "
                     f"[{info.min}, {info.max}]"
                 )
+        if datatype in _NARROW_FLOATS:  # (JSON numbers arrive as 8-byte numpy values)
+            # Narrowing to FP32 / FP16: a finite number past the type's range would
+            # become +/-inf. For FP32 from JSON numbers, one dot product clears every
+            # value at once (a sum of squares under FP32's max squared means no value
+            # is out of range; NaN / inf anywhere fails the test and takes the exact
+            # check). Integers always fit FP32; FP16 always takes the exact check.
+            vec = arr if arr.ndim == 1 else arr.reshape(-1)
+            if datatype == "FP32" and (kind != "f" or vec.dot(vec) < _FP32_MAX_SQUARED):
+                return vec.astype(dtype).reshape(shape)
+            return _narrow_checked(vec, dtype, datatype, name).reshape(shape)
     return arr.astype(dtype, copy=False).reshape(shape)
+
+
+def _narrow_checked(flat: np.ndarray, dtype: np.dtype, datatype: str, name: str) -> np.ndarray:
+    """``flat`` cast to FP32 / FP16, refusing a finite JSON number that would become
+    +/-inf. Non-finite values sent as ``NaN`` / ``Infinity`` tokens stay as sent."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = flat.astype(dtype)
+        bad = ~np.isfinite(out) & np.isfinite(flat)
+    if bad.any():
+        value = flat[int(np.argmax(bad))]
+        limit = np.finfo(dtype).max
+        raise InferError(
+            f"input '{name}' value {value} is out of range for {datatype} "
+            f"(finite values lie within +/-{limit!s}); send Infinity or -Infinity for an "
+            "infinite value"
+        )
+    return out
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON type of a decoded value, for messages."""
+    if value is None:
+        return "null"
+    if type(value) is bool:
+        return "a boolean"
+    if type(value) in (int, float):
+        return "a number"
+    if type(value) is str:
+        return "a string"
+    if type(value) is dict:
+        return "an object"
+    return "an array"
 
 
 def _exact_integers(data: Any, dtype: np.dtype, datatype: str, name: str) -> np.ndarray:
@@ -425,6 +590,7 @@ def _parse_requested_output(item: Any) -> RequestedOutput:
         return RequestedOutput(name)
     if type(params) is not dict:
         raise InferError(f"output '{name}' 'parameters' must be a JSON object")
+    check_scalar_parameters(params, f"output '{name}'")
     binary = params.get("binary_data")
     if binary is not None and type(binary) is not bool:
         raise InferError(f"output '{name}' parameter 'binary_data' must be true or false")
@@ -522,6 +688,12 @@ def encode_infer_response_parts(
                 if not (arr.flags.c_contiguous and arr.dtype.isnative):
                     arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("="))
                 data = arr.reshape(-1)
+                if datatype in _FLOAT_TYPES:
+                    # orjson would write NaN and +/-inf as null; Triton writes tokens.
+                    # One dot product (finite: no NaN / inf) spares the exact test.
+                    if datatype == "FP16" or not math.isfinite(data.dot(data)):
+                        if not np.isfinite(data).all():
+                            data = orjson.Fragment(_float_json(data))
             outputs_json.append(
                 {"name": name, "datatype": datatype, "shape": arr.shape, "data": data}
             )
@@ -542,6 +714,22 @@ def encode_infer_response_parts(
     if not blobs:
         return [header], None, len(header)
     return [header, *blobs], len(header), len(header) + total
+
+
+def _float_json(data: np.ndarray) -> bytes:
+    """A 1-D float array as a JSON array with NaN / +/-inf written ``NaN`` /
+    ``Infinity`` / ``-Infinity``, as Triton writes them (RapidJSON's
+    ``kWriteNanAndInfFlag``). orjson's own text has ``null`` exactly there, in order."""
+    pieces = orjson.dumps(data, option=_DUMPS_OPTS).split(b"null")
+    tokens = [
+        b"NaN" if v != v else (b"Infinity" if v > 0 else b"-Infinity")
+        for v in data[~np.isfinite(data)].tolist()
+    ]
+    out = [pieces[0]]
+    for token, piece in zip(tokens, pieces[1:], strict=True):
+        out.append(token)
+        out.append(piece)
+    return b"".join(out)
 
 
 def encode_infer_response(
