@@ -491,7 +491,7 @@ class Checker:
                 if not present:
                     r.skip("no model file")
                     return
-                await self._complete(r, mdir, mr, v, vdir, self._backend(cfg))
+                await self._complete(r, mdir, mr, v, vdir, self._backend(cfg), model_path)
 
             name = {
                 cfgmod.ONNXRUNTIME_BACKEND: "onnx-config",
@@ -525,7 +525,9 @@ class Checker:
         version: int,
         vdir: Path,
         backend: Backend,
+        model_path: Path | None = None,
     ) -> None:
+        """What serve does before loading the version; its completed config in ``mr``."""
         assert mr.config is not None
         spec = ModelSpec(
             name=mr.name,
@@ -536,10 +538,34 @@ class Checker:
             repository=self.repository,
         )
         policies = {n: frozenset[int]() for n in self.options.host_policies}
-        warnings = await complete_config(spec, backend, policies)
+        errors: list[cfgmod.ConfigError] = []
+        try:
+            warnings = await complete_config(spec, backend, policies, errors=errors)
+        except Exception as exc:
+            # auto-complete failed, so validation did not run: report what it finds in
+            # the configuration as written too (checks auto-complete could satisfy skipped;
+            # a field auto-complete already complained about is not repeated)
+            cfgmod.validate_config(
+                copy.deepcopy(mr.config),
+                mdir.config_path,
+                model_dir=mdir.path,
+                complete=False,
+                errors=errors,
+            )
+            if isinstance(exc, cfgmod.ConfigError):
+                r.add(exc.message, exc.path, exc.field)
+            else:  # the backend could not open the model file (ONNX Runtime's error)
+                r.add(f"{type(exc).__name__}: {exc}", model_path or vdir)
+            for e in errors:
+                if not isinstance(exc, cfgmod.ConfigError) or e.field != exc.field:
+                    r.add(e.message, e.path, e.field)
+            return
+        for e in errors:
+            r.add(e.message, e.path, e.field)
         for w in warnings:
             r.add(w, severity=WARNING)
-        mr.completed[version] = spec.config
+        if not errors:
+            mr.completed[version] = spec.config
 
     # -- ensembles ------------------------------------------------------------------
 
@@ -958,11 +984,21 @@ def run(args: argparse.Namespace) -> int:
         served_only=args.served_only,
         host_policies=frozenset(h.split(",", 1)[0] for h in args.host_policy),
     )
+    # What model code and libraries print while they are checked (a python model's
+    # import, ONNX Runtime) goes to stderr: stdout carries only the report, which a
+    # CI job may parse. Worker processes inherit the redirection.
+    sys.stdout.flush()
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)
     try:
         report = check_repository(args.repository, options)
     except (FileNotFoundError, NotADirectoryError) as e:
         print(f"pdserve check: {e}", file=sys.stderr)
         return 2
+    finally:
+        sys.stdout.flush()
+        os.dup2(real_stdout, 1)
+        os.close(real_stdout)
     color = args.output is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
     text = render(report, args.format, color=color, verbose=args.verbose)
     if args.output is not None:

@@ -62,14 +62,18 @@ def problem_line(p: Problem) -> str:
     return f"{where + ': ' if where else ''}{p.message} [{tag}]"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def summary(report: Report) -> str:
     """One line: what was checked, how long it took, what was found."""
     versions = sum(len(m.versions) for m in report.models)
     verdict = "clean" if report.ok else "FAILED"
     return (
-        f"pdserve check: {len(report.models)} models, {versions} versions, "
-        f"{len(report.all_results)} checks in {report.seconds:.1f} s: "
-        f"{report.errors} errors, {report.warnings} warnings: {verdict}"
+        f"pdserve check: {_count(len(report.models), 'model')}, {_count(versions, 'version')}, "
+        f"{_count(len(report.all_results), 'check')} in {report.seconds:.1f} s: "
+        f"{_count(report.errors, 'error')}, {_count(report.warnings, 'warning')}: {verdict}"
     )
 
 

@@ -78,6 +78,7 @@ async def complete_config(
     spec: ModelSpec,
     backend: Backend,
     host_policies: Mapping[str, frozenset[int]] | None = None,
+    errors: list[cfgmod.ConfigError] | None = None,
 ) -> list[str]:
     """Complete and validate one version's configuration (``spec.config``) in place.
 
@@ -93,6 +94,9 @@ async def complete_config(
         spec: the version (its ``config`` is changed in place).
         backend: what loads it (:func:`backend_for`, or ``pdserve check``'s own).
         host_policies: the server's host policies, or None not to check them.
+        errors: when given, the validation and host-policy problems are appended to
+            it, all of them, instead of the first being raised (``pdserve check``);
+            auto-complete still raises.
 
     Returns:
         validation warnings (:func:`pdserve.config.validate_config`).
@@ -109,12 +113,15 @@ async def complete_config(
     if inspect.isawaitable(completing):
         await completing
     cfgmod.apply_defaults(cfg, gpus=backend.usable_gpus())
+    where = str(Path(spec.model_dir) / cfgmod.CONFIG_FILENAME)
     warnings = cfgmod.validate_config(
-        cfg,
-        str(Path(spec.model_dir) / cfgmod.CONFIG_FILENAME),
-        model_dir=spec.model_dir,
-        backends=unavailable_reason,
+        cfg, where, model_dir=spec.model_dir, backends=unavailable_reason, errors=errors
     )
     if host_policies is not None:
-        host_policy.check_instance_groups(spec.name, cfg, host_policies)
+        try:
+            host_policy.check_instance_groups(spec.name, cfg, host_policies)
+        except host_policy.HostPolicyError as e:
+            if errors is None:
+                raise
+            errors.append(cfgmod.ConfigError(where, "instance_group", str(e)))
     return warnings
