@@ -626,7 +626,7 @@ def _validate_dynamic_batching(
                 "dynamic_batching.preferred_batch_size",
                 f"preferred batch size {size} must be positive",
             )
-        if size > mbs:
+        elif size > mbs:
             what = (
                 "batching asked of a model that cannot batch (max_batch_size is 0)"
                 if mbs == 0
