@@ -706,6 +706,9 @@ def _identity(
         r.add("must be a file name", path, "model_file")
         return
     vdir = mdir.version_path(version)
+    if recorded and not _inside(vdir, vdir / recorded):
+        r.add(f"'{recorded}' is not a file of the version folder {vdir}", path, "model_file")
+        return
     target = vdir / recorded if recorded else model_path
     if target is None:
         r.skip("no model file to verify (no model_file and an unusable configuration)")
@@ -785,6 +788,9 @@ def _golden(
             bad[0] if bad else "golden",
         )
         return
+    if not _inside(vdir, vdir / file_name):
+        r.add(f"'{file_name}' is not a file of the version folder {vdir}", where, "golden.file")
+        return
     if not is_onnx:
         r.skip("golden outputs are run for ONNX models only (a python model's need its workers)")
         return
@@ -840,6 +846,12 @@ def _golden(
         problem = _compare(np.asarray(value), arrays[key], float(atol), float(rtol))
         if problem:
             r.add(f"output '{name}': {problem}", npz_path, name)
+
+
+def _inside(folder: Path, path: Path) -> bool:
+    """Whether ``path`` names something in ``folder`` (lexically: a symlink there counts)."""
+    rel = os.path.normpath(os.path.relpath(path, folder))
+    return not os.path.isabs(rel) and rel != ".." and not rel.startswith(".." + os.sep)
 
 
 def _str_map(value: Any) -> bool:

@@ -503,6 +503,10 @@ CASES: dict[str, tuple[Callable[[Path], None], Expect]] = {
             ("i_file", "identity", "model_file", "does not exist"),
         ],
     ),
+    "identity_outside_version_folder": (
+        lambda r: identity(r, "i_escape", {"model_file": "../../i_sha/1/model.onnx"}),
+        [("i_escape", "identity", "model_file", "is not a file of the version folder")],
+    ),
     "golden_differs": (
         lambda r: identity(r, "g_differs", golden=({"INPUT0": X}, {"OUTPUT0": X + 1e-3})),
         [("g_differs", "golden", "OUTPUT0", "8 of 8 values differ by more than atol")],
