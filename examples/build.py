@@ -26,6 +26,10 @@ Models:
 * ``tiny_dtypes``  Identity ``IN_<T>`` -> ``OUT_<T>`` for every datatype an
   ONNX model can take (BOOL ... FP64, STRING).
 
+Each version folder holds ``MODEL_IDENTITY.json`` (provenance, the model file's
+sha256 and size) and ``golden.npz``: inputs and the source framework's outputs that
+``pdserve check`` runs the model file on (its ``golden`` entry, :func:`write_golden`).
+
 The build is cached: ``BUILD_STAMP.json`` holds a key made of this file, the
 preprocessing module and the versions of the packages used; when the key
 matches and every recorded file is present, the script exits at once. Every
@@ -61,6 +65,8 @@ DEFAULT_OUT = EXAMPLES_DIR / "model_repository"
 STAMP_NAME = "BUILD_STAMP.json"
 MANIFEST_NAME = "manifest.json"
 IDENTITY_NAME = "MODEL_IDENTITY.json"
+#: Golden inputs/outputs of one version, beside its model file (``pdserve check`` runs them).
+GOLDEN_NAME = "golden.npz"
 
 #: ONNX opset of every model (ai.onnx domain).
 OPSET = 17
@@ -68,6 +74,10 @@ OPSET = 17
 IR_VERSION = 8
 #: Largest allowed |ONNX Runtime - source framework| difference.
 MAX_ABS_DIFF = 1e-4
+#: Tolerance stored with each version's golden outputs (``pdserve check`` accepts
+#: ``|got - want| <= atol + rtol * |want|``; integers, booleans and strings must be equal).
+GOLDEN_ATOL = 1e-4
+GOLDEN_RTOL = 1e-4
 
 TINY_DIM = 64
 TINY_SEED = 0
@@ -297,7 +307,11 @@ def write_config(model_dir: Path, text: str) -> None:
 
 
 def write_version(
-    model_dir: Path, version: int, model_bytes: bytes, identity: dict[str, Any]
+    model_dir: Path,
+    version: int,
+    model_bytes: bytes,
+    identity: dict[str, Any],
+    golden: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None,
 ) -> str:
     """Write ``<model_dir>/<version>/model.onnx`` and its MODEL_IDENTITY.json.
 
@@ -307,6 +321,9 @@ def write_version(
         model_bytes: serialized ONNX model.
         identity: provenance fields (source, exporter, opset, ...); the model's
             sha256 and size are added here.
+        golden: ``(inputs, outputs)``, tensor name -> array as the model file takes /
+            gives it (full shape, batch dimension included), the outputs computed by
+            the source framework; written by :func:`write_golden`.
 
     Returns:
         The sha256 hex digest of model.onnx.
@@ -323,8 +340,41 @@ def write_version(
         "sha256": digest,
         "size_bytes": len(model_bytes),
     }
+    if golden is not None:
+        record["golden"] = write_golden(version_dir, *golden)
     (version_dir / IDENTITY_NAME).write_text(json.dumps(record, indent=2) + "\n")
     return digest
+
+
+def write_golden(
+    version_dir: Path,
+    inputs: dict[str, np.ndarray],
+    outputs: dict[str, np.ndarray],
+    atol: float = GOLDEN_ATOL,
+    rtol: float = GOLDEN_RTOL,
+) -> dict[str, Any]:
+    """Write ``<version_dir>/golden.npz``; return MODEL_IDENTITY.json's ``golden`` entry.
+
+    The entry (the format ``pdserve check`` reads; README "Checking a repository")::
+
+        {"file": "golden.npz", "inputs": {"<tensor>": "<npz key>", ...},
+         "outputs": {"<tensor>": "<npz key>", ...}, "atol": 1e-4, "rtol": 1e-4}
+
+    npz keys are ``input_<i>`` / ``output_<i>`` (tensor names may hold any
+    character). String tensors are stored as numpy unicode arrays (no pickles).
+    """
+    import numpy as np
+
+    arrays: dict[str, np.ndarray] = {}
+    entry: dict[str, Any] = {"file": GOLDEN_NAME, "inputs": {}, "outputs": {}}
+    for kind, tensors in (("input", inputs), ("output", outputs)):
+        for i, (name, array) in enumerate(tensors.items()):
+            key = f"{kind}_{i}"
+            arrays[key] = array.astype(str) if array.dtype == object else array
+            entry[f"{kind}s"][name] = key
+    np.savez(version_dir / GOLDEN_NAME, **arrays)
+    entry.update(atol=atol, rtol=rtol)
+    return entry
 
 
 def _helper_identity(description: str) -> dict[str, Any]:
@@ -460,6 +510,10 @@ def build_efficientnet(repo: Path, work: Path) -> ModelResult:
             },
             "max_abs_diff_vs_source": diff,
         },
+        golden=(
+            {"input": inputs[:1].astype(np.float32)},
+            {"logits": torch_logits[:1].astype(np.float32)},
+        ),
     )
 
     goldens: dict[str, np.ndarray] = {
@@ -601,6 +655,10 @@ def build_digits(repo: Path, work: Path) -> ModelResult:
             "ir_version": model.ir_version,
             "max_abs_diff_vs_source": diff,
         },
+        golden=(
+            {"input": x_test[:16]},
+            {"label": sk_label[:16].reshape(-1, 1), "probabilities": sk_proba[:16]},
+        ),
     )
     goldens = {
         "X_test": x_test,
@@ -709,7 +767,9 @@ def _build_tiny_variant(
         diff = max(diff, version_diff)
         identity = _helper_identity(description)
         identity["max_abs_diff_vs_source"] = version_diff
-        write_version(model_dir, version, model_bytes, identity)
+        write_version(
+            model_dir, version, model_bytes, identity, golden=({"INPUT0": x}, {"OUTPUT0": want})
+        )
         goldens[f"{name}__v{version}"] = want
     if with_config:
         write_config(
@@ -853,7 +913,11 @@ def build_tiny_dtypes(repo: Path, work: Path) -> ModelResult:
     model_dir = repo / name
     write_config(model_dir, render_config(name, 8, inputs_spec, outputs_spec))
     write_version(
-        model_dir, 1, model_bytes, _helper_identity("Identity IN_<T> -> OUT_<T> per datatype")
+        model_dir,
+        1,
+        model_bytes,
+        _helper_identity("Identity IN_<T> -> OUT_<T> per datatype"),
+        golden=(feeds, {f"OUT_{s}": feeds[f"IN_{s}"] for s, *_ in DTYPES}),
     )
     summary = (
         f"{name:<18} v1      Identity x{len(DTYPES)}: "

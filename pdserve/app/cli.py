@@ -9,6 +9,8 @@ Subcommands, listed here and nowhere else (:func:`build_parser`):
 ``rollback``
     pin a model to an earlier version on a running server
     (:mod:`pdserve.app.rollback`).
+``check``
+    lint a model repository for CI, serving nothing (:mod:`pdserve.app.check`).
 
 A flag with a bad value, or flags that do not go together, end the process with
 an argparse error (exit code 2) naming the flag, before anything starts.
@@ -22,7 +24,7 @@ import sys
 from collections.abc import Callable
 
 from pdserve import __version__
-from pdserve.app import rollback
+from pdserve.app import check, rollback
 from pdserve.app.settings import Settings, SettingsError, add_arguments
 
 Command = Callable[[argparse.Namespace], int]
@@ -61,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     rollback.add_parser(sub)
+    check.add_parser(sub)
     return parser
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import inspect
 import logging
 import os
 import re
@@ -28,19 +27,13 @@ from typing import Any
 from google.protobuf import text_format
 
 from pdserve import config as cfgmod
-from pdserve.backends import host_policy
 from pdserve.backends.base import ModelSpec
-from pdserve.backends.registry import get_backend, unavailable_reason
 from pdserve.core.api import ModelHost
 from pdserve.core.errors import ErrorCode, InferError, internal, not_found, unavailable
 from pdserve.repository import layout
 from pdserve.repository.model import ModelVersion
+from pdserve.repository.prepare import backend_for, complete_config, read_config
 from pdserve.scheduling import create_scheduler
-from pdserve.scheduling.ensemble import EnsembleBackend
-
-#: Ensembles are not backends (Triton runs them in its ensemble scheduler); this one
-#: object loads every ensemble's plan.
-ENSEMBLE_BACKEND = EnsembleBackend()
 
 log = logging.getLogger("pdserve.repository")
 
@@ -481,21 +474,7 @@ class ModelManager:
             if staged is None and not model_dir.is_dir():
                 raise InferError(f"failed to load '{name}': no such model in the repository")
             mdir = layout.ModelDir(name, model_dir, layout.list_versions(model_dir))
-            base_cfg = (
-                copy.deepcopy(config_override)
-                if config_override is not None
-                else cfgmod.load_model_config(model_dir)
-            )
-            if not base_cfg.name:
-                base_cfg.name = name
-            cfgmod.normalize_platform(
-                base_cfg,
-                where,
-                guess_from_files=[
-                    f for v in mdir.versions for f in layout.version_dir_files(mdir, v)
-                ],
-                backends=unavailable_reason,
-            )
+            base_cfg = read_config(mdir, config_override, where)
             versions = layout.select_versions(base_cfg, mdir.versions)
             if not versions:
                 raise InferError(
@@ -614,17 +593,8 @@ class ModelManager:
             server=self.server,
             host_policies=self.host_policies,
         )
-        backend = (
-            ENSEMBLE_BACKEND
-            if cfg.platform == cfgmod.ENSEMBLE_PLATFORM
-            else get_backend(cfg.backend)
-        )
-        completing = backend.auto_complete(spec)
-        if inspect.isawaitable(completing):  # the python backend runs model code for it
-            await completing
-        cfgmod.apply_defaults(cfg, gpus=backend.usable_gpus())
-        cfgmod.validate_config(cfg, where, model_dir=model_dir, backends=unavailable_reason)
-        host_policy.check_instance_groups(name, cfg, self.host_policies)
+        backend = backend_for(cfg)
+        await complete_config(spec, backend, self.host_policies, where=where)
         mv = ModelVersion(spec, cfg.platform or cfg.backend, backend.name)
         mv.instances = await backend.load(spec)
         mv.scheduler = create_scheduler(mv)

@@ -349,13 +349,27 @@ def _check_acyclic(
 # --------------------------------------------------------------------------- backend
 
 
+#: ``lookup(model_name, version)`` -> that step model's completed configuration, or
+#: None (see :func:`validate_ensemble`).
+StepLookup = Callable[[str, str], "model_config_pb2.ModelConfig | None"]
+
+
 class EnsembleBackend(Backend):
-    """``platform: "ensemble"``: validates the steps at load; no model instances."""
+    """``platform: "ensemble"``: validates the steps at load; no model instances.
+
+    Args:
+        lookup: where the step models' configurations come from. None (the model
+            manager's): the models the server (``spec.server``) has loaded.
+            ``pdserve check`` passes the configurations it has checked instead.
+    """
 
     name = cfgmod.ENSEMBLE_PLATFORM
 
+    def __init__(self, lookup: StepLookup | None = None) -> None:
+        self.lookup = lookup
+
     def auto_complete(self, spec: ModelSpec) -> None:
-        """Validate the ensemble against the loaded step models; keep the plan.
+        """Validate the ensemble against its step models; keep the plan.
 
         The plan is stored in ``spec.extra["ensemble_plan"]``.
 
@@ -364,7 +378,7 @@ class EnsembleBackend(Backend):
         """
         server = spec.server
 
-        def lookup(model_name: str, version: str) -> Any:
+        def loaded(model_name: str, version: str) -> Any:
             if server is None:
                 return None
             try:
@@ -372,6 +386,7 @@ class EnsembleBackend(Backend):
             except InferError:
                 return None
 
+        lookup = self.lookup or loaded
         where = str(spec.model_dir / cfgmod.CONFIG_FILENAME)
         spec.extra["ensemble_plan"] = validate_ensemble(spec.config, lookup, where)
 

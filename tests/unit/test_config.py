@@ -252,6 +252,30 @@ def test_validate_errors_name_file_and_field(
     assert str(e.value).startswith(f"{path}: {field}: ")
 
 
+def test_validate_collects_every_error_with_errors_list() -> None:
+    """``errors=`` (pdserve check): every broken rule, in order; without it the first raises."""
+    cfg = parse(
+        VALID
+        + 'input [ { name: "a" data_type: TYPE_FP32 dims: [ 0, -2 ] } ]'
+        + "dynamic_batching { preferred_batch_size: [ 0, 999 ] }"
+        + "instance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]"
+    )
+    cfg.max_batch_size = -1
+    with pytest.raises(ConfigError) as first:
+        cfgmod.validate_config(cfg, "m/config.pbtxt")
+    errors: list[ConfigError] = []
+    assert cfgmod.validate_config(cfg, "m/config.pbtxt", errors=errors) == []
+    assert [(e.field, e.message) for e in errors][0] == (first.value.field, first.value.message)
+    assert [e.field for e in errors] == [
+        "max_batch_size",
+        "input[2].name",  # duplicate of input[0] "a"
+        "input[2].dims",  # one error for the field, not one per bad dim
+        "dynamic_batching.preferred_batch_size",
+        "dynamic_batching.preferred_batch_size",
+        "instance_group[0].gpus",
+    ]
+
+
 def test_validate_label_file_present(tmp_path: Path) -> None:
     d = make_model_dir(tmp_path, "m", None)
     (d / "labels.txt").write_text("cat\ndog\n")

@@ -319,7 +319,7 @@ class WorkerConnection:
                 self.ready.set_exception(RuntimeError(message[1]))
         elif tag == "autocomplete":
             if not self.autocomplete.done():
-                self.autocomplete.set_result((message[1], message[2]))
+                self.autocomplete.set_result((message[1], message[2], message[3]))
 
     def _on_eof(self) -> None:
         """The worker closed its socket: it exited or died."""
@@ -524,9 +524,23 @@ def _init_message(
 
 
 class PythonBackend(Backend):
-    """Runs ``model.py`` models (``backend: "python"``) in worker processes."""
+    """Runs ``model.py`` models (``backend: "python"``) in worker processes.
+
+    Args:
+        import_always: auto-complete imports every model in a worker, also one
+            without ``auto_complete_config`` (``pdserve check`` proves that each
+            imports); the server imports only those that define it, at auto-complete.
+        autocomplete_timeout_s: seconds the auto-complete worker may take to import
+            the model and answer before it is killed.
+    """
 
     name = cfgmod.PYTHON_BACKEND
+
+    def __init__(
+        self, *, import_always: bool = False, autocomplete_timeout_s: float = START_TIMEOUT_S
+    ) -> None:
+        self.import_always = import_always
+        self.autocomplete_timeout_s = autocomplete_timeout_s
 
     async def auto_complete(self, spec: ModelSpec) -> None:
         """Run the model's static ``auto_complete_config`` in a worker, if it has one.
@@ -534,27 +548,42 @@ class PythonBackend(Backend):
         A coroutine (the model code runs in a worker process): the model manager
         awaits what ``Backend.auto_complete`` returns when it is awaitable.
 
-        The worker gets the configuration as Triton's JSON, calls
-        ``TritonPythonModel.auto_complete_config(pb_utils.ModelConfig)`` and returns
-        the (possibly changed) configuration, which replaces ``spec.config``.
+        The worker gets the configuration as Triton's JSON, imports ``model.py``,
+        calls ``TritonPythonModel.auto_complete_config(pb_utils.ModelConfig)`` and
+        returns the (possibly changed) configuration, which replaces ``spec.config``.
 
         Raises:
             FileNotFoundError: no ``model.py`` in the version folder.
-            pdserve.config.ConfigError: ``auto_complete_config`` raised, or returned
-                a configuration that does not parse.
+            pdserve.config.ConfigError: importing the model raised (field
+                ``import``, path: the model file), ``auto_complete_config`` raised or
+                returned a configuration that does not parse, or the worker died or
+                did not answer within :attr:`autocomplete_timeout_s` (field
+                ``auto_complete_config``, path: config.pbtxt).
         """
         model_file = _model_file(spec)
-        if "auto_complete_config" not in model_file.read_text(encoding="utf-8", errors="replace"):
+        source = model_file.read_text(encoding="utf-8", errors="replace")
+        if not self.import_always and "auto_complete_config" not in source:
             return
         where = str(spec.model_dir / cfgmod.CONFIG_FILENAME)
         init = _init_message(spec, "autocomplete", f"{spec.name}_autocomplete", "CPU", 0)
         conn = await WorkerConnection.start(f"{spec.name}_autocomplete", init, spec.server)
+        timeout = self.autocomplete_timeout_s
         try:
-            config, error = await asyncio.wait_for(conn.autocomplete, START_TIMEOUT_S)
-        except (RuntimeError, TimeoutError) as e:
+            config, error, stage = await asyncio.wait_for(conn.autocomplete, timeout)
+        except RuntimeError as e:
             raise cfgmod.ConfigError(where, "auto_complete_config", str(e)) from None
+        except TimeoutError:
+            conn._kill()  # a hung import does not read "stop"
+            raise cfgmod.ConfigError(
+                where,
+                "auto_complete_config",
+                f"the worker importing {model_file} did not answer within {timeout:g} s "
+                "(an import or auto_complete_config that hangs?); it was killed",
+            ) from None
         finally:
             await conn.stop(5.0)
+        if error is not None and stage == "import":
+            raise cfgmod.ConfigError(model_file, "import", f"importing it raised {error}")
         if error is not None:
             raise cfgmod.ConfigError(
                 where,

@@ -31,7 +31,8 @@ waits for the matching ``("bls_result", ...)``; it works from ``execute``,
 
 ``mode == "autocomplete"`` imports the model, calls the static
 ``TritonPythonModel.auto_complete_config(pb_utils.ModelConfig)`` and answers
-``("autocomplete", config_dict, error)``.
+``("autocomplete", config_dict, error, stage)`` (``stage``: ``"import"`` or
+``"auto_complete_config"``, what raised).
 """
 
 from __future__ import annotations
@@ -385,9 +386,16 @@ def _serve(worker: Worker) -> None:
 
 
 def _autocomplete(worker: Worker) -> None:
+    """Import the model and run its ``auto_complete_config``; answer
+    ``("autocomplete", config_dict, None, stage)`` or ``(.., None, error, stage)``, where
+    ``stage`` is ``"import"`` or ``"auto_complete_config"`` (what raised)."""
     init = worker.init
     try:
         module = load_model_module(init["model_file"], init["version_dir"], init["model_dir"])
+    except BaseException as exc:  # noqa: BLE001 - reported to the server
+        worker.send("autocomplete", None, _format_exception(exc), "import")
+        return
+    try:
         cls = module.TritonPythonModel
         config = pb.ModelConfig(init["model_config"])
         hook = getattr(cls, "auto_complete_config", None)
@@ -395,9 +403,9 @@ def _autocomplete(worker: Worker) -> None:
             returned = hook(config)
             if isinstance(returned, pb.ModelConfig):
                 config = returned
-        worker.send("autocomplete", config.as_dict(), None)
+        worker.send("autocomplete", config.as_dict(), None, "auto_complete_config")
     except BaseException as exc:  # noqa: BLE001 - reported to the server
-        worker.send("autocomplete", None, _format_exception(exc))
+        worker.send("autocomplete", None, _format_exception(exc), "auto_complete_config")
 
 
 def worker_main(sock: socket.socket, init: dict[str, Any]) -> None:

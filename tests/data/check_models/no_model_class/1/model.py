@@ -1,0 +1,6 @@
+"""Imports, but defines no TritonPythonModel."""
+
+
+class Model:
+    def execute(self, requests):
+        return []
