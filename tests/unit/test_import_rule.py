@@ -63,6 +63,7 @@ WORKER = "pdserve.backends.python.worker"
 WORKER_MAY_IMPORT = (
     "pdserve.backends.python.worker",
     "pdserve.backends.python.shm",
+    "pdserve.backends.python.lifetime",
     "pdserve.backends.python.messages",
     "pdserve.backends.python.triton_python_backend_utils",
 )

@@ -133,7 +133,12 @@ def _mp_context() -> Any:
         if _ctx is None:
             _install_preparation_filter()
             ctx = multiprocessing.get_context("forkserver")
-            preload = ["numpy", "pdserve.backends.python.worker"]
+            # lifetime: the fork server exits as soon as this process is gone
+            preload = [
+                "numpy",
+                "pdserve.backends.python.lifetime",
+                "pdserve.backends.python.worker",
+            ]
             extra = os.environ.get("PDSERVE_PYTHON_PRELOAD", "")
             preload += [m.strip() for m in extra.split(",") if m.strip()]
             ctx.set_forkserver_preload(preload)
@@ -521,6 +526,7 @@ def _init_message(
         "instance_name": instance,
         "instance_kind": kind,
         "device_id": device,
+        "server_pid": os.getpid(),
     }
 
 
