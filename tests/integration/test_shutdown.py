@@ -212,6 +212,38 @@ def test_sigkill_leaves_no_worker_fork_server_or_tracker(tmp_path: Path) -> None
     assert in_group(pgid) == []
 
 
+def test_group_sigterm_lets_in_flight_requests_finish(tmp_path: Path) -> None:
+    """SIGTERM to the whole process group (systemd, ``timeout``) reaches the fork
+    server too: it must not die, or its workers (which die with it) would fail the
+    request in flight instead of finishing it."""
+    repo = repo_with(tmp_path, "sleepy")
+    server = start_server(repo, tmp_path / "pdserve.log", new_session=True)
+    answers: list[tuple[int, bytes]] = []
+
+    def request() -> None:
+        body = json.dumps(
+            {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+        ).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+        conn.request("POST", "/v2/models/sleepy/infer", body)
+        response = conn.getresponse()
+        answers.append((response.status, response.read()))
+        conn.close()
+
+    try:
+        slow = threading.Thread(target=request)
+        slow.start()
+        time.sleep(0.3)
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        slow.join(30)
+        assert server.proc.wait(30) == 0
+    finally:
+        kill_all(in_group(server.proc.pid))
+    log = server.log()
+    assert [status for status, _ in answers] == [200], (answers, log)
+    assert "exited with" not in log and "killed by" not in log, log
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")

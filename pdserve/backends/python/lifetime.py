@@ -14,7 +14,8 @@ blocks) would keep all three alive. Hence:
 
 * the fork server imports this module as a preload and, seeing that it runs in
   the fork server, starts :func:`exit_when_gone` on its parent (the server): it
-  exits as soon as the server is gone;
+  exits as soon as the server is gone, and only then (it ignores SIGTERM, which a
+  signal to the whole process group would send it, as workers do);
 * each worker calls :func:`set_parent_death_signal`: the kernel SIGKILLs it when
   its parent (the fork server) exits, whatever the worker is doing (even holding
   the GIL in native code), and :func:`exit_when_gone` on the server too (should it
@@ -115,5 +116,9 @@ def _in_fork_server() -> bool:
     return False
 
 
-if _in_fork_server():  # preloaded by the fork server: exit with the server
+if _in_fork_server():  # preloaded by the fork server: live exactly as long as the server
+    # A SIGTERM to the whole process group (systemd, a terminal's Ctrl-C is SIGINT,
+    # which the fork server ignores already) must not end the fork server under the
+    # server's orderly shutdown: its workers would die with it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     exit_when_gone(os.getppid())
