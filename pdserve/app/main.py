@@ -79,6 +79,9 @@ log = logging.getLogger("pdserve")
 LISTENER_GRACE_SECS = 5.0
 #: Seconds a closing listener waits for the connections the kernel already queued.
 ACCEPT_WAIT_SECS = 1.0
+#: Seconds a closed HTTP listener's connections get to finish receiving and
+#: answering the requests that reached them, before the idle ones are closed.
+SETTLE_SECS = 2.0
 #: Seconds a shutdown may last beyond ``--exit-timeout-secs`` (closing listeners,
 #: stopping workers, leaving the interpreter) before the process exits anyway.
 EXIT_MARGIN_SECS = 5.0
@@ -235,7 +238,7 @@ async def start_http(
             )
             for srv in servers:
                 srv.close()
-            await listeners.wait_http_settled(http, LISTENER_GRACE_SECS)
+            await listeners.wait_http_settled(http, SETTLE_SECS)
         http.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, LISTENER_GRACE_SECS)
