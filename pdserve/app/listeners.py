@@ -149,13 +149,15 @@ def tcp_sockets_on_port(port: int) -> list[socket.socket]:
     connected), as duplicates the caller closes. Linux (``/proc/self/fd``); an
     empty list elsewhere."""
     found: list[socket.socket] = []
+    seen: set[str] = set()  # a socket once (the listing may name one of our duplicates)
     try:
         fds = os.listdir("/proc/self/fd")
     except OSError:
         return found
     for name in fds:
         try:
-            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+            link = os.readlink(f"/proc/self/fd/{name}")
+            if not link.startswith("socket:") or link in seen:
                 continue
             s = socket.socket(fileno=os.dup(int(name)))
         except (OSError, ValueError):
@@ -166,6 +168,7 @@ def tcp_sockets_on_port(port: int) -> list[socket.socket]:
                 and s.type == socket.SOCK_STREAM
                 and s.getsockname()[1] == port
             ):
+                seen.add(link)
                 found.append(s)
                 continue
         except OSError:
