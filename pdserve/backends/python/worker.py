@@ -415,11 +415,11 @@ def worker_main(sock: socket.socket, init: dict[str, Any]) -> None:
     # kernel kills this process when its parent (the fork server, which exits with
     # the server) exits, and a thread watches the server itself (lifetime module).
     lifetime.set_parent_death_signal()
-    if init.get("server_pid"):
-        lifetime.exit_when_gone(int(init["server_pid"]))
     cores = init.get("cpu_cores")
     if cores:  # before model.py is imported: every thread it starts inherits the mask
         os.sched_setaffinity(0, cores)
+    if init.get("server_pid"):  # after the mask is set: the thread inherits it too
+        lifetime.exit_when_gone(int(init["server_pid"]))
     # The server decides when a worker stops ("stop" frame, SIGKILL after a timeout;
     # a worker whose server vanished sees its socket close). A SIGINT or SIGTERM sent
     # to the whole process group (Ctrl-C, systemd's KillMode=control-group, timeout)
