@@ -128,7 +128,7 @@ class ExitDeadline:
         self.start()
 
     def _run(self) -> None:
-        self._wake.wait(self.budget)
+        self._wake.wait(min(self.budget, threading.TIMEOUT_MAX))
         if self._forced:
             log.error("second signal: exiting now")
         else:
