@@ -251,16 +251,19 @@ def _cmdline(pid: int) -> str:
         return "(gone)"
 
 
-def _infer_quietly(server: ServerProcess, seconds: float) -> None:
+def _infer_quietly(server: ServerProcess, seconds: float) -> int | None:
+    """A request to sleepy that takes ``seconds``; its status (None: no answer)."""
     body = json.dumps(
         {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [seconds]}]}
     ).encode()
     conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=seconds + 30)
     try:
         conn.request("POST", "/v2/models/sleepy/infer", body)
-        conn.getresponse().read()
+        response = conn.getresponse()
+        response.read()
+        return response.status
     except OSError:
-        pass  # the server was killed
+        return None  # the server was killed
     finally:
         conn.close()
 
@@ -338,9 +341,10 @@ def test_requests_during_the_drain_get_answers_never_resets(tmp_path: Path) -> N
     for t in threads:
         t.start()
     long_done: list[float] = []
+    long_status: list[int | None] = []
 
     def long_request() -> None:
-        _infer_quietly(server, 1.5)
+        long_status.append(_infer_quietly(server, 1.5))
         long_done.append(time.monotonic())
 
     try:
@@ -358,6 +362,7 @@ def test_requests_during_the_drain_get_answers_never_resets(tmp_path: Path) -> N
             server.proc.kill()
         for t in threads:
             t.join(30)
+    assert long_status == [200], "the request in flight at SIGTERM did not finish"
     after = [o for o in outcomes if o.done >= t_term]
     # The drain ended when the 1.5 s request was answered and the listeners closed
     # after it: a refusal must come no earlier (0.5 s of slack for a client thread
