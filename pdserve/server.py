@@ -362,8 +362,8 @@ class InferenceServer:
     async def warmup(self, mv: ModelVersion) -> None:
         """Warm a freshly loaded version up before it serves (ModelManager's hook).
 
-        ``model_warmup`` samples from its configuration, or one request built
-        from the configuration (see :mod:`pdserve.repository.warmup`).
+        The ``model_warmup`` samples of its configuration; none without
+        ``model_warmup``, as in Triton (see :mod:`pdserve.repository.warmup`).
 
         Raises:
             WarmupError: a configured sample failed; the version does not serve.

@@ -23,13 +23,28 @@ Start (:func:`serve`), each step only once the one before it succeeded:
    now, then scans every ``--repository-poll-secs`` once the initial load is done.
 7. **Models**: the initial load; then the server is ready.
 
-Stop, on SIGTERM/SIGINT (or when the HTTP listener dies), in reverse:
+Stop, on SIGTERM/SIGINT (or when the HTTP listener dies), in reverse. From the
+signal on, every HTTP response says ``Connection: close`` and every request that
+reaches a listener gets an answer (503 / ``UNAVAILABLE`` for new work) until that
+listener closes:
 
 7. models: readiness goes false, new requests get 503, in-flight requests finish
    (at most ``--exit-timeout-secs``; 0 when HTTP died), loads in progress are
-   waited for, models unload (workers stop);
-6. the poller ends; 5. the metrics listener closes; 4. gRPC stops (in-flight RPCs
-   get 5 s); 3. HTTP stops (open connections get 5 s).
+   waited for, models unload (workers stop). A signal while the initial load is
+   still running abandons it at once: workers still in ``initialize`` (or
+   ``auto_complete_config``) are killed, initialized ones get
+   :data:`~pdserve.backends.python.backend.CANCEL_GRACE_S` for ``finalize``;
+6. the poller ends; 5. the metrics listener closes; 4. gRPC stops: its listener
+   refuses new connections, the ones the kernel queued are taken, its connections
+   end (calls on them fail ``UNAVAILABLE``), then the server stops; 3. HTTP stops:
+   likewise, and each open connection answers what it received before it closes
+   (:mod:`pdserve.app.listeners` says why each step is needed).
+
+The whole shutdown is bounded: when the process runs from the CLI (:func:`run`)
+and has not exited :data:`EXIT_MARGIN_SECS` after ``--exit-timeout-secs`` (counted
+from the signal), or on a second SIGTERM/SIGINT, it logs so and exits at once with
+code 1 (Triton too exits once its exit timeout has passed). No worker process
+outlives the server, even a SIGKILLed one (:mod:`pdserve.backends.python.lifetime`).
 
 A step that fails to start (a port in use) stops the steps already started, in
 reverse, and :func:`serve` returns 1.
@@ -41,11 +56,15 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import os
 import signal
+import sys
+import threading
 from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
+from pdserve.app import listeners
 from pdserve.app.settings import Settings
 from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
 from pdserve.cache import ResponseCache
@@ -58,12 +77,68 @@ log = logging.getLogger("pdserve")
 
 #: Seconds HTTP connections and gRPC calls still open after the models stopped get.
 LISTENER_GRACE_SECS = 5.0
+#: Seconds a closing listener waits for the connections the kernel already queued.
+ACCEPT_WAIT_SECS = 1.0
+#: Seconds a closed HTTP listener's connections get to finish receiving and
+#: answering the requests that reached them, before the idle ones are closed.
+SETTLE_SECS = 2.0
+#: Seconds a shutdown may last beyond ``--exit-timeout-secs`` (closing listeners,
+#: stopping workers, leaving the interpreter) before the process exits anyway.
+EXIT_MARGIN_SECS = 5.0
+#: Seconds an abandoned initial load has to stop its workers.
+ABANDON_WAIT_SECS = 10.0
 
 Stop = Callable[[], Awaitable[None]]
 
 
 class StartError(RuntimeError):
     """A part could not start (its reason is the message); the process exits 1."""
+
+
+class ExitDeadline:
+    """Ends the process if its shutdown outlasts ``budget`` seconds from the signal.
+
+    A daemon thread (it runs even when the event loop is stuck), started by
+    :meth:`start` at the first SIGTERM/SIGINT: when ``budget`` s have passed, or at
+    once after :meth:`force` (a second signal), it logs why and calls
+    ``os._exit(1)``; the workers then die with the server
+    (:mod:`pdserve.backends.python.lifetime`). It is never disarmed: a process that
+    returns from :func:`serve` exits well within the budget, and a process stuck
+    after that (an exit handler waiting on something) is ended too.
+    """
+
+    def __init__(self, budget: float) -> None:
+        self.budget = budget
+        self._wake = threading.Event()
+        self._forced = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start counting (once)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="pdserve-exit-deadline", daemon=True
+            )
+            self._thread.start()
+
+    def force(self) -> None:
+        """Exit now."""
+        self._forced = True
+        self._wake.set()
+        self.start()
+
+    def _run(self) -> None:
+        self._wake.wait(min(self.budget, threading.TIMEOUT_MAX))
+        if self._forced:
+            log.error("second signal: exiting now")
+        else:
+            log.error("shutdown did not finish within %.0f s: exiting now", self.budget)
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(1)
 
 
 def import_feature(module: str, feature: str, off_flag: str) -> ModuleType:
@@ -112,19 +187,30 @@ def build_server(settings: Settings) -> InferenceServer:
     return server
 
 
-async def start_http(settings: Settings, server: InferenceServer) -> tuple[asyncio.Task[Any], Stop]:
+async def start_http(
+    settings: Settings, server: InferenceServer, draining: Callable[[], bool] = lambda: False
+) -> tuple[asyncio.Task[Any], Stop]:
     """Step 3: the HTTP listener; returns once it listens.
 
+    Args:
+        draining: true from the shutdown signal on: responses then say
+            ``Connection: close``.
+
     Returns:
-        the task serving HTTP (it ends if the listener dies) and the stopper.
+        the task serving HTTP (it ends if the listener dies) and the stopper: it
+        closes the listener without failing a request that reached it
+        (:mod:`pdserve.app.listeners`), then the connections.
 
     Raises:
         StartError: the address cannot be bound.
     """
-    app = create_http_app(
-        server,
-        max_request_bytes=settings.max_request_bytes,
-        body_timeout=settings.http_body_timeout_secs,
+    app = listeners.close_connections_while(
+        draining,
+        create_http_app(
+            server,
+            max_request_bytes=settings.max_request_bytes,
+            body_timeout=settings.http_body_timeout_secs,
+        ),
     )
     http = serve_http(app, settings.host, settings.http_port)
 
@@ -145,6 +231,14 @@ async def start_http(settings: Settings, server: InferenceServer) -> tuple[async
     log.info("HTTP (KServe V2) listening on http://%s:%d", settings.host, settings.http_port)
 
     async def stop() -> None:
+        if not task.done():
+            servers = list(getattr(http, "servers", None) or [])
+            await listeners.drain_accept_queues(
+                [sock for srv in servers for sock in srv.sockets], ACCEPT_WAIT_SECS
+            )
+            for srv in servers:
+                srv.close()
+            await listeners.wait_http_settled(http, SETTLE_SECS)
         http.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, LISTENER_GRACE_SECS)
@@ -170,6 +264,11 @@ async def start_grpc(settings: Settings, server: InferenceServer, grpc_server: M
     log.info("gRPC (KServe V2) listening on %s:%d", settings.host, settings.grpc_port)
 
     async def stop() -> None:
+        if settings.grpc_port:
+            try:
+                await listeners.end_tcp_connections(settings.grpc_port, ACCEPT_WAIT_SECS)
+            except Exception:  # noqa: BLE001 - the server's own stop still runs
+                log.exception("ending the gRPC connections failed")
         await srv.stop(LISTENER_GRACE_SECS)
 
     return stop
@@ -247,10 +346,15 @@ async def load_models(settings: Settings, server: InferenceServer) -> None:
         )
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -> int:
     """Run the server until SIGTERM/SIGINT; return the process exit code.
 
     See the module docstring for the order in which parts start and stop.
+
+    Args:
+        exit_deadline: started at the first signal and forced at the second (the
+            process exits when the shutdown takes too long); None (a library
+            caller): a second signal is only logged.
 
     Returns:
         0 after a signal-driven shutdown; 1 when a part could not start or the
@@ -290,8 +394,21 @@ async def serve(settings: Settings) -> int:
 
     stop_event = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop_event.is_set():
+            if exit_deadline is not None:
+                exit_deadline.force()
+            else:
+                log.warning("%s received again: already shutting down", sig.name)
+            return
+        log.info("%s received", sig.name)
+        stop_event.set()
+        if exit_deadline is not None:
+            exit_deadline.start()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop_event.set)
+        loop.add_signal_handler(sig, on_signal, sig)
 
     stops: list[tuple[str, Stop]] = []  # started parts, in start order
     drain_secs = settings.exit_timeout_secs
@@ -299,7 +416,7 @@ async def serve(settings: Settings) -> int:
     try:
         if metrics is not None:
             metrics.install_hooks()
-        http_task, stop_http = await start_http(settings, server)
+        http_task, stop_http = await start_http(settings, server, stop_event.is_set)
         stops.append(("HTTP", stop_http))
         if grpc_server is not None:
             stops.append(("gRPC", await start_grpc(settings, server, grpc_server)))
@@ -314,10 +431,22 @@ async def serve(settings: Settings) -> int:
             await server.stop(drain_secs)
 
         stops.append(("models", stop_models))
-        await load_models(settings, server)
-
+        # The initial load runs as a task: a signal (or HTTP dying) is acted on at
+        # once, even while a model's initialize() blocks.
+        loading = asyncio.create_task(load_models(settings, server), name="pdserve-load")
         waiter = asyncio.create_task(stop_event.wait())
-        await asyncio.wait([waiter, http_task], return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait([waiter, http_task, loading], return_when=asyncio.FIRST_COMPLETED)
+            if loading.done():
+                loading.result()  # an error of the load itself (not of a model) is raised
+                await asyncio.wait([waiter, http_task], return_when=asyncio.FIRST_COMPLETED)
+            else:
+                log.info("shutting down while models load: abandoning the loads in progress")
+                loading.cancel()
+                await asyncio.wait([loading], timeout=ABANDON_WAIT_SECS)
+        finally:
+            waiter.cancel()
+            loading.cancel()
         if http_task.done() and not stop_event.is_set():
             exc = http_task.exception() if not http_task.cancelled() else None
             log.error("HTTP server stopped: %s", exc)
@@ -325,16 +454,18 @@ async def serve(settings: Settings) -> int:
             code = 1
         else:
             log.info("shutting down: finishing in-flight requests (timeout %.0fs)", drain_secs)
-        waiter.cancel()
     except StartError as e:
         log.error("%s", e)
         code = 1
     finally:
+        stop_event.set()  # from here on HTTP responses say Connection: close
         for name, stop in reversed(stops):
+            began = loop.time()
             try:
                 await stop()
             except Exception:  # noqa: BLE001 - stop the other parts regardless
                 log.exception("stopping %s failed", name)
+            log.debug("%s stopped in %.0f ms", name, (loop.time() - began) * 1000)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     log.info("pdserve stopped")
@@ -342,9 +473,12 @@ async def serve(settings: Settings) -> int:
 
 
 def run(settings: Settings) -> int:
-    """Run :func:`serve` on a new uvloop event loop (asyncio's without uvloop)."""
+    """Run :func:`serve` on a new uvloop event loop (asyncio's without uvloop), the
+    process's shutdown bounded by an :class:`ExitDeadline` of ``--exit-timeout-secs``
+    + :data:`EXIT_MARGIN_SECS`."""
+    deadline = ExitDeadline(settings.exit_timeout_secs + EXIT_MARGIN_SECS)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency
-        return asyncio.run(serve(settings))
-    return uvloop.run(serve(settings))
+        return asyncio.run(serve(settings, deadline))
+    return uvloop.run(serve(settings, deadline))

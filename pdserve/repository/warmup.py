@@ -12,11 +12,14 @@ Samples come from the configuration's ``model_warmup`` (Triton's ``ModelWarmup``
 once) on *each* model instance, directly, so warm-up never shows in statistics or
 metrics. A failing configured sample fails the load.
 
-When a configuration has no ``model_warmup``, one request is built from the
-configuration (batch size 1, zeros, variable dimensions set to 1, optional inputs
-left out) and run once per instance. Such a request may be meaningless to the
-model (zeros are not a JPEG), so its failure is only logged. Ensembles,
-decoupled models and sequence-batched models get no built request.
+A configuration without ``model_warmup`` gets no warm-up at all, as in Triton:
+no request the model did not ask for ever reaches it, so a model with side
+effects (counters, writes, calls to other services) sees only real requests,
+and a model that would reject an invented input logs no errors. (Load-time
+checks need no request: the configuration, the backend's own load and each
+python instance's ``initialize`` have passed before warm-up.) To warm a model
+up, give it ``model_warmup`` — ``zero_data: true`` with the input's dims is the
+smallest sample.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import time
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from pdserve.config import ENSEMBLE_PLATFORM, datatype_of
 from pdserve.core.datatypes import CONFIG_TO_V2, V2_TO_NUMPY, deserialize_bytes_tensor
 from pdserve.core.errors import InferError
 from pdserve.core.types import InferRequest
@@ -35,7 +37,7 @@ from pdserve.repository.model import ModelVersion
 
 log = logging.getLogger("pdserve.warmup")
 
-__all__ = ["WarmupError", "build_default_sample", "build_samples", "warmup"]
+__all__ = ["WarmupError", "build_samples", "warmup"]
 
 
 class WarmupError(Exception):
@@ -128,29 +130,6 @@ def build_samples(mv: ModelVersion) -> list[tuple[str, InferRequest, int]]:
     return samples
 
 
-def build_default_sample(mv: ModelVersion) -> InferRequest | None:
-    """One request built from the configuration, or None when none makes sense."""
-    cfg = mv.config
-    if (
-        cfg.platform == ENSEMBLE_PLATFORM
-        or not mv.instances
-        or cfg.model_transaction_policy.decoupled
-        or cfg.HasField("sequence_batching")
-    ):
-        return None
-    batching = mv.max_batch_size > 0
-    inputs: dict[str, np.ndarray] = {}
-    for inp in cfg.input:
-        if inp.optional:
-            continue
-        if inp.is_shape_tensor:
-            return None
-        dims = [1 if d < 0 else int(d) for d in inp.dims]
-        shape = ([1] if batching else []) + dims
-        inputs[inp.name] = _make_array(datatype_of(inp), shape, "zero", None, inp.name)
-    return InferRequest(mv.name, mv.version_str, inputs, id="warmup")
-
-
 async def _run_on_instances(mv: ModelVersion, request: InferRequest, count: int) -> None:
     """Run ``request`` ``count`` times on every instance of ``mv``.
 
@@ -175,49 +154,23 @@ async def warmup(mv: ModelVersion) -> None:
         return
     start = time.monotonic()
     samples = build_samples(mv)
-    if samples:
-        for label, request, count in samples:
-            try:
-                await _run_on_instances(mv, request, count)
-            except WarmupError:
-                raise
-            except Exception as e:
-                message = e.message if isinstance(e, InferError) else f"{type(e).__name__}: {e}"
-                raise WarmupError(f"warm-up sample '{label}' failed: {message}") from e
-        log.info(
-            "warmed up %s version %d: %d sample%s on %d instance%s in %.0f ms",
-            mv.name,
-            mv.version,
-            len(samples),
-            "" if len(samples) == 1 else "s",
-            len(mv.instances),
-            "" if len(mv.instances) == 1 else "s",
-            (time.monotonic() - start) * 1000,
-        )
+    if not samples:
         return
-    try:
-        default = build_default_sample(mv)
-    except Exception as e:  # noqa: BLE001 - a built request is best effort
-        log.debug("no warm-up request for %s: %s", mv.name, e)
-        return
-    if default is None:
-        return
-    try:
-        await _run_on_instances(mv, default, 1)
-    except Exception as e:  # noqa: BLE001 - zeros may be meaningless to the model
-        message = e.message if isinstance(e, InferError) else f"{type(e).__name__}: {e}"
-        log.warning(
-            "warm-up request built from the configuration of %s version %d failed "
-            "(add model_warmup to config.pbtxt to control it): %s",
-            mv.name,
-            mv.version,
-            message,
-        )
-        return
-    log.debug(
-        "warmed up %s version %d on %d instance(s) in %.0f ms",
+    for label, request, count in samples:
+        try:
+            await _run_on_instances(mv, request, count)
+        except WarmupError:
+            raise
+        except Exception as e:
+            message = e.message if isinstance(e, InferError) else f"{type(e).__name__}: {e}"
+            raise WarmupError(f"warm-up sample '{label}' failed: {message}") from e
+    log.info(
+        "warmed up %s version %d: %d sample%s on %d instance%s in %.0f ms",
         mv.name,
         mv.version,
+        len(samples),
+        "" if len(samples) == 1 else "s",
         len(mv.instances),
+        "" if len(mv.instances) == 1 else "s",
         (time.monotonic() - start) * 1000,
     )

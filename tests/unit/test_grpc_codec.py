@@ -201,18 +201,15 @@ def _model_version(tmp_path: Path, extra: str = "", fail: bool = False):  # noqa
     return mv
 
 
-def test_warmup_default_request_runs_on_every_instance(tmp_path: Path) -> None:
+def test_no_warmup_without_model_warmup(tmp_path: Path) -> None:
+    """As in Triton, a configuration without model_warmup gets no request at load."""
     import asyncio
 
     from pdserve.repository.warmup import warmup
 
     mv = _model_version(tmp_path)
     asyncio.run(warmup(mv))
-    for inst in mv.instances:
-        assert [a["INPUT0"].shape for a in inst.seen] == [(1, 1, 4)]
-        assert not inst.seen[0]["INPUT0"].any()
-    failing = _model_version(tmp_path, fail=True)
-    asyncio.run(warmup(failing))  # a built request may be meaningless: only logged
+    assert [inst.seen for inst in mv.instances] == [[], []]
 
 
 def test_warmup_configured_samples(tmp_path: Path) -> None:

@@ -65,6 +65,7 @@ WORKER_MAY_IMPORT = (
     "pdserve.backends.python.shm",
     "pdserve.backends.python.messages",
     "pdserve.backends.python.triton_python_backend_utils",
+    "pdserve.backends.python.lifetime",
 )
 
 #: Known violations of today's code: (importer, imported) -> why, and who removes it.
@@ -365,6 +366,6 @@ def test_checker_names_the_module_the_import_and_the_arrow(
         "(no module pdserve/cli.py)",
         "pdserve/backends/python/worker.py:2: pdserve.backends.python.worker imports "
         "pdserve.config: the python worker imports only pdserve.backends.python.shm, "
-        "pdserve.backends.python.messages, pdserve.backends.python.triton_python_backend_utils "
-        "and core; it reaches pdserve.config",
+        "pdserve.backends.python.messages, pdserve.backends.python.triton_python_backend_utils, "
+        "pdserve.backends.python.lifetime and core; it reaches pdserve.config",
     ]

@@ -89,6 +89,9 @@ START_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 10.0
 #: Longest wait between two attempts to restart a worker that keeps failing.
 MAX_RESTART_DELAY_S = 10.0
+#: Seconds ``finalize`` may take in an instance that had started when its model's
+#: load was abandoned (the server shuts down while the model loads).
+CANCEL_GRACE_S = 2.0
 
 _ctx_lock = threading.Lock()
 _start_lock = threading.Lock()
@@ -132,7 +135,12 @@ def _mp_context() -> Any:
         if _ctx is None:
             _install_preparation_filter()
             ctx = multiprocessing.get_context("forkserver")
-            preload = ["numpy", "pdserve.backends.python.worker"]
+            # lifetime: the fork server exits as soon as this process is gone
+            preload = [
+                "numpy",
+                "pdserve.backends.python.lifetime",
+                "pdserve.backends.python.worker",
+            ]
             extra = os.environ.get("PDSERVE_PYTHON_PRELOAD", "")
             preload += [m.strip() for m in extra.split(",") if m.strip()]
             ctx.set_forkserver_preload(preload)
@@ -229,8 +237,17 @@ class WorkerConnection:
                     proc.join(5.0)
                     raise
 
+        launched = asyncio.get_running_loop().run_in_executor(None, launch)
         try:
-            await asyncio.get_running_loop().run_in_executor(None, launch)
+            await asyncio.shield(launched)
+        except asyncio.CancelledError:  # shutdown while loading: kill what was started
+            with contextlib.suppress(BaseException):
+                await launched
+            if proc.pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(proc.pid, signal.SIGKILL)
+            parent.close()
+            raise
         except BaseException:
             parent.close()
             raise
@@ -495,6 +512,21 @@ class WorkerConnection:
             self._close_resources()
             self.died.set_result("stopped")
 
+    async def kill(self) -> None:
+        """SIGKILL the worker now (no ``finalize``) and wait (5 s at most) until it is gone.
+
+        For a start that is abandoned (the server shuts down while the model loads):
+        a worker busy in ``initialize`` could not answer a stop.
+        """
+        self.stopping = True
+        if not self.died.done():
+            self._kill()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.died), 5.0)
+        if not self.died.done():  # pragma: no cover - unreachable unless the OS misbehaves
+            self._close_resources()
+            self.died.set_result("killed")
+
 
 def _model_file(spec: ModelSpec) -> Path:
     return cfgmod.find_model_file(spec.config, spec.version_dir)
@@ -520,6 +552,7 @@ def _init_message(
         "instance_name": instance,
         "instance_kind": kind,
         "device_id": device,
+        "server_pid": os.getpid(),
     }
 
 
@@ -571,17 +604,20 @@ class PythonBackend(Backend):
         try:
             config, error, stage = await asyncio.wait_for(conn.autocomplete, timeout)
         except RuntimeError as e:
+            await conn.stop(5.0)
             raise cfgmod.ConfigError(where, "auto_complete_config", str(e)) from None
         except TimeoutError:
-            conn._kill()  # a hung import does not read "stop"
+            await conn.kill()  # a hung import does not read "stop"
             raise cfgmod.ConfigError(
                 where,
                 "auto_complete_config",
                 f"the worker importing {model_file} did not answer within {timeout:g} s "
                 "(an import or auto_complete_config that hangs?); it was killed",
             ) from None
-        finally:
-            await conn.stop(5.0)
+        except BaseException:  # cancelled (shutdown while loading): no waiting
+            await conn.kill()
+            raise
+        await conn.stop(5.0)
         if error is not None and stage == "import":
             raise cfgmod.ConfigError(model_file, "import", f"importing it raised {error}")
         if error is not None:
@@ -625,7 +661,14 @@ class PythonBackend(Backend):
                     plans.append((f"{gname}_{n}", kind, device, cores))
                     n += 1
         instances = [PythonInstance(spec, *plan) for plan in plans]
-        results = await asyncio.gather(*(i.start() for i in instances), return_exceptions=True)
+        try:
+            results = await asyncio.gather(*(i.start() for i in instances), return_exceptions=True)
+        except asyncio.CancelledError:  # shutdown while loading: starting workers are
+            # killed by their own cancelled start; stop the ones already initialized
+            await asyncio.gather(
+                *(i.abort(CANCEL_GRACE_S) for i in instances), return_exceptions=True
+            )
+            raise
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             await asyncio.gather(*(i.close() for i in instances), return_exceptions=True)
@@ -676,6 +719,9 @@ class PythonInstance(ModelInstance):
         conn = await WorkerConnection.start(self.name, self._init, self.spec.server, self.cores)
         try:
             await asyncio.wait_for(asyncio.shield(conn.ready), START_TIMEOUT_S)
+        except asyncio.CancelledError:  # shutdown while loading: initialize may block
+            await conn.kill()
+            raise
         except BaseException as e:
             await conn.stop(2.0)
             if isinstance(e, TimeoutError):

@@ -54,7 +54,7 @@ from concurrent.futures import Future
 from types import ModuleType
 from typing import Any
 
-from pdserve.backends.python import shm
+from pdserve.backends.python import lifetime, shm
 from pdserve.backends.python import triton_python_backend_utils as pb
 
 log = logging.getLogger("pdserve.python_worker")
@@ -416,11 +416,18 @@ def worker_main(sock: socket.socket, init: dict[str, Any]) -> None:
         init: ``mode`` (``"serve"`` / ``"autocomplete"``), ``model_file``,
             ``version_dir``, ``model_dir``, ``model_name``, ``model_version``,
             ``model_config`` (JSON), ``instance_name``, ``instance_kind``,
-            ``device_id``, ``cpu_cores`` (the host policy's CPU ids, or None).
+            ``device_id``, ``cpu_cores`` (the host policy's CPU ids, or None),
+            ``server_pid`` (this process exits when that process is gone).
     """
+    # Die with the server, even a SIGKILLed one, whatever the model is doing: the
+    # kernel kills this process when its parent (the fork server, which exits with
+    # the server) exits, and a thread watches the server itself (lifetime module).
+    lifetime.set_parent_death_signal()
     cores = init.get("cpu_cores")
     if cores:  # before model.py is imported: every thread it starts inherits the mask
         os.sched_setaffinity(0, cores)
+    if init.get("server_pid"):  # after the mask is set: the thread inherits it too
+        lifetime.exit_when_gone(int(init["server_pid"]))
     # The server decides when a worker stops ("stop" frame, SIGKILL after a timeout;
     # a worker whose server vanished sees its socket close). A SIGINT or SIGTERM sent
     # to the whole process group (Ctrl-C, systemd's KillMode=control-group, timeout)

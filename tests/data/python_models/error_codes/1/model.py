@@ -6,7 +6,7 @@
 * "bls:<CODE>" -> a BLS call to this model with "respond:<CODE>", whose error comes
   back as TritonError("BLS: <its message>", <its code>).
 
-Anything else (e.g. "" from the warm-up request) -> OUT = [0]."""
+Anything else (e.g. "") -> OUT = [0]."""
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
