@@ -251,7 +251,9 @@ class Tensor:
             if wanted is not None and numpy_array.dtype != np.dtype(wanted):
                 numpy_array = numpy_array.view(wanted)
         else:
-            triton_dtype = numpy_to_triton_type(numpy_array.dtype)
+            triton_dtype = _NUMPY_TO_TRITON.get(numpy_array.dtype)  # the common case, fast
+            if triton_dtype is None:
+                triton_dtype = numpy_to_triton_type(numpy_array.dtype)
             if triton_dtype is None:
                 raise TritonModelException(
                     f"tensor '{name}': numpy dtype {numpy_array.dtype} has no Triton datatype"
