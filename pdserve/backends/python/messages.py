@@ -12,12 +12,13 @@ worker's :class:`Bls`), :class:`Stop`. Worker -> server: :class:`Ready` or
 worker's start-up data, passed as the process's argument.
 
 Records are ``NamedTuple`` s (attribute access, checked by mypy). On the wire they
-are plain tuples: :func:`to_wire` and :func:`from_wire` convert, one pair of lines
-per message kind, below. A ``NamedTuple`` that pickle saves itself costs a class
-lookup per kind per frame and a Python ``__new__`` per record; plain tuples pickle
-and load in C (measured: a :class:`Result` of two outputs round-trips through
-pickle in ~4.7 µs this way, ~8.2 µs as pickled ``NamedTuple`` s, ~2.8 µs as the
-bare tuples of before).
+are plain tuples: :func:`to_wire` and :func:`from_wire` convert, one pair of
+functions per message kind, below. A ``NamedTuple`` that pickle saves itself costs
+an import-and-lookup of its class per kind per frame and a Python ``__new__`` per
+record; plain tuples pickle and load in C (measured on the development VM: a
+:class:`Result` of two outputs built, converted and round-tripped through pickle in
+~4.7 µs this way, ~8.2 µs pickled as ``NamedTuple`` s, ~2.8 µs as the positional
+tuples used before).
 
 Error codes are Triton's ``TRITONSERVER_Error_Code`` values (``pb_utils.TritonError``
 codes, :class:`pdserve.core.errors.ErrorCode` values), carried unchanged.
