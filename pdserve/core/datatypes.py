@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -93,74 +94,147 @@ def v2_to_numpy(datatype: str) -> np.dtype:
         raise InferError(f"unsupported datatype '{datatype}'") from None
 
 
+#: The 4-byte little-endian length before each BYTES element.
+_LEN = struct.Struct("<I")
+
+#: :func:`deserialize_bytes_tensor` copies a buffer of at most this many bytes (or one
+#: whose elements average under :data:`_COPY_PER_ELEMENT` bytes) into one ``bytes``
+#: and slices that: a ``bytes`` slice is one step per element, a memoryview slice
+#: and its copy two. Larger buffers of large elements are sliced in place.
+_COPY_MAX = 64 * 1024
+_COPY_PER_ELEMENT = 1024
+
+
+def _element_bytes(item: object) -> bytes:
+    """One BYTES element as ``bytes``: ``str`` -> UTF-8, ``bytearray``/``memoryview``
+    copied, anything else (a number in an object array) as ``str(item)`` in UTF-8, as
+    Triton's ``pb_utils.serialize_byte_tensor`` does."""
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    if isinstance(item, (bytearray, memoryview)):
+        return bytes(item)
+    return str(item).encode("utf-8")
+
+
 def serialize_bytes_tensor(array: np.ndarray) -> bytes:
     """Encode a BYTES tensor (any shape, row-major) as length-prefixed elements.
 
-    Each element becomes ``uint32 little-endian length`` + its bytes; ``str``
-    elements are UTF-8 encoded. This is the binary tensor extension's and gRPC's
-    ``raw_*_contents`` encoding of BYTES.
+    The one implementation of the BYTES wire format (both frontends, the python
+    backend's shared memory and ``pb_utils.serialize_byte_tensor`` use it): each
+    element becomes a ``uint32`` little-endian length followed by its bytes, the
+    binary tensor extension's and gRPC's ``raw_*_contents`` encoding of BYTES.
+    ``bytes`` elements are taken as they are, ``str`` elements are UTF-8 encoded,
+    ``bytearray``/``memoryview`` copied, other objects written as ``str(item)``.
+    Works on ``object``, ``S`` and ``U`` arrays; no elements gives ``b""``.
+
+    Raises:
+        InferError(INVALID_ARG): an element of 4 GiB or more (its length does not fit
+            the prefix).
     """
-    parts: list[bytes] = []
-    pack = struct.Struct("<I").pack
-    for item in array.reshape(-1):
-        if isinstance(item, str):
-            item = item.encode("utf-8")
-        elif not isinstance(item, (bytes, bytearray, memoryview)):
-            item = str(item).encode("utf-8")
-        parts.append(pack(len(item)))
-        parts.append(bytes(item))
+    items = [x if type(x) is bytes else _element_bytes(x) for x in array.reshape(-1).tolist()]
+    parts: list[bytes] = [b""] * (2 * len(items))
+    parts[1::2] = items
+    pack = _LEN.pack
+    try:
+        parts[0::2] = [pack(len(x)) for x in items]
+    except struct.error:
+        raise InferError(
+            "a BYTES element is 4 GiB or longer: its length does not fit the 4-byte prefix"
+        ) from None
     return b"".join(parts)
 
 
-def deserialize_bytes_tensor(buffer: bytes | memoryview, count: int | None = None) -> np.ndarray:
+def deserialize_bytes_tensor(
+    buffer: bytes | bytearray | memoryview, count: int | None = None
+) -> np.ndarray:
     """Decode length-prefixed BYTES elements into a 1-D object array of ``bytes``.
+
+    The inverse of :func:`serialize_bytes_tensor`. Each element is a new ``bytes``
+    object: nothing refers to ``buffer`` afterwards (it may be shared memory that is
+    reused at once).
 
     Args:
         buffer: concatenated ``<uint32 LE length><bytes>`` elements.
         count: the number of elements the shape calls for, if known. Then the buffer
             must hold at least ``4 * count`` bytes (checked before parsing) and parsing
-            stops at the first element past ``count``, so a buffer of millions of
-            zero-length elements costs nothing when the shape calls for a few.
+            stops after ``count`` elements, so a buffer of millions of zero-length
+            elements costs nothing when the shape calls for a few.
 
     Raises:
-        InferError(INVALID_ARG): an element's length runs past the buffer, or the element
-            count differs from ``count``.
+        InferError(INVALID_ARG): a length prefix or an element runs past the end of the
+            buffer ("truncated"), or the buffer holds fewer or more elements than
+            ``count``.
     """
-    mv = memoryview(buffer)
-    n = len(mv)
+    src: bytes | memoryview
+    if type(buffer) is bytes:
+        src = buffer
+    else:
+        src = memoryview(buffer)
+        if src.format != "B" or src.ndim != 1:
+            src = src.cast("B")
+    n = len(src)
     if count is not None and n < 4 * count:
         raise InferError(
             f"BYTES tensor data is truncated: its {n} bytes hold at most {n // 4} elements "
             f"but its shape calls for {count} (each element needs a 4-byte length prefix)"
         )
-    limit = n if count is None else count
-    items: list[bytes] = []
+    if type(src) is not bytes and (
+        n <= _COPY_MAX or (count is not None and n < _COPY_PER_ELEMENT * count)
+    ):
+        src = bytes(src)
+    unpack = _LEN.unpack_from
+    items: list[Any] = []
     append = items.append
     offset = 0
-    unpack = struct.Struct("<I").unpack_from
-    while offset < n:
-        if len(items) >= limit:
+    try:
+        if count is None:
+            while offset < n:
+                (length,) = unpack(src, offset)
+                offset += 4
+                end = offset + length
+                if end > n:
+                    raise _element_past_end(length)
+                append(src[offset:end])
+                offset = end
+        else:
+            for _ in range(count):
+                (length,) = unpack(src, offset)
+                offset += 4
+                end = offset + length
+                if end > n:
+                    raise _element_past_end(length)
+                append(src[offset:end])
+                offset = end
+    except struct.error:  # fewer than 4 bytes left for a length prefix
+        if offset == n:
             raise InferError(
-                f"BYTES tensor holds more than {count} elements but its shape calls for {count}"
-            )
-        if offset + 4 > n:
-            raise InferError("BYTES tensor data is truncated: a length prefix runs past the end")
-        (length,) = unpack(mv, offset)
-        offset += 4
-        end = offset + length
-        if end > n:
-            raise InferError(
-                f"BYTES tensor data is truncated: element of {length} bytes runs past the end"
-            )
-        append(bytes(mv[offset:end]))
-        offset = end
-    if count is not None and len(items) != count:
+                f"BYTES tensor holds {len(items)} elements but its shape calls for {count}"
+            ) from None
         raise InferError(
-            f"BYTES tensor holds {len(items)} elements but its shape calls for {count}"
+            "BYTES tensor data is truncated: a length prefix runs past the end"
+        ) from None
+    if offset != n:
+        if n - offset < 4:
+            raise InferError(
+                f"BYTES tensor data is truncated: {n - offset} bytes follow its {count} "
+                "elements, too few for a length prefix"
+            )
+        raise InferError(
+            f"BYTES tensor holds more than {count} elements but its shape calls for {count}"
         )
+    if type(src) is not bytes:
+        items = list(map(bytes, items))
     out = np.empty(len(items), dtype=object)
     out[:] = items
     return out
+
+
+def _element_past_end(length: int) -> InferError:
+    return InferError(
+        f"BYTES tensor data is truncated: element of {length} bytes runs past the end"
+    )
 
 
 # --------------------------------------------------------------------------- shapes

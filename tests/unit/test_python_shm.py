@@ -5,13 +5,16 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import struct
 
 import numpy as np
 import pytest
 
 from pdserve.backends.python import shm
 from pdserve.backends.python import triton_python_backend_utils as pb
-from pdserve.core.errors import ErrorCode
+from pdserve.backends.python.messages import ArenaControl, NewArena, Ready
+from pdserve.core.datatypes import serialize_bytes_tensor
+from pdserve.core.errors import ErrorCode, InferError
 from pdserve.frontends.http.status import http_status
 
 
@@ -36,7 +39,7 @@ def test_tensors_round_trip_through_arenas() -> None:
     strings = np.array([[b"abc" * 200, b""], [b"\x00\xff", "h\u00e9".encode()]], dtype=object)
     tiny = np.arange(3, dtype=np.int64)
     descs = [shm.write_tensor(t, owner.alloc) for t in (image, strings, tiny)]
-    assert descs[0][2][0] == "s" and descs[2][2][0] == "i"  # tiny tensors ride inline
+    assert descs[0].inline is None and descs[2].inline is not None  # tiny ones ride inline
     announced, arenas = owner.take_announcements()
     peer.add(announced, [os.dup(a.fd) for a in arenas])
     owner.sent(arenas)
@@ -45,8 +48,8 @@ def test_tensors_round_trip_through_arenas() -> None:
     assert got[1].tolist() == strings.tolist() and got[1].dtype == object
     np.testing.assert_array_equal(got[2], tiny)
     # a view shares the writer's memory: no copy on the way in
-    arena, _ = owner.arenas[descs[0][2][1]]
-    first = np.frombuffer(arena.mm, dtype=np.float32, count=1, offset=descs[0][2][2])
+    arena, _ = owner.arenas[descs[0].arena]
+    first = np.frombuffer(arena.mm, dtype=np.float32, count=1, offset=descs[0].offset)
     first[0] = 42.0
     assert got[0][0, 0, 0] == 42.0
     # releases come once the last view is gone
@@ -58,7 +61,7 @@ def test_tensors_round_trip_through_arenas() -> None:
     assert peer.take_releases() == []
     del view
     gc.collect()
-    assert peer.take_releases() == [(descs[0][2][1], descs[0][2][2])]
+    assert peer.take_releases() == [(descs[0].arena, descs[0].offset)]
     owner.free_many(releases)
     peer.close()
     owner.close()
@@ -80,15 +83,17 @@ def test_frames_carry_descriptors() -> None:
     try:
         arena = shm.Arena.create(0, 4096, "frame")
         arena.mm[:5] = b"hello"
-        shm.send_frame(a, ("msg", 1, {"nfds": 1}), [arena.fd])
-        shm.send_frame(a, ("msg", 2, {}))
+        control = ArenaControl([NewArena(0, 4096)], [])
+        shm.send_frame(a, Ready(1), control, [arena.fd])
+        shm.send_frame(a, Ready(2))
         reader = shm.FrameReader()
         frames: list = []
         while len(frames) < 2:
             data, anc, _, _ = b.recvmsg(1 << 16, shm.ANCILLARY_SPACE)
             reader.feed(data, anc)
             frames += reader.frames()
-        assert [f[1] for f in frames] == [1, 2]
+        assert [f.message for f in frames] == [Ready(1), Ready(2)]
+        assert [f.control for f in frames] == [control, None]
         (fd,) = reader.take_fds(1)
         other = shm.Arena.attach(0, 4096, fd)
         assert bytes(other.mm[:5]) == b"hello"
@@ -121,3 +126,19 @@ def test_pb_utils_model_config_helpers() -> None:
         pb.Tensor("s", np.array(["unicode"]))
     with pytest.raises(pb.TritonModelException, match="only available inside"):
         pb.InferenceRequest(model_name="m", requested_output_names=[], inputs=[]).exec()
+
+
+def test_pb_utils_bytes_helpers_are_the_core_codec() -> None:
+    array = np.array([[b"x", "\u00e9"]], dtype=object)
+    assert pb.serialize_byte_tensor(array) == serialize_bytes_tensor(array)
+    assert pb.serialize_byte_tensor(np.array([b"a", b"bc"])) == _elements(b"a", b"bc")
+    assert pb.serialize_byte_tensor(np.empty(0, dtype=object)) == ()  # as Triton
+    assert pb.serialize_byte_tensor(np.zeros(3, dtype=np.float32)) is None  # as Triton
+    out = pb.deserialize_bytes_tensor(_elements(b"x", b"\xc3\xa9"))
+    assert out.dtype == object and out.tolist() == [b"x", b"\xc3\xa9"]
+    with pytest.raises(InferError, match="truncated"):
+        pb.deserialize_bytes_tensor(struct.pack("<I", 3) + b"a")
+
+
+def _elements(*items: bytes) -> bytes:
+    return b"".join(struct.pack("<I", len(i)) + i for i in items)

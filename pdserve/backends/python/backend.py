@@ -13,8 +13,9 @@ Process model (DESIGN.md, "Passing a tensor to a worker process"):
   milliseconds); extra modules to preload can be named in the environment variable
   ``PDSERVE_PYTHON_PRELOAD`` (comma-separated, e.g. ``cv2,PIL.Image``);
 * each worker has one ``AF_UNIX`` socketpair to the server for small control
-  frames; tensors travel through memfd shared-memory arenas
-  (:mod:`~pdserve.backends.python.shm`), copied once each way;
+  frames (the records of :mod:`~pdserve.backends.python.messages`); tensors travel
+  through memfd shared-memory arenas (:mod:`~pdserve.backends.python.shm`), copied
+  once each way;
 * the scheduler hands an instance a batch of requests; the worker gets them as one
   list in one ``execute`` call, as in Triton (requests are never merged), and
   answers one result per request.
@@ -77,6 +78,23 @@ from pdserve.backends.base import Backend, ExecRequest, ExecResult, ModelInstanc
 from pdserve.backends.devices import check_gpu_ids
 from pdserve.backends.host_policy import instance_cores
 from pdserve.backends.python import shm
+from pdserve.backends.python.messages import (
+    AutoCompleteResult,
+    Block,
+    Bls,
+    BlsResult,
+    Error,
+    Exec,
+    Frame,
+    InitError,
+    Message,
+    Ready,
+    Request,
+    Result,
+    Stop,
+    TensorDesc,
+    WorkerInit,
+)
 from pdserve.core.api import ModelRunner
 from pdserve.core.errors import ErrorCode, InferError, internal, unavailable
 from pdserve.core.types import InferRequest, RequestedOutput
@@ -180,10 +198,11 @@ class WorkerConnection:
         self.peer = shm.PeerArenas()
         self.frames = shm.FrameReader()
         self.ready: asyncio.Future[int] = self.loop.create_future()
-        self.autocomplete: asyncio.Future[Any] = self.loop.create_future()
+        self.autocomplete: asyncio.Future[AutoCompleteResult] = self.loop.create_future()
         self.died: asyncio.Future[str] = self.loop.create_future()
         self.batch_ids = itertools.count()
-        self.batch: tuple[int, asyncio.Future[Any]] | None = None
+        #: The batch the worker is running: (its id, the future of its Result).
+        self.batch: tuple[int, asyncio.Future[Result]] | None = None
         self.stopping = False
         self._bls_tasks: set[asyncio.Task[None]] = set()
         self._out: deque[list[Any]] = deque()  # [memoryview, fds, arenas]
@@ -197,7 +216,7 @@ class WorkerConnection:
     async def start(
         cls,
         name: str,
-        init: dict[str, Any],
+        init: WorkerInit,
         server: ModelRunner | None,
         cores: frozenset[int] | None = None,
     ) -> WorkerConnection:
@@ -257,12 +276,12 @@ class WorkerConnection:
 
     # -- sending ----------------------------------------------------------------
 
-    def send(self, *fields: Any) -> None:
+    def send(self, message: Message) -> None:
         """Queue one message; new arenas and released worker blocks ride along."""
         if self.died.done():
             return
-        ctl, arenas = shm.outgoing_control(self.pool, self.peer)
-        data = shm.encode_frame((*fields, ctl))
+        control, arenas = shm.outgoing_control(self.pool, self.peer)
+        data = shm.encode_frame(message, control)
         self._out.append([memoryview(data), [a.fd for a in arenas], arenas])
         if not self._writing:
             self._flush()
@@ -308,35 +327,36 @@ class WorkerConnection:
             self._on_eof()
             return
         self.frames.feed(data, ancdata)
-        for message in self.frames.frames():
+        for frame in self.frames.frames():
             try:
-                self._dispatch(message)
+                self._dispatch(frame)
             except Exception:
                 log.exception("%s: bad message from worker", self.name)
 
-    def _dispatch(self, message: tuple[Any, ...]) -> None:
-        shm.apply_control(message[-1], self.frames, self.peer, self.pool)
-        tag = message[0]
-        if tag == "result":
-            _, batch_id, results, batch_error, _ = message
-            if self.batch is not None and self.batch[0] == batch_id:
+    def _dispatch(self, frame: Frame) -> None:
+        shm.apply_control(frame.control, self.frames, self.peer, self.pool)
+        message = frame.message
+        if isinstance(message, Result):
+            if self.batch is not None and self.batch[0] == message.batch_id:
                 future = self.batch[1]
                 self.batch = None
                 if not future.done():
-                    future.set_result((results, batch_error))
-        elif tag == "bls":
-            task = self.loop.create_task(self._run_bls(*message[1:-1]))
+                    future.set_result(message)
+        elif isinstance(message, Bls):
+            task = self.loop.create_task(self._run_bls(message))
             self._bls_tasks.add(task)
             task.add_done_callback(self._bls_tasks.discard)
-        elif tag == "ready":
+        elif isinstance(message, Ready):
             if not self.ready.done():
-                self.ready.set_result(message[1])
-        elif tag == "init_error":
+                self.ready.set_result(message.pid)
+        elif isinstance(message, InitError):
             if not self.ready.done():
-                self.ready.set_exception(RuntimeError(message[1]))
-        elif tag == "autocomplete":
+                self.ready.set_exception(RuntimeError(message.message))
+        elif isinstance(message, AutoCompleteResult):
             if not self.autocomplete.done():
-                self.autocomplete.set_result((message[1], message[2], message[3]))
+                self.autocomplete.set_result(message)
+        else:
+            log.error("%s: unexpected message %s", self.name, type(message).__name__)
 
     def _on_eof(self) -> None:
         """The worker closed its socket: it exited or died."""
@@ -405,34 +425,29 @@ class WorkerConnection:
 
     # -- work -------------------------------------------------------------------
 
-    async def run_batch(
-        self, batch: list[ExecRequest]
-    ) -> tuple[list[Any] | None, tuple[str, int] | None]:
-        """Send a batch, wait for the worker's results (raw descriptors).
-
-        Returns:
-            ``(results, batch_error)`` as the worker sent them.
+    async def run_batch(self, batch: list[ExecRequest]) -> Result:
+        """Send a batch, wait for the worker's :class:`Result` (raw descriptors).
 
         Raises:
             InferError(INTERNAL): the worker died before answering.
         """
-        blocks: list[tuple[int, int]] = []
+        blocks: list[Block] = []
 
         def alloc(nbytes: int) -> tuple[shm.Arena, int] | None:
             placed = self.pool.alloc(nbytes)
             if placed is not None:
-                blocks.append((placed[0].id, placed[1]))
+                blocks.append(Block(placed[0].id, placed[1]))
             return placed
 
         reqs = []
         for r in batch:
-            inputs = [(name, shm.write_tensor(arr, alloc)) for name, arr in r.inputs.items()]
+            inputs = {name: shm.write_tensor(arr, alloc) for name, arr in r.inputs.items()}
             params = dict(r.request.parameters) if r.request.parameters else {}
-            reqs.append((r.request.id, params, inputs, list(r.output_names)))
+            reqs.append(Request(r.request.id, params, inputs, list(r.output_names)))
         batch_id = next(self.batch_ids)
-        future: asyncio.Future[Any] = self.loop.create_future()
+        future: asyncio.Future[Result] = self.loop.create_future()
         self.batch = (batch_id, future)
-        self.send("exec", batch_id, reqs)
+        self.send(Exec(batch_id, reqs))
         try:
             try:
                 return await asyncio.shield(future)
@@ -449,50 +464,44 @@ class WorkerConnection:
             # future -> exception -> traceback -> frame -> future would be a cycle
             future = None  # type: ignore[assignment]
 
-    def read_outputs(self, outputs: list[tuple[str, shm.TensorDesc]]) -> dict[str, np.ndarray]:
+    def read_outputs(self, outputs: dict[str, TensorDesc]) -> dict[str, np.ndarray]:
         """Views of a result's output tensors (released when garbage-collected)."""
-        return {name: self.peer.read(desc, release=True) for name, desc in outputs}
+        return {name: self.peer.read(desc, release=True) for name, desc in outputs.items()}
 
-    async def _run_bls(
-        self,
-        call_id: int,
-        model_name: str,
-        version: str,
-        request_id: str,
-        params: dict[str, Any],
-        inputs: list[tuple[str, shm.TensorDesc]],
-        output_names: list[str],
-    ) -> None:
+    async def _run_bls(self, call: Bls) -> None:
         """Run a BLS request from the worker through the server core, send the result."""
+        call_id = call.call_id
         try:
             if self.server is None:
                 raise internal("BLS is not available: the model has no server")
-            arrays = {name: self.peer.read(desc, release=True) for name, desc in inputs}
+            arrays = {
+                name: self.peer.read(desc, release=True) for name, desc in call.inputs.items()
+            }
             request = InferRequest(
-                model_name=model_name,
-                model_version=version,
+                model_name=call.model_name,
+                model_version=call.version,
                 inputs=arrays,
-                outputs=[RequestedOutput(n) for n in output_names] or None,
-                id=request_id,
-                parameters=params,
+                outputs=[RequestedOutput(n) for n in call.output_names] or None,
+                id=call.request_id,
+                parameters=call.parameters,
             )
             del arrays
-            mv = self.server.model_version(model_name, version)
+            mv = self.server.model_version(call.model_name, call.version)
             response = await self.server.infer_on(mv, request)
             del request
-            descs = [
-                (name, shm.write_tensor(arr, self.pool.alloc))
+            descs = {
+                name: shm.write_tensor(arr, self.pool.alloc)
                 for name, arr in response.outputs.items()
-            ]
-            self.send("bls_result", call_id, descs, None)
+            }
+            self.send(BlsResult(call_id, descs, None))
         except asyncio.CancelledError:
             raise
         except InferError as e:
-            self.send("bls_result", call_id, None, (e.message, e.code.triton_code.value))
+            self.send(BlsResult(call_id, None, Error(e.message, e.code.triton_code.value)))
         except Exception as e:  # a server fault still answers the worker
             log.exception("BLS call from %s failed", self.name)
-            error = (f"{type(e).__name__}: {e}", ErrorCode.INTERNAL.value)
-            self.send("bls_result", call_id, None, error)
+            error = Error(f"{type(e).__name__}: {e}", ErrorCode.INTERNAL.value)
+            self.send(BlsResult(call_id, None, error))
 
     # -- stop -------------------------------------------------------------------
 
@@ -500,7 +509,7 @@ class WorkerConnection:
         """Ask the worker to finalize and exit; kill it after ``timeout`` seconds."""
         self.stopping = True
         if not self.died.done():
-            self.send("stop")
+            self.send(Stop())
             try:
                 await asyncio.wait_for(asyncio.shield(self.died), timeout)
             except TimeoutError:
@@ -539,21 +548,21 @@ def _init_message(
     kind: str,
     device: int,
     cores: frozenset[int] | None = None,
-) -> dict[str, Any]:
-    return {
-        "cpu_cores": sorted(cores) if cores else None,
-        "mode": mode,
-        "model_file": str(_model_file(spec)),
-        "version_dir": str(spec.version_dir),
-        "model_dir": str(spec.model_dir),
-        "model_name": spec.name,
-        "model_version": spec.version,
-        "model_config": json.dumps(cfgmod.config_to_json(spec.config)),
-        "instance_name": instance,
-        "instance_kind": kind,
-        "device_id": device,
-        "server_pid": os.getpid(),
-    }
+) -> WorkerInit:
+    return WorkerInit(
+        mode=mode,
+        model_file=str(_model_file(spec)),
+        version_dir=str(spec.version_dir),
+        model_dir=str(spec.model_dir),
+        model_name=spec.name,
+        model_version=spec.version,
+        model_config=json.dumps(cfgmod.config_to_json(spec.config)),
+        instance_name=instance,
+        instance_kind=kind,
+        device_id=device,
+        cpu_cores=sorted(cores) if cores else None,
+        server_pid=os.getpid(),
+    )
 
 
 class PythonBackend(Backend):
@@ -602,7 +611,7 @@ class PythonBackend(Backend):
         conn = await WorkerConnection.start(f"{spec.name}_autocomplete", init, spec.server)
         timeout = self.autocomplete_timeout_s
         try:
-            config, error, stage = await asyncio.wait_for(conn.autocomplete, timeout)
+            answer = await asyncio.wait_for(conn.autocomplete, timeout)
         except RuntimeError as e:
             await conn.stop(5.0)
             raise cfgmod.ConfigError(where, "auto_complete_config", str(e)) from None
@@ -618,15 +627,15 @@ class PythonBackend(Backend):
             await conn.kill()
             raise
         await conn.stop(5.0)
-        if error is not None and stage == "import":
-            raise cfgmod.ConfigError(model_file, "import", f"importing it raised {error}")
-        if error is not None:
+        if answer.error is not None and answer.stage == "import":
+            raise cfgmod.ConfigError(model_file, "import", f"importing it raised {answer.error}")
+        if answer.error is not None or answer.config is None:
             raise cfgmod.ConfigError(
                 where,
                 "auto_complete_config",
-                f"auto_complete_config of {model_file} raised {error}",
+                f"auto_complete_config of {model_file} raised {answer.error}",
             )
-        spec.config.CopyFrom(cfgmod.config_from_json(config, where))
+        spec.config.CopyFrom(cfgmod.config_from_json(answer.config, where))
 
     async def load(self, spec: ModelSpec) -> list[ModelInstance]:
         """Start one worker per instance (``instance_group``), wait for ``initialize``.
@@ -809,19 +818,17 @@ class PythonInstance(ModelInstance):
     async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
         """Run ``batch`` in the worker: one ``execute(requests)`` call, one result each."""
         conn = await self._connection()
-        results, batch_error = await conn.run_batch(batch)
-        if batch_error is not None:
-            message, code = batch_error
-            error_code = ErrorCode.from_triton(code)
-            return [InferError(message, error_code) for _ in batch]
-        assert results is not None
+        result = await conn.run_batch(batch)
+        if result.error is not None or result.responses is None:
+            error = result.error or Error("the worker sent no responses", ErrorCode.INTERNAL.value)
+            error_code = ErrorCode.from_triton(error.code)
+            return [InferError(error.message, error_code) for _ in batch]
         out: list[ExecResult] = []
-        for request, result in zip(batch, results, strict=True):
-            if result[0] == "err":
-                _, message, code = result
-                out.append(InferError(message, ErrorCode.from_triton(code)))
+        for request, response in zip(batch, result.responses, strict=True):
+            if isinstance(response, Error):
+                out.append(InferError(response.message, ErrorCode.from_triton(response.code)))
                 continue
-            outputs = conn.read_outputs(result[1])
+            outputs = conn.read_outputs(response)
             out.append(self._check_outputs(request, outputs))
         return out
 

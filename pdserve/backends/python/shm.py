@@ -23,20 +23,25 @@ the block (no copy, :meth:`PeerArenas.read`). Who frees the block:
 
 A pool that is full grows by a new, larger arena, announced with the message that
 first uses it. So a 3x224x224 FP32 image or a 32x3x224x224 batch is copied exactly
-once each way. BYTES tensors are written in the binary tensor extension's layout
-(uint32 LE length + bytes per element) and rebuilt into ``bytes`` objects by the
-reader. Tensors of at most :data:`INLINE_MAX` bytes (and anything that finds no
-room below :data:`MAX_POOL_BYTES`) travel inside the control message.
+once each way. BYTES tensors are serialised by
+:func:`pdserve.core.datatypes.serialize_bytes_tensor` (the binary tensor extension's
+layout: uint32 LE length + bytes per element), copied into the block, and rebuilt
+into ``bytes`` objects by the reader with
+:func:`~pdserve.core.datatypes.deserialize_bytes_tensor`. Tensors of at most
+:data:`INLINE_MAX` bytes (and anything that finds no room below
+:data:`MAX_POOL_BYTES`) travel inside the control message.
 
-The control channel (:class:`FrameReader`, :func:`encode_frame`) carries small
-pickled tuples framed by a 4-byte little-endian length; a frame's file
-descriptors are sent with its first byte and consumed in order by the reader.
+The control channel (:class:`FrameReader`, :func:`encode_frame`) carries the records
+of :mod:`~pdserve.backends.python.messages`, pickled (protocol 5) in their plain-tuple
+wire form and framed by a 4-byte little-endian length; a frame's file descriptors
+are sent with its first byte and consumed in order by the reader.
 """
 
 from __future__ import annotations
 
 import array
 import bisect
+import math
 import mmap
 import os
 import pickle
@@ -49,6 +54,18 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from pdserve.backends.python.messages import (
+    ArenaControl,
+    Block,
+    Frame,
+    Message,
+    NewArena,
+    TensorDesc,
+    from_wire,
+    to_wire,
+)
+from pdserve.core.datatypes import deserialize_bytes_tensor, serialize_bytes_tensor
 
 #: Every block starts on a 64-byte boundary (cache line; AVX-512 loads).
 ALIGN = 64
@@ -66,7 +83,6 @@ RECV_BYTES = 64 * 1024
 MAX_FDS_PER_FRAME = 16
 
 _HEADER = struct.Struct("<I")
-_LEN = struct.Struct("<I")
 
 
 def align(n: int) -> int:
@@ -191,70 +207,10 @@ class FreeListAllocator:
 
 # --------------------------------------------------------------------------- tensors
 
-#: A tensor on the wire: ``(dtype_str, shape, where)``; ``where`` is
-#: ``("i", raw_bytes)`` inline or ``("s", arena_id, offset, nbytes)`` in an arena.
-#: dtype_str is numpy's ``dtype.str`` (``"<f4"``) or ``"BYTES"``.
-TensorDesc = tuple[str, tuple[int, ...], tuple[Any, ...]]
-
-
-def bytes_size(flat: np.ndarray) -> int:
-    """Bytes the length-prefixed serialisation of a flat BYTES array takes."""
-    total = 4 * len(flat)
-    for item in flat:
-        total += (
-            len(item) if isinstance(item, (bytes, bytearray, memoryview)) else len(_as_bytes(item))
-        )
-    return total
-
-
-def _as_bytes(item: Any) -> bytes:
-    if isinstance(item, bytes):
-        return item
-    if isinstance(item, (bytearray, memoryview)):
-        return bytes(item)
-    if isinstance(item, str):
-        return item.encode("utf-8")
-    if isinstance(item, np.bytes_):
-        return bytes(item)
-    return str(item).encode("utf-8")
-
-
-def _serialize_into(flat: np.ndarray, buf: memoryview) -> None:
-    """Write the BYTES elements of ``flat`` into ``buf`` (length-prefixed)."""
-    pos = 0
-    pack = _LEN.pack_into
-    for item in flat:
-        data = _as_bytes(item)
-        n = len(data)
-        pack(buf, pos, n)
-        pos += 4
-        buf[pos : pos + n] = data
-        pos += n
-
-
-def _deserialize(buf: memoryview | bytes, count: int) -> np.ndarray:
-    """Rebuild ``count`` BYTES elements (a flat object array of ``bytes``)."""
-    out = np.empty(count, dtype=object)
-    pos = 0
-    unpack = _LEN.unpack_from
-    for i in range(count):
-        (n,) = unpack(buf, pos)
-        pos += 4
-        out[i] = bytes(buf[pos : pos + n])
-        pos += n
-    return out
-
 
 def is_bytes_dtype(dtype: np.dtype) -> bool:
     """True for the numpy dtypes that hold BYTES tensors (object, S, U)."""
     return dtype.kind in "OSU"
-
-
-def tensor_nbytes(array: np.ndarray) -> int:
-    """Bytes :func:`write_tensor` needs for ``array``."""
-    if is_bytes_dtype(array.dtype):
-        return bytes_size(array.reshape(-1))
-    return array.nbytes
 
 
 def write_tensor(array: np.ndarray, alloc: Callable[[int], tuple[Arena, int] | None]) -> TensorDesc:
@@ -268,18 +224,16 @@ def write_tensor(array: np.ndarray, alloc: Callable[[int], tuple[Arena, int] | N
     Returns:
         the descriptor :func:`read_tensor` understands.
     """
-    shape = tuple(int(d) for d in array.shape)
+    shape = array.shape  # a tuple of ints
     if is_bytes_dtype(array.dtype):
-        flat = array.reshape(-1)
-        nbytes = bytes_size(flat)
+        data = serialize_bytes_tensor(array)
+        nbytes = len(data)
         placed = alloc(nbytes) if nbytes > INLINE_MAX else None
         if placed is None:
-            buf = bytearray(nbytes)
-            _serialize_into(flat, memoryview(buf))
-            return ("BYTES", shape, ("i", bytes(buf)))
+            return TensorDesc("BYTES", shape, data)
         arena, offset = placed
-        _serialize_into(flat, memoryview(arena.mm)[offset : offset + nbytes])
-        return ("BYTES", shape, ("s", arena.id, offset, nbytes))
+        arena.mm[offset : offset + nbytes] = data
+        return TensorDesc("BYTES", shape, None, arena.id, offset, nbytes)
     dtype = array.dtype
     if dtype.byteorder == ">":
         array = array.astype(dtype.newbyteorder("<"))
@@ -287,11 +241,11 @@ def write_tensor(array: np.ndarray, alloc: Callable[[int], tuple[Arena, int] | N
     nbytes = array.nbytes
     placed = alloc(nbytes) if nbytes > INLINE_MAX else None
     if placed is None:
-        return (dtype.str, shape, ("i", np.ascontiguousarray(array).tobytes()))
+        return TensorDesc(dtype.str, shape, np.ascontiguousarray(array).tobytes())
     arena, offset = placed
     dst = np.ndarray(shape, dtype=dtype, buffer=arena.mm, offset=offset)
     np.copyto(dst, array, casting="no")
-    return (dtype.str, shape, ("s", arena.id, offset, nbytes))
+    return TensorDesc(dtype.str, shape, None, arena.id, offset, nbytes)
 
 
 def read_tensor(
@@ -308,24 +262,28 @@ def read_tensor(
 
     Raises:
         KeyError: the arena is not mapped here.
+        pdserve.core.errors.InferError: BYTES data that does not hold the shape's
+            element count (a peer's bug).
     """
-    dtype_str, shape, where = desc
-    count = 1
-    for d in shape:
-        count *= d
-    if where[0] == "i":
-        raw = where[1]
-        if dtype_str == "BYTES":
-            return _deserialize(raw, count).reshape(shape)
-        return np.frombuffer(raw, dtype=np.dtype(dtype_str)).reshape(shape).copy()
-    _, arena_id, offset, nbytes = where
+    shape = desc.shape
+    count = math.prod(shape)
+    inline = desc.inline
+    if inline is not None:
+        if desc.dtype == "BYTES":
+            return deserialize_bytes_tensor(inline, count).reshape(shape)
+        return np.frombuffer(inline, dtype=np.dtype(desc.dtype)).reshape(shape).copy()
+    arena_id, offset = desc.arena, desc.offset
     arena = arenas[arena_id]
-    if dtype_str == "BYTES":
-        out = _deserialize(memoryview(arena.mm)[offset : offset + nbytes], count).reshape(shape)
+    if desc.dtype == "BYTES":
+        block = memoryview(arena.mm)[offset : offset + desc.nbytes]
+        try:
+            out = deserialize_bytes_tensor(block, count).reshape(shape)
+        finally:
+            block.release()
         if on_release is not None:
             on_release(arena_id, offset)
         return out
-    dtype = np.dtype(dtype_str)
+    dtype = np.dtype(desc.dtype)
     flat = np.frombuffer(arena.mm, dtype=dtype, count=count, offset=offset)
     if on_release is not None:
         root: Any = flat
@@ -395,24 +353,26 @@ class ArenaPool:
             if entry is not None:
                 entry[1].free(offset)
 
-    def free_many(self, blocks: list[tuple[int, int]]) -> None:
-        """Return several ``(arena_id, offset)`` blocks."""
+    def free_many(self, blocks: list[Block]) -> None:
+        """Return several blocks."""
         if not blocks:
             return
         with self._lock:
-            for arena_id, offset in blocks:
-                entry = self.arenas.get(arena_id)
+            for block in blocks:
+                entry = self.arenas.get(block.arena)
                 if entry is not None:
-                    entry[1].free(offset)
+                    entry[1].free(block.offset)
 
-    def take_announcements(self) -> tuple[list[tuple[int, int]], list[Arena]]:
-        """Arenas the peer has not been told about: ``([(id, size)...], arenas)``.
+    def take_announcements(self) -> tuple[list[NewArena], list[Arena]]:
+        """Arenas the peer has not been told about: ``(records, arenas)``.
 
         Send the arenas' ``fd`` with the message, then call :meth:`sent` on them.
         """
+        if not self._unannounced:  # the common case, without the lock: an arena made
+            return [], []  # by another thread is announced by that thread's message
         with self._lock:
             new, self._unannounced = self._unannounced, []
-        return [(a.id, a.size) for a in new], new
+        return [NewArena(a.id, a.size) for a in new], new
 
     @staticmethod
     def sent(arenas: list[Arena]) -> None:
@@ -436,12 +396,12 @@ class PeerArenas:
 
     def __init__(self) -> None:
         self.arenas: dict[int, Arena] = {}
-        self._releases: deque[tuple[int, int]] = deque()
+        self._releases: deque[Block] = deque()
 
-    def add(self, announced: list[tuple[int, int]], fds: list[int]) -> None:
+    def add(self, announced: list[NewArena], fds: list[int]) -> None:
         """Map newly announced arenas; ``fds`` are in the same order (and are closed)."""
-        for (arena_id, size), fd in zip(announced, fds, strict=True):
-            self.arenas[arena_id] = Arena.attach(arena_id, size, fd)
+        for new, fd in zip(announced, fds, strict=True):
+            self.arenas[new.arena] = Arena.attach(new.arena, new.size, fd)
 
     def read(self, desc: TensorDesc, release: bool) -> np.ndarray:
         """The array a descriptor names; see :func:`read_tensor`.
@@ -452,9 +412,9 @@ class PeerArenas:
         return read_tensor(desc, self.arenas, self._queue_release if release else None)
 
     def _queue_release(self, arena_id: int, offset: int) -> None:
-        self._releases.append((arena_id, offset))  # deque.append is thread-safe
+        self._releases.append(Block(arena_id, offset))  # deque.append is thread-safe
 
-    def take_releases(self) -> list[tuple[int, int]]:
+    def take_releases(self) -> list[Block]:
         """Blocks whose views are gone since the last call (to send to the owner)."""
         out = []
         pop = self._releases.popleft
@@ -474,46 +434,58 @@ class PeerArenas:
 # --------------------------------------------------------------------------- framing
 
 
-def encode_frame(message: Any) -> bytes:
-    """A control message as one frame: 4-byte LE length + pickle (protocol 5)."""
-    payload = pickle.dumps(message, protocol=5)
+def encode_frame(message: Message, control: ArenaControl | None = None) -> bytes:
+    """A message and its arena control as one frame: 4-byte LE length + pickle
+    (protocol 5) of their wire form (:func:`pdserve.backends.python.messages.to_wire`).
+
+    Raises:
+        KeyError: ``message`` is not a :data:`~pdserve.backends.python.messages.Message`.
+    """
+    payload = pickle.dumps(to_wire(message, control), protocol=5)
     return _HEADER.pack(len(payload)) + payload
 
 
-def outgoing_control(pool: ArenaPool, peer: PeerArenas) -> tuple[dict[str, Any], list[Any]]:
-    """The control part that rides at the end of every frame, either direction.
-
-    ``{"add": [(arena id, size), ...], "releases": [(arena id, offset), ...]}``:
-    this side's arenas the peer has not seen yet (their descriptors go with the
-    frame, ``SCM_RIGHTS``) and the peer's blocks this side has finished reading.
+def outgoing_control(pool: ArenaPool, peer: PeerArenas) -> tuple[ArenaControl | None, list[Arena]]:
+    """The arena control that rides with every frame, either direction: this side's
+    arenas the peer has not seen yet (their descriptors go with the frame,
+    ``SCM_RIGHTS``) and the peer's blocks this side has finished reading.
 
     Returns:
-        (control dict, the announced arenas: pass their ``fd`` with the frame and
-        ``pool.sent(arenas)`` once it is on the socket).
+        (the control, or None when there is nothing to say; the announced arenas: pass
+        their ``fd`` with the frame and ``pool.sent(arenas)`` once it is on the socket).
     """
     announced, arenas = pool.take_announcements()
-    return {"add": announced, "releases": peer.take_releases()}, arenas
+    releases = peer.take_releases()
+    if not announced and not releases:
+        return None, arenas
+    return ArenaControl(announced, releases), arenas
 
 
 def apply_control(
-    ctl: dict[str, Any], frames: FrameReader, peer: PeerArenas, pool: ArenaPool
+    control: ArenaControl | None, frames: FrameReader, peer: PeerArenas, pool: ArenaPool
 ) -> None:
-    """Act on a received frame's control part (see :func:`outgoing_control`): map
+    """Act on a received frame's arena control (see :func:`outgoing_control`): map
     the peer's new arenas from the descriptors that came with it, and free this
     side's blocks the peer released.
 
     Raises:
         RuntimeError: fewer descriptors arrived than arenas were announced.
     """
-    announced = ctl.get("add") or []
-    if announced:
-        peer.add(announced, frames.take_fds(len(announced)))
-    pool.free_many(ctl.get("releases") or [])
+    if control is None:
+        return
+    if control.new_arenas:
+        peer.add(control.new_arenas, frames.take_fds(len(control.new_arenas)))
+    pool.free_many(control.releases)
 
 
-def send_frame(sock: socket.socket, message: Any, fds: list[int] | None = None) -> None:
+def send_frame(
+    sock: socket.socket,
+    message: Message,
+    control: ArenaControl | None = None,
+    fds: list[int] | None = None,
+) -> None:
     """Send one frame on a *blocking* socket, with ``fds`` attached to its first byte."""
-    data = memoryview(encode_frame(message))
+    data = memoryview(encode_frame(message, control))
     if fds:
         sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
         data = data[sent:]
@@ -524,10 +496,10 @@ def send_frame(sock: socket.socket, message: Any, fds: list[int] | None = None) 
 class FrameReader:
     """Incremental parser of frames and the file descriptors that came with them.
 
-    Feed it whatever ``recvmsg`` returned (:meth:`feed`); :meth:`frames` yields the
-    complete messages. Each message that carries descriptors says how many in its
-    ``"nfds"`` field (a dict message) and takes them, in arrival order, from
-    :attr:`fds`.
+    Feed it whatever ``recvmsg`` returned (:meth:`feed`); :meth:`frames` returns the
+    complete frames. A frame that carries descriptors lists their arenas in its
+    :attr:`ArenaControl.new_arenas <pdserve.backends.python.messages.ArenaControl>`;
+    :func:`apply_control` takes them, in arrival order, from :attr:`fds`.
     """
 
     def __init__(self) -> None:
@@ -543,8 +515,13 @@ class FrameReader:
                 fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
                 self.fds.extend(fds)
 
-    def frames(self) -> list[Any]:
-        """Every complete message received so far, in order."""
+    def frames(self) -> list[Frame]:
+        """Every complete frame received so far, in order.
+
+        Raises:
+            pickle.UnpicklingError, IndexError, TypeError, ValueError: bytes that are
+                not a frame of :func:`encode_frame`.
+        """
         out = []
         buf = self._buf
         pos = 0
@@ -553,7 +530,7 @@ class FrameReader:
             (length,) = _HEADER.unpack_from(buf, pos)
             if n - pos - 4 < length:
                 break
-            out.append(pickle.loads(memoryview(buf)[pos + 4 : pos + 4 + length]))
+            out.append(from_wire(pickle.loads(memoryview(buf)[pos + 4 : pos + 4 + length])))
             pos += 4 + length
         if pos:
             del buf[:pos]

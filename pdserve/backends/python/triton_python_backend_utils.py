@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import struct
 import sys
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
@@ -50,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from pdserve.core import datatypes
 from pdserve.core.errors import ErrorCode
 
 #: Triton ``TYPE_*`` names -> numpy types (Triton's table).
@@ -198,37 +198,26 @@ def triton_string_to_numpy(triton_type_string: str) -> Any:
 def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | tuple[()] | None:
     """Length-prefixed (uint32 LE) concatenation of a BYTES tensor's elements, C order.
 
-    Returns ``()`` for an empty tensor and None for a non-BYTES one (as Triton).
+    Returns ``()`` for an empty tensor and None for a tensor that is neither ``object``
+    nor ``S`` (as Triton). The encoding is
+    :func:`pdserve.core.datatypes.serialize_bytes_tensor`'s (``str`` elements UTF-8,
+    other non-``bytes`` objects as ``str(obj)``, as Triton).
     """
     if input_tensor.size == 0:
         return ()
     if input_tensor.dtype == np.object_ or input_tensor.dtype.type == np.bytes_:
-        parts: list[bytes] = []
-        for obj in input_tensor.reshape(-1):
-            if isinstance(obj, bytes):
-                s = obj
-            elif input_tensor.dtype.type == np.bytes_:
-                s = bytes(obj)
-            else:
-                s = str(obj).encode("utf-8")
-            parts.append(struct.pack("<I", len(s)))
-            parts.append(s)
-        return b"".join(parts)
+        return datatypes.serialize_bytes_tensor(input_tensor)
     return None
 
 
 def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
-    """Inverse of :func:`serialize_byte_tensor`: a 1-D object array of ``bytes``."""
-    strs: list[bytes] = []
-    offset = 0
-    while offset < len(encoded_tensor):
-        (length,) = struct.unpack_from("<I", encoded_tensor, offset)
-        offset += 4
-        strs.append(bytes(encoded_tensor[offset : offset + length]))
-        offset += length
-    out = np.empty(len(strs), dtype=np.object_)
-    out[:] = strs
-    return out
+    """Inverse of :func:`serialize_byte_tensor`: a 1-D object array of ``bytes``.
+
+    Raises:
+        pdserve.core.errors.InferError: the data is truncated (an element or a length
+            prefix runs past its end; Triton's raises ``struct.error`` there).
+    """
+    return datatypes.deserialize_bytes_tensor(encoded_tensor)
 
 
 # --------------------------------------------------------------------------- tensors
@@ -262,7 +251,9 @@ class Tensor:
             if wanted is not None and numpy_array.dtype != np.dtype(wanted):
                 numpy_array = numpy_array.view(wanted)
         else:
-            triton_dtype = numpy_to_triton_type(numpy_array.dtype)
+            triton_dtype = _NUMPY_TO_TRITON.get(numpy_array.dtype)  # the common case, fast
+            if triton_dtype is None:
+                triton_dtype = numpy_to_triton_type(numpy_array.dtype)
             if triton_dtype is None:
                 raise TritonModelException(
                     f"tensor '{name}': numpy dtype {numpy_array.dtype} has no Triton datatype"

@@ -10,29 +10,31 @@ Life of a worker (``mode == "serve"``):
 1. register ``triton_python_backend_utils``, put the version folder and the model
    folder first on ``sys.path``, import ``model.py`` (as module ``model``), build
    ``TritonPythonModel()`` and call ``initialize(args)`` if it has one; answer
-   ``("ready", pid)`` or ``("init_error", message)``.
-2. For each ``("exec", batch_id, requests)`` call ``execute(requests)`` — the
-   whole list at once, as Triton's python backend does (a coroutine ``execute`` is
-   run on this process's event loop) — and answer ``("result", batch_id, ...)``
-   with one result per request: its outputs, or its ``TritonError``. An exception
-   out of ``execute`` fails every request of the call.
-3. ``("stop",)``: call ``finalize()`` and exit. End of file on the socket (the
-   server is gone): exit at once.
+   :class:`~messages.Ready` or :class:`~messages.InitError`.
+2. For each :class:`~messages.Exec` call ``execute(requests)`` — the whole list at
+   once, as Triton's python backend does (a coroutine ``execute`` is run on this
+   process's event loop) — and answer a :class:`~messages.Result` with one entry per
+   request: its outputs, or its ``TritonError``. An exception out of ``execute``
+   fails every request of the call.
+3. :class:`~messages.Stop`: call ``finalize()`` and exit. End of file on the socket
+   (the server is gone): exit at once.
+
+The messages are the records of :mod:`pdserve.backends.python.messages`.
 
 Reading the socket: there is no reader thread. Whichever thread is waiting reads
 (:meth:`Worker.wait_until`): the idle main thread waiting for the next ``exec``, or
 a thread blocked in a BLS ``exec()``; the event loop of an ``async def execute``
 reads while it runs. So a batch reaches the model without a thread switch.
 
-BLS: ``pb_utils.InferenceRequest(...).exec()`` sends ``("bls", call_id, ...)`` and
-waits for the matching ``("bls_result", ...)``; it works from ``execute``,
+BLS: ``pb_utils.InferenceRequest(...).exec()`` sends a :class:`~messages.Bls` and
+waits for the matching :class:`~messages.BlsResult`; it works from ``execute``,
 ``initialize`` and any thread the model starts; ``async_exec()`` from
 ``async def execute``.
 
 ``mode == "autocomplete"`` imports the model, calls the static
 ``TritonPythonModel.auto_complete_config(pb_utils.ModelConfig)`` and answers
-``("autocomplete", config_dict, error, stage)`` (``stage``: ``"import"`` or
-``"auto_complete_config"``, what raised).
+:class:`~messages.AutoCompleteResult` (its ``stage`` says what raised: ``"import"`` or
+``"auto_complete_config"``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,22 @@ from typing import Any
 
 from pdserve.backends.python import lifetime, shm
 from pdserve.backends.python import triton_python_backend_utils as pb
+from pdserve.backends.python.messages import (
+    AutoCompleteResult,
+    Block,
+    Bls,
+    BlsResult,
+    Error,
+    Exec,
+    Frame,
+    InitError,
+    Message,
+    Ready,
+    Result,
+    Stop,
+    TensorDesc,
+    WorkerInit,
+)
 
 log = logging.getLogger("pdserve.python_worker")
 
@@ -88,14 +106,15 @@ def load_model_module(model_file: str, version_dir: str, model_dir: str) -> Modu
 class Worker:
     """One worker's side of the channel: arenas, sending, receiving, BLS."""
 
-    def __init__(self, sock: socket.socket, init: dict[str, Any]) -> None:
+    def __init__(self, sock: socket.socket, init: WorkerInit) -> None:
         self.sock = sock
         self.init = init
-        self.instance_name: str = init.get("instance_name", "")
+        self.instance_name = init.instance_name
         self.pool = shm.ArenaPool(f"{self.instance_name}.out")
         self.peer = shm.PeerArenas()
         self.frames = shm.FrameReader()
-        self.inbox: deque[tuple[Any, ...]] = deque()
+        #: Messages for the main thread; None: end of file (the server is gone).
+        self.inbox: deque[Exec | Stop | None] = deque()
         self._cond = threading.Condition()
         self._reading = False
         self.send_lock = threading.Lock()
@@ -107,14 +126,14 @@ class Worker:
 
     # -- channel ----------------------------------------------------------------
 
-    def send(self, *fields: Any) -> None:
+    def send(self, message: Message) -> None:
         """Send one message; new arenas and released peer blocks ride along."""
         with self.send_lock:
-            ctl, arenas = shm.outgoing_control(self.pool, self.peer)
-            shm.send_frame(self.sock, (*fields, ctl), [a.fd for a in arenas])
+            control, arenas = shm.outgoing_control(self.pool, self.peer)
+            shm.send_frame(self.sock, message, control, [a.fd for a in arenas])
             self.pool.sent(arenas)
 
-    def write(self, array: Any) -> shm.TensorDesc:
+    def write(self, array: Any) -> TensorDesc:
         """Copy an output / BLS input into this worker's pool (one copy)."""
         return shm.write_tensor(array, self.pool.alloc)
 
@@ -144,10 +163,10 @@ class Worker:
                     self._reading = False
                     self._cond.notify_all()
 
-    def next_message(self) -> tuple[Any, ...]:
-        """The next ``exec`` / ``stop`` / ``eof`` message for the main thread."""
+    def next_message(self) -> Exec | Stop | None:
+        """The next :class:`Exec` or :class:`Stop` for the main thread; None: end of file."""
         if self.eof and not self.inbox:
-            return ("eof",)
+            return None
         self.wait_until(lambda: bool(self.inbox))
         return self.inbox.popleft()
 
@@ -178,20 +197,23 @@ class Worker:
             if not self.stopping:
                 os._exit(0)  # the server is gone: nobody wants our results
             self.eof = True
-            self.inbox.append(("eof",))
+            self.inbox.append(None)
             return
         self.frames.feed(data, ancdata)
-        for message in self.frames.frames():
-            self._dispatch(message)
+        for frame in self.frames.frames():
+            self._dispatch(frame)
 
-    def _dispatch(self, message: tuple[Any, ...]) -> None:
-        shm.apply_control(message[-1], self.frames, self.peer, self.pool)
-        if message[0] == "bls_result":
+    def _dispatch(self, frame: Frame) -> None:
+        shm.apply_control(frame.control, self.frames, self.peer, self.pool)
+        message = frame.message
+        if isinstance(message, BlsResult):
             self._bls_result(message)
-        else:
-            if message[0] == "stop":
+        elif isinstance(message, (Exec, Stop)):
+            if isinstance(message, Stop):
                 self.stopping = True  # an end of file may follow at once
             self.inbox.append(message)
+        else:
+            log.error("unexpected message from the server: %s", type(message).__name__)
 
     # -- BLS ----------------------------------------------------------------------
 
@@ -201,60 +223,63 @@ class Worker:
         call_id = next(self.calls)
         self.bls_pending[call_id] = future
         try:
-            inputs = [(t.name(), self.write(t.as_numpy())) for t in request.inputs()]
+            arrays = {t.name(): t.as_numpy() for t in request.inputs()}  # the last of a name
             params = dict(request._parameters)
             if request.timeout():
                 params.setdefault("timeout", request.timeout())
             version = "" if request.model_version in (-1, None, "") else str(request.model_version)
             self.send(
-                "bls",
-                call_id,
-                request.model_name,
-                version,
-                request.request_id(),
-                params,
-                inputs,
-                list(request.requested_output_names()),
+                Bls(
+                    call_id=call_id,
+                    model_name=request.model_name,
+                    version=version,
+                    request_id=request.request_id(),
+                    parameters=params,
+                    inputs={name: self.write(array) for name, array in arrays.items()},
+                    output_names=list(request.requested_output_names()),
+                )
             )
         except BaseException:
             self.bls_pending.pop(call_id, None)
             raise
         return future
 
-    def _bls_result(self, message: tuple[Any, ...]) -> None:
-        _, call_id, outputs, error, _ = message
-        future = self.bls_pending.pop(call_id, None)
+    def _bls_result(self, message: BlsResult) -> None:
+        future = self.bls_pending.pop(message.call_id, None)
         if future is None:
             return
-        if error is not None:
-            text, code = error
-            response = pb.InferenceResponse([], error=pb.TritonError(text, code))
+        error, outputs = message.error, message.outputs
+        if error is not None or outputs is None:
+            error = error or Error("BLS call answered without outputs", pb.TritonError.INTERNAL)
+            response = pb.InferenceResponse([], error=pb.TritonError(error.message, error.code))
         else:
             tensors = [
-                pb.Tensor(name, self.peer.read(desc, release=True)) for name, desc in outputs
+                pb.Tensor(name, self.peer.read(desc, release=True))
+                for name, desc in outputs.items()
             ]
             response = pb.InferenceResponse(tensors)
         future.set_result(response)
 
     # -- execute ------------------------------------------------------------------
 
-    def run_batch(self, model: Any, batch_id: int, reqs: list[Any]) -> None:
+    def run_batch(self, model: Any, batch: Exec) -> None:
         """Build the requests, call ``execute``, send the results of the batch."""
-        model_name = self.init["model_name"]
-        version = int(self.init["model_version"])
+        model_name = self.init.model_name
+        version = int(self.init.model_version)
         requests = []
-        for request_id, params, inputs, output_names in reqs:
+        for req in batch.requests:
             tensors = [
-                pb.Tensor(name, self.peer.read(desc, release=False)) for name, desc in inputs
+                pb.Tensor(name, self.peer.read(desc, release=False))
+                for name, desc in req.inputs.items()
             ]
             requests.append(
                 pb.InferenceRequest(
                     model_name=model_name,
-                    requested_output_names=output_names,
+                    requested_output_names=req.output_names,
                     inputs=tensors,
-                    request_id=request_id,
+                    request_id=req.id,
                     model_version=version,
-                    parameters=params,
+                    parameters=req.parameters,
                 )
             )
         try:
@@ -282,18 +307,22 @@ class Worker:
                 f"message: {_format_exception(exc)}"
             )
             del requests
-            self.send("result", batch_id, None, (message, code))
+            self.send(Result(batch.batch_id, None, Error(message, code)))
             return
-        results: list[Any] = []
-        for request, response in zip(requests, responses, strict=True):
-            results.append(self._encode_response(request, response))
+        results = [
+            self._encode_response(request, response)
+            for request, response in zip(requests, responses, strict=True)
+        ]
         del requests, responses
-        self.send("result", batch_id, results, None)
+        self.send(Result(batch.batch_id, results, None))
 
-    def _encode_response(self, request: pb.InferenceRequest, response: Any) -> tuple[Any, ...]:
+    def _encode_response(
+        self, request: pb.InferenceRequest, response: Any
+    ) -> dict[str, TensorDesc] | Error:
+        """One request's entry of a :class:`Result`: its outputs, written into this
+        worker's arenas, or its error."""
         if not isinstance(response, pb.InferenceResponse):
-            return (
-                "err",
+            return Error(
                 f"model instance '{self.instance_name}' returned {type(response).__name__} "
                 "instead of an InferenceResponse",
                 pb.TritonError.INTERNAL,
@@ -301,21 +330,29 @@ class Worker:
         if response.has_error():
             error = response.error()
             assert error is not None
-            return ("err", str(error.message()), error.code())
+            return Error(str(error.message()), error.code())
         wanted = set(request.requested_output_names())
-        outputs = []
+        outputs: dict[str, TensorDesc] = {}
         try:
             for tensor in response.output_tensors():
                 if not isinstance(tensor, pb.Tensor):
                     raise pb.TritonModelException(
                         f"output_tensors must hold pb_utils.Tensor, got {type(tensor).__name__}"
                     )
-                if wanted and tensor.name() not in wanted:
+                name = tensor.name()
+                if wanted and name not in wanted:
                     continue  # Triton drops outputs nobody asked for
-                outputs.append((tensor.name(), self.write(tensor.as_numpy())))
+                if name in outputs:  # a repeated name: the last one counts
+                    self._free([outputs.pop(name)])
+                outputs[name] = self.write(tensor.as_numpy())
         except Exception as exc:
-            return ("err", _format_exception(exc), pb.TritonError.INTERNAL)
-        return ("ok", outputs)
+            self._free(list(outputs.values()))
+            return Error(_format_exception(exc), pb.TritonError.INTERNAL)
+        return outputs
+
+    def _free(self, descs: list[TensorDesc]) -> None:
+        """Return the blocks of tensors written but not sent."""
+        self.pool.free_many([Block(d.arena, d.offset) for d in descs if d.inline is None])
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:
@@ -341,23 +378,23 @@ class Worker:
         self.wait_until(future.done)
 
 
-def _model_args(init: dict[str, Any]) -> dict[str, str]:
+def _model_args(init: WorkerInit) -> dict[str, str]:
     """The ``args`` dict Triton passes to ``initialize`` (all values are strings)."""
     return {
-        "model_config": init["model_config"],
-        "model_instance_kind": init.get("instance_kind", "CPU"),
-        "model_instance_name": init.get("instance_name", ""),
-        "model_instance_device_id": str(init.get("device_id", 0)),
-        "model_repository": init["model_dir"],
-        "model_version": str(init["model_version"]),
-        "model_name": init["model_name"],
+        "model_config": init.model_config,
+        "model_instance_kind": init.instance_kind,
+        "model_instance_name": init.instance_name,
+        "model_instance_device_id": str(init.device_id),
+        "model_repository": init.model_dir,
+        "model_version": str(init.model_version),
+        "model_name": init.model_name,
     }
 
 
 def _serve(worker: Worker) -> None:
     init = worker.init
     try:
-        module = load_model_module(init["model_file"], init["version_dir"], init["model_dir"])
+        module = load_model_module(init.model_file, init.version_dir, init.model_dir)
         model = module.TritonPythonModel()
         if hasattr(model, "initialize"):
             result = model.initialize(_model_args(init))
@@ -365,15 +402,14 @@ def _serve(worker: Worker) -> None:
                 worker.run_coroutine(result)
     except BaseException as exc:  # noqa: BLE001 - reported to the server
         log.error("initialize of %s failed:\n%s", worker.instance_name, traceback.format_exc())
-        worker.send("init_error", _format_exception(exc))
+        worker.send(InitError(_format_exception(exc)))
         return
-    worker.send("ready", os.getpid())
+    worker.send(Ready(os.getpid()))
     while True:
         message = worker.next_message()
-        tag = message[0]
-        if tag == "exec":
-            worker.run_batch(model, message[1], message[2])
-        elif tag in ("stop", "eof"):
+        if isinstance(message, Exec):
+            worker.run_batch(model, message)
+        else:  # Stop, or end of file
             worker.stopping = True
             break
     if hasattr(model, "finalize"):
@@ -386,48 +422,44 @@ def _serve(worker: Worker) -> None:
 
 
 def _autocomplete(worker: Worker) -> None:
-    """Import the model and run its ``auto_complete_config``; answer
-    ``("autocomplete", config_dict, None, stage)`` or ``(.., None, error, stage)``, where
-    ``stage`` is ``"import"`` or ``"auto_complete_config"`` (what raised)."""
+    """Import the model and run its ``auto_complete_config``; answer an
+    :class:`~messages.AutoCompleteResult` (its ``stage``: ``"import"`` or
+    ``"auto_complete_config"``, what raised)."""
     init = worker.init
     try:
-        module = load_model_module(init["model_file"], init["version_dir"], init["model_dir"])
+        module = load_model_module(init.model_file, init.version_dir, init.model_dir)
     except BaseException as exc:  # noqa: BLE001 - reported to the server
-        worker.send("autocomplete", None, _format_exception(exc), "import")
+        worker.send(AutoCompleteResult(None, _format_exception(exc), "import"))
         return
     try:
         cls = module.TritonPythonModel
-        config = pb.ModelConfig(init["model_config"])
+        config = pb.ModelConfig(init.model_config)
         hook = getattr(cls, "auto_complete_config", None)
         if hook is not None:
             returned = hook(config)
             if isinstance(returned, pb.ModelConfig):
                 config = returned
-        worker.send("autocomplete", config.as_dict(), None, "auto_complete_config")
+        worker.send(AutoCompleteResult(config.as_dict(), None))
     except BaseException as exc:  # noqa: BLE001 - reported to the server
-        worker.send("autocomplete", None, _format_exception(exc), "auto_complete_config")
+        worker.send(AutoCompleteResult(None, _format_exception(exc)))
 
 
-def worker_main(sock: socket.socket, init: dict[str, Any]) -> None:
+def worker_main(sock: socket.socket, init: WorkerInit) -> None:
     """Entry point of a worker process (``multiprocessing`` target).
 
     Args:
         sock: this worker's end of the socketpair.
-        init: ``mode`` (``"serve"`` / ``"autocomplete"``), ``model_file``,
-            ``version_dir``, ``model_dir``, ``model_name``, ``model_version``,
-            ``model_config`` (JSON), ``instance_name``, ``instance_kind``,
-            ``device_id``, ``cpu_cores`` (the host policy's CPU ids, or None),
-            ``server_pid`` (this process exits when that process is gone).
+        init: what to run, and where (see :class:`~messages.WorkerInit`).
     """
     # Die with the server, even a SIGKILLed one, whatever the model is doing: the
     # kernel kills this process when its parent (the fork server, which exits with
     # the server) exits, and a thread watches the server itself (lifetime module).
     lifetime.set_parent_death_signal()
-    cores = init.get("cpu_cores")
+    cores = init.cpu_cores
     if cores:  # before model.py is imported: every thread it starts inherits the mask
         os.sched_setaffinity(0, cores)
-    if init.get("server_pid"):  # after the mask is set: the thread inherits it too
-        lifetime.exit_when_gone(int(init["server_pid"]))
+    if init.server_pid:  # after the mask is set: the thread inherits it too
+        lifetime.exit_when_gone(init.server_pid)
     # The server decides when a worker stops ("stop" frame, SIGKILL after a timeout;
     # a worker whose server vanished sees its socket close). A SIGINT or SIGTERM sent
     # to the whole process group (Ctrl-C, systemd's KillMode=control-group, timeout)
@@ -436,7 +468,7 @@ def worker_main(sock: socket.socket, init: dict[str, Any]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(
         level=logging.INFO,
-        format=f"%(asctime)s %(levelname).1s {init.get('instance_name', 'worker')}"
+        format=f"%(asctime)s %(levelname).1s {init.instance_name or 'worker'}"
         f"[{os.getpid()}] %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -445,7 +477,7 @@ def worker_main(sock: socket.socket, init: dict[str, Any]) -> None:
     pb._bls_submit = worker.submit_bls
     pb._bls_wait = worker.wait_bls
     try:
-        if init.get("mode") == "autocomplete":
+        if init.mode == "autocomplete":
             _autocomplete(worker)
         else:
             _serve(worker)
