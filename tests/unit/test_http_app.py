@@ -97,3 +97,37 @@ def test_large_repository_bodies_are_parsed_in_a_decode_process() -> None:
     assert offload.decode_processes()
     reply = call(app, "POST", "/v2/repository/models/m/load", b"[" + b"1," * 200_000 + b"1]")
     assert reply.status == 400 and reply.json()["error"] == "the request body must be a JSON object"
+
+
+def test_repository_parameters_must_be_an_object_when_given() -> None:
+    server = StatsServer()
+    app = create_http_app(server)
+    for path, what in (("load", "load"), ("unload", "unload")):
+        for params in (b"null", b"[]", b"3"):
+            body = b'{"parameters": ' + params + b"}"
+            reply = call(app, "POST", f"/v2/repository/models/m/{path}", body)
+            assert reply.status == 400, (path, params)
+            assert reply.json()["error"] == f"{what} request 'parameters' must be a JSON object"
+    assert server.loaded == []
+    assert call(app, "POST", "/v2/repository/models/m/unload", b"{}").status == 200
+
+
+def test_wrong_method_is_405_with_allow() -> None:
+    app = create_http_app(StatsServer())
+    for method, path, allow in (
+        ("TRACE", "/v2/health/live", "GET"),
+        ("POST", "/v2/models/echo", "GET"),
+        ("GET", "/v2/models/echo/infer", "POST"),
+        ("PUT", "/v2/repository/index", "POST"),
+        ("DELETE", "/v2/openapi.json", "GET"),
+    ):
+        reply = call(app, method, path)
+        assert reply.status == 405 and reply.headers["allow"] == allow, (method, path)
+        assert reply.json() == {"error": "Method Not Allowed"}
+
+
+def test_openapi_document_is_served() -> None:
+    reply = call(create_http_app(FakeServer()), "GET", "/v2/openapi.json")
+    assert reply.status == 200 and reply.headers["content-type"] == "application/json"
+    doc = reply.json()
+    assert doc["openapi"] == "3.0.3" and "/v2/models/{model_name}/infer" in doc["paths"]

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import binascii
 import functools
+import importlib.resources
 import inspect
 import logging
 import time
@@ -145,7 +146,10 @@ class HttpApp:
         except _ClientGoneError:
             return
         except HttpError as exc:  # 405, 408, 413, 415: HTTP's own errors
-            await _send_json(send, exc.status, encode_error(exc.message), close=exc.close)
+            allow = getattr(exc, "allow", None)  # 405 names the method the path takes
+            await _send_json(
+                send, exc.status, encode_error(exc.message), close=exc.close, allow=allow
+            )
         except Exception as exc:  # noqa: BLE001 - one request must not take the server down
             logger.exception("error serving %s %s", method, path)
             await _send_json(send, 500, encode_error(f"{type(exc).__name__}: {exc}"))
@@ -336,6 +340,10 @@ class HttpApp:
             await _send_json(send, 200, _dumps(await _call(self.server.metadata)))
             return
         section = parts[2]
+        if section == "openapi.json" and n == 3:
+            _check_method(method, "GET")
+            await _send_json(send, 200, openapi_document())
+            return
         if section == "health" and n == 4 and parts[3] in ("live", "ready"):
             _check_method(method, "GET")
             probe = self.server.live if parts[3] == "live" else self.server.ready
@@ -435,7 +443,7 @@ class HttpApp:
         part after ``file:``, e.g. ``1/model.onnx``) to the decoded bytes.
         """
         load = self._optional("load_model", "model control")
-        params = doc.get("parameters") or {}
+        params = doc.get("parameters", {})
         if type(params) is not dict:
             raise InferError("load request 'parameters' must be a JSON object")
         config: str | None = None
@@ -459,7 +467,7 @@ class HttpApp:
     async def _unload(self, model: str, doc: dict[str, Any]) -> None:
         """Unload request body: ``{"parameters": {"unload_dependents": bool}}``."""
         unload = self._optional("unload_model", "model control")
-        params = doc.get("parameters") or {}
+        params = doc.get("parameters", {})
         if type(params) is not dict:
             raise InferError("unload request 'parameters' must be a JSON object")
         dependents = params.get("unload_dependents", False)
@@ -489,6 +497,13 @@ class HttpApp:
         if method is None:
             raise not_found(f"this server does not support {what}")
         return method
+
+
+@functools.cache
+def openapi_document() -> bytes:
+    """The OpenAPI 3.0 description of this API (``openapi.json`` next to this module),
+    served at ``GET /v2/openapi.json``."""
+    return (importlib.resources.files(__package__) / "openapi.json").read_bytes()
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -533,11 +548,15 @@ def create_http_app(
 # --------------------------------------------------------------------------- helpers
 
 
-async def _send_json(send: Send, status: int, body: bytes, close: bool = False) -> None:
-    """Send a whole ``application/json`` response."""
+async def _send_json(
+    send: Send, status: int, body: bytes, close: bool = False, allow: str | None = None
+) -> None:
+    """Send a whole ``application/json`` response (``allow``: the ``Allow`` header of a 405)."""
     headers = [_JSON, (b"content-length", b"%d" % len(body))]
     if close:
         headers.append(_CLOSE)
+    if allow:
+        headers.append((b"allow", allow.encode("latin-1")))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -554,9 +573,17 @@ async def _call(func: Callable[..., Any], *args: Any) -> Any:
     return result
 
 
+class _WrongMethodError(MethodNotAllowedError):
+    """405 with the method the path takes, for the ``Allow`` header RFC 9110 requires."""
+
+    def __init__(self, allow: str) -> None:
+        super().__init__("Method Not Allowed")
+        self.allow = allow
+
+
 def _check_method(method: str, allowed: str) -> None:
     if method != allowed:
-        raise MethodNotAllowedError("Method Not Allowed")
+        raise _WrongMethodError(allowed)
 
 
 def _int_header(value: bytes, default: _D) -> int | _D:

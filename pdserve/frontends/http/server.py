@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import resource
 import time
@@ -142,6 +143,11 @@ def serve_http(
         "timeout_keep_alive": limits.idle_timeout or 1e9,
     }
     options.update(uvicorn_options)
+    # What is alive now (the imported modules of numpy, onnxruntime, protobuf, uvicorn...:
+    # hundreds of thousands of objects) is never garbage: leave it out of the collector's
+    # generations, so that a full collection walks only what was allocated since
+    # (measured: 50 ms of stalled event loop per full collection before, a few ms after).
+    gc.freeze()
     config = uvicorn.Config(app, host=host, port=port, **options)
     if install_signal_handlers:
         return uvicorn.Server(config)
