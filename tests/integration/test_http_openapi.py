@@ -35,7 +35,7 @@ from tests.conftest import ServerProcess, copy_models, start_server
 
 #: Examples per operation and generation mode (17 operations, 5 with negative examples
 #: too); PDSERVE_FUZZ_EXAMPLES=300 for a longer run (about 90 s).
-MAX_EXAMPLES = int(os.environ.get("PDSERVE_FUZZ_EXAMPLES", "30"))
+MAX_EXAMPLES = int(os.environ.get("PDSERVE_FUZZ_EXAMPLES", "25"))
 
 STATUSES: Counter[int] = Counter()
 

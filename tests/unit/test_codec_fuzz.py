@@ -29,7 +29,7 @@ from pdserve.frontends.grpc import codec as grpc_codec
 from pdserve.frontends.http import codec as http_codec
 
 #: Examples per test; PDSERVE_FUZZ_EXAMPLES=5000 for a longer run.
-EXAMPLES = int(os.environ.get("PDSERVE_FUZZ_EXAMPLES", "400"))
+EXAMPLES = int(os.environ.get("PDSERVE_FUZZ_EXAMPLES", "250"))
 
 FUZZ = settings(
     max_examples=EXAMPLES,
