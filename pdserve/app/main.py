@@ -210,9 +210,10 @@ async def start_http(
             server,
             max_request_bytes=settings.max_request_bytes,
             body_timeout=settings.http_body_timeout_secs,
+            max_json_bytes=settings.http_max_json_bytes,
         ),
     )
-    http = serve_http(app, settings.host, settings.http_port)
+    http = serve_http(app, settings.host, settings.http_port, limits=settings.http_limits)
 
     async def run() -> None:
         try:

@@ -35,7 +35,18 @@ from typing import Any
 from pdserve.backends.host_policy import HostPolicyError, parse_option, resolve_policy
 from pdserve.cache import parse_cache_config
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
-from pdserve.frontends.http.app import DEFAULT_BODY_TIMEOUT_SECS, DEFAULT_MAX_REQUEST_BYTES
+from pdserve.frontends.http.app import (
+    DEFAULT_BODY_TIMEOUT_SECS,
+    DEFAULT_MAX_JSON_BYTES,
+    DEFAULT_MAX_REQUEST_BYTES,
+)
+from pdserve.frontends.http.server import (
+    DEFAULT_HEADER_TIMEOUT_SECS,
+    DEFAULT_IDLE_TIMEOUT_SECS,
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_HEADER_COUNT,
+    HttpLimits,
+)
 from pdserve.repository.control import MODES
 
 #: The example repository that ``examples/build.py`` builds (``--model-repository``'s default).
@@ -188,6 +199,55 @@ class Settings:
         "and closing the connection; 0 waits forever (default {default})",
         type=float,
     )
+    http_max_json_bytes: int = _flag(
+        "--http-max-json-bytes",
+        DEFAULT_MAX_JSON_BYTES,
+        "HTTP",
+        "largest JSON part of an HTTP inference request, in bytes (the whole body when "
+        "it has no binary tensor data); larger ones get 413. Parsing JSON tensor data "
+        "takes 5-20x its size in memory, binary data none (default {default})",
+        type=int,
+    )
+    http_max_header_bytes: int = _flag(
+        "--http-max-header-bytes",
+        DEFAULT_MAX_HEADER_BYTES,
+        "HTTP",
+        "largest request line + headers of an HTTP request, in bytes; larger ones get "
+        "431 and the connection is closed (default {default})",
+        type=int,
+    )
+    http_max_header_count: int = _flag(
+        "--http-max-header-count",
+        DEFAULT_MAX_HEADER_COUNT,
+        "HTTP",
+        "most header fields in an HTTP request; more get 431 and the connection is "
+        "closed (default {default})",
+        type=int,
+    )
+    http_header_timeout_secs: float = _flag(
+        "--http-header-timeout-secs",
+        DEFAULT_HEADER_TIMEOUT_SECS,
+        "HTTP",
+        "longest time from an HTTP request's first byte to the end of its headers before "
+        "answering 408 and closing the connection; 0 waits forever (default {default})",
+        type=float,
+    )
+    http_idle_timeout_secs: float = _flag(
+        "--http-idle-timeout-secs",
+        DEFAULT_IDLE_TIMEOUT_SECS,
+        "HTTP",
+        "close an HTTP connection that has had no request in progress for this many "
+        "seconds (new or kept alive); 0 keeps it open (default {default})",
+        type=float,
+    )
+    http_max_connections: int = _flag(
+        "--http-max-connections",
+        0,
+        "HTTP",
+        "most HTTP connections open at once; a new one over the limit gets 503 and is "
+        "closed at once. 0: half the open-file limit (ulimit -n) (default {default})",
+        type=int,
+    )
 
     # -- gRPC ---------------------------------------------------------------------------
     allow_grpc: bool = _flag(
@@ -336,6 +396,8 @@ class Settings:
         for flag, secs in (
             ("--exit-timeout-secs", self.exit_timeout_secs),
             ("--http-body-timeout-secs", self.http_body_timeout_secs),
+            ("--http-header-timeout-secs", self.http_header_timeout_secs),
+            ("--http-idle-timeout-secs", self.http_idle_timeout_secs),
         ):
             if not (math.isfinite(secs) and secs >= 0):
                 raise SettingsError(flag, f"must be a number of seconds >= 0, got {secs}")
@@ -343,6 +405,14 @@ class Settings:
             raise SettingsError(
                 "--max-request-bytes", f"must be > 0 bytes, got {self.max_request_bytes}"
             )
+        for flag, count, least, unit in (
+            ("--http-max-json-bytes", self.http_max_json_bytes, 1, " bytes"),
+            ("--http-max-header-bytes", self.http_max_header_bytes, 256, " bytes"),
+            ("--http-max-header-count", self.http_max_header_count, 1, ""),
+            ("--http-max-connections", self.http_max_connections, 0, ""),
+        ):
+            if count < least:
+                raise SettingsError(flag, f"must be >= {least}{unit}, got {count}")
         if not 0 < self.grpc_max_message_bytes <= MAX_GRPC_MESSAGE_BYTES:
             raise SettingsError(
                 "--grpc-max-message-bytes",
@@ -387,6 +457,19 @@ class Settings:
             )
 
     # -- what the flags mean --------------------------------------------------------------
+
+    @property
+    def http_limits(self) -> HttpLimits:
+        """The HTTP connection limits (``--http-max-header-bytes``,
+        ``--http-max-header-count``, ``--http-header-timeout-secs``,
+        ``--http-idle-timeout-secs``, ``--http-max-connections``)."""
+        return HttpLimits(
+            max_header_bytes=self.http_max_header_bytes,
+            max_header_count=self.http_max_header_count,
+            header_timeout=self.http_header_timeout_secs,
+            idle_timeout=self.http_idle_timeout_secs,
+            max_connections=self.http_max_connections,
+        )
 
     @property
     def repository(self) -> Path:

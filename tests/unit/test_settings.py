@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import resource
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from pdserve.app.settings import (
     SettingsError,
     show_default,
 )
+from pdserve.frontends.http.server import HttpLimits
 
 #: Every ``serve`` flag (Triton's names where Triton has the flag).
 FLAGS = {
@@ -27,6 +29,12 @@ FLAGS = {
     "--http-port",
     "--max-request-bytes",
     "--http-body-timeout-secs",
+    "--http-max-json-bytes",
+    "--http-max-header-bytes",
+    "--http-max-header-count",
+    "--http-header-timeout-secs",
+    "--http-idle-timeout-secs",
+    "--http-max-connections",
     "--allow-grpc",
     "--grpc-port",
     "--grpc-max-message-bytes",
@@ -148,6 +156,34 @@ def test_given_flags_reach_settings(tmp_path: Path) -> None:
     assert s.repository_poll_secs == 0.0  # only checked in poll mode, as before
     assert s.response_cache_bytes == 100
     assert s.host_policies() == {"cpu": frozenset({core})}
+
+
+def test_http_limit_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s = parse(
+        tmp_path,
+        "--http-max-json-bytes=1000",
+        "--http-max-header-bytes=4096",
+        "--http-max-header-count=10",
+        "--http-header-timeout-secs=2.5",
+        "--http-idle-timeout-secs=0",
+        "--http-max-connections=7",
+    )
+    assert s.http_max_json_bytes == 1000
+    assert s.http_limits == HttpLimits(4096, 10, 2.5, 0.0, 7)
+    assert s.http_limits.connection_limit() == 7
+    assert parse(tmp_path).http_limits == HttpLimits()
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY:
+        assert HttpLimits().connection_limit() == max(1, soft // 2)
+    for argv, needle in [
+        ("--http-max-json-bytes=0", "--http-max-json-bytes: must be >= 1 bytes, got 0"),
+        ("--http-max-header-bytes=100", "--http-max-header-bytes: must be >= 256 bytes, got 100"),
+        ("--http-max-header-count=0", "--http-max-header-count: must be >= 1, got 0"),
+        ("--http-max-connections=-1", "--http-max-connections: must be >= 0, got -1"),
+        ("--http-header-timeout-secs=-1", "--http-header-timeout-secs: must be a number of"),
+        ("--http-idle-timeout-secs=inf", "--http-idle-timeout-secs: must be a number of"),
+    ]:
+        assert needle in serve_error(capsys, "--model-repository", str(tmp_path), argv)
 
 
 def test_models_loaded_at_start(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ plus Triton's extensions; status codes mimic Triton's ``src/http_server.cc``):
 =======  ==================================================  ==============================
 GET      ``/v2/health/live``, ``/v2/health/ready``            200 empty / 400 empty when not
 GET      ``/v2``                                             server metadata
+GET      ``/v2/openapi.json``                                this API's OpenAPI 3.0 document
 GET      ``/v2/models/{m}[/versions/{v}]``                   model metadata
 GET      ``/v2/models/{m}[/versions/{v}]/ready``             200 empty / 400 when not ready
 GET      ``/v2/models/{m}[/versions/{v}]/config``            Triton model configuration JSON

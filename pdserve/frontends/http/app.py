@@ -6,11 +6,12 @@ import asyncio
 import base64
 import binascii
 import functools
+import importlib.resources
 import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 
@@ -29,7 +30,7 @@ from pdserve.frontends.http.status import (
     HttpError,
     MethodNotAllowedError,
 )
-from pdserve.frontends.offload import off_loop
+from pdserve.frontends.offload import off_loop, off_process
 
 logger = logging.getLogger("pdserve.http")
 
@@ -41,6 +42,13 @@ Send = Callable[[Message], Awaitable[None]]
 #: Default limit on a request body, compressed and decompressed: 64 MiB.
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
+#: Default limit on the JSON of an inference request (the whole body, or the part
+#: before the binary data that ``Inference-Header-Content-Length`` announces): 16 MiB.
+#: Parsing JSON tensor data takes 5-20 times the body's size in memory (a Python
+#: object per number) and about 40 ms of CPU per MB: large tensors belong in the
+#: binary tensor data extension, which costs neither.
+DEFAULT_MAX_JSON_BYTES = 16 * 1024 * 1024
+
 #: Default longest wait for the next piece of a request body, in seconds; a client
 #: that stalls longer gets 408 and the connection is closed.
 DEFAULT_BODY_TIMEOUT_SECS = 60.0
@@ -50,6 +58,12 @@ DEFAULT_BODY_TIMEOUT_SECS = 60.0
 #: thread so that the event loop keeps answering other requests. Smaller ones stay
 #: on the loop: a thread hop costs more than they take.
 OFFLOAD_BYTES = 1 << 20
+
+#: Request JSON (an inference request's, or a repository request's body) over this
+#: many bytes is parsed in a decode process (:func:`~pdserve.frontends.offload.off_process`):
+#: the parser holds the GIL for the whole parse, so a worker thread would stall the
+#: event loop as much as parsing on it (about 10 ms at this size).
+PROCESS_JSON_BYTES = 256 * 1024
 
 #: Compressed bodies over this many bytes are decompressed on a worker thread (zlib
 #: expands up to ~1000:1, so 8 KiB may become 8 MiB).
@@ -88,6 +102,10 @@ class HttpApp:
         body_timeout: the longest wait, in seconds, for the next piece of a request
             body; a client that stalls longer gets 408 and the connection is closed.
             ``None`` or 0 waits forever.
+        max_json_bytes: the largest JSON part of an inference request, in bytes (the
+            whole body, after decompression, when it has no binary data; the
+            ``Inference-Header-Content-Length`` part when it has); larger ones get 413.
+            Binary tensor data counts only against ``max_request_bytes``.
     """
 
     def __init__(
@@ -95,10 +113,12 @@ class HttpApp:
         server: InferenceCore,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         body_timeout: float | None = DEFAULT_BODY_TIMEOUT_SECS,
+        max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
     ) -> None:
         self.server = server
         self.max_request_bytes = max_request_bytes
         self.body_timeout = body_timeout or None
+        self.max_json_bytes = max_json_bytes
         self._infer = server.infer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -126,7 +146,10 @@ class HttpApp:
         except _ClientGoneError:
             return
         except HttpError as exc:  # 405, 408, 413, 415: HTTP's own errors
-            await _send_json(send, exc.status, encode_error(exc.message), close=exc.close)
+            allow = getattr(exc, "allow", None)  # 405 names the method the path takes
+            await _send_json(
+                send, exc.status, encode_error(exc.message), close=exc.close, allow=allow
+            )
         except Exception as exc:  # noqa: BLE001 - one request must not take the server down
             logger.exception("error serving %s %s", method, path)
             await _send_json(send, 500, encode_error(f"{type(exc).__name__}: {exc}"))
@@ -156,8 +179,19 @@ class HttpApp:
                     )
             elif key == b"content-encoding":
                 encoding = value if not encoding else encoding + b"," + value
-        body = await self._read_body(receive, content_length, encoding)
-        if len(body) <= OFFLOAD_BYTES:
+        if header_length is None:
+            body = await self._read_body(receive, content_length, encoding, json=True)
+            json_size = len(body)
+        else:
+            if header_length > self.max_json_bytes:
+                raise BodyTooLargeError(self._json_limit_message(header_length, "of"))
+            body = await self._read_body(receive, content_length, encoding)
+            json_size = header_length
+        if json_size > PROCESS_JSON_BYTES:
+            request = await off_process(
+                decode_infer_request, body, header_length, model, version, arrival_ns
+            )
+        elif len(body) <= OFFLOAD_BYTES:
             request = decode_infer_request(body, header_length, model, version, arrival_ns)
         else:
             request = await off_loop(
@@ -205,8 +239,19 @@ class HttpApp:
         for i, part in enumerate(parts):
             await send({"type": "http.response.body", "body": part, "more_body": i != last})
 
-    async def _read_body(self, receive: Receive, content_length: int, encoding: bytes) -> bytes:
+    def _json_limit_message(self, size: int, qualifier: str) -> str:
+        return (
+            f"request JSON {qualifier} {size} bytes exceeds the limit of {self.max_json_bytes} "
+            "bytes for JSON; send large tensors as binary data (the binary tensor data "
+            "extension: Inference-Header-Content-Length)"
+        )
+
+    async def _read_body(
+        self, receive: Receive, content_length: int, encoding: bytes, json: bool = False
+    ) -> bytes:
         """Read the request body, at most ``max_request_bytes`` of it, and decompress it.
+
+        ``json``: the body is all JSON, so ``max_json_bytes`` applies too.
 
         Raises:
             BodyTooLargeError: the declared, received or decompressed size is over the limit
@@ -217,9 +262,14 @@ class HttpApp:
             UnsupportedMediaTypeError: an unsupported ``Content-Encoding``.
         """
         limit = self.max_request_bytes
+        json_limit = json and self.max_json_bytes < limit
+        if json_limit:
+            limit = self.max_json_bytes
         if content_length > limit:
             raise BodyTooLargeError(
-                f"request body of {content_length} bytes exceeds the limit of {limit} bytes"
+                self._json_limit_message(content_length, "of")
+                if json_limit
+                else f"request body of {content_length} bytes exceeds the limit of {limit} bytes"
             )
         # uvicorn's cycle sets ``message_event`` once body bytes are buffered: then
         # ``receive()`` returns at once and needs no timer (the small-request path).
@@ -233,12 +283,19 @@ class HttpApp:
             raise _ClientGoneError()
         body: bytes = message.get("body", b"")
         if message.get("more_body", False):
-            chunks = [body]
+            # Grown piece by piece: joining a list of pieces at the end would copy the
+            # whole body into fresh memory in one step (~40 ms for 50 MB, during which
+            # the loop answers nothing). Everything that reads the body (the codec,
+            # decompress, orjson) takes any buffer, so the bytearray stands for bytes.
+            buf = bytearray(body)
             total = len(body)
             while True:
                 if total > limit:
                     raise BodyTooLargeError(
-                        f"request body of at least {total} bytes exceeds the limit of {limit} bytes"
+                        self._json_limit_message(total, "of at least")
+                        if json_limit
+                        else f"request body of at least {total} bytes exceeds the limit of "
+                        f"{limit} bytes"
                     )
                 if timeout is None:
                     message = await receive()
@@ -248,14 +305,16 @@ class HttpApp:
                     raise _ClientGoneError()
                 chunk = message.get("body", b"")
                 if chunk:
-                    chunks.append(chunk)
+                    buf += chunk
                     total += len(chunk)
                 if not message.get("more_body", False):
                     break
-            body = b"".join(chunks)
+            body = cast(bytes, buf)
         if len(body) > limit:
             raise BodyTooLargeError(
-                f"request body of {len(body)} bytes exceeds the limit of {limit} bytes"
+                self._json_limit_message(len(body), "of")
+                if json_limit
+                else f"request body of {len(body)} bytes exceeds the limit of {limit} bytes"
             )
         if encoding:
             codings = parse_encoding(encoding)
@@ -281,6 +340,10 @@ class HttpApp:
             await _send_json(send, 200, _dumps(await _call(self.server.metadata)))
             return
         section = parts[2]
+        if section == "openapi.json" and n == 3:
+            _check_method(method, "GET")
+            await _send_json(send, 200, openapi_document())
+            return
         if section == "health" and n == 4 and parts[3] in ("live", "ready"):
             _check_method(method, "GET")
             probe = self.server.live if parts[3] == "live" else self.server.ready
@@ -382,7 +445,7 @@ class HttpApp:
         part after ``file:``, e.g. ``1/model.onnx``) to the decoded bytes.
         """
         load = self._optional("load_model", "model control")
-        params = doc.get("parameters") or {}
+        params = doc.get("parameters", {})
         if type(params) is not dict:
             raise InferError("load request 'parameters' must be a JSON object")
         config: str | None = None
@@ -406,7 +469,7 @@ class HttpApp:
     async def _unload(self, model: str, doc: dict[str, Any]) -> None:
         """Unload request body: ``{"parameters": {"unload_dependents": bool}}``."""
         unload = self._optional("unload_model", "model control")
-        params = doc.get("parameters") or {}
+        params = doc.get("parameters", {})
         if type(params) is not dict:
             raise InferError("unload request 'parameters' must be a JSON object")
         dependents = params.get("unload_dependents", False)
@@ -426,16 +489,9 @@ class HttpApp:
         body = await self._read_body(receive, content_length, encoding)
         if not body.strip():
             return {}
-        try:
-            doc = (
-                orjson.loads(body)
-                if len(body) <= OFFLOAD_BYTES
-                else await off_loop(orjson.loads, body)
-            )
-        except orjson.JSONDecodeError as exc:
-            raise InferError(f"failed to parse the request JSON: {exc}") from None
-        if type(doc) is not dict:
-            raise InferError("the request body must be a JSON object")
+        if len(body) <= PROCESS_JSON_BYTES:
+            return parse_json_object(body)
+        doc: dict[str, Any] = await off_process(parse_json_object, body)
         return doc
 
     def _optional(self, name: str, what: str) -> Callable[..., Any]:
@@ -445,10 +501,33 @@ class HttpApp:
         return method
 
 
+@functools.cache
+def openapi_document() -> bytes:
+    """The OpenAPI 3.0 description of this API (``openapi.json`` next to this module),
+    served at ``GET /v2/openapi.json``."""
+    return (importlib.resources.files(__package__) / "openapi.json").read_bytes()
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """Parse a request body that must be a JSON object (repository requests).
+
+    Raises:
+        InferError(INVALID_ARG): not JSON, or not an object.
+    """
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InferError(f"failed to parse the request JSON: {exc}") from None
+    if type(doc) is not dict:
+        raise InferError("the request body must be a JSON object")
+    return doc
+
+
 def create_http_app(
     server: InferenceCore,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     body_timeout: float | None = DEFAULT_BODY_TIMEOUT_SECS,
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
 ) -> HttpApp:
     """Build the V2 REST ASGI application for ``server``.
 
@@ -459,21 +538,27 @@ def create_http_app(
         body_timeout: seconds to wait for each next piece of a request body (default
             60); a stalled client gets 408 and the connection is closed. ``None`` or 0:
             no limit.
+        max_json_bytes: limit in bytes on the JSON part of an inference request
+            (default 16 MiB; see :class:`HttpApp`); larger ones get 413.
 
     Returns:
         An ASGI 3 callable ``app(scope, receive, send)``.
     """
-    return HttpApp(server, max_request_bytes, body_timeout)
+    return HttpApp(server, max_request_bytes, body_timeout, max_json_bytes)
 
 
 # --------------------------------------------------------------------------- helpers
 
 
-async def _send_json(send: Send, status: int, body: bytes, close: bool = False) -> None:
-    """Send a whole ``application/json`` response."""
+async def _send_json(
+    send: Send, status: int, body: bytes, close: bool = False, allow: str | None = None
+) -> None:
+    """Send a whole ``application/json`` response (``allow``: the ``Allow`` header of a 405)."""
     headers = [_JSON, (b"content-length", b"%d" % len(body))]
     if close:
         headers.append(_CLOSE)
+    if allow:
+        headers.append((b"allow", allow.encode("latin-1")))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -490,9 +575,17 @@ async def _call(func: Callable[..., Any], *args: Any) -> Any:
     return result
 
 
+class _WrongMethodError(MethodNotAllowedError):
+    """405 with the method the path takes, for the ``Allow`` header RFC 9110 requires."""
+
+    def __init__(self, allow: str) -> None:
+        super().__init__("Method Not Allowed")
+        self.allow = allow
+
+
 def _check_method(method: str, allowed: str) -> None:
     if method != allowed:
-        raise MethodNotAllowedError("Method Not Allowed")
+        raise _WrongMethodError(allowed)
 
 
 def _int_header(value: bytes, default: _D) -> int | _D:

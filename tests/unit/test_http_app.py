@@ -1,0 +1,133 @@
+"""The ASGI app's JSON limit and where it parses large JSON (pdserve.frontends.http.app);
+the harness and fake servers are test_http_codec's."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from pdserve.frontends import offload
+from pdserve.frontends.http.app import PROCESS_JSON_BYTES, create_http_app
+from tests.unit.test_http_codec import FakeServer, StatsServer, call, client_request, parse
+
+LIMIT = 100_000
+
+
+@pytest.fixture(autouse=True)
+def fresh_pools() -> Iterator[None]:
+    offload.shutdown()
+    yield
+    offload.shutdown()
+
+
+def json_body(n: int) -> bytes:
+    doc = {"inputs": [{"name": "IN", "datatype": "FP64", "shape": [n], "data": [0.123456789] * n}]}
+    return json.dumps(doc).encode()
+
+
+def test_json_over_the_json_limit_is_413_without_reading_it() -> None:
+    app = create_http_app(FakeServer(), max_json_bytes=LIMIT)
+    body = json_body(20_000)
+    reply = call(app, "POST", "/v2/models/echo/infer", body)
+    assert reply.status == 413 and reply.receives == 0  # type: ignore[attr-defined]
+    assert reply.headers["connection"] == "close"
+    error = reply.json()["error"]
+    assert error.startswith(f"request JSON of {len(body)} bytes exceeds the limit of {LIMIT} bytes")
+    assert "binary tensor data extension" in error
+    # No content-length: stops at the first piece over the limit.
+    reply = call(app, "POST", "/v2/models/echo/infer", body, {"content-length": ""}, chunk=30_000)
+    assert reply.status == 413 and reply.receives == 4  # type: ignore[attr-defined]
+    assert "request JSON of at least 120000 bytes" in reply.json()["error"]
+    # Compressed under the limit, over it once decompressed.
+    packed = gzip.compress(body)
+    assert len(packed) < LIMIT
+    reply = call(app, "POST", "/v2/models/echo/infer", packed, {"content-encoding": "gzip"})
+    assert reply.status == 413 and f"limit of {LIMIT} bytes" in reply.json()["error"]
+
+
+def test_json_limit_applies_to_the_json_part_only() -> None:
+    app = create_http_app(FakeServer(), max_json_bytes=LIMIT)
+    big = np.arange(200_000, dtype=np.float32)  # 800 KB of binary data: fine
+    body, json_size = client_request({"IN": big}, True)
+    headers = {"Inference-Header-Content-Length": str(json_size)}
+    reply = call(app, "POST", "/v2/models/echo/infer", body, headers)
+    assert reply.status == 200, reply.body
+    # A binary request whose announced JSON part is over the limit: refused unread.
+    headers = {"Inference-Header-Content-Length": str(LIMIT + 1)}
+    reply = call(app, "POST", "/v2/models/echo/infer", b"{" * (LIMIT + 10), headers)
+    assert reply.status == 413 and reply.receives == 0  # type: ignore[attr-defined]
+    assert f"request JSON of {LIMIT + 1} bytes" in reply.json()["error"]
+    # The request limit stays the tighter one when it is.
+    app = create_http_app(FakeServer(), max_request_bytes=1000, max_json_bytes=LIMIT)
+    reply = call(app, "POST", "/v2/models/echo/infer", json_body(100))
+    assert reply.json()["error"].startswith("request body of ")
+
+
+def test_large_json_is_decoded_in_a_decode_process() -> None:
+    server = FakeServer()
+    app = create_http_app(server)
+    body = json_body(40_000)
+    assert len(body) > PROCESS_JSON_BYTES
+    reply = call(app, "POST", "/v2/models/echo/infer", body, chunk=65536)
+    assert reply.status == 200, reply.body[:200]
+    assert offload.decode_processes(), "the body was not decoded in a decode process"
+    out = parse(reply.body, None).as_numpy("IN")
+    np.testing.assert_array_equal(out, np.full(40_000, 0.123456789))
+    # Errors from the decode process keep their status.
+    bad = body.replace(b'"FP64"', b'"FP65"')
+    reply = call(app, "POST", "/v2/models/echo/infer", bad, chunk=65536)
+    assert reply.status == 400 and "unsupported datatype 'FP65'" in reply.json()["error"]
+
+
+def test_large_repository_bodies_are_parsed_in_a_decode_process() -> None:
+    server = StatsServer()
+    app = create_http_app(server)
+    blob = bytes(range(256)) * 2000
+    doc = {"parameters": {"config": "{}", "file:1/model.onnx": base64.b64encode(blob).decode()}}
+    body = json.dumps(doc).encode()
+    assert len(body) > PROCESS_JSON_BYTES
+    reply = call(app, "POST", "/v2/repository/models/m/load", body, chunk=65536)
+    assert reply.status == 200, reply.body
+    assert server.loaded == [("load", "m", "{}", {"1/model.onnx": blob})]
+    assert offload.decode_processes()
+    reply = call(app, "POST", "/v2/repository/models/m/load", b"[" + b"1," * 200_000 + b"1]")
+    assert reply.status == 400 and reply.json()["error"] == "the request body must be a JSON object"
+
+
+def test_repository_parameters_must_be_an_object_when_given() -> None:
+    server = StatsServer()
+    app = create_http_app(server)
+    for path, what in (("load", "load"), ("unload", "unload")):
+        for params in (b"null", b"[]", b"3"):
+            body = b'{"parameters": ' + params + b"}"
+            reply = call(app, "POST", f"/v2/repository/models/m/{path}", body)
+            assert reply.status == 400, (path, params)
+            assert reply.json()["error"] == f"{what} request 'parameters' must be a JSON object"
+    assert server.loaded == []
+    assert call(app, "POST", "/v2/repository/models/m/unload", b"{}").status == 200
+
+
+def test_wrong_method_is_405_with_allow() -> None:
+    app = create_http_app(StatsServer())
+    for method, path, allow in (
+        ("TRACE", "/v2/health/live", "GET"),
+        ("POST", "/v2/models/echo", "GET"),
+        ("GET", "/v2/models/echo/infer", "POST"),
+        ("PUT", "/v2/repository/index", "POST"),
+        ("DELETE", "/v2/openapi.json", "GET"),
+    ):
+        reply = call(app, method, path)
+        assert reply.status == 405 and reply.headers["allow"] == allow, (method, path)
+        assert reply.json() == {"error": "Method Not Allowed"}
+
+
+def test_openapi_document_is_served() -> None:
+    reply = call(create_http_app(FakeServer()), "GET", "/v2/openapi.json")
+    assert reply.status == 200 and reply.headers["content-type"] == "application/json"
+    doc = reply.json()
+    assert doc["openapi"] == "3.0.3" and "/v2/models/{model_name}/infer" in doc["paths"]
