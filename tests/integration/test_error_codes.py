@@ -99,3 +99,31 @@ def test_each_code_reaches_http_and_grpc_clients(
     assert message in info.value.message(), info.value
     if how == "respond":  # a response's error is the model's message, as it is
         assert info.value.message() == message
+
+
+def test_a_model_error_counts_as_backend_whatever_its_code(
+    server: ServerProcess, http: httpclient.InferenceServerClient
+) -> None:
+    """A model's error response (here INVALID_ARG, HTTP 400) is a model failure: Triton's
+    failure metric counts it as reason BACKEND, not REJECTED (a queue timeout)."""
+    import urllib.request
+
+    def failures() -> dict[str, float]:
+        url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("nv_inference_request_failure{") and 'model="error_codes"' in line:
+                reason = line.split('reason="')[1].split('"')[0]
+                out[reason] = float(line.rsplit(" ", 1)[1])
+        return out
+
+    before = failures()
+    for _ in range(3):
+        with pytest.raises(InferenceServerException) as info:
+            http.infer("error_codes", _mode(httpclient, "respond:INVALID_ARG"))
+        assert info.value.status() == "400"
+    after = failures()
+    assert after.get("BACKEND", 0) - before.get("BACKEND", 0) == 3
+    assert after.get("REJECTED", 0) == before.get("REJECTED", 0)

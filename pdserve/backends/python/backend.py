@@ -822,11 +822,15 @@ class PythonInstance(ModelInstance):
         if result.error is not None or result.responses is None:
             error = result.error or Error("the worker sent no responses", ErrorCode.INTERNAL.value)
             error_code = ErrorCode.from_triton(error.code)
-            return [InferError(error.message, error_code) for _ in batch]
+            return [InferError(error.message, error_code, reason="BACKEND") for _ in batch]
         out: list[ExecResult] = []
         for request, response in zip(batch, result.responses, strict=True):
             if isinstance(response, Error):
-                out.append(InferError(response.message, ErrorCode.from_triton(response.code)))
+                out.append(
+                    InferError(
+                        response.message, ErrorCode.from_triton(response.code), reason="BACKEND"
+                    )
+                )
                 continue
             outputs = conn.read_outputs(response)
             out.append(self._check_outputs(request, outputs))
