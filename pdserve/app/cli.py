@@ -9,6 +9,9 @@ Subcommands, listed here and nowhere else (:func:`build_parser`):
 ``rollback``
     pin a model to an earlier version on a running server
     (:mod:`pdserve.app.rollback`).
+``perf``
+    load-test a model on any KServe V2 server, perf_analyzer's role
+    (:mod:`pdserve.app.perf`).
 
 A flag with a bad value, or flags that do not go together, end the process with
 an argparse error (exit code 2) naming the flag, before anything starts.
@@ -23,6 +26,7 @@ from collections.abc import Callable
 
 from pdserve import __version__
 from pdserve.app import rollback
+from pdserve.app.perf import cli as perf_cli
 from pdserve.app.settings import Settings, SettingsError, add_arguments
 
 Command = Callable[[argparse.Namespace], int]
@@ -61,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     rollback.add_parser(sub)
+    perf_cli.add_parser(sub)
     return parser
 
 
