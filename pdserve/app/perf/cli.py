@@ -119,7 +119,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         "--workers",
         type=int,
         default=0,
-        help="load-generating processes (default 0: one per 64 HTTP / 16 gRPC requests in "
+        help="load-generating processes (default 0: one per 64 HTTP / 8 gRPC requests in "
         "flight, at most one per CPU this process may use)",
     )
     g = p.add_argument_group("input data")

@@ -16,7 +16,9 @@ Input data, as perf_analyzer's ``--input-data``:
   ``{"content": [...], "shape": [...]}``, ``{"b64": "..."}`` (little-endian bytes;
   BYTES elements as 4-byte length + bytes) or ``{"content": {"b64": ...},
   "shape": [...]}``. Requests go round-robin over the entries; a request of batch
-  ``b`` takes ``b`` consecutive entries, as perf_analyzer does. Sequence data
+  ``b`` takes ``b`` consecutive entries, as perf_analyzer does. Where one dim is
+  variable and neither ``shape`` nor ``--shape`` gives it, the number of values
+  does (perf_analyzer asks for the shape). Sequence data
   (a list of lists) is not supported yet; ``validation_data`` is ignored.
 
 Request bytes are built once, before the load starts: HTTP JSON or the binary
@@ -214,13 +216,27 @@ def _decode_value(value: Any, t: TensorSpec, dims: list[int], where: str) -> np.
                     raise PerfError(f"{where}: 'shape' must be a list of integers") from None
         else:
             raise PerfError(f"{where}: an object needs 'content' or 'b64'")
-    if any(d < 0 for d in shape):
+    variable = sum(1 for d in shape if d < 0)
+    if variable > 1:
         example = ",".join("1" if d < 0 else str(d) for d in shape)
         raise PerfError(
             f"{where}: input '{t.name}' has variable dims {shape}: give 'shape' in the "
             f"data file or --shape {t.name}:{example}"
         )
+    arr = _decode_content(content, t, shape, where)
+    if variable == 1:
+        fixed = math.prod(d for d in shape if d >= 0)
+        if fixed == 0 or arr.size % fixed:
+            raise PerfError(f"{where}: {arr.size} values do not fill shape {shape}")
+        shape = [arr.size // fixed if d < 0 else d for d in shape]
     count = math.prod(shape)
+    if arr.size != count:
+        raise PerfError(f"{where}: {arr.size} values; shape {shape} needs {count}")
+    return arr.reshape(shape)
+
+
+def _decode_content(content: Any, t: TensorSpec, shape: list[int], where: str) -> np.ndarray:
+    """The flat values of one input's content (a list, or a ``{"b64": ...}`` object)."""
     if isinstance(content, dict):
         if "b64" not in content:
             raise PerfError(f"{where}: 'content' object needs 'b64'")
@@ -235,10 +251,12 @@ def _decode_value(value: Any, t: TensorSpec, dims: list[int], where: str) -> np.
                 raise PerfError(f"{where}: BYTES b64 content is not length-prefixed: {e}") from None
         else:
             itemsize = V2_TO_NUMPY[t.datatype].itemsize
-            if len(raw) != count * itemsize:
+            if len(raw) % itemsize or (
+                all(d >= 0 for d in shape) and len(raw) != math.prod(shape) * itemsize
+            ):
                 raise PerfError(
                     f"{where}: b64 content has {len(raw)} bytes; shape {shape} of "
-                    f"{t.datatype} needs {count * itemsize}"
+                    f"{t.datatype} needs {math.prod(shape) * itemsize}"
                 )
             arr = np.frombuffer(raw, dtype=V2_TO_NUMPY[t.datatype].newbyteorder("<")).astype(
                 V2_TO_NUMPY[t.datatype]
@@ -252,9 +270,7 @@ def _decode_value(value: Any, t: TensorSpec, dims: list[int], where: str) -> np.
                 arr = np.asarray(flat, dtype=V2_TO_NUMPY[t.datatype])
             except (TypeError, ValueError, OverflowError):
                 raise PerfError(f"{where}: values are not {t.datatype}") from None
-    if arr.size != count:
-        raise PerfError(f"{where}: {arr.size} values; shape {shape} needs {count}")
-    return arr.reshape(shape)
+    return arr
 
 
 def load_input_file(

@@ -49,7 +49,7 @@ WORKER_ANSWER_TIMEOUT_S = 30.0
 #: Connections one HTTP worker process drives before another is added (auto mode).
 HTTP_CONNS_PER_WORKER = 64
 #: Requests in flight one gRPC worker process drives before another is added.
-GRPC_CONNS_PER_WORKER = 16
+GRPC_CONNS_PER_WORKER = 8
 
 
 class Progress(Protocol):
