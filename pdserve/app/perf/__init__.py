@@ -18,8 +18,31 @@ data and request bytes), :mod:`.control` (metadata, statistics), :mod:`.worker`
 :mod:`.cli` (the subcommand).
 """
 
-from pdserve.app.perf.options import PerfError, PerfOptions
-from pdserve.app.perf.runner import NullProgress, Progress, run_sweep
-from pdserve.app.perf.stats import PointResult
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pdserve.app.perf.options import PerfError, PerfOptions
+    from pdserve.app.perf.runner import NullProgress, Progress, run_sweep
+    from pdserve.app.perf.stats import PointResult
 
 __all__ = ["NullProgress", "PerfError", "PerfOptions", "PointResult", "Progress", "run_sweep"]
+
+#: Exported name -> its module, imported on first use (a load worker process
+#: imports this package and should not pay for numpy and the coordinator).
+_EXPORTS = {
+    "PerfError": "options",
+    "PerfOptions": "options",
+    "NullProgress": "runner",
+    "Progress": "runner",
+    "run_sweep": "runner",
+    "PointResult": "stats",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"pdserve.app.perf.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

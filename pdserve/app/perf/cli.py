@@ -119,8 +119,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         "--workers",
         type=int,
         default=0,
-        help="load-generating processes (default 0: one per 64 HTTP / 8 gRPC requests in "
-        "flight, at most one per CPU this process may use)",
+        help="load-generating processes (default 0: one per request in flight, at most 4 "
+        "per CPU this process may use and 8 in all)",
     )
     g = p.add_argument_group("input data")
     g.add_argument(

@@ -20,16 +20,20 @@ windows).
 
 from __future__ import annotations
 
-import math
-import multiprocessing as mp
 import os
+import pickle
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
+import pdserve
 from pdserve.app.perf import worker
 from pdserve.app.perf.control import Control, HttpControl, connect, split_host_port
 from pdserve.app.perf.inputs import HttpRequest, ModelSpec, build_requests
@@ -46,10 +50,9 @@ from pdserve.app.perf.stats import (
 WORKER_START_TIMEOUT_S = 60.0
 WORKER_ANSWER_TIMEOUT_S = 30.0
 
-#: Connections one HTTP worker process drives before another is added (auto mode).
-HTTP_CONNS_PER_WORKER = 64
-#: Requests in flight one gRPC worker process drives before another is added.
-GRPC_CONNS_PER_WORKER = 8
+#: Auto mode: at most this many worker processes per available CPU, and in all.
+WORKERS_PER_CPU = 4
+MAX_AUTO_WORKERS = 8
 
 
 class Progress(Protocol):
@@ -99,12 +102,18 @@ def available_cpus() -> int:
 
 def auto_workers(opts: PerfOptions) -> int:
     """How many worker processes a run uses when ``opts.workers`` is 0: one per
-    :data:`HTTP_CONNS_PER_WORKER` (HTTP) or :data:`GRPC_CONNS_PER_WORKER` (gRPC)
-    requests in flight at the highest level, at most one per available CPU."""
+    request in flight at the highest concurrency (the request-rate mode counts
+    :data:`MAX_AUTO_WORKERS`), at most :data:`WORKERS_PER_CPU` per CPU this process
+    may use and :data:`MAX_AUTO_WORKERS` in all.
+
+    Several processes rather than one event loop: on a CPU shared with other
+    processes each of them gets its own share of the scheduler (as perf_analyzer's
+    thread per request does), which keeps the client's own queueing out of the
+    latencies; each worker costs about 0.1 s of CPU to start.
+    """
     mode, levels = opts.levels()
-    peak = int(max(levels)) if mode == "concurrency" else opts.max_connections
-    per = GRPC_CONNS_PER_WORKER if opts.protocol == "grpc" else HTTP_CONNS_PER_WORKER
-    return max(1, min(available_cpus(), math.ceil(peak / per)))
+    peak = int(max(levels)) if mode == "concurrency" else MAX_AUTO_WORKERS
+    return max(1, min(peak, WORKERS_PER_CPU * available_cpus(), MAX_AUTO_WORKERS))
 
 
 def split(total: int, parts: int) -> list[int]:
@@ -117,18 +126,28 @@ class WorkerPool:
     """The worker processes of one run and their pipes."""
 
     def __init__(self, count: int, spec: worker.WorkerSpec) -> None:
-        ctx = mp.get_context("spawn")
-        self.procs: list[Any] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
         self.pipes: list[Connection] = []
+        env = dict(os.environ)
+        # The workers import this very pdserve, wherever it is (installed or a checkout).
+        root = str(Path(pdserve.__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         try:
             for i in range(count):
-                parent, child = ctx.Pipe()
-                s = worker.WorkerSpec(**{**spec.__dict__, "index": i})
-                p = ctx.Process(target=worker.main, args=(child, s), daemon=True, name=f"perf-{i}")
-                p.start()
-                child.close()
-                self.procs.append(p)
-                self.pipes.append(parent)
+                mine, theirs = socket.socketpair()
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "pdserve.app.perf.worker", str(theirs.fileno())],
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    env=env,
+                )
+                theirs.close()
+                pipe = Connection(mine.detach())
+                self.procs.append(proc)
+                self.pipes.append(pipe)
+                spec_i = worker.WorkerSpec(**{**spec.__dict__, "index": i})
+                pipe.send_bytes(pickle.dumps(spec_i))
             for i, pipe in enumerate(self.pipes):
                 msg = self._recv(i, pipe, WORKER_START_TIMEOUT_S, "start")
                 if msg[0] != "ready":
@@ -183,7 +202,7 @@ class WorkerPool:
         ]
 
     def close(self) -> None:
-        """Stop the workers (exit, then terminate what is left after 3 s)."""
+        """Stop the workers (exit, then kill what is left after 3 s)."""
         for pipe in self.pipes:
             try:
                 pipe.send(("exit",))
@@ -191,11 +210,11 @@ class WorkerPool:
                 pass
         deadline = time.monotonic() + 3.0
         for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(2.0)
+            try:
+                p.wait(max(0.01, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
         for pipe in self.pipes:
             pipe.close()
         self.procs, self.pipes = [], []

@@ -1,7 +1,8 @@
 """A load-generating process of ``pdserve perf``.
 
-Each worker is a separate process (``multiprocessing`` spawn) with one event loop,
-so the load is not capped by one Python interpreter. The coordinator
+Each worker is a separate process (``python -m pdserve.app.perf.worker FD``) with
+one event loop, so the load is not capped by one interpreter, and each imports
+little (no numpy): it starts in about 0.1 s. The coordinator
 (:mod:`pdserve.app.perf.runner`) drives it over a pipe:
 
 ``("load", "concurrency", n)``
@@ -37,15 +38,17 @@ import asyncio
 import bisect
 import contextlib
 import os
+import pickle
+import random
 import signal
+import sys
 import time
 import traceback
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
-
-import numpy as np
 
 monotonic_ns = time.monotonic_ns
 
@@ -107,7 +110,7 @@ class _Recorder:
     def collect(self, t0: int, t1: int) -> dict[str, Any]:
         i = bisect.bisect_left(self.ends, t1)
         j = bisect.bisect_left(self.ends, t0, 0, i)
-        lat = np.asarray(self.lats[j:i], dtype=np.int64)
+        lat = array("q", self.lats[j:i])
         send_ns = sum(self.sends[j:i])
         recv_ns = sum(self.recvs[j:i])
         del self.ends[:i], self.lats[:i], self.sends[:i], self.recvs[:i]
@@ -254,7 +257,7 @@ class _HttpLoad:
         self.next_t = 0
         self.interval_ns = 0.0
         self.poisson = False
-        self.rng = np.random.default_rng(spec.seed + 7919 * spec.index)
+        self.rng = random.Random(spec.seed + 7919 * spec.index)
         self.gaps: list[float] = []
         self.timeout_ns = int(spec.request_timeout_s * 1e9)
         self.checker = loop.call_later(TIMEOUT_CHECK_S, self._check_timeouts)
@@ -393,7 +396,7 @@ class _HttpLoad:
         if not self.poisson:
             return self.interval_ns
         if not self.gaps:
-            self.gaps = self.rng.exponential(self.interval_ns, 1024).tolist()
+            self.gaps = [self.rng.expovariate(1.0 / self.interval_ns) for _ in range(1024)]
         return self.gaps.pop()
 
     def _tick(self) -> None:
@@ -455,7 +458,7 @@ class _GrpcLoad:
         self.interval_ns = 0.0
         self.poisson = False
         self.gaps: list[float] = []
-        self.rng = np.random.default_rng(spec.seed + 7919 * spec.index)
+        self.rng = random.Random(spec.seed + 7919 * spec.index)
         self.closing = False
         self.channel = grpc.aio.insecure_channel(
             f"{spec.host}:{spec.port}",
@@ -555,7 +558,7 @@ class _GrpcLoad:
         if not self.poisson:
             return self.interval_ns
         if not self.gaps:
-            self.gaps = self.rng.exponential(self.interval_ns, 1024).tolist()
+            self.gaps = [self.rng.expovariate(1.0 / self.interval_ns) for _ in range(1024)]
         return self.gaps.pop()
 
     def _tick(self) -> None:
@@ -641,9 +644,9 @@ async def _serve(conn: Connection, spec: WorkerSpec) -> None:
 
 
 def main(conn: Connection, spec: WorkerSpec) -> None:
-    """Process entry point: serve the coordinator's commands until ``exit`` or
-    until the pipe closes. Ctrl-C is left to the coordinator (it stops the
-    workers and keeps the results so far)."""
+    """Serve the coordinator's commands on ``conn`` until ``exit`` or until the
+    pipe closes. Ctrl-C is left to the coordinator (it stops the workers and keeps
+    the results so far)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         if spec.protocol == "http":
@@ -655,8 +658,14 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
             except ImportError:
                 pass
         asyncio.run(_serve(conn, spec))
-    except KeyboardInterrupt:
-        pass
     except Exception:  # noqa: BLE001 - reported to the coordinator
         with contextlib.suppress(OSError):
             conn.send(("fatal", traceback.format_exc()))
+
+
+if __name__ == "__main__":
+    # ``python -m pdserve.app.perf.worker FD``: FD is this end of a socket pair; the
+    # first message on it is the pickled WorkerSpec. Started this way (not through
+    # multiprocessing) a worker imports only asyncio, uvloop/httptools or grpc.
+    _conn = Connection(int(sys.argv[1]))
+    main(_conn, pickle.loads(_conn.recv_bytes()))
