@@ -95,9 +95,10 @@ def test_http_sweep_csv_json_plot(server: ServerProcess, tmp_path: Path) -> None
     assert out.stdout.splitlines()[0].split()[:3] == ["concurrency", "infer/s", "p50"]
 
 
-def test_grpc_and_json_format(server: ServerProcess, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", ["raw", "grpcio"])
+def test_grpc_and_json_format(server: ServerProcess, tmp_path: Path, client: str) -> None:
     out = perf(
-        "-m", "tiny", "-i", "grpc", "-u", server.grpc_url, "-b", "4",
+        "-m", "tiny", "-i", "grpc", "-u", server.grpc_url, "-b", "4", "--grpc-client", client,
         "--concurrency-range", "2", *FAST,
         "-f", str(tmp_path / "g.csv"), "--json", str(tmp_path / "g.json"),
     )  # fmt: skip
@@ -106,7 +107,8 @@ def test_grpc_and_json_format(server: ServerProcess, tmp_path: Path) -> None:
     res = json.loads((tmp_path / "g.json").read_text())["results"][0]
     assert res["infer_per_sec"] == pytest.approx(4 * res["requests_per_sec"])
     assert res["server"]["inference_count"] == pytest.approx(4 * res["server"]["success_count"])
-
+    if client == "grpcio":
+        return
     out = perf(
         "-m", "tiny", "-u", server.http_url, "--input-tensor-format", "json",
         "--output-tensor-format", "json", "--input-data", "zero", *FAST,
@@ -165,28 +167,42 @@ def test_unknown_model_and_rejected_request(server: ServerProcess, tmp_path: Pat
         run_sweep(PerfOptions(model="error_codes", url=server.http_url, batch_size=2))
 
 
-def test_errors_counted_by_status(server: ServerProcess, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("proto", "client", "key"),
+    [
+        ("http", "raw", "HTTP 503"),
+        ("grpc", "raw", "UNAVAILABLE"),
+        ("grpc", "grpcio", "UNAVAILABLE"),
+    ],
+)
+def test_errors_counted_by_status(
+    server: ServerProcess, tmp_path: Path, proto: str, client: str, key: str
+) -> None:
     data = tmp_path / "d.json"
     data.write_text(json.dumps({"data": [{"MODE": ["ok"]}, {"MODE": ["respond:UNAVAILABLE"]}]}))
+    url = server.http_url if proto == "http" else server.grpc_url
     out = perf(
-        "-m", "error_codes", "-u", server.http_url, "--input-data", str(data),
-        "--concurrency-range", "2", *FAST, "--json", str(tmp_path / "e.json"),
+        "-m", "error_codes", "-i", proto, "-u", url, "--grpc-client", client,
+        "--input-data", str(data), "--concurrency-range", "2", *FAST,
+        "--json", str(tmp_path / "e.json"),
     )  # fmt: skip
     assert out.returncode == 1  # requests failed
     (res,) = json.loads((tmp_path / "e.json").read_text())["results"]
-    assert res["request_count"] > 0 and set(res["errors"]) == {"HTTP 503"}
-    assert res["errors"]["HTTP 503"] > 0
-    assert "error_codes responds UNAVAILABLE" in res["error_examples"]["HTTP 503"]
-    assert "HTTP 503" in out.stdout  # the summary's error line
+    assert res["request_count"] > 0 and set(res["errors"]) == {key}
+    assert res["errors"][key] > 0
+    assert "error_codes responds UNAVAILABLE" in res["error_examples"][key]
+    assert key in out.stdout  # the summary's error line
 
 
-def test_stalled_model_is_bounded(server: ServerProcess, tmp_path: Path) -> None:
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_stalled_model_is_bounded(server: ServerProcess, tmp_path: Path, proto: str) -> None:
     data = tmp_path / "d.json"
     # The first request (the trial one) answers at once; the second sleeps 3 s.
     data.write_text(json.dumps({"data": [{"X": [0.0]}, {"X": [3.0]}]}))
+    url = server.http_url if proto == "http" else server.grpc_url
     t0 = time.monotonic()
     out = perf(
-        "-m", "sleepy", "-u", server.http_url, "--input-data", str(data),
+        "-m", "sleepy", "-i", proto, "-u", url, "--input-data", str(data),
         "--concurrency-range", "1:4", "-p", "300", "-r", "5", "--request-timeout", "0.5",
         "--json", str(tmp_path / "s.json"),
     )  # fmt: skip

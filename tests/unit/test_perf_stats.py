@@ -119,6 +119,8 @@ def _window(start_s: float, lat_us: list[float], errors: dict[str, int] | None =
         error_examples={k: f"example {k}" for k in errors or {}},
         sent=len(lat_us),
         server=ServerCounters.from_model_stats(_stats(len(lat_us), 1000, 1000, 1), "m"),
+        client_cpu_s=0.001 * len(lat_us),
+        client_cpu_max_s=0.0005 * len(lat_us),
     )
 
 
@@ -144,6 +146,9 @@ def test_merge_and_point_result() -> None:
     assert r.errors == {"HTTP 503": 3, "timeout": 1} and r.error_count == 4
     assert r.server is not None and r.server["success_count"] == 30
     assert [h["infer_per_sec"] for h in r.history] == pytest.approx([4.0, 20.0, 20.0, 20.0])
+    # The load workers' CPU: 1 ms per request in all, the busiest worker half of it.
+    assert r.client_cpu_us_per_request == pytest.approx(1000.0)
+    assert r.client_busy == pytest.approx(0.0005 * 30 / 3)
     assert PointResult.from_dict(r.as_dict()) == r
     assert r.label == "concurrency 4"
 

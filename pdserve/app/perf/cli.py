@@ -212,6 +212,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         help="do not read the statistics extension",
     )
     g.add_argument("--seed", type=int, default=0, help="seed of random data and Poisson arrivals")
+    g.add_argument(
+        "--grpc-client",
+        choices=("raw", "grpcio"),
+        default="raw",
+        help="gRPC load client: raw HTTP/2 frames (default, lean) or grpcio's grpc.aio",
+    )
     g = p.add_argument_group("output")
     g.add_argument("-f", dest="csv", metavar="FILE.csv", help="write results as CSV")
     g.add_argument("--json", metavar="FILE.json", help="write results as JSON")
@@ -266,6 +272,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         connect_timeout_s=args.connect_timeout,
         server_stats=not args.no_server_stats,
         seed=args.seed,
+        grpc_client=args.grpc_client,
     )
     try:
         opts.validate()

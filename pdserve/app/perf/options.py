@@ -173,6 +173,9 @@ class PerfOptions:
     server_stats: bool = True
     #: Seed of random input data and Poisson arrivals.
     seed: int = 0
+    #: gRPC load client: ``raw`` (HTTP/2 frames, :mod:`pdserve.app.perf.h2grpc`) or
+    #: ``grpcio`` (``grpc.aio``; heavier per call).
+    grpc_client: Literal["raw", "grpcio"] = "raw"
 
     def resolved_url(self) -> str:
         """``url`` or the protocol's default."""

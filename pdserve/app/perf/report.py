@@ -8,7 +8,8 @@ CSV columns are perf_analyzer's (``report_writer.cc``), integers in microseconds
 server has the statistics extension), ``Client Recv``, ``p50/p90/p95/p99 latency``
 (plus the ``--percentile`` one), then its verbose columns ``Avg latency``,
 ``request/response``, ``response wait``, then pdserve's own: ``Requests/Second``,
-``Errors``, ``Stable``, ``Delayed Requests``, ``Server Avg Batch Size``. Rows are
+``Errors``, ``Stable``, ``Delayed Requests``, ``Server Avg Batch Size``, ``Client CPU
+per Request`` (the load workers' CPU time, microseconds). Rows are
 in sweep order. gRPC's ``Client Send``/``Client Recv`` are 0 (not measured).
 """
 
@@ -98,6 +99,8 @@ class TerminalProgress:
                 f"  [server: queue {s['queue_us']:.0f} us, compute "
                 f"{s['compute_input_us'] + s['compute_infer_us'] + s['compute_output_us']:.0f} us]"
             )
+        if point.request_count:
+            text += f"  [client: {point.client_cpu_us_per_request:.0f} us CPU/request]"
         self._write(text)
         if point.aborted:
             self._write(f"  stopped: {point.aborted}")
@@ -173,6 +176,7 @@ def csv_rows(results: Sequence[PointResult], server_stats: bool) -> list[list[st
     header += [f"p{p} latency" for p in pcts]
     header += ["Avg latency", "request/response", "response wait"]
     header += ["Requests/Second", "Errors", "Stable", "Delayed Requests", "Server Avg Batch Size"]
+    header += ["Client CPU per Request"]
     out = [header]
     for p in results:
         lat = p.latency_us
@@ -202,6 +206,7 @@ def csv_rows(results: Sequence[PointResult], server_stats: bool) -> list[list[st
             "1" if p.stable else "0",
             str(p.delayed_requests),
             f"{s['avg_batch_size']:.2f}" if s else "",
+            str(int(p.client_cpu_us_per_request)),
         ]
         out.append(row)
     return out

@@ -50,6 +50,9 @@ from pdserve.app.perf.stats import (
 WORKER_START_TIMEOUT_S = 60.0
 WORKER_ANSWER_TIMEOUT_S = 30.0
 
+#: A worker busier than this share of one CPU may itself limit the load (warned).
+CLIENT_BUSY_WARNING = 0.9
+
 #: Auto mode: at most this many worker processes per available CPU, and in all.
 WORKERS_PER_CPU = 4
 MAX_AUTO_WORKERS = 8
@@ -247,6 +250,8 @@ def window_from_parts(
         sent=sum(p["sent"] for p in parts),
         delayed=sum(p["delayed"] for p in parts),
         server=server,
+        client_cpu_s=sum(p["cpu_s"] for p in parts),
+        client_cpu_max_s=max((p["cpu_s"] for p in parts), default=0.0),
     )
 
 
@@ -425,6 +430,11 @@ def run_sweep(opts: PerfOptions, progress: Progress | None = None) -> list[Point
                 break
             results.append(point)
             progress.level_done(point)
+            if point.client_busy >= CLIENT_BUSY_WARNING:
+                progress.note(
+                    f"a load worker was busy {point.client_busy:.0%} of a CPU at {point.label}: "
+                    "the client may be the limit (give it more CPUs or --workers)"
+                )
             if point.aborted:
                 break
             limit = opts.latency_threshold_ms
@@ -455,5 +465,6 @@ def worker_pool(
         request_timeout_s=opts.request_timeout_s,
         connect_timeout_s=opts.connect_timeout_s,
         seed=opts.seed,
+        grpc_client=opts.grpc_client,
     )
     return WorkerPool(count, spec)

@@ -189,7 +189,8 @@ class Window:
     ``connection refused``...), ``error_examples`` one message per kind. ``sent``:
     requests started; ``delayed``: open-loop requests that waited for a free
     connection. ``server``: the statistics delta over the window (None when the
-    server gave none).
+    server gave none). ``client_cpu_s``: CPU time of all load workers over the
+    window, ``client_cpu_max_s`` that of the busiest one.
     """
 
     start_ns: int
@@ -202,6 +203,9 @@ class Window:
     sent: int = 0
     delayed: int = 0
     server: ServerCounters | None = None
+    #: CPU seconds the load workers used, all together and the busiest one.
+    client_cpu_s: float = 0.0
+    client_cpu_max_s: float = 0.0
 
     @property
     def duration_s(self) -> float:
@@ -271,6 +275,8 @@ def merge_windows(windows: Sequence[Window]) -> Window:
         sent=sum(w.sent for w in windows),
         delayed=sum(w.delayed for w in windows),
         server=server,
+        client_cpu_s=sum(w.client_cpu_s for w in windows),
+        client_cpu_max_s=sum(w.client_cpu_max_s for w in windows),
     )
 
 
@@ -310,6 +316,10 @@ class PointResult:
     history: list[dict[str, float]]
     #: The percentile stability was judged on (None: the mean).
     stabilizing_percentile: int | None = None
+    #: Load workers' CPU time per successful request (microseconds), and the
+    #: busiest worker's share of one CPU (0-1; near 1 the client may be the limit).
+    client_cpu_us_per_request: float = 0.0
+    client_busy: float = 0.0
 
     @property
     def error_count(self) -> int:
@@ -414,4 +424,6 @@ def point_result(
         aborted=aborted,
         history=history,
         stabilizing_percentile=stabilizing_percentile,
+        client_cpu_us_per_request=merged.client_cpu_s / n * 1e6 if n else 0.0,
+        client_busy=merged.client_cpu_max_s / merged.duration_s,
     )

@@ -15,16 +15,18 @@ little (no numpy): it starts in about 0.1 s. The coordinator
 ``("idle",)``
     send nothing new (connections stay open);
 ``("collect", t0_ns, t1_ns)``
-    answer ``("window", dict)`` with what completed in ``[t0, t1)`` and drop
-    everything before ``t1``;
+    answer ``("window", dict)`` with what completed in ``[t0, t1)`` (and the
+    process's CPU time since the last collect) and drop everything before ``t1``;
 ``("exit",)``
     close everything and end.
 
 HTTP: raw HTTP/1.1 keep-alive connections on uvloop, requests as prepared bytes
 (:meth:`~pdserve.app.perf.inputs.HttpRequest.wire`), responses parsed by
 ``httptools``; each completion sends the next request from the protocol callback
-itself (no task, no future per request). gRPC: ``grpc.aio`` with the request
-pre-serialized (no protobuf work per request; answers are not decoded).
+itself (no task, no future per request). gRPC: by default raw HTTP/2 on uvloop
+(:mod:`~pdserve.app.perf.h2grpc`), or ``grpc.aio`` (``grpc_client="grpcio"``); the
+request is serialized once (no protobuf work per request; answers are not
+decoded).
 
 Latency is from just before the request is written to the end of its response. A
 request unanswered after ``request_timeout_s`` fails (``timeout``) and its
@@ -78,6 +80,8 @@ class WorkerSpec:
     request_timeout_s: float
     connect_timeout_s: float
     seed: int = 0
+    #: gRPC: ``raw`` (:mod:`~pdserve.app.perf.h2grpc`) or ``grpcio`` (``grpc.aio``).
+    grpc_client: str = "raw"
 
 
 class _Recorder:
@@ -100,6 +104,7 @@ class _Recorder:
         self.delayed = 0
         self._sent_mark = 0
         self._delayed_mark = 0
+        self._cpu_mark = time.process_time()
 
     def error(self, key: str, example: str = "") -> None:
         self.err_ends.append(monotonic_ns())
@@ -122,7 +127,10 @@ class _Recorder:
         del self.err_ends[:ei], self.err_keys[:ei]
         sent, self._sent_mark = self.sent - self._sent_mark, self.sent
         delayed, self._delayed_mark = self.delayed - self._delayed_mark, self.delayed
+        cpu = time.process_time()
+        cpu_s, self._cpu_mark = cpu - self._cpu_mark, cpu
         return {
+            "cpu_s": cpu_s,
             "lat": lat.tobytes(),
             "send_ns": send_ns,
             "recv_ns": recv_ns,
@@ -588,15 +596,220 @@ class _GrpcLoad:
         await self.channel.close(grace=None)
 
 
+class _H2Load:
+    """The gRPC load of one worker over :class:`~pdserve.app.perf.h2grpc.H2Connection`
+    (one HTTP/2 connection carrying every call in flight; a new one replaces it when
+    it closes or the server sends GOAWAY)."""
+
+    def __init__(self, spec: WorkerSpec, loop: asyncio.AbstractEventLoop) -> None:
+        self.spec = spec
+        self.loop = loop
+        self.rec = _Recorder()
+        self.reqs = spec.requests
+        self.ri = 0
+        self.mode = "idle"
+        self.target = 0
+        self.max_conns = 0
+        self.pending = 0
+        self.inflight = 0
+        self.conn: Any = None
+        self.conns: set[Any] = set()
+        self.connecting = False
+        self.streak = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.next_t = 0
+        self.interval_ns = 0.0
+        self.poisson = False
+        self.gaps: list[float] = []
+        self.rng = random.Random(spec.seed + 7919 * spec.index)
+        self.timeout_ns = int(spec.request_timeout_s * 1e9)
+        self.closing = False
+        self.checker = loop.call_later(TIMEOUT_CHECK_S, self._check_timeouts)
+
+    def _next_request(self) -> bytes:
+        reqs = self.reqs
+        if len(reqs) == 1:
+            return reqs[0]
+        r = reqs[self.ri]
+        self.ri = (self.ri + 1) % len(reqs)
+        return r
+
+    def _wanted(self) -> int:
+        """Calls to start now, connection permitting."""
+        if self.mode == "concurrency":
+            return self.target - self.inflight
+        if self.mode == "rate":
+            return min(self.pending, self.max_conns - self.inflight)
+        return 0
+
+    def _fill(self) -> None:
+        want = self._wanted()
+        if want <= 0 or self.closing:
+            return
+        conn = self.conn
+        if conn is None or not conn.usable:
+            self.conn = None
+            self._ensure_connection()
+            return
+        n = min(want, conn.free_streams)
+        for _ in range(n):
+            if self.mode == "rate":
+                self.pending -= 1
+            conn.call(self._next_request())
+            self.inflight += 1
+            self.rec.sent += 1
+
+    def _finished(self, st: Any, error: str | None, message: str) -> None:
+        t1 = monotonic_ns()
+        self.inflight -= 1
+        rec = self.rec
+        if error is None:
+            self.streak = 0
+            rec.ends.append(t1)
+            rec.lats.append(t1 - st.t0)
+            rec.sends.append(0)
+            rec.recvs.append(0)
+        else:
+            rec.error(error, message)
+        self._fill()
+
+    def _lost(self, conn: Any) -> None:
+        self.conns.discard(conn)
+        if conn is self.conn:
+            self.conn = None
+            self.streak += 1
+            if not self.closing and self._wanted() > 0:
+                delay = min(0.005 * 2 ** min(self.streak, 10), MAX_BACKOFF_S)
+                self.loop.call_later(delay, self._fill)
+
+    def _ensure_connection(self) -> None:
+        if not self.connecting and not self.closing:
+            self.connecting = True
+            asyncio.ensure_future(self._connect())
+
+    async def _connect(self) -> None:
+        from pdserve.app.perf.h2grpc import H2Connection
+
+        backoff = 0.005
+        authority = f"{self.spec.host}:{self.spec.port}"
+        try:
+            while not self.closing and self._wanted() > 0:
+                try:
+                    _, conn = await asyncio.wait_for(
+                        self.loop.create_connection(
+                            lambda: H2Connection(
+                                authority, self._finished, self._lost, monotonic_ns
+                            ),
+                            self.spec.host,
+                            self.spec.port,
+                        ),
+                        self.spec.connect_timeout_s,
+                    )
+                except (TimeoutError, OSError) as e:
+                    self.rec.error(_conn_error_key(e), str(e))
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF_S)
+                    continue
+                self.conn = conn
+                self.conns.add(conn)
+                break
+        finally:
+            self.connecting = False
+        self._fill()
+
+    def _check_timeouts(self) -> None:
+        now = monotonic_ns()
+        expired = [
+            (c, st)
+            for c in self.conns
+            for st in list(c.streams.values())
+            if now - st.t0 > self.timeout_ns
+        ]
+        for conn, st in expired:
+            conn.cancel(st)
+            self.inflight -= 1
+            self.rec.error("timeout", f"no answer within {self.spec.request_timeout_s:g} s")
+        if expired:
+            self._fill()
+        if not self.closing:
+            self.checker = self.loop.call_later(TIMEOUT_CHECK_S, self._check_timeouts)
+
+    def set_concurrency(self, n: int) -> None:
+        self._stop_timer()
+        self.mode = "concurrency"
+        self.target = n
+        self.pending = 0
+        self._fill()
+
+    def set_rate(self, rate: float, phase_s: float, max_conns: int, distribution: str) -> None:
+        self._stop_timer()
+        self.mode = "rate"
+        self.max_conns = max(1, max_conns)
+        self.pending = 0
+        self.interval_ns = 1e9 / rate
+        self.poisson = distribution == "poisson"
+        self.gaps = []
+        first = self._gap() if self.poisson else phase_s * 1e9
+        self.next_t = monotonic_ns() + int(first)
+        self._tick()
+
+    def set_idle(self) -> None:
+        self._stop_timer()
+        self.mode = "idle"
+        self.pending = 0
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _gap(self) -> float:
+        if not self.poisson:
+            return self.interval_ns
+        if not self.gaps:
+            self.gaps = [self.rng.expovariate(1.0 / self.interval_ns) for _ in range(1024)]
+        return self.gaps.pop()
+
+    def _tick(self) -> None:
+        if self.mode != "rate":
+            return
+        now = monotonic_ns()
+        while self.next_t <= now:
+            if self.pending >= MAX_PENDING:
+                self.rec.error("dropped", "the client could not keep up with the request rate")
+            else:
+                if self.inflight + self.pending >= self.max_conns:
+                    self.rec.delayed += 1
+                self.pending += 1
+            self.next_t += int(self._gap())
+        self._fill()
+        self.timer = self.loop.call_later((self.next_t - now) / 1e9, self._tick)
+
+    def outstanding(self) -> int:
+        return self.inflight
+
+    async def aclose(self) -> None:
+        self.closing = True
+        self._stop_timer()
+        self.checker.cancel()
+        for conn in list(self.conns):
+            conn.close()
+        await asyncio.sleep(0)
+
+
 class _Worker:
     """Reads the coordinator's commands from the pipe and applies them to the load."""
 
     def __init__(self, conn: Connection, spec: WorkerSpec, loop: asyncio.AbstractEventLoop) -> None:
         self.conn = conn
         self.loop = loop
-        self.load: _HttpLoad | _GrpcLoad = (
-            _GrpcLoad(spec, loop) if spec.protocol == "grpc" else _HttpLoad(spec, loop)
-        )
+        self.load: _HttpLoad | _GrpcLoad | _H2Load
+        if spec.protocol != "grpc":
+            self.load = _HttpLoad(spec, loop)
+        elif spec.grpc_client == "grpcio":
+            self.load = _GrpcLoad(spec, loop)
+        else:
+            self.load = _H2Load(spec, loop)
         self.done: asyncio.Future[None] = loop.create_future()
 
     def on_command(self) -> None:
@@ -649,7 +862,7 @@ def main(conn: Connection, spec: WorkerSpec) -> None:
     the results so far)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        if spec.protocol == "http":
+        if spec.protocol == "http" or spec.grpc_client != "grpcio":
             try:
                 import uvloop
 
