@@ -34,7 +34,7 @@ FAST = ["-p", "400", "-r", "3", "-s", "50"]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = copy_models(tmp_path_factory.mktemp("perf") / "models", "tiny")
-    for name in ("error_codes", "sleepy"):
+    for name in ("error_codes", "sleepy", "ens_parallel"):
         shutil.copytree(DATA / name, repo / name)
     proc = start_server(repo, repo.parent / "pdserve.log")
     yield proc
@@ -116,6 +116,27 @@ def test_grpc_and_json_format(server: ServerProcess, tmp_path: Path, client: str
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     check_results(tmp_path / "j.csv", tmp_path / "j.json", [1])
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_ensemble_breakdown_sums_its_steps(
+    server: ServerProcess, tmp_path: Path, proto: str
+) -> None:
+    url = server.http_url if proto == "http" else server.grpc_url
+    out = perf(
+        "-m", "ens_parallel", "-i", proto, "-u", url, "--input-data", "zero", *FAST,
+        "--json", str(tmp_path / "e.json"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "e.json").read_text())
+    assert doc["info"]["composing_models"] == ["sleepy"]
+    srv = doc["results"][0]["server"]
+    # Both steps run the composing model: twice its requests, and the ensemble's
+    # compute is the composing model's (perf_analyzer's sum over the steps).
+    step = srv["composing"]["sleepy"]
+    assert step["success_count"] == pytest.approx(2 * srv["success_count"], abs=2)
+    assert srv["compute_infer_us"] == pytest.approx(step["compute_infer_us"])
+    assert srv["compute_infer_us"] > 0
 
 
 def test_request_rate_api(server: ServerProcess) -> None:

@@ -49,6 +49,9 @@ class _Transport:
     def write(self, data: bytes) -> None:
         self.out += data
 
+    def writelines(self, parts: list[bytes]) -> None:
+        self.out += b"".join(parts)
+
     def is_closing(self) -> bool:
         return False
 
@@ -75,7 +78,7 @@ def test_answers_are_read() -> None:
     conn, done = _conn()
     out = conn.tr.out  # type: ignore[union-attr]
     assert out.startswith(h2grpc.PREFACE)
-    a, b, c = (conn.call(b"req") for _ in range(3))
+    a, b, c = (conn.call(grpc_message(b"req")) for _ in range(3))
     assert (a.sid, b.sid, c.sid) == (1, 3, 5)
     ok = _block([(":status", "200"), ("content-type", "application/grpc")])
     trailers_ok = _block([("grpc-status", "0")])
@@ -100,7 +103,7 @@ def test_answers_are_read() -> None:
     # An HTTP error status, and a lost connection, fail the call.
     conn.data_received(frame(HEADERS, END_HEADERS | END_STREAM, 5, _block([(":status", "404")])))
     assert done[-1] == (5, "HTTP 404", "")
-    d = conn.call(b"req")
+    d = conn.call(grpc_message(b"req"))
     conn.connection_lost(None)
     assert done[-1][:2] == (d.sid, "connection lost")
 
@@ -109,7 +112,7 @@ def test_big_requests_wait_for_the_window() -> None:
     conn, done = _conn()
     tr = conn.tr
     assert tr is not None
-    st = conn.call(b"x" * 100_000)  # more than the initial 65,535-byte windows
+    st = conn.call(grpc_message(b"x" * 100_000))  # more than the initial 65,535-byte windows
     sent = tr.out  # type: ignore[attr-defined]
     assert st.pending and len(st.pending) == 100_005 - 65_535
     # The server opens the windows: the rest goes out, in frames of at most 16 KiB.

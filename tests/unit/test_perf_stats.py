@@ -16,6 +16,7 @@ from pdserve.app.perf.stats import (
     percentile,
     percentile_index,
     point_result,
+    server_breakdown,
 )
 
 
@@ -170,3 +171,17 @@ def test_stabilizing_latency_uses_percentile() -> None:
         "concurrency", 1, 1, w, True, None
     ).stabilizing_latency_us() == pytest.approx(np.mean(lat))
     assert point_result("concurrency", 1, 1, w, True, 99).stabilizing_latency_us() == 5000.0
+
+
+def test_ensemble_breakdown_sums_composing_models() -> None:
+    w = _window(0, [100] * 10)
+    w.composing = {
+        "pre": ServerCounters.from_model_stats(_stats(10, 1_000_000, 2_000_000, 10), "m"),
+        "net": ServerCounters.from_model_stats(_stats(10, 3_000_000, 5_000_000, 5), "m"),
+    }
+    s = server_breakdown(w)
+    assert s is not None
+    assert s["queue_us"] == pytest.approx(100 + 300) and s["compute_infer_us"] == pytest.approx(700)
+    assert s["composing"]["net"]["avg_batch_size"] == pytest.approx(2.0)
+    merged = merge_windows([w, w])
+    assert merged.composing["pre"].counts["success"] == 20

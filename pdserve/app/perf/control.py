@@ -128,11 +128,13 @@ class HttpControl:
         except ValueError:
             return None
 
-    def stats(self) -> list[dict[str, Any]] | None:
-        """``model_stats`` of the statistics extension; None when unsupported or
-        unreachable (a failed reading only loses that window's breakdown)."""
+    def stats(self, all_models: bool = False) -> list[dict[str, Any]] | None:
+        """``model_stats`` of the statistics extension for the model (every model
+        with ``all_models``); None when unsupported or unreachable (a failed reading
+        only loses that window's breakdown)."""
+        path = "/v2/models/stats" if all_models else self._model_path() + "/stats"
         try:
-            status, body = self.request("GET", self._model_path() + "/stats")
+            status, body = self.request("GET", path)
         except PerfError:
             return None
         if status != 200:
@@ -221,11 +223,15 @@ class GrpcControl:
             resp = self._stub.ModelConfig(req, timeout=self.timeout)
         except self._grpc.RpcError:
             return None
-        return {"max_batch_size": int(resp.config.max_batch_size)}
+        return self._dict(resp.config)
 
-    def stats(self) -> list[dict[str, Any]] | None:
-        """``model_stats`` (JSON form), None when unsupported or unreachable."""
-        req = self._pb.ModelStatisticsRequest(name=self.model, version=self.version)
+    def stats(self, all_models: bool = False) -> list[dict[str, Any]] | None:
+        """``model_stats`` (JSON form) for the model (every model with
+        ``all_models``), None when unsupported or unreachable."""
+        if all_models:
+            req = self._pb.ModelStatisticsRequest(name="", version="")
+        else:
+            req = self._pb.ModelStatisticsRequest(name=self.model, version=self.version)
         try:
             resp = self._stub.ModelStatistics(req, timeout=self.timeout)
         except self._grpc.RpcError:

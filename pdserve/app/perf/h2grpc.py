@@ -132,7 +132,7 @@ class _Stream:
         self.sid = sid
         self.t0 = t0
         self.status = 0  # HTTP :status, 0 until the response headers
-        self.pending = b""  # DATA payload still to send (flow control)
+        self.pending = memoryview(b"")  # DATA payload still to send (flow control)
         self.window = window
         self.done = False
 
@@ -216,22 +216,24 @@ class H2Connection(asyncio.Protocol):
         return self.peer_max_streams - len(self.streams)
 
     # -- calls
-    def call(self, message: bytes) -> _Stream:
-        """Start a call with a serialized request message; returns its stream."""
+    def call(self, payload: bytes) -> _Stream:
+        """Start a call; ``payload`` is the request as :func:`grpc_message` frames it
+        (built once per distinct request). Returns the call's stream."""
         assert self.tr is not None
         sid = self.next_sid
         self.next_sid += 2
         st = _Stream(sid, self.clock(), self.peer_window)
         self.streams[sid] = st
-        payload = grpc_message(message)
         out = frame(HEADERS, END_HEADERS, sid, self.headers_block)
-        if len(payload) <= self.max_frame and len(payload) <= min(st.window, self.conn_window):
-            st.window -= len(payload)
-            self.conn_window -= len(payload)
-            self.tr.write(out + frame(DATA, END_STREAM, sid, payload))
+        n = len(payload)
+        if n <= self.max_frame and n <= st.window and n <= self.conn_window:
+            st.window -= n
+            self.conn_window -= n
+            # One vectored write; the (possibly large) payload is not copied here.
+            self.tr.writelines((out, _FRAME.pack((n << 8) | DATA, END_STREAM, sid), payload))
         else:
             self.tr.write(out)
-            st.pending = payload
+            st.pending = memoryview(payload)
             self._send_pending(st)
         return st
 
@@ -244,7 +246,7 @@ class H2Connection(asyncio.Protocol):
                 if st not in self.blocked:
                     self.blocked.append(st)
                 break
-            part, st.pending = st.pending[:n], st.pending[n:]
+            part, st.pending = bytes(st.pending[:n]), st.pending[n:]
             st.window -= n
             self.conn_window -= n
             chunks.append(frame(DATA, 0 if st.pending else END_STREAM, st.sid, part))

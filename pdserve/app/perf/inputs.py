@@ -71,6 +71,8 @@ class ModelSpec:
     outputs: list[str]
     platform: str = ""
     versions: list[str] = field(default_factory=list)
+    #: An ensemble's step models (from ``ensemble_scheduling``), in step order.
+    composing: list[str] = field(default_factory=list)
 
     @property
     def batching(self) -> bool:
@@ -105,6 +107,8 @@ class ModelSpec:
             dims = shape[1:] if mbs != 0 and shape else shape
             inputs.append(TensorSpec(str(t.get("name")), dt, dims))
         outputs = [str(t.get("name")) for t in metadata.get("outputs") or []]
+        steps = ((config or {}).get("ensemble_scheduling") or {}).get("step") or []
+        composing = list(dict.fromkeys(str(s.get("model_name")) for s in steps))
         return cls(
             name=str(metadata.get("name", "")),
             version=version,
@@ -113,6 +117,7 @@ class ModelSpec:
             outputs=outputs,
             platform=str(metadata.get("platform", "")),
             versions=[str(v) for v in metadata.get("versions") or []],
+            composing=composing,
         )
 
 

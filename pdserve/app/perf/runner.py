@@ -224,9 +224,10 @@ class WorkerPool:
 
 
 def window_from_parts(
-    parts: Sequence[dict[str, Any]], t0: int, t1: int, server: ServerCounters | None
+    parts: Sequence[dict[str, Any]], t0: int, t1: int, server: Reading | None
 ) -> Window:
-    """Merge the workers' records of one window."""
+    """Merge the workers' records of one window (``server``: the statistics delta
+    over it, the model's and its composing models')."""
     lat = np.sort(
         np.concatenate([np.frombuffer(p["lat"], dtype=np.int64) for p in parts])
         if parts
@@ -249,7 +250,8 @@ def window_from_parts(
         error_examples=examples,
         sent=sum(p["sent"] for p in parts),
         delayed=sum(p["delayed"] for p in parts),
-        server=server,
+        server=server[0] if server is not None else None,
+        composing=server[1] if server is not None else {},
         client_cpu_s=sum(p["cpu_s"] for p in parts),
         client_cpu_max_s=max((p["cpu_s"] for p in parts), default=0.0),
     )
@@ -270,11 +272,33 @@ def describe_failure(window: Window, label: str, outstanding: int) -> str:
     )
 
 
-def _counters(control: Control, opts: PerfOptions) -> ServerCounters | None:
-    stats = control.stats()
-    if stats is None:
+#: One statistics reading: the model's counters and its composing models' (by name).
+Reading = tuple[ServerCounters, dict[str, ServerCounters]]
+
+
+class StatsReader:
+    """Reads the statistics extension for the model (and, for an ensemble, its
+    composing models, as perf_analyzer does) at a window boundary."""
+
+    def __init__(self, control: Control, opts: PerfOptions, spec: ModelSpec) -> None:
+        self.control = control
+        self.opts = opts
+        self.composing = list(spec.composing)
+
+    def read(self) -> Reading | None:
+        """The counters now; None when the server gave no statistics."""
+        stats = self.control.stats(all_models=bool(self.composing))
+        if stats is None:
+            return None
+        main = ServerCounters.from_model_stats(stats, self.opts.model, self.opts.model_version)
+        return main, {n: ServerCounters.from_model_stats(stats, n) for n in self.composing}
+
+
+def _delta(after: Reading | None, before: Reading | None) -> Reading | None:
+    if after is None or before is None:
         return None
-    return ServerCounters.from_model_stats(stats, opts.model, opts.model_version)
+    comp = {n: c - before[1][n] for n, c in after[1].items() if n in before[1]}
+    return after[0] - before[0], comp
 
 
 def _sleep_until(t_ns: int) -> None:
@@ -287,7 +311,7 @@ def _sleep_until(t_ns: int) -> None:
 
 def measure_level(
     pool: WorkerPool,
-    control: Control | None,
+    stats: StatsReader | None,
     opts: PerfOptions,
     mode: str,
     level: float,
@@ -302,17 +326,16 @@ def measure_level(
         pool.set_rate(level, opts.max_connections, opts.distribution)
     label = f"concurrency {int(level)}" if mode == "concurrency" else f"rate {level:g} req/s"
     interval_ns = opts.measurement_interval_ms * 1_000_000
-    before = _counters(control, opts) if control is not None else None
+    before = stats.read() if stats is not None else None
     t0 = time.monotonic_ns()
     stable = False
     aborted = None
     for trial in range(1, opts.max_trials + 1):
         t1 = t0 + interval_ns
         _sleep_until(t1)
-        after = _counters(control, opts) if control is not None else None
+        after = stats.read() if stats is not None else None
         parts = pool.collect(t0, t1)
-        delta = after - before if after is not None and before is not None else None
-        w = window_from_parts(parts, t0, t1, delta)
+        w = window_from_parts(parts, t0, t1, _delta(after, before))
         windows.append(w)
         stable = is_stable(
             [x.requests_per_s() for x in windows],
@@ -392,6 +415,7 @@ def run_sweep(opts: PerfOptions, progress: Progress | None = None) -> list[Point
                 "model_version": opts.model_version,
                 "platform": spec.platform,
                 "max_batch_size": spec.max_batch_size,
+                "composing_models": spec.composing,
                 "inputs": [
                     {"name": t.name, "datatype": t.datatype, "dims": t.dims} for t in spec.inputs
                 ],
@@ -410,7 +434,13 @@ def run_sweep(opts: PerfOptions, progress: Progress | None = None) -> list[Point
             windows: list[Window] = []
             try:
                 point = measure_level(
-                    pool, control if server_stats else None, opts, mode, level, progress, windows
+                    pool,
+                    StatsReader(control, opts, spec) if server_stats else None,
+                    opts,
+                    mode,
+                    level,
+                    progress,
+                    windows,
                 )
             except KeyboardInterrupt:
                 if windows:

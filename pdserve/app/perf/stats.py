@@ -203,6 +203,8 @@ class Window:
     sent: int = 0
     delayed: int = 0
     server: ServerCounters | None = None
+    #: An ensemble's composing models' deltas, by name.
+    composing: dict[str, ServerCounters] = field(default_factory=dict)
     #: CPU seconds the load workers used, all together and the busiest one.
     client_cpu_s: float = 0.0
     client_cpu_max_s: float = 0.0
@@ -257,11 +259,14 @@ def merge_windows(windows: Sequence[Window]) -> Window:
         for k, text in w.error_examples.items():
             examples.setdefault(k, text)
     server: ServerCounters | None = None
+    composing: dict[str, ServerCounters] = {}
     if all(w.server is not None for w in windows):
         server = ServerCounters()
         for w in windows:
             assert w.server is not None
             server = server + w.server
+            for name, c in w.composing.items():
+                composing[name] = composing.get(name, ServerCounters()) + c
     # Windows are consecutive: the merged one spans their summed durations.
     total_ns = sum(w.end_ns - w.start_ns for w in windows)
     return Window(
@@ -275,6 +280,7 @@ def merge_windows(windows: Sequence[Window]) -> Window:
         sent=sum(w.sent for w in windows),
         delayed=sum(w.delayed for w in windows),
         server=server,
+        composing=composing,
         client_cpu_s=sum(w.client_cpu_s for w in windows),
         client_cpu_max_s=sum(w.client_cpu_max_s for w in windows),
     )
@@ -288,8 +294,8 @@ class PointResult:
     merged (or fewer, when the level stopped early); ``errors`` counts failed
     requests over every window of the level. Latencies are microseconds from the
     client's side; ``server`` is the statistics-extension breakdown over the same
-    windows (:meth:`ServerCounters.breakdown`), None when the server has no
-    statistics extension.
+    windows (:func:`server_breakdown`), None when the server has no statistics
+    extension.
     """
 
     mode: str
@@ -308,7 +314,7 @@ class PointResult:
     errors: dict[str, int]
     error_examples: dict[str, str]
     delayed_requests: int
-    server: dict[str, float] | None
+    server: dict[str, Any] | None
     #: Why measuring this level stopped before it was stable (no successful
     #: response, interrupted...), None otherwise.
     aborted: str | None
@@ -371,6 +377,24 @@ def latency_summary(sorted_ns: np.ndarray, extra_percentile: int | None = None) 
     return out
 
 
+def server_breakdown(window: Window) -> dict[str, Any] | None:
+    """The server side of a (merged) window: :meth:`ServerCounters.breakdown` of the
+    model; for an ensemble, queue and compute are the sums of its composing models'
+    per-request averages (perf_analyzer's ``GetTotalEnsembleDurations``) and
+    ``composing`` holds each one's breakdown. None without statistics."""
+    if window.server is None:
+        return None
+    out: dict[str, Any] = dict(window.server.breakdown())
+    if window.composing:
+        parts = {name: c.breakdown() for name, c in window.composing.items()}
+        for key in ("queue_us", "compute_input_us", "compute_infer_us", "compute_output_us"):
+            out[key] = sum(p[key] for p in parts.values())
+        compute = out["compute_input_us"] + out["compute_infer_us"] + out["compute_output_us"]
+        out["overhead_us"] = max(0.0, out["request_us"] - out["queue_us"] - compute)
+        out["composing"] = parts
+    return out
+
+
 def point_result(
     mode: str,
     level: float,
@@ -420,7 +444,7 @@ def point_result(
         errors=dict(sorted(everything.errors.items())),
         error_examples=everything.error_examples,
         delayed_requests=merged.delayed,
-        server=merged.server.breakdown() if merged.server is not None else None,
+        server=server_breakdown(merged),
         aborted=aborted,
         history=history,
         stabilizing_percentile=stabilizing_percentile,

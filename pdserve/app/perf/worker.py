@@ -602,10 +602,12 @@ class _H2Load:
     it closes or the server sends GOAWAY)."""
 
     def __init__(self, spec: WorkerSpec, loop: asyncio.AbstractEventLoop) -> None:
+        from pdserve.app.perf.h2grpc import grpc_message
+
         self.spec = spec
         self.loop = loop
         self.rec = _Recorder()
-        self.reqs = spec.requests
+        self.reqs = [grpc_message(r) for r in spec.requests]
         self.ri = 0
         self.mode = "idle"
         self.target = 0
