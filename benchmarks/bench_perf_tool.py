@@ -12,9 +12,12 @@ batching) pinned to core 0 (``taskset -c 0``); every client runs pinned to core 
    and the tool's own figure), p50/p99, and the client's CPU time per request
    (``getrusage`` of the client process tree, start-up included).
 2. **pdserve perf vs perf_analyzer**, HTTP (binary tensors, both tools' default)
-   and gRPC, concurrency 1, 4 and 16, the same windows and stability settings:
-   each tool's reported throughput and p50, and the ratios. Tools alternate per
-   point so drift hits both.
+   and gRPC (pdserve perf's raw HTTP/2 client and its grpcio one), concurrency 1,
+   4 and 16, the same windows and stability settings: each tool's reported
+   throughput and p50, and the ratios (medians of ``--repeats`` runs; the tools
+   alternate per point so drift hits both).
+3. ``--only triton``: both tools against real Triton 2.51 (nvidia-pytriton's
+   tritonserver, the python backend running the same ONNX model), HTTP and gRPC.
 
 Usage::
 
@@ -33,6 +36,7 @@ import os
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -168,9 +172,16 @@ def parse_pdserve_perf(path: Path) -> dict[str, float | None]:
     try:
         res = json.loads(path.read_text())["results"][-1]
     except (OSError, ValueError, IndexError, KeyError):
-        return {"rps": None, "p50_ms": None, "p99_ms": None, "stable": None}
+        return {
+            "client_cpu_us_per_request_steady": None,
+            "rps": None,
+            "p50_ms": None,
+            "p99_ms": None,
+            "stable": None,
+        }
     lat = res["latency_us"]
     return {
+        "client_cpu_us_per_request_steady": round(res["client_cpu_us_per_request"], 1),
         "rps": round(res["infer_per_sec"], 1),
         "p50_ms": round(lat["p50"] / 1000, 3) if "p50" in lat else None,
         "p99_ms": round(lat["p99"] / 1000, 3) if "p99" in lat else None,
@@ -196,6 +207,18 @@ def parse_pa_csv(path: Path) -> dict[str, float | None]:
     }
 
 
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per key, the median of the runs' numbers (None ignored); ``runs`` keeps all."""
+    out: dict[str, Any] = {"runs": runs}
+    for key in runs[0]:
+        values = [r[key] for r in runs if isinstance(r.get(key), int | float)]
+        if values and not isinstance(runs[0][key], bool):
+            out[key] = round(statistics.median(values), 3)
+        elif key not in ("stdout", "stderr"):
+            out[key] = runs[-1][key]
+    return out
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b rounded, None when either is missing."""
     return round(a / b, 2) if a and b else None
@@ -208,32 +231,39 @@ def section_wrk(args: argparse.Namespace, tmp: Path, http_port: int) -> list[dic
     interval = int(args.duration * 1000 / 3)
     rows = []
     for c in args.wrk_concurrency:
-        wrk = measured(
-            ["wrk", "-t1", f"-c{c}", f"-d{args.duration:g}s", "--latency", "-s",
-             str(tmp / "post.lua"), f"http://{url}/v2/models/tiny/infer"],
-            http_port,
-        )  # fmt: skip
-        wrk.update(parse_wrk(wrk.pop("stdout")))
-        out = tmp / f"wrk_pdserve_{c}.json"
-        mine = measured(
-            [PY, "-m", "pdserve", "perf", "-m", "tiny", "-u", url, "--concurrency-range", str(c),
-             "-p", str(interval), "-r", "3", "-s", "1000", "--workers", "1",
-             "--input-tensor-format", "json", "--output-tensor-format", "json", "-q",
-             "--json", str(out)],
-            http_port,
-        )  # fmt: skip
-        mine.pop("stdout")
-        mine.update(parse_pdserve_perf(out))
-        pa_csv = tmp / f"wrk_pa_{c}.csv"
-        theirs = measured(
-            [*pa, "-m", "tiny", "-u", url, "-i", "http", "--concurrency-range", str(c),
-             "-p", str(interval), "-r", "3", "-s", "1000", "--input-data", str(tmp / "data.json"),
-             "--input-tensor-format", "json", "--output-tensor-format", "json", "-f", str(pa_csv)],
-            http_port,
-            pa_env,
-        )  # fmt: skip
-        theirs.pop("stdout")
-        theirs.update(parse_pa_csv(pa_csv))
+        runs: dict[str, list[dict[str, Any]]] = {"wrk": [], "mine": [], "theirs": []}
+        for rep in range(args.repeats):
+            wrk = measured(
+                ["wrk", "-t1", f"-c{c}", f"-d{args.duration:g}s", "--latency", "-s",
+                 str(tmp / "post.lua"), f"http://{url}/v2/models/tiny/infer"],
+                http_port,
+            )  # fmt: skip
+            wrk.update(parse_wrk(wrk.pop("stdout")))
+            out = tmp / f"wrk_pdserve_{c}_{rep}.json"
+            mine = measured(
+                [PY, "-m", "pdserve", "perf", "-m", "tiny", "-u", url,
+                 "--concurrency-range", str(c), "-p", str(interval), "-r", "3", "-s", "1000",
+                 "--workers", "1", "--input-tensor-format", "json",
+                 "--output-tensor-format", "json", "-q", "--json", str(out)],
+                http_port,
+            )  # fmt: skip
+            mine.pop("stdout")
+            mine.update(parse_pdserve_perf(out))
+            pa_csv = tmp / f"wrk_pa_{c}_{rep}.csv"
+            theirs = measured(
+                [*pa, "-m", "tiny", "-u", url, "-i", "http", "--concurrency-range", str(c),
+                 "-p", str(interval), "-r", "3", "-s", "1000",
+                 "--input-data", str(tmp / "data.json"), "--input-tensor-format", "json",
+                 "--output-tensor-format", "json", "-f", str(pa_csv)],
+                http_port,
+                pa_env,
+            )  # fmt: skip
+            theirs.pop("stdout")
+            theirs.update(parse_pa_csv(pa_csv))
+            runs["wrk"].append(wrk)
+            runs["mine"].append(mine)
+            runs["theirs"].append(theirs)
+        wrk, mine, theirs = (median_of(runs[k]) for k in ("wrk", "mine", "theirs"))
         row = {
             "concurrency": c,
             "wrk": wrk,
@@ -242,13 +272,19 @@ def section_wrk(args: argparse.Namespace, tmp: Path, http_port: int) -> list[dic
             "rps_ratio_vs_wrk": ratio(mine["rps"], wrk["rps"]),
             "server_rps_ratio_vs_wrk": ratio(mine["server_rps"], wrk["server_rps"]),
         }
-        print(json.dumps({k: v for k, v in row.items()}, default=str)[:600], flush=True)
+        print(
+            f"wrk c={c}: wrk {wrk['rps']} req/s ({wrk['cpu_us_per_request']} us CPU/req) | "
+            f"pdserve perf {mine['rps']} ({mine['cpu_us_per_request']}, steady "
+            f"{mine['client_cpu_us_per_request_steady']}) | perf_analyzer {theirs['rps']} "
+            f"({theirs['cpu_us_per_request']})",
+            flush=True,
+        )
         rows.append(row)
     return rows
 
 
 def section_pa(
-    args: argparse.Namespace, tmp: Path, http_port: int, grpc_port: int
+    args: argparse.Namespace, tmp: Path, http_port: int, grpc_port: int, prefix: str = ""
 ) -> list[dict[str, Any]]:
     """The same points through perf_analyzer and pdserve perf (default formats)."""
     pa, pa_env = perf_analyzer()
@@ -257,73 +293,145 @@ def section_pa(
     for proto, port in (("http", http_port), ("grpc", grpc_port)):
         for c in args.pa_concurrency:
             url = f"127.0.0.1:{port}"
-            pa_csv = tmp / f"pa_{proto}_{c}.csv"
-            theirs = measured(
-                [*pa, "-m", "tiny", "-u", url, "-i", proto, "--concurrency-range", str(c),
-                 *common, "-f", str(pa_csv)],
-                http_port,
-                pa_env,
-            )  # fmt: skip
-            theirs.pop("stdout")
-            theirs.update(parse_pa_csv(pa_csv))
-            out = tmp / f"pd_{proto}_{c}.json"
-            mine = measured(
-                [PY, "-m", "pdserve", "perf", "-m", "tiny", "-u", url, "-i", proto,
-                 "--concurrency-range", str(c), *common, "-q", "--json", str(out)],
-                http_port,
-            )  # fmt: skip
-            mine.pop("stdout")
-            mine.update(parse_pdserve_perf(out))
-            row = {
-                "protocol": proto,
-                "concurrency": c,
-                "perf_analyzer": theirs,
-                "pdserve_perf": mine,
-                "throughput_ratio": ratio(mine["rps"], theirs["rps"]),
-                "p50_ratio": ratio(mine["p50_ms"], theirs["p50_ms"]),
-            }
-            print(
-                f"{proto} c={c}: perf_analyzer {theirs['rps']} infer/s p50 {theirs['p50_ms']} ms"
-                f" | pdserve perf {mine['rps']} infer/s p50 {mine['p50_ms']} ms"
-                f" | ratios {row['throughput_ratio']} / {row['p50_ratio']}",
-                flush=True,
-            )
+            clients = ["raw", "grpcio"] if proto == "grpc" else ["raw"]
+            runs: dict[str, list[dict[str, Any]]] = {"pa": [], **{k: [] for k in clients}}
+            for rep in range(args.repeats):
+                pa_csv = tmp / f"{prefix}pa_{proto}_{c}_{rep}.csv"
+                theirs = measured(
+                    [*pa, "-m", "tiny", "-u", url, "-i", proto, "--concurrency-range", str(c),
+                     *common, "-f", str(pa_csv)],
+                    http_port,
+                    pa_env,
+                )  # fmt: skip
+                theirs.pop("stdout")
+                theirs.update(parse_pa_csv(pa_csv))
+                runs["pa"].append(theirs)
+                for client in clients:
+                    out = tmp / f"{prefix}pd_{proto}_{c}_{client}_{rep}.json"
+                    mine = measured(
+                        [PY, "-m", "pdserve", "perf", "-m", "tiny", "-u", url, "-i", proto,
+                         "--grpc-client", client, "--concurrency-range", str(c), *common,
+                         "-q", "--json", str(out)],
+                        http_port,
+                    )  # fmt: skip
+                    mine.pop("stdout")
+                    mine.update(parse_pdserve_perf(out))
+                    runs[client].append(mine)
+            theirs = median_of(runs["pa"])
+            row: dict[str, Any] = {"protocol": proto, "concurrency": c, "perf_analyzer": theirs}
+            for client in clients:
+                mine = median_of(runs[client])
+                key = "pdserve_perf" if client == "raw" else "pdserve_perf_grpcio"
+                row[key] = mine
+                row[f"{key}_throughput_ratio"] = ratio(mine["rps"], theirs["rps"])
+                row[f"{key}_p50_ratio"] = ratio(mine["p50_ms"], theirs["p50_ms"])
+                print(
+                    f"{prefix}{proto} c={c} ({client}): perf_analyzer {theirs['rps']} infer/s p50 "
+                    f"{theirs['p50_ms']} ms | pdserve perf {mine['rps']} infer/s p50 "
+                    f"{mine['p50_ms']} ms | ratios {row[f'{key}_throughput_ratio']} / "
+                    f"{row[f'{key}_p50_ratio']}",
+                    flush=True,
+                )
             rows.append(row)
     return rows
 
 
+TRITON_VENV = ROOT / "benchmarks" / ".venvs" / "triton"
+TRITON_REQUIREMENTS = ["nvidia-pytriton==0.7.0", "onnxruntime==1.32.0", "numpy<2"]
+
+
+def start_triton(tmp: Path) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Real Triton 2.51 (nvidia-pytriton's tritonserver, python backend only) serving
+    ``tiny`` through ``peers/triton_model.py`` (no dynamic batching: one request per
+    execution, like pdserve's ``tiny``), pinned to core 0; its venv
+    (``benchmarks/.venvs/triton``, as bench_peers.py makes it) is created if missing."""
+    from common import tritonserver_command
+
+    py = TRITON_VENV / "bin" / "python"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(TRITON_VENV)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", *TRITON_REQUIREMENTS], check=True)
+    repo = tmp / "triton_repo"
+    (repo / "tiny" / "1").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks" / "peers" / "triton_model.py", repo / "tiny" / "1" / "model.py")
+    versions = sorted(int(p.name) for p in (REPO / "tiny").iterdir() if p.name.isdigit())
+    onnx = REPO / "tiny" / str(versions[-1]) / "model.onnx"
+    (repo / "tiny" / "config.pbtxt").write_text(
+        'name: "tiny"\nbackend: "python"\nmax_batch_size: 32\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]\n'
+        "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+        f'parameters {{ key: "model_path" value {{ string_value: "{onnx}" }} }}\n'
+    )
+    http_port, grpc_port = free_port(), free_port()
+    cmd, env = tritonserver_command(py, repo, http_port, tmp / "triton_backends", core="0")
+    cmd = [a if not a.startswith("--grpc-port=") else f"--grpc-port={grpc_port}" for a in cmd]
+    log = tmp / "triton.log"
+    proc = subprocess.Popen(
+        cmd,
+        stdout=open(log, "wb"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
+    )
+    wait_ready(proc, http_port, log, "tritonserver", 0.2, tail=3000)
+    return proc, http_port, grpc_port
+
+
+def section_triton(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
+    """Section 2's points against real Triton (HTTP and gRPC)."""
+    server, http_port, grpc_port = start_triton(tmp)
+    try:
+        return section_pa(args, tmp, http_port, grpc_port, prefix="triton_")
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
 def markdown(results: dict[str, Any]) -> str:
-    """The tables for RESULTS.md."""
+    """The tables for RESULTS.md (medians of the repeats)."""
     lines = [
-        f"load average {results['load_before']} before, {results['load_after']} after",
+        f"load average {results['load_before']} before, {results['load_after']} after; "
+        f"medians of {results['repeats']} runs",
         "",
         "| c | client | req/s (tool) | req/s (server count / wall) | p50 ms | p99 ms "
-        "| client CPU us/request |",
-        "|---|---|---|---|---|---|---|",
+        "| client CPU us/request (whole run) | (steady) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in results["wrk"]:
         for name in ("wrk", "pdserve_perf", "perf_analyzer"):
             r = row[name]
             lines.append(
                 f"| {row['concurrency']} | {name.replace('_', ' ')} | {r['rps']} | "
-                f"{r['server_rps']} | {r['p50_ms']} | {r['p99_ms']} | {r['cpu_us_per_request']} |"
+                f"{r['server_rps']} | {r['p50_ms']} | {r['p99_ms']} | {r['cpu_us_per_request']} "
+                f"| {r.get('client_cpu_us_per_request_steady', '')} |"
             )
         lines.append(
             f"| {row['concurrency']} | **pdserve perf / wrk** | **{row['rps_ratio_vs_wrk']}** | "
-            f"{row['server_rps_ratio_vs_wrk']} | | | |"
+            f"{row['server_rps_ratio_vs_wrk']} | | | | |"
         )
-    lines += [
-        "",
-        "| protocol | c | perf_analyzer infer/s | pdserve perf infer/s | ratio | "
-        "perf_analyzer p50 ms | pdserve perf p50 ms | ratio |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for row in results["perf_analyzer"]:
-        a, b = row["perf_analyzer"], row["pdserve_perf"]
-        lines.append(
-            f"| {row['protocol']} | {row['concurrency']} | {a['rps']} | {b['rps']} | "
-            f"{row['throughput_ratio']} | {a['p50_ms']} | {b['p50_ms']} | {row['p50_ratio']} |"
-        )
+    for title, key in (("pdserve", "perf_analyzer"), ("real Triton 2.51", "triton")):
+        if not results.get(key):
+            continue
+        lines += [
+            "",
+            f"Against {title}:",
+            "",
+            "| protocol | c | client | perf_analyzer infer/s | pdserve perf infer/s | ratio | "
+            "perf_analyzer p50 ms | pdserve perf p50 ms | ratio | pdserve perf client CPU us/req |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in results[key]:
+            a = row["perf_analyzer"]
+            for k, client in (("pdserve_perf", "raw"), ("pdserve_perf_grpcio", "grpcio")):
+                if k not in row:
+                    continue
+                b = row[k]
+                lines.append(
+                    f"| {row['protocol']} | {row['concurrency']} | {client} | {a['rps']} | "
+                    f"{b['rps']} | {row[f'{k}_throughput_ratio']} | {a['p50_ms']} | "
+                    f"{b['p50_ms']} | {row[f'{k}_p50_ratio']} | "
+                    f"{b['client_cpu_us_per_request_steady']} |"
+                )
     return "\n".join(lines)
 
 
@@ -340,7 +448,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval-ms", type=int, default=2000, help="measurement window, both tools")
     p.add_argument("--max-trials", type=int, default=6)
     p.add_argument("--stability", type=float, default=15.0, help="stability percentage, both tools")
-    p.add_argument("--only", default="wrk,perf_analyzer")
+    p.add_argument("--repeats", type=int, default=3, help="runs per point (medians reported)")
+    p.add_argument(
+        "--only",
+        default="wrk,perf_analyzer",
+        help="sections: wrk, perf_analyzer, triton (real Triton; creates benchmarks/.venvs/triton)",
+    )
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     if shutil.which("wrk") is None and "wrk" in args.only:
@@ -349,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "load_before": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(),
+        "repeats": args.repeats,
         "wrk": [],
         "perf_analyzer": [],
     }
@@ -363,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.terminate()
             server.wait(30)
+        if "triton" in args.only:
+            results["triton"] = section_triton(args, tmp)
     results["load_after"] = [round(x, 2) for x in os.getloadavg()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -14,6 +14,7 @@ import csv
 import json
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -264,3 +265,30 @@ def test_server_killed_mid_run(tmp_path: Path) -> None:
     (res,) = json.loads((tmp_path / "k.json").read_text())["results"]
     assert res["aborted"] and res["request_count"] > 0  # what was measured is kept
     assert set(res["errors"]) & {"connection refused", "connection lost"}, res["errors"]
+
+
+def test_ctrl_c_keeps_the_results(server: ServerProcess, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "pdserve", "perf", "-m", "tiny", "-u", server.http_url,
+            "--concurrency-range", "1:3", "-p", "300", "-r", "20", "-s", "0.001",
+            "-f", str(tmp_path / "i.csv"), "--json", str(tmp_path / "i.json"),
+        ],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 30
+    seen = ""
+    while "window 2" not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+        if ready:
+            seen += proc.stderr.readline()
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    stdout, stderr = proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert proc.returncode == 1
+    assert "interrupted" in stderr
+    (res,) = json.loads((tmp_path / "i.json").read_text())["results"]
+    assert res["aborted"] == "interrupted" and res["request_count"] > 0
+    assert len(read_csv(tmp_path / "i.csv")) == 1 and "concurrency" in stdout

@@ -40,7 +40,7 @@ examples:
   pdserve perf -m tiny --concurrency-range 1:16:4
   pdserve perf -m tiny -i grpc -u localhost:8001 -b 8 --concurrency-range 4
   pdserve perf -m tiny --request-rate-range 100:1000:300 --request-distribution poisson
-  pdserve perf -m text_embedding --input-data data.json --shape TEXT:1 \\
+  pdserve perf -m text_embedding --input-data sentences.json \\
       -f out.csv --json out.json --plot out.png
 
 A level is measured in windows of --measurement-interval ms until the last 3 agree

@@ -273,8 +273,11 @@ def write_plot(path: str | Path, results: Sequence[PointResult], title: str = ""
             file cannot be written.
     """
     try:
+        import logging
+
         import matplotlib
 
+        logging.getLogger("matplotlib").setLevel(logging.WARNING)
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
