@@ -11,12 +11,14 @@ and the results measured so far.
 from __future__ import annotations
 
 import csv
+import http.server
 import json
 import select
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -292,3 +294,58 @@ def test_ctrl_c_keeps_the_results(server: ServerProcess, tmp_path: Path) -> None
     (res,) = json.loads((tmp_path / "i.json").read_text())["results"]
     assert res["aborted"] == "interrupted" and res["request_count"] > 0
     assert len(read_csv(tmp_path / "i.csv")) == 1 and "concurrency" in stdout
+
+
+class _MinimalV2(http.server.BaseHTTPRequestHandler):
+    """A bare V2 server as small Python peers are: model metadata and infer only (no
+    configuration, no statistics extension), HTTP/1.0 (a connection per request)."""
+
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _send(self, status: int, doc: object) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path == "/v2/models/m":
+            shape = [-1, 4]
+            meta = {"name": "m", "inputs": [{"name": "X", "datatype": "FP32", "shape": shape}]}
+            self._send(200, meta)
+        else:
+            self._send(404, {"error": "not found"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        x = req["inputs"][0]
+        out = {"name": "Y", "datatype": "FP32", "shape": x["shape"], "data": x["data"]}
+        self._send(200, {"model_name": "m", "outputs": [out]})
+
+
+def test_minimal_v2_server_without_keepalive_or_statistics(tmp_path: Path) -> None:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _MinimalV2)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        out = perf(
+            "-m", "m", "-u", f"127.0.0.1:{httpd.server_port}", "-b", "2",
+            "--input-tensor-format", "json", "--output-tensor-format", "json",
+            "--concurrency-range", "2", *FAST, "--json", str(tmp_path / "m.json"),
+        )  # fmt: skip
+    finally:
+        httpd.shutdown()
+    assert out.returncode == 0, out.stderr
+    assert "no server-side breakdown" in out.stderr
+    doc = json.loads((tmp_path / "m.json").read_text())
+    # No /config: a leading -1 is taken as the batch dimension.
+    assert doc["info"]["max_batch_size"] == -1 and doc["info"]["server_stats"] is False
+    (res,) = doc["results"]
+    assert res["server"] is None and res["errors"] == {}
+    # A new connection per request still gives a steady closed loop.
+    assert res["requests_per_sec"] > 50

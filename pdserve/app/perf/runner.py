@@ -403,7 +403,8 @@ def run_sweep(opts: PerfOptions, progress: Progress | None = None) -> list[Point
     results: list[PointResult] = []
     try:
         host, port = split_host_port(opts.resolved_url(), 8001 if opts.protocol == "grpc" else 80)
-        wire = [r.wire(f"{host}:{port}") if isinstance(r, HttpRequest) else r for r in requests]
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        wire = [r.wire(authority) if isinstance(r, HttpRequest) else r for r in requests]
         server_stats = opts.server_stats and control.stats() is not None
         if opts.server_stats and not server_stats:
             progress.note("the server gives no statistics (extension): no server-side breakdown")

@@ -164,6 +164,7 @@ class _HttpConn(asyncio.Protocol):
         "busy",
         "err_body",
         "status",
+        "failed",
     )
 
     def __init__(self, load: _HttpLoad) -> None:
@@ -178,6 +179,7 @@ class _HttpConn(asyncio.Protocol):
         self.busy = False
         self.err_body: list[bytes] | None = None
         self.status = 0
+        self.failed = False  # ended by an error, not after a complete answer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.tr = transport  # type: ignore[assignment]  # uvloop's TCPTransport is not a subclass
@@ -202,6 +204,7 @@ class _HttpConn(asyncio.Protocol):
             if self.busy:
                 self.busy = False
                 self.load.rec.error("bad response", str(e))
+            self.failed = True
             self.close()
 
     def on_headers_complete(self) -> None:
@@ -241,6 +244,7 @@ class _HttpConn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.busy:
             self.busy = False
+            self.failed = True
             self.load.rec.error("connection lost", str(exc or "the server closed the connection"))
         self.load.lost(self)
 
@@ -298,9 +302,13 @@ class _HttpLoad:
         self.conns.discard(conn)
         with contextlib.suppress(ValueError):
             self.idle.remove(conn)
-        if not self.closing and self._wants_connection():
+        if self.closing or not self._wants_connection():
+            return
+        if conn.failed:
             # A short pause, so a server that drops every connection is not hammered.
             self.loop.call_later(0.005, self._maybe_open)
+        else:  # closed after a complete answer (no keep-alive): replace it at once
+            self._maybe_open()
 
     def _wants_connection(self) -> bool:
         have = len(self.conns) + self.connecting
@@ -356,6 +364,7 @@ class _HttpLoad:
         for conn in list(self.conns):
             if conn.busy and now - conn.t0 > self.timeout_ns:
                 conn.busy = False
+                conn.failed = True
                 self.rec.error("timeout", f"no answer within {self.spec.request_timeout_s:g} s")
                 conn.close()
         if not self.closing:
@@ -693,7 +702,8 @@ class _H2Load:
         from pdserve.app.perf.h2grpc import H2Connection
 
         backoff = 0.005
-        authority = f"{self.spec.host}:{self.spec.port}"
+        host, port = self.spec.host, self.spec.port
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
             while not self.closing and self._wanted() > 0:
                 try:
