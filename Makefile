@@ -9,14 +9,14 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: serve test examples lint format bench clean
+.PHONY: serve test examples lint format bench bench-perf-tool clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[examples,test]'
+	$(PY) -m pip install -q -e '.[examples,test,perf,check]'
 	touch $(STAMP)
 
 examples: $(STAMP)
@@ -40,6 +40,19 @@ test: examples lint
 
 bench: examples
 	$(PY) benchmarks/run_all.py
+
+# `pdserve perf` against wrk (client cost on one core) and perf_analyzer (same points).
+# wrk is Debian's package; perf_analyzer is the binary in the tritonclient 2.50.0 wheel,
+# with libb64/libcudart from the nvidia-pytriton wheel, in benchmarks/.venvs/perf_analyzer.
+PA_VENV := benchmarks/.venvs/perf_analyzer
+$(PA_VENV)/bin/perf_analyzer:
+	$(PYTHON) -m venv $(PA_VENV)
+	$(PA_VENV)/bin/pip install -q tritonclient==2.50.0
+	$(PA_VENV)/bin/pip install -q --no-deps nvidia-pytriton==0.7.0
+
+bench-perf-tool: examples $(PA_VENV)/bin/perf_analyzer
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(PY) benchmarks/bench_perf_tool.py
 
 clean:
 	rm -rf $(VENV) $(REPO) examples/goldens

@@ -11,6 +11,9 @@ Subcommands, listed here and nowhere else (:func:`build_parser`):
     (:mod:`pdserve.app.rollback`).
 ``check``
     lint a model repository for CI, serving nothing (:mod:`pdserve.app.check`).
+``perf``
+    load-test a model on any KServe V2 server, perf_analyzer's role
+    (:mod:`pdserve.app.perf`).
 
 A flag with a bad value, or flags that do not go together, end the process with
 an argparse error (exit code 2) naming the flag, before anything starts.
@@ -25,6 +28,7 @@ from collections.abc import Callable
 
 from pdserve import __version__
 from pdserve.app import check, rollback
+from pdserve.app.perf import cli as perf_cli
 from pdserve.app.settings import Settings, SettingsError, add_arguments
 
 Command = Callable[[argparse.Namespace], int]
@@ -64,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     rollback.add_parser(sub)
     check.add_parser(sub)
+    perf_cli.add_parser(sub)
     return parser
 
 

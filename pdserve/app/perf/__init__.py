@@ -1,0 +1,48 @@
+"""``pdserve perf``: a load generator for any KServe V2 server (pdserve, Triton,
+KServe, MLServer), in perf_analyzer's role and with its flags.
+
+Python API (used by the CLI, and by ``pdserve analyze`` to measure each
+configuration)::
+
+    from pdserve.app.perf import PerfOptions, run_sweep, write_csv, write_json
+
+    results = run_sweep(PerfOptions(model="tiny", url="127.0.0.1:8000",
+                                    concurrency=[1, 4, 16]))
+    for r in results:
+        print(r.level, r.infer_per_sec, r.latency_us["p99"], r.server)
+
+Modules: :mod:`.options` (what to measure, range syntax), :mod:`.inputs` (input
+data and request bytes), :mod:`.control` (metadata, statistics), :mod:`.worker`
+(load processes), :mod:`.runner` (windows, stability, the sweep), :mod:`.stats`
+(percentiles, stability, results), :mod:`.report` (display, CSV, JSON, plot),
+:mod:`.cli` (the subcommand).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pdserve.app.perf.options import PerfError, PerfOptions
+    from pdserve.app.perf.runner import NullProgress, Progress, run_sweep
+    from pdserve.app.perf.stats import PointResult
+
+__all__ = ["NullProgress", "PerfError", "PerfOptions", "PointResult", "Progress", "run_sweep"]
+
+#: Exported name -> its module, imported on first use (a load worker process
+#: imports this package and should not pay for numpy and the coordinator).
+_EXPORTS = {
+    "PerfError": "options",
+    "PerfOptions": "options",
+    "NullProgress": "runner",
+    "Progress": "runner",
+    "run_sweep": "runner",
+    "PointResult": "stats",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"pdserve.app.perf.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
