@@ -342,6 +342,38 @@ def test_stream_infer(client: grpcclient.InferenceServerClient) -> None:
     assert len(errors) == 1 and "no_such_model" in str(errors[0])
 
 
+def test_malformed_protobuf_is_invalid_argument(example_server: ServerProcess) -> None:
+    """Bytes that are not the RPC's request message: INVALID_ARGUMENT naming the
+    method (was UNKNOWN "Unexpected <class 'google.protobuf.message.DecodeError'>"),
+    and the server carries on."""
+    channel = grpc.insecure_channel(example_server.grpc_url)
+    try:
+        for method in ["ModelInfer", "ServerLive", "ModelMetadata", "RepositoryIndex"]:
+            call = channel.unary_unary(
+                f"/inference.GRPCInferenceService/{method}",
+                request_serializer=lambda b: b,
+                response_deserializer=lambda b: b,
+            )
+            bad = [b"\xff\xff\xff", b"\x0a\x10ab"]  # a bad tag, a truncated field
+            if method in ("ModelInfer", "ModelMetadata"):
+                bad.append(b"\x0a\x02\xff\xfe")  # a name that is not UTF-8
+            for payload in bad:
+                with pytest.raises(grpc.RpcError) as excinfo:
+                    call(payload, timeout=10)
+                err = excinfo.value
+                assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, err.details())
+                assert err.details().startswith(f"malformed {method} request: "), err.details()
+                assert "<class" not in err.details(), err.details()
+        live = channel.unary_unary(
+            "/inference.GRPCInferenceService/ServerLive",
+            request_serializer=service_pb2.ServerLiveRequest.SerializeToString,
+            response_deserializer=service_pb2.ServerLiveResponse.FromString,
+        )
+        assert live(service_pb2.ServerLiveRequest(), timeout=10).live
+    finally:
+        channel.close()
+
+
 # -- statistics and repository -------------------------------------------------------
 
 
