@@ -240,7 +240,10 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         Requests run concurrently, as they arrive; responses are sent as they
         complete (match them by request ``id``, as with Triton). Errors do not end
-        the stream: they come back as ``ModelStreamInferResponse.error_message``.
+        the stream: they come back as ``ModelStreamInferResponse.error_message``,
+        a message that is not a ``ModelInferRequest`` included (no ``id`` then: it
+        could not be read). Every request read gets its response; the stream ends
+        (OK) once the client has closed its side and all of them are answered.
         """
         done: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
@@ -262,13 +265,20 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def read() -> None:
             try:
                 async for request in request_iterator:
+                    if isinstance(request, MalformedMessage):
+                        # as Triton: an error response on the stream, which goes on
+                        await done.put(
+                            service_pb2.ModelStreamInferResponse(error_message=request.message)
+                        )
+                        continue
                     task = asyncio.ensure_future(one(request, time.monotonic_ns()))
                     running.add(task)
                     task.add_done_callback(running.discard)
-                if running:
-                    await asyncio.gather(*list(running), return_exceptions=True)
-            finally:
-                await done.put(None)
+            except Exception as e:  # noqa: BLE001 - the requests already read still answer
+                log.warning("gRPC ModelStreamInfer: reading the stream failed: %s", e)
+            if running:
+                await asyncio.gather(*list(running), return_exceptions=True)
+            await done.put(None)
 
         reader = asyncio.ensure_future(read())
         try:
