@@ -62,16 +62,29 @@ def version_path(model_dir: ModelDir | Path, version: int) -> Path:
     return base / str(version)
 
 
+#: The largest version number: versions are int64 in the protocols (Triton parses
+#: version folder names with ``std::stoll`` and skips those out of range).
+MAX_VERSION = 2**63 - 1
+
+
 def _is_version_name(name: str) -> bool:
-    """A canonical non-negative decimal: ``"1"``, ``"10"``; not ``"01"``, ``"v1"``, ``"-1"``."""
-    return name.isascii() and name.isdigit() and str(int(name)) == name
+    """A canonical non-negative decimal that fits int64: ``"1"``, ``"10"``; not
+    ``"01"``, ``"v1"``, ``"-1"``, ``"99999999999999999999999"`` (no request could
+    name it)."""
+    return (
+        name.isascii()
+        and name.isdigit()
+        and len(name) <= len(str(MAX_VERSION))
+        and str(int(name)) == name
+        and int(name) <= MAX_VERSION
+    )
 
 
 def list_versions(model_path: Path) -> list[int]:
     """The numeric version subfolders of a model folder, ascending.
 
-    Files, hidden entries and non-numeric folders are ignored (Triton skips a
-    version folder whose name is not an integer).
+    Files, hidden entries, non-numeric folders and numbers over int64 are
+    ignored (Triton skips a version folder whose name is not an int64).
     """
     versions = []
     try:

@@ -8,7 +8,11 @@ a Python model's first call), so clients see no latency step at the swap.
 Samples come from the configuration's ``model_warmup`` (Triton's ``ModelWarmup``:
 ``name``, ``batch_size``, ``count``, and per input ``data_type``, ``dims`` and one of
 ``zero_data`` / ``random_data`` / ``input_data_file``, the file being read from
-``<model>/warmup/``). As in Triton, each sample runs ``count`` times (at least
+``<model>/warmup/``). As in Triton, ``input_data_file`` is a path relative to the
+model's ``warmup`` folder: an absolute path, one that leaves the folder (``..``, a
+symlink pointing out) or a file that is not a regular file (FIFO, device) fails the
+load; only the bytes the input needs are read (a shorter file is an error, a longer
+one is cut), in a worker thread so a slow disk never stalls the event loop. As in Triton, each sample runs ``count`` times (at least
 once) on *each* model instance, directly, so warm-up never shows in statistics or
 metrics. A failing configured sample fails the load.
 
@@ -24,8 +28,12 @@ smallest sample.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import stat
 import time
+from pathlib import Path
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2
@@ -37,7 +45,11 @@ from pdserve.repository.model import ModelVersion
 
 log = logging.getLogger("pdserve.warmup")
 
-__all__ = ["WarmupError", "build_samples", "warmup"]
+__all__ = ["WarmupError", "build_samples", "read_input_data_file", "warmup", "warmup_file_path"]
+
+#: Most bytes read for a BYTES input's ``input_data_file`` (its size is not known
+#: from the shape); fixed-size inputs read exactly what their shape needs.
+MAX_BYTES_WARMUP_FILE = 64 * 1024 * 1024
 
 
 class WarmupError(Exception):
@@ -51,6 +63,60 @@ def _config_datatype(enum_value: int) -> str:
         return CONFIG_TO_V2[name]
     except KeyError:
         raise WarmupError(f"unsupported warm-up data_type {name}") from None
+
+
+def warmup_file_path(model_dir: Path, name: str, where: str) -> Path:
+    """The file ``input_data_file`` = ``name`` names: ``<model_dir>/warmup/<name>``.
+
+    Triton reads warm-up data files from the model's ``warmup`` folder; the name
+    must stay inside it once resolved (symlinks followed).
+
+    Raises:
+        WarmupError: ``name`` is empty, absolute, or leaves ``<model>/warmup/``; the
+            message names the field, never the server's absolute paths.
+    """
+    if not name or os.path.isabs(name) or Path(name).is_absolute():
+        raise WarmupError(
+            f"{where}: input_data_file must be a path relative to the model's warmup/ folder"
+        )
+    folder = (model_dir / "warmup").resolve()
+    path = (folder / name).resolve()
+    if not path.is_relative_to(folder):
+        raise WarmupError(f"{where}: input_data_file '{name}' leaves the model's warmup/ folder")
+    return path
+
+
+def read_input_data_file(path: Path, limit: int, exact: bool, where: str, name: str) -> bytes:
+    """Read at most ``limit`` bytes of the regular file ``path`` (blocking: call it in a thread).
+
+    Opened non-blocking and checked with ``fstat`` before any read, so a FIFO or
+    device never blocks and a huge file is never read whole.
+
+    Args:
+        exact: the input needs exactly ``limit`` bytes (fixed-size datatype): a
+            shorter file is an error, a longer one is cut. Otherwise ``limit`` is
+            a cap (BYTES): a larger file is an error.
+
+    Raises:
+        WarmupError: the file is missing, not a regular file, or of the wrong size.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise WarmupError(f"{where}: cannot read input_data_file '{name}': {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise WarmupError(f"{where}: input_data_file '{name}' is not a regular file")
+        if exact and st.st_size < limit:
+            raise WarmupError(
+                f"{where}: input_data_file '{name}' holds {st.st_size} bytes, shape needs {limit}"
+            )
+        if not exact and st.st_size > limit:
+            raise WarmupError(
+                f"{where}: input_data_file '{name}' holds {st.st_size} bytes, more than {limit}"
+            )
+        return f.read(limit)
 
 
 def _make_array(
@@ -87,12 +153,14 @@ def _make_array(
     return np.zeros(shape, dtype=dtype)
 
 
-def build_samples(mv: ModelVersion) -> list[tuple[str, InferRequest, int]]:
+async def build_samples(mv: ModelVersion) -> list[tuple[str, InferRequest, int]]:
     """The configured ``model_warmup`` samples as ``(name, request, count)``.
 
+    Data files are read in a worker thread (:func:`read_input_data_file`).
+
     Raises:
-        WarmupError: a sample names an unknown input, a missing data file, or data
-            that does not fit its shape.
+        WarmupError: a sample names an unknown input, a missing, misplaced or
+            non-regular data file, or data that does not fit its shape.
     """
     samples = []
     batching = mv.max_batch_size > 0
@@ -111,18 +179,24 @@ def build_samples(mv: ModelVersion) -> list[tuple[str, InferRequest, int]]:
             choice = spec.WhichOneof("input_data_type")
             data = None
             kind = "zero"
+            datatype = (
+                _config_datatype(spec.data_type) if spec.data_type else mv.inputs[in_name].datatype
+            )
             if choice == "random_data":
                 kind = "random"
             elif choice == "input_data_file":
                 kind = "file"
-                path = mv.spec.model_dir / "warmup" / spec.input_data_file
-                try:
-                    data = path.read_bytes()
-                except OSError as e:
-                    raise WarmupError(f"{where}: cannot read {path}: {e}") from None
-            datatype = (
-                _config_datatype(spec.data_type) if spec.data_type else mv.inputs[in_name].datatype
-            )
+                name = spec.input_data_file
+                path = warmup_file_path(mv.spec.model_dir, name, where)
+                np_dtype = V2_TO_NUMPY.get(datatype)
+                if datatype == "BYTES" or np_dtype is None:
+                    limit, exact = MAX_BYTES_WARMUP_FILE, False
+                else:
+                    count = int(np.prod(shape)) if shape else 1
+                    limit, exact = count * np_dtype.itemsize, True
+                data = await asyncio.to_thread(
+                    read_input_data_file, path, limit, exact, where, name
+                )
             inputs[in_name] = _make_array(datatype, shape, kind, data, where)
         samples.append(
             (label, InferRequest(mv.name, mv.version_str, inputs, id="warmup"), max(w.count, 1))
@@ -153,7 +227,7 @@ async def warmup(mv: ModelVersion) -> None:
     if not mv.instances:
         return
     start = time.monotonic()
-    samples = build_samples(mv)
+    samples = await build_samples(mv)
     if not samples:
         return
     for label, request, count in samples:

@@ -342,6 +342,77 @@ def test_stream_infer(client: grpcclient.InferenceServerClient) -> None:
     assert len(errors) == 1 and "no_such_model" in str(errors[0])
 
 
+def test_stream_answers_a_malformed_message_and_goes_on(example_server: ServerProcess) -> None:
+    """A message in ModelStreamInfer that is not a ModelInferRequest gets an
+    ``error_message`` response naming the problem, as in Triton; the requests
+    around it are all answered and the stream ends OK when the client closes it
+    (before: the reader's DecodeError was swallowed, in-flight requests were
+    cancelled and the stream ended OK)."""
+    channel = grpc.insecure_channel(example_server.grpc_url)
+
+    def good(i: int) -> bytes:
+        r = service_pb2.ModelInferRequest(model_name="tiny", id=f"s{i}")
+        r.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 64])
+        r.raw_input_contents.append(np.ones((1, 64), np.float32).tobytes())
+        return r.SerializeToString()
+
+    def messages() -> Iterator[bytes]:
+        yield good(0)
+        yield good(1)
+        yield b"\xff\xff\xff"
+        yield good(2)
+
+    stream = channel.stream_stream(
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        request_serializer=lambda b: b,
+        response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+    )
+    try:
+        call = stream(messages(), timeout=30)
+        got = list(call)
+        assert call.code() == grpc.StatusCode.OK
+    finally:
+        channel.close()
+    ids = sorted(r.infer_response.id for r in got if not r.error_message)
+    assert ids == ["s0", "s1", "s2"], got
+    errors = [r.error_message for r in got if r.error_message]
+    assert len(errors) == 1, got
+    assert errors[0].startswith("malformed ModelStreamInfer request: "), errors
+    assert "<class" not in errors[0]
+
+
+def test_malformed_protobuf_is_invalid_argument(example_server: ServerProcess) -> None:
+    """Bytes that are not the RPC's request message: INVALID_ARGUMENT naming the
+    method (was UNKNOWN "Unexpected <class 'google.protobuf.message.DecodeError'>"),
+    and the server carries on."""
+    channel = grpc.insecure_channel(example_server.grpc_url)
+    try:
+        for method in ["ModelInfer", "ServerLive", "ModelMetadata", "RepositoryIndex"]:
+            call = channel.unary_unary(
+                f"/inference.GRPCInferenceService/{method}",
+                request_serializer=lambda b: b,
+                response_deserializer=lambda b: b,
+            )
+            bad = [b"\xff\xff\xff", b"\x0a\x10ab"]  # a bad tag, a truncated field
+            if method in ("ModelInfer", "ModelMetadata"):
+                bad.append(b"\x0a\x02\xff\xfe")  # a name that is not UTF-8
+            for payload in bad:
+                with pytest.raises(grpc.RpcError) as excinfo:
+                    call(payload, timeout=10)
+                err = excinfo.value
+                assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, err.details())
+                assert err.details().startswith(f"malformed {method} request: "), err.details()
+                assert "<class" not in err.details(), err.details()
+        live = channel.unary_unary(
+            "/inference.GRPCInferenceService/ServerLive",
+            request_serializer=service_pb2.ServerLiveRequest.SerializeToString,
+            response_deserializer=service_pb2.ServerLiveResponse.FromString,
+        )
+        assert live(service_pb2.ServerLiveRequest(), timeout=10).live
+    finally:
+        channel.close()
+
+
 # -- statistics and repository -------------------------------------------------------
 
 

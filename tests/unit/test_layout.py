@@ -77,6 +77,14 @@ def test_select_versions(policy: str, expected: list[int]) -> None:
     assert layout.select_versions(cfg(policy), [10, 1, 2]) == expected
 
 
+def test_version_folders_over_int64_are_ignored(tmp_path: Path) -> None:
+    """As Triton (``std::stoll`` out of range is skipped): no request could name them."""
+    model = tmp_path / "m"
+    for name in ("1", str(2**63 - 1), str(2**63), "99999999999999999999999", "9" * 255):
+        (model / name).mkdir(parents=True)
+    assert layout.list_versions(model) == [1, 2**63 - 1]
+
+
 def test_select_versions_none_available() -> None:
     assert layout.select_versions(cfg(), []) == []
     assert layout.select_versions(cfg("version_policy { all { } }"), []) == []

@@ -203,19 +203,27 @@ class OnnxRuntimeBackend(Backend):
     def _model_path(self, spec: ModelSpec) -> str:
         return str(cfgmod.find_model_file(spec.config, spec.version_dir))
 
-    def auto_complete(self, spec: ModelSpec) -> None:
+    async def auto_complete(self, spec: ModelSpec) -> None:
         """Complete and check the config against the graph's inputs and outputs
         (:mod:`pdserve.backends.onnxruntime.autocomplete`).
+
+        The session (import of onnxruntime, graph load: seconds for a large model)
+        is built in a worker thread, so the event loop keeps answering health and
+        inference requests while a model loads.
 
         Raises:
             pdserve.config.ConfigError: dims/datatypes disagree, unknown tensors,
                 or batching asked of a graph whose first dim is fixed.
         """
-        ort = _ort()
-        sess = ort.InferenceSession(self._model_path(spec), providers=["CPUExecutionProvider"])
-        complete_from_session(
-            spec.config, sess, spec.model_dir / cfgmod.CONFIG_FILENAME, str(spec.version_dir)
-        )
+
+        def complete() -> None:
+            ort = _ort()
+            sess = ort.InferenceSession(self._model_path(spec), providers=["CPUExecutionProvider"])
+            complete_from_session(
+                spec.config, sess, spec.model_dir / cfgmod.CONFIG_FILENAME, str(spec.version_dir)
+            )
+
+        await asyncio.to_thread(complete)
 
     async def load(self, spec: ModelSpec) -> list[ModelInstance]:
         """Create one ORT session per instance in ``instance_group``.

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import grpc
-from tritonclient.grpc import service_pb2_grpc
 
 from pdserve.core.api import InferenceCore
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
-from pdserve.frontends.grpc.service import GrpcService
+from pdserve.frontends.grpc.service import SERVICE_NAME, GrpcService, method_handlers
 
 
 async def serve_grpc(
@@ -38,7 +37,11 @@ async def serve_grpc(
         ("grpc.so_reuseport", 0),
     ]
     srv = grpc.aio.server(options=options)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(GrpcService(server), srv)
+    # the generated handlers, with request deserializers that let the servicer answer
+    # bytes that are not the request message (INVALID_ARGUMENT, not UNKNOWN)
+    handlers = method_handlers(GrpcService(server))
+    srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    srv.add_registered_method_handlers(SERVICE_NAME, handlers)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = srv.add_insecure_port(address)

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pdserve.config import config_from_json
@@ -53,6 +54,77 @@ async def _call(func: Callable[..., Any], *args: Any) -> Any:
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+SERVICE_NAME = "inference.GRPCInferenceService"
+
+
+class MalformedMessage:
+    """What a request deserializer returns for bytes that are not the RPC's protobuf
+    message: the servicer answers it (unary: ``INVALID_ARGUMENT``; the stream: an
+    ``error_message`` response) instead of grpc's ``UNKNOWN`` "Unexpected <class ...>".
+
+    Attributes:
+        message: a client-facing description naming the expected message type.
+    """
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _safe_deserializer(deserializer: Callable[[bytes], Any], method: str) -> Callable[[bytes], Any]:
+    """``deserializer`` returning a :class:`MalformedMessage` where it raises ``DecodeError``."""
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError as e:
+            return MalformedMessage(f"malformed {method} request: {e}")
+
+    return deserialize
+
+
+def _refuse_malformed(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """A unary ``behavior`` answering a :class:`MalformedMessage` with ``INVALID_ARGUMENT``."""
+
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, MalformedMessage):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        return await behavior(request, context)
+
+    return handle
+
+
+class _Recorder:
+    """Stands in for a server to capture the generated ``add_..._to_server`` handlers."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, name: str, handlers: dict[str, Any]) -> None:
+        self.handlers = dict(handlers)
+
+
+def method_handlers(servicer: GrpcService) -> dict[str, grpc.RpcMethodHandler]:
+    """The service's method handlers (by method name), as tritonclient's generated
+    ``add_GRPCInferenceServiceServicer_to_server`` builds them, except that bytes
+    that do not parse as the request message reach the servicer as a
+    :class:`MalformedMessage`: a unary RPC answers ``INVALID_ARGUMENT`` naming the
+    problem, ``ModelStreamInfer`` an ``error_message`` response (as Triton answers a
+    request it cannot use) while the stream goes on.
+    """
+    recorder = _Recorder()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, recorder)
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method, h in recorder.handlers.items():
+        deserializer = _safe_deserializer(h.request_deserializer, method)
+        if h.unary_unary is not None:
+            h = h._replace(unary_unary=_refuse_malformed(h.unary_unary))
+        handlers[method] = h._replace(request_deserializer=deserializer)
+    return handlers
 
 
 class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -168,7 +240,10 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         Requests run concurrently, as they arrive; responses are sent as they
         complete (match them by request ``id``, as with Triton). Errors do not end
-        the stream: they come back as ``ModelStreamInferResponse.error_message``.
+        the stream: they come back as ``ModelStreamInferResponse.error_message``,
+        a message that is not a ``ModelInferRequest`` included (no ``id`` then: it
+        could not be read). Every request read gets its response; the stream ends
+        (OK) once the client has closed its side and all of them are answered.
         """
         done: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
@@ -190,13 +265,20 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def read() -> None:
             try:
                 async for request in request_iterator:
+                    if isinstance(request, MalformedMessage):
+                        # as Triton: an error response on the stream, which goes on
+                        await done.put(
+                            service_pb2.ModelStreamInferResponse(error_message=request.message)
+                        )
+                        continue
                     task = asyncio.ensure_future(one(request, time.monotonic_ns()))
                     running.add(task)
                     task.add_done_callback(running.discard)
-                if running:
-                    await asyncio.gather(*list(running), return_exceptions=True)
-            finally:
-                await done.put(None)
+            except Exception as e:  # noqa: BLE001 - the requests already read still answer
+                log.warning("gRPC ModelStreamInfer: reading the stream failed: %s", e)
+            if running:
+                await asyncio.gather(*list(running), return_exceptions=True)
+            await done.put(None)
 
         reader = asyncio.ensure_future(read())
         try:
