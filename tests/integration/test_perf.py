@@ -259,7 +259,8 @@ def test_server_killed_mid_run(tmp_path: Path) -> None:
         if ready:
             seen += proc.stderr.readline()
     assert "window 2" in seen, seen
-    victim.stop()
+    # SIGKILL: a SIGTERM would drain first (503 answers while in-flight work finishes)
+    victim.stop(signal.SIGKILL)
     t0 = time.monotonic()
     proc.communicate(timeout=30)
     assert time.monotonic() - t0 < 10
