@@ -338,9 +338,9 @@ class Analyzer:
         if not self.client.ready():
             raise AnalyzeError(f"no ready server at {self.client.url}")
         self.order, self.steps = self._served_models(self.opts.model)
-        for m in self.order:
-            if not self.client.is_ready(m):
-                self.client.load(m)
+        # A plain load changes nothing on a model loaded from its repository, and
+        # fails at once, with the server's reason, outside explicit mode.
+        self._load_plain()
         for m in self.steps:
             self.base[m] = cfgmod.config_from_json(self.client.config(m), m)
         self._read_shipped()
@@ -366,8 +366,8 @@ class Analyzer:
         def visit(name: str, chain: tuple[str, ...]) -> None:
             if name in chain or name in order:
                 return
-            if not self.client or not self.client.is_ready(name):
-                assert self.client is not None
+            assert self.client is not None
+            if not self.client.is_ready(name):
                 self.client.load(name)
             cfg = cfgmod.config_from_json(self.client.config(name), name)
             if is_ensemble(cfg):
