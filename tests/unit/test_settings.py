@@ -280,4 +280,4 @@ def test_subcommands_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         cli.main(["--help"])
     assert e.value.code == 0
-    assert "{serve,rollback}" in capsys.readouterr().out
+    assert "{serve,rollback,perf,analyze}" in capsys.readouterr().out
