@@ -6,7 +6,12 @@ budget are checked exactly."""
 from __future__ import annotations
 
 from pdserve.app.analyze.recommend import ConfigResult, Constraints, LevelResult
-from pdserve.app.analyze.runner import grid_search, quick_search, sweep_stop_reason
+from pdserve.app.analyze.runner import (
+    bisect_bounds,
+    grid_search,
+    quick_search,
+    sweep_stop_reason,
+)
 from pdserve.app.analyze.space import Knobs, Point, build_space, point_key
 
 SHIPPED = Knobs(instances=2, max_batch_size=32, preferred=(), delay_us=None)
@@ -54,7 +59,7 @@ def test_quick_search_climbs_to_the_optimum_with_few_measurements() -> None:
     bench = Bench()
     notes: list[str] = []
     why = quick_search(space, bench, unlimited, Constraints(p99_ms=12), 0.02, notes.append)
-    assert why == "no neighbour of the best configuration is better"
+    assert why == "no configuration within 2 steps of the best is better"
     assert bench.measured[0] == {"m": SHIPPED}
     keys = [point_key(p) for p in bench.measured]
     assert len(keys) == len(set(keys))  # nothing measured twice
@@ -125,3 +130,16 @@ def test_sweep_stops_at_the_slo_at_errors_and_on_a_plateau() -> None:
     assert sweep_stop_reason(flat, None) == ""
     assert sweep_stop_reason([*flat, lv(8, 208, 18)], None) == "throughput stopped growing"
     assert sweep_stop_reason([*flat, lv(8, 230, 18)], None) == ""
+
+
+def test_bisection_bounds_bracket_the_slo() -> None:
+    def lv(c: int, p99: float, errors: int = 0) -> LevelResult:
+        return LevelResult(c, 100.0 * c, p99 / 2, p99, errors)
+
+    assert bisect_bounds([lv(1, 5), lv(2, 8), lv(4, 30)], 10) == (2, 4)
+    # a bisected level within the SLO narrows the interval
+    assert bisect_bounds([lv(1, 5), lv(2, 8), lv(4, 30), lv(3, 9)], 10) == (3, 4)
+    assert bisect_bounds([lv(1, 5), lv(2, 8), lv(4, 30), lv(3, 12)], 10) == (2, 3)
+    assert bisect_bounds([lv(1, 15)], 10) is None  # nothing within the SLO
+    assert bisect_bounds([lv(1, 5), lv(2, 8)], 10) is None  # nothing above it
+    assert bisect_bounds([lv(1, 5), lv(2, 8, errors=1), lv(4, 30)], 10) == (1, 2)

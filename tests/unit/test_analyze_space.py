@@ -162,6 +162,19 @@ def test_neighbours_are_one_step_along_one_dimension() -> None:
     assert len(space.neighbours(inner)) == 6  # instances at its low end: 1 + 2 + 1 + 2
 
 
+def test_radius_two_is_two_steps_along_one_dimension_then_one_along_two() -> None:
+    space = build_space("m", {"m": EFFNET}, cpus=2)
+    ring = space.neighbours((1, 2, 0, 1), radius=2)
+    # two steps along one dimension: max_batch_size 2 -> 0 or 4, delay 1 -> 3
+    assert ring[:3] == [(1, 0, 0, 1), (1, 4, 0, 1), (1, 2, 0, 3)]
+    assert all(sum(abs(a - b) for a, b in zip(p, (1, 2, 0, 1), strict=True)) == 2 for p in ring)
+    assert len(ring) == len(set(ring))
+    # pairs: instances (1 way: down) x mbs (2) + instances x pref (1) + instances x delay (2)
+    # + mbs x pref (2) + mbs x delay (4) + pref x delay (2) = 13, plus the 3 above
+    assert len(ring) == 16
+    assert (1, 2, 0, 1) not in ring
+
+
 def test_the_grid_yields_every_point_once_shipped_first() -> None:
     space = build_space("m", {"m": EFFNET}, cpus=2)
     points = list(space.grid())

@@ -40,8 +40,13 @@ examples:
 Search (--search quick, the default): hill climbing from the shipped configuration,
 as model_analyzer's quick search: every configuration one step away along one
 dimension is measured, the search moves to the best one if it gains at least
---min-gain throughput, and stops when none does. --search grid measures every
-point (shipped first) until --max-configs or --max-minutes.
+--min-gain throughput; when none does, those two steps away are measured too, and
+it stops when they do not gain either. --search grid measures every point
+(shipped first) until --max-configs or --max-minutes.
+
+A configuration's score is its best concurrency level without errors whose p99
+is within --p99-ms; levels double until the SLO is crossed, then --bisect-steps
+concurrencies in between are tried.
 
 Dimensions of one model: instance count, max_batch_size, preferred batch sizes and
 max queue delay ('off' = no dynamic batching). Of an ensemble: each step's instance
@@ -286,6 +291,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     g.add_argument("-s", "--stability-percentage", type=float, default=15.0, help="(default 15)")
     g.add_argument("-r", "--max-trials", type=int, default=6, help="windows per level (6)")
     g.add_argument("--perf-workers", type=int, default=0, help="perf load processes (0: auto)")
+    g.add_argument(
+        "--bisect-steps",
+        type=int,
+        default=2,
+        help="with --p99-ms: concurrencies tried between the last level within the SLO "
+        "and the first above it (binary search; default 2)",
+    )
     g = p.add_argument_group("output")
     g.add_argument(
         "-o",
@@ -311,8 +323,8 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         parser.error("--max-minutes must be above 0, --max-configs at least 1, --confirm >= 0")
     if args.p99_ms is not None and args.p99_ms <= 0:
         parser.error("--p99-ms must be above 0")
-    if args.min_gain < 0:
-        parser.error("--min-gain must be 0 or more")
+    if args.min_gain < 0 or args.bisect_steps < 0:
+        parser.error("--min-gain and --bisect-steps must be 0 or more")
     if args.batch_size < 1 or args.measurement_interval < 10 or args.max_trials < 1:
         parser.error("-b and -r must be at least 1, -p at least 10 ms")
     shapes = {}
@@ -366,6 +378,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         stability_percentage=args.stability_percentage,
         max_trials=args.max_trials,
         perf_workers=args.perf_workers,
+        bisect_steps=args.bisect_steps,
         confirm=args.confirm,
         output_dir=args.output_dir or Path(f"analyze-{args.model}"),
     )

@@ -15,7 +15,10 @@ Measuring one configuration (:meth:`Analyzer.measure`):
    sampled; the sweep stops at the first level whose p99 exceeds the SLO, when
    two levels in a row gain less than :data:`PLATEAU_GAIN` throughput over the
    best before them (model_analyzer stops its concurrency sweep the same way),
-   at a level with errors, or when the time budget is out.
+   at a level with errors, or when the time budget is out. When it stopped at
+   the SLO, up to ``bisect_steps`` concurrencies between the last level within it
+   and the first above are measured (binary search), so that the score does not
+   jump by a factor 2 with the concurrency.
 
 Time (``--max-minutes``): a configuration starts only while the time left covers
 the mean time a configuration took so far (plus the confirmation runs); one
@@ -75,6 +78,9 @@ from pdserve.app.perf.stats import PointResult, Window
 #: fraction of throughput over the best level before them.
 PLATEAU_GAIN = 0.05
 
+#: The quick search's widest neighbourhood (steps; model_analyzer's radius is 2).
+MAX_RADIUS = 2
+
 #: Default concurrency levels (model_analyzer doubles from 1).
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 
@@ -120,6 +126,9 @@ class AnalyzeOptions:
     stability_percentage: float = 15.0
     max_trials: int = 6
     perf_workers: int = 0
+    #: Concurrencies bisected between the last level within the SLO and the first
+    #: above it.
+    bisect_steps: int = 2
     confirm: int = 1
     output_dir: Path = Path("analyze")
 
@@ -241,6 +250,16 @@ def sweep_stop_reason(levels: Sequence[LevelResult], p99_ms: float | None) -> st
         if max(lv.infer_per_sec for lv in levels[-2:]) < before * (1.0 + PLATEAU_GAIN):
             return "throughput stopped growing"
     return ""
+
+
+def bisect_bounds(levels: Sequence[LevelResult], p99_ms: float) -> tuple[int, int] | None:
+    """(highest concurrency within the SLO without errors, lowest one above it),
+    the interval the SLO bisection searches; None when either is missing."""
+    ok = [lv.concurrency for lv in levels if lv.errors == 0 and lv.p99_ms <= p99_ms]
+    if not ok:
+        return None
+    above = [lv.concurrency for lv in levels if lv.concurrency > max(ok)]
+    return (max(ok), min(above)) if above else None
 
 
 @dataclass
@@ -490,28 +509,70 @@ class Analyzer:
             self.progress, self.opts.p99_ms, self.deadline, self.opts.batch_size
         )
         sampler = memory.PeakSampler(pid) if pid else None
+        timed_out = False
         try:
             if sampler is not None:
                 sampler.__enter__()
-            try:
-                run_sweep(self._perf_options(), watcher)
-            except _StopSweep:
-                pass
-            except PerfError as e:
-                if not watcher.levels:
-                    raise AnalyzeError(str(e)) from None
-                watcher.reason = str(e)
+            self._sweep(watcher, self.opts.concurrency)
+            if watcher.reason == "p99 above the SLO":
+                timed_out = self._bisect(watcher.levels)
         finally:
             if sampler is not None:
                 sampler.__exit__(None, None, None)
-        result.levels = watcher.levels
+        result.levels = sorted(watcher.levels, key=lambda lv: lv.concurrency)
         result.stop_reason = watcher.reason or "last level"
-        if watcher.timed_out:
+        if watcher.timed_out or timed_out:
             result.status = "partial"
         if sampler is not None and before is not None and sampler.peak_rss:
             result.memory_bytes = float(sampler.peak_rss - before.rss)
             if sampler.peak_pss is not None and before.pss is not None:
                 result.memory_pss_bytes = float(sampler.peak_pss - before.pss)
+
+    def _sweep(self, watcher: _SweepWatcher, levels: Sequence[int]) -> None:
+        """``pdserve perf`` at ``levels`` in order; the levels land in ``watcher``.
+
+        Raises:
+            AnalyzeError: perf failed before any level (e.g. the request is refused).
+        """
+        opts = self._perf_options()
+        opts.concurrency = list(levels)
+        try:
+            run_sweep(opts, watcher)
+        except _StopSweep:
+            pass
+        except PerfError as e:
+            if not watcher.levels:
+                raise AnalyzeError(str(e)) from None
+            watcher.reason = str(e)
+
+    def _bisect(self, levels: list[LevelResult]) -> bool:
+        """The doubling sweep crossed the SLO between two levels: measure up to
+        ``bisect_steps`` concurrencies between them (binary search, as
+        model_analyzer searches concurrency against its latency budget), adding
+        them to ``levels``. Returns whether the time budget cut it."""
+        slo = self.opts.p99_ms
+        assert slo is not None
+        bounds = bisect_bounds(levels, slo)
+        if bounds is None:
+            return False
+        lo, hi = bounds
+        for _ in range(self.opts.bisect_steps):
+            mid = (lo + hi) // 2
+            if mid <= lo:
+                break
+            step = _SweepWatcher(self.progress, slo, self.deadline, self.opts.batch_size)
+            self._sweep(step, [mid])
+            levels.extend(step.levels)
+            if step.timed_out:
+                return True
+            if not step.levels:
+                break
+            lv = step.levels[-1]
+            if lv.errors == 0 and lv.p99_ms <= slo:
+                lo = mid
+            else:
+                hi = mid
+        return False
 
     # ------------------------------------------------------------------ search
 
@@ -745,20 +806,22 @@ def quick_search(
     note: Callable[[str], None] = lambda _: None,
 ) -> str:
     """Hill climbing from the shipped configuration (model_analyzer's quick search
-    on this lattice): measure every unmeasured neighbour of the current
-    configuration (:meth:`Space.neighbours`), move to the best configuration
-    measured so far if it :func:`~.recommend.better` the current one by
-    ``min_gain``, stop when it does not or ``budget`` says so; returns why it
-    stopped."""
+    on this lattice): measure every unmeasured configuration one step from the
+    current one (:meth:`Space.neighbours`), move to the best configuration measured
+    so far if it :func:`~.recommend.better` the current one by ``min_gain``; when
+    none does, measure the ones :data:`MAX_RADIUS` steps away and go on from the
+    best; stop when those do not beat it either, or ``budget`` says so. Returns
+    why it stopped."""
     seen: dict[Any, tuple[int, ...]] = {}
     start = space.shipped_point()
     seen[point_key(start)] = space.start
     current = measure(start, True)
     measured = [current]
     index = space.start
+    radius = 1
     while True:
         fresh = []
-        for nb in space.neighbours(index):
+        for nb in space.neighbours(index, radius):
             point = space.knobs(nb)
             if point is None or point_key(point) in seen:
                 continue
@@ -770,8 +833,13 @@ def quick_search(
                 return why
             measured.append(measure(point, False))
         top = best(measured, c)
-        if top is None or top is current or not better(top, current, c, min_gain):
-            return "no neighbour of the best configuration is better"
-        current = top
-        index = seen[point_key(top.point)]
-        note(f"moving to {top.label}: {top.description}")
+        if top is not None and top is not current and better(top, current, c, min_gain):
+            current = top
+            index = seen[point_key(top.point)]
+            radius = 1
+            note(f"moving to {top.label}: {top.description}")
+        elif radius < MAX_RADIUS:
+            radius += 1
+            note(f"no better neighbour of {current.label}: looking {radius} steps away")
+        else:
+            return f"no configuration within {MAX_RADIUS} steps of the best is better"

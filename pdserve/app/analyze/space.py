@@ -20,7 +20,9 @@ Search orders (:mod:`pdserve.app.analyze.runner` measures them):
   search (``run_config_search_mode quick``) does on its own coordinates: start at
   the shipped configuration, measure every *neighbour* (one step along one
   dimension, :meth:`Space.neighbours`), move to the best configuration measured
-  when it beats the current one, stop at a configuration no neighbour beats.
+  when it beats the current one; when none does, widen the neighbourhood to
+  radius 2 (model_analyzer's radius) and go on from the best; stop when no
+  configuration within 2 steps beats it.
 - ``grid``: every point of the lattice (:meth:`Space.grid`), shipped first, as
   model_analyzer's brute search; bounded by ``--max-configs`` and the time budget.
 
@@ -276,15 +278,22 @@ class Space:
         assert point is not None  # the shipped values are a valid point
         return point
 
-    def neighbours(self, index: Sequence[int]) -> list[tuple[int, ...]]:
-        """Lattice points one step away along one dimension (dimension order, the
-        step down first)."""
+    def neighbours(self, index: Sequence[int], radius: int = 1) -> list[tuple[int, ...]]:
+        """Lattice points exactly ``radius`` steps away (L1 distance: the steps
+        summed over the dimensions). Radius 1: one step along one dimension, in
+        dimension order, the step down first; radius 2: two steps along one
+        dimension first, then one step along each of two dimensions."""
         out = []
-        for d, dim in enumerate(self.dims):
-            for step in (-1, 1):
-                j = index[d] + step
-                if 0 <= j < len(dim.values):
-                    out.append(tuple(index[:d]) + (j,) + tuple(index[d + 1 :]))
+        n = len(self.dims)
+        for moved in range(1, min(radius, n) + 1):  # fewer dimensions moved first
+            for dims in itertools.combinations(range(n), moved):
+                for sizes in _compositions(radius, moved):
+                    for signs in itertools.product((-1, 1), repeat=moved):
+                        point = list(index)
+                        for d, size, sign in zip(dims, sizes, signs, strict=True):
+                            point[d] += size * sign
+                        if all(0 <= point[d] < len(self.dims[d].values) for d in dims):
+                            out.append(tuple(point))
         return out
 
     def grid(self) -> Iterator[tuple[int, ...]]:
@@ -309,6 +318,17 @@ class Space:
             vals = [f"[{dim.show(v)}]" if i == s else dim.show(v) for i, v in enumerate(dim.values)]
             lines.append(f"{dim.name}: {', '.join(vals)}")
         return lines
+
+
+def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
+    """Ways to write ``total`` as ``parts`` positive integers, in order."""
+    if parts == 1:
+        return [(total,)]
+    return [
+        (first, *rest)
+        for first in range(1, total - parts + 2)
+        for rest in _compositions(total - first, parts - 1)
+    ]
 
 
 def _with(values: Sequence[Any], shipped: Any, key: Any = None) -> tuple[Any, ...]:
