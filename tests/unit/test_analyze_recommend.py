@@ -10,10 +10,12 @@ import pytest
 
 from pdserve.app.analyze.recommend import (
     MIB,
+    MIN_LEVEL_REQUESTS,
     ConfigResult,
     Constraints,
     LevelResult,
     better,
+    decide,
     feasible,
     gain,
     memory_fit,
@@ -144,3 +146,52 @@ def test_results_round_trip_through_json_values() -> None:
     assert back.as_dict() == d
     assert back.label == "#3 shipped"
     assert back.description == "a: 2 inst, batch 16, delay 100us, preferred 4+8; b: 1 inst"
+
+
+def test_levels_with_few_requests_or_aborted_do_not_count() -> None:
+    r = result(0, [(1, 100, 5), (2, 150, 8)])
+    r.levels[1].requests = MIN_LEVEL_REQUESTS - 1
+    assert r.best_level(10).concurrency == 1
+    r.levels[1].requests = MIN_LEVEL_REQUESTS
+    assert r.best_level(10).concurrency == 2
+    r.levels[1].aborted = "no response in a 1 s window at concurrency 2: the server stalled"
+    assert r.best_level(10).concurrency == 1
+    few = result(1, [(1, 3, 5)])
+    few.levels[0].requests = 9
+    assert violations(few, Constraints(p99_ms=10)) == [
+        "no level of 50 requests or more (raise --measurement-interval)"
+    ]
+
+
+def test_decide_reports_both_gains_and_keeps_a_confirmed_pick() -> None:
+    c = Constraints(p99_ms=10)
+    runs = [
+        result(0, [(1, 100, 5)], shipped=True),
+        result(1, [(1, 150, 5)]),
+        result(2, [(1, 105, 5)], shipped=True, repeat=1),
+        result(3, [(1, 140, 5)], repeat=1),
+    ]
+    d = decide(runs, c, min_gain=0.02)
+    assert d.recommended is runs[1] and d.shipped is runs[0] and d.unconfirmed is None
+    assert d.gain_search == pytest.approx(1.5)
+    assert d.gain_confirmed == pytest.approx(140 / 105)
+
+
+def test_decide_falls_back_to_shipped_when_the_gain_is_not_confirmed() -> None:
+    c = Constraints(p99_ms=10)
+    runs = [
+        result(0, [(1, 100, 5)], shipped=True),
+        result(1, [(1, 150, 5)]),  # a lucky measurement
+        result(2, [(1, 110, 5)], shipped=True, repeat=1),
+        result(3, [(1, 101, 5)], repeat=1),
+    ]
+    d = decide(runs, c, min_gain=0.02)
+    assert d.recommended is runs[0] and d.unconfirmed is runs[1]
+    assert d.gain_confirmed == pytest.approx(101 / 110)
+    # a shipped configuration that never met the objective is no fallback
+    runs[0].levels[0].p99_ms = runs[2].levels[0].p99_ms = 50
+    d = decide(runs, c, min_gain=0.02)
+    assert d.recommended is runs[1] and d.unconfirmed is None and d.gain_confirmed is None
+    # no confirmation runs: the search's pick, its search gain only
+    d = decide(runs[:2], Constraints(), min_gain=0.02)
+    assert d.recommended is runs[1] and d.gain_confirmed is None

@@ -134,6 +134,16 @@ def test_summary_and_recommendation_text(tmp_path: Path) -> None:
     none = make(results[:1], None, tmp_path)
     assert recommendation_text(none).startswith("no configuration meets the objective")
 
+    kept = make(results, results[0], tmp_path)
+    kept.unconfirmed, kept.gain_confirmed = results[1], 0.9
+    text = recommendation_text(kept)
+    assert text.startswith("recommended: #0 shipped: 2 inst, no batching")
+    assert (
+        "the search's best, #1 (2 inst, batch 8, delay 0us; 2.00x in the search), measured " in text
+    )
+    assert "0.90x the shipped configuration when both ran again: not confirmed" in text
+    assert "+++" not in text  # no diff: nothing changes
+
 
 def test_terminal_progress_plain_lines(tmp_path: Path) -> None:
     out = io.StringIO()

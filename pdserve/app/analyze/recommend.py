@@ -24,6 +24,11 @@ from pdserve.app.analyze.space import Knobs, Point, describe_point
 
 MIB = 1024 * 1024
 
+#: A level's p99 counts only when it rests on at least this many requests
+#: (perf_analyzer's ``--measurement-request-count`` default); slower models need
+#: longer windows (``-p``).
+MIN_LEVEL_REQUESTS = 50
+
 
 @dataclass
 class LevelResult:
@@ -37,6 +42,21 @@ class LevelResult:
     stable: bool = True
     #: Mean rows per model execution (statistics extension), 0 when unknown.
     avg_batch: float = 0.0
+    #: Successful requests the figures rest on (None: unknown).
+    requests: int | None = None
+    #: Why perf stopped this level early (a window without any response...).
+    aborted: str | None = None
+
+    @property
+    def usable(self) -> bool:
+        """Whether the level can count: no errors, not aborted, some throughput,
+        and at least :data:`MIN_LEVEL_REQUESTS` requests behind its p99."""
+        return (
+            self.errors == 0
+            and self.aborted is None
+            and self.infer_per_sec > 0
+            and (self.requests is None or self.requests >= MIN_LEVEL_REQUESTS)
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON values."""
@@ -101,13 +121,10 @@ class ConfigResult:
         return self.memory_bytes / max(1, self.instances)
 
     def best_level(self, p99_ms: float | None) -> LevelResult | None:
-        """The level with the highest throughput among those without errors whose
-        p99 is within ``p99_ms`` (any p99 when None); None when there is none."""
-        ok = [
-            lv
-            for lv in self.levels
-            if lv.errors == 0 and lv.infer_per_sec > 0 and (p99_ms is None or lv.p99_ms <= p99_ms)
-        ]
+        """The level with the highest throughput among the :attr:`LevelResult.usable`
+        ones whose p99 is within ``p99_ms`` (any p99 when None); None when there
+        is none."""
+        ok = [lv for lv in self.levels if lv.usable and (p99_ms is None or lv.p99_ms <= p99_ms)]
         return max(ok, key=lambda lv: (lv.infer_per_sec, -lv.concurrency)) if ok else None
 
     def score(self, p99_ms: float | None) -> float:
@@ -171,11 +188,18 @@ def violations(result: ConfigResult, c: Constraints) -> list[str]:
         return [f"failed: {result.error}"]
     out = []
     if result.best_level(c.p99_ms) is None:
-        if not any(lv.errors == 0 and lv.infer_per_sec > 0 for lv in result.levels):
-            out.append("no level without errors")
-        else:
-            low = min(lv.p99_ms for lv in result.levels if lv.errors == 0)
+        usable = [lv for lv in result.levels if lv.usable]
+        if usable:
+            low = min(lv.p99_ms for lv in usable)
             out.append(f"p99 {low:.1f} ms at best, above the {c.p99_ms:g} ms SLO")
+        elif any(lv.errors or lv.aborted for lv in result.levels):
+            out.append("no level without errors")
+        elif result.levels:
+            out.append(
+                f"no level of {MIN_LEVEL_REQUESTS} requests or more (raise --measurement-interval)"
+            )
+        else:
+            out.append("no level measured")
     if (
         c.memory_bytes is not None
         and result.memory_bytes is not None
@@ -203,7 +227,7 @@ def rank_key(result: ConfigResult, c: Constraints) -> tuple[float, float, float]
     if feasible(result, c):
         return (2.0, result.score(c.p99_ms), -mem)
     miss = 1.0
-    ok = [lv for lv in result.levels if lv.errors == 0 and lv.infer_per_sec > 0]
+    ok = [lv for lv in result.levels if lv.usable]
     if not ok:
         miss = math.inf
     elif c.p99_ms is not None:
@@ -253,6 +277,45 @@ def gain(
     if ship_med <= 0:
         return None
     return _median(rec) / ship_med
+
+
+@dataclass
+class Decision:
+    """What a run recommends (:func:`decide`)."""
+
+    recommended: ConfigResult | None
+    shipped: ConfigResult | None
+    gain_search: float | None = None
+    gain_confirmed: float | None = None
+    #: The search's best, when the confirmation runs did not reproduce its gain.
+    unconfirmed: ConfigResult | None = None
+
+
+def decide(results: Sequence[ConfigResult], c: Constraints, min_gain: float = 0.0) -> Decision:
+    """The recommendation (:func:`recommend` over the search's results) and its
+    gain over the shipped configuration: in the search, and over the confirmation
+    runs (``repeat > 0``, medians). When the confirmed gain is below ``1 +
+    min_gain`` and the shipped configuration met the objective in one of its
+    runs, the search's best was picked by noise: the shipped one is recommended
+    and the other reported as ``unconfirmed``."""
+    rec = recommend(results, c)
+    ship = next((r for r in results if r.shipped and r.repeat == 0), None)
+    out = Decision(rec, ship)
+    if rec is None or ship is None or rec is ship:
+        return out
+    out.gain_search = gain([rec], [ship], c)
+    again_r = [r for r in results if r.repeat > 0 and not r.shipped]
+    again_s = [r for r in results if r.repeat > 0 and r.shipped]
+    if not again_r or not again_s:
+        return out
+    out.gain_confirmed = gain(again_r, again_s, c)
+    if (
+        out.gain_confirmed is not None
+        and out.gain_confirmed < 1.0 + min_gain
+        and any(feasible(r, c) for r in (ship, *again_s))
+    ):
+        out.recommended, out.unconfirmed = ship, rec
+    return out
 
 
 def memory_fit(results: Sequence[ConfigResult]) -> tuple[float, float] | None:

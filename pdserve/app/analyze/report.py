@@ -122,6 +122,10 @@ class TerminalProgress(Progress):
         over = " (above the SLO)" if self.p99_ms is not None and level.p99_ms > self.p99_ms else ""
         batch = f", avg batch {level.avg_batch:.1f}" if level.avg_batch else ""
         errs = f", {level.errors} errors" if level.errors else ""
+        if level.aborted:
+            errs += f" (stopped: {level.aborted})"
+        elif not level.usable and level.requests is not None:
+            errs += f" (only {level.requests} requests: not counted)"
         self._write(
             f"    concurrency {level.concurrency}: {level.infer_per_sec:,.1f} infer/s, "
             f"p50 {level.p50_ms:.1f} ms, p99 {level.p99_ms:.1f} ms{over}{batch}{errs}"
@@ -227,7 +231,9 @@ def recommendation_text(res: AnalyzeResult) -> str:
             f": {reasons}"
         )
     lines = [f"recommended: {rec.label}: {rec.description}", "  " + result_line(rec, c)]
-    if rec is ship:
+    if res.unconfirmed is not None:
+        lines.append("  " + unconfirmed_text(res))
+    elif rec is ship:
         lines.append("  the shipped configuration is the best one measured: no change")
     elif ship is not None:
         lines.append("  " + gain_text(res))
@@ -254,21 +260,38 @@ def memory_fit_text(res: AnalyzeResult) -> str:
     )
 
 
+def unconfirmed_text(res: AnalyzeResult) -> str:
+    """Why the search's best is not recommended (its gain was not confirmed)."""
+    u = res.unconfirmed
+    assert u is not None
+    search = f"{res.gain_search:.2f}x" if res.gain_search is not None else "better"
+    confirmed = f"{res.gain_confirmed:.2f}x" if res.gain_confirmed is not None else "no gain"
+    return (
+        f"the search's best, {u.label} ({u.description}; {search} in the search), measured "
+        f"{confirmed} the shipped configuration when both ran again: not confirmed, the "
+        "shipped configuration is kept"
+    )
+
+
 def gain_text(res: AnalyzeResult) -> str:
     """``throughput 1.62x the shipped configuration's (search); 1.55x confirmed (...)``."""
     c = res.options.constraints
+    n = sum(1 for r in res.results if r.repeat > 0) // 2
+    confirmed = (
+        f"{res.gain_confirmed:.2f}x when both were measured again ({n}x each)"
+        if res.gain_confirmed is not None
+        else ""
+    )
     if res.gain_search is None:
-        return "the shipped configuration meets the SLO at no level: no gain ratio"
+        text = "the shipped configuration meets the SLO at no level in the search"
+        return text + (f"; {confirmed}" if confirmed else "")
     ship = res.shipped.score(c.p99_ms) if res.shipped else 0.0
     rec = res.recommended.score(c.p99_ms) if res.recommended else 0.0
     text = (
         f"throughput {res.gain_search:.2f}x the shipped configuration's "
         f"({rec:,.1f} vs {ship:,.1f} infer/s in the search)"
     )
-    if res.gain_confirmed is not None:
-        n = sum(1 for r in res.results if r.repeat > 0) // 2
-        text += f"; {res.gain_confirmed:.2f}x when both were measured again ({n}x each)"
-    return text
+    return f"{text}; {confirmed}" if confirmed else text
 
 
 # --------------------------------------------------------------------------- files
@@ -287,6 +310,7 @@ def result_dict(res: AnalyzeResult) -> dict[str, Any]:
         "stop_reason": res.stop_reason,
         "error": res.error,
         "recommended": res.recommended.index if res.recommended else None,
+        "unconfirmed": res.unconfirmed.index if res.unconfirmed else None,
         "shipped": res.shipped.index if res.shipped else None,
         "gain_search": res.gain_search,
         "gain_confirmed": res.gain_confirmed,
@@ -482,7 +506,9 @@ def html_report(res: AnalyzeResult, plots: Sequence[tuple[Path, str]]) -> str:
         w(f"<p>{e(recommendation_text(res))}</p>")
     else:
         w(f"<p><b>{e(rec.label)}</b>: {e(rec.description)}<br>{e(result_line(rec, c))}<br>")
-        if rec is res.shipped:
+        if res.unconfirmed is not None:
+            w(f"{e(unconfirmed_text(res))}</p>")
+        elif rec is res.shipped:
             w("The shipped configuration is the best one measured.</p>")
         else:
             w(f"{e(gain_text(res))}</p>")
@@ -564,12 +590,11 @@ def write_reports(res: AnalyzeResult, out_dir: Path) -> dict[str, Path]:
     try:
         files["plot_throughput"] = out_dir / "throughput_p99.png"
         plot_throughput(res, files["plot_throughput"])
-        files["plot_memory"] = out_dir / "memory.png"
-        plot_memory(res, files["plot_memory"])
-        plots = [
-            (files["plot_throughput"], "throughput vs p99 per configuration"),
-            (files["plot_memory"], "memory per configuration"),
-        ]
+        plots = [(files["plot_throughput"], "throughput vs p99 per configuration")]
+        if any(r.memory_bytes is not None for r in res.results):
+            files["plot_memory"] = out_dir / "memory.png"
+            plot_memory(res, files["plot_memory"])
+            plots.append((files["plot_memory"], "memory per configuration"))
     except ImportError:
         files.pop("plot_throughput", None)
         files.pop("plot_memory", None)

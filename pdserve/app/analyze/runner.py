@@ -25,8 +25,10 @@ the mean time a configuration took so far (plus the confirmation runs); one
 under way when the budget ends is stopped and kept (``partial``).
 
 Confirmation: after the search, the shipped and the recommended configurations
-are measured again, alternately (``--confirm`` times each); the reported gain
-is the ratio of the medians of those measurements.
+are measured again, alternately (``--confirm`` times each); the confirmed gain
+is the ratio of the medians of those measurements. When it is below ``1 +
+min_gain`` (and the shipped configuration met the objective), the search's best
+was picked by noise: the shipped configuration is recommended instead.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from pdserve.app.analyze.recommend import (
     LevelResult,
     best,
     better,
-    gain,
+    decide,
     recommend,
 )
 from pdserve.app.analyze.server import (
@@ -233,6 +235,8 @@ def level_from_point(point: PointResult) -> LevelResult:
         errors=point.error_count,
         stable=point.stable,
         avg_batch=(point.server or {}).get("avg_batch_size", 0.0),
+        requests=point.request_count,
+        aborted=point.aborted,
     )
 
 
@@ -241,7 +245,7 @@ def sweep_stop_reason(levels: Sequence[LevelResult], p99_ms: float | None) -> st
     the last p99 above the SLO, or two levels without :data:`PLATEAU_GAIN` more
     throughput than the best before them."""
     last = levels[-1]
-    if last.errors:
+    if last.errors or last.aborted:
         return "errors"
     if p99_ms is not None and last.p99_ms > p99_ms:
         return "p99 above the SLO"
@@ -255,7 +259,7 @@ def sweep_stop_reason(levels: Sequence[LevelResult], p99_ms: float | None) -> st
 def bisect_bounds(levels: Sequence[LevelResult], p99_ms: float) -> tuple[int, int] | None:
     """(highest concurrency within the SLO without errors, lowest one above it),
     the interval the SLO bisection searches; None when either is missing."""
-    ok = [lv.concurrency for lv in levels if lv.errors == 0 and lv.p99_ms <= p99_ms]
+    ok = [lv.concurrency for lv in levels if lv.usable and lv.p99_ms <= p99_ms]
     if not ok:
         return None
     above = [lv.concurrency for lv in levels if lv.concurrency > max(ok)]
@@ -283,6 +287,9 @@ class AnalyzeResult:
     gain_confirmed: float | None = None
     stop_reason: str = ""
     error: str | None = None
+    #: The search's best when the confirmation runs did not reproduce its gain
+    #: (``recommended`` is then the shipped configuration).
+    unconfirmed: ConfigResult | None = None
 
 
 class Analyzer:
@@ -568,7 +575,7 @@ class Analyzer:
             if not step.levels:
                 break
             lv = step.levels[-1]
-            if lv.errors == 0 and lv.p99_ms <= slo:
+            if lv.usable and lv.p99_ms <= slo:
                 lo = mid
             else:
                 hi = mid
@@ -685,30 +692,26 @@ class Analyzer:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
             self._release()
-        rec = recommend(self.results, c)
-        ship = next((r for r in self.results if r.shipped and r.repeat == 0), None)
-        result = AnalyzeResult(
+        choice = decide(self.results, c, self.opts.min_gain)
+        rec = choice.recommended
+        return AnalyzeResult(
             options=self.opts,
             target=self.opts.model,
             steps=list(self.steps),
             space=space,
             results=self.results,
             recommended=rec,
-            shipped=ship,
+            shipped=choice.shipped,
             base_configs=dict(self.base),
             recommended_configs=self.configs_for(rec.point) if rec is not None else None,
             info=self.info,
             elapsed_s=time.monotonic() - self.t0,
             stop_reason=stop,
             error=error,
+            gain_search=choice.gain_search,
+            gain_confirmed=choice.gain_confirmed,
+            unconfirmed=choice.unconfirmed,
         )
-        if rec is not None and ship is not None:
-            result.gain_search = gain([rec], [ship], c)
-            again_r = [r for r in self.results if r.repeat > 0 and not r.shipped]
-            again_s = [r for r in self.results if r.repeat > 0 and r.shipped]
-            if again_r and again_s:
-                result.gain_confirmed = gain(again_r, again_s, c)
-        return result
 
     def _catch_sigint(self) -> Any:
         """Ctrl-C sets :attr:`interrupted` as well as raising KeyboardInterrupt
