@@ -130,6 +130,14 @@ def test_memory_fit_separates_the_fixed_cost_from_each_instance() -> None:
     fixed, per = memory_fit(rs)
     assert fixed / MIB == pytest.approx(100) and per / MIB == pytest.approx(30)
     assert memory_fit([result(0, [], instances=2), result(1, [], instances=2)]) is None
+    # batching knobs that add memory of their own do not pass for the instances'
+    big = [result(0, [], mem_mib=400 + 30 * n, instances=n) for n in (1, 3)]
+    for r in big:
+        r.point = {"m": Knobs(r.instances, 32, (), 0)}
+    lone = result(9, [], mem_mib=900, instances=5)
+    lone.point = {"m": Knobs(5, 16, (), 0)}  # alone in its group: no slope from it
+    fixed, per = memory_fit([*rs, *big, lone])
+    assert per / MIB == pytest.approx(30) and fixed / MIB == pytest.approx(100)
 
 
 def test_results_round_trip_through_json_values() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pdserve.app.analyze.space import Knobs, Point, describe_point
@@ -319,19 +319,32 @@ def decide(results: Sequence[ConfigResult], c: Constraints, min_gain: float = 0.
 
 
 def memory_fit(results: Sequence[ConfigResult]) -> tuple[float, float] | None:
-    """Least-squares ``memory = fixed + per_instance * instances`` (bytes) over the
-    configurations with a memory figure: what loading costs once (libraries,
-    the session's shared parts) and what each further instance adds. None without
-    two distinct instance counts."""
-    pts = [(float(r.instances), r.memory_bytes) for r in results if r.memory_bytes is not None]
-    xs = {x for x, _ in pts}
-    if len(xs) < 2:
+    """``memory = fixed + per_instance * instances`` (bytes), fitted on the
+    configurations that differ only in instance counts: the slope pooled within
+    each group of equal batching knobs (least squares with one intercept per
+    group), so that memory which grows with the batch size (ONNX Runtime's arena)
+    does not pass for the instances'. ``fixed`` is what loading costs once
+    (libraries, interpreters, shared parts), from the group with the most
+    configurations. None without a group of two instance counts."""
+    groups: dict[Any, list[tuple[float, float]]] = {}
+    for r in results:
+        if r.memory_bytes is None:
+            continue
+        key = tuple(sorted((m, replace(k, instances=0)) for m, k in r.point.items()))
+        groups.setdefault(key, []).append((float(r.instances), r.memory_bytes))
+    useful = [g for g in groups.values() if len({x for x, _ in g}) >= 2]
+    if not useful:
         return None
-    n = len(pts)
-    mx = sum(x for x, _ in pts) / n
-    my = sum(y for _, y in pts) / n
-    sxx = sum((x - mx) ** 2 for x, _ in pts)
-    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    sxy = sxx = 0.0
+    for g in useful:
+        mx = sum(x for x, _ in g) / len(g)
+        my = sum(y for _, y in g) / len(g)
+        sxy += sum((x - mx) * (y - my) for x, y in g)
+        sxx += sum((x - mx) ** 2 for x, _ in g)
+    slope = sxy / sxx
+    main = max(useful, key=len)
+    mx = sum(x for x, _ in main) / len(main)
+    my = sum(y for _, y in main) / len(main)
     return my - slope * mx, slope
 
 

@@ -255,8 +255,8 @@ def memory_fit_text(res: AnalyzeResult) -> str:
         return ""
     n = sum(1 for r in search if r.memory_bytes is not None)
     return (
-        f"memory: about {_mib(fit[0])} MiB once + {_mib(fit[1])} MiB per instance "
-        f"(least squares over {n} configurations)"
+        f"memory: about {_mib(max(0.0, fit[0]))} MiB once + {_mib(fit[1])} MiB per instance "
+        f"(fitted on configurations that differ only in instances; {n} with memory)"
     )
 
 
