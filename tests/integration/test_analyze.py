@@ -21,7 +21,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from pdserve.app.analyze import AnalyzeOptions, run_analyze
-from pdserve.app.analyze.server import AnalyzeError
+from pdserve.app.analyze.server import AnalyzeError, OwnServer, RepositoryClient
 from pdserve.app.analyze.space import Knobs, shipped_knobs
 from pdserve.config import ModelConfig
 from tests.conftest import ROOT, copy_models, require_examples, start_server
@@ -65,7 +65,9 @@ def test_analyze_tiny_grid_writes_reports_and_recommends_a_measured_point(
         "--memory-budget",
         "1GiB",
         "--max-minutes",
-        "0.4",
+        "0.3",
+        "--confirm",
+        "0",
         "-o",
         str(out),
         *FAST,
@@ -178,3 +180,19 @@ def test_unknown_model_and_server_not_in_explicit_mode(tmp_path: Path) -> None:
             raise AssertionError("analyze must refuse a server not in explicit mode")
     finally:
         server.stop()
+
+
+def test_own_server_is_pinned_as_taskset_would(tmp_path: Path) -> None:
+    repo = copy_models(tmp_path / "models", "tiny")
+    server = OwnServer(repo, tmp_path / "server.log", cpus=[0])
+    server.start()
+    try:
+        status = Path(f"/proc/{server.pid}/status").read_text()
+        assert "Cpus_allowed_list:\t0\n" in status
+        client = RepositoryClient(server.http_url)
+        client.load("tiny")  # explicit mode: the repository API loads
+        assert client.is_ready("tiny")
+        assert "--model-control-mode explicit" in server.log_path.read_text()
+    finally:
+        server.stop()
+    assert server.proc is None
