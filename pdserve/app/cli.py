@@ -14,6 +14,10 @@ Subcommands, listed here and nowhere else (:func:`build_parser`):
 ``perf``
     load-test a model on any KServe V2 server, perf_analyzer's role
     (:mod:`pdserve.app.perf`).
+``analyze``
+    search a model's instance counts and batching for the best throughput under
+    a latency SLO and a memory budget, model_analyzer's role
+    (:mod:`pdserve.app.analyze`).
 
 A flag with a bad value, or flags that do not go together, end the process with
 an argparse error (exit code 2) naming the flag, before anything starts.
@@ -28,6 +32,7 @@ from collections.abc import Callable
 
 from pdserve import __version__
 from pdserve.app import check, rollback
+from pdserve.app.analyze import cli as analyze_cli
 from pdserve.app.perf import cli as perf_cli
 from pdserve.app.settings import Settings, SettingsError, add_arguments
 
@@ -69,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollback.add_parser(sub)
     check.add_parser(sub)
     perf_cli.add_parser(sub)
+    analyze_cli.add_parser(sub)
     return parser
 
 
