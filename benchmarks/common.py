@@ -6,6 +6,7 @@ and they import these helpers with ``from common import ...``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -220,3 +221,108 @@ def tritonserver_command(
 def header_args(headers: Sequence[str]) -> list[str]:
     """``--header H`` for each of ``headers`` (loadgen.py options)."""
     return [arg for h in headers for arg in ("--header", h)]
+
+
+# --------------------------------------------------------------------------- process trees
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, grandchildren, ...), read from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])  # fields after "(comm)": state ppid
+        children.setdefault(ppid, []).append(int(entry))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def proc_stats(pid: int) -> dict[str, int] | None:
+    """``rss_kib``, ``pss_kib``, ``fds`` and ``threads`` of one process (None once it is gone
+    or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+        if "VmRSS" not in status:
+            return None  # zombie
+        pss = 0
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    pss = int(line.split()[1])
+        return {
+            "rss_kib": int(status["VmRSS"].split()[0]),
+            "pss_kib": pss,
+            "fds": len(os.listdir(f"/proc/{pid}/fd")),
+            "threads": int(status["Threads"]),
+        }
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def tree_stats(pid: int) -> dict[str, Any]:
+    """Resources of ``pid`` and of all its descendants.
+
+    Returns:
+        ``server`` (:func:`proc_stats` of ``pid`` itself), ``processes`` (descendants
+        alive), and over ``pid`` plus descendants: ``rss_mib`` (sum of RSS: pages shared
+        between processes count once per process), ``pss_mib`` (sum of proportional set
+        sizes: shared pages split between their users), ``fds``, ``threads``.
+    """
+    server = proc_stats(pid)
+    kids = [s for s in (proc_stats(p) for p in descendants(pid)) if s is not None]
+    every = ([server] if server else []) + kids
+    return {
+        "server": server,
+        "processes": len(kids),
+        "rss_mib": round(sum(s["rss_kib"] for s in every) / 1024, 2),
+        "pss_mib": round(sum(s["pss_kib"] for s in every) / 1024, 2),
+        "fds": sum(s["fds"] for s in every),
+        "threads": sum(s["threads"] for s in every),
+    }
+
+
+def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of ``ys`` over ``xs`` (0.0 with fewer than 2 points)."""
+    if len(xs) < 2:
+        return 0.0
+    import numpy as np
+
+    return float(np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)[0])
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> list[int]:
+    """SIGTERM ``proc``, wait up to ``timeout`` s, then SIGKILL it and what is left below it.
+
+    Returns:
+        the pids of its descendants (taken just before SIGTERM) still alive 2 s after it
+        exited: processes that outlived the server (there should be none).
+    """
+    kids = descendants(proc.pid)
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 2.0
+    alive = kids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if proc_stats(p) is not None]
+    for p in alive:  # only processes this server started
+        with contextlib.suppress(OSError):
+            os.kill(p, 9)
+    return alive
