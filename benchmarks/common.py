@@ -326,3 +326,17 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> list[i
         with contextlib.suppress(OSError):
             os.kill(p, 9)
     return alive
+
+
+def pressure() -> dict[str, float]:
+    """The kernel's pressure-stall figures (``/proc/pressure``): share of the last 10 s
+    in which some task waited for a CPU (``cpu_some``) and in which every task was
+    stalled on memory (``memory_full``), in percent; empty where PSI is unavailable.
+    High values mean the machine, not the server, was the bottleneck."""
+    out: dict[str, float] = {}
+    for res, kind in (("cpu", "some"), ("memory", "full")):
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/pressure/{res}") as f:
+            for line in f:
+                if line.startswith(kind):
+                    out[f"{res}_{kind}"] = float(line.split()[1].split("=")[1])
+    return out

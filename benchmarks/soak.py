@@ -16,7 +16,9 @@ extension for the input and JSON outputs. Steps:
    is killed with SIGKILL, alternately ``preprocess`` and ``postprocess``; its
    restart is timed from the server log (``restarted <instance> (worker pid N)``).
    Every ``--sample-secs`` (default 5) the RSS, PSS and open fds of the server and all
-   its descendants (fork server, resource tracker, every worker) are sampled.
+   its descendants (fork server, resource tracker, every worker) are sampled, with the
+   load average and the kernel's CPU and memory pressure (``/proc/pressure``: on a
+   shared machine, what else slowed everything down).
 3. The server is stopped with SIGTERM; any process of its tree still alive 2 s after
    it exited is reported (and killed).
 
@@ -28,7 +30,8 @@ Every request is accounted for:
   from a killed worker: it overlaps a restart window (the kill until 1 s after the
   restart) and its message says the worker died or is unavailable. Any other 5xx,
   any 4xx, and any 200 with another answer is a failure;
-- a bad request must answer 400;
+- a bad request must answer 400, or a 5xx from a killed worker as above (a bad image
+  batched into the worker's last ``execute`` call dies with it before it is judged);
 - *lost* = no HTTP answer at all (connection reset, client timeout ``--timeout``):
   there must be none.
 
@@ -73,6 +76,7 @@ from common import (
     descendants,
     free_port,
     pdserve_command,
+    pressure,
     slope,
     stop_process,
     tree_stats,
@@ -415,6 +419,7 @@ async def run_soak(
         s["t"] = round(time.monotonic() - t0, 2)
         s["loadavg_1m"] = os.getloadavg()[0]
         s["in_flight"] = len(pending)
+        s["pressure"] = pressure()
         soak.samples.append(s)
 
     async def sampler() -> None:
@@ -423,14 +428,15 @@ async def run_soak(
             await asyncio.sleep(args.sample_secs)
 
     async def killer() -> None:
-        k = 0
-        while True:
-            at = t0 + args.kill_every / 2 + k * args.kill_every
+        k, last = 0, -float("inf")
+        while True:  # on schedule, but never two kills closer than half the period
+            at = max(t0 + args.kill_every / 2 + k * args.kill_every, last + args.kill_every / 2)
             if at >= t0 + seconds:
                 return
             await asyncio.sleep(max(0.0, at - time.monotonic()))
             target = KILL_TARGETS[k % len(KILL_TARGETS)]
             soak.kills.append(await kill_worker(server_pid, target, log, t0))
+            last = time.monotonic()
             k += 1
 
     def finished(task: asyncio.Task[Outcome]) -> None:
@@ -466,13 +472,16 @@ async def run_soak(
 
 
 def in_restart_window(o: Outcome, soak: Soak) -> Kill | None:
-    """The kill whose window (the kill until 1 s after the restart) ``o`` overlaps."""
+    """The kill whose window (the kill until 1 s after the restart) ``o`` overlaps; of
+    those, the one whose instance ``o``'s error message names, if any does."""
+    overlapping = []
     for k in soak.kills:
         start = soak.t0 + k.at
         end = soak.t0 + (k.restarted_at if k.restarted_at is not None else k.at + 30) + 1.0
         if o.sent <= end and o.done >= start:
-            return k
-    return None
+            overlapping.append(k)
+    named = [k for k in overlapping if f"'{k.instance}'" in o.message]
+    return (named or overlapping or [None])[0]
 
 
 def summarize(soak: Soak, ramp: list[dict[str, Any]], capacity: float, args: Any) -> dict[str, Any]:
@@ -483,7 +492,7 @@ def summarize(soak: Soak, ramp: list[dict[str, Any]], capacity: float, args: Any
         verdicts[o.verdict] = verdicts.get(o.verdict, 0) + 1
     restart_5xx, other_failures = [], []
     for o in outs:
-        if o.verdict == "good_5xx":
+        if o.status >= 500:  # good, or bad and batched into the killed worker's last call
             k = in_restart_window(o, soak)
             if k is not None and any(m in o.message for m in RESTART_MESSAGES):
                 restart_5xx.append((o, k))
@@ -511,6 +520,12 @@ def summarize(soak: Soak, ramp: list[dict[str, Any]], capacity: float, args: Any
                 "max_ms": round(float(ms.max()), 1),
                 "max_in_flight": max(s.get("in_flight", 0) for s in in_minute),
                 "loadavg_1m": round(float(np.mean([s.get("loadavg_1m", 0) for s in in_minute])), 2),
+                "cpu_pressure_max": max(
+                    s.get("pressure", {}).get("cpu_some", 0) for s in in_minute
+                ),
+                "memory_stall_max": max(
+                    s.get("pressure", {}).get("memory_full", 0) for s in in_minute
+                ),
             }
         )
     samples = soak.samples
@@ -550,7 +565,8 @@ def summarize(soak: Soak, ramp: list[dict[str, Any]], capacity: float, args: Any
             "lost_no_answer": verdicts.get("lost", 0),
             "good": sum(1 for o in outs if o.good),
             "good_ok": verdicts.get("ok", 0),
-            "good_5xx_in_restart_window": len(restart_5xx),
+            "good_5xx_in_restart_window": sum(1 for o, _ in restart_5xx if o.good),
+            "bad_5xx_in_restart_window": sum(1 for o, _ in restart_5xx if not o.good),
             "bad": sum(1 for o in outs if not o.good),
             "bad_400": verdicts.get("bad_400", 0),
             "failures": len(other_failures),
@@ -560,6 +576,7 @@ def summarize(soak: Soak, ramp: list[dict[str, Any]], capacity: float, args: Any
         "restart_5xx": [
             {
                 "t": round(o.sent - soak.t0, 2),
+                "kind": o.kind,
                 "status": o.status,
                 "instance": k.instance,
                 "message": o.message[:200],
@@ -583,6 +600,7 @@ def summarize(soak: Soak, ramp: list[dict[str, Any]], capacity: float, args: Any
                 "at_s": round(k.at, 2),
                 "restart_s": None if k.restarted_at is None else round(k.restarted_at - k.at, 3),
                 "new_pid": k.new_pid,
+                "failed_5xx": sum(1 for _, kk in restart_5xx if kk is k),
             }
             for k in soak.kills
         ],
@@ -623,21 +641,25 @@ def markdown(r: dict[str, Any]) -> str:
         f"{q['not_sent_over_max_in_flight']}",
         f"- good {q['good']}: golden top-5 {q['good_ok']}, 5xx from a killed worker "
         f"{q['good_5xx_in_restart_window']}",
-        f"- bad {q['bad']}: 400 {q['bad_400']}; by kind: "
+        f"- bad {q['bad']}: 400 {q['bad_400']}, 5xx from a killed worker "
+        f"{q['bad_5xx_in_restart_window']}; by kind: "
         + ", ".join(f"{k} {v}" for k, v in r["bad_statuses_by_kind"].items()),
         f"- **other failures: {q['failures']}** (wrong answer, 4xx on a good request, "
         "5xx outside a restart window, non-400 for a bad request)",
         "- kills: "
         + ", ".join(
-            f"{k['instance']} at {k['at_s']:.0f} s (restarted in {k['restart_s']} s)"
+            f"{k['instance']} at {k['at_s']:.0f} s (restarted in {k['restart_s']} s, "
+            f"{k['failed_5xx']} requests failed)"
             for k in r["kills"]
         ),
         "",
-        "| minute | sent | golden | p50 ms | p99 ms | max ms | max in flight | load avg |",
-        "|---|---|---|---|---|---|---|---|",
+        "| minute | sent | golden | p50 ms | p99 ms | max ms | max in flight | load avg | "
+        "CPU pressure % | memory stall % |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *[
             f"| {m['minute']} | {m['sent']} | {m['ok']} | {m['p50_ms']} | {m['p99_ms']} | "
-            f"{m['max_ms']} | {m['max_in_flight']} | {m['loadavg_1m']} |"
+            f"{m['max_ms']} | {m['max_in_flight']} | {m['loadavg_1m']} | "
+            f"{m['cpu_pressure_max']} | {m['memory_stall_max']} |"
             for m in r["minutes"]
         ],
         "",
