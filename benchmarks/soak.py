@@ -299,7 +299,8 @@ async def closed_loop(
     url: str, good: list[Request], goldens: Goldens, concurrency: int, seconds: float
 ) -> dict[str, Any]:
     """``concurrency`` clients sending good requests back to back for ``seconds``
-    (after 1 s unmeasured); the rate of correct answers and their latency."""
+    (after 1 s unmeasured); the rate of correct answers received in those seconds
+    and their latency."""
     lat: list[float] = []
     failures = 0
     async with new_session(concurrency) as session:
@@ -312,7 +313,7 @@ async def closed_loop(
             while time.monotonic() < end:
                 o = await send(session, url, good[i % len(good)], goldens, time.monotonic(), 60)
                 i += concurrency
-                if o.sent >= warm and o.done <= end:
+                if warm <= o.done <= end:  # answers in the window, whenever sent
                     if o.verdict == "ok":
                         lat.append(o.done - o.sent)
                     else:
@@ -553,6 +554,9 @@ def summarize(soak: Soak, ramp: list[dict[str, Any]], capacity: float, args: Any
             "cpus": os.cpu_count(),
             "loadavg_start_end": [samples[0]["loadavg_1m"], samples[-1]["loadavg_1m"]],
             "loadavg_1m_median": float(np.median([s["loadavg_1m"] for s in samples])),
+            "cpu_pressure_median": float(
+                np.median([s.get("pressure", {}).get("cpu_some", 0) for s in samples])
+            ),
         },
         "args": vars(args),
         "ramp": ramp,
@@ -627,7 +631,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"soak rate {r['rate_rps']} req/s for {r['args']['minutes']} min "
         f"(load average {r['machine']['loadavg_start_end'][0]:.2f} at start, "
         f"{r['machine']['loadavg_start_end'][1]:.2f} at end, median "
-        f"{r['machine']['loadavg_1m_median']:.2f} on {r['machine']['cpus']} CPUs).",
+        f"{r['machine']['loadavg_1m_median']:.2f} on {r['machine']['cpus']} CPUs; CPU pressure "
+        f"median {r['machine']['cpu_pressure_median']:.0f} %).",
         "",
         "| ramp c | img/s | p50 ms | p99 ms |",
         "|---|---|---|---|",
