@@ -248,10 +248,14 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def proc_stats(pid: int) -> dict[str, int] | None:
-    """``rss_kib``, ``pss_kib``, ``fds`` and ``threads`` of one process (None once it is gone
-    or a zombie)."""
+def proc_stats(pid: int) -> dict[str, Any] | None:
+    """``rss_kib``, ``pss_kib``, ``fds``, ``threads`` and ``cpu_s`` (user + system CPU
+    seconds of the process and of its children it has reaped) of one process (None once
+    it is gone or a zombie)."""
     try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        ticks = [int(x) for x in stat[stat.rindex(b")") + 2 :].split()[11:15]]
         with open(f"/proc/{pid}/status") as f:
             status = dict(line.split(":", 1) for line in f if ":" in line)
         if "VmRSS" not in status:
@@ -266,6 +270,7 @@ def proc_stats(pid: int) -> dict[str, int] | None:
             "pss_kib": pss,
             "fds": len(os.listdir(f"/proc/{pid}/fd")),
             "threads": int(status["Threads"]),
+            "cpu_s": sum(ticks) / os.sysconf("SC_CLK_TCK"),
         }
     except (OSError, ValueError, KeyError):
         return None
@@ -278,7 +283,8 @@ def tree_stats(pid: int) -> dict[str, Any]:
         ``server`` (:func:`proc_stats` of ``pid`` itself), ``processes`` (descendants
         alive), and over ``pid`` plus descendants: ``rss_mib`` (sum of RSS: pages shared
         between processes count once per process), ``pss_mib`` (sum of proportional set
-        sizes: shared pages split between their users), ``fds``, ``threads``.
+        sizes: shared pages split between their users), ``fds``, ``threads``, ``cpu_s``
+        (CPU seconds used so far, workers reaped by the fork server included).
     """
     server = proc_stats(pid)
     kids = [s for s in (proc_stats(p) for p in descendants(pid)) if s is not None]
@@ -290,6 +296,7 @@ def tree_stats(pid: int) -> dict[str, Any]:
         "pss_mib": round(sum(s["pss_kib"] for s in every) / 1024, 2),
         "fds": sum(s["fds"] for s in every),
         "threads": sum(s["threads"] for s in every),
+        "cpu_s": round(sum(s["cpu_s"] for s in every), 2),
     }
 
 

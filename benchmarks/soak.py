@@ -18,7 +18,9 @@ extension for the input and JSON outputs. Steps:
    Every ``--sample-secs`` (default 5) the RSS, PSS and open fds of the server and all
    its descendants (fork server, resource tracker, every worker) are sampled, with the
    load average and the kernel's CPU and memory pressure (``/proc/pressure``: on a
-   shared machine, what else slowed everything down).
+   shared machine, what else slowed everything down) and the CPU time of the server's
+   tree: per minute, the cores it got and its CPU milliseconds per answer (steady per
+   answer with fewer cores = the server starved of CPU by others, not slower).
 3. The server is stopped with SIGTERM; any process of its tree still alive 2 s after
    it exited is reported (and killed).
 
@@ -485,6 +487,21 @@ def in_restart_window(o: Outcome, soak: Soak) -> Kill | None:
     return (named or overlapping or [None])[0]
 
 
+def cpu_use(soak: Soak, samples: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """Between the first and the last of ``samples``: the CPU cores the server's tree
+    used, and its CPU milliseconds per answered request (None, None: fewer than 2 samples).
+    A steady cost per answer with fewer cores means the server was starved of CPU,
+    not slower."""
+    if len(samples) < 2 or "cpu_s" not in samples[0]:
+        return None, None
+    a, b = samples[0], samples[-1]
+    cpu = b["cpu_s"] - a["cpu_s"]
+    lo, hi = soak.t0 + a["t"], soak.t0 + b["t"]
+    answered = sum(1 for o in soak.outcomes if o.status and lo <= o.done < hi)
+    per = round(1000 * cpu / answered, 1) if answered else None
+    return round(cpu / max(b["t"] - a["t"], 1e-9), 2), per
+
+
 def summarize(soak: Soak, ramp: list[dict[str, Any]], capacity: float, args: Any) -> dict[str, Any]:
     """Every figure of the run as one JSON-able object."""
     outs = soak.outcomes
@@ -511,6 +528,7 @@ def summarize(soak: Soak, ramp: list[dict[str, Any]], capacity: float, args: Any
         lat = [o.done - o.scheduled for o in outs if lo <= o.scheduled < hi and o.verdict == "ok"]
         ms = np.asarray(lat or [0.0]) * 1000
         in_minute = [s for s in soak.samples if 60 * m <= s["t"] < 60 * (m + 1)] or [{}]
+        cores, cpu_ms = cpu_use(soak, in_minute)
         minutes.append(
             {
                 "minute": m + 1,
@@ -520,6 +538,8 @@ def summarize(soak: Soak, ramp: list[dict[str, Any]], capacity: float, args: Any
                 "p99_ms": round(float(np.percentile(ms, 99)), 1),
                 "max_ms": round(float(ms.max()), 1),
                 "max_in_flight": max(s.get("in_flight", 0) for s in in_minute),
+                "server_cores": cores,
+                "cpu_ms_per_answer": cpu_ms,
                 "loadavg_1m": round(float(np.mean([s.get("loadavg_1m", 0) for s in in_minute])), 2),
                 "cpu_pressure_max": max(
                     s.get("pressure", {}).get("cpu_some", 0) for s in in_minute
@@ -658,12 +678,13 @@ def markdown(r: dict[str, Any]) -> str:
             for k in r["kills"]
         ),
         "",
-        "| minute | sent | golden | p50 ms | p99 ms | max ms | max in flight | load avg | "
-        "CPU pressure % | memory stall % |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| minute | sent | golden | p50 ms | p99 ms | max ms | max in flight | server cores | "
+        "CPU ms per answer | load avg | CPU pressure % | memory stall % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         *[
             f"| {m['minute']} | {m['sent']} | {m['ok']} | {m['p50_ms']} | {m['p99_ms']} | "
-            f"{m['max_ms']} | {m['max_in_flight']} | {m['loadavg_1m']} | "
+            f"{m['max_ms']} | {m['max_in_flight']} | {m['server_cores']} | "
+            f"{m['cpu_ms_per_answer']} | {m['loadavg_1m']} | "
             f"{m['cpu_pressure_max']} | {m['memory_stall_max']} |"
             for m in r["minutes"]
         ],
