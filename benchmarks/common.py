@@ -276,6 +276,34 @@ def proc_stats(pid: int) -> dict[str, Any] | None:
         return None
 
 
+def shm_rss_kib(pid: int) -> int:
+    """Resident KiB of ``pid``'s memfd mappings (the python backend's shared-memory
+    arenas: pools that keep their high-water size by design), 0 once it is gone."""
+    total, in_memfd = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                if not line[0].isupper():  # a mapping's header line: "start-end perms ..."
+                    in_memfd = "/memfd:" in line
+                elif in_memfd and line.startswith("Rss:"):
+                    total += int(line.split()[1])
+    except (OSError, ValueError):
+        return 0
+    return total
+
+
+def tcp_connections(port: int) -> int:
+    """Established TCP connections whose local port is ``port`` (``/proc/net/tcp``, tcp6)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state == "01" and int(local.rsplit(":", 1)[1], 16) == port:
+                    count += 1
+    return count
+
+
 def tree_stats(pid: int) -> dict[str, Any]:
     """Resources of ``pid`` and of all its descendants.
 
@@ -283,16 +311,20 @@ def tree_stats(pid: int) -> dict[str, Any]:
         ``server`` (:func:`proc_stats` of ``pid`` itself), ``processes`` (descendants
         alive), and over ``pid`` plus descendants: ``rss_mib`` (sum of RSS: pages shared
         between processes count once per process), ``pss_mib`` (sum of proportional set
-        sizes: shared pages split between their users), ``fds``, ``threads``, ``cpu_s``
+        sizes: shared pages split between their users), ``shm_rss_mib`` (the part of
+        ``rss_mib`` in memfd mappings: :func:`shm_rss_kib`), ``fds``, ``threads``, ``cpu_s``
         (CPU seconds used so far, workers reaped by the fork server included).
     """
     server = proc_stats(pid)
-    kids = [s for s in (proc_stats(p) for p in descendants(pid)) if s is not None]
+    pids = descendants(pid)
+    kids = [s for s in (proc_stats(p) for p in pids) if s is not None]
     every = ([server] if server else []) + kids
+    shm = sum(shm_rss_kib(p) for p in [pid, *pids]) / 1024
     return {
         "server": server,
         "processes": len(kids),
         "rss_mib": round(sum(s["rss_kib"] for s in every) / 1024, 2),
+        "shm_rss_mib": round(shm, 2),
         "pss_mib": round(sum(s["pss_kib"] for s in every) / 1024, 2),
         "fds": sum(s["fds"] for s in every),
         "threads": sum(s["threads"] for s in every),

@@ -81,6 +81,7 @@ from common import (
     pressure,
     slope,
     stop_process,
+    tcp_connections,
     tree_stats,
     wait_ready,
 )
@@ -404,6 +405,7 @@ async def run_soak(
     args: argparse.Namespace,
     url: str,
     server_pid: int,
+    port: int,
     log: Path,
     good: list[Request],
     bad: list[Request],
@@ -422,6 +424,7 @@ async def run_soak(
         s["t"] = round(time.monotonic() - t0, 2)
         s["loadavg_1m"] = os.getloadavg()[0]
         s["in_flight"] = len(pending)
+        s["http_connections"] = tcp_connections(port)
         s["pressure"] = pressure()
         soak.samples.append(s)
 
@@ -633,9 +636,15 @@ def summarize(soak: Soak, ramp: list[dict[str, Any]], capacity: float, args: Any
         "resources": {
             "tree_rss_mib": trend([s["rss_mib"] for s in samples]),
             "tree_pss_mib": trend([s["pss_mib"] for s in samples]),
+            "tree_rss_outside_shm_arenas_mib": trend(
+                [s["rss_mib"] - s["shm_rss_mib"] for s in samples]
+            ),
             "tree_fds": trend([s["fds"] for s in samples]),
             "server_rss_mib": trend(server("rss_kib", 1024)),
             "server_fds": trend(server("fds")),
+            "server_fds_but_http_connections": trend(
+                [f - s["http_connections"] for f, s in zip(server("fds"), samples, strict=True)]
+            ),
             "server_threads": trend(server("threads")),
             "processes_below_server": trend([s["processes"] for s in samples]),
         },
@@ -729,7 +738,7 @@ async def run(args: argparse.Namespace, proc: subprocess.Popen[bytes], port: int
     capacity = max(x["rps"] for x in ramp)
     rate = args.load * capacity
     print(f"capacity {capacity} img/s; soak at {rate:.1f} req/s for {args.minutes} min", flush=True)
-    soak = await run_soak(args, url, proc.pid, log, good, bad, goldens, rate)
+    soak = await run_soak(args, url, proc.pid, port, log, good, bad, goldens, rate)
     return summarize(soak, ramp, capacity, args)
 
 
