@@ -6,6 +6,7 @@ and they import these helpers with ``from common import ...``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -220,3 +221,161 @@ def tritonserver_command(
 def header_args(headers: Sequence[str]) -> list[str]:
     """``--header H`` for each of ``headers`` (loadgen.py options)."""
     return [arg for h in headers for arg in ("--header", h)]
+
+
+# --------------------------------------------------------------------------- process trees
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, grandchildren, ...), read from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])  # fields after "(comm)": state ppid
+        children.setdefault(ppid, []).append(int(entry))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def proc_stats(pid: int) -> dict[str, Any] | None:
+    """``rss_kib``, ``pss_kib``, ``fds``, ``threads`` and ``cpu_s`` (user + system CPU
+    seconds of the process and of its children it has reaped) of one process (None once
+    it is gone or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        ticks = [int(x) for x in stat[stat.rindex(b")") + 2 :].split()[11:15]]
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+        if "VmRSS" not in status:
+            return None  # zombie
+        pss = 0
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    pss = int(line.split()[1])
+        return {
+            "rss_kib": int(status["VmRSS"].split()[0]),
+            "pss_kib": pss,
+            "fds": len(os.listdir(f"/proc/{pid}/fd")),
+            "threads": int(status["Threads"]),
+            "cpu_s": sum(ticks) / os.sysconf("SC_CLK_TCK"),
+        }
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def shm_rss_kib(pid: int) -> int:
+    """Resident KiB of ``pid``'s memfd mappings (the python backend's shared-memory
+    arenas: pools that keep their high-water size by design), 0 once it is gone."""
+    total, in_memfd = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                if not line[0].isupper():  # a mapping's header line: "start-end perms ..."
+                    in_memfd = "/memfd:" in line
+                elif in_memfd and line.startswith("Rss:"):
+                    total += int(line.split()[1])
+    except (OSError, ValueError):
+        return 0
+    return total
+
+
+def tcp_connections(port: int) -> int:
+    """Established TCP connections whose local port is ``port`` (``/proc/net/tcp``, tcp6)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state == "01" and int(local.rsplit(":", 1)[1], 16) == port:
+                    count += 1
+    return count
+
+
+def tree_stats(pid: int) -> dict[str, Any]:
+    """Resources of ``pid`` and of all its descendants.
+
+    Returns:
+        ``server`` (:func:`proc_stats` of ``pid`` itself), ``processes`` (descendants
+        alive), and over ``pid`` plus descendants: ``rss_mib`` (sum of RSS: pages shared
+        between processes count once per process), ``pss_mib`` (sum of proportional set
+        sizes: shared pages split between their users), ``shm_rss_mib`` (the part of
+        ``rss_mib`` in memfd mappings: :func:`shm_rss_kib`), ``fds``, ``threads``, ``cpu_s``
+        (CPU seconds used so far, workers reaped by the fork server included).
+    """
+    server = proc_stats(pid)
+    pids = descendants(pid)
+    kids = [s for s in (proc_stats(p) for p in pids) if s is not None]
+    every = ([server] if server else []) + kids
+    shm = sum(shm_rss_kib(p) for p in [pid, *pids]) / 1024
+    return {
+        "server": server,
+        "processes": len(kids),
+        "rss_mib": round(sum(s["rss_kib"] for s in every) / 1024, 2),
+        "shm_rss_mib": round(shm, 2),
+        "pss_mib": round(sum(s["pss_kib"] for s in every) / 1024, 2),
+        "fds": sum(s["fds"] for s in every),
+        "threads": sum(s["threads"] for s in every),
+        "cpu_s": round(sum(s["cpu_s"] for s in every), 2),
+    }
+
+
+def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of ``ys`` over ``xs`` (0.0 with fewer than 2 points)."""
+    if len(xs) < 2:
+        return 0.0
+    import numpy as np
+
+    return float(np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)[0])
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> list[int]:
+    """SIGTERM ``proc``, wait up to ``timeout`` s, then SIGKILL it and what is left below it.
+
+    Returns:
+        the pids of its descendants (taken just before SIGTERM) still alive 2 s after it
+        exited: processes that outlived the server (there should be none).
+    """
+    kids = descendants(proc.pid)
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 2.0
+    alive = kids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if proc_stats(p) is not None]
+    for p in alive:  # only processes this server started
+        with contextlib.suppress(OSError):
+            os.kill(p, 9)
+    return alive
+
+
+def pressure() -> dict[str, float]:
+    """The kernel's pressure-stall figures (``/proc/pressure``): share of the last 10 s
+    in which some task waited for a CPU (``cpu_some``) and in which every task was
+    stalled on memory (``memory_full``), in percent; empty where PSI is unavailable.
+    High values mean the machine, not the server, was the bottleneck."""
+    out: dict[str, float] = {}
+    for res, kind in (("cpu", "some"), ("memory", "full")):
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/pressure/{res}") as f:
+            for line in f:
+                if line.startswith(kind):
+                    out[f"{res}_{kind}"] = float(line.split()[1].split("=")[1])
+    return out
