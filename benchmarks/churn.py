@@ -12,9 +12,10 @@ connection, each answer checked against the golden output). The main loop then r
 3. unload both.
 
 Every ``--sample-every`` cycles (default 10), once the repository index shows
-neither model still ``UNLOADING`` (Triton unloads in the background too; 10 s at most), the
-server's RSS, open fds and threads and the number of processes below it (fork
-server, resource tracker, workers), plus RSS/PSS/fds of the whole tree, are sampled.
+neither model ``LOADING`` or ``UNLOADING`` (unloads finish in the background, as in
+Triton; 10 s at most), the server's RSS, open fds and threads and the number of
+processes below it (fork server, resource tracker, workers), plus RSS/PSS/fds of the
+whole tree, are sampled.
 The report gives first/last values and least-squares slopes per 100 cycles from the
 first sample after ``--sample-every`` cycles on (the sample taken before the first
 cycle, before any python model has started the fork server, is kept apart); every
@@ -28,7 +29,7 @@ Usage::
 Writes the figures as JSON to ``--out`` (server log next to it) and prints a Markdown
 summary. Bounded: ``--cycles`` cycles and ``--max-minutes`` at most, every HTTP call
 has a 60 s timeout. The server listens on 127.0.0.1 and is stopped by pid at the end,
-on Ctrl-C and on errors.
+on Ctrl-C and on errors. Exit status 0 when nothing failed, else 1.
 """
 
 from __future__ import annotations
@@ -364,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         port,
         free_port(),
         free_port(),
+        "--host",
+        "127.0.0.1",
         "--model-control-mode",
         "explicit",
         "--load-model",

@@ -20,7 +20,10 @@ extension for the input and JSON outputs. Steps:
    load average and the kernel's CPU and memory pressure (``/proc/pressure``: on a
    shared machine, what else slowed everything down) and the CPU time of the server's
    tree: per minute, the cores it got and its CPU milliseconds per answer (steady per
-   answer with fewer cores = the server starved of CPU by others, not slower).
+   answer with fewer cores = the server starved of CPU by others, not slower). Two
+   series separate what is expected to move from leaks: the RSS outside the python
+   backend's shared-memory arenas (pools that keep their high-water size) and the
+   server's fds other than its HTTP connections.
 3. The server is stopped with SIGTERM; any process of its tree still alive 2 s after
    it exited is reported (and killed).
 
@@ -51,7 +54,7 @@ Markdown summary. Bounded: the ramp and the soak run for fixed times, at most
 ``rate x duration`` requests are sent, at most ``--max-in-flight`` are outstanding
 (requests over it are counted as *not sent*), and each waits ``--timeout`` s at most.
 The server listens on 127.0.0.1 and is stopped by pid at the end, on Ctrl-C and on
-errors.
+errors. Exit status 0 when nothing was lost and nothing failed, else 1.
 """
 
 from __future__ import annotations
@@ -764,7 +767,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     log = args.out.with_suffix(".server.log")
     port = free_port()
-    cmd = pdserve_command(REPO, port, free_port(), free_port())
+    cmd = pdserve_command(REPO, port, free_port(), free_port(), "--host", "127.0.0.1")
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
