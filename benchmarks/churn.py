@@ -29,7 +29,7 @@ Usage::
 Writes the figures as JSON to ``--out`` (server log next to it) and prints a Markdown
 summary. Bounded: ``--cycles`` cycles and ``--max-minutes`` at most, every HTTP call
 has a 60 s timeout. The server listens on 127.0.0.1 and is stopped by pid at the end,
-on Ctrl-C and on errors. Exit status 0 when nothing failed, else 1.
+on Ctrl-C, SIGTERM and errors. Exit status 0 when nothing failed, else 1.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from common import (
     REPO,
     ROOT,
     free_port,
+    interrupt_on_sigterm,
     pdserve_command,
     slope,
     stop_process,
@@ -357,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-minutes", type=float, default=60.0)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "churn.json")
     args = p.parse_args(argv)
+    interrupt_on_sigterm()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     log = args.out.with_suffix(".server.log")
     port = free_port()

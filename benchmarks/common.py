@@ -379,3 +379,16 @@ def pressure() -> dict[str, float]:
                 if line.startswith(kind):
                     out[f"{res}_{kind}"] = float(line.split()[1].split("=")[1])
     return out
+
+
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM (and SIGINT, which a shell ignores in background jobs) raise
+    :class:`KeyboardInterrupt` in the main thread, so that a script's ``finally`` stops
+    the server it started however it is ended."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)

@@ -53,8 +53,8 @@ Writes every figure as JSON to ``--out`` (the server log next to it) and prints 
 Markdown summary. Bounded: the ramp and the soak run for fixed times, at most
 ``rate x duration`` requests are sent, at most ``--max-in-flight`` are outstanding
 (requests over it are counted as *not sent*), and each waits ``--timeout`` s at most.
-The server listens on 127.0.0.1 and is stopped by pid at the end, on Ctrl-C and on
-errors. Exit status 0 when nothing was lost and nothing failed, else 1.
+The server listens on 127.0.0.1 and is stopped by pid at the end, on Ctrl-C, SIGTERM
+and errors. Exit status 0 when nothing was lost and nothing failed, else 1.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ from common import (
     ROOT,
     descendants,
     free_port,
+    interrupt_on_sigterm,
     pdserve_command,
     pressure,
     slope,
@@ -721,7 +722,11 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 async def run(args: argparse.Namespace, proc: subprocess.Popen[bytes], port: int, log: Path) -> Any:
-    """The ramp, then the soak; returns the summary."""
+    """The ramp, then the soak; returns the summary. SIGINT and SIGTERM cancel it."""
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, main_task.cancel)
     url = f"http://127.0.0.1:{port}/v2/models/{MODEL}/infer"
     goldens = Goldens.load()
     good = [
@@ -764,6 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "soak.json")
     args = p.parse_args(argv)
+    interrupt_on_sigterm()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     log = args.out.with_suffix(".server.log")
     port = free_port()
@@ -773,6 +779,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wait_ready(proc, port, log, "pdserve", interval=0.2, tail=3000)
         result = asyncio.run(run(args, proc, port, log))
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt("interrupted") from None
     finally:  # also on Ctrl-C and errors
         orphans = stop_process(proc)
     result["orphans_after_stop"] = orphans
