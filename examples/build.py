@@ -945,22 +945,6 @@ def build_tiny_dtypes(repo: Path, work: Path) -> ModelResult:
 # Verification of a finished repository
 # --------------------------------------------------------------------------- #
 
-_ORT_TO_V2 = {
-    "tensor(bool)": "BOOL",
-    "tensor(uint8)": "UINT8",
-    "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16",
-    "tensor(float)": "FP32",
-    "tensor(double)": "FP64",
-    "tensor(string)": "BYTES",
-}
-
 
 def verify_repository(repo: Path, manifest: dict[str, Any]) -> None:
     """Load every version of every model with ONNX Runtime; check it matches the manifest.
@@ -973,6 +957,8 @@ def verify_repository(repo: Path, manifest: dict[str, Any]) -> None:
         RuntimeError: a model is missing, fails to load, or its graph disagrees
             with the declared tensors (name, datatype, dims, batch axis).
     """
+    from pdserve.core.datatypes import ORT_TO_V2  # the server's own table
+
     for name, info in manifest["models"].items():
         model_dir = repo / name
         if info["has_config"] != (model_dir / "config.pbtxt").is_file():
@@ -988,7 +974,7 @@ def verify_repository(repo: Path, manifest: dict[str, Any]) -> None:
             ):
                 got = {
                     a.name: (
-                        _ORT_TO_V2.get(a.type, a.type),
+                        ORT_TO_V2.get(a.type, a.type),
                         [d if isinstance(d, int) else -1 for d in a.shape],
                     )
                     for a in actual
