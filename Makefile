@@ -9,7 +9,12 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: serve test examples lint format bench bench-perf-tool clean
+.PHONY: serve test examples lint format bench bench-perf-tool clean sysdeps
+
+# Debian packages the tests start themselves on 127.0.0.1 (and stop by PID): add the
+# package to SYSPKGS and one of its commands to SYSCMDS. Installed only when a command is missing.
+SYSPKGS := redis-server prometheus
+SYSCMDS := redis-server prometheus promtool
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +23,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[examples,test,perf,check]'
 	touch $(STAMP)
+
+sysdeps:
+	@for c in $(SYSCMDS); do command -v $$c >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends $(SYSPKGS); \
+	fi
 
 examples: $(STAMP)
 	$(PY) examples/build.py
@@ -35,7 +47,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: examples lint
+test: sysdeps examples lint
 	$(PY) -m pytest -q
 
 bench: examples
