@@ -53,7 +53,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             settings = Settings.from_namespace(args)
         except SettingsError as e:
             serve.error(str(e))  # exits 2
-        setup_logging(settings.log_verbose)
+        setup_serve_logging(settings)
         from pdserve.app.main import run as run_server
 
         return run_server(settings)
@@ -84,6 +84,22 @@ def setup_logging(verbose: int) -> None:
         level=logging.DEBUG if verbose > 0 else logging.INFO,
         format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
         stream=sys.stderr,
+    )
+
+
+def setup_serve_logging(settings: Settings) -> None:
+    """Log to stderr as the ``--log-*`` flags say (:mod:`pdserve.observability.logs`):
+    levels, format, and request/trace ids on the lines of a request."""
+    from pdserve.observability import logs
+
+    logs.configure(
+        logs.state_from_flags(
+            info=settings.log_info,
+            warning=settings.log_warning,
+            error=settings.log_error,
+            verbose=settings.log_verbose,
+            fmt=settings.log_format,
+        )
     )
 
 

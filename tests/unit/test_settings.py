@@ -47,6 +47,10 @@ FLAGS = {
     "--repository-poll-secs",
     "--response-cache-byte-size",
     "--cache-config",
+    "--log-info",
+    "--log-warning",
+    "--log-error",
+    "--log-format",
 }
 
 
