@@ -32,8 +32,8 @@ the model version's health over the last :data:`WINDOW_SECS` seconds, from
 
 from __future__ import annotations
 
+import math
 import time
-from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,8 +60,12 @@ _STAT_NAMES = (
 #: Seconds of history in ``pdserve_recent`` (:class:`RecentWindow`).
 WINDOW_SECS = 60
 
-#: Latency bucket upper bounds of the recent window, ns: 10 µs to ~100 s, each 12% wider.
-_RECENT_BOUNDS: tuple[int, ...] = tuple(int(10_000 * 1.12**i) for i in range(143))
+#: Latency bucket upper bounds of the recent window, ns: 10 µs to ~100 s, each 12% wider
+#: (bucket ``i`` holds ``(bound[i-1], bound[i]]``; the last one everything above).
+_RATIO = 1.12
+_RECENT_BOUNDS: tuple[float, ...] = tuple(10_000 * _RATIO**i for i in range(143))
+_LOG_RATIO = math.log(_RATIO)
+_LAST = len(_RECENT_BOUNDS)
 
 
 class RecentWindow:
@@ -99,7 +103,10 @@ class RecentWindow:
         counts = slot[3]
         if counts is None:
             counts = slot[3] = [0] * (len(_RECENT_BOUNDS) + 1)
-        counts[bisect_left(_RECENT_BOUNDS, request_ns)] += 1
+        if request_ns <= 10_000:
+            counts[0] += 1
+        else:
+            counts[min(_LAST, math.ceil(math.log(request_ns / 10_000) / _LOG_RATIO))] += 1
 
     def summary(self, now: float | None = None) -> dict[str, Any]:
         """The window as ``pdserve_recent`` (see the module docstring)."""
