@@ -20,7 +20,9 @@ The same settings are read and changed at run time through Triton's logging
 extension (``GET/POST /v2/logging``, gRPC ``LogSettings``): :func:`settings_dict`
 and :func:`update_settings`, whose names, types and semantics are Triton's
 (server ``docs/protocol/extension_logging.md``). ``log_file`` is reported as ``""``
-(pdserve logs to stderr) and cannot be changed, as in Triton since 2.38.
+and only ``""`` is accepted: pdserve always logs to stderr (Triton can write to a file).
+Where Triton ignores a name it does not know, pdserve refuses it (400), so a typo is
+not silently lost.
 
 Nothing here logs payloads; as a last line of defence :class:`RedactFilter` masks
 ``Authorization``/``Bearer`` credentials that a message might carry.
