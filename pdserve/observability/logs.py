@@ -21,8 +21,8 @@ extension (``GET/POST /v2/logging``, gRPC ``LogSettings``): :func:`settings_dict
 and :func:`update_settings`, whose names, types and semantics are Triton's
 (server ``docs/protocol/extension_logging.md``). ``log_file`` is reported as ``""``
 and only ``""`` is accepted: pdserve always logs to stderr (Triton can write to a file).
-Where Triton ignores a name it does not know, pdserve refuses it (400), so a typo is
-not silently lost.
+A name that is not one of these is refused (400), so a typo is not silently lost
+(Triton's document does not say what it does with one).
 
 Nothing here logs payloads; as a last line of defence :class:`RedactFilter` masks
 ``Authorization``/``Bearer`` credentials that a message might carry.
