@@ -18,6 +18,9 @@ Subcommands, listed here and nowhere else (:func:`build_parser`):
     search a model's instance counts and batching for the best throughput under
     a latency SLO and a memory budget, model_analyzer's role
     (:mod:`pdserve.app.analyze`).
+``top``
+    live per-model QPS, errors, p50/p99 and queue of a running server, from its
+    metrics endpoint (:mod:`pdserve.app.top`).
 
 A flag with a bad value, or flags that do not go together, end the process with
 an argparse error (exit code 2) naming the flag, before anything starts.
@@ -31,7 +34,7 @@ import sys
 from collections.abc import Callable
 
 from pdserve import __version__
-from pdserve.app import check, rollback
+from pdserve.app import check, rollback, top
 from pdserve.app.analyze import cli as analyze_cli
 from pdserve.app.perf import cli as perf_cli
 from pdserve.app.settings import Settings, SettingsError, add_arguments
@@ -53,7 +56,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             settings = Settings.from_namespace(args)
         except SettingsError as e:
             serve.error(str(e))  # exits 2
-        setup_logging(settings.log_verbose)
+        setup_serve_logging(settings)
         from pdserve.app.main import run as run_server
 
         return run_server(settings)
@@ -75,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_parser(sub)
     perf_cli.add_parser(sub)
     analyze_cli.add_parser(sub)
+    top.add_parser(sub)
     return parser
 
 
@@ -84,6 +88,22 @@ def setup_logging(verbose: int) -> None:
         level=logging.DEBUG if verbose > 0 else logging.INFO,
         format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
         stream=sys.stderr,
+    )
+
+
+def setup_serve_logging(settings: Settings) -> None:
+    """Log to stderr as the ``--log-*`` flags say (:mod:`pdserve.observability.logs`):
+    levels, format, and request/trace ids on the lines of a request."""
+    from pdserve.observability import logs
+
+    logs.configure(
+        logs.state_from_flags(
+            info=settings.log_info,
+            warning=settings.log_warning,
+            error=settings.log_error,
+            verbose=settings.log_verbose,
+            fmt=settings.log_format,
+        )
     )
 
 

@@ -10,7 +10,8 @@ frontend's own (``DEFAULT_MAX_REQUEST_BYTES``...) are that frontend's constants.
 
 Flag names follow ``tritonserver``'s where they exist (``--model-repository``,
 ``--http-port``, ``--grpc-port``, ``--metrics-port``, ``--strict-readiness``,
-``--exit-timeout-secs``, ``--log-verbose``, ``--model-control-mode``,
+``--exit-timeout-secs``, ``--log-verbose``, ``--log-info``, ``--log-warning``,
+``--log-error``, ``--log-format`` (``json`` is pdserve's own format), ``--model-control-mode``,
 ``--load-model``, ``--repository-poll-secs``, ``--host-policy``,
 ``--allow-grpc``, ``--allow-metrics``, ``--allow-gpu-metrics``,
 ``--allow-cpu-metrics``, ``--response-cache-byte-size``, ``--cache-config``), with
@@ -47,6 +48,7 @@ from pdserve.frontends.http.server import (
     DEFAULT_MAX_HEADER_COUNT,
     HttpLimits,
 )
+from pdserve.observability.logs import FORMATS as LOG_FORMATS
 from pdserve.repository.control import MODES
 
 #: The example repository that ``examples/build.py`` builds (``--model-repository``'s default).
@@ -58,6 +60,7 @@ MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
 #: Help sections of ``pdserve serve --help``, in order.
 GROUPS = (
     "server",
+    "logging",
     "HTTP",
     "gRPC",
     "metrics",
@@ -108,6 +111,20 @@ class HostPolicyAction(argparse.Action):
             raise argparse.ArgumentError(self, str(e)) from None
         policies[name] = settings
         setattr(namespace, self.dest, policies)
+
+
+def parse_bool(text: str) -> bool:
+    """A boolean flag value as tritonserver reads one: true/false, 1/0, on/off, yes/no.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    value = text.strip().lower()
+    if value in ("true", "1", "on", "yes"):
+        return True
+    if value in ("false", "0", "off", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def _flag(
@@ -178,6 +195,40 @@ class Settings:
         factory=dict,
         action=HostPolicyAction,
         metavar="NAME,SETTING=VALUE",
+    )
+
+    # -- logging (Triton's flags; --log-format json is pdserve's) -------------------------
+    log_info: bool = _flag(
+        "--log-info",
+        True,
+        "logging",
+        "write INFO lines (default {default})",
+        type=parse_bool,
+        metavar="BOOL",
+    )
+    log_warning: bool = _flag(
+        "--log-warning",
+        True,
+        "logging",
+        "write WARNING lines (default {default})",
+        type=parse_bool,
+        metavar="BOOL",
+    )
+    log_error: bool = _flag(
+        "--log-error",
+        True,
+        "logging",
+        "write ERROR lines (default {default})",
+        type=parse_bool,
+        metavar="BOOL",
+    )
+    log_format: str = _flag(
+        "--log-format",
+        "default",
+        "logging",
+        "log line format: default, ISO8601 (Triton's) or json (one JSON object a line, "
+        "with request_id and trace_id) (default {default})",
+        choices=LOG_FORMATS,
     )
 
     # -- HTTP ---------------------------------------------------------------------------

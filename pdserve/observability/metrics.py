@@ -36,7 +36,11 @@ Server-wide: ``nv_cache_num_entries``, ``nv_cache_num_lookups``,
 ``nv_cache_util`` (response cache); ``nv_cpu_utilization`` (0-1, since the last
 scrape), ``nv_cpu_memory_total_bytes``, ``nv_cpu_memory_used_bytes`` (system,
 from /proc); ``process_*`` from ``prometheus_client``'s ``ProcessCollector``
-(CPU seconds, resident memory...); and, only when ``pynvml`` imports and NVML
+(CPU seconds, resident memory...) of the server process;
+``pdserve_worker_cpu_seconds_total`` and ``pdserve_worker_resident_memory_bytes``
+(labels ``model``, ``version``, ``instance``) of each python-backend worker process
+(models run by ONNX Runtime share the server process's figures);
+``pdserve_model_ready{model, version}`` (1 ready, 0 loading/failed/unavailable); and, only when ``pynvml`` imports and NVML
 finds a GPU, ``nv_gpu_utilization``, ``nv_gpu_memory_total_bytes``,
 ``nv_gpu_memory_used_bytes``, ``nv_gpu_power_usage``, ``nv_gpu_power_limit``,
 ``nv_energy_consumption`` (label ``gpu_uuid``). Without a GPU there are no GPU
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -355,6 +360,92 @@ class CpuSampler:
         return out
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def read_process(pid: int) -> tuple[float, int] | None:
+    """``(cpu seconds, resident bytes)`` of process ``pid`` from /proc, or None when it
+    is gone or /proc is absent. CPU is user + system time (``/proc/PID/stat`` fields
+    14-15, clock ticks); RSS is ``/proc/PID/statm``'s second field (pages)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        with open(f"/proc/{pid}/statm", "rb") as fh:
+            statm = fh.read().split()
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        cpu = (int(fields[11]) + int(fields[12])) / _CLK_TCK
+        return cpu, int(statm[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def worker_processes(server: Any) -> list[tuple[dict[str, str], int]]:
+    """``[(labels {model, version, instance}, pid)]`` of every python-backend worker
+    process of the served model versions.
+
+    Read through the core's model manager (``server.manager.models[name].serving``,
+    each version's ``instances``, a python instance's live ``conn.pid``); a core
+    without a manager, or instances without worker processes (ONNX Runtime runs in
+    the server process), give none.
+    """
+    manager = getattr(server, "manager", None)
+    models = getattr(manager, "models", None)
+    if not isinstance(models, dict):
+        return []
+    out = []
+    for name, entry in sorted(models.items()):
+        for version, mv in sorted(getattr(entry, "serving", {}).items()):
+            for inst in getattr(mv, "instances", ()):
+                pid = getattr(getattr(inst, "conn", None), "pid", None)
+                if isinstance(pid, int) and pid > 0:
+                    labels = {"model": name, "version": str(version), "instance": inst.name}
+                    out.append((labels, pid))
+    return out
+
+
+def worker_families(server: Any) -> list[Family]:
+    """Per python-backend worker process: ``pdserve_worker_cpu_seconds_total`` (counter)
+    and ``pdserve_worker_resident_memory_bytes`` (gauge), labels model, version,
+    instance. Sum them ``by (model)`` for a model's CPU and RSS."""
+    cpu = Family(
+        "pdserve_worker_cpu_seconds_total",
+        "counter",
+        "User and system CPU time of a model instance's worker process, seconds",
+    )
+    rss = Family("pdserve_worker_resident_memory_bytes", "gauge", "Resident memory of a model instance's worker process, bytes")  # fmt: skip
+    for labels, pid in worker_processes(server):
+        reading = read_process(pid)
+        if reading is None:
+            continue
+        cpu.add(labels, reading[0])
+        rss.add(labels, reading[1])
+    return [cpu, rss]
+
+
+def readiness_families(server: Any) -> list[Family]:
+    """``pdserve_model_ready{model, version}``: 1 for a READY version, 0 for a version
+    that is loading, failed or unavailable -- every row of the repository index that
+    has a version, except versions unloaded on request (reason ``unloaded``)."""
+    index = getattr(server, "repository_index", None)
+    fam = Family("pdserve_model_ready", "gauge", "1 when the model version is ready to serve, 0 when it is loading, failed or unavailable")  # fmt: skip
+    if index is None:
+        return []
+    try:
+        rows = index()
+    except Exception as e:  # noqa: BLE001 - a scrape never fails on this
+        log.debug("repository index unavailable for metrics: %s", e)
+        return []
+    for row in rows:
+        version = row.get("version")
+        if not version or str(row.get("reason", "")).startswith("unloaded"):
+            continue
+        fam.add(
+            {"model": row["name"], "version": str(version)}, 1 if row.get("state") == "READY" else 0
+        )
+    return [fam]
+
+
 class GpuSampler:
     """NVML GPU metrics; :meth:`create` returns None without pynvml or a GPU."""
 
@@ -443,8 +534,10 @@ class MetricsExporter:
         """The whole exposition, Prometheus text format 0.0.4."""
         fams = model_families(self.model_stats())
         fams += cache_families(self.server.response_cache)
+        fams += readiness_families(self.server)
         if self.cpu is not None:
             fams += self.cpu.families()
+            fams += worker_families(self.server)
         if self.gpu is not None:
             fams += self.gpu.families()
         text = "".join(f.render() for f in fams).encode()

@@ -19,10 +19,20 @@ the frontends), unknown models or versions, inputs that do not match the
 configuration (``ModelVersion.prepare``; Triton's ``PrepareForInference``), and
 requests the scheduler refuses to queue (queue full, model unloading; Triton's
 ``Enqueue`` errors), which carry the reason :data:`NOT_QUEUED`.
+
+pdserve adds one field to each model's entry, ``pdserve_recent`` (HTTP only: gRPC's
+``ModelStatistics`` message has no place for it; tritonclient keeps the JSON as is):
+the model version's health over the last :data:`WINDOW_SECS` seconds, from
+:class:`RecentWindow` --
+``{"window_s": 60, "success": int, "failure": int, "error_rate": float 0-1,
+"qps": float, "latency_us": {"p50": float, "p90": float, "p99": float} | null}``
+(latency of successes, arrival to response, interpolated within log-spaced buckets
+12% wide, so a quantile is within about 12% of the exact one).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +55,101 @@ _STAT_NAMES = (
     "cache_hit",
     "cache_miss",
 )
+
+
+#: Seconds of history in ``pdserve_recent`` (:class:`RecentWindow`).
+WINDOW_SECS = 60
+
+#: Latency bucket upper bounds of the recent window, ns: 10 µs to ~100 s, each 12% wider
+#: (bucket ``i`` holds ``(bound[i-1], bound[i]]``; the last one everything above).
+_RATIO = 1.12
+_RECENT_BOUNDS: tuple[float, ...] = tuple(10_000 * _RATIO**i for i in range(143))
+_LOG_RATIO = math.log(_RATIO)
+_LAST = len(_RECENT_BOUNDS)
+
+
+class RecentWindow:
+    """Successes, failures and success latencies of the last ``secs`` seconds.
+
+    A ring of one-second slots (each a success count, a failure count and a latency
+    bucket array, allocated on first use), so recording is O(log buckets) and memory
+    is bounded whatever the load; slots older than the window are skipped when read.
+    Recorded and read on the event loop (no lock).
+    """
+
+    __slots__ = ("secs", "_ring")
+
+    def __init__(self, secs: int = WINDOW_SECS) -> None:
+        self.secs = secs
+        #: slot i: [second stamp, successes, failures, bucket counts or None]
+        self._ring: list[list[Any]] = [[-1, 0, 0, None] for _ in range(secs)]
+
+    def _slot(self, now: int) -> list[Any]:
+        slot = self._ring[now % self.secs]
+        if slot[0] != now:
+            slot[0] = now
+            slot[1] = slot[2] = 0
+            if slot[3] is not None:
+                slot[3] = None
+        return slot
+
+    def record(self, ok: bool, request_ns: int = 0, now: float | None = None) -> None:
+        """Count one request: a success that took ``request_ns``, or a failure."""
+        slot = self._slot(int(time.monotonic() if now is None else now))
+        if not ok:
+            slot[2] += 1
+            return
+        slot[1] += 1
+        counts = slot[3]
+        if counts is None:
+            counts = slot[3] = [0] * (len(_RECENT_BOUNDS) + 1)
+        if request_ns <= 10_000:
+            counts[0] += 1
+        else:
+            counts[min(_LAST, math.ceil(math.log(request_ns / 10_000) / _LOG_RATIO))] += 1
+
+    def summary(self, now: float | None = None) -> dict[str, Any]:
+        """The window as ``pdserve_recent`` (see the module docstring)."""
+        t = int(time.monotonic() if now is None else now)
+        success = failure = 0
+        merged = [0] * (len(_RECENT_BOUNDS) + 1)
+        for stamp, ok, bad, counts in self._ring:
+            if stamp < 0 or t - stamp >= self.secs:
+                continue
+            success += ok
+            failure += bad
+            if counts is not None:
+                for i, c in enumerate(counts):
+                    if c:
+                        merged[i] += c
+        total = success + failure
+        latency = None
+        if success:
+            latency = {
+                f"p{q}": round(_quantile(merged, success, q / 100) / 1000, 1) for q in (50, 90, 99)
+            }
+        return {
+            "window_s": self.secs,
+            "success": success,
+            "failure": failure,
+            "error_rate": round(failure / total, 6) if total else 0.0,
+            "qps": round(total / self.secs, 3),
+            "latency_us": latency,
+        }
+
+
+def _quantile(counts: list[int], total: int, q: float) -> float:
+    """The ``q`` quantile (ns) of bucketed counts, interpolated linearly inside the
+    bucket that holds it (as Prometheus' ``histogram_quantile``)."""
+    rank = q * total
+    seen = 0
+    for i, c in enumerate(counts):
+        if c and seen + c >= rank:
+            lower = _RECENT_BOUNDS[i - 1] if i > 0 else 0
+            upper = _RECENT_BOUNDS[i] if i < len(_RECENT_BOUNDS) else _RECENT_BOUNDS[-1]
+            return lower + (upper - lower) * (rank - seen) / c
+        seen += c
+    return float(_RECENT_BOUNDS[-1])
 
 
 @dataclass(slots=True)
@@ -94,6 +199,7 @@ class ModelStats:
         self.durations: dict[str, Duration] = {n: Duration() for n in _STAT_NAMES}
         self.batches: dict[int, BatchStats] = {}
         self.pending = 0
+        self.recent = RecentWindow()
         self.hooks: list[Any] = []
         for listener in LISTENERS:
             listener(self)
@@ -111,6 +217,7 @@ class ModelStats:
         self.durations["success"].add(request_ns)
         self.durations["queue"].add(queue_ns)
         self.last_inference_ms = int(time.time() * 1000)
+        self.recent.record(True, request_ns)
         for hook in self.hooks:
             hook(
                 "success",
@@ -124,6 +231,7 @@ class ModelStats:
         """A request that reached the scheduler failed (``reason``: REJECTED,
         CANCELED, BACKEND, OTHER; see the module docstring for what counts)."""
         self.durations["fail"].add(request_ns)
+        self.recent.record(False)
         for hook in self.hooks:
             hook("failure", request_ns=request_ns, reason=reason)
 
@@ -183,4 +291,5 @@ class ModelStats:
                 for size, b in sorted(self.batches.items())
             ],
             "memory_usage": [],
+            "pdserve_recent": self.recent.summary(),
         }

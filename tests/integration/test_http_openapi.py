@@ -158,4 +158,5 @@ def test_the_document_is_served_and_names_every_route(server: ServerProcess) -> 
         "/v2/repository/index",
         "/v2/repository/models/{model_name}/load",
         "/v2/repository/models/{model_name}/unload",
+        "/v2/logging",
     }

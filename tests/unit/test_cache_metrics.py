@@ -213,7 +213,9 @@ def test_dashboard_queries_use_exported_metric_names() -> None:
     }
     exported |= {"process_cpu_seconds_total", "process_resident_memory_bytes"}
     exported |= {"nv_cpu_utilization", "nv_cpu_memory_used_bytes", "nv_gpu_utilization"}
-    exported |= {"nv_gpu_memory_used_bytes"}
+    exported |= {"nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes"}
+    exported |= {"pdserve_worker_cpu_seconds_total", "pdserve_worker_resident_memory_bytes"}
+    exported |= {"pdserve_model_ready"}
     for expr in exprs:
         for name in re.findall(r"\b((?:nv|pdserve|process)_[a-z_]+)", expr):
             base = re.sub(r"_(bucket|sum|count)$", "", name)

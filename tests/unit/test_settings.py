@@ -47,6 +47,10 @@ FLAGS = {
     "--repository-poll-secs",
     "--response-cache-byte-size",
     "--cache-config",
+    "--log-info",
+    "--log-warning",
+    "--log-error",
+    "--log-format",
 }
 
 
@@ -316,4 +320,4 @@ def test_subcommands_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         cli.main(["--help"])
     assert e.value.code == 0
-    assert "{serve,rollback,check,perf,analyze}" in capsys.readouterr().out
+    assert "{serve,rollback,check,perf,analyze,top}" in capsys.readouterr().out

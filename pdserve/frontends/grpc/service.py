@@ -23,8 +23,11 @@ from pdserve.frontends.grpc.codec import (
     metadata_response,
     param_value,
 )
+from pdserve.observability import logs
 
 log = logging.getLogger("pdserve.grpc")
+#: One DEBUG line per inference request (``--log-verbose 1``): model and version only.
+request_log = logging.getLogger("pdserve.request")
 
 #: ErrorCode -> gRPC status: the one table of the gRPC frontend. Triton's codes as
 #: Triton's gRPC frontend maps them (triton-inference-server/server
@@ -54,6 +57,14 @@ async def _call(func: Callable[..., Any], *args: Any) -> Any:
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+def _traceparent(context: grpc.aio.ServicerContext) -> str | None:
+    """The call's ``traceparent`` metadata value (W3C trace context), if any."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent":
+            return value if isinstance(value, str) else None
+    return None
 
 
 SERVICE_NAME = "inference.GRPCInferenceService"
@@ -125,6 +136,21 @@ def method_handlers(servicer: GrpcService) -> dict[str, grpc.RpcMethodHandler]:
             h = h._replace(unary_unary=_refuse_malformed(h.unary_unary))
         handlers[method] = h._replace(request_deserializer=deserializer)
     return handlers
+
+
+def log_settings_response(settings: dict[str, Any]) -> service_pb2.LogSettingsResponse:
+    """The logging extension's settings as a ``LogSettingsResponse`` (bools as
+    ``bool_param``, ``log_verbose_level`` as ``uint32_param``, strings as ``string_param``)."""
+    msg = service_pb2.LogSettingsResponse()
+    for name, value in settings.items():
+        slot = msg.settings[name]
+        if isinstance(value, bool):
+            slot.bool_param = value
+        elif isinstance(value, int):
+            slot.uint32_param = value
+        else:
+            slot.string_param = str(value)
+    return msg
 
 
 class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -221,6 +247,11 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             req = await decode_off_loop(request, arrival_ns)
             req.cancelled = context.cancelled
+            logs.begin_request(req.id, _traceparent(context))
+            if request_log.isEnabledFor(logging.DEBUG):
+                request_log.debug(
+                    "gRPC infer model=%s version=%s", req.model_name, req.model_version or "-"
+                )
             return await encode_off_loop(await self.server.infer(req))
         except InferError as e:
             await context.abort(grpc_status(e), e.message)
@@ -246,11 +277,13 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         (OK) once the client has closed its side and all of them are answered.
         """
         done: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue()
+        traceparent = _traceparent(context)
         running: set[asyncio.Task[None]] = set()
 
         async def one(request: service_pb2.ModelInferRequest, arrival_ns: int) -> None:
             try:
                 req = await decode_off_loop(request, arrival_ns)
+                logs.begin_request(req.id, traceparent)
                 resp = await encode_off_loop(await self.server.infer(req))
                 msg = service_pb2.ModelStreamInferResponse(infer_response=resp)
             except InferError as e:
@@ -288,6 +321,24 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             reader.cancel()
             for task in list(running):
                 task.cancel()
+
+    # -- logging extension -----------------------------------------------------
+
+    async def LogSettings(  # noqa: N802
+        self, request: service_pb2.LogSettingsRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.LogSettingsResponse:
+        """Triton's logging extension: change the settings given, answer all of them
+        (:func:`pdserve.observability.logs.update_settings`; a bad name or value type is
+        ``INVALID_ARGUMENT`` and changes nothing)."""
+
+        async def run() -> service_pb2.LogSettingsResponse:
+            changes = {}
+            for name, value in request.settings.items():
+                which = value.WhichOneof("parameter_choice")
+                changes[name] = None if which is None else getattr(value, which)
+            return log_settings_response(logs.update_settings(changes))
+
+        return await self._guard(context, run)
 
     # -- statistics and repository -------------------------------------------
 

@@ -31,8 +31,11 @@ from pdserve.frontends.http.status import (
     MethodNotAllowedError,
 )
 from pdserve.frontends.offload import off_loop, off_process
+from pdserve.observability import logs
 
 logger = logging.getLogger("pdserve.http")
+#: One DEBUG line per inference request (``--log-verbose 1``): model and version only.
+request_log = logging.getLogger("pdserve.request")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -167,6 +170,7 @@ class HttpApp:
         header_length: int | None = None
         content_length = -1
         encoding = b""
+        traceparent: bytes | None = None
         for key, value in scope["headers"]:
             if key == b"content-length":
                 content_length = _int_header(value, -1)
@@ -179,6 +183,8 @@ class HttpApp:
                     )
             elif key == b"content-encoding":
                 encoding = value if not encoding else encoding + b"," + value
+            elif key == b"traceparent":
+                traceparent = value
         if header_length is None:
             body = await self._read_body(receive, content_length, encoding, json=True)
             json_size = len(body)
@@ -198,6 +204,9 @@ class HttpApp:
                 decode_infer_request, body, header_length, model, version, arrival_ns
             )
         request.cancelled = _disconnect_probe(receive)
+        logs.begin_request(request.id, traceparent)  # ids on this request's log lines
+        if request_log.isEnabledFor(logging.DEBUG):
+            request_log.debug("HTTP infer model=%s version=%s", model, version or "-")
         response = await self._infer(request)
         size = 0
         try:
@@ -340,6 +349,9 @@ class HttpApp:
             await _send_json(send, 200, _dumps(await _call(self.server.metadata)))
             return
         section = parts[2]
+        if section == "logging" and n == 3:
+            await self._logging(receive, send, scope, method)
+            return
         if section == "openapi.json" and n == 3:
             _check_method(method, "GET")
             await _send_json(send, 200, openapi_document())
@@ -426,6 +438,19 @@ class HttpApp:
             if not await _call(server.model_ready, model, version):
                 raise InferError("Model version not ready")
             body = b""
+        await _send_json(send, 200, body)
+
+    async def _logging(self, receive: Receive, send: Send, scope: Scope, method: str) -> None:
+        """``GET /v2/logging`` (the settings) and ``POST /v2/logging`` (change some,
+        answer all): Triton's logging extension (:mod:`pdserve.observability.logs`).
+        A bad name or type is a 400 and changes nothing."""
+        if method not in ("GET", "POST"):
+            raise _WrongMethodError("GET, POST")
+        if method == "POST":
+            doc = await self._read_json_object(receive, scope)
+            body = _dumps(logs.update_settings(doc))
+        else:
+            body = _dumps(logs.settings_dict())
         await _send_json(send, 200, body)
 
     async def _repository_index(self, receive: Receive, send: Send, scope: Scope) -> None:

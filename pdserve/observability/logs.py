@@ -1,0 +1,386 @@
+"""Log lines and Triton's logging extension (issue 17).
+
+One process-wide :class:`LogState` decides which lines are written and how:
+
+- ``log_info`` / ``log_warning`` / ``log_error`` (bool): write INFO / WARNING /
+  ERROR (and CRITICAL) lines; ``log_verbose_level`` (uint32): write DEBUG lines when
+  > 0 (Python's logging has one verbose level: every level >= 1 shows them all);
+- ``log_format``: ``default`` (pdserve's ``2026-12-01 05:43:55,123 I pdserve.http:
+  message``), ``ISO8601`` (``2026-12-01T05:43:55.123Z I pdserve.http: message``) --
+  Triton's two formats -- or ``json`` (pdserve's extension: one JSON object a line,
+  ``{"time", "level", "logger", "pid", "message", "request_id", "trace_id",
+  "exception"}``, the last three only when present).
+
+Every line written while a request is handled carries its request id and trace id
+(:mod:`pdserve.core.context`): ``json`` as fields, the text formats as a
+`` [request_id=... trace_id=...]`` suffix. The frontends call :func:`begin_request`
+when a request arrives.
+
+The same settings are read and changed at run time through Triton's logging
+extension (``GET/POST /v2/logging``, gRPC ``LogSettings``): :func:`settings_dict`
+and :func:`update_settings`, whose names, types and semantics are Triton's
+(server ``docs/protocol/extension_logging.md``). ``log_file`` is reported as ``""``
+and only ``""`` is accepted: pdserve always logs to stderr (Triton can write to a file).
+A name that is not one of these is refused (400), so a typo is not silently lost
+(Triton's document does not say what it does with one).
+
+Nothing here logs payloads; as a last line of defence :class:`RedactFilter` masks
+``Authorization``/``Bearer`` credentials that a message might carry.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import re
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pdserve.core import context
+from pdserve.core.errors import InferError
+
+#: The values ``log_format`` / ``--log-format`` take: Triton's two, and ``json``.
+FORMATS = ("default", "ISO8601", "json")
+
+#: Settings names of the logging extension (Triton's), in the order answers list them.
+SETTING_NAMES = (
+    "log_file",
+    "log_info",
+    "log_warning",
+    "log_error",
+    "log_verbose_level",
+    "log_format",
+)
+
+_UINT32_MAX = 2**32 - 1
+
+#: A W3C ``traceparent``: version-traceid-parentid-flags, lowercase hex
+#: (https://www.w3.org/TR/trace-context/#traceparent-header).
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+_SECRET = re.compile(
+    r"(?i)\b(authorization\s*[:=]\s*(?:(?:bearer|basic|digest)\s+)?|bearer\s+"
+    r"|(?:token|api[-_]?key|password|secret)\s*[:=]\s*)([^\s,;\"']+)"
+)
+
+
+@dataclass
+class LogState:
+    """The logging extension's settings (Triton's names and types)."""
+
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_verbose_level: int = 0
+    log_format: str = "default"
+
+
+#: The settings in force in this process.
+STATE = LogState()
+
+
+def parse_traceparent(value: str | bytes | None) -> str | None:
+    """The trace id of a valid W3C ``traceparent`` value, else None.
+
+    Invalid: not four dash-separated lowercase hex fields of 2-32-16-2 digits,
+    version ``ff``, or an all-zero trace id or parent id (the W3C rules).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    m = _TRACEPARENT.match(value.strip())
+    if m is None:
+        return None
+    version, trace, parent, _ = m.groups()
+    if version == "ff" or trace == "0" * 32 or parent == "0" * 16:
+        return None
+    return trace
+
+
+_ID_PREFIX = uuid.uuid4().hex[:16]
+_ID_COUNTER = itertools.count(1)
+
+
+def new_request_id() -> str:
+    """A fresh request id for a request that brought none: 32 hex digits, a random
+    per-process prefix and a counter (unique within the process and, with high
+    probability, across processes; no system call per request)."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+
+
+def begin_request(request_id: str | None, traceparent: str | bytes | None = None) -> str:
+    """Mark the current context as handling one request; returns its request id.
+
+    Args:
+        request_id: the V2 request ``id`` the client gave, or None/"" (one is generated).
+        traceparent: the request's W3C ``traceparent`` header / metadata, if any; its
+            trace id becomes :data:`pdserve.core.context.trace_id` unless tracing set
+            one already.
+    """
+    rid = request_id or new_request_id()
+    context.request_id.set(rid)
+    if traceparent is not None and context.trace_id.get() is None:
+        trace = parse_traceparent(traceparent)
+        if trace is not None:
+            context.trace_id.set(trace)
+    return rid
+
+
+# -- formatting ----------------------------------------------------------------------
+
+
+class ContextFilter(logging.Filter):
+    """Adds ``request_id`` and ``trace_id`` (or None) to every record, from the context."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Annotate ``record``; never drops it."""
+        if not hasattr(record, "request_id"):
+            record.request_id = context.request_id.get()
+        if not hasattr(record, "trace_id"):
+            record.trace_id = context.trace_id.get()
+        return True
+
+
+class LevelFilter(logging.Filter):
+    """Drops the records the current :data:`STATE` turns off (by level)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """True when ``record``'s level is switched on."""
+        level = record.levelno
+        s = STATE
+        if level >= logging.ERROR:
+            return s.log_error
+        if level >= logging.WARNING:
+            return s.log_warning
+        if level >= logging.INFO:
+            return s.log_info
+        return s.log_verbose_level > 0
+
+
+class RedactFilter(logging.Filter):
+    """Masks credentials (``Authorization: ...``, ``Bearer ...``, ``token=...``) in the
+    message: a defence in depth; pdserve itself never logs headers or payloads."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite ``record.msg`` when the rendered message holds a credential."""
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string is logging's problem
+            return True
+        if _SECRET.search(message):
+            record.msg = _SECRET.sub(lambda m: f"{m.group(1)}<redacted>", message)
+            record.args = None
+        return True
+
+
+def _suffix(record: logging.LogRecord) -> str:
+    rid = getattr(record, "request_id", None)
+    tid = getattr(record, "trace_id", None)
+    if rid is None and tid is None:
+        return ""
+    parts = []
+    if rid is not None:
+        parts.append(f"request_id={rid}")
+    if tid is not None:
+        parts.append(f"trace_id={tid}")
+    return " [" + " ".join(parts) + "]"
+
+
+class TextFormatter(logging.Formatter):
+    """``default`` and ``ISO8601`` lines, with the request/trace id suffix."""
+
+    def __init__(self, iso8601: bool) -> None:
+        super().__init__("%(asctime)s %(levelname).1s %(name)s: %(message)s")
+        self.iso8601 = iso8601
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        """ISO 8601 UTC with milliseconds, or logging's default local time."""
+        if not self.iso8601:
+            return super().formatTime(record, datefmt)
+        t = time.gmtime(record.created)
+        return time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z"
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The line (exception text on the lines after it), then the id suffix."""
+        text = super().format(record)
+        suffix = _suffix(record)
+        if not suffix:
+            return text
+        first, nl, rest = text.partition("\n")
+        return first + suffix + nl + rest
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ``time`` (ISO 8601 UTC), ``level``, ``logger``, ``pid``,
+    ``message``, and ``request_id`` / ``trace_id`` / ``exception`` when present."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON."""
+        t = time.gmtime(record.created)
+        doc: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "pid": record.process,
+            "message": record.getMessage(),
+        }
+        rid = getattr(record, "request_id", None)
+        if rid is not None:
+            doc["request_id"] = rid
+        tid = getattr(record, "trace_id", None)
+        if tid is not None:
+            doc["trace_id"] = tid
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            doc["exception"] = record.exc_text
+        return json.dumps(doc, ensure_ascii=False, default=str)
+
+
+def _formatter(fmt: str) -> logging.Formatter:
+    if fmt == "json":
+        return JsonFormatter()
+    return TextFormatter(iso8601=fmt == "ISO8601")
+
+
+_HANDLER: logging.Handler | None = None
+
+
+def configure(state: LogState | None = None, stream: Any = None) -> logging.Handler:
+    """Install pdserve's stderr handler on the root logger (replacing logging's
+    ``basicConfig`` one), with ``state``'s settings (default: :data:`STATE`).
+
+    Returns:
+        The handler (its filters: context, level, redaction).
+
+    Raises:
+        InferError(INVALID_ARG): a setting of ``state`` is not valid.
+    """
+    global _HANDLER
+    if state is not None:
+        update_settings(asdict(state))
+    root = logging.getLogger()
+    if _HANDLER is not None:
+        root.removeHandler(_HANDLER)
+    for h in list(root.handlers):
+        if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) in (
+            sys.stderr,
+            sys.stdout,
+        ):
+            root.removeHandler(h)
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.addFilter(ContextFilter())
+    handler.addFilter(LevelFilter())
+    handler.addFilter(RedactFilter())
+    handler.setFormatter(_formatter(STATE.log_format))
+    root.addHandler(handler)
+    _HANDLER = handler
+    _apply()
+    return handler
+
+
+def _apply() -> None:
+    """Make the root level and the handler's format follow :data:`STATE`."""
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG if STATE.log_verbose_level > 0 else logging.INFO)
+    if _HANDLER is not None:
+        _HANDLER.setFormatter(_formatter(STATE.log_format))
+
+
+# -- the logging extension -------------------------------------------------------------
+
+
+def settings_dict() -> dict[str, Any]:
+    """The current settings, as the logging extension answers them (Triton's shape:
+    ``{"log_file": "", "log_info": bool, "log_warning": bool, "log_error": bool,
+    "log_verbose_level": int, "log_format": str}``)."""
+    return {"log_file": "", **asdict(STATE)}
+
+
+def _check(name: str, value: Any) -> Any:
+    if name in ("log_info", "log_warning", "log_error"):
+        if type(value) is not bool:
+            raise InferError(f"log setting '{name}' must be a boolean, got {_kind(value)}")
+        return value
+    if name == "log_verbose_level":
+        if type(value) is not int or not 0 <= value <= _UINT32_MAX:
+            raise InferError(
+                f"log setting '{name}' must be an unsigned integer (0-{_UINT32_MAX}), "
+                f"got {_kind(value)}"
+            )
+        return value
+    if name == "log_format":
+        if type(value) is not str:
+            raise InferError(f"log setting '{name}' must be a string, got {_kind(value)}")
+        if value not in FORMATS:
+            raise InferError(
+                f"log setting '{name}' must be one of {', '.join(FORMATS)}, got {value!r}"
+            )
+        return value
+    if name == "log_file":
+        if type(value) is not str:
+            raise InferError(f"log setting '{name}' must be a string, got {_kind(value)}")
+        if value:
+            raise InferError(
+                "log setting 'log_file' cannot be changed: pdserve logs to stderr "
+                "(redirect it, or use your service manager's journal)"
+            )
+        return value
+    raise InferError(f"unknown log setting {name!r}; the settings are {', '.join(SETTING_NAMES)}")
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if type(value) is bool:
+        return f"boolean {str(value).lower()}"
+    if type(value) is int:
+        return f"integer {value}"
+    if type(value) is float:
+        return f"number {value!r}"
+    if type(value) is str:
+        return f"string {value!r}"
+    if type(value) is list:
+        return "an array"
+    if type(value) is dict:
+        return "an object"
+    return type(value).__name__
+
+
+def update_settings(changes: dict[str, Any]) -> dict[str, Any]:
+    """Apply ``changes`` (some of the settings, Triton's names and JSON types) and
+    return all settings (:func:`settings_dict`).
+
+    All or nothing: every value is checked before any is applied.
+
+    Raises:
+        InferError(INVALID_ARG): an unknown name, a value of the wrong type (a bool
+            that is not ``true``/``false``, a ``log_verbose_level`` that is not an
+            integer 0-4294967295, a ``log_format`` not in :data:`FORMATS`), or a
+            ``log_file`` other than ``""``. Nothing is changed then.
+    """
+    checked = {name: _check(name, value) for name, value in changes.items()}
+    for name, value in checked.items():
+        if name != "log_file":
+            setattr(STATE, name, value)
+    _apply()
+    return settings_dict()
+
+
+def state_from_flags(*, info: bool, warning: bool, error: bool, verbose: int, fmt: str) -> LogState:
+    """A :class:`LogState` from the ``--log-*`` flags of ``pdserve serve``."""
+    return LogState(
+        log_info=info,
+        log_warning=warning,
+        log_error=error,
+        log_verbose_level=verbose,
+        log_format=fmt,
+    )
