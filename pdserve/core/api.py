@@ -102,8 +102,9 @@ class InferenceCore(Protocol):
         """
         ...
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Repository index rows ``{name, version, state, reason}``."""
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Repository index rows ``{name, version, state, reason}`` (plus
+        ``memory_bytes`` / ``memory_source`` where measured)."""
         ...
 
     async def load_model(
@@ -143,6 +144,11 @@ class MetricsSource(Protocol):
 
     def served_model_stats(self) -> list[ModelStats]:
         """Statistics of every served model version, by model name then version."""
+        ...
+
+    def memory_report(self) -> dict[str, Any]:
+        """The model memory budget: ``budget_bytes`` (None: none), ``used_bytes`` and
+        ``models``: name -> counters with ``loads``, ``evictions``, ``misses``."""
         ...
 
 
