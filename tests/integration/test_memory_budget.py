@@ -12,6 +12,7 @@ import shutil
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -259,7 +260,7 @@ def worker_size(tmp_path: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def budgeted(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
+def budgeted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """on_demand with a budget for about two one-worker python models: ``slow``
     (sleepy, one instance), ``ident_a``, ``ident_b``, ``ident_c`` (identity)."""
     tmp = tmp_path_factory.mktemp("budget")
