@@ -16,7 +16,7 @@ first load and at the end (``pdserve.core.procmem.tree_memory``).
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_memory.py [--warm 5] [--out benchmarks/out/memory.json]
+    .venv/bin/python benchmarks/bench_memory.py [--runs 3] [--warm 5] [--out benchmarks/out/memory.json]
 
 Prints a Markdown summary; figures as JSON in ``--out``.
 """
@@ -49,7 +49,10 @@ SENTENCE = b"A memory budget keeps many models on one machine."
 
 
 def sample_inputs(name: str, cfg: Any) -> list[httpclient.InferInput]:
-    """One valid request's inputs for model ``name`` (batch 1 where it batches)."""
+    """One valid request's inputs for model ``name`` (batch 1 where it batches); none
+    when it has no config.pbtxt or declares no inputs (auto-complete)."""
+    if cfg is None:
+        return []
     batched = cfg.max_batch_size > 0
     out = []
     for inp in cfg.input:
@@ -103,19 +106,8 @@ def inputs_from_metadata(client: httpclient.InferenceServerClient, name: str) ->
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--warm", type=int, default=5, help="warm requests per model")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "memory.json")
-    args = ap.parse_args()
-
-    models: dict[str, Any] = {}
-    for d in sorted(REPO.iterdir()):
-        if (d / cfgmod.CONFIG_FILENAME).is_file():
-            models[d.name] = cfgmod.load_model_config(d)
-    order = [n for n, c in models.items() if c.platform != cfgmod.ENSEMBLE_PLATFORM]
-    order += [n for n in models if n not in order]
-
+def one_run(order: list[str], models: dict[str, Any], warm_n: int) -> dict[str, Any]:
+    """A fresh on_demand server: cold + warm requests to every model in ``order``."""
     proc, port, _, ready_s = start_server(REPO, "--model-control-mode=on_demand", core=None)
     url = f"127.0.0.1:{port}"
     try:
@@ -129,56 +121,83 @@ def main() -> None:
             cold = timed(client, name, inputs, fail_ok=not inputs)
             if not inputs:
                 inputs = inputs_from_metadata(client, name)
-            warm = [timed(client, name, inputs) for _ in range(args.warm)]
-            rows.append(
-                {
-                    "model": name,
-                    "cold_s": cold,
-                    "warm_median_s": statistics.median(warm),
-                    "load_s": cold - statistics.median(warm),
-                }
-            )
-            print(
-                f"{name}: cold {cold * 1000:.0f} ms, warm {statistics.median(warm) * 1000:.1f} ms"
-            )
+            warm = statistics.median(timed(client, name, inputs) for _ in range(warm_n))
+            rows.append({"model": name, "cold_s": cold, "warm_median_s": warm})
+            print(f"{name}: cold {cold * 1000:.0f} ms, warm {warm * 1000:.1f} ms", flush=True)
         req = urllib.request.Request(f"http://{url}/v2/repository/index", data=b"{}")
         with urllib.request.urlopen(req) as r:
             index = json.loads(r.read())
         after = tree_memory(proc.pid)
     finally:
         stop_process(proc)
-
-    sizes = {(r["name"], r["version"]): r for r in index if r.get("state") == "READY"}
-    total = sum(r["memory_bytes"] for r in sizes.values())
-    result = {
+    return {
         "ready_s": ready_s,
         "tree_rss_before": before.rss if before else None,
         "tree_rss_after": after.rss if after else None,
+        "tree_processes": after.processes if after else None,
         "index": index,
         "latency": rows,
-        "sum_memory_bytes": total,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
 
-    print(
-        "\n| model | version | memory_bytes | source | cold request | warm (median) | load cost |"
-    )
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--warm", type=int, default=5, help="warm requests per model")
+    ap.add_argument("--runs", type=int, default=3, help="fresh servers, one after the other")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "memory.json")
+    args = ap.parse_args()
+
+    models: dict[str, Any] = {}
+    for d in sorted(REPO.iterdir()):
+        if d.is_dir() and not d.name.startswith("."):
+            has_config = (d / cfgmod.CONFIG_FILENAME).is_file()
+            models[d.name] = cfgmod.load_model_config(d) if has_config else None
+    order = [n for n, c in models.items() if c is None or c.platform != cfgmod.ENSEMBLE_PLATFORM]
+    order += [n for n in models if n not in order]
+
+    runs = [one_run(order, models, args.warm) for _ in range(args.runs)]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(runs, indent=1))
+
+    sizes: dict[tuple[str, str], list[int]] = {}
+    source: dict[tuple[str, str], str] = {}
+    for run in runs:
+        for r in run["index"]:
+            if r.get("state") == "READY":
+                key = (r["name"], r["version"])
+                sizes.setdefault(key, []).append(r["memory_bytes"])
+                source[key] = r["memory_source"]
+    cold = {
+        n: statistics.median(r["cold_s"] for run in runs for r in run["latency"] if r["model"] == n)
+        for n in order
+    }
+    warm = {
+        n: statistics.median(
+            r["warm_median_s"] for run in runs for r in run["latency"] if r["model"] == n
+        )
+        for n in order
+    }
+
+    print(f"\n{args.runs} runs. memory_bytes: min - max over runs; latencies: medians over runs")
+    print("\n| model | version | memory_bytes | source | cold request | warm | load cost |")
     print("|---|---|---|---|---|---|---|")
-    lat = {r["model"]: r for r in rows}
-    for (name, version), r in sorted(sizes.items()):
-        t = lat[name]
+    for (name, version), vals in sorted(sizes.items()):
+        lo, hi = min(vals), max(vals)
+        mem = format_size(lo) if lo == hi else f"{format_size(lo)} - {format_size(hi)}"
         print(
-            f"| {name} | {version} | {format_size(r['memory_bytes'])} | {r['memory_source']} "
-            f"| {t['cold_s'] * 1000:.0f} ms | {t['warm_median_s'] * 1000:.1f} ms "
-            f"| {t['load_s'] * 1000:.0f} ms |"
+            f"| {name} | {version} | {mem} | {source[(name, version)]} "
+            f"| {cold[name] * 1000:.0f} ms | {warm[name] * 1000:.1f} ms "
+            f"| {(cold[name] - warm[name]) * 1000:.0f} ms |"
         )
-    if before and after:
-        print(
-            f"\nSum of memory_bytes: {format_size(total)}; server tree Rss "
-            f"{format_size(before.rss)} before the first load -> {format_size(after.rss)} "
-            f"after ({format_size(after.rss - before.rss)} more, {after.processes} processes)"
-        )
+    for i, run in enumerate(runs, 1):
+        total = sum(r.get("memory_bytes", 0) for r in run["index"] if r.get("state") == "READY")
+        before, after = run["tree_rss_before"], run["tree_rss_after"]
+        if before and after:
+            print(
+                f"\nrun {i}: sum of memory_bytes {format_size(total)}; server tree Rss "
+                f"{format_size(before)} before the first load -> {format_size(after)} after "
+                f"(+{format_size(after - before)}, {run['tree_processes']} processes)"
+            )
 
 
 if __name__ == "__main__":

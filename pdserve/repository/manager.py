@@ -834,7 +834,8 @@ class ModelManager:
 
     def can_demand(self, name: str) -> bool:
         """True when a request for ``name`` may load it on demand: a well-formed name of
-        a model folder in the repository that has no served version."""
+        a model folder in the repository (with or without ``config.pbtxt``) that has no
+        served version."""
         if self.closing:
             return False
         try:
@@ -844,7 +845,7 @@ class ModelManager:
         entry = self.models.get(name)
         if entry is not None and entry.serving:
             return False
-        return (self.repository / name / cfgmod.CONFIG_FILENAME).is_file()
+        return (self.repository / name).is_dir()  # config.pbtxt may be auto-completed
 
     async def demand(self, name: str, timeout: float | None) -> None:
         """Load ``name`` for a request that found it not loaded (on-demand mode) and
