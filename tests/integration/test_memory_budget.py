@@ -246,12 +246,14 @@ def test_budget_smaller_than_any_model(tmp_path: Path) -> None:
         server.stop()
 
 
-def worker_size(tmp_path: Path) -> int:
+@pytest.fixture(scope="module")
+def worker_size(tmp_path_factory: pytest.TempPathFactory) -> int:
     """Bytes one identity worker takes here (an unbudgeted server's index)."""
-    repo = tmp_path / "probe"
+    tmp = tmp_path_factory.mktemp("probe")
+    repo = tmp / "repo"
     repo.mkdir()
     add_python_model(repo, "identity", "ident")
-    server = start_server(repo, tmp_path / "probe.log", "--model-control-mode=on_demand")
+    server = start_server(repo, tmp / "probe.log", "--model-control-mode=on_demand")
     try:
         assert infer_identity(server, "ident")[0] == 200
         return int(index(server)["ident"][0]["memory_bytes"])
@@ -259,12 +261,46 @@ def worker_size(tmp_path: Path) -> int:
         server.stop()
 
 
+def test_no_room_beside_pinned_models_is_503(tmp_path: Path, worker_size: int) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("ident_a", "ident_b", "ident_c"):
+        add_python_model(repo, "identity", name)
+    server = start_server(
+        repo,
+        tmp_path / "log",
+        "--model-control-mode=on_demand",
+        f"--model-memory-budget={int(worker_size * 2.6)}",
+        *("--pin-model", "ident_a", "--pin-model", "ident_b"),
+    )
+    try:
+        assert loaded(server) == {"ident_a", "ident_b"}
+        assert all(r["pinned"] for n in ("ident_a", "ident_b") for r in index(server)[n])
+        for _ in range(2):  # measured, refused; then refused from the known size
+            status, err = infer_identity(server, "ident_c")
+            assert status == 503, err
+            assert "held by pinned models or models serving requests" in err["error"]
+            assert "retry later" in err["error"]
+        assert loaded(server) == {"ident_a", "ident_b"}
+        assert metric(server, "pdserve_model_loads_total", "ident_c") == 1
+        assert metric(server, "pdserve_model_evictions_total", "ident_a") == 0
+        assert infer_identity(server, "ident_a")[0] == 200
+        # explicit unload of a pinned model makes room
+        assert http(server, "POST", "/v2/repository/models/ident_b/unload")[0] == 200
+        deadline = time.monotonic() + 30
+        while "ident_b" in loaded(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert infer_identity(server, "ident_c")[0] == 200
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module")
-def budgeted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def budgeted(tmp_path_factory: pytest.TempPathFactory, worker_size: int) -> Iterator[ServerProcess]:
     """on_demand with a budget for about two one-worker python models: ``slow``
     (sleepy, one instance), ``ident_a``, ``ident_b``, ``ident_c`` (identity)."""
     tmp = tmp_path_factory.mktemp("budget")
-    size = worker_size(tmp)
+    size = worker_size
     repo = tmp / "repo"
     repo.mkdir()
     add_python_model(repo, "sleepy", "slow")
