@@ -60,6 +60,7 @@ from pdserve.core.api import ModelHost
 from pdserve.core.errors import ErrorCode, InferError, internal, not_found, unavailable
 from pdserve.repository import layout
 from pdserve.repository.budget import BudgetExceeded, MemoryBudget
+from pdserve.repository.control import snapshot
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.prepare import backend_for, complete_config, read_config
 from pdserve.scheduling import create_scheduler
@@ -294,6 +295,8 @@ class ModelManager:
         self._budget_lock = asyncio.Lock()
         #: held around each in-process version load, so its Rss delta is its own.
         self._measure_lock = asyncio.Lock()
+        #: model name -> its folder's fingerprints when its size was last measured.
+        self._known_folder: dict[str, Any] = {}
         #: (name, version) -> the largest Rss delta measured for it (bytes).
         self._rss_delta: dict[tuple[str, int], int] = {}
         #: model name -> the on-demand load in progress, shared by every request
@@ -470,15 +473,29 @@ class ModelManager:
                 raise unavailable(f"failed to load '{name}': the server is shutting down")
             before = self.models.get(name)
             was_serving = before is not None and bool(before.serving)
+            folder = self._folder_snapshot(name) if config_override is None else None
+            estimate = self.budget.known_size.get(name, 0)
+            if folder is None or self._known_folder.get(name) != folder:
+                estimate = 0  # changed on disk or overridden: its old size says nothing
             try:
-                await self._make_room(name, self.budget.known_size.get(name, 0))
+                await self._make_room(name, estimate)
             except InferError as e:
                 if not was_serving and (self.repository / name).is_dir():
                     self.models.setdefault(name, ModelEntry(name)).reason = str(e)
                 raise
-            entry = await self._load_named(name, config_override, files)
+            failed: InferError | None = None
+            try:
+                entry = await self._load_named(name, config_override, files)
+            except InferError as e:  # some versions may serve all the same
+                failed = e
+                current = self.models.get(name)
+                if current is None or not current.serving:
+                    raise
+                entry = current
             size = self.model_bytes(name)
             self.budget.known_size[name] = size
+            if folder is not None:
+                self._known_folder[name] = folder
             try:
                 await self._make_room(name, size)
             except InferError as e:
@@ -487,7 +504,19 @@ class ModelManager:
                 else:
                     log.warning("model %s: reloaded over the memory budget: %s", name, e)
                 raise
+            if failed is not None:
+                raise failed
             return entry
+
+    def _folder_snapshot(self, name: str) -> Any:
+        """Fingerprints of the model folder (config and files, as poll mode compares
+        them), or None when it cannot be read: a remembered size is used only while
+        the folder is unchanged."""
+        path = self.repository / name
+        try:
+            return snapshot(layout.ModelDir(name, path, layout.list_versions(path)))
+        except Exception:  # noqa: BLE001 - the load reports a missing or broken folder
+            return None
 
     async def _load_named(
         self, name: str, config_override: Any, files: dict[str, bytes] | None
