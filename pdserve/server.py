@@ -63,9 +63,10 @@ class InferenceServer:
         host_policies: host policy name -> CPU ids the instances of that policy
             are pinned to (``--host-policy``, see :mod:`pdserve.backends.host_policy`).
         model_control_mode: ``none`` | ``poll`` | ``explicit`` (Triton's
-            ``--model-control-mode``, see :mod:`pdserve.repository.control`). Only
-            ``explicit`` (the default for a library user) accepts repository load /
-            unload requests; polling itself is run by the caller
+            ``--model-control-mode``, see :mod:`pdserve.repository.control`) or
+            ``on_demand`` (pdserve's: ``explicit``, and :meth:`infer` loads a model
+            that is not loaded). Only ``explicit`` (the default for a library user)
+            and ``on_demand`` accept repository load / unload requests; polling itself is run by the caller
             (:class:`~pdserve.repository.control.RepositoryPoller`).
         response_cache: the :class:`pdserve.cache.ResponseCache` used by models with
             ``response_cache { enable: true }`` (``--response-cache-byte-size``);
@@ -186,6 +187,12 @@ class InferenceServer:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Run one inference request.
+
+        With a memory budget or in ``on_demand`` mode the request holds its model
+        against eviction from arrival to response and marks it used (LRU); in
+        ``on_demand`` mode a model of the repository that is not loaded is loaded
+        first (:meth:`ModelManager.demand`), the request waiting at most its
+        ``timeout`` parameter or :attr:`load_wait_s`.
 
         Returns:
             the response; outputs in the requested order (or config order), with
@@ -388,7 +395,7 @@ class InferenceServer:
                 repository on disk is never written, whatever the outcome.
 
         Raises:
-            InferError(UNAVAILABLE): the model control mode is not ``explicit``.
+            InferError(UNAVAILABLE): the model control mode is not ``explicit`` or ``on_demand``.
             InferError(INVALID_ARG): a malformed request (bad model name, a ``config``
                 that is empty, not JSON, nested too deep, not an object or not a
                 ModelConfig, ``file:`` without ``config``, a bad ``file:`` path), the
@@ -406,7 +413,7 @@ class InferenceServer:
         """Unload a model (repository extension); in-flight requests finish first.
 
         Raises:
-            InferError(UNAVAILABLE): the model control mode is not ``explicit``.
+            InferError(UNAVAILABLE): the model control mode is not ``explicit`` or ``on_demand``.
             InferError(INVALID_ARG): a malformed model name, or the model is not loaded.
         """
         self._check_model_control()

@@ -118,7 +118,7 @@ class InferenceCore(Protocol):
             files: ``{"<version>/<file>": bytes}`` written into the model folder first.
 
         Raises:
-            InferError(503): the model control mode is not ``explicit``.
+            InferError(503): the model control mode is not ``explicit`` or ``on_demand``.
             InferError(400): bad override, or the model is missing or fails to load.
         """
         ...
@@ -127,7 +127,7 @@ class InferenceCore(Protocol):
         """Unload a model (repository extension).
 
         Raises:
-            InferError(503): the model control mode is not ``explicit``.
+            InferError(503): the model control mode is not ``explicit`` or ``on_demand``.
             InferError(400): the model is not loaded.
         """
         ...
