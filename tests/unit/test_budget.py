@@ -132,3 +132,60 @@ def test_parse_size_refuses(bad: str) -> None:
 def test_format_size() -> None:
     assert format_size(3 * MIB) == "3.0 MiB"
     assert format_size(17) == "17 B"
+
+
+# -- where the sizes show: statistics and metrics ---------------------------------------
+
+
+def test_stats_memory_usage_is_tritons_shape() -> None:
+    from pdserve.observability.stats import ModelStats
+
+    s = ModelStats("m", "1")
+    assert s.as_dict()["memory_usage"] == []
+    assert "memory_bytes" not in s.as_dict()
+    s.memory_bytes, s.memory_source, s.gpu_memory_bytes = 5 * MIB, "worker_rss", 3 * MIB
+    d = s.as_dict()
+    assert d["memory_usage"] == [
+        {"type": "CPU", "id": 0, "byte_size": 5 * MIB},
+        {"type": "GPU", "id": 0, "byte_size": 3 * MIB},
+    ]
+    assert (d["memory_bytes"], d["memory_source"]) == (5 * MIB, "worker_rss")
+
+
+def test_memory_metric_families() -> None:
+    from pdserve.observability.metrics import memory_families
+    from pdserve.observability.stats import ModelStats
+    from pdserve.repository.budget import ModelCounters
+
+    a, b = ModelStats("a", "1"), ModelStats("b", "2")
+    a.memory_bytes, a.memory_source = 1024, "rss_delta"  # b: not measured
+    report = {
+        "budget_bytes": 4096,
+        "used_bytes": 1024,
+        "models": {"a": ModelCounters(loads=2, evictions=1, misses=3)},
+    }
+    text = "".join(f.render() for f in memory_families([a, b], report))
+    assert 'pdserve_model_memory_bytes{model="a",version="1",source="rss_delta"} 1024\n' in text
+    assert 'model="b"' not in text
+    assert 'pdserve_model_loads_total{model="a"} 2\n' in text
+    assert 'pdserve_model_evictions_total{model="a"} 1\n' in text
+    assert 'pdserve_model_load_misses_total{model="a"} 3\n' in text
+    assert "pdserve_model_memory_used_bytes 1024\n" in text
+    assert "pdserve_model_memory_budget_bytes 4096\n" in text
+    assert "# TYPE pdserve_model_loads_total counter\n" in text
+    report["budget_bytes"] = None
+    text = "".join(f.render() for f in memory_families([a], report))
+    assert "pdserve_model_memory_budget_bytes" not in text
+
+
+def test_own_rss_follows_an_allocation() -> None:
+    from pdserve.core.procmem import own_rss
+
+    before = own_rss()
+    assert before is not None and before > MIB
+    block = bytearray(32 * MIB)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    after = own_rss()
+    assert after is not None and after - before >= 30 * MIB
+    del block
