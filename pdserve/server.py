@@ -22,7 +22,7 @@ from pdserve.config import ENSEMBLE_PLATFORM, ConfigError, parse_config_override
 from pdserve.core.errors import InferError, internal, unavailable
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.observability.stats import NOT_QUEUED
-from pdserve.repository.control import MODES
+from pdserve.repository.control import EXPLICIT_MODES, MODES
 from pdserve.repository.manager import ModelManager, check_model_name
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.warmup import warmup as run_warmup
@@ -64,13 +64,20 @@ class InferenceServer:
         host_policies: host policy name -> CPU ids the instances of that policy
             are pinned to (``--host-policy``, see :mod:`pdserve.backends.host_policy`).
         model_control_mode: ``none`` | ``poll`` | ``explicit`` (Triton's
-            ``--model-control-mode``, see :mod:`pdserve.repository.control`). Only
-            ``explicit`` (the default for a library user) accepts repository load /
-            unload requests; polling itself is run by the caller
+            ``--model-control-mode``, see :mod:`pdserve.repository.control`) or
+            ``on_demand`` (pdserve's: ``explicit``, and :meth:`infer` loads a model
+            that is not loaded). Only ``explicit`` (the default for a library user)
+            and ``on_demand`` accept repository load / unload requests; polling itself is run by the caller
             (:class:`~pdserve.repository.control.RepositoryPoller`).
         response_cache: the :class:`pdserve.cache.ResponseCache` used by models with
             ``response_cache { enable: true }`` (``--response-cache-byte-size``);
             None: no cache.
+        memory_budget: bytes the loaded models may take together
+            (``--model-memory-budget``, :mod:`pdserve.repository.budget`); None: no
+            budget.
+        pinned_models: models that are never evicted (``--pin-model``).
+        load_wait_s: ``on_demand`` mode: how long a request waits for the load of its
+            model when it gives no ``timeout`` parameter (``--model-load-wait-secs``).
 
     Raises:
         ValueError: an unknown ``model_control_mode``.
@@ -85,6 +92,9 @@ class InferenceServer:
         host_policies: Mapping[str, Collection[int]] | None = None,
         model_control_mode: str = "explicit",
         response_cache: ResponseCache | None = None,
+        memory_budget: int | None = None,
+        pinned_models: Collection[str] = (),
+        load_wait_s: float = 120.0,
     ) -> None:
         if model_control_mode not in MODES:
             raise ValueError(
@@ -99,9 +109,16 @@ class InferenceServer:
         #: the response cache (``--response-cache-byte-size``), used by models with
         #: ``response_cache``; None: no cache.
         self.response_cache: ResponseCache | None = response_cache
-        #: ``none`` | ``poll`` | ``explicit``: only ``explicit`` accepts repository
-        #: load / unload requests.
+        #: ``none`` | ``poll`` | ``explicit`` | ``on_demand``: only ``explicit`` and
+        #: ``on_demand`` accept repository load / unload requests.
         self.model_control_mode = model_control_mode
+        self.manager.budget.budget_bytes = memory_budget
+        self.manager.budget.pinned = frozenset(pinned_models)
+        #: seconds an on-demand request waits for its model's load by default.
+        self.load_wait_s = load_wait_s
+        #: requests hold their model against eviction and mark it used (LRU): only
+        #: needed with a budget or on-demand loads.
+        self._track_use = memory_budget is not None or model_control_mode == "on_demand"
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -172,6 +189,12 @@ class InferenceServer:
     async def infer(self, request: InferRequest) -> InferResponse:
         """Run one inference request.
 
+        With a memory budget or in ``on_demand`` mode the request holds its model
+        against eviction from arrival to response and marks it used (LRU); in
+        ``on_demand`` mode a model of the repository that is not loaded is loaded
+        first (:meth:`ModelManager.demand`), the request waiting at most its
+        ``timeout`` parameter or :attr:`load_wait_s`.
+
         Returns:
             the response; outputs in the requested order (or config order), with
             the classification extension applied.
@@ -184,8 +207,43 @@ class InferenceServer:
         """
         if self._shutting_down:
             raise unavailable("Server is shutting down: no new requests are accepted")
-        mv = self.manager.get(request.model_name, request.model_version)
-        return await self.infer_on(mv, request)
+        if not self._track_use:
+            mv = self.manager.get(request.model_name, request.model_version)
+            return await self.infer_on(mv, request)
+        name = request.model_name
+        budget = self.manager.budget
+        budget.hold(name)  # from arrival to response: never evicted meanwhile
+        try:
+            try:
+                mv = self.manager.get(name, request.model_version)
+            except InferError:
+                if self.model_control_mode != "on_demand" or not self.manager.can_demand(name):
+                    raise
+                await self.manager.demand(name, self._load_wait(request))
+                mv = self.manager.get(name, request.model_version)
+            budget.touch(name)
+            return await self.infer_on(mv, request)
+        finally:
+            budget.release(name)
+
+    def _load_wait(self, request: InferRequest) -> float:
+        """Seconds an on-demand request waits for its model: its ``timeout``
+        parameter (µs) when it gives a positive integer, else :attr:`load_wait_s`."""
+        value = request.parameters.get("timeout")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value / 1e6
+        return self.load_wait_s
+
+    def memory_report(self) -> dict[str, Any]:
+        """The model memory budget's state for metrics: ``budget_bytes`` (None: no
+        budget), ``used_bytes`` (loaded models together) and ``models``: name ->
+        :class:`~pdserve.repository.budget.ModelCounters` (loads, evictions, misses)."""
+        budget = self.manager.budget
+        return {
+            "budget_bytes": budget.budget_bytes,
+            "used_bytes": self.manager.used_bytes(),
+            "models": dict(sorted(budget.counters.items())),
+        }
 
     def model_version(self, name: str, version: str = "") -> ModelVersion:
         """The ready model version for a step or BLS request (see :meth:`infer_on`).
@@ -292,8 +350,10 @@ class InferenceServer:
             for version in sorted(entry.serving)
         ]
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Repository index rows ``{name, version, state, reason}``.
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Repository index rows ``{name, version, state, reason}``, plus
+        ``memory_bytes`` / ``memory_source`` (and ``gpu_memory_bytes``, ``pinned``)
+        where known (:meth:`ModelManager.index`).
 
         As Triton's ``TRITONSERVER_ServerModelIndex``: ``reason`` only where there is
         one (a READY version has none unless a reload of it failed), ``version`` and
@@ -309,7 +369,7 @@ class InferenceServer:
         return rows
 
     def _check_model_control(self) -> None:
-        if self.model_control_mode != "explicit":
+        if self.model_control_mode not in EXPLICIT_MODES:
             raise unavailable(
                 "explicit model load / unload is not allowed if polling is enabled "
                 f"(model control mode is '{self.model_control_mode}'; start pdserve with "
@@ -336,7 +396,7 @@ class InferenceServer:
                 repository on disk is never written, whatever the outcome.
 
         Raises:
-            InferError(UNAVAILABLE): the model control mode is not ``explicit``.
+            InferError(UNAVAILABLE): the model control mode is not ``explicit`` or ``on_demand``.
             InferError(INVALID_ARG): a malformed request (bad model name, a ``config``
                 that is empty, not JSON, nested too deep, not an object or not a
                 ModelConfig, ``file:`` without ``config``, a bad ``file:`` path), the
@@ -354,7 +414,7 @@ class InferenceServer:
         """Unload a model (repository extension); in-flight requests finish first.
 
         Raises:
-            InferError(UNAVAILABLE): the model control mode is not ``explicit``.
+            InferError(UNAVAILABLE): the model control mode is not ``explicit`` or ``on_demand``.
             InferError(INVALID_ARG): a malformed model name, or the model is not loaded.
         """
         self._check_model_control()

@@ -178,11 +178,21 @@ def build_server(settings: Settings) -> InferenceServer:
         host_policies=policies,
         model_control_mode=settings.model_control_mode,
         response_cache=cache,
+        memory_budget=settings.model_memory_budget,
+        pinned_models=settings.pin_models,
+        load_wait_s=settings.model_load_wait_secs,
     )
-    if settings.model_control_mode == "explicit":
+    if settings.model_control_mode in ("explicit", "on_demand"):
         log.info(
-            "model control mode explicit: loading %s at start",
+            "model control mode %s: loading %s at start",
+            settings.model_control_mode,
             "every model" if server.load_models is None else (server.load_models or "no model"),
+        )
+    if settings.model_memory_budget is not None:
+        log.info(
+            "model memory budget: %d bytes; pinned models: %s",
+            settings.model_memory_budget,
+            ", ".join(settings.pin_models) or "none",
         )
     return server
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from pdserve.backends.host_policy import HostPolicyError, parse_option, resolve_policy
 from pdserve.cache import parse_cache_config
+from pdserve.core.procmem import parse_size
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
 from pdserve.frontends.http.app import (
     DEFAULT_BODY_TIMEOUT_SECS,
@@ -49,7 +50,7 @@ from pdserve.frontends.http.server import (
     HttpLimits,
 )
 from pdserve.observability.logs import FORMATS as LOG_FORMATS
-from pdserve.repository.control import MODES
+from pdserve.repository.control import EXPLICIT_MODES, MODES
 
 #: The example repository that ``examples/build.py`` builds (``--model-repository``'s default).
 EXAMPLE_REPOSITORY = Path(__file__).resolve().parents[2] / "examples" / "model_repository"
@@ -125,6 +126,12 @@ def parse_bool(text: str) -> bool:
     if value in ("false", "0", "off", "no"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+def _size(text: str) -> int:
+    """argparse type of a size flag: ``2GiB``, ``512MiB``, ``1.5GB``, bytes."""
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _flag(
@@ -353,16 +360,44 @@ class Settings:
         "model control",
         "none: load everything at start, ignore changes; poll: also pick up added, "
         "removed and changed models every --repository-poll-secs; explicit: load only "
-        "--load-model models, then what the repository API asks (default {default})",
+        "--load-model models, then what the repository API asks; on_demand: explicit, "
+        "and a request for a model not loaded loads it (default {default})",
         choices=MODES,
     )
     load_models: tuple[str, ...] | None = _flag(
         "--load-model",
         None,
         "model control",
-        "explicit mode: a model to load at start (repeatable; '*' loads all)",
+        "explicit / on_demand mode: a model to load at start (repeatable; '*' loads all)",
         action="append",
         metavar="NAME",
+    )
+    model_memory_budget: int | None = _flag(
+        "--model-memory-budget",
+        None,
+        "model control",
+        "explicit / on_demand mode: host memory the loaded models may take together, "
+        "e.g. 2GiB or 512MiB; a load unloads the least recently used idle models to "
+        "stay under it (default: no budget)",
+        type=_size,
+        metavar="SIZE",
+    )
+    pin_models: tuple[str, ...] = _flag(
+        "--pin-model",
+        (),
+        "model control",
+        "explicit / on_demand mode: a model loaded at start that the memory budget "
+        "never unloads (repeatable)",
+        action="append",
+        metavar="NAME",
+    )
+    model_load_wait_secs: float = _flag(
+        "--model-load-wait-secs",
+        120.0,
+        "model control",
+        "on_demand mode: seconds a request waits for its model to load when it gives "
+        "no timeout parameter (default {default})",
+        type=float,
     )
     repository_poll_secs: float = _flag(
         "--repository-poll-secs",
@@ -483,10 +518,31 @@ class Settings:
                 "--model-control-mode",
                 f"invalid choice: {self.model_control_mode!r} (choose from {', '.join(MODES)})",
             )
-        if self.load_models and self.model_control_mode != "explicit":
+        if self.load_models and self.model_control_mode not in EXPLICIT_MODES:
             raise SettingsError(
                 "--load-model",
+                # Triton's words (on_demand accepts it too)
                 "Use of '--load-model' requires setting '--model-control-mode=explicit' as well",
+            )
+        for flag, given in (
+            ("--model-memory-budget", self.model_memory_budget is not None),
+            ("--pin-model", bool(self.pin_models)),
+        ):
+            if given and self.model_control_mode not in EXPLICIT_MODES:
+                raise SettingsError(
+                    flag,
+                    f"requires --model-control-mode=on_demand or explicit (models are "
+                    f"unloaded to stay within the budget; mode "
+                    f"'{self.model_control_mode}' loads every model)",
+                )
+        if self.model_memory_budget is not None and self.model_memory_budget <= 0:
+            raise SettingsError(
+                "--model-memory-budget", f"must be > 0 bytes, got {self.model_memory_budget}"
+            )
+        if not (math.isfinite(self.model_load_wait_secs) and self.model_load_wait_secs > 0):
+            raise SettingsError(
+                "--model-load-wait-secs",
+                f"must be a number of seconds > 0, got {self.model_load_wait_secs}",
             )
         if self.model_control_mode == "poll" and not (
             math.isfinite(self.repository_poll_secs) and self.repository_poll_secs > 0
@@ -545,11 +601,11 @@ class Settings:
     @property
     def startup_models(self) -> list[str] | None:
         """The models loaded at start: None (every model in the repository) except in
-        explicit mode, where it is the ``--load-model`` names (none given: no model;
-        ``*``: every model)."""
-        if self.model_control_mode != "explicit":
+        explicit and on_demand mode, where it is the ``--load-model`` and
+        ``--pin-model`` names (none given: no model; ``*``: every model)."""
+        if self.model_control_mode not in EXPLICIT_MODES:
             return None
-        names = self.load_models or ()
+        names = (*(self.load_models or ()), *self.pin_models)
         if "*" in names:
             return None
         return list(dict.fromkeys(names))

@@ -108,12 +108,22 @@ class ModelInstance(abc.ABC):
         end a batch that would never finish; the others let it run.
         """
 
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker processes this instance runs in (empty: it runs
+        in the server process). The model manager sums their resident memory to
+        size the model version (``memory_source: worker_rss``)."""
+        return []
+
 
 class Backend(abc.ABC):
     """A backend: turns a :class:`ModelSpec` into model instances."""
 
     #: the ``backend`` name in config.pbtxt.
     name: str = ""
+    #: instances live in the server process (their memory is measured as the server's
+    #: Rss delta around the load, loads serialized); False: in worker processes
+    #: (:meth:`ModelInstance.worker_pids`).
+    in_process: bool = True
 
     def auto_complete(self, spec: ModelSpec) -> Awaitable[None] | None:  # noqa: B027 - optional hook
         """Fill in and check ``spec.config`` from the model file, in place.

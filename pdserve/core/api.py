@@ -102,8 +102,9 @@ class InferenceCore(Protocol):
         """
         ...
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Repository index rows ``{name, version, state, reason}``."""
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Repository index rows ``{name, version, state, reason}`` (plus
+        ``memory_bytes`` / ``memory_source`` where measured)."""
         ...
 
     async def load_model(
@@ -117,7 +118,7 @@ class InferenceCore(Protocol):
             files: ``{"<version>/<file>": bytes}`` written into the model folder first.
 
         Raises:
-            InferError(503): the model control mode is not ``explicit``.
+            InferError(503): the model control mode is not ``explicit`` or ``on_demand``.
             InferError(400): bad override, or the model is missing or fails to load.
         """
         ...
@@ -126,7 +127,7 @@ class InferenceCore(Protocol):
         """Unload a model (repository extension).
 
         Raises:
-            InferError(503): the model control mode is not ``explicit``.
+            InferError(503): the model control mode is not ``explicit`` or ``on_demand``.
             InferError(400): the model is not loaded.
         """
         ...
@@ -143,6 +144,11 @@ class MetricsSource(Protocol):
 
     def served_model_stats(self) -> list[ModelStats]:
         """Statistics of every served model version, by model name then version."""
+        ...
+
+    def memory_report(self) -> dict[str, Any]:
+        """The model memory budget: ``budget_bytes`` (None: none), ``used_bytes`` and
+        ``models``: name -> counters with ``loads``, ``evictions``, ``misses``."""
         ...
 
 

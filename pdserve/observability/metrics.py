@@ -31,6 +31,14 @@ p50/p90/p99 per model:
 - ``pdserve_compute_duration_seconds`` — the executed batch's compute time;
 - ``pdserve_batch_size`` — rows per executed batch (label-free of ``reason``).
 
+Model memory (pdserve's; :mod:`pdserve.repository.budget`):
+``pdserve_model_memory_bytes{model,version}`` (gauge: what the version cost at load,
+label ``source``: rss_delta / worker_rss / ensemble), ``pdserve_model_loads_total``,
+``pdserve_model_evictions_total`` and ``pdserve_model_load_misses_total`` (counters,
+label ``model``: loads, unloads by the memory budget, requests that found the model
+not loaded in on_demand mode), ``pdserve_model_memory_used_bytes`` and, with a budget,
+``pdserve_model_memory_budget_bytes``.
+
 Server-wide: ``nv_cache_num_entries``, ``nv_cache_num_lookups``,
 ``nv_cache_num_hits``, ``nv_cache_num_misses``, ``nv_cache_num_evictions``,
 ``nv_cache_util`` (response cache); ``nv_cpu_utilization`` (0-1, since the last
@@ -291,6 +299,48 @@ def model_families(models: Iterable[ModelStats]) -> list[Family]:
     return [families[0], failure, *families[1:], *hists]
 
 
+def memory_families(models: Iterable[ModelStats], report: dict[str, Any]) -> list[Family]:
+    """Model memory and load / eviction / miss counter families (see the module
+    docstring); ``report`` is :meth:`MetricsSource.memory_report`'s."""
+    mem = Family(
+        "pdserve_model_memory_bytes",
+        "gauge",
+        "Host memory a loaded model version cost at load, in bytes",
+    )
+    for s in models:
+        if s.memory_bytes is not None:
+            labels = {"model": s.name, "version": s.version, "source": s.memory_source}
+            mem.add(labels, s.memory_bytes)
+    counters = [
+        ("pdserve_model_loads_total", "loads", "Number of model loads (any cause)"),
+        ("pdserve_model_evictions_total", "evictions", "Number of models unloaded by the memory budget (least recently used first)"),
+        ("pdserve_model_load_misses_total", "misses", "Number of requests that found their model not loaded and waited for an on-demand load"),
+    ]  # fmt: skip
+    out = [mem]
+    models_counts = report.get("models", {})
+    for name, attr, doc in counters:
+        f = Family(name, "counter", doc)
+        for model, c in models_counts.items():
+            f.add({"model": model}, getattr(c, attr))
+        out.append(f)
+    used = Family(
+        "pdserve_model_memory_used_bytes",
+        "gauge",
+        "Host memory the loaded model versions cost together, in bytes",
+    )
+    used.add({}, report.get("used_bytes", 0))
+    out.append(used)
+    if report.get("budget_bytes") is not None:
+        budget = Family(
+            "pdserve_model_memory_budget_bytes",
+            "gauge",
+            "The model memory budget (--model-memory-budget), in bytes",
+        )
+        budget.add({}, report["budget_bytes"])
+        out.append(budget)
+    return out
+
+
 def cache_families(cache: ResponseCache | None) -> list[Family]:
     """Server-wide response cache families (none without a cache)."""
     if cache is None:
@@ -532,7 +582,9 @@ class MetricsExporter:
 
     def render(self) -> bytes:
         """The whole exposition, Prometheus text format 0.0.4."""
-        fams = model_families(self.model_stats())
+        served = self.model_stats()
+        fams = model_families(served)
+        fams += memory_families(served, self.server.memory_report())
         fams += cache_families(self.server.response_cache)
         fams += readiness_families(self.server)
         if self.cpu is not None:

@@ -188,6 +188,11 @@ class ModelStats:
         hooks: callables ``(event, **values)`` notified of every record, used by
             the Prometheus exporter; events are ``"success"``, ``"failure"``,
             ``"execution"``, ``"cache"``.
+        memory_bytes: host memory the version costs, bytes, as measured at its load
+            (None: not measured); ``memory_source`` says how (``rss_delta``,
+            ``worker_rss``, ``ensemble``; see :mod:`pdserve.repository.manager`).
+        gpu_memory_bytes: GPU memory it took at load (NVML, per process), or None
+            where there is no GPU or NVML.
     """
 
     def __init__(self, name: str, version: str) -> None:
@@ -201,6 +206,9 @@ class ModelStats:
         self.pending = 0
         self.recent = RecentWindow()
         self.hooks: list[Any] = []
+        self.memory_bytes: int | None = None
+        self.memory_source = ""
+        self.gpu_memory_bytes: int | None = None
         for listener in LISTENERS:
             listener(self)
 
@@ -271,8 +279,23 @@ class ModelStats:
         for hook in self.hooks:
             hook("cache", hit=hit, ns=ns)
 
+    def memory_usage(self) -> list[dict[str, Any]]:
+        """Triton's ``memory_usage`` entries (``{type, id, byte_size}``, the
+        ``MemoryUsage`` message of its statistics): ``CPU`` (id 0) for host memory and
+        ``GPU`` (id 0: summed over GPUs) when measured; empty when not measured."""
+        usage: list[dict[str, Any]] = []
+        if self.memory_bytes is not None:
+            usage.append({"type": "CPU", "id": 0, "byte_size": self.memory_bytes})
+        if self.gpu_memory_bytes:
+            usage.append({"type": "GPU", "id": 0, "byte_size": self.gpu_memory_bytes})
+        return usage
+
     def as_dict(self) -> dict[str, Any]:
-        """One entry of Triton's ``model_stats`` list."""
+        """One entry of Triton's ``model_stats`` list, plus pdserve's ``memory_bytes``
+        and ``memory_source`` (HTTP JSON only; gRPC carries ``memory_usage``)."""
+        extras: dict[str, Any] = {}
+        if self.memory_bytes is not None:
+            extras = {"memory_bytes": self.memory_bytes, "memory_source": self.memory_source}
         return {
             "name": self.name,
             "version": self.version,
@@ -290,6 +313,7 @@ class ModelStats:
                 }
                 for size, b in sorted(self.batches.items())
             ],
-            "memory_usage": [],
+            "memory_usage": self.memory_usage(),
             "pdserve_recent": self.recent.summary(),
+            **extras,
         }

@@ -1,4 +1,5 @@
-"""Model control modes (``none`` / ``poll`` / ``explicit``) and repository polling.
+"""Model control modes (``none`` / ``poll`` / ``explicit`` / ``on_demand``) and repository
+polling.
 
 Triton's three model control modes (``--model-control-mode``):
 
@@ -26,6 +27,15 @@ Triton's three model control modes (``--model-control-mode``):
     (``POST /v2/repository/models/{m}/load`` / ``unload``, gRPC
     ``RepositoryModelLoad`` / ``RepositoryModelUnload``). A load of a loaded model
     reloads what changed, with the same zero-downtime swap.
+``on_demand`` (pdserve's, not Triton's)
+    ``explicit``, plus: an inference request for a model of the repository that is
+    not loaded loads it (Ray Serve's model multiplexing does the same). The request
+    waits for the load, at most its ``timeout`` parameter or ``--model-load-wait-secs``;
+    concurrent requests for that model share one load. With ``--model-memory-budget``
+    the least recently used idle models are unloaded to make room
+    (:mod:`pdserve.repository.budget`); ``--pin-model`` models load at start and
+    never leave. Only inference loads on demand: metadata, configuration and
+    readiness of a model that is not loaded answer as in ``explicit`` mode.
 
 Rollback (pin a model to an earlier version that is still in the repository):
 in ``explicit`` mode, load the model with a configuration override whose
@@ -49,6 +59,7 @@ from pdserve.repository import layout
 log = logging.getLogger("pdserve.control")
 
 __all__ = [
+    "EXPLICIT_MODES",
     "MODES",
     "SETTLE_SECS",
     "RepositoryPoller",
@@ -56,7 +67,9 @@ __all__ = [
 ]
 
 #: The model control modes.
-MODES = ("none", "poll", "explicit")
+MODES = ("none", "poll", "explicit", "on_demand")
+#: The modes that accept repository load / unload requests (and a memory budget).
+EXPLICIT_MODES = ("explicit", "on_demand")
 
 #: A changed model folder must look the same this long before poll mode acts on it.
 SETTLE_SECS = 0.25

@@ -8,11 +8,38 @@ set of ready versions; retired versions drain their in-flight requests before
 they are closed (at most :attr:`ModelManager.retire_timeout` seconds; then what is
 still running is failed with 503 and its instances are stopped, python workers
 killed).
+
+Memory per model version (``memory_bytes`` in the repository index and statistics,
+``pdserve_model_memory_bytes`` in metrics), measured once at load, after warm-up:
+
+``rss_delta``
+    in-process backends (onnxruntime): the server's resident memory after the load
+    minus before it. Such loads are serialized (one at a time) so that the delta is
+    that model's; requests served meanwhile, allocator caching and memory freed by
+    other models still blur it (a reload into memory the allocator kept can read
+    lower), so the largest delta measured for that version since start is kept.
+``worker_rss``
+    python models: the summed ``Rss`` of the instances' worker processes (shared
+    pages, such as numpy's, are counted in each: an upper bound).
+``ensemble``
+    0: an ensemble holds no memory of its own (its steps count theirs).
+
+``gpu_memory_bytes`` (statistics ``memory_usage`` type ``GPU``) is the GPU memory NVML
+reports for the server's or the workers' processes after the load minus before, where
+``pynvml`` and a GPU are present.
+
+The budget (``--model-memory-budget``, :mod:`pdserve.repository.budget`): every load
+takes the budget lock (loads are then one at a time), evicts the least recently used
+idle unpinned models the load needs room for (its size from its last load; 0 the first
+time), loads, measures, and evicts again if the measured size does not fit; if nothing
+more can be evicted the new model is unloaded and the load fails. On-demand loads
+(:meth:`ModelManager.demand`) share one load per model among the requests waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import os
@@ -28,9 +55,12 @@ from google.protobuf import text_format
 
 from pdserve import config as cfgmod
 from pdserve.backends.base import ModelSpec
+from pdserve.core import procmem
 from pdserve.core.api import ModelHost
 from pdserve.core.errors import ErrorCode, InferError, internal, not_found, unavailable
 from pdserve.repository import layout
+from pdserve.repository.budget import BudgetExceeded, MemoryBudget
+from pdserve.repository.control import snapshot
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.prepare import backend_for, complete_config, read_config
 from pdserve.scheduling import create_scheduler
@@ -40,6 +70,11 @@ log = logging.getLogger("pdserve.repository")
 #: Seconds a retired (unloaded or replaced) version may take to finish its
 #: in-flight requests before they fail with 503 and its instances are stopped.
 RETIRE_TIMEOUT_S = 60.0
+
+#: ``memory_source`` values (see the module docstring).
+RSS_DELTA = "rss_delta"
+WORKER_RSS = "worker_rss"
+ENSEMBLE_SOURCE = "ensemble"
 
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
@@ -254,6 +289,19 @@ class ModelManager:
         self._cut: asyncio.Event | None = None
         #: id(ModelVersion) -> the staged folder it was loaded from (``file:`` loads).
         self._staged: dict[int, _Staged] = {}
+        #: the model memory budget: LRU use, pinned models, sizes, counters.
+        self.budget = MemoryBudget()
+        #: held by every load while there is a budget (loads one at a time).
+        self._budget_lock = asyncio.Lock()
+        #: held around each in-process version load, so its Rss delta is its own.
+        self._measure_lock = asyncio.Lock()
+        #: model name -> its folder's fingerprints when its size was last measured.
+        self._known_folder: dict[str, Any] = {}
+        #: (name, version) -> the largest Rss delta measured for it (bytes).
+        self._rss_delta: dict[tuple[str, int], int] = {}
+        #: model name -> the on-demand load in progress, shared by every request
+        #: waiting for that model.
+        self._demand: dict[str, asyncio.Task[ModelEntry]] = {}
 
     # -- lookups (hot path) ---------------------------------------------------
 
@@ -289,13 +337,15 @@ class ModelManager:
         entry = self.models.get(name)
         return [str(v) for v in sorted(entry.serving)] if entry else []
 
-    def index(self) -> list[dict[str, str]]:
-        """Repository index rows ``{name, version, state, reason}`` (Triton's shape).
+    def index(self) -> list[dict[str, Any]]:
+        """Repository index rows ``{name, version, state, reason}`` (Triton's shape),
+        plus ``memory_bytes`` and ``memory_source`` for a served version whose
+        memory was measured, and ``pinned: true`` for a pinned model.
 
         Models present in the repository but never loaded are listed with no
         version and no state, as Triton does in explicit mode.
         """
-        rows: list[dict[str, str]] = []
+        rows: list[dict[str, Any]] = []
         try:
             on_disk = layout.scan_repository(self.repository)
         except Exception:  # repository vanished: index what we know
@@ -309,10 +359,33 @@ class ModelManager:
                 rows.append(row)
                 continue
             for v, st in sorted(entry.states.items()):
-                rows.append(
-                    {"name": name, "version": str(v), "state": st.state, "reason": st.reason}
-                )
+                row2: dict[str, Any] = {
+                    "name": name,
+                    "version": str(v),
+                    "state": st.state,
+                    "reason": st.reason,
+                }
+                mv = entry.serving.get(v)
+                if mv is not None and mv.stats.memory_bytes is not None:
+                    row2["memory_bytes"] = mv.stats.memory_bytes
+                    row2["memory_source"] = mv.stats.memory_source
+                    if mv.stats.gpu_memory_bytes:
+                        row2["gpu_memory_bytes"] = mv.stats.gpu_memory_bytes
+                if name in self.budget.pinned:
+                    row2["pinned"] = True
+                rows.append(row2)
         return rows
+
+    def model_bytes(self, name: str) -> int:
+        """Bytes the served versions of ``name`` cost (0: not loaded or unmeasured)."""
+        entry = self.models.get(name)
+        if entry is None:
+            return 0
+        return sum(mv.stats.memory_bytes or 0 for mv in entry.serving.values())
+
+    def used_bytes(self) -> int:
+        """Bytes every served model version costs together (what the budget bounds)."""
+        return sum(self.model_bytes(n) for n in self.models)
 
     # -- loading --------------------------------------------------------------
 
@@ -393,6 +466,62 @@ class ModelManager:
             )
         if self.closing:
             raise unavailable(f"failed to load '{name}': the server is shutting down")
+        if self.budget.budget_bytes is None:
+            return await self._load_named(name, config_override, files)
+        async with self._budget_lock:
+            if self.closing:
+                raise unavailable(f"failed to load '{name}': the server is shutting down")
+            before = self.models.get(name)
+            was_serving = before is not None and bool(before.serving)
+            folder = self._folder_snapshot(name) if config_override is None else None
+            estimate = self.budget.known_size.get(name, 0)
+            if folder is None or self._known_folder.get(name) != folder:
+                estimate = 0  # changed on disk or overridden: its old size says nothing
+            try:
+                await self._make_room(name, estimate)
+            except InferError as e:
+                if not was_serving and (self.repository / name).is_dir():
+                    self.models.setdefault(name, ModelEntry(name)).reason = str(e)
+                raise
+            failed: InferError | None = None
+            try:
+                entry = await self._load_named(name, config_override, files)
+            except InferError as e:  # some versions may serve all the same
+                failed = e
+                current = self.models.get(name)
+                if current is None or not current.serving:
+                    raise
+                entry = current
+            size = self.model_bytes(name)
+            self.budget.known_size[name] = size
+            if folder is not None:
+                self._known_folder[name] = folder
+            try:
+                await self._make_room(name, size)
+            except InferError as e:
+                if not was_serving:  # a reload keeps what served; a new load goes
+                    await self._evict(name, reason=str(e), force=True)
+                else:
+                    log.warning("model %s: reloaded over the memory budget: %s", name, e)
+                raise
+            if failed is not None:
+                raise failed
+            return entry
+
+    def _folder_snapshot(self, name: str) -> Any:
+        """Fingerprints of the model folder (config and files, as poll mode compares
+        them), or None when it cannot be read: a remembered size is used only while
+        the folder is unchanged."""
+        path = self.repository / name
+        try:
+            return snapshot(layout.ModelDir(name, path, layout.list_versions(path)))
+        except Exception:  # noqa: BLE001 - the load reports a missing or broken folder
+            return None
+
+    async def _load_named(
+        self, name: str, config_override: Any, files: dict[str, bytes] | None
+    ) -> ModelEntry:
+        """:meth:`load_model` once its arguments are checked (the model's lock held)."""
         async with self._lock(name):
             if self.closing:
                 raise unavailable(f"failed to load '{name}': the server is shutting down")
@@ -560,6 +689,9 @@ class ModelManager:
         entry.reason = "; ".join(errors)
         entry.wanted = True
         self.models[name] = entry
+        if any(old.get(v) is not mv for v, mv in entry.serving.items()):
+            self.budget.counter(name).loads += 1
+            self.budget.touch(name)
         for v, mv in old.items():
             if entry.serving.get(v) is not mv:
                 gone = v not in entry.serving
@@ -596,15 +728,207 @@ class ModelManager:
         backend = backend_for(cfg)
         await complete_config(spec, backend, self.host_policies, where=where)
         mv = ModelVersion(spec, cfg.platform or cfg.backend, backend.name)
-        mv.instances = await backend.load(spec)
-        mv.scheduler = create_scheduler(mv)
-        if self.server is not None:
-            try:
-                await self.server.warmup(mv)
-            except Exception:
-                await mv.close()
-                raise
+        ensemble = cfg.platform == cfgmod.ENSEMBLE_PLATFORM
+        in_process = backend.in_process and not ensemble
+        lock = self._measure_lock if in_process else contextlib.nullcontext()
+        async with lock:
+            rss_before = procmem.own_rss() if in_process else None
+            gpu_before = await asyncio.to_thread(procmem.gpu_memory_by_pid)
+            mv.instances = await backend.load(spec)
+            mv.scheduler = create_scheduler(mv)
+            if self.server is not None:
+                try:
+                    await self.server.warmup(mv)
+                except Exception:
+                    await mv.close()
+                    raise
+            self._measure(mv, in_process, ensemble, rss_before, gpu_before)
         return mv
+
+    def _measure(
+        self,
+        mv: ModelVersion,
+        in_process: bool,
+        ensemble: bool,
+        rss_before: int | None,
+        gpu_before: dict[int, int] | None,
+    ) -> None:
+        """Set ``mv.stats.memory_bytes`` / ``memory_source`` / ``gpu_memory_bytes``
+        (see the module docstring); leaves them None when nothing can be read."""
+        stats = mv.stats
+        pids = [os.getpid()] if in_process else []
+        if ensemble:
+            stats.memory_bytes, stats.memory_source = 0, ENSEMBLE_SOURCE
+            return
+        if in_process:
+            after = procmem.own_rss()
+            if rss_before is not None and after is not None:
+                key = (mv.name, mv.version)
+                delta = max(0, after - rss_before, self._rss_delta.get(key, 0))
+                self._rss_delta[key] = delta
+                stats.memory_bytes, stats.memory_source = delta, RSS_DELTA
+        else:
+            pids = [p for inst in mv.instances for p in inst.worker_pids()]
+            readings = [procmem.process_memory(p) for p in pids]
+            if pids and all(r is not None for r in readings):
+                stats.memory_bytes = sum(r[0] for r in readings if r is not None)
+                stats.memory_source = WORKER_RSS
+        if gpu_before is not None and pids:
+            gpu_after = procmem.gpu_memory_by_pid() or {}
+            stats.gpu_memory_bytes = max(
+                0, sum(gpu_after.get(p, 0) - gpu_before.get(p, 0) for p in pids)
+            )
+
+    # -- the memory budget and on-demand loads ---------------------------------
+
+    def _ensemble_users(self) -> dict[str, list[str]]:
+        """Model name -> the served ensembles with a step that uses it."""
+        users: dict[str, list[str]] = {}
+        for other, entry in self.models.items():
+            mv = entry.default_version
+            if mv is None or mv.config.platform != cfgmod.ENSEMBLE_PLATFORM:
+                continue
+            for step in mv.config.ensemble_scheduling.step:
+                users.setdefault(step.model_name, []).append(other)
+        return users
+
+    async def _make_room(self, name: str, need: int) -> None:
+        """Evict least recently used idle models until ``need`` bytes for ``name`` fit
+        in the budget (:meth:`MemoryBudget.plan`).
+
+        Raises:
+            InferError(INVALID_ARG): ``name`` alone needs more than the budget.
+            InferError(UNAVAILABLE): the models that may not leave now (pinned, or
+                serving or holding requests) leave too little room.
+        """
+        for _ in range(len(self.models) + 1):
+            loaded = {n: self.model_bytes(n) for n, e in self.models.items() if e.serving}
+            busy = {
+                n for n, e in self.models.items() if any(mv.inflight for mv in e.serving.values())
+            }
+            try:
+                victims = self.budget.plan(name, need, loaded, busy, self._ensemble_users())
+            except BudgetExceeded as e:
+                code = ErrorCode.INVALID_ARG if e.alone else ErrorCode.UNAVAILABLE
+                raise InferError(f"failed to load '{name}': {e}", code) from None
+            if not victims:
+                return
+            for victim in victims:
+                if not await self._evict(victim):
+                    break  # it got busy meanwhile: plan again
+
+    async def _evict(self, name: str, reason: str = "", force: bool = False) -> bool:
+        """Unload every version of ``name`` now (no drain: it is idle), for the budget.
+
+        Args:
+            reason: the index reason afterwards (default: evicted for the budget).
+            force: unload even if held or pinned (a load that did not fit); not
+                counted as an eviction.
+
+        Returns:
+            False when ``name`` got busy or held before its lock was taken (nothing
+            was unloaded); True otherwise.
+        """
+        async with self._lock(name):
+            entry = self.models.get(name)
+            if entry is None or not entry.serving:
+                return True
+            if not force and (
+                not self.budget.evictable(name, ())
+                or any(mv.inflight for mv in entry.serving.values())
+            ):
+                return False
+            old = entry.serving
+            entry.serving = {}
+            entry.wanted = False
+            entry.reason = reason or "evicted to stay within the model memory budget"
+            for v in old:
+                entry.states[v] = VersionState(UNLOADING)
+            if not force:
+                self.budget.counter(name).evictions += 1
+                log.info(
+                    "model %s: evicted (least recently used) to stay within the model "
+                    "memory budget",
+                    name,
+                )
+            for v, mv in old.items():
+                try:
+                    await mv.close()
+                finally:
+                    await self._release(mv)
+                    entry.states.pop(v, None)
+                    entry.fingerprints.pop(v, None)
+            await asyncio.to_thread(procmem.release_free_memory)
+            return True
+
+    def can_demand(self, name: str) -> bool:
+        """True when a request for ``name`` may load it on demand: a well-formed name of
+        a model folder in the repository (with or without ``config.pbtxt``) that has no
+        served version."""
+        if self.closing:
+            return False
+        try:
+            check_model_name(name)
+        except InferError:
+            return False
+        entry = self.models.get(name)
+        if entry is not None and entry.serving:
+            return False
+        return (self.repository / name).is_dir()  # config.pbtxt may be auto-completed
+
+    async def demand(self, name: str, timeout: float | None) -> None:
+        """Load ``name`` for a request that found it not loaded (on-demand mode) and
+        wait for it, at most ``timeout`` s (None: no limit).
+
+        Every request that misses counts in ``misses``; requests for a model whose
+        load is already under way wait for that same load (one load, all served). A
+        request that stops waiting (timeout, client gone) leaves the load running for
+        the others. An ensemble's missing steps load first.
+
+        Raises:
+            InferError(UNAVAILABLE): not loaded within ``timeout``, or the budget has
+                no room now; the load's own error when it failed (INVALID_ARG: e.g.
+                the model alone exceeds the budget).
+        """
+        self.budget.counter(name).misses += 1
+        try:
+            await asyncio.wait_for(asyncio.shield(self._demand_task(name)), timeout)
+        except TimeoutError:
+            raise unavailable(
+                f"model '{name}' is being loaded on demand and was not ready within "
+                f"{timeout:g} s; retry later"
+            ) from None
+
+    def _demand_task(self, name: str) -> asyncio.Task[ModelEntry]:
+        """The on-demand load of ``name`` in progress, started if there is none."""
+        task = self._demand.get(name)
+        if task is not None:
+            return task
+        task = asyncio.get_running_loop().create_task(self._demand_load(name))
+        self._demand[name] = task
+
+        def done(t: asyncio.Task[ModelEntry]) -> None:
+            if self._demand.get(name) is t:
+                del self._demand[name]
+            if not t.cancelled():
+                t.exception()  # retrieved: the waiters got it
+
+        task.add_done_callback(done)
+        return task
+
+    async def _demand_load(self, name: str) -> ModelEntry:
+        try:
+            cfg = cfgmod.load_model_config(self.repository / name)
+        except Exception:  # noqa: BLE001 - the load itself reports a broken config
+            cfg = None
+        if cfg is not None and cfg.platform == cfgmod.ENSEMBLE_PLATFORM:
+            for step in cfg.ensemble_scheduling.step:
+                step_entry = self.models.get(step.model_name)
+                if step.model_name != name and (step_entry is None or not step_entry.serving):
+                    if self.can_demand(step.model_name):
+                        await self._demand_task(step.model_name)
+        log.info("model %s: not loaded; loading it on demand", name)
+        return await self.load_model(name)
 
     def _retire(self, entry: ModelEntry, version: int, mv: ModelVersion, forget: bool) -> None:
         """Drain ``mv``'s in-flight requests in the background, then close it."""

@@ -324,7 +324,8 @@ def test_repository_index_has_no_reason_for_ready_models(
     ready = [row for row in index if row.get("state") == "READY"]
     assert {"tiny", "tiny_dtypes", "efficientnet_lite0"} <= {row["name"] for row in ready}
     for row in ready:
-        assert set(row) == {"name", "version", "state"}, row
+        # memory_bytes / memory_source: pdserve's addition (issue 16), not a reason
+        assert set(row) == {"name", "version", "state", "memory_bytes", "memory_source"}, row
 
 
 def test_missing_inputs_are_all_named(client: httpclient.InferenceServerClient) -> None:

@@ -359,7 +359,9 @@ def test_poll_warmup(polled: tuple[ServerProcess, Path]) -> None:
         "the config without warm-up",
     )
     # A READY version has no reason, so the index omits it (as Triton).
-    assert index(server)[("tiny", "2")] == {"name": "tiny", "version": "2", "state": "READY"}
+    # (memory_bytes / memory_source: pdserve's addition, issue 16)
+    row = {k: v for k, v in index(server)[("tiny", "2")].items() if not k.startswith("memory_")}
+    assert row == {"name": "tiny", "version": "2", "state": "READY"}
 
 
 def test_explicit_load_all_and_unload_dependents(tmp_path: Path) -> None:

@@ -72,7 +72,11 @@ def test_methods_have_the_protocols_signatures(protocol: type) -> None:
 def test_protocol_members() -> None:
     assert _members(api.ModelRunner) == ["infer_on", "model_version"]
     assert _members(api.ModelHost) == ["infer_on", "model_version", "warmup"]
-    assert _members(api.MetricsSource) == ["response_cache", "served_model_stats"]
+    assert _members(api.MetricsSource) == [
+        "memory_report",
+        "response_cache",
+        "served_model_stats",
+    ]
     assert _members(api.RepositoryHost) == ["live", "manager", "started"]
     assert "started" in _members(api.InferenceCore)
     assert "manager" not in _members(api.InferenceCore)

@@ -44,6 +44,9 @@ FLAGS = {
     "--allow-cpu-metrics",
     "--model-control-mode",
     "--load-model",
+    "--model-memory-budget",
+    "--pin-model",
+    "--model-load-wait-secs",
     "--repository-poll-secs",
     "--response-cache-byte-size",
     "--cache-config",
@@ -113,7 +116,7 @@ def test_help_shows_the_field_defaults(capsys: pytest.CaptureFixture[str]) -> No
     assert "seconds to wait for in-flight requests (default 30)" in out
     assert "on --grpc-port (default on)" in out
     assert "not ready (default off)" in out
-    assert "what the repository API asks (default none)" in out
+    assert "a request for a model not loaded loads it (default none)" in out
     assert "(default: True)" not in out  # argparse's own suffix would repeat the default
 
 
@@ -321,3 +324,58 @@ def test_subcommands_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["--help"])
     assert e.value.code == 0
     assert "{serve,rollback,check,perf,analyze,top}" in capsys.readouterr().out
+
+
+# -- model memory budget (issue 16) ---------------------------------------------------------
+
+
+def test_memory_budget_flags(tmp_path: Path) -> None:
+    s = parse(
+        tmp_path,
+        "--model-control-mode=on_demand",
+        "--model-memory-budget",
+        "1.5GiB",
+        "--pin-model",
+        "a",
+        "--pin-model",
+        "b",
+        "--load-model",
+        "c",
+    )
+    assert s.model_memory_budget == int(1.5 * 1024**3)
+    assert s.pin_models == ("a", "b")
+    assert s.startup_models == ["c", "a", "b"]  # pinned models load at start
+    assert s.model_load_wait_secs == 120.0
+    assert parse(tmp_path).model_memory_budget is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "words"),
+    [
+        (["--model-memory-budget", "2GiB"], "--model-memory-budget", "on_demand or explicit"),
+        (["--model-control-mode=poll", "--pin-model", "a"], "--pin-model", "on_demand"),
+        (
+            ["--model-control-mode=on_demand", "--model-load-wait-secs", "0"],
+            "--model-load-wait-secs",
+            "> 0",
+        ),
+    ],
+)
+def test_memory_budget_flag_errors(tmp_path: Path, argv: list[str], flag: str, words: str) -> None:
+    with pytest.raises(SettingsError) as e:
+        parse(tmp_path, *argv)
+    assert e.value.flag == flag
+    assert words in e.value.message
+
+
+def test_memory_budget_bad_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = serve_error(
+        capsys,
+        "--model-repository",
+        str(tmp_path),
+        "--model-control-mode=on_demand",
+        "--model-memory-budget",
+        "lots",
+    )
+    assert "--model-memory-budget" in err
+    assert "is not a size such as 2GiB" in err

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +25,7 @@ from pdserve.app.analyze.runner import DEFAULT_CONCURRENCY, AnalyzeOptions, run_
 from pdserve.app.analyze.server import AnalyzeError, parse_cpus
 from pdserve.app.analyze.space import OFF, check_preferred_token
 from pdserve.app.perf.options import parse_shape
+from pdserve.core.procmem import parse_size
 
 T = TypeVar("T")
 
@@ -113,26 +113,14 @@ def parse_delays(text: str) -> list[int | None]:
     return out
 
 
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
-
-
 def parse_memory(text: str) -> int:
     """``2GiB``, ``512MiB``, ``2G`` (binary), ``1.5GB`` (decimal), ``1048576`` (bytes)
-    -> bytes.
+    -> bytes (:func:`pdserve.core.procmem.parse_size`).
 
     Raises:
         ValueError: not a size, or 0.
     """
-    m = _SIZE.match(text)
-    if not m:
-        raise ValueError(f"'{text}' is not a size such as 2GiB or 512MiB")
-    number, unit, binary, b = m.groups()
-    power = " kmgt".index(unit.lower()) if unit else 0
-    base = 1000 if (unit and b and not binary) else 1024
-    value = int(float(number) * base**power)
-    if value <= 0:
-        raise ValueError(f"'{text}': the budget must be above 0")
-    return value
+    return parse_size(text)
 
 
 def _parsed(parser: argparse.ArgumentParser, fn: Callable[[str], T], text: str, flag: str) -> T:

@@ -10,97 +10,34 @@ sharing them: what they cost together), from ``/proc/PID/smaps_rollup``
 ``pdserve analyze`` reads the sum before a configuration is loaded, after the
 load, and every :data:`SAMPLE_PERIOD_S` while it serves (:class:`PeakSampler`);
 the configuration's memory is the highest reading minus the one before the load.
+The readings themselves are :mod:`pdserve.core.procmem`'s (shared with the model
+manager, which measures each loaded model version).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
-from pathlib import Path
 
-PROC = Path("/proc")
+from pdserve.core.procmem import (
+    PROC,
+    MemoryReading,
+    process_memory,
+    process_tree,
+    tree_memory,
+)
+
+__all__ = [
+    "SAMPLE_PERIOD_S",
+    "MemoryReading",
+    "PeakSampler",
+    "listening_pid",
+    "process_memory",
+    "process_tree",
+    "tree_memory",
+]
+
 SAMPLE_PERIOD_S = 0.25
-
-
-@dataclass(frozen=True)
-class MemoryReading:
-    """Resident memory of a process tree (bytes); ``pss`` None when unknown."""
-
-    rss: int
-    pss: int | None
-    processes: int
-
-
-def _children_map() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir(PROC):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = (PROC / entry / "stat").read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) >= 2:
-            kids.setdefault(int(fields[1]), []).append(int(entry))
-    return kids
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants alive now (``pid`` first)."""
-    kids = _children_map()
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(kids.get(p, []))
-    return out
-
-
-def process_memory(pid: int) -> tuple[int, int | None] | None:
-    """(Rss, Pss) of one process in bytes; Pss None when unknown; None when the
-    process is gone or unreadable."""
-    try:
-        text = (PROC / str(pid) / "smaps_rollup").read_text()
-    except OSError:
-        text = ""
-    rss = pss = None
-    for line in text.splitlines():
-        if line.startswith("Rss:"):
-            rss = int(line.split()[1]) * 1024
-        elif line.startswith("Pss:"):
-            pss = int(line.split()[1]) * 1024
-    if rss is not None:
-        return rss, pss
-    try:
-        status = (PROC / str(pid) / "status").read_text()
-    except OSError:
-        return None
-    for line in status.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024, None
-    return None  # a zombie, or a kernel thread
-
-
-def tree_memory(pid: int) -> MemoryReading | None:
-    """Summed memory of ``pid`` and its descendants; None when ``pid`` is gone."""
-    rss, pss, n = 0, 0, 0
-    pss_known = True
-    for i, p in enumerate(process_tree(pid)):
-        mem = process_memory(p)
-        if mem is None:
-            if i == 0:
-                return None
-            continue
-        rss += mem[0]
-        n += 1
-        if mem[1] is None:
-            pss_known = False
-        else:
-            pss += mem[1]
-    return MemoryReading(rss, pss if pss_known else None, n)
 
 
 def listening_pid(port: int) -> int | None:

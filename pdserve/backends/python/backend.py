@@ -577,6 +577,7 @@ class PythonBackend(Backend):
     """
 
     name = cfgmod.PYTHON_BACKEND
+    in_process = False
 
     def __init__(
         self, *, import_always: bool = False, autocomplete_timeout_s: float = START_TIMEOUT_S
@@ -723,6 +724,11 @@ class PythonInstance(ModelInstance):
             RuntimeError: import or ``initialize`` failed, or the worker died.
         """
         self.conn = await self._start_once()
+
+    def worker_pids(self) -> list[int]:
+        """The worker process's pid while one runs (empty between a death and its
+        restart)."""
+        return [self.conn.pid] if self.conn is not None else []
 
     async def _start_once(self) -> WorkerConnection:
         conn = await WorkerConnection.start(self.name, self._init, self.spec.server, self.cores)
