@@ -126,6 +126,8 @@ def parse_bool(text: str) -> bool:
     if value in ("false", "0", "off", "no"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def _size(text: str) -> int:
     """argparse type of a size flag: ``2GiB``, ``512MiB``, ``1.5GB``, bytes."""
     try:
