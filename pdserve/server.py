@@ -25,6 +25,7 @@ from pdserve.observability.stats import NOT_QUEUED
 from pdserve.repository.control import MODES
 from pdserve.repository.manager import ModelManager, check_model_name
 from pdserve.repository.model import ModelVersion
+from pdserve.repository.rollout import TrafficControl
 from pdserve.repository.warmup import warmup as run_warmup
 
 if TYPE_CHECKING:
@@ -101,6 +102,9 @@ class InferenceServer:
         #: ``none`` | ``poll`` | ``explicit``: only ``explicit`` accepts repository
         #: load / unload requests.
         self.model_control_mode = model_control_mode
+        #: canary split, shadow traffic and rollouts of requests that name no version
+        #: (:mod:`pdserve.repository.rollout`).
+        self.traffic = TrafficControl(self, self.manager)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -113,10 +117,12 @@ class InferenceServer:
         """Load the initial models (a model that fails is logged, not fatal)."""
         await self.manager.load_all(self.load_models)
         self._started = True
+        self.traffic.ensure_running()
 
     async def stop(self, timeout: float | None = 30.0) -> None:
         """Refuse new requests, wait up to ``timeout`` s for in-flight ones, unload."""
         self._shutting_down = True
+        await self.traffic.stop()
         await self.manager.close(timeout)
 
     # -- health and metadata --------------------------------------------------
@@ -183,6 +189,8 @@ class InferenceServer:
         """
         if self._shutting_down:
             raise unavailable("Server is shutting down: no new requests are accepted")
+        if not request.model_version:  # split, pinned, mirrored, rolled out
+            return await self.traffic.infer(request)
         mv = self.manager.get(request.model_name, request.model_version)
         return await self.infer_on(mv, request)
 

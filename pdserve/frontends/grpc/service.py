@@ -17,12 +17,14 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from pdserve.config import config_from_json
 from pdserve.core.api import InferenceCore
 from pdserve.core.errors import ErrorCode, InferError
+from pdserve.core.types import InferRequest
 from pdserve.frontends.grpc.codec import (
     decode_off_loop,
     encode_off_loop,
     metadata_response,
     param_value,
 )
+from pdserve.repository.traffic import PIN_HEADER, ROUTE_KEY_HEADER
 
 log = logging.getLogger("pdserve.grpc")
 
@@ -127,6 +129,16 @@ def method_handlers(servicer: GrpcService) -> dict[str, grpc.RpcMethodHandler]:
     return handlers
 
 
+def _traffic_metadata(req: InferRequest, context: grpc.aio.ServicerContext) -> None:
+    """Copy the traffic-control metadata (``x-pdserve-route-key``,
+    ``x-pdserve-model-version``; :mod:`pdserve.repository.traffic`) onto ``req``."""
+    for key, value in context.invocation_metadata() or ():
+        if key == ROUTE_KEY_HEADER:
+            req.route_key = value if isinstance(value, str) else value.decode("latin-1")
+        elif key == PIN_HEADER:
+            req.pinned_version = (value if isinstance(value, str) else value.decode()).strip()
+
+
 class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` around one ``InferenceServer``.
 
@@ -221,6 +233,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             req = await decode_off_loop(request, arrival_ns)
             req.cancelled = context.cancelled
+            _traffic_metadata(req, context)
             return await encode_off_loop(await self.server.infer(req))
         except InferError as e:
             await context.abort(grpc_status(e), e.message)
@@ -251,6 +264,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def one(request: service_pb2.ModelInferRequest, arrival_ns: int) -> None:
             try:
                 req = await decode_off_loop(request, arrival_ns)
+                _traffic_metadata(req, context)
                 resp = await encode_off_loop(await self.server.infer(req))
                 msg = service_pb2.ModelStreamInferResponse(infer_response=resp)
             except InferError as e:
