@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -94,3 +96,31 @@ def scrape(server: ServerProcess) -> str:
     """The server's ``/metrics`` text."""
     with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30) as r:
         return r.read().decode()
+
+
+#: ``tests/data/python_models/faulty``: Y = X, faults switched by ``fault.<version>``.
+FAULTY = Path(__file__).resolve().parent / "data" / "python_models" / "faulty"
+XF = np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32)
+
+
+def faulty_model(repo: Path, name: str, versions: int, traffic: str, instances: int = 1) -> Path:
+    """Copy the faulty model into ``repo`` as ``name`` with versions 1..``versions``
+    and ``traffic`` as its traffic.yaml; the model folder."""
+    dst = repo / name
+    shutil.copytree(FAULTY, dst)
+    cfg = (dst / "config.pbtxt").read_text().replace('name: "faulty"', f'name: "{name}"')
+    cfg = cfg.replace("count: 1,", f"count: {instances},")
+    (dst / "config.pbtxt").write_text(cfg)
+    for v in range(2, versions + 1):
+        shutil.copytree(dst / "1", dst / str(v))
+    (dst / "traffic.yaml").write_text(traffic)
+    return dst
+
+
+def infer_faulty(server: ServerProcess, model: str, timeout: float = 60) -> tuple[int, Any]:
+    """A JSON inference of XF on a faulty model; (status, body)."""
+    body = {
+        "inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": XF.ravel().tolist()}]
+    }
+    status, doc, _ = http(server, "POST", f"/v2/models/{model}/infer", body, timeout=timeout)
+    return status, doc

@@ -546,7 +546,9 @@ class TrafficControl:
         mv = entry.serving.get(shadow.version) if entry is not None else None
         if mv is None:
             st.shadow_results[(version, "missing")] += 1
-            self._log_every(st, "missing", "shadow version %s of model %s is not served", version)
+            self._log_every(
+                st, "missing", "shadow version %s of model %s is not served", version, st.name
+            )
             return
         mirror = InferRequest(
             request.model_name,
