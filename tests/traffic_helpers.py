@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from http.client import HTTPConnection, HTTPException
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +126,52 @@ def infer_faulty(server: ServerProcess, model: str, timeout: float = 60) -> tupl
     }
     status, doc, _ = http(server, "POST", f"/v2/models/{model}/infer", body, timeout=timeout)
     return status, doc
+
+
+class Load:
+    """Client threads sending requests to one model without pause over keep-alive
+    HTTP connections; every answer is recorded as ``(monotonic s, status, version)``."""
+
+    def __init__(self, server: ServerProcess, model: str, threads: int = 2) -> None:
+        self.server = server
+        self.model = model
+        self.results: list[tuple[float, int, str]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+        self._body = json.dumps(
+            {
+                "inputs": [
+                    {"name": "X", "datatype": "FP32", "shape": [1, 4], "data": XF.ravel().tolist()}
+                ]
+            }
+        ).encode()
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+
+    def _run(self) -> None:
+        conn = HTTPConnection("127.0.0.1", self.server.http_port, timeout=60)
+        path = f"/v2/models/{self.model}/infer"
+        while not self._stop.is_set():
+            try:
+                conn.request("POST", path, self._body, {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                raw = r.read()
+                version = json.loads(raw).get("model_version", "") if r.status == 200 else ""
+                self.results.append((time.monotonic(), r.status, version))
+            except (OSError, HTTPException):
+                self.results.append((time.monotonic(), 0, ""))
+                conn.close()
+                conn = HTTPConnection("127.0.0.1", self.server.http_port, timeout=60)
+        conn.close()
+
+    def failures(self, since: float = 0.0) -> int:
+        """Answers other than 200 since ``since``."""
+        return sum(1 for t, s, _ in list(self.results) if t >= since and s != 200)
