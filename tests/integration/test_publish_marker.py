@@ -96,7 +96,9 @@ def test_marker_gates_publishing_and_rollback(tmp_path: Path) -> None:
 
 def test_check_honours_the_marker(tmp_path: Path) -> None:
     repo = _repo(tmp_path, "tiny_all_versions")  # its MODEL_IDENTITY.json names it
-    (repo / "tiny_all_versions" / "3").mkdir()  # an unpublished, empty folder: an error without the marker
+    (
+        repo / "tiny_all_versions" / "3"
+    ).mkdir()  # an unpublished, empty folder: an error without the marker
     cmd = [sys.executable, "-m", "pdserve", "check", str(repo), "--format", "json", "--no-goldens"]
     plain = subprocess.run(cmd, capture_output=True, cwd=ROOT, timeout=300)
     marked = subprocess.run(
