@@ -10,13 +10,15 @@ routing rules). Per model it keeps:
   rollout's current step;
 - **windows** of outcomes per version (arrival to answer latency, error or not), the
   server's own data, so that a rollout needs no Prometheus;
-- the **shadow**: a bounded queue and two worker tasks that mirror a share of the
+- the **shadow**: a bounded queue and a worker task that mirror a share of the
   split requests to a candidate version after the caller's answer is ready, compare
   each output with the configured tolerance, and count divergences (a rolling rate
   per output over the last :data:`DIVERGENCE_WINDOW_S` seconds, and a sample of
   divergent requests in the log and in ``GET /v2/models/{m}/traffic``). The caller's
-  answer never waits for it: a full queue or a shadow version that refuses more work
-  sheds the mirror (``shed``), a shadow that fails counts ``error``;
+  answer never waits for it: a full queue, a caller's version with more than the
+  shadow's ``max_inflight`` requests in flight (load), or a shadow version that
+  refuses more work sheds the mirror (``shed``); a shadow that fails counts
+  ``error``. One worker runs a model's mirrors, one at a time;
 - the **rollout**: :class:`RolloutPolicy` (the ``rollout`` section of the traffic
   file) moves a canary through its steps (percent of traffic) while its error rate,
   p99 latency and shadow divergence over ``window_secs`` stay within bounds, and sets
@@ -70,8 +72,10 @@ DIVERGENCE_WINDOW_S = 60.0
 DIVERGENT_SAMPLES = 10
 #: At most one divergence log line per output per this many seconds.
 DIVERGENCE_LOG_EVERY_S = 5.0
-#: Worker tasks that run one model's shadow requests.
-SHADOW_WORKERS = 2
+#: Worker tasks that run one model's shadow requests: one, so that a shadow never
+#: has more than one request in flight per model (it costs the callers at most what
+#: one more closed-loop client would).
+SHADOW_WORKERS = 1
 #: Decisions kept per model for ``GET /v2/models/{m}/rollout``.
 MAX_DECISIONS = 100
 
@@ -549,6 +553,10 @@ class TrafficControl:
             self._log_every(
                 st, "missing", "shadow version %s of model %s is not served", version, st.name
             )
+            return
+        primary_mv = entry.serving.get(int(primary.model_version)) if entry is not None else None
+        if primary_mv is not None and primary_mv.inflight > shadow.max_inflight:
+            st.shadow_results[(version, "shed")] += 1  # the callers are busy: shadow goes first
             return
         mirror = InferRequest(
             request.model_name,

@@ -10,6 +10,7 @@ the version policy loaded::
       version: 3
       percent: 100               # share of split requests mirrored (0-100)
       queue_size: 64             # bounded; a full queue sheds the mirror, never the caller
+      max_inflight: 8            # shed mirrors while the caller's version has more in flight
       compare:                   # per output; outputs not named use the defaults below
         OUTPUT0: {atol: 1.0e-5, rtol: 1.0e-3}
         top5_labels: {exact: true}
@@ -59,7 +60,10 @@ BUCKETS = 10_000
 DEFAULT_SHADOW_QUEUE = 64
 
 _TOP_KEYS = {"weights", "shadow", "rollout"}
-_SHADOW_KEYS = {"version", "percent", "queue_size", "compare"}
+_SHADOW_KEYS = {"version", "percent", "queue_size", "max_inflight", "compare"}
+#: Default ``max_inflight`` of a shadow: mirrors are shed while the caller's version
+#: has more requests than this in flight.
+DEFAULT_SHADOW_MAX_INFLIGHT = 8
 _COMPARE_KEYS = {"atol", "rtol", "exact", "top_k"}
 
 
@@ -87,11 +91,21 @@ class Tolerance:
 
 @dataclass(frozen=True)
 class ShadowSpec:
-    """The ``shadow`` section of a traffic file."""
+    """The ``shadow`` section of a traffic file.
+
+    Attributes:
+        version: the candidate version the mirrors go to.
+        percent: share of split requests mirrored (0-100).
+        queue_size: mirrors waiting at most; a full queue sheds the newest.
+        max_inflight: a mirror is shed (not run) while the caller's version has more
+            than this many requests in flight: under load the shadow goes first.
+        compare: output name -> :class:`Tolerance`.
+    """
 
     version: int
     percent: float = 100.0
     queue_size: int = DEFAULT_SHADOW_QUEUE
+    max_inflight: int = DEFAULT_SHADOW_MAX_INFLIGHT
     compare: dict[str, Tolerance] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -100,6 +114,7 @@ class ShadowSpec:
             "version": self.version,
             "percent": self.percent,
             "queue_size": self.queue_size,
+            "max_inflight": self.max_inflight,
             "compare": {
                 name: {k: v for k, v in t.__dict__.items() if v != getattr(Tolerance(), k)}
                 for name, t in self.compare.items()
@@ -218,6 +233,9 @@ def parse_shadow(raw: Any, where: str = "shadow") -> ShadowSpec:
     queue = raw.get("queue_size", DEFAULT_SHADOW_QUEUE)
     if isinstance(queue, bool) or not isinstance(queue, int) or not 1 <= queue <= 100_000:
         raise TrafficError(f"{where}.queue_size: must be an integer from 1 to 100000")
+    inflight = raw.get("max_inflight", DEFAULT_SHADOW_MAX_INFLIGHT)
+    if isinstance(inflight, bool) or not isinstance(inflight, int) or inflight < 0:
+        raise TrafficError(f"{where}.max_inflight: must be an integer >= 0")
     compare_raw = raw.get("compare") or {}
     if not isinstance(compare_raw, dict):
         raise TrafficError(f"{where}.compare: must be a mapping of output name -> tolerance")
@@ -228,6 +246,7 @@ def parse_shadow(raw: Any, where: str = "shadow") -> ShadowSpec:
         version=_version(raw["version"], f"{where}.version"),
         percent=_number(raw.get("percent", 100), f"{where}.percent", 0.0, 100.0),
         queue_size=queue,
+        max_inflight=inflight,
         compare=compare,
     )
 
