@@ -31,6 +31,13 @@ p50/p90/p99 per model:
 - ``pdserve_compute_duration_seconds`` — the executed batch's compute time;
 - ``pdserve_batch_size`` — rows per executed batch (label-free of ``reason``).
 
+Traffic control (:mod:`pdserve.repository.rollout`; see :data:`TRAFFIC_METRICS`):
+``pdserve_traffic_weight`` and ``pdserve_traffic_requests_total`` (labels ``model``,
+``version``, ``route``), ``pdserve_shadow_requests_total`` (``result``),
+``pdserve_shadow_compared_total`` / ``pdserve_shadow_divergence_total`` /
+``pdserve_shadow_divergence_rate`` (label ``output``), ``pdserve_shadow_queue_size``,
+``pdserve_rollout_decisions_total`` (``action``) and ``pdserve_rollout_state``.
+
 Server-wide: ``nv_cache_num_entries``, ``nv_cache_num_lookups``,
 ``nv_cache_num_hits``, ``nv_cache_num_misses``, ``nv_cache_num_evictions``,
 ``nv_cache_util`` (response cache); ``nv_cpu_utilization`` (0-1, since the last
