@@ -41,6 +41,7 @@ import logging
 import math
 import random
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -64,8 +65,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pdserve.rollout")
 
-#: Outcomes kept per version (the oldest go first); bounds the memory of a window.
-MAX_SAMPLES = 200_000
+#: The longest window, in seconds (``window_secs``): one-second buckets are kept
+#: this long per version.
+MAX_WINDOW_S = 3600
 #: Seconds over which the rolling shadow divergence rate is computed.
 DIVERGENCE_WINDOW_S = 60.0
 #: Divergent requests kept per model for ``GET /v2/models/{m}/traffic``.
@@ -114,7 +116,9 @@ class RolloutPolicy:
             ``canary``); takes ``100 - step`` percent, and everything after a rollback.
         steps: the canary's percent at each step, ascending, ending at 100.
         step_secs: seconds the canary stays at least at one step before promotion.
-        window_secs: the window error rate, p99 and divergence are computed over.
+        window_secs: the window error rate, p99 and divergence are computed over,
+            1 to :data:`MAX_WINDOW_S` seconds (counted in whole seconds; the p99 is
+            read from latency bins 15 % wide).
         min_requests: the canary needs this many requests in the window before a
             promotion, and before a breach counts (a breach of the error rate or p99
             with fewer requests is not acted on).
@@ -191,7 +195,7 @@ class RolloutPolicy:
             baseline=baseline,
             steps=tuple(steps),
             step_secs=number("step_secs", 30.0, 0.0),
-            window_secs=number("window_secs", 30.0, 0.1),
+            window_secs=number("window_secs", 30.0, 1.0, MAX_WINDOW_S),
             min_requests=min_req,
             max_error_rate=number("max_error_rate", 0.01, 0.0, 1.0),
             max_p99_ms=number("max_p99_ms", None, 0.0),
@@ -209,42 +213,89 @@ class RolloutPolicy:
 # -------------------------------------------------------------------- windows
 
 
-class Window:
-    """Recent outcomes of one version: ``(monotonic s, latency s, error)`` in arrival order."""
+#: Upper bounds (seconds) of the latency bins a window counts in: 0.1 ms to 100 s, 16
+#: per decade (each 15 % wider than the one before), so a p99 is read within 15 %.
+LATENCY_BINS: tuple[float, ...] = tuple(1e-4 * 10 ** (i / 16) for i in range(97))
 
-    __slots__ = ("samples",)
+
+class Window:
+    """Recent outcomes of one version, in one-second buckets of ``[second, requests,
+    errors, latency histogram]`` (:data:`LATENCY_BINS`): recording is O(1) and a
+    summary reads at most :data:`MAX_WINDOW_S` buckets, whatever the request rate."""
+
+    __slots__ = ("buckets",)
 
     def __init__(self) -> None:
-        self.samples: collections.deque[tuple[float, float, bool]] = collections.deque(
-            maxlen=MAX_SAMPLES
-        )
+        self.buckets: collections.deque[list[Any]] = collections.deque(maxlen=MAX_WINDOW_S)
 
     def add(self, latency_s: float, error: bool) -> None:
-        """Record one answered request."""
-        self.samples.append((time.monotonic(), latency_s, error))
+        """Record one answered request that took ``latency_s`` seconds."""
+        sec = int(time.monotonic())
+        b = self.buckets[-1] if self.buckets else None
+        if b is None or b[0] != sec:
+            b = [sec, 0, 0, [0] * (len(LATENCY_BINS) + 1)]
+            self.buckets.append(b)
+        b[1] += 1
+        b[2] += error
+        b[3][bisect_left(LATENCY_BINS, latency_s)] += 1
 
-    def summary(self, window_s: float, since: float = 0.0) -> dict[str, Any]:
+    def summary(self, window_s: float) -> dict[str, Any]:
         """``{requests, errors, error_rate, p99_ms}`` over the last ``window_s``
-        seconds (and not before ``since``, a monotonic time)."""
-        start = max(time.monotonic() - window_s, since)
-        lat: list[float] = []
-        errors = 0
-        for t, latency, err in reversed(self.samples):
-            if t < start:
+        seconds (whole seconds); ``p99_ms`` is the upper bound of the bin holding the
+        99th percentile (None without requests)."""
+        first = int(time.monotonic()) - max(0, math.ceil(window_s) - 1)
+        n = errors = 0
+        hist = [0] * (len(LATENCY_BINS) + 1)
+        for sec, count, errs, h in reversed(self.buckets):
+            if sec < first:
                 break
-            lat.append(latency)
-            errors += err
-        n = len(lat)
+            n += count
+            errors += errs
+            for i, c in enumerate(h):
+                if c:
+                    hist[i] += c
         p99 = None
         if n:
-            lat.sort()
-            p99 = lat[min(n - 1, math.ceil(0.99 * n) - 1)] * 1000.0
+            rank, acc = math.ceil(0.99 * n), 0
+            for i, c in enumerate(hist):
+                acc += c
+                if acc >= rank:
+                    p99 = LATENCY_BINS[min(i, len(LATENCY_BINS) - 1)] * 1000.0
+                    break
         return {
             "requests": n,
             "errors": errors,
             "error_rate": errors / n if n else 0.0,
             "p99_ms": p99,
         }
+
+
+class Tally:
+    """Counts in one-second buckets (``[second, Counter]``), summed over a window."""
+
+    __slots__ = ("buckets",)
+
+    def __init__(self) -> None:
+        self.buckets: collections.deque[tuple[int, collections.Counter[Any]]] = collections.deque(
+            maxlen=MAX_WINDOW_S
+        )
+
+    def add(self, key: Any, n: int = 1) -> None:
+        """Count ``n`` of ``key`` now."""
+        sec = int(time.monotonic())
+        if not self.buckets or self.buckets[-1][0] != sec:
+            self.buckets.append((sec, collections.Counter()))
+        self.buckets[-1][1][key] += n
+
+    def total(self, window_s: float) -> collections.Counter[Any]:
+        """The counts of the last ``window_s`` seconds (whole seconds)."""
+        first = int(time.monotonic()) - max(0, math.ceil(window_s) - 1)
+        out: collections.Counter[Any] = collections.Counter()
+        for sec, counts in reversed(self.buckets):
+            if sec < first:
+                break
+            out.update(counts)
+        return out
 
 
 # -------------------------------------------------------------------- per-model state
@@ -293,10 +344,8 @@ class ModelTraffic:
         self.shadow_results: collections.Counter[tuple[str, str]] = collections.Counter()
         self.divergence: collections.Counter[str] = collections.Counter()
         self.compared: collections.Counter[str] = collections.Counter()
-        #: (monotonic s, output, diverged, version) of recent comparisons
-        self.recent: collections.deque[tuple[float, str, bool, int]] = collections.deque(
-            maxlen=MAX_SAMPLES
-        )
+        #: recent comparisons: ("out", output, diverged) and ("ver", version, diverged)
+        self.recent = Tally()
         self.samples: collections.deque[dict[str, Any]] = collections.deque(
             maxlen=DIVERGENT_SAMPLES
         )
@@ -353,27 +402,19 @@ class ModelTraffic:
 
     def divergence_rates(self, window_s: float = DIVERGENCE_WINDOW_S) -> dict[str, float]:
         """Output -> divergent / compared over the last ``window_s`` seconds."""
-        start = time.monotonic() - window_s
+        t = self.recent.total(window_s)
         seen: collections.Counter[str] = collections.Counter()
-        bad: collections.Counter[str] = collections.Counter()
-        for t, output, diverged, _ in reversed(self.recent):
-            if t < start:
-                break
-            seen[output] += 1
-            bad[output] += diverged
-        return {o: bad[o] / n for o, n in seen.items()}
+        for (kind, output, _), n in t.items():
+            if kind == "out":
+                seen[output] += n
+        return {o: t[("out", o, True)] / n for o, n in seen.items() if n}
 
-    def divergence_rate_for(self, version: int, window_s: float, since: float) -> tuple[int, float]:
+    def divergence_rate_for(self, version: int, window_s: float) -> tuple[int, float]:
         """``(requests compared, share that diverged in any output)`` for shadow
-        ``version`` over the window."""
-        start = max(time.monotonic() - window_s, since)
-        n = bad = 0
-        for t, _, diverged, v in reversed(self.recent):
-            if t < start:
-                break
-            if v == version:
-                n += 1
-                bad += diverged
+        ``version`` over the last ``window_s`` seconds."""
+        t = self.recent.total(window_s)
+        bad, good = t[("ver", version, True)], t[("ver", version, False)]
+        n = bad + good
         return n, (bad / n if n else 0.0)
 
 
@@ -576,7 +617,6 @@ class TrafficControl:
             )
             return
         st.shadow_results[(version, "compared")] += 1
-        now = time.monotonic()
         differences = {}
         for output, value in primary.outputs.items():
             other = result.outputs.get(output)
@@ -585,10 +625,11 @@ class TrafficControl:
             else:
                 agree, detail = outputs_agree(value, other, tolerance_for(shadow, output))
             st.compared[output] += 1
-            st.recent.append((now, output, not agree, shadow.version))
+            st.recent.add(("out", output, not agree))
             if not agree:
                 st.divergence[output] += 1
                 differences[output] = detail
+        st.recent.add(("ver", shadow.version, bool(differences)))
         if differences:
             sample = {
                 "time": time.time(),
@@ -686,7 +727,7 @@ class TrafficControl:
             if p.max_p99_ms is not None and (win["p99_ms"] or 0) > p.max_p99_ms:
                 breach.append(f"p99 {win['p99_ms']:.1f} ms > {p.max_p99_ms:g} ms")
         if p.max_divergence_rate is not None:
-            n, rate = st.divergence_rate_for(p.canary, p.window_secs, 0.0)
+            n, rate = st.divergence_rate_for(p.canary, p.window_secs)
             if n >= p.min_requests and rate > p.max_divergence_rate:
                 breach.append(
                     f"shadow divergence {rate:.3f} > {p.max_divergence_rate:g} ({n} compared)"
