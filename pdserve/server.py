@@ -25,6 +25,7 @@ from pdserve.observability.stats import NOT_QUEUED
 from pdserve.repository.control import EXPLICIT_MODES, MODES
 from pdserve.repository.manager import ModelManager, check_model_name
 from pdserve.repository.model import ModelVersion
+from pdserve.repository.rollout import TrafficControl
 from pdserve.repository.warmup import warmup as run_warmup
 
 if TYPE_CHECKING:
@@ -119,6 +120,9 @@ class InferenceServer:
         #: requests hold their model against eviction and mark it used (LRU): only
         #: needed with a budget or on-demand loads.
         self._track_use = memory_budget is not None or model_control_mode == "on_demand"
+        #: canary split, shadow traffic and rollouts of requests that name no version
+        #: (:mod:`pdserve.repository.rollout`).
+        self.traffic = TrafficControl(self, self.manager)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -131,10 +135,12 @@ class InferenceServer:
         """Load the initial models (a model that fails is logged, not fatal)."""
         await self.manager.load_all(self.load_models)
         self._started = True
+        self.traffic.ensure_running()
 
     async def stop(self, timeout: float | None = 30.0) -> None:
         """Refuse new requests, wait up to ``timeout`` s for in-flight ones, unload."""
         self._shutting_down = True
+        await self.traffic.stop()
         await self.manager.close(timeout)
 
     # -- health and metadata --------------------------------------------------
@@ -208,23 +214,29 @@ class InferenceServer:
         if self._shutting_down:
             raise unavailable("Server is shutting down: no new requests are accepted")
         if not self._track_use:
-            mv = self.manager.get(request.model_name, request.model_version)
-            return await self.infer_on(mv, request)
+            return await self._dispatch(request)
         name = request.model_name
         budget = self.manager.budget
         budget.hold(name)  # from arrival to response: never evicted meanwhile
         try:
             try:
-                mv = self.manager.get(name, request.model_version)
+                self.manager.get(name, request.model_version)  # loaded? (else on demand)
             except InferError:
                 if self.model_control_mode != "on_demand" or not self.manager.can_demand(name):
                     raise
                 await self.manager.demand(name, self._load_wait(request))
-                mv = self.manager.get(name, request.model_version)
             budget.touch(name)
-            return await self.infer_on(mv, request)
+            return await self._dispatch(request)
         finally:
             budget.release(name)
+
+    async def _dispatch(self, request: InferRequest) -> InferResponse:
+        """Serve ``request`` on the version it names, or through traffic control
+        (split, pinned, mirrored, rolled out) when it names none."""
+        if not request.model_version:
+            return await self.traffic.infer(request)
+        mv = self.manager.get(request.model_name, request.model_version)
+        return await self.infer_on(mv, request)
 
     def _load_wait(self, request: InferRequest) -> float:
         """Seconds an on-demand request waits for its model: its ``timeout``

@@ -74,6 +74,7 @@ from pdserve import config as cfgmod
 from pdserve.backends.base import Backend, ModelSpec
 from pdserve.repository import layout
 from pdserve.repository.prepare import backend_for, complete_config, read_config
+from pdserve.repository.traffic import TRAFFIC_FILENAME, TrafficError, read_traffic_file
 from pdserve.scheduling.ensemble import EnsembleBackend
 
 from .check_rules import Rule, RulesError, load_rules
@@ -403,6 +404,10 @@ class Checker:
         cfg = read_config(mdir)
         mr.config = cfg
         mr.platform, mr.backend = cfg.platform, cfg.backend
+        try:
+            read_traffic_file(mdir.path)
+        except TrafficError as e:  # as serve: the model would fail to load
+            r.add(str(e), mdir.path / TRAFFIC_FILENAME)
         if not mdir.versions:
             r.add(
                 "no version folder: a model needs at least one numeric folder (1/, 2/ ...) "
@@ -973,6 +978,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         help="a host policy the server is started with (as serve's flag; only NAME counts): "
         "instance groups may name it (repeatable)",
     )
+    p.add_argument(
+        "--version-ready-marker",
+        default="",
+        metavar="FILENAME",
+        help="as serve's flag: only version folders holding this file (e.g. READY) are "
+        "versions; the others are not checked (default: off)",
+    )
     p.set_defaults(run=run)
     return p
 
@@ -983,6 +995,11 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.timeout > 0:
         print("pdserve check: --timeout must be a positive number of seconds", file=sys.stderr)
+        return 2
+    try:
+        layout.set_ready_marker(args.version_ready_marker or None)
+    except ValueError as e:
+        print(f"pdserve check: --version-ready-marker: {e}", file=sys.stderr)
         return 2
     try:
         rules = load_rules(args.rules) if args.rules is not None else []

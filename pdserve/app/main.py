@@ -71,6 +71,7 @@ from pdserve.cache import ResponseCache
 from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.server import serve_http
 from pdserve.repository.control import RepositoryPoller
+from pdserve.repository.layout import set_ready_marker
 from pdserve.server import InferenceServer
 
 log = logging.getLogger("pdserve")
@@ -164,6 +165,12 @@ def build_server(settings: Settings) -> InferenceServer:
         pdserve.backends.host_policy.HostPolicyError: a host policy names cores this
             process can no longer use.
     """
+    set_ready_marker(settings.version_ready_marker or None)
+    if settings.version_ready_marker:
+        log.info(
+            "publish-by-marker: a version folder is served once it holds %s",
+            settings.version_ready_marker,
+        )
     policies = settings.host_policies()
     for name, cores in sorted(policies.items()):
         log.info("host policy %s: cpu-cores %s", name, format_cpu_list(cores))

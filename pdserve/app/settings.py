@@ -408,6 +408,16 @@ class Settings:
         "poll mode: seconds between repository scans (default {default})",
         type=float,
     )
+    version_ready_marker: str = _flag(
+        "--version-ready-marker",
+        "",
+        "model control",
+        "publish-by-marker: a version folder is only a version once a file of this name "
+        "(e.g. READY) exists in it; removing it from the serving version rolls back to "
+        "the previous one on the next poll or load (default: off, every numeric folder "
+        "is a version)",
+        metavar="FILENAME",
+    )
 
     # -- response cache -----------------------------------------------------------------
     response_cache_byte_size: int = _flag(
@@ -552,6 +562,11 @@ class Settings:
             raise SettingsError(
                 "--repository-poll-secs",
                 f"must be > 0 in poll mode, got {self.repository_poll_secs}",
+            )
+        marker = self.version_ready_marker
+        if marker and (marker in (".", "..") or any(c in marker for c in "/\\\0")):
+            raise SettingsError(
+                "--version-ready-marker", f"must be a plain file name, got {marker!r}"
             )
         try:
             self.host_policies()

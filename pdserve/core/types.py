@@ -47,6 +47,10 @@ class InferRequest:
             ``binary_data_output``...).
         arrival_ns: ``time.monotonic_ns()`` when the frontend received it.
         cancelled: a callable returning True once the client has gone away.
+        route_key: makes a traffic split sticky (``x-pdserve-route-key`` header or
+            gRPC metadata; see :mod:`pdserve.repository.traffic`); ``""``: none.
+        pinned_version: the version a request without ``model_version`` asks for
+            (``x-pdserve-model-version``); ``""``: the traffic split picks.
     """
 
     model_name: str
@@ -57,6 +61,8 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     arrival_ns: int = field(default_factory=time.monotonic_ns)
     cancelled: Any = None
+    route_key: str = ""
+    pinned_version: str = ""
 
 
 @dataclass(slots=True)

@@ -38,6 +38,12 @@ label ``source``: rss_delta / worker_rss / ensemble), ``pdserve_model_loads_tota
 label ``model``: loads, unloads by the memory budget, requests that found the model
 not loaded in on_demand mode), ``pdserve_model_memory_used_bytes`` and, with a budget,
 ``pdserve_model_memory_budget_bytes``.
+Traffic control (:mod:`pdserve.repository.rollout`; see :data:`TRAFFIC_METRICS`):
+``pdserve_traffic_weight`` and ``pdserve_traffic_requests_total`` (labels ``model``,
+``version``, ``route``), ``pdserve_shadow_requests_total`` (``result``),
+``pdserve_shadow_compared_total`` / ``pdserve_shadow_divergence_total`` /
+``pdserve_shadow_divergence_rate`` (label ``output``), ``pdserve_shadow_queue_size``,
+``pdserve_rollout_decisions_total`` (``action``) and ``pdserve_rollout_state``.
 
 Server-wide: ``nv_cache_num_entries``, ``nv_cache_num_lookups``,
 ``nv_cache_num_hits``, ``nv_cache_num_misses``, ``nv_cache_num_evictions``,
@@ -361,6 +367,33 @@ def cache_families(cache: ResponseCache | None) -> list[Family]:
     return out
 
 
+#: Traffic control's metrics (:mod:`pdserve.repository.rollout`): name -> (type, help).
+TRAFFIC_METRICS: dict[str, tuple[str, str]] = {
+    "pdserve_traffic_weight": ("gauge", "Percent of a model's unversioned requests a version is to get"),
+    "pdserve_traffic_requests_total": ("counter", "Unversioned requests served per version, by route (split, sticky, pinned, default)"),
+    "pdserve_shadow_requests_total": ("counter", "Shadow (mirrored) requests per shadow version, by result (compared, shed, error, missing)"),
+    "pdserve_shadow_compared_total": ("counter", "Shadow comparisons per output"),
+    "pdserve_shadow_divergence_total": ("counter", "Shadow comparisons per output that diverged beyond the output's tolerance"),
+    "pdserve_shadow_divergence_rate": ("gauge", "Share of shadow comparisons per output that diverged over the last 60 s"),
+    "pdserve_shadow_queue_size": ("gauge", "Mirrored requests waiting in a model's shadow queue"),
+    "pdserve_rollout_decisions_total": ("counter", "Rollout decisions per model, by action (start, promote, promoted, rollback...)"),
+    "pdserve_rollout_state": ("gauge", "1 for a model's current rollout state"),
+}  # fmt: skip
+
+
+def traffic_families(server: Any) -> list[Family]:
+    """Traffic control's families (split, shadow, rollout), when the server has it."""
+    control = getattr(server, "traffic", None)
+    if control is None:
+        return []
+    fams = {name: Family(name, kind, doc) for name, (kind, doc) in TRAFFIC_METRICS.items()}
+    for name, labels, value in control.metric_rows():
+        fam = fams.get(name)
+        if fam is not None:
+            fam.add(labels, value)
+    return list(fams.values())
+
+
 class CpuSampler:
     """System CPU utilisation between scrapes and memory, from /proc (Linux)."""
 
@@ -587,6 +620,7 @@ class MetricsExporter:
         fams += memory_families(served, self.server.memory_report())
         fams += cache_families(self.server.response_cache)
         fams += readiness_families(self.server)
+        fams += traffic_families(self.server)
         if self.cpu is not None:
             fams += self.cpu.families()
             fams += worker_families(self.server)

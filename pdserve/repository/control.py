@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 from pdserve import config as cfgmod
@@ -79,10 +80,16 @@ Snapshot = tuple[str, tuple[tuple[int, str], ...]]
 
 
 def snapshot(mdir: layout.ModelDir) -> Snapshot:
-    """Fingerprints of a model folder: its configuration and top-level files, and each
-    version folder's files (see :func:`pdserve.repository.layout.fingerprint`)."""
+    """Fingerprints of a model folder: its configuration and top-level files (the
+    traffic file included), and each version folder's files (see
+    :func:`pdserve.repository.layout.fingerprint`)."""
+    try:
+        st = os.stat(mdir.path / layout.TRAFFIC_FILENAME)
+        traffic = f"{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        traffic = "-"
     return (
-        layout.fingerprint(mdir),
+        layout.fingerprint(mdir) + traffic,
         tuple((v, layout.fingerprint(mdir, v)) for v in mdir.versions),
     )
 

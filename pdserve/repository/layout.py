@@ -30,6 +30,39 @@ from pdserve.config import (
 
 ModelConfig: TypeAlias = model_config_pb2.ModelConfig
 
+#: The traffic file of a model folder (:mod:`pdserve.repository.traffic`). It is not
+#: part of a version's fingerprint: changing it re-reads the traffic, it reloads no
+#: version.
+TRAFFIC_FILENAME = "traffic.yaml"
+
+#: The publish marker (``--version-ready-marker``): when set, a version folder is only
+#: a version once this file exists in it. None (the default): every numeric folder is.
+_ready_marker: str | None = None
+
+
+def set_ready_marker(name: str | None) -> None:
+    """Set the publish marker for this process (``--version-ready-marker``; ``pdserve
+    check``'s flag of the same name). None or "" turns it off.
+
+    Publish-by-marker: copy a version folder in under any name, then create the
+    marker (``READY``) in it; until then the folder is not listed, so a half-copied
+    folder is never loaded. Removing the marker from the serving version un-lists it:
+    the next poll (``--model-control-mode=poll``) or load swaps back to the previous
+    version the policy selects.
+
+    Raises:
+        ValueError: the name is not one plain file name.
+    """
+    global _ready_marker
+    if name and (name in (".", "..") or "/" in name or "\\" in name or "\0" in name):
+        raise ValueError(f"the ready marker must be a plain file name, got {name!r}")
+    _ready_marker = name or None
+
+
+def ready_marker() -> str | None:
+    """The publish marker in force, or None."""
+    return _ready_marker
+
 
 @dataclass
 class ModelDir:
@@ -84,15 +117,19 @@ def list_versions(model_path: Path) -> list[int]:
     """The numeric version subfolders of a model folder, ascending.
 
     Files, hidden entries, non-numeric folders and numbers over int64 are
-    ignored (Triton skips a version folder whose name is not an int64).
+    ignored (Triton skips a version folder whose name is not an int64). With a
+    publish marker set (:func:`set_ready_marker`), so are folders without it.
     """
     versions = []
+    marker = _ready_marker
     try:
         entries = list(os.scandir(model_path))
     except (FileNotFoundError, NotADirectoryError):
         return []
     for entry in entries:
         if _is_version_name(entry.name) and entry.is_dir():
+            if marker is not None and not os.path.isfile(os.path.join(entry.path, marker)):
+                continue
             versions.append(int(entry.name))
     return sorted(versions)
 
@@ -185,7 +222,7 @@ def fingerprint(model_dir: ModelDir, version: int | None = None) -> str:
     except OSError:
         top = []
     for entry in top:
-        if entry.name == CONFIG_FILENAME or entry.name.startswith("."):
+        if entry.name in (CONFIG_FILENAME, TRAFFIC_FILENAME) or entry.name.startswith("."):
             continue
         try:
             if entry.is_file():

@@ -63,6 +63,13 @@ from pdserve.repository.budget import BudgetExceeded, MemoryBudget
 from pdserve.repository.control import snapshot
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.prepare import backend_for, complete_config, read_config
+from pdserve.repository.rollout import RolloutPolicy
+from pdserve.repository.traffic import (
+    TRAFFIC_FILENAME,
+    TrafficError,
+    TrafficSpec,
+    read_traffic_file,
+)
 from pdserve.scheduling import create_scheduler
 
 log = logging.getLogger("pdserve.repository")
@@ -100,6 +107,8 @@ class ModelEntry:
         default_version: served when a request names no version (highest ready).
         wanted: the model is meant to be served (a load was asked for and no unload
             since); ``--strict-readiness`` waits for every wanted model.
+        traffic / traffic_gen: the traffic file (:mod:`pdserve.repository.traffic`)
+            read by the last load that succeeded, and a counter of such loads.
     """
 
     name: str
@@ -108,6 +117,10 @@ class ModelEntry:
     reason: str = ""
     fingerprints: dict[int, str] = field(default_factory=dict)
     wanted: bool = False
+    #: the model's traffic file (``traffic.yaml``) as of its last successful load.
+    traffic: TrafficSpec | None = None
+    #: counts loads that (re)read the traffic file (traffic control adopts each one).
+    traffic_gen: int = 0
 
     @property
     def default_version(self) -> ModelVersion | None:
@@ -610,7 +623,10 @@ class ModelManager:
                     f"failed to load '{name}': no version folder selected by the version "
                     f"policy (found {mdir.versions})"
                 )
-        except (cfgmod.ConfigError, InferError) as e:
+            traffic = read_traffic_file(model_dir)
+            if traffic is not None and traffic.rollout is not None:
+                RolloutPolicy.parse(traffic.rollout, f"{TRAFFIC_FILENAME}: rollout")
+        except (cfgmod.ConfigError, InferError, TrafficError) as e:
             said = str(e) if isinstance(e, InferError) else f"failed to load '{name}': {e}"
             reason = self._public(said, override_dir)
             entry.reason = reason
@@ -686,6 +702,8 @@ class ModelManager:
                         READY, "kept serving: its replacement failed to load"
                     )
         entry.serving = dict(sorted(new_serving.items()))  # the atomic switch
+        entry.traffic = traffic
+        entry.traffic_gen += 1
         entry.reason = "; ".join(errors)
         entry.wanted = True
         self.models[name] = entry

@@ -896,3 +896,14 @@ def test_cli_subprocess_exit_codes_and_reports(tmp_path: Path) -> None:
     shutil.rmtree(repo / "o_dims")
     shutil.rmtree(repo / "i_sha")
     assert main(["check", str(repo)]) == 0
+
+
+def test_a_malformed_traffic_file_is_reported(tmp_path: Path) -> None:
+    onnx_model(tmp_path, "m")
+    (tmp_path / "m" / "traffic.yaml").write_text("weights: {1: 60}\n")
+    report = check(tmp_path)
+    assert report.exit_code == 1
+    problems = [p for p in report.problems if p.severity == "error"]
+    assert any("weights sum to 60" in p.message for p in problems), problems
+    (tmp_path / "m" / "traffic.yaml").write_text("weights: {1: 100}\n")
+    assert check(tmp_path).exit_code == 0

@@ -54,6 +54,7 @@ FLAGS = {
     "--log-warning",
     "--log-error",
     "--log-format",
+    "--version-ready-marker",
 }
 
 

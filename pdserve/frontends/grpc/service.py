@@ -17,6 +17,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from pdserve.config import config_from_json
 from pdserve.core.api import InferenceCore
 from pdserve.core.errors import ErrorCode, InferError
+from pdserve.core.types import InferRequest
 from pdserve.frontends.grpc.codec import (
     decode_off_loop,
     encode_off_loop,
@@ -24,6 +25,7 @@ from pdserve.frontends.grpc.codec import (
     param_value,
 )
 from pdserve.observability import logs
+from pdserve.repository.traffic import PIN_HEADER, ROUTE_KEY_HEADER
 
 log = logging.getLogger("pdserve.grpc")
 #: One DEBUG line per inference request (``--log-verbose 1``): model and version only.
@@ -151,6 +153,14 @@ def log_settings_response(settings: dict[str, Any]) -> service_pb2.LogSettingsRe
         else:
             slot.string_param = str(value)
     return msg
+def _traffic_metadata(req: InferRequest, context: grpc.aio.ServicerContext) -> None:
+    """Copy the traffic-control metadata (``x-pdserve-route-key``,
+    ``x-pdserve-model-version``; :mod:`pdserve.repository.traffic`) onto ``req``."""
+    for key, value in context.invocation_metadata() or ():
+        if key == ROUTE_KEY_HEADER:
+            req.route_key = value if isinstance(value, str) else value.decode("latin-1")
+        elif key == PIN_HEADER:
+            req.pinned_version = (value if isinstance(value, str) else value.decode()).strip()
 
 
 class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -252,6 +262,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 request_log.debug(
                     "gRPC infer model=%s version=%s", req.model_name, req.model_version or "-"
                 )
+            _traffic_metadata(req, context)
             return await encode_off_loop(await self.server.infer(req))
         except InferError as e:
             await context.abort(grpc_status(e), e.message)
@@ -284,6 +295,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             try:
                 req = await decode_off_loop(request, arrival_ns)
                 logs.begin_request(req.id, traceparent)
+                _traffic_metadata(req, context)
                 resp = await encode_off_loop(await self.server.infer(req))
                 msg = service_pb2.ModelStreamInferResponse(infer_response=resp)
             except InferError as e:

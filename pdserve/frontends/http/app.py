@@ -32,6 +32,7 @@ from pdserve.frontends.http.status import (
 )
 from pdserve.frontends.offload import off_loop, off_process
 from pdserve.observability import logs
+from pdserve.repository.traffic import PIN_HEADER, ROUTE_KEY_HEADER
 
 logger = logging.getLogger("pdserve.http")
 #: One DEBUG line per inference request (``--log-verbose 1``): model and version only.
@@ -82,6 +83,8 @@ _CLOSE = (b"connection", b"close")
 _EMPTY_JSON_HEADERS = [_JSON, (b"content-length", b"0")]
 _EMPTY_HEADERS = [(b"content-length", b"0")]
 _METHOD_NOT_ALLOWED = encode_error("Method Not Allowed")
+_ROUTE_KEY = ROUTE_KEY_HEADER.encode()
+_PIN = PIN_HEADER.encode()
 
 _D = TypeVar("_D", int, None)  # _int_header's default: an int, or None
 
@@ -171,9 +174,15 @@ class HttpApp:
         content_length = -1
         encoding = b""
         traceparent: bytes | None = None
+        route_key = pinned = b""
         for key, value in scope["headers"]:
             if key == b"content-length":
                 content_length = _int_header(value, -1)
+            elif key[:10] == b"x-pdserve-":  # traffic control (repository.traffic)
+                if key == _ROUTE_KEY:
+                    route_key = value
+                elif key == _PIN:
+                    pinned = value
             elif key == b"inference-header-content-length":
                 header_length = _int_header(value, None)
                 if header_length is None or header_length < 0:
@@ -207,6 +216,10 @@ class HttpApp:
         logs.begin_request(request.id, traceparent)  # ids on this request's log lines
         if request_log.isEnabledFor(logging.DEBUG):
             request_log.debug("HTTP infer model=%s version=%s", model, version or "-")
+        if route_key:
+            request.route_key = route_key.decode("latin-1")
+        if pinned:
+            request.pinned_version = pinned.decode("latin-1").strip()
         response = await self._infer(request)
         size = 0
         try:
@@ -417,10 +430,13 @@ class HttpApp:
             action = parts[rest]
         else:
             raise not_found(f"no route for {path}")
-        if action not in ("", "ready", "config", "stats", "infer"):
+        if action not in ("", "ready", "config", "stats", "infer", "traffic", "rollout"):
             raise not_found(f"no route for {path}")
         if not model:
             raise InferError("missing model name in the request path")
+        if action in ("traffic", "rollout") and rest == 4:
+            await self._traffic_route(scope, receive, send, model, action, method)
+            return
         if action == "infer":
             _check_method(method, "POST")
             await self._handle_infer(scope, receive, send, model, version)
@@ -451,6 +467,24 @@ class HttpApp:
             body = _dumps(logs.update_settings(doc))
         else:
             body = _dumps(logs.settings_dict())
+    async def _traffic_route(
+        self, scope: Scope, receive: Receive, send: Send, model: str, action: str, method: str
+    ) -> None:
+        """``GET|POST /v2/models/{m}/traffic`` and ``/v2/models/{m}/rollout``: traffic
+        control's admin endpoints (:mod:`pdserve.repository.rollout`). Admin requests:
+        an auth layer classifies them as the ``model-repository`` API."""
+        if method not in ("GET", "POST"):
+            raise _WrongMethodError("GET, POST")
+        control = getattr(self.server, "traffic", None)
+        if control is None:
+            raise not_found("this server does not support traffic control")
+        if method == "GET":
+            describe = control.describe_traffic if action == "traffic" else control.describe_rollout
+            body = _dumps(describe(model))
+        else:
+            doc = await self._read_json_object(receive, scope)
+            change = control.set_traffic if action == "traffic" else control.rollout_action
+            body = _dumps(change(model, doc))
         await _send_json(send, 200, body)
 
     async def _repository_index(self, receive: Receive, send: Send, scope: Scope) -> None:
