@@ -153,6 +153,8 @@ def log_settings_response(settings: dict[str, Any]) -> service_pb2.LogSettingsRe
         else:
             slot.string_param = str(value)
     return msg
+
+
 def _traffic_metadata(req: InferRequest, context: grpc.aio.ServicerContext) -> None:
     """Copy the traffic-control metadata (``x-pdserve-route-key``,
     ``x-pdserve-model-version``; :mod:`pdserve.repository.traffic`) onto ``req``."""

@@ -467,6 +467,8 @@ class HttpApp:
             body = _dumps(logs.update_settings(doc))
         else:
             body = _dumps(logs.settings_dict())
+        await _send_json(send, 200, body)
+
     async def _traffic_route(
         self, scope: Scope, receive: Receive, send: Send, model: str, action: str, method: str
     ) -> None:
