@@ -27,6 +27,15 @@ Checks, in order, per model (``version`` is a version folder):
     produced once, every input is read, no cycles, datatypes and shapes agree,
     :func:`pdserve.scheduling.ensemble.validate_ensemble`), Triton's defaults, the
     generic validation, and the host-policy names (``--host-policy``).
+``warmup`` (per version, models with ``model_warmup``)
+    the warm-up samples as ``serve`` checks them before it runs them
+    (:func:`pdserve.repository.warmup.check_samples`, serve's messages): every input
+    named exists, dims are concrete, ``data_type`` is supported, an
+    ``input_data_file`` stays inside ``<model>/warmup/``, exists, is a regular file
+    and holds the bytes the shape needs; each sample fits the model's inputs
+    (datatype, dims, ``batch_size`` <= ``max_batch_size``, required inputs). Every
+    problem is reported (serve stops at the first); the field names the sample and
+    input (``model_warmup[0].inputs[INPUT0].input_data_file``).
 ``identity`` (per version holding ``MODEL_IDENTITY.json``)
     the JSON parses; its ``model`` / ``version`` match the folder; its
     ``model_file`` is the file the configuration loads; the file's sha256 (and
@@ -73,7 +82,9 @@ import numpy as np
 from pdserve import config as cfgmod
 from pdserve.backends.base import Backend, ModelSpec
 from pdserve.repository import layout
+from pdserve.repository.model import ModelVersion
 from pdserve.repository.prepare import backend_for, complete_config, read_config
+from pdserve.repository.warmup import check_samples
 from pdserve.scheduling.ensemble import EnsembleBackend
 
 from .check_rules import Rule, RulesError, load_rules
@@ -498,6 +509,8 @@ class Checker:
                 cfgmod.PYTHON_BACKEND: "python-import",
             }.get(cfg.backend, "complete")
             await _run(mr.results, mr.name, name, v, complete)
+            if cfg.model_warmup:
+                await _run(mr.results, mr.name, "warmup", v, lambda r: self._warmup(r, mdir, mr, v))
         if identity_path.is_file():
             await _run(
                 mr.results,
@@ -566,6 +579,27 @@ class Checker:
             r.add(w, severity=WARNING)
         if not errors:
             mr.completed[version] = spec.config
+
+    async def _warmup(
+        self, r: CheckResult, mdir: layout.ModelDir, mr: ModelReport, version: int
+    ) -> None:
+        """``model_warmup`` as serve checks it before running the samples
+        (:func:`pdserve.repository.warmup.check_samples`), on the completed configuration."""
+        completed = mr.completed.get(version)
+        if completed is None:
+            r.skip("the configuration did not pass the checks above")
+            return
+        spec = ModelSpec(
+            name=mr.name,
+            version=version,
+            config=copy.deepcopy(completed),
+            model_dir=mdir.path,
+            version_dir=mdir.version_path(version),
+            repository=self.repository,
+        )
+        mv = ModelVersion(spec, completed.platform or completed.backend, completed.backend)
+        for problem in await check_samples(mv):
+            r.add(str(problem), mdir.config_path, problem.field)
 
     # -- ensembles ------------------------------------------------------------------
 
