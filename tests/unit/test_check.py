@@ -168,6 +168,12 @@ def warm_input(key: str = "INPUT0", data: str = "zero_data: true", dims: str = "
     return f'inputs {{ key: "{key}" value: {{ data_type: TYPE_FP32, dims: [ {dims} ], {data} }} }}'
 
 
+def mutual_ensembles(repo: Path, a: str, b: str) -> None:
+    """Ensemble ``a`` steps into ensemble ``b``, which steps into ``a``."""
+    ensemble(repo, a, step(b, "IN", "OUT"))
+    ensemble(repo, b, step(a, "IN", "OUT"))
+
+
 #: kind -> (builder, expected problems: (model, check, field fragment, message fragment)).
 #: Every model name is unique across kinds, so that all of them fit in one repository.
 Expect = list[tuple[str, str, str, str]]
@@ -520,6 +526,23 @@ CASES: dict[str, tuple[Callable[[Path], None], Expect]] = {
         ),
         [("e_cycle", "ensemble", "ensemble_scheduling.step", "cycle")],
     ),
+    "ensemble_mutual_cycle": (
+        lambda r: mutual_ensembles(r, "e_mutual_a", "e_mutual_b"),
+        [
+            (
+                "e_mutual_a",
+                "ensemble",
+                "ensemble_scheduling.step[0].model_name",
+                "circular dependency between ensembles: e_mutual_a -> e_mutual_b -> e_mutual_a",
+            ),
+            (
+                "e_mutual_b",
+                "ensemble",
+                "ensemble_scheduling.step[0].model_name",
+                "circular dependency between ensembles: e_mutual_b -> e_mutual_a -> e_mutual_b",
+            ),
+        ],
+    ),
     "ensemble_datatype_mismatch": (
         lambda r: ensemble(
             r,
@@ -771,6 +794,54 @@ def test_every_warmup_problem_is_reported_with_serves_message(tmp_path: Path) ->
             await server.stop(5)
 
     assert got[0][2] in asyncio.run(serve_load())
+
+
+def test_every_ensemble_of_a_cycle_and_every_step_problem_is_reported(tmp_path: Path) -> None:
+    """A 3-cycle between ensembles, a self-loop, missing steps and generic errors in one
+    repository: each ensemble of a cycle reports it, with its other problems; an ensemble
+    stepping into the cycle is skipped (its step has problems), not reported as in it."""
+    ensemble(
+        tmp_path,
+        "ea",
+        step("eb", "IN", "OUT"),
+        inputs='input [ { name: "IN", data_type: TYPE_FP32, dims: [ 4 ] } ]\n'
+        "instance_group [ { count: 1 } ]",
+    )
+    ensemble(
+        tmp_path,
+        "eb",
+        step("ec", "IN", "T") + " " + step("gone1", "T", "U") + " " + step("gone2", "U", "OUT"),
+    )
+    ensemble(tmp_path, "ec", step("ea", "IN", "OUT"))
+    ensemble(tmp_path, "loop", step("loop", "IN", "OUT"))
+    ensemble(tmp_path, "user", step("eb", "IN", "OUT") + " " + step("step_f32", "IN", "X"))
+    report = check(tmp_path)
+    got = {(p.model, p.field, p.message) for p in report.problems if p.severity == "error"}
+    step0 = "ensemble_scheduling.step[0].model_name"
+    cycle = "circular dependency between ensembles: "
+    assert got == {
+        ("ea", step0, cycle + "ea -> eb -> ec -> ea"),
+        ("ea", "instance_group", "instance groups must not be specified for an ensemble"),
+        ("eb", step0, cycle + "eb -> ec -> ea -> eb"),
+        (
+            "eb",
+            "ensemble_scheduling.step[1].model_name",
+            "ensemble 'eb': step 1 uses model 'gone1', which is not in the repository",
+        ),
+        (
+            "eb",
+            "ensemble_scheduling.step[2].model_name",
+            "ensemble 'eb': step 2 uses model 'gone2', which is not in the repository",
+        ),
+        ("ec", step0, cycle + "ec -> ea -> eb -> ec"),
+        ("loop", step0, cycle + "loop -> loop"),
+    }
+    user = next(m for m in report.models if m.name == "user")
+    (result,) = [r for r in user.results if r.check == "ensemble"]
+    assert result.status == "skipped"
+    assert (
+        result.skipped == "step 0 uses model 'eb', which has problems of its own (fix them first)"
+    )
 
 
 def test_a_broken_step_model_skips_its_ensemble(tmp_path: Path) -> None:
