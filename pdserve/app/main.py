@@ -30,8 +30,9 @@ listener closes:
 
 7. models: readiness goes false, new requests get 503, in-flight requests finish
    (at most ``--exit-timeout-secs``; 0 when HTTP died), loads in progress are
-   waited for, models unload (workers stop). A signal while the initial load is
-   still running abandons it at once: workers still in ``initialize`` (or
+   abandoned, models unload (workers stop). A signal while a load is still
+   running (the initial load, one asked for through the repository API, a poll)
+   abandons it at once: workers still in ``initialize`` (or
    ``auto_complete_config``) are killed, initialized ones get
    :data:`~pdserve.backends.python.backend.CANCEL_GRACE_S` for ``finalize``;
 6. the poller ends; 5. the metrics listener closes; 4. gRPC stops: its listener

@@ -254,6 +254,8 @@ class ModelManager:
         self._cut: asyncio.Event | None = None
         #: id(ModelVersion) -> the staged folder it was loaded from (``file:`` loads).
         self._staged: dict[int, _Staged] = {}
+        #: loads in progress (:meth:`load_model`'s inner tasks); :meth:`close` cancels them.
+        self._loads: set[asyncio.Task[ModelEntry]] = set()
 
     # -- lookups (hot path) ---------------------------------------------------
 
@@ -393,6 +395,25 @@ class ModelManager:
             )
         if self.closing:
             raise unavailable(f"failed to load '{name}': the server is shutting down")
+        # The load runs as its own task so that close() can abandon it (a python
+        # model's initialize() may block for ever) while the caller gets an answer.
+        task = asyncio.ensure_future(self._load_guarded(name, config_override, files))
+        self._loads.add(task)
+        task.add_done_callback(self._loads.discard)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self.closing and task.cancelled() and not (current and current.cancelling()):
+                raise unavailable(
+                    f"failed to load '{name}': the server is shutting down (load abandoned)"
+                ) from None
+            raise
+
+    async def _load_guarded(
+        self, name: str, config_override: Any, files: dict[str, bytes] | None
+    ) -> ModelEntry:
+        """:meth:`load_model` under the model's lock, ``files`` staged first."""
         async with self._lock(name):
             if self.closing:
                 raise unavailable(f"failed to load '{name}': the server is shutting down")
@@ -690,11 +711,18 @@ class ModelManager:
     async def close(self, timeout: float | None = None) -> None:
         """Unload everything: wait up to ``timeout`` s for in-flight requests, then close.
 
-        Loads are refused from the start; loads already running are waited for
-        (within the same ``timeout``) and serve nothing.
+        Loads are refused from the start; loads already running (initial, API or
+        poller) are abandoned at once: cancelled, so that python workers still in
+        ``initialize`` are killed and initialized ones get the backend's cancel grace
+        for ``finalize``; their callers get ``UNAVAILABLE``. Their locks are then
+        waited for (within the same ``timeout``).
         """
         self.closing = True
         loop = asyncio.get_running_loop()
+        if self._loads:
+            log.info("closing: abandoning %d model load(s) in progress", len(self._loads))
+            for task in list(self._loads):
+                task.cancel()
         deadline = None if timeout is None else loop.time() + max(0.0, timeout)
 
         def left() -> float | None:
