@@ -1091,6 +1091,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         help="a host policy the server is started with (as serve's flag; only NAME counts): "
         "instance groups may name it (repeatable)",
     )
+    p.add_argument(
+        "--max-instance-count",
+        type=int,
+        default=cfgmod.DEFAULT_MAX_INSTANCE_COUNT,
+        metavar="N",
+        help="most instances a model may ask for, as serve's flag (default %(default)s)",
+    )
     p.set_defaults(run=run)
     return p
 
@@ -1102,6 +1109,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         print("pdserve check: --timeout must be a positive number of seconds", file=sys.stderr)
         return 2
+    if args.max_instance_count < 1:
+        print("pdserve check: --max-instance-count must be >= 1", file=sys.stderr)
+        return 2
+    cfgmod.set_max_instance_count(args.max_instance_count)
     try:
         rules = load_rules(args.rules) if args.rules is not None else []
     except RulesError as e:

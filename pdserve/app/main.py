@@ -65,6 +65,7 @@ from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
+from pdserve import config as cfgmod
 from pdserve.app import listeners
 from pdserve.app.settings import Settings
 from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
@@ -165,6 +166,7 @@ def build_server(settings: Settings) -> InferenceServer:
         pdserve.backends.host_policy.HostPolicyError: a host policy names cores this
             process can no longer use.
     """
+    cfgmod.set_max_instance_count(settings.max_instance_count)
     policies = settings.host_policies()
     for name, cores in sorted(policies.items()):
         log.info("host policy %s: cpu-cores %s", name, format_cpu_list(cores))

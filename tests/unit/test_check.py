@@ -215,6 +215,10 @@ CASES: dict[str, tuple[Callable[[Path], None], Expect]] = {
         [("c_policy", "config", "version_policy", "no version folder selected")],
     ),
     # --- validation (validate_config after auto-complete, as serve)
+    "instance_count_absurd": (
+        lambda r: onnx_model(r, "v_count", "instance_group [ { count: 100000 } ]"),
+        [("v_count", "onnx-config", "instance_group[0].count", "limit of 128 instances")],
+    ),
     "negative_max_batch_size": (
         lambda r: python_model(r, "v_mbs", 'backend: "python"\nmax_batch_size: -1\n' + TINY_IO),
         [("v_mbs", "python-import", "max_batch_size", "must be non-negative")],
