@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends import offload
 from pdserve.frontends.http.app import PROCESS_JSON_BYTES, create_http_app
 from tests.unit.test_http_codec import FakeServer, StatsServer, call, client_request, parse
@@ -140,7 +141,7 @@ def test_output_data_json_gives_the_bytes_the_encoder_writes() -> None:
     """Outputs encoded beforehand (``encoded``) give a body byte-identical to the one
     encoded in one go: floats with NaN/inf tokens, FP16, non-contiguous and big-endian
     arrays, BYTES, booleans, scalars; binary outputs are left alone."""
-    from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
+    from pdserve.core.types import RequestedOutput
     from pdserve.frontends.http.codec import (
         encode_infer_response,
         json_output_names,
@@ -173,20 +174,18 @@ def test_output_data_json_gives_the_bytes_the_encoder_writes() -> None:
 
 
 def encode_infer_response_with(
-    response: object, request: object, encoded: dict[str, bytes]
+    response: InferResponse, request: InferRequest, encoded: dict[str, bytes]
 ) -> tuple[bytes, int | None]:
     from pdserve.frontends.http.codec import encode_infer_response_parts
 
-    parts, json_length, _ = encode_infer_response_parts(response, request, encoded)  # type: ignore[arg-type]
+    parts, json_length, _ = encode_infer_response_parts(response, request, encoded)
     return b"".join(bytes(p) for p in parts), json_length
 
 
 class BigOutputServer(FakeServer):
     """``big``: one FP32 output of the element count the request's id says."""
 
-    async def infer(self, request):  # type: ignore[no-untyped-def]
-        from pdserve.core.types import InferResponse
-
+    async def infer(self, request: InferRequest) -> InferResponse:
         if request.model_name != "big":
             return await super().infer(request)
         n = int(request.id)
@@ -203,7 +202,6 @@ def infer_body(rid: str) -> bytes:
 
 
 def test_a_large_json_response_is_encoded_in_a_decode_process_byte_identical() -> None:
-    from pdserve.core.types import InferRequest, InferResponse
     from pdserve.frontends.http.app import PROCESS_JSON_OUTPUT_BYTES
     from pdserve.frontends.http.codec import encode_infer_response
 
