@@ -91,6 +91,32 @@ DEFAULT_MODEL_FILENAMES: dict[str, str] = {
     PYTHON_BACKEND: "model.py",
 }
 
+#: Default of the most model instances one model version may ask for (the sum over
+#: its instance groups; a ``KIND_GPU`` group has ``count`` per GPU). Triton has no
+#: such limit (``NormalizeInstanceGroup`` only raises a count below 1 to 1), so a
+#: typo such as ``count: 100000`` would start that many workers or sessions;
+#: ``serve`` / ``check`` ``--max-instance-count`` change it (:func:`set_max_instance_count`).
+DEFAULT_MAX_INSTANCE_COUNT = 128
+_max_instance_count = DEFAULT_MAX_INSTANCE_COUNT
+
+
+def set_max_instance_count(limit: int) -> None:
+    """Set the most instances a model may ask for (process-wide; the CLI sets it once).
+
+    Raises:
+        ValueError: ``limit`` < 1.
+    """
+    global _max_instance_count
+    if limit < 1:
+        raise ValueError(f"the instance limit must be >= 1, got {limit}")
+    _max_instance_count = limit
+
+
+def max_instance_count() -> int:
+    """The most instances a model may ask for (:data:`DEFAULT_MAX_INSTANCE_COUNT`)."""
+    return _max_instance_count
+
+
 #: Backends whose CPU instance groups default to 2 instances (Triton's
 #: ``SetDefaultInstanceCount``; everything else defaults to 1).
 _TWO_CPU_INSTANCE_BACKENDS = frozenset({ONNXRUNTIME_BACKEND, "tensorflow"})
@@ -448,7 +474,8 @@ def validate_config(
     ``FORMAT_NHWC``/``FORMAT_NCHW`` inputs have 3 dims; no shape tensors (TensorRT
     only); dynamic batching's preferred sizes in ``[1, max_batch_size]``,
     priority levels in range, no DELAY timeout with ``preserve_ordering``;
-    ``KIND_CPU``/``KIND_MODEL`` groups list no GPUs; an output's
+    ``KIND_CPU``/``KIND_MODEL`` groups list no GPUs (and, beyond Triton, ask for no
+    more than :func:`max_instance_count` instances in all); an output's
     ``label_filename`` exists (relative to the model folder); an ensemble has
     ``ensemble_scheduling`` with steps, no backend and no instance groups, and
     only an ensemble has ``ensemble_scheduling``. Beyond Triton's rules: no
@@ -554,6 +581,7 @@ def validate_config(
                 f"instance_group[{i}].gpus",
                 f"instance group has kind {kind_name} but specifies one or more GPUs",
             )
+    _validate_instance_count(cfg, fail)
 
     if cfg.HasField("ensemble_scheduling") and not is_ensemble:
         fail(
@@ -566,6 +594,32 @@ def validate_config(
         if len(cfg.instance_group) > 0:
             fail("instance_group", "instance groups must not be specified for an ensemble")
     return warnings
+
+
+def _validate_instance_count(cfg: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """No group, and not all groups together, ask for more than :func:`max_instance_count`
+    instances (a ``KIND_GPU`` group: ``count`` on each of its ``gpus``). Beyond Triton,
+    which has no limit."""
+    limit = max_instance_count()
+    group_pb = model_config_pb2.ModelInstanceGroup
+    hint = "per model (serve's --max-instance-count)"
+    total = 0
+    over = False
+    for i, group in enumerate(cfg.instance_group):
+        count = max(int(group.count), 1)
+        if count > limit:
+            fail(
+                f"instance_group[{i}].count",
+                f"count {group.count} is more than the limit of {limit} instances {hint}",
+            )
+            over = True
+        gpus = len(group.gpus) if group.kind == group_pb.KIND_GPU else 0
+        total += count * max(gpus, 1)
+    if total > limit and not over:
+        fail(
+            "instance_group",
+            f"the instance groups ask for {total} instances, more than the limit of {limit} {hint}",
+        )
 
 
 def _refuse_unserved_scheduling(cfg: ModelConfig, fail: Callable[[str, str], None]) -> None:

@@ -26,7 +26,22 @@ Checks, in order, per model (``version`` is a version folder):
     process, within ``--timeout``; ensemble: every step model exists, every tensor is
     produced once, every input is read, no cycles, datatypes and shapes agree,
     :func:`pdserve.scheduling.ensemble.validate_ensemble`), Triton's defaults, the
-    generic validation, and the host-policy names (``--host-policy``).
+    generic validation, and the host-policy names (``--host-policy``). Ensembles
+    that step into each other (A -> B -> A, or A into itself) are reported on every
+    ensemble of the cycle, with Triton's message (``circular dependency between
+    ensembles: A -> B -> A``, its ``CircularDependencyCheck``), on each step that
+    leads back; every step naming a missing model is reported, and the rest of the
+    configuration is still validated as written. An ensemble whose step model has
+    problems of its own (a cycle included) is skipped, naming every such step.
+``warmup`` (per version, models with ``model_warmup``)
+    the warm-up samples as ``serve`` checks them before it runs them
+    (:func:`pdserve.repository.warmup.check_samples`, serve's messages): every input
+    named exists, dims are concrete, ``data_type`` is supported, an
+    ``input_data_file`` stays inside ``<model>/warmup/``, exists, is a regular file
+    and holds the bytes the shape needs; each sample fits the model's inputs
+    (datatype, dims, ``batch_size`` <= ``max_batch_size``, required inputs). Every
+    problem is reported (serve stops at the first); the field names the sample and
+    input (``model_warmup[0].inputs[INPUT0].input_data_file``).
 ``identity`` (per version holding ``MODEL_IDENTITY.json``)
     the JSON parses; its ``model`` / ``version`` match the folder; its
     ``model_file`` is the file the configuration loads; the file's sha256 (and
@@ -63,6 +78,7 @@ import math
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,8 +89,10 @@ import numpy as np
 from pdserve import config as cfgmod
 from pdserve.backends.base import Backend, ModelSpec
 from pdserve.repository import layout
+from pdserve.repository.model import ModelVersion
 from pdserve.repository.prepare import backend_for, complete_config, read_config
 from pdserve.repository.traffic import TRAFFIC_FILENAME, TrafficError, read_traffic_file
+from pdserve.repository.warmup import check_samples
 from pdserve.scheduling.ensemble import EnsembleBackend
 
 from .check_rules import Rule, RulesError, load_rules
@@ -357,6 +375,8 @@ class Checker:
         self.report = Report(str(repository))
         self.models: dict[str, ModelReport] = {}
         self._python: Backend | None = None
+        #: ensemble -> its steps that lead back to it (:meth:`_ensemble_cycles`)
+        self._cycles: dict[str, list[tuple[int, list[str]]]] = {}
 
     async def run(self) -> Report:
         """Check every model; the report.
@@ -386,6 +406,7 @@ class Checker:
                 ensembles.append(mdir)
             else:
                 await self._check_versions(mdir, mr)
+        self._cycles = self._ensemble_cycles(self._ensemble_steps(ensembles))
         for mdir in self._ensemble_order(ensembles):
             await self._check_ensemble(mdir, self.models[mdir.name])
         for mr in self.report.models:
@@ -503,6 +524,8 @@ class Checker:
                 cfgmod.PYTHON_BACKEND: "python-import",
             }.get(cfg.backend, "complete")
             await _run(mr.results, mr.name, name, v, complete)
+            if cfg.model_warmup:
+                await _run(mr.results, mr.name, "warmup", v, lambda r: self._warmup(r, mdir, mr, v))
         if identity_path.is_file():
             await _run(
                 mr.results,
@@ -572,20 +595,83 @@ class Checker:
         if not errors:
             mr.completed[version] = spec.config
 
+    async def _warmup(
+        self, r: CheckResult, mdir: layout.ModelDir, mr: ModelReport, version: int
+    ) -> None:
+        """``model_warmup`` as serve checks it before running the samples
+        (:func:`pdserve.repository.warmup.check_samples`), on the completed configuration."""
+        completed = mr.completed.get(version)
+        if completed is None:
+            r.skip("the configuration did not pass the checks above")
+            return
+        spec = ModelSpec(
+            name=mr.name,
+            version=version,
+            config=copy.deepcopy(completed),
+            model_dir=mdir.path,
+            version_dir=mdir.version_path(version),
+            repository=self.repository,
+        )
+        mv = ModelVersion(spec, completed.platform or completed.backend, completed.backend)
+        for problem in await check_samples(mv):
+            r.add(str(problem), mdir.config_path, problem.field)
+
     # -- ensembles ------------------------------------------------------------------
 
-    def _ensemble_order(self, ensembles: list[layout.ModelDir]) -> list[layout.ModelDir]:
-        """Ensembles whose steps are ensembles come after those (a cycle: as found)."""
-        names = {m.name for m in ensembles}
-        steps: dict[str, set[str]] = {}
+    def _ensemble_steps(self, ensembles: list[layout.ModelDir]) -> dict[str, list[str]]:
+        """Ensemble name -> the model name of each of its steps, in order."""
+        steps: dict[str, list[str]] = {}
         for m in ensembles:
             cfg = self.models[m.name].config
-            steps[m.name] = {s.model_name for s in cfg.ensemble_scheduling.step} if cfg else set()
+            steps[m.name] = [s.model_name for s in cfg.ensemble_scheduling.step] if cfg else []
+        return steps
+
+    @staticmethod
+    def _ensemble_cycles(steps: dict[str, list[str]]) -> dict[str, list[tuple[int, list[str]]]]:
+        """Circular dependencies between ensembles (A steps into B, which steps into A).
+
+        Returns:
+            ensemble -> ``(step index, cycle)`` for each of its steps that leads back to
+            it, ``cycle`` the shortest path of ensemble names from it back to it
+            (``[A, B, A]``). Every ensemble of a cycle is in the map, each with its own
+            steps: Triton's ``CircularDependencyCheck`` marks every node of the cycle.
+        """
+        found: dict[str, list[tuple[int, list[str]]]] = {}
+        for start, models in steps.items():
+            for index, first in enumerate(models):
+                if first not in steps:
+                    continue
+                # breadth first from the step's ensemble until ``start`` is reached
+                parent: dict[str, str | None] = {first: None}
+                queue = deque([first])
+                while queue and start not in parent:
+                    node = queue.popleft()
+                    for nxt in steps[node]:
+                        if nxt in steps and nxt not in parent:
+                            parent[nxt] = node
+                            queue.append(nxt)
+                if start not in parent:
+                    continue
+                chain: list[str] = []
+                at: str | None = start
+                while at is not None:
+                    chain.append(at)
+                    at = parent[at]
+                found.setdefault(start, []).append((index, [start, *chain[::-1]]))
+        return found
+
+    def _ensemble_order(self, ensembles: list[layout.ModelDir]) -> list[layout.ModelDir]:
+        """Ensembles whose steps are ensembles come after those; a step into a cycle
+        (reported as such, never validated) does not order."""
+        names = {m.name for m in ensembles}
+        steps = {n: set(models) & names for n, models in self._ensemble_steps(ensembles).items()}
+        for name, cycles in self._cycles.items():
+            steps[name] -= {cycle[1] for _, cycle in cycles}
         done: set[str] = set()
         order: list[layout.ModelDir] = []
         todo = list(ensembles)
         while todo:
-            ready = [m for m in todo if not (steps[m.name] & names) - done] or todo[:1]
+            ready = [m for m in todo if not steps[m.name] - done] or todo[:1]
             for m in ready:
                 todo.remove(m)
                 done.add(m.name)
@@ -610,7 +696,20 @@ class Checker:
             vdir = mdir.version_path(v)
 
             async def body(r: CheckResult, v: int = v, vdir: Path = vdir) -> None:
+                # every problem of the steps is reported before giving up on the wiring
+                blocked = False
+                for i, cycle in self._cycles.get(mr.name, []):
+                    r.add(
+                        "circular dependency between ensembles: " + " -> ".join(cycle),
+                        mdir.config_path,
+                        f"ensemble_scheduling.step[{i}].model_name",
+                    )
+                    blocked = True
+                in_cycle = {i for i, _ in self._cycles.get(mr.name, [])}
+                broken: list[str] = []
                 for i, step in enumerate(cfg.ensemble_scheduling.step):
+                    if i in in_cycle:
+                        continue
                     other = self.models.get(step.model_name)
                     if other is None and step.model_name:
                         r.add(
@@ -619,13 +718,32 @@ class Checker:
                             mdir.config_path,
                             f"ensemble_scheduling.step[{i}].model_name",
                         )
-                        return
-                    if other is not None and not other.ok:
-                        r.skip(
-                            f"step {i} uses model '{step.model_name}', which has problems of "
-                            "its own (fix them first)"
-                        )
-                        return
+                        blocked = True
+                    elif other is not None and not other.ok:
+                        broken.append(f"step {i} uses model '{step.model_name}'")
+                if broken and not blocked:
+                    r.skip(
+                        f"{', '.join(broken)}, which "
+                        + ("has" if len(broken) == 1 else "have")
+                        + " problems of "
+                        + ("its" if len(broken) == 1 else "their")
+                        + " own (fix them first)"
+                    )
+                if blocked or broken:
+                    # the wiring cannot be validated without every step; the rest of the
+                    # configuration can (as when auto-complete fails)
+                    errors: list[cfgmod.ConfigError] = []
+                    assert mr.config is not None
+                    cfgmod.validate_config(
+                        copy.deepcopy(mr.config),
+                        mdir.config_path,
+                        model_dir=mdir.path,
+                        complete=False,
+                        errors=errors,
+                    )
+                    for e in errors:
+                        r.add(e.message, e.path, e.field)
+                    return
                 await self._complete(r, mdir, mr, v, vdir, backend)
 
             await _run(mr.results, mr.name, "ensemble", v, body)
@@ -985,6 +1103,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         help="as serve's flag: only version folders holding this file (e.g. READY) are "
         "versions; the others are not checked (default: off)",
     )
+    p.add_argument(
+        "--max-instance-count",
+        type=int,
+        default=cfgmod.DEFAULT_MAX_INSTANCE_COUNT,
+        metavar="N",
+        help="most instances a model may ask for, as serve's flag (default %(default)s)",
+    )
     p.set_defaults(run=run)
     return p
 
@@ -996,6 +1121,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         print("pdserve check: --timeout must be a positive number of seconds", file=sys.stderr)
         return 2
+    if args.max_instance_count < 1:
+        print("pdserve check: --max-instance-count must be >= 1", file=sys.stderr)
+        return 2
+    cfgmod.set_max_instance_count(args.max_instance_count)
     try:
         layout.set_ready_marker(args.version_ready_marker or None)
     except ValueError as e:

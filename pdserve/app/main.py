@@ -30,8 +30,9 @@ listener closes:
 
 7. models: readiness goes false, new requests get 503, in-flight requests finish
    (at most ``--exit-timeout-secs``; 0 when HTTP died), loads in progress are
-   waited for, models unload (workers stop). A signal while the initial load is
-   still running abandons it at once: workers still in ``initialize`` (or
+   abandoned, models unload (workers stop). A signal while a load is still
+   running (the initial load, one asked for through the repository API, a poll)
+   abandons it at once: workers still in ``initialize`` (or
    ``auto_complete_config``) are killed, initialized ones get
    :data:`~pdserve.backends.python.backend.CANCEL_GRACE_S` for ``finalize``;
 6. the poller ends; 5. the metrics listener closes; 4. gRPC stops: its listener
@@ -64,6 +65,7 @@ from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
+from pdserve import config as cfgmod
 from pdserve.app import listeners
 from pdserve.app.settings import Settings
 from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
@@ -171,6 +173,7 @@ def build_server(settings: Settings) -> InferenceServer:
             "publish-by-marker: a version folder is served once it holds %s",
             settings.version_ready_marker,
         )
+    cfgmod.set_max_instance_count(settings.max_instance_count)
     policies = settings.host_policies()
     for name, cores in sorted(policies.items()):
         log.info("host policy %s: cpu-cores %s", name, format_cpu_list(cores))

@@ -36,6 +36,7 @@ from typing import Any
 from pdserve.backends.host_policy import HostPolicyError, parse_option, resolve_policy
 from pdserve.cache import parse_cache_config
 from pdserve.core.procmem import parse_size
+from pdserve.config import DEFAULT_MAX_INSTANCE_COUNT
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
 from pdserve.frontends.http.app import (
     DEFAULT_BODY_TIMEOUT_SECS,
@@ -189,6 +190,15 @@ class Settings:
         "server",
         "report not-ready while any model meant to be loaded is not ready (default {default})",
         action=argparse.BooleanOptionalAction,
+    )
+    max_instance_count: int = _flag(
+        "--max-instance-count",
+        DEFAULT_MAX_INSTANCE_COUNT,
+        "server",
+        "most model instances one model may ask for in its instance_group (all groups; "
+        "a KIND_GPU group counts count x GPUs); more fails the load (default {default}; "
+        "Triton has no limit)",
+        type=int,
     )
     host_policy: Mapping[str, Mapping[str, str]] = _flag(
         "--host-policy",
@@ -467,13 +477,17 @@ class Settings:
         Raises:
             SettingsError: naming the first flag at fault: a port outside 0-65535,
                 two enabled listeners on one port, a negative or non-finite timeout,
-                a size out of range, a bad ``--cache-config``, ``--load-model``
+                a size out of range, an instance limit below 1, a bad ``--cache-config``, ``--load-model``
                 without ``--model-control-mode=explicit``, a poll interval that is
                 not positive in poll mode, a host policy naming cores this process
                 cannot use, or a model repository that is not a folder.
         """
         if self.log_verbose < 0:
             raise SettingsError("--log-verbose", f"must be >= 0, got {self.log_verbose}")
+        if self.max_instance_count < 1:
+            raise SettingsError(
+                "--max-instance-count", f"must be >= 1, got {self.max_instance_count}"
+            )
         listeners = [("--http-port", "HTTP", self.http_port, True)]
         listeners.append(("--grpc-port", "gRPC", self.grpc_port, self.allow_grpc))
         listeners.append(("--metrics-port", "metrics", self.metrics_port, self.allow_metrics))

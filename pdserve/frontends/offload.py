@@ -4,7 +4,9 @@
   binary tensor data and encoding large responses. Those calls are mostly copies
   (``memcpy``, zlib) and give the event loop its turn often enough.
 - :func:`off_process` runs a function in a separate process: parsing large JSON
-  request bodies. A thread is not enough there: ``orjson.loads`` and numpy's
+  request bodies, and writing large response outputs as JSON
+  (:func:`pdserve.frontends.http.app.encode_json_off_loop`; ``orjson.dumps`` holds
+  the GIL for a whole array too). A thread is not enough there: ``orjson.loads`` and numpy's
   list-to-array conversion hold the GIL for the whole of one C call (about 2 s for a
   50 MB body of numbers on a slow core), which stalls the event loop, health probes
   included, however many threads the work is spread over. A JSON body also expands

@@ -315,6 +315,8 @@ class ModelManager:
         #: model name -> the on-demand load in progress, shared by every request
         #: waiting for that model.
         self._demand: dict[str, asyncio.Task[ModelEntry]] = {}
+        #: loads in progress (:meth:`load_model`'s inner tasks); :meth:`close` cancels them.
+        self._loads: set[asyncio.Task[ModelEntry]] = set()
 
     # -- lookups (hot path) ---------------------------------------------------
 
@@ -479,6 +481,26 @@ class ModelManager:
             )
         if self.closing:
             raise unavailable(f"failed to load '{name}': the server is shutting down")
+        # The load runs as its own task so that close() can abandon it (a python
+        # model's initialize() may block for ever) while the caller gets an answer.
+        task = asyncio.ensure_future(self._load_budgeted(name, config_override, files))
+        self._loads.add(task)
+        task.add_done_callback(self._loads.discard)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self.closing and task.cancelled() and not (current and current.cancelling()):
+                raise unavailable(
+                    f"failed to load '{name}': the server is shutting down (load abandoned)"
+                ) from None
+            raise
+
+    async def _load_budgeted(
+        self, name: str, config_override: Any, files: dict[str, bytes] | None
+    ) -> ModelEntry:
+        """:meth:`load_model` within the memory budget (when there is one): room is
+        made before the load and checked again with the measured size after it."""
         if self.budget.budget_bytes is None:
             return await self._load_named(name, config_override, files)
         async with self._budget_lock:
@@ -1032,11 +1054,18 @@ class ModelManager:
     async def close(self, timeout: float | None = None) -> None:
         """Unload everything: wait up to ``timeout`` s for in-flight requests, then close.
 
-        Loads are refused from the start; loads already running are waited for
-        (within the same ``timeout``) and serve nothing.
+        Loads are refused from the start; loads already running (initial, API or
+        poller) are abandoned at once: cancelled, so that python workers still in
+        ``initialize`` are killed and initialized ones get the backend's cancel grace
+        for ``finalize``; their callers get ``UNAVAILABLE``. Their locks are then
+        waited for (within the same ``timeout``).
         """
         self.closing = True
         loop = asyncio.get_running_loop()
+        if self._loads:
+            log.info("closing: abandoning %d model load(s) in progress", len(self._loads))
+            for task in list(self._loads):
+                task.cancel()
         deadline = None if timeout is None else loop.time() + max(0.0, timeout)
 
         def left() -> float | None:

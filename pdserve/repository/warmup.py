@@ -45,7 +45,14 @@ from pdserve.repository.model import ModelVersion
 
 log = logging.getLogger("pdserve.warmup")
 
-__all__ = ["WarmupError", "build_samples", "read_input_data_file", "warmup", "warmup_file_path"]
+__all__ = [
+    "WarmupError",
+    "build_samples",
+    "check_samples",
+    "read_input_data_file",
+    "warmup",
+    "warmup_file_path",
+]
 
 #: Most bytes read for a BYTES input's ``input_data_file`` (its size is not known
 #: from the shape); fixed-size inputs read exactly what their shape needs.
@@ -53,7 +60,17 @@ MAX_BYTES_WARMUP_FILE = 64 * 1024 * 1024
 
 
 class WarmupError(Exception):
-    """A configured warm-up sample failed; the version must not serve."""
+    """A configured warm-up sample failed; the version must not serve.
+
+    Attributes:
+        field: the configuration field at fault (``model_warmup[0].inputs[IN].dims``;
+            ``""`` when unknown), for ``pdserve check``'s report. The message does
+            not repeat it.
+    """
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def _config_datatype(enum_value: int) -> str:
@@ -153,6 +170,67 @@ def _make_array(
     return np.zeros(shape, dtype=dtype)
 
 
+async def _build_input(
+    mv: ModelVersion,
+    index: int,
+    label: str,
+    in_name: str,
+    spec: model_config_pb2.ModelWarmup.Input,
+) -> np.ndarray:
+    """The array of input ``in_name`` of sample ``index`` (``spec``: its ``ModelWarmup.Input``).
+
+    Raises:
+        WarmupError: with ``field`` set (see :func:`build_samples`).
+    """
+    w = mv.config.model_warmup[index]
+    where = f"warm-up sample '{label}' input '{in_name}'"
+    field = f"model_warmup[{index}].inputs[{in_name}]"
+    if in_name not in mv.inputs:
+        raise WarmupError(f"{where}: the model has no such input", field)
+    dims = [int(d) for d in spec.dims]
+    if any(d < 0 for d in dims):
+        raise WarmupError(f"{where}: dims {dims} must be concrete", f"{field}.dims")
+    batch = max(int(w.batch_size), 1)
+    shape = ([batch] if mv.max_batch_size > 0 else []) + dims
+    choice = spec.WhichOneof("input_data_type")
+    data = None
+    kind = "zero"
+    data_type = int(spec.data_type)
+    try:
+        datatype = _config_datatype(data_type) if data_type else mv.inputs[in_name].datatype
+    except WarmupError as e:
+        raise WarmupError(str(e), f"{field}.data_type") from None
+    if choice == "random_data":
+        kind = "random"
+    elif choice == "input_data_file":
+        kind = "file"
+        name = spec.input_data_file
+        try:
+            path = warmup_file_path(mv.spec.model_dir, name, where)
+            np_dtype = V2_TO_NUMPY.get(datatype)
+            if datatype == "BYTES" or np_dtype is None:
+                limit, exact = MAX_BYTES_WARMUP_FILE, False
+            else:
+                count = int(np.prod(shape)) if shape else 1
+                limit, exact = count * np_dtype.itemsize, True
+            data = await asyncio.to_thread(read_input_data_file, path, limit, exact, where, name)
+        except WarmupError as e:
+            raise WarmupError(str(e), f"{field}.input_data_file") from None
+    try:
+        return _make_array(datatype, shape, kind, data, where)
+    except WarmupError as e:
+        what = "input_data_file" if kind == "file" else "data_type"
+        raise WarmupError(str(e), f"{field}.{what}") from None
+
+
+def _request(mv: ModelVersion, inputs: dict[str, np.ndarray]) -> InferRequest:
+    return InferRequest(mv.name, mv.version_str, inputs, id="warmup")
+
+
+def _label(mv: ModelVersion, index: int) -> str:
+    return mv.config.model_warmup[index].name or f"model_warmup[{index}]"
+
+
 async def build_samples(mv: ModelVersion) -> list[tuple[str, InferRequest, int]]:
     """The configured ``model_warmup`` samples as ``(name, request, count)``.
 
@@ -160,48 +238,55 @@ async def build_samples(mv: ModelVersion) -> list[tuple[str, InferRequest, int]]
 
     Raises:
         WarmupError: a sample names an unknown input, a missing, misplaced or
-            non-regular data file, or data that does not fit its shape.
+            non-regular data file, or data that does not fit its shape (the first
+            such problem; :func:`check_samples` finds them all). Its ``field`` names
+            the configuration field (``model_warmup[0].inputs[IN].input_data_file``).
     """
     samples = []
-    batching = mv.max_batch_size > 0
     for i, w in enumerate(mv.config.model_warmup):
-        label = w.name or f"model_warmup[{i}]"
-        batch = max(int(w.batch_size), 1)
+        label = _label(mv, i)
         inputs: dict[str, np.ndarray] = {}
-        for in_name, spec in w.inputs.items():
-            where = f"warm-up sample '{label}' input '{in_name}'"
-            if in_name not in mv.inputs:
-                raise WarmupError(f"{where}: the model has no such input")
-            dims = [int(d) for d in spec.dims]
-            if any(d < 0 for d in dims):
-                raise WarmupError(f"{where}: dims {dims} must be concrete")
-            shape = ([batch] if batching else []) + dims
-            choice = spec.WhichOneof("input_data_type")
-            data = None
-            kind = "zero"
-            datatype = (
-                _config_datatype(spec.data_type) if spec.data_type else mv.inputs[in_name].datatype
-            )
-            if choice == "random_data":
-                kind = "random"
-            elif choice == "input_data_file":
-                kind = "file"
-                name = spec.input_data_file
-                path = warmup_file_path(mv.spec.model_dir, name, where)
-                np_dtype = V2_TO_NUMPY.get(datatype)
-                if datatype == "BYTES" or np_dtype is None:
-                    limit, exact = MAX_BYTES_WARMUP_FILE, False
-                else:
-                    count = int(np.prod(shape)) if shape else 1
-                    limit, exact = count * np_dtype.itemsize, True
-                data = await asyncio.to_thread(
-                    read_input_data_file, path, limit, exact, where, name
-                )
-            inputs[in_name] = _make_array(datatype, shape, kind, data, where)
-        samples.append(
-            (label, InferRequest(mv.name, mv.version_str, inputs, id="warmup"), max(w.count, 1))
-        )
+        for in_name, spec in sorted(w.inputs.items()):
+            inputs[in_name] = await _build_input(mv, i, label, in_name, spec)
+        samples.append((label, _request(mv, inputs), max(w.count, 1)))
     return samples
+
+
+async def check_samples(mv: ModelVersion) -> list[WarmupError]:
+    """Every problem of ``mv``'s ``model_warmup`` that would fail its load in ``serve``.
+
+    What :func:`warmup` does before it runs a sample, without running one: each
+    input of each sample is built (:func:`build_samples`: names, dims, data_type,
+    ``input_data_file`` confined to ``<model>/warmup/``, present, a regular file of
+    the right size) and each sample whose inputs all build is checked against the
+    model's inputs as a request would be (:meth:`ModelVersion.prepare`: datatypes,
+    dims, batch size, required inputs). Messages are serve's; unlike serve, which
+    stops at the first, every problem is returned (``pdserve check``).
+
+    Returns:
+        one :class:`WarmupError` per problem (empty: warm-up would pass these checks;
+        the model could still fail a sample when it runs it).
+    """
+    problems: list[WarmupError] = []
+    for i, w in enumerate(mv.config.model_warmup):
+        label = _label(mv, i)
+        inputs: dict[str, np.ndarray] = {}
+        failed = False
+        for in_name, spec in sorted(w.inputs.items()):
+            try:
+                inputs[in_name] = await _build_input(mv, i, label, in_name, spec)
+            except WarmupError as e:
+                problems.append(e)
+                failed = True
+        if failed:
+            continue
+        try:
+            mv.prepare(_request(mv, inputs))
+        except InferError as e:
+            problems.append(
+                WarmupError(f"warm-up sample '{label}' failed: {e.message}", f"model_warmup[{i}]")
+            )
+    return problems
 
 
 async def _run_on_instances(mv: ModelVersion, request: InferRequest, count: int) -> None:

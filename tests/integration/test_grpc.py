@@ -627,3 +627,72 @@ def test_typed_contents_every_datatype(explicit_server: ServerProcess) -> None:
         else:
             dtype = np.dtype(DTYPES[o.datatype]).newbyteorder("<")
             assert np.frombuffer(raw, dtype=dtype).tolist() == values, name
+
+
+# -- over-size stream responses --------------------------------------------------------
+
+
+def _tile_model(repo: Path) -> None:
+    """``tile``: Y = X (FP32 [4]) tiled R (INT64 [1]) times: 16 * R bytes of output."""
+    from onnx import TensorProto, helper, save
+
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["X", "R"], ["Y"])],
+        "tile",
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, [4]),
+            helper.make_tensor_value_info("R", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["n"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    (repo / "tile" / "1").mkdir(parents=True)
+    save(model, str(repo / "tile" / "1" / "model.onnx"))
+    (repo / "tile" / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+        'input [ { name: "X", data_type: TYPE_FP32, dims: [ 4 ] },'
+        ' { name: "R", data_type: TYPE_INT64, dims: [ 1 ] } ]\n'
+        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+    )
+
+
+def test_an_over_size_stream_response_is_an_error_response_and_the_stream_goes_on(
+    tmp_path: Path,
+) -> None:
+    """With --grpc-max-message-bytes 1 MiB, a stream request whose response would be
+    2 MiB gets an ``error_message`` response naming the limit; the requests before and
+    after it on the same stream are answered (the stream used to end RESOURCE_EXHAUSTED)."""
+    import queue
+
+    repo = tmp_path / "repo"
+    _tile_model(repo)
+    limit = 1024 * 1024
+    server = start_server(repo, tmp_path / "pdserve.log", f"--grpc-max-message-bytes={limit}")
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    x = np.arange(4, dtype=np.float32)
+    try:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        for rid, reps in (("small0", 10), ("big", limit // 8), ("small1", 1000)):
+            r = np.array([reps], dtype=np.int64)
+            client.async_stream_infer("tile", [_input("X", x), _input("R", r)], request_id=rid)
+        got = [results.get(timeout=30) for _ in range(3)]
+        # the stream is still usable afterwards
+        client.async_stream_infer(
+            "tile", [_input("X", x), _input("R", np.array([2], np.int64))], request_id="after"
+        )
+        got.append(results.get(timeout=30))
+        client.stop_stream()
+        assert results.empty()
+    finally:
+        client.close()
+        server.stop()
+    ok = {res.get_response().id: res.as_numpy("Y") for res, err in got if err is None}
+    assert sorted(ok) == ["after", "small0", "small1"], got
+    np.testing.assert_array_equal(ok["small1"], np.tile(x, 1000))
+    np.testing.assert_array_equal(ok["after"], np.tile(x, 2))
+    (error,) = [err for _, err in got if err is not None]
+    message = str(error)
+    assert f"larger than the gRPC message limit of {limit} bytes" in message, message
+    assert "--grpc-max-message-bytes" in message, message

@@ -333,3 +333,62 @@ def test_workers_stop_with_the_server_and_leave_no_shared_memory(tmp_path: Path)
     assert not any(_alive(p) for p in pids)
     assert _shm_entries() <= before
     assert "Traceback" not in proc.log()
+
+
+# --------------------------------------------------------------------------- child processes
+
+
+def _signal_mask(pid: int, field: str) -> int:
+    """``SigIgn`` / ``SigCgt`` of ``/proc/<pid>/status`` as a bit mask (bit n-1: signal n)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_processes_a_model_starts_can_be_terminated_with_sigterm(tmp_path: Path) -> None:
+    """The worker ignores SIGTERM (the server decides when it stops), but a program a
+    model's initialize() starts (subprocess: fork + exec) and a child it forks get the
+    default SIGTERM: a SIGTERM ends them. The worker itself still shrugs SIGTERM off."""
+    repo = tmp_path / "models"
+    shutil.copytree(DATA / "child_procs", repo / "child_procs")
+    cfg = repo / "child_procs" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace('string_value: "0"', 'string_value: "1"'))
+    server = start_server(repo, tmp_path / "pdserve.log")
+    pids: list[int] = []
+    try:
+        client = httpclient.InferenceServerClient(server.http_url)
+        x = _fp32_input("X", np.zeros(1))
+        pids = [int(p) for p in client.infer("child_procs", [x]).as_numpy("PIDS")]
+        program, forked, worker = pids
+        assert program and forked and worker, pids
+        term = 1 << (signal.SIGTERM - 1)
+        # the worker catches SIGTERM with a handler that does nothing (an ignored signal
+        # would stay ignored across exec in every program a model starts)
+        assert _signal_mask(worker, "SigCgt") & term, "the worker must not die of SIGTERM"
+        for pid in (program, forked):
+            assert not _signal_mask(pid, "SigIgn") & term, f"{pid} ignores SIGTERM"
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (_running(program) or _running(forked)):
+            time.sleep(0.02)
+        assert not _running(program) and not _running(forked)
+        os.kill(worker, signal.SIGTERM)
+        time.sleep(0.3)
+        assert _running(worker)
+        assert [int(p) for p in client.infer("child_procs", [x]).as_numpy("PIDS")] == pids
+    finally:
+        for pid in pids[:2]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        server.stop()

@@ -380,3 +380,56 @@ def test_requests_during_the_drain_get_answers_never_resets(tmp_path: Path) -> N
     assert not bad, bad[:20]
     for kind, answer in (("http-keepalive", "503"), ("http-new", "503"), ("grpc", "UNAVAILABLE")):
         assert (kind, answer) in kinds, f"no {answer} for {kind} during the drain: {kinds}"
+
+
+def test_sigterm_while_an_api_load_blocks_in_initialize_exits_promptly(tmp_path: Path) -> None:
+    """A load requested through the repository API (explicit mode) whose initialize()
+    sleeps 600 s: SIGTERM abandons it at once (its worker killed), so the server exits
+    well under --exit-timeout-secs, and the load request is answered 503."""
+    repo = repo_with(tmp_path, "stalling", init_sleep_s="600")
+    server = start_server(
+        repo,
+        tmp_path / "pdserve.log",
+        "--model-control-mode=explicit",
+        "--exit-timeout-secs=30",
+        new_session=True,
+    )
+    pgid = server.proc.pid
+    answers: list[tuple[int, bytes]] = []
+
+    def load() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+        try:
+            conn.request("POST", "/v2/repository/models/stalling/load", b"{}")
+            response = conn.getresponse()
+            answers.append((response.status, response.read()))
+        except OSError as e:
+            answers.append((0, repr(e).encode()))
+        finally:
+            conn.close()
+
+    loader = threading.Thread(target=load, daemon=True)
+    try:
+        before = len(descendants(server.proc.pid))
+        loader.start()
+        wait_until(lambda: len(descendants(server.proc.pid)) > before, "the worker to start")
+        time.sleep(0.5)  # the worker is inside initialize() now
+        tree = descendants(server.proc.pid)
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(40)
+        took = time.monotonic() - t0
+        left = wait_gone(tree, 2.0)
+        loader.join(10)
+    finally:
+        kill_all(in_group(pgid))
+        if server.proc.poll() is None:
+            server.proc.kill()
+    log = server.log()
+    assert code == 0, log
+    # the python backend's CANCEL_GRACE_S (2 s) bounds what a cancelled load may take
+    assert took < 8, f"exit took {took:.1f} s of a 30 s exit timeout\n{log}"
+    assert left == [], log
+    assert in_group(pgid) == [], "a process of the server's group outlived it"
+    assert len(answers) == 1 and answers[0][0] == 503, (answers, log)
+    assert b"shutting down" in answers[0][1], answers

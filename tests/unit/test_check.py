@@ -148,6 +148,32 @@ def identity(
 
 X = np.arange(8, dtype=np.float32).reshape(2, 4)
 
+
+def warm(
+    repo: Path, name: str, inputs: str, batch_size: int = 1, files: dict[str, bytes] | None = None
+) -> None:
+    """An ONNX model (INPUT0 FP32 [4], max_batch_size 8) with one ``model_warmup`` sample
+    whose ``inputs`` map is ``inputs``, and ``<model>/warmup/<file>`` files."""
+    d = onnx_model(
+        repo,
+        name,
+        f'model_warmup [ {{ name: "s", batch_size: {batch_size}, {inputs} }} ]',
+    )
+    for file_name, data in (files or {}).items():
+        (d / "warmup").mkdir(exist_ok=True)
+        (d / "warmup" / file_name).write_bytes(data)
+
+
+def warm_input(key: str = "INPUT0", data: str = "zero_data: true", dims: str = "4") -> str:
+    return f'inputs {{ key: "{key}" value: {{ data_type: TYPE_FP32, dims: [ {dims} ], {data} }} }}'
+
+
+def mutual_ensembles(repo: Path, a: str, b: str) -> None:
+    """Ensemble ``a`` steps into ensemble ``b``, which steps into ``a``."""
+    ensemble(repo, a, step(b, "IN", "OUT"))
+    ensemble(repo, b, step(a, "IN", "OUT"))
+
+
 #: kind -> (builder, expected problems: (model, check, field fragment, message fragment)).
 #: Every model name is unique across kinds, so that all of them fit in one repository.
 Expect = list[tuple[str, str, str, str]]
@@ -189,6 +215,10 @@ CASES: dict[str, tuple[Callable[[Path], None], Expect]] = {
         [("c_policy", "config", "version_policy", "no version folder selected")],
     ),
     # --- validation (validate_config after auto-complete, as serve)
+    "instance_count_absurd": (
+        lambda r: onnx_model(r, "v_count", "instance_group [ { count: 100000 } ]"),
+        [("v_count", "onnx-config", "instance_group[0].count", "limit of 128 instances")],
+    ),
     "negative_max_batch_size": (
         lambda r: python_model(r, "v_mbs", 'backend: "python"\nmax_batch_size: -1\n' + TINY_IO),
         [("v_mbs", "python-import", "max_batch_size", "must be non-negative")],
@@ -439,6 +469,57 @@ CASES: dict[str, tuple[Callable[[Path], None], Expect]] = {
         lambda r: ensemble(r, "e_noout", step("step_f32", "IN", "OTHER")),
         [("e_noout", "ensemble", "output", "ensemble output 'OUT' is not produced")],
     ),
+    # --- warm-up samples (model_warmup), as serve checks them before running them
+    "warmup_unknown_input": (
+        lambda r: warm(r, "w_unknown", warm_input("NOPE")),
+        [("w_unknown", "warmup", "model_warmup[0].inputs[NOPE]", "the model has no such input")],
+    ),
+    "warmup_file_leaves_folder": (
+        lambda r: warm(r, "w_escape", warm_input(data='input_data_file: "../config.pbtxt"')),
+        [
+            (
+                "w_escape",
+                "warmup",
+                "model_warmup[0].inputs[INPUT0].input_data_file",
+                "input_data_file '../config.pbtxt' leaves the model's warmup/ folder",
+            )
+        ],
+    ),
+    "warmup_file_missing": (
+        lambda r: warm(r, "w_missing", warm_input(data='input_data_file: "absent.bin"')),
+        [
+            (
+                "w_missing",
+                "warmup",
+                "model_warmup[0].inputs[INPUT0].input_data_file",
+                "cannot read input_data_file 'absent.bin'",
+            )
+        ],
+    ),
+    "warmup_file_short": (
+        lambda r: warm(
+            r,
+            "w_short",
+            warm_input(data='input_data_file: "short.bin"'),
+            files={"short.bin": bytes(8)},
+        ),
+        [
+            (
+                "w_short",
+                "warmup",
+                "model_warmup[0].inputs[INPUT0].input_data_file",
+                "input_data_file 'short.bin' holds 8 bytes, shape needs 16",
+            )
+        ],
+    ),
+    "warmup_dims_mismatch": (
+        lambda r: warm(r, "w_dims", warm_input(dims="5")),
+        [("w_dims", "warmup", "model_warmup[0]", "unexpected shape for input 'INPUT0'")],
+    ),
+    "warmup_batch_too_big": (
+        lambda r: warm(r, "w_batch", warm_input(data="random_data: true"), batch_size=16),
+        [("w_batch", "warmup", "model_warmup[0]", "batch-size must be <= 8")],
+    ),
     "ensemble_cycle": (
         lambda r: ensemble(
             r,
@@ -448,6 +529,23 @@ CASES: dict[str, tuple[Callable[[Path], None], Expect]] = {
             outputs='output [ { name: "T1", data_type: TYPE_FP32, dims: [ 4 ] } ]',
         ),
         [("e_cycle", "ensemble", "ensemble_scheduling.step", "cycle")],
+    ),
+    "ensemble_mutual_cycle": (
+        lambda r: mutual_ensembles(r, "e_mutual_a", "e_mutual_b"),
+        [
+            (
+                "e_mutual_a",
+                "ensemble",
+                "ensemble_scheduling.step[0].model_name",
+                "circular dependency between ensembles: e_mutual_a -> e_mutual_b -> e_mutual_a",
+            ),
+            (
+                "e_mutual_b",
+                "ensemble",
+                "ensemble_scheduling.step[0].model_name",
+                "circular dependency between ensembles: e_mutual_b -> e_mutual_a -> e_mutual_b",
+            ),
+        ],
     ),
     "ensemble_datatype_mismatch": (
         lambda r: ensemble(
@@ -642,6 +740,112 @@ def test_same_messages_as_serve(tmp_path: Path) -> None:
     with pytest.raises(Exception) as e:
         asyncio.run(manager.load_model("m"))
     assert f"{problem.path}: {problem.field}: {problem.message}" in str(e.value)
+
+
+def test_every_warmup_problem_is_reported_with_serves_message(tmp_path: Path) -> None:
+    """Several bad samples and inputs in one model: each is reported with its field, and the
+    first is the message serve fails the load with (serve stops there)."""
+    import asyncio
+
+    from pdserve.server import InferenceServer
+
+    absolute = warm_input(data='input_data_file: "/etc/passwd"')
+    ok_file = warm_input(data='input_data_file: "ok.bin"')
+    d = onnx_model(
+        tmp_path,
+        "m",
+        f'model_warmup [ {{ name: "a", batch_size: 1, {absolute} {warm_input("EXTRA")} }}, '
+        '{ name: "b", batch_size: 2, inputs { key: "INPUT0" value: '
+        "{ data_type: TYPE_INT32, dims: [ 4 ], zero_data: true } } }, "
+        f'{{ name: "c", batch_size: 1, {ok_file} }} ]',
+    )
+    (d / "warmup").mkdir()
+    (d / "warmup" / "ok.bin").write_bytes(np.arange(4, dtype="<f4").tobytes())
+    onnx_model(tmp_path, "fine", f'model_warmup [ {{ name: "z", {warm_input()} }} ]')
+    report = check(tmp_path)
+    fine = next(m for m in report.models if m.name == "fine")
+    assert fine.ok and [r.status for r in fine.results if r.check == "warmup"] == ["passed"]
+    got = [(p.check, p.field, p.message) for p in report.problems]
+    assert got == [
+        (
+            "warmup",
+            "model_warmup[0].inputs[EXTRA]",
+            "warm-up sample 'a' input 'EXTRA': the model has no such input",
+        ),
+        (
+            "warmup",
+            "model_warmup[0].inputs[INPUT0].input_data_file",
+            "warm-up sample 'a' input 'INPUT0': input_data_file must be a path relative to "
+            "the model's warmup/ folder",
+        ),
+        (
+            "warmup",
+            "model_warmup[1]",
+            "warm-up sample 'b' failed: inference input 'INPUT0' data-type is 'INT32', but "
+            "model 'm' expects 'FP32'",
+        ),
+    ]
+    assert all(p.path == str(d / "config.pbtxt") for p in report.problems)
+
+    async def serve_load() -> str:
+        server = InferenceServer(tmp_path)
+        await server.start()
+        try:
+            with pytest.raises(Exception) as e:
+                await server.manager.load_model("m")
+            return str(e.value)
+        finally:
+            await server.stop(5)
+
+    assert got[0][2] in asyncio.run(serve_load())
+
+
+def test_every_ensemble_of_a_cycle_and_every_step_problem_is_reported(tmp_path: Path) -> None:
+    """A 3-cycle between ensembles, a self-loop, missing steps and generic errors in one
+    repository: each ensemble of a cycle reports it, with its other problems; an ensemble
+    stepping into the cycle is skipped (its step has problems), not reported as in it."""
+    ensemble(
+        tmp_path,
+        "ea",
+        step("eb", "IN", "OUT"),
+        inputs='input [ { name: "IN", data_type: TYPE_FP32, dims: [ 4 ] } ]\n'
+        "instance_group [ { count: 1 } ]",
+    )
+    ensemble(
+        tmp_path,
+        "eb",
+        step("ec", "IN", "T") + " " + step("gone1", "T", "U") + " " + step("gone2", "U", "OUT"),
+    )
+    ensemble(tmp_path, "ec", step("ea", "IN", "OUT"))
+    ensemble(tmp_path, "loop", step("loop", "IN", "OUT"))
+    ensemble(tmp_path, "user", step("eb", "IN", "OUT") + " " + step("step_f32", "IN", "X"))
+    report = check(tmp_path)
+    got = {(p.model, p.field, p.message) for p in report.problems if p.severity == "error"}
+    step0 = "ensemble_scheduling.step[0].model_name"
+    cycle = "circular dependency between ensembles: "
+    assert got == {
+        ("ea", step0, cycle + "ea -> eb -> ec -> ea"),
+        ("ea", "instance_group", "instance groups must not be specified for an ensemble"),
+        ("eb", step0, cycle + "eb -> ec -> ea -> eb"),
+        (
+            "eb",
+            "ensemble_scheduling.step[1].model_name",
+            "ensemble 'eb': step 1 uses model 'gone1', which is not in the repository",
+        ),
+        (
+            "eb",
+            "ensemble_scheduling.step[2].model_name",
+            "ensemble 'eb': step 2 uses model 'gone2', which is not in the repository",
+        ),
+        ("ec", step0, cycle + "ec -> ea -> eb -> ec"),
+        ("loop", step0, cycle + "loop -> loop"),
+    }
+    user = next(m for m in report.models if m.name == "user")
+    (result,) = [r for r in user.results if r.check == "ensemble"]
+    assert result.status == "skipped"
+    assert (
+        result.skipped == "step 0 uses model 'eb', which has problems of its own (fix them first)"
+    )
 
 
 def test_a_broken_step_model_skips_its_ensemble(tmp_path: Path) -> None:

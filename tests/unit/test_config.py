@@ -276,6 +276,39 @@ def test_validate_collects_every_error_with_errors_list() -> None:
     ]
 
 
+def test_validate_refuses_an_absurd_instance_count() -> None:
+    """``count: 100000`` (a typo) is refused with the limit in the message, per group and
+    in total (a KIND_GPU group counts once per GPU); the limit is configurable."""
+    cfg = parse(VALID + "instance_group [ { kind: KIND_CPU count: 100000 } ]")
+    with pytest.raises(ConfigError) as e:
+        cfgmod.validate_config(cfg, "m/config.pbtxt")
+    assert e.value.field == "instance_group[0].count"
+    assert e.value.message == (
+        "count 100000 is more than the limit of 128 instances per model "
+        "(serve's --max-instance-count)"
+    )
+    at_limit = parse(VALID + "instance_group [ { kind: KIND_CPU count: 128 } ]")
+    assert cfgmod.validate_config(at_limit, "m/config.pbtxt") == []
+    total = parse(
+        VALID + "instance_group [ { kind: KIND_CPU count: 100 },"
+        " { kind: KIND_GPU count: 20 gpus: [ 0, 1 ] } ]"
+    )
+    with pytest.raises(ConfigError) as e:
+        cfgmod.validate_config(total, "m/config.pbtxt")
+    assert e.value.field == "instance_group"
+    assert "ask for 140 instances, more than the limit of 128" in e.value.message
+    try:
+        cfgmod.set_max_instance_count(200)
+        assert cfgmod.validate_config(total, "m/config.pbtxt") == []
+        cfgmod.set_max_instance_count(4)
+        with pytest.raises(ConfigError, match="limit of 4 instances"):
+            cfgmod.validate_config(parse(VALID + "instance_group [ { count: 5 } ]"), "m")
+        with pytest.raises(ValueError):
+            cfgmod.set_max_instance_count(0)
+    finally:
+        cfgmod.set_max_instance_count(cfgmod.DEFAULT_MAX_INSTANCE_COUNT)
+
+
 def test_validate_label_file_present(tmp_path: Path) -> None:
     d = make_model_dir(tmp_path, "m", None)
     (d / "labels.txt").write_text("cat\ndog\n")

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends import offload
 from pdserve.frontends.http.app import PROCESS_JSON_BYTES, create_http_app
 from tests.unit.test_http_codec import FakeServer, StatsServer, call, client_request, parse
@@ -131,3 +132,142 @@ def test_openapi_document_is_served() -> None:
     assert reply.status == 200 and reply.headers["content-type"] == "application/json"
     doc = reply.json()
     assert doc["openapi"] == "3.0.3" and "/v2/models/{model_name}/infer" in doc["paths"]
+
+
+# --------------------------------------------------------------------------- large JSON responses
+
+
+def test_output_data_json_gives_the_bytes_the_encoder_writes() -> None:
+    """Outputs encoded beforehand (``encoded``) give a body byte-identical to the one
+    encoded in one go: floats with NaN/inf tokens, FP16, non-contiguous and big-endian
+    arrays, BYTES, booleans, scalars; binary outputs are left alone."""
+    from pdserve.core.types import RequestedOutput
+    from pdserve.frontends.http.codec import (
+        encode_infer_response,
+        json_output_names,
+        output_data_json,
+    )
+
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    nonfinite = np.array([1.5, np.nan, np.inf, -np.inf, 0.1], dtype=np.float32)
+    outputs = {
+        "F": nonfinite,
+        "H": nonfinite.astype(np.float16),
+        "T": base.T,
+        "BE": base.astype(">f4"),
+        "I": np.arange(5, dtype=np.int64),
+        "B": np.array([True, False]),
+        "S": np.array([b"x", "ä".encode()], dtype=object),
+        "Z": np.float64(1.5) * np.ones(()),
+        "BIN": base,
+    }
+    request = InferRequest(
+        "m", id="r", outputs=[RequestedOutput(n, binary_data=n == "BIN") for n in outputs]
+    )
+    response = InferResponse("m", "1", outputs)
+    names = json_output_names(response, request)
+    assert names == [n for n in outputs if n != "BIN"]
+    encoded = {n: output_data_json(outputs[n], n) for n in names}
+    assert encode_infer_response_with(response, request, encoded) == encode_infer_response(
+        response, request
+    )
+
+
+def encode_infer_response_with(
+    response: InferResponse, request: InferRequest, encoded: dict[str, bytes]
+) -> tuple[bytes, int | None]:
+    from pdserve.frontends.http.codec import encode_infer_response_parts
+
+    parts, json_length, _ = encode_infer_response_parts(response, request, encoded)
+    return b"".join(bytes(p) for p in parts), json_length
+
+
+class BigOutputServer(FakeServer):
+    """``big``: one FP32 output of the element count the request's id says."""
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        if request.model_name != "big":
+            return await super().infer(request)
+        n = int(request.id)
+        return InferResponse("big", "1", {"OUT": big_output(n)}, id=request.id)
+
+
+def big_output(n: int) -> np.ndarray:
+    return (np.arange(n, dtype=np.float32) * np.float32(0.37)).astype(np.float32)
+
+
+def infer_body(rid: str) -> bytes:
+    doc = {"id": rid, "inputs": [{"name": "IN", "datatype": "FP32", "shape": [1], "data": [0]}]}
+    return json.dumps(doc).encode()
+
+
+def test_a_large_json_response_is_encoded_in_a_decode_process_byte_identical() -> None:
+    from pdserve.frontends.http.app import PROCESS_JSON_OUTPUT_BYTES
+    from pdserve.frontends.http.codec import encode_infer_response
+
+    n = PROCESS_JSON_OUTPUT_BYTES // 4 + 1000
+    app = create_http_app(BigOutputServer())
+    reply = call(app, "POST", "/v2/models/big/infer", infer_body(str(n)))
+    assert reply.status == 200, reply.body[:200]
+    assert offload.decode_processes(), "the response was not encoded in a decode process"
+    want, _ = encode_infer_response(
+        InferResponse("big", "1", {"OUT": big_output(n)}, id=str(n)), InferRequest("big")
+    )
+    assert reply.body == want
+    # a small response stays in this process
+    offload.shutdown()
+    reply = call(app, "POST", "/v2/models/big/infer", infer_body("1000"))
+    assert reply.status == 200 and not offload.decode_processes()
+
+
+def test_small_requests_are_served_while_a_large_response_is_encoded() -> None:
+    """A 32 MiB FP32 output as JSON (orjson holds the GIL about 1 s for it): health
+    checks sent meanwhile are answered at once, not after the encode."""
+    import asyncio
+    import time
+
+    app = create_http_app(BigOutputServer())
+    n = 8 * 1024 * 1024
+
+    async def request(path: str, body: bytes = b"") -> tuple[int, float]:
+        method = "POST" if body else "GET"
+        scope = {
+            "type": "http",
+            "method": method,
+            "path": path,
+            "headers": [(b"content-length", str(len(body)).encode())],
+        }
+        events = [{"type": "http.request", "body": body, "more_body": False}]
+        status: list[int] = []
+
+        async def receive() -> dict:
+            return events.pop(0) if events else {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+
+        start = time.monotonic()
+        await app(scope, receive, send)
+        return status[0], time.monotonic() - start
+
+    async def main() -> tuple[float, list[float]]:
+        await request("/v2/models/big/infer", infer_body("300000"))  # start the processes
+        begin = time.monotonic()
+        big = asyncio.ensure_future(request("/v2/models/big/infer", infer_body(str(n))))
+        answered = [begin]  # when each health check was answered
+        while not big.done():
+            status, _ = await request("/v2/health/live")
+            assert status == 200
+            answered.append(time.monotonic())
+            await asyncio.sleep(0.01)
+        status, took = await big
+        assert status == 200
+        return took, [b - a for a, b in zip(answered, answered[1:], strict=False)]
+
+    big_took, gaps = asyncio.run(main())
+    # before: the event loop stood still for the whole encode: 2-3 checks answered, one
+    # gap ~ big_took. After (loaded 2-core machine): 100+ checks, the largest gap about
+    # big_took / 8 (the scheduler's, not the encoder's)
+    assert len(gaps) >= 20, (big_took, gaps)
+    assert max(gaps) < big_took / 2, (big_took, max(gaps), len(gaps))

@@ -35,6 +35,29 @@ def test_server_is_configured_at_construction(tmp_path: Path) -> None:
     assert not server.ready()  # nothing loaded yet
 
 
+def test_max_instance_count_reaches_the_configuration_check(tmp_path: Path) -> None:
+    """--max-instance-count is the limit every model load is validated against."""
+    import asyncio
+
+    from pdserve import config as cfgmod
+    from pdserve.core.errors import InferError
+
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.py").write_text("class TritonPythonModel: pass\n")
+    (tmp_path / "m" / "config.pbtxt").write_text(
+        'backend: "python"\ninstance_group [ { kind: KIND_CPU count: 3 } ]\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
+    try:
+        server = build_server(Settings(model_repository=tmp_path, max_instance_count=2))
+        assert cfgmod.max_instance_count() == 2
+        with pytest.raises(InferError, match="count 3 is more than the limit of 2 instances"):
+            asyncio.run(server.manager.load_model("m"))
+    finally:
+        cfgmod.set_max_instance_count(cfgmod.DEFAULT_MAX_INSTANCE_COUNT)
+
+
 def test_defaults_build_a_server_without_cache(tmp_path: Path) -> None:
     server = build_server(Settings(model_repository=tmp_path, model_control_mode="poll"))
     assert server.model_control_mode == "poll"

@@ -25,6 +25,7 @@ FLAGS = {
     "--log-verbose",
     "--exit-timeout-secs",
     "--strict-readiness",
+    "--max-instance-count",
     "--host-policy",
     "--http-port",
     "--max-request-bytes",
@@ -281,6 +282,7 @@ def test_cache_config_wins_over_byte_size(tmp_path: Path) -> None:
             "argument --grpc-max-message-bytes: must be 1-2147483647 bytes, got 2147483648",
         ),
         (["--log-verbose=-1"], "argument --log-verbose: must be >= 0, got -1"),
+        (["--max-instance-count=0"], "argument --max-instance-count: must be >= 1, got 0"),
         (["--http-port=eighty"], "argument --http-port: invalid int value: 'eighty'"),
     ],
 )

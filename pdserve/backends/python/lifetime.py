@@ -15,7 +15,8 @@ blocks) would keep all three alive. Hence:
 * the fork server imports this module as a preload and, seeing that it runs in
   the fork server, starts :func:`exit_when_gone` on its parent (the server): it
   exits as soon as the server is gone, and only then (it ignores SIGTERM, which a
-  signal to the whole process group would send it, as workers do);
+  signal to the whole process group would send it; workers survive it too, see
+  :func:`pdserve.backends.python.worker.shield_from_group_signals`);
 * each worker calls :func:`set_parent_death_signal`: the kernel SIGKILLs it when
   its parent (the fork server) exits, whatever the worker is doing (even holding
   the GIL in native code), and :func:`exit_when_gone` on the server too (should it

@@ -444,6 +444,35 @@ def _autocomplete(worker: Worker) -> None:
         worker.send(AutoCompleteResult(None, _format_exception(exc)))
 
 
+#: Signals a worker survives (see :func:`shield_from_group_signals`).
+SHIELDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _shrug(signum: int, frame: object) -> None:
+    """Handler of :data:`SHIELDED_SIGNALS` in a worker: nothing happens."""
+
+
+def _default_signals_in_child() -> None:
+    """``os.register_at_fork`` hook: a process the model forks gets default handlers."""
+    for sig in SHIELDED_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def shield_from_group_signals() -> None:
+    """Make this worker survive SIGINT/SIGTERM, leaving them default for its children.
+
+    The signals are *caught* by a handler that does nothing, not ignored: an ignored
+    signal stays ignored across ``fork`` and ``exec``, so every program a model starts
+    (``subprocess``, ``os.system``) could not be stopped with SIGTERM, while a caught
+    one reverts to the default at ``exec`` (POSIX). A child the model forks without
+    exec (``os.fork``, ``multiprocessing``'s fork) gets the defaults back from an
+    ``os.register_at_fork`` hook. Must run in the main thread.
+    """
+    for sig in SHIELDED_SIGNALS:
+        signal.signal(sig, _shrug)
+    os.register_at_fork(after_in_child=_default_signals_in_child)
+
+
 def worker_main(sock: socket.socket, init: WorkerInit) -> None:
     """Entry point of a worker process (``multiprocessing`` target).
 
@@ -464,8 +493,7 @@ def worker_main(sock: socket.socket, init: WorkerInit) -> None:
     # a worker whose server vanished sees its socket close). A SIGINT or SIGTERM sent
     # to the whole process group (Ctrl-C, systemd's KillMode=control-group, timeout)
     # must not kill workers under the server's orderly shutdown.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    shield_from_group_signals()
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s %(levelname).1s {init.instance_name or 'worker'}"

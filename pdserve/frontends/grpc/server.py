@@ -39,7 +39,7 @@ async def serve_grpc(
     srv = grpc.aio.server(options=options)
     # the generated handlers, with request deserializers that let the servicer answer
     # bytes that are not the request message (INVALID_ARGUMENT, not UNKNOWN)
-    handlers = method_handlers(GrpcService(server))
+    handlers = method_handlers(GrpcService(server, max_message_bytes))
     srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     srv.add_registered_method_handlers(SERVICE_NAME, handlers)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

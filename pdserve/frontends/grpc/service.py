@@ -19,6 +19,7 @@ from pdserve.core.api import InferenceCore
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferRequest
 from pdserve.frontends.grpc.codec import (
+    DEFAULT_MAX_MESSAGE_BYTES,
     decode_off_loop,
     encode_off_loop,
     metadata_response,
@@ -173,10 +174,16 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             ``live``, ``ready``, ``metadata``, ``model_metadata``, ``model_config``,
             ``model_ready``, ``async infer``, ``model_statistics``, ``repository_index``,
             ``async load_model``, ``async unload_model``).
+        max_message_bytes: the server's ``grpc.max_send_message_length``: a
+            ``ModelStreamInfer`` response larger than this is sent as an
+            ``error_message`` response instead (grpc would end the whole stream).
     """
 
-    def __init__(self, server: InferenceCore) -> None:
+    def __init__(
+        self, server: InferenceCore, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    ) -> None:
         self.server = server
+        self.max_message_bytes = max_message_bytes
 
     async def _guard(
         self, context: grpc.aio.ServicerContext, func: Callable[[], Awaitable[Any]]
@@ -300,6 +307,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 _traffic_metadata(req, context)
                 resp = await encode_off_loop(await self.server.infer(req))
                 msg = service_pb2.ModelStreamInferResponse(infer_response=resp)
+                msg = self._fit_stream_response(msg, request.id)
             except InferError as e:
                 msg = service_pb2.ModelStreamInferResponse(error_message=e.message)
                 msg.infer_response.id = request.id
@@ -353,6 +361,29 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             return log_settings_response(logs.update_settings(changes))
 
         return await self._guard(context, run)
+    def _fit_stream_response(
+        self, msg: service_pb2.ModelStreamInferResponse, request_id: str
+    ) -> service_pb2.ModelStreamInferResponse:
+        """``msg``, or an ``error_message`` response when it is over the send limit.
+
+        grpc fails the whole call (``RESOURCE_EXHAUSTED``) when one message is larger
+        than ``grpc.max_send_message_length``; on a stream that would end every
+        other request too, so the over-size response becomes a per-request error,
+        as other per-request errors are (Triton sends no such error: its limit is
+        2 GiB - 1).
+        """
+        size = msg.ByteSize()
+        if size <= self.max_message_bytes:
+            return msg
+        error = service_pb2.ModelStreamInferResponse(
+            error_message=f"the response of {size} bytes is larger than the gRPC message "
+            f"limit of {self.max_message_bytes} bytes (--grpc-max-message-bytes): ask for "
+            "fewer or smaller outputs, or raise the limit"
+        )
+        error.infer_response.id = request_id
+        error.infer_response.model_name = msg.infer_response.model_name
+        error.infer_response.model_version = msg.infer_response.model_version
+        return error
 
     # -- statistics and repository -------------------------------------------
 

@@ -17,10 +17,13 @@ import orjson
 
 from pdserve.core.api import InferenceCore
 from pdserve.core.errors import InferError, not_found
+from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends.http.codec import (
     decode_infer_request,
     encode_error,
     encode_infer_response_parts,
+    json_output_names,
+    output_data_json,
 )
 from pdserve.frontends.http.compression import decompress, parse_encoding
 from pdserve.frontends.http.status import (
@@ -68,6 +71,12 @@ OFFLOAD_BYTES = 1 << 20
 #: the parser holds the GIL for the whole parse, so a worker thread would stall the
 #: event loop as much as parsing on it (about 10 ms at this size).
 PROCESS_JSON_BYTES = 256 * 1024
+
+#: A response output sent as JSON ``data`` whose array holds more than this many bytes
+#: is written to JSON in a decode process (:func:`encode_json_off_loop`): as when
+#: parsing, the encoder holds the GIL for the whole array (about 10 ms at this size,
+#: 0.3 s for 8 MiB of FP32), so a worker thread would stall the event loop too.
+PROCESS_JSON_OUTPUT_BYTES = 256 * 1024
 
 #: Compressed bodies over this many bytes are decompressed on a worker thread (zlib
 #: expands up to ~1000:1, so 8 KiB may become 8 MiB).
@@ -227,11 +236,12 @@ class HttpApp:
                 size += arr.nbytes
         except AttributeError:  # not an array (the encoder converts it): count it small
             pass
+        encoded = await encode_json_off_loop(response, request) if size else None
         if size <= OFFLOAD_BYTES:
-            parts, json_length, total = encode_infer_response_parts(response, request)
+            parts, json_length, total = encode_infer_response_parts(response, request, encoded)
         else:
             parts, json_length, total = await off_loop(
-                encode_infer_response_parts, response, request
+                encode_infer_response_parts, response, request, encoded
             )
         if json_length is None:
             await send(
@@ -560,6 +570,37 @@ class HttpApp:
         if method is None:
             raise not_found(f"this server does not support {what}")
         return method
+
+
+async def encode_json_off_loop(
+    response: InferResponse, request: InferRequest
+) -> dict[str, bytes] | None:
+    """The JSON text of each large output sent as JSON ``data``, written in decode
+    processes (:func:`~pdserve.frontends.http.codec.output_data_json`), for
+    :func:`~pdserve.frontends.http.codec.encode_infer_response_parts`'s ``encoded``.
+
+    Outputs whose array holds more than :data:`PROCESS_JSON_OUTPUT_BYTES` are
+    encoded there (arrays travel as out-of-band buffers); smaller ones and binary ones
+    are left to the caller. The bytes are those the in-process encoder writes.
+
+    Returns:
+        output name -> JSON text, or None when no output is that large.
+
+    Raises:
+        InferError: as the encoder (a BYTES element that is not UTF-8), or
+            UNAVAILABLE when a decode process died during the call.
+    """
+    large = [
+        name
+        for name in json_output_names(response, request)
+        if getattr(response.outputs[name], "nbytes", 0) > PROCESS_JSON_OUTPUT_BYTES
+    ]
+    if not large:
+        return None
+    texts = await asyncio.gather(
+        *(off_process(output_data_json, response.outputs[name], name) for name in large)
+    )
+    return dict(zip(large, texts, strict=True))
 
 
 @functools.cache

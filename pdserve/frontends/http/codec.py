@@ -63,6 +63,7 @@ import math
 import re
 import time
 import warnings
+from collections.abc import Mapping
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -86,6 +87,8 @@ __all__ = [
     "encode_infer_response",
     "encode_infer_response_parts",
     "encode_error",
+    "json_output_names",
+    "output_data_json",
 ]
 
 #: V2 datatype -> little-endian numpy dtype ([BIN]: binary data is little-endian).
@@ -615,8 +618,78 @@ def _parse_requested_output(item: Any) -> RequestedOutput:
 # --------------------------------------------------------------------------- encode
 
 
+def _binary_flags(request: InferRequest) -> tuple[bool, dict[str, bool] | None]:
+    """``(default, per output)``: whether outputs are sent binary [BIN] — the request's
+    ``binary_data_output`` parameter, and each requested output's ``binary_data``."""
+    default_binary = request.parameters.get("binary_data_output") is True
+    flags: dict[str, bool] | None = None
+    if request.outputs:
+        flags = {
+            o.name: (default_binary if o.binary_data is None else o.binary_data)
+            for o in request.outputs
+        }
+    return default_binary, flags
+
+
+def json_output_names(response: InferResponse, request: InferRequest) -> list[str]:
+    """The outputs of ``response`` that :func:`encode_infer_response_parts` writes as JSON
+    ``data`` (not binary), in output order."""
+    default_binary, flags = _binary_flags(request)
+    return [
+        name
+        for name in response.outputs
+        if not (default_binary if flags is None else flags.get(name, default_binary))
+    ]
+
+
+def _v2_datatype(arr: np.ndarray, name: str) -> str:
+    datatype = NUMPY_TO_V2.get(arr.dtype)  # fast path: native dtypes, object -> BYTES
+    if datatype is None:
+        try:
+            datatype = numpy_to_v2(arr.dtype)  # S/U strings, non-native byte order
+        except InferError as exc:
+            raise internal(f"output '{name}': {exc.message}") from None
+    return datatype
+
+
+def _json_data(arr: np.ndarray, datatype: str, name: str) -> Any:
+    """What a JSON output's ``data`` is written from: a flat array, a list of strings or
+    an ``orjson.Fragment`` (floats with NaN / inf, written as Triton writes them)."""
+    if datatype == "BYTES":
+        return _bytes_to_json(arr, name)
+    if not (arr.flags.c_contiguous and arr.dtype.isnative):
+        arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("="))
+    data = arr.reshape(-1)
+    if datatype in _FLOAT_TYPES:
+        # orjson would write NaN and +/-inf as null; Triton writes tokens.
+        # One dot product (finite: no NaN / inf) spares the exact test.
+        if datatype == "FP16" or not math.isfinite(data.dot(data)):
+            if not np.isfinite(data).all():
+                return orjson.Fragment(_float_json(data))
+    return data
+
+
+def output_data_json(arr: np.ndarray, name: str) -> bytes:
+    """The JSON text of output ``name``'s ``data`` (``[1.5,2.0]``), exactly as
+    :func:`encode_infer_response_parts` writes it; give it back to that function in
+    ``encoded``. A module-level function, so that a large output can be encoded in a
+    decode process (:func:`pdserve.frontends.offload.off_process`): the encoder holds
+    the GIL for the whole array.
+
+    Raises:
+        InferError(INVALID_ARG) / InferError(INTERNAL): as
+            :func:`encode_infer_response_parts` for this output.
+    """
+    if type(arr) is not np.ndarray:
+        arr = np.asarray(arr)
+    data = _json_data(arr, _v2_datatype(arr, name), name)
+    return orjson.dumps(data, option=_DUMPS_OPTS)  # a Fragment is written as it is
+
+
 def encode_infer_response_parts(
-    response: InferResponse, request: InferRequest
+    response: InferResponse,
+    request: InferRequest,
+    encoded: Mapping[str, bytes] | None = None,
 ) -> tuple[list[Buffer], int | None, int]:
     """Encode a response as a list of buffers to send one after another.
 
@@ -625,6 +698,8 @@ def encode_infer_response_parts(
         request: the request it answers: its ``outputs`` (``binary_data`` per output)
             and ``parameters["binary_data_output"]`` decide which outputs are binary
             [BIN]; its ``id`` is echoed when the response has none.
+        encoded: output name -> the JSON text of its ``data``, encoded beforehand by
+            :func:`output_data_json` (off the event loop); used as is.
 
     Returns:
         ``(parts, header_length, total)``: ``parts[0]`` is the JSON header
@@ -641,13 +716,7 @@ def encode_infer_response_parts(
         InferError(INTERNAL): an output array has a dtype with no V2 datatype, or
             something in ``parameters`` cannot be written as JSON.
     """
-    default_binary = request.parameters.get("binary_data_output") is True
-    flags: dict[str, bool] | None = None
-    if request.outputs:
-        flags = {
-            o.name: (default_binary if o.binary_data is None else o.binary_data)
-            for o in request.outputs
-        }
+    default_binary, flags = _binary_flags(request)
     outputs_json: list[dict[str, Any]] = []
     blobs: list[Buffer] = []
     total = 0
@@ -655,12 +724,7 @@ def encode_infer_response_parts(
         if type(arr) is not np.ndarray:
             arr = np.asarray(arr)
         binary = default_binary if flags is None else flags.get(name, default_binary)
-        datatype = NUMPY_TO_V2.get(arr.dtype)  # fast path: native dtypes, object -> BYTES
-        if datatype is None:
-            try:
-                datatype = numpy_to_v2(arr.dtype)  # S/U strings, non-native byte order
-            except InferError as exc:
-                raise internal(f"output '{name}': {exc.message}") from None
+        datatype = _v2_datatype(arr, name)
         if binary:
             if datatype == "BYTES":
                 blob: Buffer = serialize_bytes_tensor(arr)
@@ -682,18 +746,8 @@ def encode_infer_response_parts(
                 }
             )
         else:
-            if datatype == "BYTES":
-                data: Any = _bytes_to_json(arr, name)
-            else:
-                if not (arr.flags.c_contiguous and arr.dtype.isnative):
-                    arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("="))
-                data = arr.reshape(-1)
-                if datatype in _FLOAT_TYPES:
-                    # orjson would write NaN and +/-inf as null; Triton writes tokens.
-                    # One dot product (finite: no NaN / inf) spares the exact test.
-                    if datatype == "FP16" or not math.isfinite(data.dot(data)):
-                        if not np.isfinite(data).all():
-                            data = orjson.Fragment(_float_json(data))
+            text = encoded.get(name) if encoded else None
+            data = orjson.Fragment(text) if text is not None else _json_data(arr, datatype, name)
             outputs_json.append(
                 {"name": name, "datatype": datatype, "shape": arr.shape, "data": data}
             )
