@@ -35,8 +35,8 @@ from typing import Any
 
 from pdserve.backends.host_policy import HostPolicyError, parse_option, resolve_policy
 from pdserve.cache import parse_cache_config
-from pdserve.core.procmem import parse_size
 from pdserve.config import DEFAULT_MAX_INSTANCE_COUNT
+from pdserve.core.procmem import parse_size
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
 from pdserve.frontends.http.app import (
     DEFAULT_BODY_TIMEOUT_SECS,

@@ -361,6 +361,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             return log_settings_response(logs.update_settings(changes))
 
         return await self._guard(context, run)
+
     def _fit_stream_response(
         self, msg: service_pb2.ModelStreamInferResponse, request_id: str
     ) -> service_pb2.ModelStreamInferResponse:
