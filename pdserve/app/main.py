@@ -70,6 +70,8 @@ from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
 from pdserve.cache import ResponseCache
 from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.server import serve_http
+from pdserve.frontends.traffic.gate import TrafficGate
+from pdserve.repository.breaker import BreakerBoard, BreakerPolicy
 from pdserve.repository.control import RepositoryPoller
 from pdserve.server import InferenceServer
 
@@ -171,6 +173,11 @@ def build_server(settings: Settings) -> InferenceServer:
     cache = ResponseCache(cache_bytes) if cache_bytes > 0 else None
     if cache is not None:
         log.info("response cache: %d bytes", cache_bytes)
+    breaker_policy = (
+        BreakerPolicy.parse(settings.circuit_breaker) if settings.circuit_breaker else None
+    )
+    if breaker_policy is not None:
+        log.info("circuit breaker on every model version: %s", breaker_policy)
     server = InferenceServer(
         settings.repository,
         strict_readiness=settings.strict_readiness,
@@ -178,6 +185,7 @@ def build_server(settings: Settings) -> InferenceServer:
         host_policies=policies,
         model_control_mode=settings.model_control_mode,
         response_cache=cache,
+        breakers=BreakerBoard(breaker_policy),
     )
     if settings.model_control_mode == "explicit":
         log.info(
@@ -187,8 +195,59 @@ def build_server(settings: Settings) -> InferenceServer:
     return server
 
 
+def build_gate(settings: Settings) -> TrafficGate | None:
+    """Step 1b: restricted APIs, the auth config and rate limits (None: none asked for).
+
+    Raises:
+        StartError: the auth config (or its JWKS file) is missing or malformed, or a
+            library of the ``traffic`` extra is missing: the server does not start
+            rather than serve without the protection it was asked for (fail closed).
+    """
+    from pdserve.frontends.traffic.apis import parse_restricted
+    from pdserve.frontends.traffic.auth import AuthConfigError, load_auth_config
+    from pdserve.frontends.traffic.ratelimit import RateLimitConfigError, RateLimiter
+
+    http_restricted = parse_restricted(settings.http_restricted_api, "--http-restricted-api")
+    grpc_restricted = parse_restricted(
+        settings.grpc_restricted_protocol, "--grpc-restricted-protocol"
+    )
+    config = None
+    limiter = None
+    if settings.auth_config is not None:
+        try:
+            config = load_auth_config(settings.auth_config)
+            wants_limits = (
+                bool(config.rate_limits)
+                or any(k.principal.rate_limit for k in config.keys)
+                or bool(config.jwt and config.jwt.rate_limit)
+                or bool(config.anonymous and config.anonymous.rate_limit)
+            )
+            if wants_limits:
+                limiter = RateLimiter(
+                    config.rate_limits,
+                    settings.rate_limit_storage,
+                    settings.rate_limit_strategy,
+                    fail_open=settings.rate_limit_fail_mode == "open",
+                )
+        except (AuthConfigError, RateLimitConfigError, ImportError) as e:
+            raise StartError(f"--auth-config: {e}") from None
+        log.info(
+            "auth config %s: %d API key(s), JWT %s, rate limits %s (storage %s)",
+            config.path,
+            len(config.keys),
+            "on" if config.jwt is not None else "off",
+            "on" if limiter is not None else "off",
+            limiter._where() if limiter is not None else "-",
+        )
+    gate = TrafficGate(config, limiter, http_restricted, grpc_restricted)
+    return gate if gate.active or config is not None else None
+
+
 async def start_http(
-    settings: Settings, server: InferenceServer, draining: Callable[[], bool] = lambda: False
+    settings: Settings,
+    server: InferenceServer,
+    draining: Callable[[], bool] = lambda: False,
+    gate: TrafficGate | None = None,
 ) -> tuple[asyncio.Task[Any], Stop]:
     """Step 3: the HTTP listener; returns once it listens.
 
@@ -211,6 +270,7 @@ async def start_http(
             max_request_bytes=settings.max_request_bytes,
             body_timeout=settings.http_body_timeout_secs,
             max_json_bytes=settings.http_max_json_bytes,
+            gate=gate,
         ),
     )
     http = serve_http(app, settings.host, settings.http_port, limits=settings.http_limits)
@@ -247,7 +307,12 @@ async def start_http(
     return task, stop
 
 
-async def start_grpc(settings: Settings, server: InferenceServer, grpc_server: ModuleType) -> Stop:
+async def start_grpc(
+    settings: Settings,
+    server: InferenceServer,
+    grpc_server: ModuleType,
+    gate: TrafficGate | None = None,
+) -> Stop:
     """Step 4: the gRPC listener (``grpc_server`` is :mod:`pdserve.frontends.grpc.server`).
 
     Raises:
@@ -259,6 +324,7 @@ async def start_grpc(settings: Settings, server: InferenceServer, grpc_server: M
             settings.host,
             settings.grpc_port,
             max_message_bytes=settings.grpc_max_message_bytes,
+            gate=gate,
         )
     except RuntimeError as e:
         raise StartError(str(e)) from None
@@ -276,7 +342,11 @@ async def start_grpc(settings: Settings, server: InferenceServer, grpc_server: M
 
 
 async def start_metrics(
-    settings: Settings, server: InferenceServer, metrics: ModuleType, metrics_http: ModuleType
+    settings: Settings,
+    server: InferenceServer,
+    metrics: ModuleType,
+    metrics_http: ModuleType,
+    gate: TrafficGate | None = None,
 ) -> Stop | None:
     """Step 5: the ``/metrics`` listener; None (logged) when its port cannot be bound.
 
@@ -286,6 +356,9 @@ async def start_metrics(
     exporter = metrics.MetricsExporter(
         server, cpu=settings.allow_cpu_metrics, gpu=settings.allow_gpu_metrics
     )
+    exporter.sources.append(server.breakers.samples)
+    if gate is not None:
+        exporter.sources.append(gate.samples)
     host, port = settings.host, settings.metrics_port
     try:
         listener = await metrics_http.serve_metrics(
@@ -392,6 +465,11 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
     except HostPolicyError as e:
         log.error("--host-policy: %s", e)
         return 2
+    try:
+        gate = build_gate(settings)
+    except StartError as e:
+        log.error("%s", e)
+        return 1
 
     stop_event = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -410,6 +488,10 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    watcher: asyncio.Task[None] | None = None
+    if gate is not None and gate.config is not None:
+        loop.add_signal_handler(signal.SIGHUP, gate.reload, "SIGHUP")
+        watcher = asyncio.create_task(gate.watch(), name="pdserve-auth-reload")
 
     stops: list[tuple[str, Stop]] = []  # started parts, in start order
     drain_secs = settings.exit_timeout_secs
@@ -417,12 +499,12 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
     try:
         if metrics is not None:
             metrics.install_hooks()
-        http_task, stop_http = await start_http(settings, server, stop_event.is_set)
+        http_task, stop_http = await start_http(settings, server, stop_event.is_set, gate)
         stops.append(("HTTP", stop_http))
         if grpc_server is not None:
-            stops.append(("gRPC", await start_grpc(settings, server, grpc_server)))
+            stops.append(("gRPC", await start_grpc(settings, server, grpc_server, gate)))
         if metrics is not None and metrics_http is not None:
-            stop_metrics = await start_metrics(settings, server, metrics, metrics_http)
+            stop_metrics = await start_metrics(settings, server, metrics, metrics_http, gate)
             if stop_metrics is not None:
                 stops.append(("metrics", stop_metrics))
         if settings.model_control_mode == "poll":
@@ -469,6 +551,9 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
             log.debug("%s stopped in %.0f ms", name, (loop.time() - began) * 1000)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if watcher is not None:
+            watcher.cancel()
+            loop.remove_signal_handler(signal.SIGHUP)
     log.info("pdserve stopped")
     return code
 

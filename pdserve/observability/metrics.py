@@ -306,6 +306,21 @@ def cache_families(cache: ResponseCache | None) -> list[Family]:
     return out
 
 
+#: A metric sample from a source: (name, type, help, labels, value).
+Sample = tuple[str, str, str, dict[str, str], float]
+
+
+def sample_families(samples: Iterable[Sample]) -> list[Family]:
+    """Families of ``samples``, grouped by name in first-seen order."""
+    by_name: dict[str, Family] = {}
+    for name, kind, doc, labels, value in samples:
+        fam = by_name.get(name)
+        if fam is None:
+            fam = by_name[name] = Family(name, kind, doc)
+        fam.add(labels, value)
+    return list(by_name.values())
+
+
 class CpuSampler:
     """System CPU utilisation between scrapes and memory, from /proc (Linux)."""
 
@@ -423,6 +438,9 @@ class MetricsExporter:
 
     def __init__(self, server: MetricsSource, *, cpu: bool = True, gpu: bool = True) -> None:
         self.server = server
+        #: more samples read at each scrape, as ``() -> iterable of (name, type, help,
+        #: labels, value)`` (traffic control: auth, rate limits, circuit breakers)
+        self.sources: list[Callable[[], Iterable[Sample]]] = []
         self.cpu = CpuSampler() if cpu else None
         self.gpu = GpuSampler.create() if gpu else None
         self._process = None
@@ -443,6 +461,8 @@ class MetricsExporter:
         """The whole exposition, Prometheus text format 0.0.4."""
         fams = model_families(self.model_stats())
         fams += cache_families(self.server.response_cache)
+        for source in self.sources:
+            fams += sample_families(source())
         if self.cpu is not None:
             fams += self.cpu.families()
         if self.gpu is not None:

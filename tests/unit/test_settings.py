@@ -47,6 +47,13 @@ FLAGS = {
     "--repository-poll-secs",
     "--response-cache-byte-size",
     "--cache-config",
+    "--auth-config",
+    "--http-restricted-api",
+    "--grpc-restricted-protocol",
+    "--rate-limit-storage",
+    "--rate-limit-strategy",
+    "--rate-limit-fail-mode",
+    "--circuit-breaker",
 }
 
 
