@@ -382,10 +382,12 @@ class Settings:
     )
     rate_limit_strategy: str = _flag(
         "--rate-limit-strategy",
-        "moving-window",
+        "auto",
         "traffic control",
-        "rate-limit algorithm of the limits library (default {default})",
-        choices=("moving-window", "sliding-window-counter", "fixed-window"),
+        "rate-limit algorithm: auto (a token bucket in memory, the limits library's "
+        "moving-window in Redis), token-bucket (memory only), or one of the limits "
+        "library's moving-window, sliding-window-counter, fixed-window (default {default})",
+        choices=("auto", "token-bucket", "moving-window", "sliding-window-counter", "fixed-window"),
     )
     rate_limit_fail_mode: str = _flag(
         "--rate-limit-fail-mode",
@@ -545,6 +547,12 @@ class Settings:
             check_storage_uri(self.rate_limit_storage)
         except RateLimitConfigError as e:
             raise SettingsError("--rate-limit-storage", str(e)) from None
+        if self.rate_limit_strategy == "token-bucket" and self.rate_limit_storage != "memory://":
+            raise SettingsError(
+                "--rate-limit-strategy",
+                "token-bucket keeps its state in memory; with Redis use moving-window, "
+                "sliding-window-counter or fixed-window",
+            )
         if self.circuit_breaker is not None:
             try:
                 BreakerPolicy.parse(self.circuit_breaker)

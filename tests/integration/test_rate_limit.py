@@ -133,14 +133,15 @@ def grpc_input() -> list[grpcclient.InferInput]:
 
 def test_model_and_key_limits_in_memory(tmp_path: Path) -> None:
     repo = copy_models(tmp_path / "models", "tiny")
-    cfg = write_config(tmp_path / "auth.yaml", "4/minute", key_limit="2/minute")
+    cfg = write_config(tmp_path / "auth.yaml", "4/hour", key_limit="2/hour")
     server = start_server(repo, tmp_path / "pdserve.log", "--auth-config", str(cfg))
     try:
         keyed = {"authorization": f"Bearer {KEY}"}
         assert [infer(server, keyed)[0] for _ in range(2)] == [200, 200]
         status, headers, body = infer(server, keyed)
         assert status == 429
-        assert 1 <= int(headers["retry-after"]) <= 60
+        # a token bucket of 2 refilled at 2 per hour: the next token in 30 minutes
+        assert 1790 <= int(headers["retry-after"]) <= 1800
         assert "rate limit of key 'rl' exceeded" in json.loads(body)["error"]
         assert infer(server)[0] == 200  # anonymous: only the model's limit (2 of 4 used)
         client = grpcclient.InferenceServerClient(server.grpc_url)

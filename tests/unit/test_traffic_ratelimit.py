@@ -15,6 +15,7 @@ from pdserve.frontends.traffic.ratelimit import (
     RateLimitConfigError,
     RateLimiter,
     RateLimitExceededError,
+    TokenBucket,
     parse_rate,
 )
 
@@ -31,8 +32,27 @@ def refused(
     return e.value
 
 
-def test_global_model_and_key_limits() -> None:
-    limiter = RateLimiter({"global": "5/minute", "models": {"tiny*": "2/minute", "x": "1/hour"}})
+def test_token_bucket_bursts_then_refills() -> None:
+    now = [100.0]
+    bucket = TokenBucket(clock=lambda: now[0])
+    item = parse_rate("4 per 2 seconds")  # 4 tokens, 2 per second back
+    assert [bucket.hit(item, "k") for _ in range(4)] == [0.0] * 4
+    assert bucket.hit(item, "k") == pytest.approx(0.5)
+    assert bucket.hit(item, "other") == 0.0  # its own bucket
+    now[0] += 0.5
+    assert bucket.hit(item, "k") == 0.0
+    assert bucket.hit(item, "k") == pytest.approx(0.5)
+    now[0] += 100  # refilled to the capacity, never above
+    assert [bucket.hit(item, "k") for _ in range(5)][-1] > 0
+
+
+@pytest.mark.parametrize(
+    "strategy", ["auto", "moving-window", "fixed-window", "sliding-window-counter"]
+)
+def test_global_model_and_key_limits(strategy: str) -> None:
+    limiter = RateLimiter(
+        {"global": "5/minute", "models": {"tiny*": "2/minute", "x": "1/hour"}}, strategy=strategy
+    )
     run(limiter, "tiny")
     run(limiter, "tiny")
     e = refused(limiter, "tiny")
@@ -45,7 +65,7 @@ def test_global_model_and_key_limits() -> None:
     e = refused(limiter, "other")
     assert e.scope == "global"
     assert limiter.limited == {("model", "tiny", ""): 1, ("global", "", ""): 1}
-    keyed = RateLimiter({})
+    keyed = RateLimiter({}, strategy=strategy)
     run(keyed, "m", "team-a", "1/minute")
     e = refused(keyed, "m", "team-a", "1/minute")
     assert e.scope == "key" and "of key 'team-a'" in e.message
@@ -63,6 +83,8 @@ def test_bad_limits_and_storage() -> None:
         RateLimiter({}, "mongodb://x")
     with pytest.raises(RateLimitConfigError, match="strategy"):
         RateLimiter({}, strategy="leaky")
+    with pytest.raises(RateLimitConfigError, match="memory only"):
+        RateLimiter({}, "redis://127.0.0.1:1", strategy="token-bucket")
 
 
 def dead_port() -> int:
