@@ -11,8 +11,11 @@ the same bytes. Two configurations, run alternately ``--rounds`` times each:
   only the bookkeeping is measured), in memory (``--rate-limit-strategy``), and
   ``--circuit-breaker on`` (every version has a breaker, fed every outcome).
 
-Reported: requests/s, p50/p99 of each run, the median of each configuration and the
-ratio on/off (target: at least 0.90). Every answer must be 200: a run with non-2xx
+Reported: requests/s, p50/p99 and the server's CPU time per request of each run, the
+medians of each configuration and the ratios on/off (target: at least 0.90). The
+server is pinned to one core, so its throughput is the inverse of its CPU time per
+request; on a loaded machine (other processes share core 0) the CPU-time ratio is
+the steadier of the two. Every answer must be 200: a run with non-2xx
 answers (a 401 or 429 would be cheaper than an inference) fails the benchmark.
 
 Usage::
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import shutil
 import statistics
@@ -56,9 +60,7 @@ def write_auth(tmp: Path) -> Path:
 
 def write_lua(tmp: Path) -> Path:
     body = {
-        "inputs": [
-            {"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.25] * 64}
-        ]
+        "inputs": [{"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.25] * 64}]
     }
     data = tmp / "body.json"
     data.write_text(json.dumps(body))
@@ -72,6 +74,13 @@ def write_lua(tmp: Path) -> Path:
         "f:close()\n"
     )
     return lua
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wrk(port: int, lua: Path, seconds: int, connections: int) -> dict[str, float | int | None]:
@@ -88,10 +97,12 @@ def wrk(port: int, lua: Path, seconds: int, connections: int) -> dict[str, float
         return round(float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)], 3)
 
     rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
+    total = re.search(r"(\d+) requests in", text)
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
     errors = re.search(r"Socket errors:.*", text)
     return {
         "rps": float(rps.group(1)) if rps else None,
+        "requests": int(total.group(1)) if total else 0,
         "p50_ms": ms("50%"),
         "p99_ms": ms("99%"),
         "non_2xx": int(non2xx.group(1)) if non2xx else 0,
@@ -104,7 +115,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--strategy", default="moving-window")
+    ap.add_argument("--strategy", default="auto")
+    ap.add_argument(
+        "--parts",
+        action="store_true",
+        help="also run each part alone: auth (keys, no limits), limits, breaker",
+    )
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         print("wrk is missing (apt-get install wrk)", file=sys.stderr)
@@ -114,6 +130,18 @@ def main() -> int:
     repo.mkdir()
     shutil.copytree(REPO / "tiny", repo / "tiny", symlinks=True)
     auth = write_auth(tmp)
+    auth_only = tmp / "auth-only.yaml"
+    auth_only.write_text(
+        "\n".join(
+            line
+            for line in auth.read_text().splitlines()
+            if "rate_limit" not in line
+            and "global" not in line
+            and "tiny: 1" not in line
+            and line.strip() != "models:"
+        )
+        + "\n"
+    )
     lua = write_lua(tmp)
     configs = {
         "off": (),
@@ -122,7 +150,10 @@ def main() -> int:
             "--circuit-breaker", "on",
         ),
     }  # fmt: skip
-    runs: dict[str, list[dict[str, float | int | None]]] = {"off": [], "on": []}
+    if args.parts:
+        configs["auth"] = ("--auth-config", str(auth_only))
+        configs["breaker"] = ("--circuit-breaker", "on")
+    runs: dict[str, list[dict[str, float | int | None]]] = {name: [] for name in configs}
     with open("/proc/loadavg") as f:
         load_before = f.read().split()[:3]
     for _ in range(args.rounds):
@@ -130,7 +161,11 @@ def main() -> int:
             proc, port, _, _ = start_server(repo, "--log-verbose", "0", *flags, core="0")
             try:
                 wrk(port, lua, 2, args.connections)  # warm-up
+                cpu0 = cpu_seconds(proc.pid)
                 result = wrk(port, lua, args.seconds, args.connections)
+                cpu = cpu_seconds(proc.pid) - cpu0
+                n = int(result["requests"] or 0)
+                result["cpu_us_per_request"] = round(cpu / n * 1e6, 1) if n else None
             finally:
                 stop_process(proc)
             if result["non_2xx"]:
@@ -142,10 +177,19 @@ def main() -> int:
     with open("/proc/loadavg") as f:
         load_after = f.read().split()[:3]
     med = {n: statistics.median(float(r["rps"] or 0) for r in rs) for n, rs in runs.items()}
+    cpu_med = {
+        n: statistics.median(float(r["cpu_us_per_request"] or 0) for r in rs)
+        for n, rs in runs.items()
+    }
     summary = {
         "runs": runs,
         "median_rps": med,
+        "median_cpu_us_per_request": cpu_med,
+        # on a core of its own, throughput is 1 / CPU per request: the steadier figure
+        # on a loaded machine
+        "cpu_ratio_off_on": round(cpu_med["off"] / cpu_med["on"], 3) if cpu_med["on"] else None,
         "ratio_on_off": round(med["on"] / med["off"], 3) if med["off"] else None,
+        "ratios": {n: round(v / med["off"], 3) for n, v in med.items()} if med["off"] else None,
         "loadavg_before": load_before,
         "loadavg_after": load_after,
         "seconds": args.seconds,
