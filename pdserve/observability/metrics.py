@@ -42,6 +42,14 @@ finds a GPU, ``nv_gpu_utilization``, ``nv_gpu_memory_total_bytes``,
 ``nv_energy_consumption`` (label ``gpu_uuid``). Without a GPU there are no GPU
 series and no error.
 
+Traffic control (issue 12), from the sources :mod:`pdserve.app.main` registers in
+:attr:`MetricsExporter.sources`: ``pdserve_circuit_state`` (gauge: 0 closed, 1 open,
+2 half-open), ``pdserve_circuit_transitions_total{to}``,
+``pdserve_circuit_rejected_total`` per model version; ``pdserve_auth_failures_total
+{protocol,reason}``, ``pdserve_auth_config_reloads_total{result}``,
+``pdserve_rate_limited_total{scope,model,key}`` (``key`` is the key's configured name,
+never the key), ``pdserve_rate_limit_storage_errors_total``.
+
 Cost on the inference path: the counters are read from
 :class:`~pdserve.observability.stats.ModelStats` at scrape time; only the
 histograms are fed per request, through ``ModelStats.hooks``, by a lock-free
