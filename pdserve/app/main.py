@@ -216,19 +216,13 @@ def build_gate(settings: Settings) -> TrafficGate | None:
     if settings.auth_config is not None:
         try:
             config = load_auth_config(settings.auth_config)
-            wants_limits = (
-                bool(config.rate_limits)
-                or any(k.principal.rate_limit for k in config.keys)
-                or bool(config.jwt and config.jwt.rate_limit)
-                or bool(config.anonymous and config.anonymous.rate_limit)
+            # always made (cheap until a limit applies), so that a reload may add limits
+            limiter = RateLimiter(
+                config.rate_limits,
+                settings.rate_limit_storage,
+                settings.rate_limit_strategy,
+                fail_open=settings.rate_limit_fail_mode == "open",
             )
-            if wants_limits:
-                limiter = RateLimiter(
-                    config.rate_limits,
-                    settings.rate_limit_storage,
-                    settings.rate_limit_strategy,
-                    fail_open=settings.rate_limit_fail_mode == "open",
-                )
         except (AuthConfigError, RateLimitConfigError, ImportError) as e:
             raise StartError(f"--auth-config: {e}") from None
         log.info(
@@ -236,11 +230,11 @@ def build_gate(settings: Settings) -> TrafficGate | None:
             config.path,
             len(config.keys),
             "on" if config.jwt is not None else "off",
-            "on" if limiter is not None else "off",
-            limiter._where() if limiter is not None else "-",
+            "on" if limiter.active or any(k.principal.rate_limit for k in config.keys) else "off",
+            limiter.where(),
         )
     gate = TrafficGate(config, limiter, http_restricted, grpc_restricted)
-    return gate if gate.active or config is not None else None
+    return gate if gate.active else None
 
 
 async def start_http(

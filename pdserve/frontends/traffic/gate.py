@@ -94,11 +94,12 @@ class TrafficGate:
 
     @property
     def active(self) -> bool:
-        """True when the gate does anything (a frontend skips it otherwise)."""
+        """True when the gate does anything (a frontend skips it otherwise): an auth
+        config is given (a reload may add keys or limits), or a restricted API."""
         return bool(
-            self.auth is not None
+            self.config is not None
+            or self.auth is not None
             or (self.limiter is not None and self.limiter.active)
-            or (self.limiter is not None and self.config is not None and self.config.keys)
             or self.http_restricted
             or self.grpc_restricted
         )

@@ -299,7 +299,7 @@ class RateLimiter:
         if self.storage_down:
             self.storage_down = False
             self._down_until = 0.0
-            log.warning("rate limit storage %s is back", self._where())
+            log.warning("rate limit storage %s is back", self.where())
 
     def _refuse(self, scope: str, item: Any, model: str, key_name: str, wait: int) -> None:
         label = (scope, model if scope == "model" else "", key_name if scope == "key" else "")
@@ -313,7 +313,8 @@ class RateLimiter:
             f"rate limit {what} exceeded ({item}); retry in {wait} s", scope, wait
         )
 
-    def _where(self) -> str:
+    def where(self) -> str:
+        """The storage URI without its password (for logs)."""
         uri = self.storage_uri
         at = uri.rfind("@")  # never log a password in the URI
         return uri if at < 0 else uri.split("://", 1)[0] + "://" + uri[at + 1 :]
@@ -326,7 +327,7 @@ class RateLimiter:
                 self.storage_down = True
                 log.error(
                     "rate limit storage %s failed (%s); failing %s: requests are %s until it answers",
-                    self._where(),
+                    self.where(),
                     type(error).__name__,
                     "open" if self.fail_open else "closed",
                     "let through without a limit" if self.fail_open else "refused with 503",
