@@ -110,6 +110,49 @@ def wrk(port: int, lua: Path, seconds: int, connections: int) -> dict[str, float
     }
 
 
+def micro(auth: Path, n: int = 20000) -> dict[str, float]:
+    """CPU µs per request of the added work alone, in this process (process time, so
+    that other processes on a loaded machine do not count): the gate (classify the
+    path, read the header, check the key, three token buckets) and a breaker's
+    admit + record. The median of 5 passes of ``n``."""
+    import asyncio
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from pdserve.frontends.traffic.apis import classify_http
+    from pdserve.frontends.traffic.auth import load_auth_config
+    from pdserve.frontends.traffic.gate import TrafficGate, header_getter
+    from pdserve.frontends.traffic.ratelimit import RateLimiter
+    from pdserve.repository.breaker import BreakerPolicy, CircuitBreaker
+
+    cfg = load_auth_config(auth)
+    gate = TrafficGate(cfg, RateLimiter(cfg.rate_limits))
+    headers = [
+        (b"host", b"127.0.0.1"),
+        (b"content-type", b"application/json"),
+        (b"authorization", f"Bearer {KEY}".encode()),
+        (b"content-length", b"300"),
+    ]
+    breaker = CircuitBreaker("tiny", "2", BreakerPolicy())
+
+    async def gate_pass() -> float:
+        t0 = time.process_time()
+        for _ in range(n):
+            category, model = classify_http("/v2/models/tiny/infer")
+            await gate.check("http", category, model, header_getter(headers))
+        return (time.process_time() - t0) / n * 1e6
+
+    def breaker_pass() -> float:
+        t0 = time.process_time()
+        for _ in range(n):
+            probe = breaker.admit()
+            breaker.record(probe, failed=False)
+        return (time.process_time() - t0) / n * 1e6
+
+    gate_us = statistics.median(asyncio.run(gate_pass()) for _ in range(5))
+    breaker_us = statistics.median(breaker_pass() for _ in range(5))
+    return {"gate_us": round(gate_us, 2), "breaker_us": round(breaker_us, 2)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=int, default=10)
@@ -156,6 +199,8 @@ def main() -> int:
     runs: dict[str, list[dict[str, float | int | None]]] = {name: [] for name in configs}
     with open("/proc/loadavg") as f:
         load_before = f.read().split()[:3]
+    added = micro(auth)
+    print("added work per request (in-process, us):", added, flush=True)
     for _ in range(args.rounds):
         for name, flags in configs.items():
             proc, port, _, _ = start_server(repo, "--log-verbose", "0", *flags, core="0")
@@ -183,6 +228,7 @@ def main() -> int:
     }
     summary = {
         "runs": runs,
+        "added_us_per_request": added,
         "median_rps": med,
         "median_cpu_us_per_request": cpu_med,
         # on a core of its own, throughput is 1 / CPU per request: the steadier figure

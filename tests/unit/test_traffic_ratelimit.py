@@ -35,15 +35,16 @@ def refused(
 def test_token_bucket_bursts_then_refills() -> None:
     now = [100.0]
     bucket = TokenBucket(clock=lambda: now[0])
-    item = parse_rate("4 per 2 seconds")  # 4 tokens, 2 per second back
-    assert [bucket.hit(item, "k") for _ in range(4)] == [0.0] * 4
-    assert bucket.hit(item, "k") == pytest.approx(0.5)
-    assert bucket.hit(item, "other") == 0.0  # its own bucket
+    limit = (4.0, 2.0)  # "4 per 2 seconds": 4 tokens, 2 per second back
+    assert [bucket.hit(*limit, ("k",)) for _ in range(4)] == [0.0] * 4
+    assert bucket.hit(*limit, ("k",)) == pytest.approx(0.5)
+    assert bucket.hit(*limit, ("other",)) == 0.0  # its own bucket
     now[0] += 0.5
-    assert bucket.hit(item, "k") == 0.0
-    assert bucket.hit(item, "k") == pytest.approx(0.5)
+    assert bucket.hit(*limit, ("k",)) == 0.0
+    assert bucket.hit(*limit, ("k",)) == pytest.approx(0.5)
     now[0] += 100  # refilled to the capacity, never above
-    assert [bucket.hit(item, "k") for _ in range(5)][-1] > 0
+    assert [bucket.hit(*limit, ("k",)) for _ in range(5)][-1] > 0
+    assert bucket.hit(10.0, 5.0, ("k",)) == 0.0  # a changed limit: a new, full bucket
 
 
 @pytest.mark.parametrize(

@@ -102,25 +102,24 @@ class TokenBucket:
 
     def __init__(self, clock: Any = time.monotonic) -> None:
         self.clock = clock
-        #: (limit text, identifiers) -> [tokens, last refill time]
-        self._buckets: dict[tuple[Any, ...], list[float]] = {}
+        #: identifiers -> [tokens, last refill time, capacity, rate per second]
+        self._buckets: dict[tuple[str, ...], list[float]] = {}
 
-    def hit(self, item: Any, *ids: str) -> float:
-        """Take a token for ``ids`` under limit ``item``.
+    def hit(self, capacity: float, rate: float, key: tuple[str, ...]) -> float:
+        """Take a token from bucket ``key`` (``capacity`` tokens, ``rate`` back per second).
 
         Returns:
             0.0 when taken, else the seconds until a token is back.
         """
-        capacity = float(item.amount)
-        rate = capacity / float(item.get_expiry())
-        key = (item.amount, item.get_expiry(), *ids)
         now = self.clock()
         bucket = self._buckets.get(key)
-        if bucket is None:
+        if bucket is None or bucket[2] != capacity or bucket[3] != rate:  # new, or limit changed
             if len(self._buckets) >= 100_000:  # bounded: drop full (idle) buckets
-                self._buckets = {k: b for k, b in self._buckets.items() if b[0] < capacity}
-            bucket = self._buckets[key] = [capacity, now]
-        tokens = min(capacity, bucket[0] + (now - bucket[1]) * rate)
+                self._buckets = {k: b for k, b in self._buckets.items() if b[0] < b[2]}
+            bucket = self._buckets[key] = [capacity, now, capacity, rate]
+        tokens = bucket[0] + (now - bucket[1]) * rate
+        if tokens > capacity:
+            tokens = capacity
         bucket[1] = now
         if tokens >= 1.0:
             bucket[0] = tokens - 1.0
@@ -155,7 +154,7 @@ class RateLimiter:
         self,
         section: dict[str, Any],
         storage_uri: str = "memory://",
-        strategy: str = "moving-window",
+        strategy: str = "auto",
         fail_open: bool = True,
     ) -> None:
         from limits.aio import strategies
@@ -202,6 +201,8 @@ class RateLimiter:
             None if self.bucket is not None else cls(storage)  # type: ignore[abstract]
         )
         self._item_cache: dict[str, Any] = {}
+        #: limit item -> (capacity, tokens per second), for the token bucket
+        self._rates: dict[Any, tuple[float, float]] = {}
         self._model_cache: dict[str, Any] = {}
         self._down_until = 0.0
         self.storage_down = False
@@ -275,8 +276,13 @@ class RateLimiter:
             return
         bucket = self.bucket
         if bucket is not None:  # in memory: no storage to fail
+            rates = self._rates
             for scope, item, ids in checks:
-                wait_s = bucket.hit(item, *ids)
+                rate = rates.get(item)
+                if rate is None:
+                    amount = float(item.amount)
+                    rate = rates[item] = (amount, amount / float(item.get_expiry()))
+                wait_s = bucket.hit(rate[0], rate[1], ids)
                 if wait_s:
                     self._refuse(scope, item, model, key_name, max(1, math.ceil(wait_s)))
             return
