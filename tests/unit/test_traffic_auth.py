@@ -278,3 +278,25 @@ def test_the_deploy_example_config_loads() -> None:
     assert [k.principal.name for k in cfg.keys] == ["search-team", "vision-team", "platform-ops"]
     assert cfg.jwt is not None and cfg.jwt.audience == "pdserve"
     assert Authenticator(cfg).authenticate("ops").apis >= {"model-repository", "logging"}
+
+
+def test_a_reload_may_add_keys_and_limits(tmp_path: Path) -> None:
+    from pdserve.frontends.traffic.ratelimit import RateLimiter, RateLimitExceededError
+
+    path = tmp_path / "auth.yaml"
+    path.write_text("{}\n")  # nothing yet: every request passes
+    cfg = load_auth_config(path)
+    gate = TrafficGate(cfg, RateLimiter(cfg.rate_limits))
+    assert gate.active  # a config is given: a reload may add anything
+    assert check(gate, "inference", "tiny", {}).name == ""
+    path.write_text(
+        f"keys:\n  - name: k\n    hash: {sha256_hash('the-key')}\n    rate_limit: 1/hour\n"
+        "rate_limits:\n  models:\n    tiny: 5/hour\n"
+    )
+    assert gate.reload() is True
+    with pytest.raises(AuthError):
+        check(gate, "inference", "tiny", {})
+    hdrs = {"authorization": "Bearer the-key"}
+    assert check(gate, "inference", "tiny", hdrs).name == "k"
+    with pytest.raises(RateLimitExceededError):
+        check(gate, "inference", "tiny", hdrs)
