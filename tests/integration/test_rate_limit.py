@@ -155,10 +155,22 @@ def test_model_and_key_limits_in_memory(tmp_path: Path) -> None:
             client.close()
         status, headers, _ = infer(server)
         assert status == 429 and "retry-after" in headers
+        # the raw gRPC call: RESOURCE_EXHAUSTED with retry-after trailing metadata
+        import grpc
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+        with grpc.insecure_channel(server.grpc_url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            request = service_pb2.ModelInferRequest(model_name="tiny")
+            with pytest.raises(grpc.RpcError) as rpc:
+                stub.ModelInfer(request, timeout=30)
+            assert rpc.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            trailers = dict(rpc.value.trailing_metadata() or ())
+            assert int(trailers["retry-after"]) >= 1
         assert urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready").status == 200
         text = metrics_text(server)
         assert 'pdserve_rate_limited_total{scope="key",model="",key="rl"} 1' in text
-        assert 'pdserve_rate_limited_total{scope="model",model="tiny",key=""} 2' in text
+        assert 'pdserve_rate_limited_total{scope="model",model="tiny",key=""} 3' in text
         assert KEY not in text
     finally:
         server.stop()
