@@ -22,6 +22,7 @@ from pdserve.config import ENSEMBLE_PLATFORM, ConfigError, parse_config_override
 from pdserve.core.errors import InferError, internal, unavailable
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.observability.stats import NOT_QUEUED
+from pdserve.repository.breaker import BreakerBoard, is_failure
 from pdserve.repository.control import EXPLICIT_MODES, MODES
 from pdserve.repository.manager import ModelManager, check_model_name
 from pdserve.repository.model import ModelVersion
@@ -79,6 +80,9 @@ class InferenceServer:
         pinned_models: models that are never evicted (``--pin-model``).
         load_wait_s: ``on_demand`` mode: how long a request waits for the load of its
             model when it gives no ``timeout`` parameter (``--model-load-wait-secs``).
+        breakers: the circuit breakers (:class:`~pdserve.repository.breaker.BreakerBoard`,
+            with the ``--circuit-breaker`` default policy); None: only models with a
+            ``circuit_breaker`` parameter have one.
 
     Raises:
         ValueError: an unknown ``model_control_mode``.
@@ -96,6 +100,7 @@ class InferenceServer:
         memory_budget: int | None = None,
         pinned_models: Collection[str] = (),
         load_wait_s: float = 120.0,
+        breakers: BreakerBoard | None = None,
     ) -> None:
         if model_control_mode not in MODES:
             raise ValueError(
@@ -123,6 +128,9 @@ class InferenceServer:
         #: canary split, shadow traffic and rollouts of requests that name no version
         #: (:mod:`pdserve.repository.rollout`).
         self.traffic = TrafficControl(self, self.manager)
+        #: circuit breakers per model version (``--circuit-breaker`` and the
+        #: ``circuit_breaker`` config.pbtxt parameter; :mod:`pdserve.repository.breaker`).
+        self.breakers = breakers if breakers is not None else BreakerBoard()
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -269,6 +277,25 @@ class InferenceServer:
     async def infer_on(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
         """Run ``request`` on an already resolved model version (ensembles, BLS)."""
         stats = mv.stats
+        breaker = self.breakers.for_version(mv, mv.name, mv.version_str, mv.config.parameters)
+        if breaker is None:
+            return await self._infer_on(mv, request, stats)
+        probe = breaker.admit()  # raises UNAVAILABLE while the circuit is open
+        try:
+            response = await self._infer_on(mv, request, stats)
+        except BaseException as e:
+            if isinstance(e, Exception) and is_failure(e):
+                breaker.record(probe, failed=True)
+            else:
+                breaker.release(probe)
+            raise
+        breaker.record(probe, failed=False)
+        return response
+
+    async def _infer_on(
+        self, mv: ModelVersion, request: InferRequest, stats: ModelStats
+    ) -> InferResponse:
+        """:meth:`infer_on` without the circuit breaker."""
         # Triton counts a failure once a request has passed its checks and was queued
         # (see record_failure); a request refused before that counts nowhere.
         exec_req = mv.prepare(request)

@@ -72,6 +72,8 @@ from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
 from pdserve.cache import ResponseCache
 from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.server import serve_http
+from pdserve.frontends.traffic.gate import TrafficGate
+from pdserve.repository.breaker import BreakerBoard, BreakerPolicy
 from pdserve.repository.control import RepositoryPoller
 from pdserve.repository.layout import set_ready_marker
 from pdserve.server import InferenceServer
@@ -181,6 +183,11 @@ def build_server(settings: Settings) -> InferenceServer:
     cache = ResponseCache(cache_bytes) if cache_bytes > 0 else None
     if cache is not None:
         log.info("response cache: %d bytes", cache_bytes)
+    breaker_policy = (
+        BreakerPolicy.parse(settings.circuit_breaker) if settings.circuit_breaker else None
+    )
+    if breaker_policy is not None:
+        log.info("circuit breaker on every model version: %s", breaker_policy)
     server = InferenceServer(
         settings.repository,
         strict_readiness=settings.strict_readiness,
@@ -191,6 +198,7 @@ def build_server(settings: Settings) -> InferenceServer:
         memory_budget=settings.model_memory_budget,
         pinned_models=settings.pin_models,
         load_wait_s=settings.model_load_wait_secs,
+        breakers=BreakerBoard(breaker_policy),
     )
     if settings.model_control_mode in ("explicit", "on_demand"):
         log.info(
@@ -207,8 +215,53 @@ def build_server(settings: Settings) -> InferenceServer:
     return server
 
 
+def build_gate(settings: Settings) -> TrafficGate | None:
+    """Step 1b: restricted APIs, the auth config and rate limits (None: none asked for).
+
+    Raises:
+        StartError: the auth config (or its JWKS file) is missing or malformed, or a
+            library of the ``traffic`` extra is missing: the server does not start
+            rather than serve without the protection it was asked for (fail closed).
+    """
+    from pdserve.frontends.traffic.apis import parse_restricted
+    from pdserve.frontends.traffic.auth import AuthConfigError, load_auth_config
+    from pdserve.frontends.traffic.ratelimit import RateLimitConfigError, RateLimiter
+
+    http_restricted = parse_restricted(settings.http_restricted_api, "--http-restricted-api")
+    grpc_restricted = parse_restricted(
+        settings.grpc_restricted_protocol, "--grpc-restricted-protocol"
+    )
+    config = None
+    limiter = None
+    if settings.auth_config is not None:
+        try:
+            config = load_auth_config(settings.auth_config)
+            # always made (cheap until a limit applies), so that a reload may add limits
+            limiter = RateLimiter(
+                config.rate_limits,
+                settings.rate_limit_storage,
+                settings.rate_limit_strategy,
+                fail_open=settings.rate_limit_fail_mode == "open",
+            )
+        except (AuthConfigError, RateLimitConfigError, ImportError) as e:
+            raise StartError(f"--auth-config: {e}") from None
+        log.info(
+            "auth config %s: %d API key(s), JWT %s, rate limits %s (storage %s)",
+            config.path,
+            len(config.keys),
+            "on" if config.jwt is not None else "off",
+            "on" if limiter.active or any(k.principal.rate_limit for k in config.keys) else "off",
+            limiter.where(),
+        )
+    gate = TrafficGate(config, limiter, http_restricted, grpc_restricted)
+    return gate if gate.active else None
+
+
 async def start_http(
-    settings: Settings, server: InferenceServer, draining: Callable[[], bool] = lambda: False
+    settings: Settings,
+    server: InferenceServer,
+    draining: Callable[[], bool] = lambda: False,
+    gate: TrafficGate | None = None,
 ) -> tuple[asyncio.Task[Any], Stop]:
     """Step 3: the HTTP listener; returns once it listens.
 
@@ -231,6 +284,7 @@ async def start_http(
             max_request_bytes=settings.max_request_bytes,
             body_timeout=settings.http_body_timeout_secs,
             max_json_bytes=settings.http_max_json_bytes,
+            gate=gate,
         ),
     )
     http = serve_http(app, settings.host, settings.http_port, limits=settings.http_limits)
@@ -267,7 +321,12 @@ async def start_http(
     return task, stop
 
 
-async def start_grpc(settings: Settings, server: InferenceServer, grpc_server: ModuleType) -> Stop:
+async def start_grpc(
+    settings: Settings,
+    server: InferenceServer,
+    grpc_server: ModuleType,
+    gate: TrafficGate | None = None,
+) -> Stop:
     """Step 4: the gRPC listener (``grpc_server`` is :mod:`pdserve.frontends.grpc.server`).
 
     Raises:
@@ -279,6 +338,7 @@ async def start_grpc(settings: Settings, server: InferenceServer, grpc_server: M
             settings.host,
             settings.grpc_port,
             max_message_bytes=settings.grpc_max_message_bytes,
+            gate=gate,
         )
     except RuntimeError as e:
         raise StartError(str(e)) from None
@@ -296,7 +356,11 @@ async def start_grpc(settings: Settings, server: InferenceServer, grpc_server: M
 
 
 async def start_metrics(
-    settings: Settings, server: InferenceServer, metrics: ModuleType, metrics_http: ModuleType
+    settings: Settings,
+    server: InferenceServer,
+    metrics: ModuleType,
+    metrics_http: ModuleType,
+    gate: TrafficGate | None = None,
 ) -> Stop | None:
     """Step 5: the ``/metrics`` listener; None (logged) when its port cannot be bound.
 
@@ -306,6 +370,9 @@ async def start_metrics(
     exporter = metrics.MetricsExporter(
         server, cpu=settings.allow_cpu_metrics, gpu=settings.allow_gpu_metrics
     )
+    exporter.sources.append(server.breakers.samples)
+    if gate is not None:
+        exporter.sources.append(gate.samples)
     host, port = settings.host, settings.metrics_port
     try:
         listener = await metrics_http.serve_metrics(
@@ -412,6 +479,11 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
     except HostPolicyError as e:
         log.error("--host-policy: %s", e)
         return 2
+    try:
+        gate = build_gate(settings)
+    except StartError as e:
+        log.error("%s", e)
+        return 1
 
     stop_event = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -430,6 +502,10 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    watcher: asyncio.Task[None] | None = None
+    if gate is not None and gate.config is not None:
+        loop.add_signal_handler(signal.SIGHUP, gate.reload, "SIGHUP")
+        watcher = asyncio.create_task(gate.watch(), name="pdserve-auth-reload")
 
     stops: list[tuple[str, Stop]] = []  # started parts, in start order
     drain_secs = settings.exit_timeout_secs
@@ -437,12 +513,12 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
     try:
         if metrics is not None:
             metrics.install_hooks()
-        http_task, stop_http = await start_http(settings, server, stop_event.is_set)
+        http_task, stop_http = await start_http(settings, server, stop_event.is_set, gate)
         stops.append(("HTTP", stop_http))
         if grpc_server is not None:
-            stops.append(("gRPC", await start_grpc(settings, server, grpc_server)))
+            stops.append(("gRPC", await start_grpc(settings, server, grpc_server, gate)))
         if metrics is not None and metrics_http is not None:
-            stop_metrics = await start_metrics(settings, server, metrics, metrics_http)
+            stop_metrics = await start_metrics(settings, server, metrics, metrics_http, gate)
             if stop_metrics is not None:
                 stops.append(("metrics", stop_metrics))
         if settings.model_control_mode == "poll":
@@ -489,6 +565,9 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
             log.debug("%s stopped in %.0f ms", name, (loop.time() - began) * 1000)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if watcher is not None:
+            watcher.cancel()
+            loop.remove_signal_handler(signal.SIGHUP)
     log.info("pdserve stopped")
     return code
 

@@ -50,6 +50,7 @@ from pdserve.frontends.http.server import (
     DEFAULT_MAX_HEADER_COUNT,
     HttpLimits,
 )
+from pdserve.frontends.traffic.apis import RestrictedApiError, parse_restricted
 from pdserve.observability.logs import FORMATS as LOG_FORMATS
 from pdserve.repository.control import EXPLICIT_MODES, MODES
 
@@ -68,6 +69,7 @@ GROUPS = (
     "metrics",
     "model control",
     "response cache",
+    "traffic control",
 )
 
 
@@ -448,6 +450,72 @@ class Settings:
         metavar="local,size=N",
     )
 
+    # -- traffic control (issue 12) -------------------------------------------------------
+    auth_config: Path | None = _flag(
+        "--auth-config",
+        None,
+        "traffic control",
+        "auth config file (YAML/JSON): API keys (sha256/scrypt hashes or env vars), JWT "
+        "(JWKS file, audience, issuer, leeway), what each may use, rate limits; reloaded "
+        "when it changes and on SIGHUP. See README 'Auth, rate limits, circuit breaker'",
+        type=Path,
+        metavar="FILE",
+    )
+    http_restricted_api: tuple[str, ...] = _flag(
+        "--http-restricted-api",
+        (),
+        "traffic control",
+        "as in tritonserver (repeatable): requests to these APIs need the header KEY: VALUE "
+        "(APIs: health, metadata, inference, shared-memory, model-config, model-repository, "
+        "statistics, trace, logging)",
+        action="append",
+        metavar="API,...:KEY=VALUE",
+    )
+    grpc_restricted_protocol: tuple[str, ...] = _flag(
+        "--grpc-restricted-protocol",
+        (),
+        "traffic control",
+        "as in tritonserver (repeatable): RPCs of these APIs need the metadata "
+        "triton-grpc-protocol-KEY: VALUE",
+        action="append",
+        metavar="API,...:KEY=VALUE",
+    )
+    rate_limit_storage: str = _flag(
+        "--rate-limit-storage",
+        "memory://",
+        "traffic control",
+        "where rate-limit counters live: memory:// (this process) or redis://HOST:PORT[/DB] "
+        "(shared by every replica using it) (default {default})",
+        metavar="URI",
+    )
+    rate_limit_strategy: str = _flag(
+        "--rate-limit-strategy",
+        "auto",
+        "traffic control",
+        "rate-limit algorithm: auto (a token bucket in memory, the limits library's "
+        "moving-window in Redis), token-bucket (memory only), or one of the limits "
+        "library's moving-window, sliding-window-counter, fixed-window (default {default})",
+        choices=("auto", "token-bucket", "moving-window", "sliding-window-counter", "fixed-window"),
+    )
+    rate_limit_fail_mode: str = _flag(
+        "--rate-limit-fail-mode",
+        "open",
+        "traffic control",
+        "when the rate-limit storage (Redis) fails: open lets requests through, closed "
+        "answers 503 (default {default})",
+        choices=("open", "closed"),
+    )
+    circuit_breaker: str | None = _flag(
+        "--circuit-breaker",
+        None,
+        "traffic control",
+        "a circuit breaker on every model version, e.g. on or consecutive_failures=5,"
+        "failure_rate=0.5,window_secs=10,min_requests=20,open_secs=5,half_open_probes=1; "
+        "a model's config.pbtxt parameter circuit_breaker overrides it (off: none) "
+        "(default: only models with that parameter)",
+        metavar="SPEC",
+    )
+
     # -- construction and checks --------------------------------------------------------
 
     @classmethod
@@ -586,12 +654,51 @@ class Settings:
             self.host_policies()
         except HostPolicyError as e:
             raise SettingsError("--host-policy", str(e)) from None
+        self.validate_traffic()
         if not self.repository.is_dir():
             hint = " (build it with `python examples/build.py`)"
             raise SettingsError(
                 "--model-repository",
                 f"model repository {self.repository} does not exist or is not a folder"
                 + (hint if self.model_repository is None else ""),
+            )
+
+    def validate_traffic(self) -> None:
+        """Check the traffic-control flags (the auth config file itself is read at start).
+
+        Raises:
+            SettingsError: a malformed restricted-API group, storage URI, breaker spec,
+                or an auth config file that does not exist.
+        """
+        from pdserve.frontends.traffic.ratelimit import RateLimitConfigError, check_storage_uri
+        from pdserve.repository.breaker import BreakerPolicy, BreakerSpecError
+
+        for flag, options in (
+            ("--http-restricted-api", self.http_restricted_api),
+            ("--grpc-restricted-protocol", self.grpc_restricted_protocol),
+        ):
+            try:
+                parse_restricted(options, flag)
+            except RestrictedApiError as e:
+                raise SettingsError(flag, str(e)) from None
+        try:
+            check_storage_uri(self.rate_limit_storage)
+        except RateLimitConfigError as e:
+            raise SettingsError("--rate-limit-storage", str(e)) from None
+        if self.rate_limit_strategy == "token-bucket" and self.rate_limit_storage != "memory://":
+            raise SettingsError(
+                "--rate-limit-strategy",
+                "token-bucket keeps its state in memory; with Redis use moving-window, "
+                "sliding-window-counter or fixed-window",
+            )
+        if self.circuit_breaker is not None:
+            try:
+                BreakerPolicy.parse(self.circuit_breaker)
+            except BreakerSpecError as e:
+                raise SettingsError("--circuit-breaker", str(e)) from None
+        if self.auth_config is not None and not self.auth_config.is_file():
+            raise SettingsError(
+                "--auth-config", f"auth config file {self.auth_config} does not exist"
             )
 
     # -- what the flags mean --------------------------------------------------------------

@@ -42,6 +42,18 @@ class ErrorCode(enum.Enum):
     #: request the client abandoned is told apart from one a model cancelled.
     CLIENT_GONE = 100
 
+    #: pdserve extension (traffic control): the request carries no valid credential
+    #: (missing, malformed, expired or unknown API key / JWT). HTTP 401 with
+    #: ``WWW-Authenticate: Bearer``, gRPC ``UNAUTHENTICATED``.
+    UNAUTHENTICATED = 101
+    #: pdserve extension (traffic control): the credential is valid but does not grant
+    #: this model or API category (or a restricted-API header is missing). HTTP 403,
+    #: gRPC ``PERMISSION_DENIED``.
+    PERMISSION_DENIED = 102
+    #: pdserve extension (traffic control): a rate limit is used up. HTTP 429 with
+    #: ``Retry-After``, gRPC ``RESOURCE_EXHAUSTED`` (``retry-after`` trailing metadata).
+    RESOURCE_EXHAUSTED = 103
+
     @property
     def triton_code(self) -> ErrorCode:
         """The ``TRITONSERVER_Error_Code`` this code stands for: itself for Triton's
@@ -58,7 +70,12 @@ class ErrorCode(enum.Enum):
 
 
 #: pdserve extension -> the Triton code it stands for.
-_TRITON_CODE = {ErrorCode.CLIENT_GONE: ErrorCode.CANCELLED}
+_TRITON_CODE = {
+    ErrorCode.CLIENT_GONE: ErrorCode.CANCELLED,
+    ErrorCode.UNAUTHENTICATED: ErrorCode.INVALID_ARG,
+    ErrorCode.PERMISSION_DENIED: ErrorCode.INVALID_ARG,
+    ErrorCode.RESOURCE_EXHAUSTED: ErrorCode.UNAVAILABLE,
+}
 #: Triton code value -> member (extensions excluded).
 _BY_TRITON_VALUE = {c.value: c for c in ErrorCode if c.value < 100}
 

@@ -60,6 +60,14 @@ finds a GPU, ``nv_gpu_utilization``, ``nv_gpu_memory_total_bytes``,
 ``nv_energy_consumption`` (label ``gpu_uuid``). Without a GPU there are no GPU
 series and no error.
 
+Traffic control (issue 12), from the sources :mod:`pdserve.app.main` registers in
+:attr:`MetricsExporter.sources`: ``pdserve_circuit_state`` (gauge: 0 closed, 1 open,
+2 half-open), ``pdserve_circuit_transitions_total{to}``,
+``pdserve_circuit_rejected_total`` per model version; ``pdserve_auth_failures_total
+{protocol,reason}``, ``pdserve_auth_config_reloads_total{result}``,
+``pdserve_rate_limited_total{scope,model,key}`` (``key`` is the key's configured name,
+never the key), ``pdserve_rate_limit_storage_errors_total``.
+
 Cost on the inference path: the counters are read from
 :class:`~pdserve.observability.stats.ModelStats` at scrape time; only the
 histograms are fed per request, through ``ModelStats.hooks``, by a lock-free
@@ -392,6 +400,19 @@ def traffic_families(server: Any) -> list[Family]:
         if fam is not None:
             fam.add(labels, value)
     return list(fams.values())
+#: A metric sample from a source: (name, type, help, labels, value).
+Sample = tuple[str, str, str, dict[str, str], float]
+
+
+def sample_families(samples: Iterable[Sample]) -> list[Family]:
+    """Families of ``samples``, grouped by name in first-seen order."""
+    by_name: dict[str, Family] = {}
+    for name, kind, doc, labels, value in samples:
+        fam = by_name.get(name)
+        if fam is None:
+            fam = by_name[name] = Family(name, kind, doc)
+        fam.add(labels, value)
+    return list(by_name.values())
 
 
 class CpuSampler:
@@ -597,6 +618,9 @@ class MetricsExporter:
 
     def __init__(self, server: MetricsSource, *, cpu: bool = True, gpu: bool = True) -> None:
         self.server = server
+        #: more samples read at each scrape, as ``() -> iterable of (name, type, help,
+        #: labels, value)`` (traffic control: auth, rate limits, circuit breakers)
+        self.sources: list[Callable[[], Iterable[Sample]]] = []
         self.cpu = CpuSampler() if cpu else None
         self.gpu = GpuSampler.create() if gpu else None
         self._process = None
@@ -621,6 +645,8 @@ class MetricsExporter:
         fams += cache_families(self.server.response_cache)
         fams += readiness_families(self.server)
         fams += traffic_families(self.server)
+        for source in self.sources:
+            fams += sample_families(source())
         if self.cpu is not None:
             fams += self.cpu.families()
             fams += worker_families(self.server)

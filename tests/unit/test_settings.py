@@ -56,6 +56,13 @@ FLAGS = {
     "--log-error",
     "--log-format",
     "--version-ready-marker",
+    "--auth-config",
+    "--http-restricted-api",
+    "--grpc-restricted-protocol",
+    "--rate-limit-storage",
+    "--rate-limit-strategy",
+    "--rate-limit-fail-mode",
+    "--circuit-breaker",
 }
 
 
@@ -382,3 +389,55 @@ def test_memory_budget_bad_size(tmp_path: Path, capsys: pytest.CaptureFixture[st
     )
     assert "--model-memory-budget" in err
     assert "is not a size such as 2GiB" in err
+
+
+# -- traffic control (issue 12) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--http-restricted-api", "inference"],
+            "argument --http-restricted-api: --http-restricted-api 'inference': expected",
+        ),
+        (
+            ["--grpc-restricted-protocol", "admin:k=v"],
+            "argument --grpc-restricted-protocol: --grpc-restricted-protocol 'admin:k=v': "
+            "unknown API 'admin'",
+        ),
+        (["--rate-limit-storage", "mongodb://x"], "memory:// or redis://host:port"),
+        (
+            ["--rate-limit-storage", "redis://r:6379", "--rate-limit-strategy", "token-bucket"],
+            "token-bucket keeps its state in memory",
+        ),
+        (["--circuit-breaker", "open_secs=-1"], "argument --circuit-breaker: circuit breaker"),
+        (["--auth-config", "/nonexistent/auth.yaml"], "auth config file /nonexistent"),
+    ],
+)
+def test_bad_traffic_flags_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], message: str
+) -> None:
+    assert message in serve_error(capsys, "--model-repository", str(tmp_path), *argv)
+
+
+def test_traffic_flags_parse(tmp_path: Path) -> None:
+    cfg = tmp_path / "auth.yaml"
+    cfg.write_text("keys: []\n")
+    s = parse(
+        tmp_path,
+        "--auth-config", str(cfg),
+        "--http-restricted-api", "model-repository,trace:admin-key=x",
+        "--grpc-restricted-protocol", "model-repository:admin-key=x",
+        "--rate-limit-storage", "redis://127.0.0.1:6379/0",
+        "--rate-limit-fail-mode", "closed",
+        "--circuit-breaker", "consecutive_failures=5,open_secs=5",
+    )  # fmt: skip
+    assert s.auth_config == cfg
+    assert s.http_restricted_api == ("model-repository,trace:admin-key=x",)
+    assert (s.rate_limit_storage, s.rate_limit_fail_mode, s.rate_limit_strategy) == (
+        "redis://127.0.0.1:6379/0",
+        "closed",
+        "auto",
+    )
+    assert parse(tmp_path).circuit_breaker is None

@@ -7,6 +7,7 @@ import grpc
 from pdserve.core.api import InferenceCore
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
 from pdserve.frontends.grpc.service import SERVICE_NAME, GrpcService, method_handlers
+from pdserve.frontends.traffic.gate import TrafficGate
 
 
 async def serve_grpc(
@@ -15,6 +16,7 @@ async def serve_grpc(
     port: int = 8001,
     *,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    gate: TrafficGate | None = None,
 ) -> grpc.aio.Server:
     """Create and start the gRPC server for ``server`` in the running event loop.
 
@@ -22,6 +24,7 @@ async def serve_grpc(
         server: the core (:class:`~pdserve.core.api.InferenceCore`).
         host / port: where to listen.
         max_message_bytes: the largest message received or sent.
+        gate: restricted APIs, auth and rate limits (same rules as HTTP); None: none.
 
     Returns:
         The started ``grpc.aio.Server``; ``await srv.stop(grace)`` stops it, letting
@@ -39,7 +42,7 @@ async def serve_grpc(
     srv = grpc.aio.server(options=options)
     # the generated handlers, with request deserializers that let the servicer answer
     # bytes that are not the request message (INVALID_ARGUMENT, not UNKNOWN)
-    handlers = method_handlers(GrpcService(server, max_message_bytes))
+    handlers = method_handlers(GrpcService(server, max_message_bytes, gate))
     srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     srv.add_registered_method_handlers(SERVICE_NAME, handlers)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

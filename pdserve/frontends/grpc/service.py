@@ -27,6 +27,8 @@ from pdserve.frontends.grpc.codec import (
 )
 from pdserve.observability import logs
 from pdserve.repository.traffic import PIN_HEADER, ROUTE_KEY_HEADER
+from pdserve.frontends.traffic.apis import INFERENCE, classify_grpc
+from pdserve.frontends.traffic.gate import TrafficGate, metadata_getter, principal_name
 
 log = logging.getLogger("pdserve.grpc")
 #: One DEBUG line per inference request (``--log-verbose 1``): model and version only.
@@ -46,6 +48,9 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
     ErrorCode.CLIENT_GONE: grpc.StatusCode.CANCELLED,
+    ErrorCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -109,6 +114,66 @@ def _refuse_malformed(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., 
     return handle
 
 
+#: The request field naming the model, per RPC (for the gate's model grants and limits).
+_MODEL_FIELD = {
+    "ModelInfer": "model_name",
+    "ModelMetadata": "name",
+    "ModelConfig": "name",
+    "ModelReady": "name",
+    "ModelStatistics": "name",
+    "RepositoryModelLoad": "model_name",
+    "RepositoryModelUnload": "model_name",
+}
+
+
+async def _abort_refused(context: grpc.aio.ServicerContext, error: InferError) -> None:
+    """Abort with the gate's status; ``retry-after`` trailing metadata for 429-likes."""
+    retry = getattr(error, "retry_after", None)
+    if retry is not None:
+        context.set_trailing_metadata((("retry-after", str(int(retry))),))
+    await context.abort(grpc_status(error), error.message)
+
+
+def _gated_unary(
+    behavior: Callable[..., Awaitable[Any]], method: str, gate: TrafficGate
+) -> Callable[..., Awaitable[Any]]:
+    """A unary ``behavior`` that the gate admits first (auth, restricted APIs, limits)."""
+    category = classify_grpc(method)
+    field = _MODEL_FIELD.get(method)
+
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        model = ""
+        if field is not None and not isinstance(request, MalformedMessage):
+            model = getattr(request, field, "")
+        try:
+            await gate.check(
+                "grpc", category, model, metadata_getter(context.invocation_metadata())
+            )
+        except InferError as e:
+            await _abort_refused(context, e)
+        return await behavior(request, context)
+
+    return handle
+
+
+def _gated_stream(
+    behavior: Callable[..., AsyncIterator[Any]], method: str, gate: TrafficGate
+) -> Callable[..., AsyncIterator[Any]]:
+    """A streaming ``behavior`` whose stream the gate admits when it opens (each
+    request on it is checked again, with its model, by the servicer)."""
+    category = classify_grpc(method)
+
+    async def handle(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            await gate.check("grpc", category, "", metadata_getter(context.invocation_metadata()))
+        except InferError as e:
+            await _abort_refused(context, e)
+        async for response in behavior(request_iterator, context):
+            yield response
+
+    return handle
+
+
 class _Recorder:
     """Stands in for a server to capture the generated ``add_..._to_server`` handlers."""
 
@@ -137,6 +202,12 @@ def method_handlers(servicer: GrpcService) -> dict[str, grpc.RpcMethodHandler]:
         deserializer = _safe_deserializer(h.request_deserializer, method)
         if h.unary_unary is not None:
             h = h._replace(unary_unary=_refuse_malformed(h.unary_unary))
+        gate = servicer.gate
+        if gate is not None:
+            if h.unary_unary is not None:
+                h = h._replace(unary_unary=_gated_unary(h.unary_unary, method, gate))
+            elif h.stream_stream is not None:
+                h = h._replace(stream_stream=_gated_stream(h.stream_stream, method, gate))
         handlers[method] = h._replace(request_deserializer=deserializer)
     return handlers
 
@@ -164,6 +235,8 @@ def _traffic_metadata(req: InferRequest, context: grpc.aio.ServicerContext) -> N
             req.route_key = value if isinstance(value, str) else value.decode("latin-1")
         elif key == PIN_HEADER:
             req.pinned_version = (value if isinstance(value, str) else value.decode()).strip()
+    if not req.route_key:  # sticky by the authenticated key (set by the gate) when no header
+        req.route_key = principal_name.get() or ""
 
 
 class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -177,13 +250,21 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         max_message_bytes: the server's ``grpc.max_send_message_length``: a
             ``ModelStreamInfer`` response larger than this is sent as an
             ``error_message`` response instead (grpc would end the whole stream).
+        gate: restricted APIs, auth and rate limits
+            (:class:`~pdserve.frontends.traffic.gate.TrafficGate`), applied by
+            :func:`method_handlers` to every RPC and by ``ModelStreamInfer`` to each
+            request on the stream; None (or an inactive gate): no check.
     """
 
     def __init__(
-        self, server: InferenceCore, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+        self,
+        server: InferenceCore,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        gate: TrafficGate | None = None,
     ) -> None:
         self.server = server
         self.max_message_bytes = max_message_bytes
+        self.gate = gate if gate is not None and gate.active else None
 
     async def _guard(
         self, context: grpc.aio.ServicerContext, func: Callable[[], Awaitable[Any]]
@@ -274,7 +355,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             _traffic_metadata(req, context)
             return await encode_off_loop(await self.server.infer(req))
         except InferError as e:
-            await context.abort(grpc_status(e), e.message)
+            await _abort_refused(context, e)  # retry-after metadata for an open circuit
         except (grpc.aio.AbortError, grpc.RpcError):
             raise
         except Exception as e:  # noqa: BLE001
@@ -299,9 +380,13 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         done: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue()
         traceparent = _traceparent(context)
         running: set[asyncio.Task[None]] = set()
+        gate = self.gate
+        headers = metadata_getter(context.invocation_metadata()) if gate is not None else None
 
         async def one(request: service_pb2.ModelInferRequest, arrival_ns: int) -> None:
             try:
+                if gate is not None and headers is not None:  # this model's grant and limits
+                    await gate.check("grpc", INFERENCE, request.model_name, headers)
                 req = await decode_off_loop(request, arrival_ns)
                 logs.begin_request(req.id, traceparent)
                 _traffic_metadata(req, context)

@@ -11,7 +11,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import orjson
 
@@ -36,6 +36,11 @@ from pdserve.frontends.http.status import (
 from pdserve.frontends.offload import off_loop, off_process
 from pdserve.observability import logs
 from pdserve.repository.traffic import PIN_HEADER, ROUTE_KEY_HEADER
+from pdserve.frontends.traffic.apis import classify_http
+from pdserve.frontends.traffic.gate import header_getter, principal_name
+
+if TYPE_CHECKING:
+    from pdserve.frontends.traffic.gate import TrafficGate
 
 logger = logging.getLogger("pdserve.http")
 #: One DEBUG line per inference request (``--log-verbose 1``): model and version only.
@@ -121,6 +126,9 @@ class HttpApp:
             whole body, after decompression, when it has no binary data; the
             ``Inference-Header-Content-Length`` part when it has); larger ones get 413.
             Binary tensor data counts only against ``max_request_bytes``.
+        gate: restricted APIs, auth and rate limits
+            (:class:`~pdserve.frontends.traffic.gate.TrafficGate`), checked at each
+            request's entry; None (or a gate with nothing configured): no check.
     """
 
     def __init__(
@@ -129,8 +137,10 @@ class HttpApp:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         body_timeout: float | None = DEFAULT_BODY_TIMEOUT_SECS,
         max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
+        gate: TrafficGate | None = None,
     ) -> None:
         self.server = server
+        self.gate = gate if gate is not None and gate.active else None
         self.max_request_bytes = max_request_bytes
         self.body_timeout = body_timeout or None
         self.max_json_bytes = max_json_bytes
@@ -146,6 +156,8 @@ class HttpApp:
         path: str = scope["path"]
         method: str = scope["method"]
         try:
+            if self.gate is not None:
+                await self._check_gate(scope, path)
             if method == "POST" and path.endswith("/infer") and path.startswith("/v2/models/"):
                 parts = path.split("/")
                 n = len(parts)
@@ -157,7 +169,11 @@ class HttpApp:
                     return
             await self._route(scope, receive, send, path, method)
         except InferError as exc:
-            await _send_json(send, HTTP_STATUS[exc.code], encode_error(exc.message))
+            extra = getattr(exc, "http_headers", None)
+            retry = getattr(exc, "retry_after", None)
+            if retry is not None:  # 429 (rate limit), 503 (open circuit breaker)
+                extra = [*(extra or ()), (b"retry-after", b"%d" % retry)]
+            await _send_json(send, HTTP_STATUS[exc.code], encode_error(exc.message), extra=extra)
         except _ClientGoneError:
             return
         except HttpError as exc:  # 405, 408, 413, 415: HTTP's own errors
@@ -168,6 +184,12 @@ class HttpApp:
         except Exception as exc:  # noqa: BLE001 - one request must not take the server down
             logger.exception("error serving %s %s", method, path)
             await _send_json(send, 500, encode_error(f"{type(exc).__name__}: {exc}"))
+
+    async def _check_gate(self, scope: Scope, path: str) -> None:
+        """Restricted APIs, auth and rate limits for this request (raises when refused)."""
+        assert self.gate is not None
+        category, model = classify_http(path)
+        await self.gate.check("http", category, model, header_getter(scope["headers"]))
 
     # ----------------------------------------------------------------- inference
 
@@ -227,6 +249,8 @@ class HttpApp:
             request_log.debug("HTTP infer model=%s version=%s", model, version or "-")
         if route_key:
             request.route_key = route_key.decode("latin-1")
+        elif self.gate is not None:  # sticky by the authenticated key when no header
+            request.route_key = principal_name.get() or ""
         if pinned:
             request.pinned_version = pinned.decode("latin-1").strip()
         response = await self._infer(request)
@@ -630,6 +654,7 @@ def create_http_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     body_timeout: float | None = DEFAULT_BODY_TIMEOUT_SECS,
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
+    gate: TrafficGate | None = None,
 ) -> HttpApp:
     """Build the V2 REST ASGI application for ``server``.
 
@@ -642,25 +667,34 @@ def create_http_app(
             no limit.
         max_json_bytes: limit in bytes on the JSON part of an inference request
             (default 16 MiB; see :class:`HttpApp`); larger ones get 413.
+        gate: restricted APIs, auth and rate limits (see :class:`HttpApp`).
 
     Returns:
         An ASGI 3 callable ``app(scope, receive, send)``.
     """
-    return HttpApp(server, max_request_bytes, body_timeout, max_json_bytes)
+    return HttpApp(server, max_request_bytes, body_timeout, max_json_bytes, gate)
 
 
 # --------------------------------------------------------------------------- helpers
 
 
 async def _send_json(
-    send: Send, status: int, body: bytes, close: bool = False, allow: str | None = None
+    send: Send,
+    status: int,
+    body: bytes,
+    close: bool = False,
+    allow: str | None = None,
+    extra: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
-    """Send a whole ``application/json`` response (``allow``: the ``Allow`` header of a 405)."""
+    """Send a whole ``application/json`` response (``allow``: the ``Allow`` header of a
+    405; ``extra``: more headers, e.g. ``WWW-Authenticate``, ``Retry-After``)."""
     headers = [_JSON, (b"content-length", b"%d" % len(body))]
     if close:
         headers.append(_CLOSE)
     if allow:
         headers.append((b"allow", allow.encode("latin-1")))
+    if extra:
+        headers.extend(extra)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -20,6 +20,9 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.ALREADY_EXISTS: 400,
     ErrorCode.CANCELLED: 400,
     ErrorCode.CLIENT_GONE: 499,
+    ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.PERMISSION_DENIED: 403,
+    ErrorCode.RESOURCE_EXHAUSTED: 429,
 }
 
 

@@ -1,0 +1,12 @@
+#!/bin/sh
+# pdserve with auth, rate limits shared by every replica through Redis, Triton-style
+# restricted admin APIs, and a circuit breaker on every model version.
+exec python -m pdserve serve \
+  --model-repository /models \
+  --host 0.0.0.0 \
+  --auth-config /etc/pdserve/auth.yaml \
+  --rate-limit-storage redis://redis:6379/0 \
+  --rate-limit-fail-mode open \
+  --http-restricted-api model-repository,shared-memory,trace,logging:admin-key="${PDSERVE_ADMIN_HEADER:?}" \
+  --grpc-restricted-protocol model-repository,shared-memory,trace,logging:admin-key="${PDSERVE_ADMIN_HEADER:?}" \
+  --circuit-breaker consecutive_failures=5,failure_rate=0.5,window_secs=10,min_requests=20,open_secs=5
