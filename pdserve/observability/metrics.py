@@ -400,6 +400,8 @@ def traffic_families(server: Any) -> list[Family]:
         if fam is not None:
             fam.add(labels, value)
     return list(fams.values())
+
+
 #: A metric sample from a source: (name, type, help, labels, value).
 Sample = tuple[str, str, str, dict[str, str], float]
 

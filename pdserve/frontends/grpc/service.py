@@ -25,10 +25,10 @@ from pdserve.frontends.grpc.codec import (
     metadata_response,
     param_value,
 )
-from pdserve.observability import logs
-from pdserve.repository.traffic import PIN_HEADER, ROUTE_KEY_HEADER
 from pdserve.frontends.traffic.apis import INFERENCE, classify_grpc
 from pdserve.frontends.traffic.gate import TrafficGate, metadata_getter, principal_name
+from pdserve.observability import logs
+from pdserve.repository.traffic import PIN_HEADER, ROUTE_KEY_HEADER
 
 log = logging.getLogger("pdserve.grpc")
 #: One DEBUG line per inference request (``--log-verbose 1``): model and version only.

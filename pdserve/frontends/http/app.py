@@ -34,10 +34,10 @@ from pdserve.frontends.http.status import (
     MethodNotAllowedError,
 )
 from pdserve.frontends.offload import off_loop, off_process
-from pdserve.observability import logs
-from pdserve.repository.traffic import PIN_HEADER, ROUTE_KEY_HEADER
 from pdserve.frontends.traffic.apis import classify_http
 from pdserve.frontends.traffic.gate import header_getter, principal_name
+from pdserve.observability import logs
+from pdserve.repository.traffic import PIN_HEADER, ROUTE_KEY_HEADER
 
 if TYPE_CHECKING:
     from pdserve.frontends.traffic.gate import TrafficGate

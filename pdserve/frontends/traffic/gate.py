@@ -28,9 +28,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from contextvars import ContextVar
 import os
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
