@@ -345,7 +345,8 @@ def pad_scalar(text: str, datatype: str) -> Any:
         number_f = float(value)
     except ValueError:
         raise ValueError(f"pad value '{text}' is not a number, as {datatype} needs") from None
-    scalar = dtype.type(number_f)
+    with np.errstate(over="ignore"):  # an overflow is reported below, in words
+        scalar = dtype.type(number_f)
     if math.isfinite(number_f) and not np.isfinite(scalar):
         raise ValueError(f"pad value {number_f} is out of the range of {datatype}")
     return scalar
