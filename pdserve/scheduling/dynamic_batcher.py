@@ -25,7 +25,8 @@ Triton semantics (docs/user_guide/batcher.md, model_config.proto
   holds one group, and requests of other groups queued between them are skipped
   (they stay queued, in order, for the next batch) rather than ending the batch.
   When the batch runs, its padded inputs are padded to the group's bucket (or the
-  batch's longest request, ``pad_to=max``) and the listed outputs cut back to each
+  batch's longest request: ``pad_to=max``, ``bucket_pad=longest``) and the listed
+  outputs cut back to each
   request's own length. Statistics count the batch as it ran (rows, one execution).
 - ``preserve_ordering``: responses are released in the order the requests were
   dispatched, even when a later batch finishes first on another instance.
@@ -557,10 +558,7 @@ class DynamicBatcher(Scheduler):
         if padding is None:
             return await run_batch(instance, requests, self.stats, self.check)
         lengths = [it.length for it in items]
-        if padding.buckets:  # one group per batch: its bucket (or its exact, oversize length)
-            target = padding.target(max(lengths))
-        else:
-            target = max(lengths)
+        target = padding.batch_target(lengths)  # one group per batch
         if target >= 0:
             for r in requests:
                 padding.pad(r, target)

@@ -26,6 +26,10 @@ Clauses, separated by ``;`` (spaces are ignored):
   increasing) pads to the smallest bucket that holds the request, and the dynamic
   batcher only puts requests of one bucket in a batch, so a long request does not
   make short ones pay for its padding.
+- ``bucket_pad=full|longest`` (optional, buckets only): ``full`` (default) pads a
+  bucket's batch to the bucket's length (few distinct shapes, what static-shape
+  engines want); ``longest`` pads it to its longest request (fewer padded positions:
+  cheaper where the cost grows with every position, as ONNX Runtime on CPU).
 
 The padded dimensions of one request must have the same length (the *request's
 length*); a request where they differ is refused (``INVALID_ARG``, 400). A request
@@ -65,6 +69,8 @@ if TYPE_CHECKING:
 
 #: the model configuration parameter that holds the policy
 PARAMETER = "padding"
+#: the clauses of the parameter's value
+CLAUSES = ("inputs", "outputs", "pad_to", "bucket_pad")
 #: the field configuration errors name
 FIELD = f"parameters.{PARAMETER}"
 
@@ -105,6 +111,8 @@ class PaddingPolicy:
         inputs: the padded inputs.
         outputs: the outputs cut back.
         buckets: the bucket lengths, increasing; empty: pad to the batch's longest.
+        bucket_longest: ``bucket_pad=longest``: a bucket's batch is padded to its
+            longest request, not to the bucket's length.
         batching: True when the model batches (``max_batch_size > 0``): arrays then
             have the batch dimension first and ``dim`` is one further along.
         pad_values: input name -> the pad value as a numpy scalar of its dtype (set by
@@ -114,6 +122,7 @@ class PaddingPolicy:
     inputs: tuple[PaddedInput, ...]
     outputs: tuple[CutOutput, ...]
     buckets: tuple[int, ...]
+    bucket_longest: bool = False
     batching: bool = True
     pad_values: Mapping[str, Any] | None = None
 
@@ -135,12 +144,10 @@ class PaddingPolicy:
             key = key.strip()
             if not sep:
                 raise PaddingSyntaxError(
-                    f"clause '{clause}' is not KEY=VALUE (keys: inputs, outputs, pad_to)"
+                    f"clause '{clause}' is not KEY=VALUE (keys: {', '.join(CLAUSES)})"
                 )
-            if key not in ("inputs", "outputs", "pad_to"):
-                raise PaddingSyntaxError(
-                    f"unknown clause '{key}' (expected inputs, outputs, pad_to)"
-                )
+            if key not in CLAUSES:
+                raise PaddingSyntaxError(f"unknown clause '{key}' (expected {', '.join(CLAUSES)})")
             if key in clauses:
                 raise PaddingSyntaxError(f"clause '{key}' is given twice")
             clauses[key] = value.strip()
@@ -166,7 +173,12 @@ class PaddingPolicy:
                 raise PaddingSyntaxError(
                     f"pad_to '{pad_to}' is neither 'max' nor a list of integer lengths"
                 ) from None
-        return cls(inputs, outputs, buckets)
+        bucket_pad = clauses.get("bucket_pad", "full").replace(" ", "")
+        if bucket_pad not in ("full", "longest"):
+            raise PaddingSyntaxError(f"bucket_pad '{bucket_pad}' is neither 'full' nor 'longest'")
+        if "bucket_pad" in clauses and not buckets:
+            raise PaddingSyntaxError("bucket_pad needs bucket lengths in pad_to, not 'max'")
+        return cls(inputs, outputs, buckets, bucket_longest=bucket_pad == "longest")
 
     def bind(self, config: Any) -> PaddingPolicy:
         """This policy with its pad values converted to the inputs' dtypes.
@@ -180,7 +192,12 @@ class PaddingPolicy:
         types = {i.name: cfgmod.datatype_of(i) for i in config.input}
         values = {p.name: pad_scalar(p.value, types[p.name]) for p in self.inputs}
         return PaddingPolicy(
-            self.inputs, self.outputs, self.buckets, config.max_batch_size > 0, values
+            self.inputs,
+            self.outputs,
+            self.buckets,
+            self.bucket_longest,
+            config.max_batch_size > 0,
+            values,
         )
 
     # -- per request --------------------------------------------------------------
@@ -222,6 +239,15 @@ class PaddingPolicy:
                 if b >= length:
                     return b
         return length
+
+    def batch_target(self, lengths: Sequence[int]) -> int:
+        """The length a batch of requests of ``lengths`` (one group) is padded to: its
+        bucket, or its longest request (``pad_to=max``, ``bucket_pad=longest``, or
+        requests longer than every bucket); -1 when the requests have no padded input."""
+        longest = max(lengths)
+        if self.buckets and not self.bucket_longest:
+            return self.target(longest)
+        return longest
 
     def group(self, length: int) -> int:
         """The batch key part of a request of ``length``: requests with different
@@ -397,7 +423,8 @@ def validate_padding(config: Any, fail: Callable[[str, str], None]) -> None:
     except PaddingSyntaxError as e:
         fail(
             FIELD,
-            f"{e} (syntax: 'inputs=NAME:DIM:VALUE,...; outputs=NAME:DIM,...; pad_to=max|L1,L2,...')",
+            f"{e} (syntax: 'inputs=NAME:DIM:VALUE,...; outputs=NAME:DIM,...; "
+            "pad_to=max|L1,L2,...[; bucket_pad=full|longest]')",
         )
         return
     if config.max_batch_size <= 0:

@@ -669,6 +669,24 @@ def test_padding_to_the_longest_puts_every_length_in_one_batch() -> None:
     asyncio.run(main())
 
 
+def test_bucket_pad_longest_pads_a_bucket_to_its_longest_request() -> None:
+    async def main() -> None:
+        b, inst = token_batcher(f"{TOKEN_POLICY}; bucket_pad=longest")
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(token_request(2)))
+        await asyncio.sleep(0)
+        lengths = [3, 12, 5, 9, 7]
+        rest = [asyncio.ensure_future(b.submit(token_request(n))) for n in lengths]
+        await asyncio.sleep(0.01)
+        inst.gate.set()
+        results = await asyncio.gather(first, *rest)
+        for n, r in zip([2, *lengths], results, strict=True):
+            assert_own_length(r, n)
+        assert inst.log == [(1, 2), (3, 7), (2, 12)]  # bucket 8 padded to 7, bucket 16 to 12
+
+    asyncio.run(main())
+
+
 def test_padding_keeps_priorities_and_preferred_sizes() -> None:
     async def main() -> None:
         b, inst = token_batcher(

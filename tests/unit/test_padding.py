@@ -103,6 +103,8 @@ def test_pad_to_max_and_no_outputs() -> None:
         ("inputs=ids:0:0; outputs=emb; pad_to=max", "'emb' is not NAME:DIM"),
         ("inputs=ids:0:0; pad_to=16,big", "neither 'max' nor a list"),
         ("inputs ids:0:0; pad_to=max", "is not KEY=VALUE"),
+        ("inputs=ids:0:0; pad_to=8; bucket_pad=short", "neither 'full' nor 'longest'"),
+        ("inputs=ids:0:0; pad_to=max; bucket_pad=longest", "bucket_pad needs bucket lengths"),
     ],
 )
 def test_syntax_errors_say_what_is_wrong(text: str, words: str) -> None:
@@ -257,6 +259,16 @@ def test_buckets_targets_and_groups() -> None:
     m = bound("inputs=ids:0:0; pad_to=max")
     assert [m.group(n) for n in (1, 300)] == [-1, -1]
     assert m.target(300) == 300
+
+
+def test_batch_targets_bucket_or_longest() -> None:
+    full = bound("inputs=ids:0:0; pad_to=8,16")
+    assert PaddingPolicy.parse("inputs=ids:0:0; pad_to=8,16").bucket_longest is False
+    longest = bound("inputs=ids:0:0; pad_to=8,16; bucket_pad=longest")
+    assert longest.bucket_longest is True and longest.buckets == (8, 16)
+    assert [full.batch_target(g) for g in ([3, 5], [9, 12], [20, 20], [-1])] == [8, 16, 20, -1]
+    assert [longest.batch_target(g) for g in ([3, 5], [9, 12], [20, 20])] == [5, 12, 20]
+    assert bound("inputs=ids:0:0; pad_to=max").batch_target([4, 30, 2]) == 30
 
 
 def test_the_requests_length_and_lengths_that_disagree() -> None:
