@@ -186,6 +186,23 @@ def test_mixed_lengths_through_text_embedding_match_unpadded_single_requests(
     assert sum(size * n for size, n in sizes.items()) == after["inference_count"]
 
 
+def test_requests_of_several_texts_join_batches_too(
+    client: httpclient.InferenceServerClient, references: list[tuple]
+) -> None:
+    """A request of 3 texts (tokenized to its longest) batched with single ones."""
+    several = [SENTENCES[0], SENTENCES[6], SENTENCES[2]]
+    tensor = httpclient.InferInput("text", [3, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array(several, dtype=object).reshape(3, 1))
+    pending = [client.async_infer("text_embedding", [tensor])]
+    pending += [client.async_infer("text_embedding", _text(s)) for s in SENTENCES]
+    got = pending[0].get_result().as_numpy("embedding")
+    assert got.shape == (3, 384)
+    for row, i in enumerate((0, 6, 2)):
+        assert _cosine(got[row], references[i][2]) >= 0.9999
+    for i, p in enumerate(pending[1:]):
+        assert _cosine(p.get_result().as_numpy("embedding"), references[i][2]) >= 0.9999
+
+
 def test_minilm_token_embeddings_are_cut_back_to_each_requests_length(
     client: httpclient.InferenceServerClient, references: list[tuple]
 ) -> None:
