@@ -16,6 +16,9 @@ per mode on a copy of the example repository where only the configuration differ
 - ``buckets``: ``pad_to=16,32,64,128,256``, each batch padded to its bucket.
 - ``buckets_longest``: the same buckets with ``bucket_pad=longest``: each batch padded
   to its longest request (the shipped example's policy).
+- ``buckets_longest_pool``: that, and the same policy on ``pool`` (its two inputs
+  padded with 0; its output has no length), so that pool's python worker also gets
+  requests of different lengths in one batch.
 
 For every mode: requests/s, p50/p99 latency, errors, and minilm's statistics (requests
 per execution, instance busy time per request). Every answer is checked (HTTP 200 with an
@@ -48,7 +51,7 @@ from common import REPO, ROOT, pressure, start_server, stop_process, tree_stats
 from loadgen import _Conn, build_request
 
 MODELS = ("tokenize", "minilm", "pool", "text_embedding")
-MODES = ("none", "pow2_tokenizer", "max", "buckets", "buckets_longest")
+MODES = ("none", "pow2_tokenizer", "max", "buckets", "buckets_longest", "buckets_longest_pool")
 BUCKETS = "inputs=input_ids:0:0, attention_mask:0:0, token_type_ids:0:0; outputs=token_embeddings:0"
 
 
@@ -94,12 +97,19 @@ def make_repo(dst: Path, mode: str) -> Path:
             f'parameters {{ key: "padding" value: {{ string_value: "{BUCKETS}; pad_to=max" }} }}\n'
         )
     elif mode.startswith("buckets"):
-        extra = "; bucket_pad=longest" if mode == "buckets_longest" else ""
+        extra = "; bucket_pad=longest" if mode.startswith("buckets_longest") else ""
         cfg += (
             f'parameters {{ key: "padding" value: {{ string_value: "{BUCKETS}; '
             f'pad_to=16,32,64,128,256{extra}" }} }}\n'
         )
     cfg_path.write_text(cfg)
+    if mode == "buckets_longest_pool":
+        pool = dst / "pool" / "config.pbtxt"
+        pool.write_text(
+            pool.read_text()
+            + 'parameters { key: "padding" value: { string_value: "inputs=token_embeddings:0:0, '
+            'attention_mask:0:0; pad_to=16,32,64,128,256; bucket_pad=longest" } }\n'
+        )
     if mode == "pow2_tokenizer":
         tok = dst / "tokenize" / "config.pbtxt"
         tok.write_text(
@@ -241,11 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     texts = sentences()
     lengths = np.asarray(token_lengths(texts))
-    hist = np.histogram(lengths, [0, 16, 32, 64, 128, 256, 257])[0]
+    hist = np.histogram(lengths, [1, 17, 33, 65, 129, 257])[0]  # per bucket: <= 16, 32, ...
     print(
         f"{len(texts)} sentences; word pieces p10/p50/p90/max = "
         f"{np.percentile(lengths, [10, 50, 90]).round(0).tolist()} / {lengths.max()}; "
-        f"per bucket <=16/32/64/128/256(+truncated): {hist.tolist()}",
+        f"per bucket <=16/32/64/128/256: {hist.tolist()}, {int((lengths == 256).sum())} truncated",
         file=sys.stderr,
     )
     bodies = [body(t) for t in texts]
