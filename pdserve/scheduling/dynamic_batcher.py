@@ -26,8 +26,8 @@ Triton semantics (docs/user_guide/batcher.md, model_config.proto
   (they stay queued, in order, for the next batch) rather than ending the batch.
   When the batch runs, its padded inputs are padded to the group's bucket (or the
   batch's longest request: ``pad_to=max``, ``bucket_pad=longest``) and the listed
-  outputs cut back to each
-  request's own length. Statistics count the batch as it ran (rows, one execution).
+  outputs cut back to each request's own length. Statistics count the batch as it
+  ran (its rows, one execution).
 - ``preserve_ordering``: responses are released in the order the requests were
   dispatched, even when a later batch finishes first on another instance.
 - Queue policies, priorities, ``max_queue_size`` and timeouts: see
