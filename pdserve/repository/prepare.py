@@ -22,6 +22,7 @@ from pdserve.backends.base import Backend, ModelSpec
 from pdserve.backends.registry import get_backend, unavailable_reason
 from pdserve.repository import layout
 from pdserve.scheduling.ensemble import EnsembleBackend
+from pdserve.scheduling.padding import validate_padding
 
 #: Ensembles are not backends (Triton runs them in its ensemble scheduler); this one
 #: object loads every ensemble's plan in a server.
@@ -89,7 +90,8 @@ async def complete_config(
     backend runs model code in a worker for it), then
     :func:`pdserve.config.apply_defaults` (``KIND_AUTO`` groups become GPU groups on
     ``backend.usable_gpus()``), :func:`pdserve.config.validate_config` with the
-    backend registry's check, and
+    backend registry's check, the ``padding`` parameter's check
+    (:func:`pdserve.scheduling.padding.validate_padding`), and
     :func:`pdserve.backends.host_policy.check_instance_groups` against
     ``host_policies`` (skipped when None).
 
@@ -121,6 +123,14 @@ async def complete_config(
     warnings = cfgmod.validate_config(
         cfg, where, model_dir=spec.model_dir, backends=unavailable_reason, errors=errors
     )
+
+    def fail(field: str, message: str) -> None:
+        error = cfgmod.ConfigError(where, field, message)
+        if errors is None:
+            raise error
+        errors.append(error)
+
+    validate_padding(cfg, fail)  # the ``padding`` parameter (issue 16)
     if host_policies is not None:
         try:
             host_policy.check_instance_groups(spec.name, cfg, host_policies)

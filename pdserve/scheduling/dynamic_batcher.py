@@ -19,6 +19,15 @@ Triton semantics (docs/user_guide/batcher.md, model_config.proto
   present in one and not the other) never share a batch; inputs marked
   ``allow_ragged_batch`` are exempt from that check (the backend concatenates
   them).
+- Beyond Triton: a model with a ``padding`` parameter
+  (:mod:`pdserve.scheduling.padding`) has its padded dimension left out of that
+  check; instead requests are grouped by their padding group (bucket): a batch
+  holds one group, and requests of other groups queued between them are skipped
+  (they stay queued, in order, for the next batch) rather than ending the batch.
+  When the batch runs, its padded inputs are padded to the group's bucket (or the
+  batch's longest request: ``pad_to=max``, ``bucket_pad=longest``) and the listed
+  outputs cut back to each request's own length. Statistics count the batch as it
+  ran (its rows, one execution).
 - ``preserve_ordering``: responses are released in the order the requests were
   dispatched, even when a later batch finishes first on another instance.
 - Queue policies, priorities, ``max_queue_size`` and timeouts: see
@@ -54,6 +63,7 @@ from pdserve.backends.base import ExecRequest, ExecResult
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.observability.stats import NOT_QUEUED, ModelStats
 from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled, run_batch
+from pdserve.scheduling.padding import PaddingPolicy, policy_of
 from pdserve.scheduling.queue_policy import PriorityLevels
 from pdserve.scheduling.shapes import OutputCheck
 
@@ -72,7 +82,18 @@ _monotonic_ns = time.monotonic_ns
 class _Item:
     """One queued request."""
 
-    __slots__ = ("req", "fut", "rows", "key", "level", "enq_ns", "deadline_ns", "state", "delayed")
+    __slots__ = (
+        "req",
+        "fut",
+        "rows",
+        "key",
+        "level",
+        "enq_ns",
+        "deadline_ns",
+        "state",
+        "delayed",
+        "length",
+    )
 
     def __init__(
         self,
@@ -93,6 +114,8 @@ class _Item:
         self.deadline_ns = deadline_ns
         self.state = _QUEUED
         self.delayed = False
+        #: the request's length along the padded dimension (padding policy; -1: none)
+        self.length = -1
 
     def __lt__(self, other: _Item) -> bool:  # heap tie-break only
         return self.enq_ns < other.enq_ns
@@ -184,6 +207,13 @@ class DynamicBatcher(Scheduler):
             for name, spec in model.inputs.items()
             if not spec.ragged and (spec.optional or any(d < 0 for d in spec.dims))
         )
+        #: the model's ``padding`` policy (:mod:`pdserve.scheduling.padding`), or None.
+        #: With one, requests of one padding group (bucket) are batched together even
+        #: when others queue between them, and padded inputs leave the batch key.
+        self.padding: PaddingPolicy | None = policy_of(cfg)
+        self._padded_axes: dict[str, int] = (
+            {p.name: p.dim for p in self.padding.inputs} if self.padding is not None else {}
+        )
         # Queues in scan order: level 1 main, level 1 delayed, level 2 main, ...
         nq = 2 * self.levels.count
         self._queues: list[deque[_Item]] = [deque() for _ in range(nq)]
@@ -214,6 +244,25 @@ class DynamicBatcher(Scheduler):
         for name in self._key_inputs:
             arr = get(name)
             key.append(None if arr is None else arr.shape[1:])
+        return tuple(key)
+
+    def _padded_key(self, inputs: dict[str, np.ndarray], length: int) -> Any:
+        """The batch key under a padding policy: the request's padding group (its
+        bucket), then the shapes of the keyed inputs with the padded dimension left out."""
+        assert self.padding is not None
+        get = inputs.get
+        axes = self._padded_axes
+        key: list[Any] = [self.padding.group(length)]
+        for name in self._key_inputs:
+            arr = get(name)
+            if arr is None:
+                key.append(None)
+                continue
+            shape = arr.shape[1:]
+            axis = axes.get(name)
+            if axis is not None:
+                shape = (*shape[:axis], -1, *shape[axis + 1 :])
+            key.append(shape)
         return tuple(key)
 
     async def submit(self, request: ExecRequest) -> dict[str, np.ndarray]:
@@ -249,10 +298,16 @@ class DynamicBatcher(Scheduler):
             timeout = self._policies[level].timeout_for(params)
             if timeout:
                 deadline = now + timeout
+        length = -1
+        if self.padding is not None:
+            length = self.padding.length(request.inputs)  # INVALID_ARG: lengths disagree
+            key = self._padded_key(request.inputs, length)
+        else:
+            key = self._key(request.inputs) if self._key_inputs else None
         fut: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
-        key = self._key(request.inputs) if self._key_inputs else None
         rows = request.batch_size if request.batch_size > 0 else 1
         item = _Item(request, fut, rows, key, level, now, deadline)
+        item.length = length
         qi = 2 * level
         self._queues[qi].append(item)
         if qi < self._cur_q:
@@ -329,7 +384,8 @@ class DynamicBatcher(Scheduler):
         items = self._p_items
         max_pref = self.max_preferred
         preferred = self.preferred
-        check_key = bool(self._key_inputs)
+        check_key = bool(self._key_inputs) or self.padding is not None
+        group = self.padding is not None
         q_i = self._cur_q
         i = self._cur_i
         while q_i < nq:
@@ -348,6 +404,10 @@ class DynamicBatcher(Scheduler):
                 i += 1
                 continue
             if items:
+                if group and it.key != self._p_key:
+                    # another padding group (bucket): it waits for a batch of its own
+                    i += 1
+                    continue
                 if self._p_rows + it.rows > max_pref:
                     self._p_full = True
                     break
@@ -473,15 +533,11 @@ class DynamicBatcher(Scheduler):
                 it for it in items if it.req.request.cancelled is not None and is_cancelled(it.req)
             ]
             if not gone:
-                return await run_batch(instance, [it.req for it in items], self.stats, self.check)
+                return await self._run_batch(instance, items)
             _cancel_gone(gone)
             skip = {id(it) for it in gone}
             live = [it for it in items if id(it) not in skip]
-            results = (
-                iter(await run_batch(instance, [it.req for it in live], self.stats, self.check))
-                if live
-                else iter(())
-            )
+            results = iter(await self._run_batch(instance, live)) if live else iter(())
             # the cancelled ones' futures are already done: _deliver skips them
             return [_gone_error() if id(it) in skip else next(results) for it in items]
         except asyncio.CancelledError:
@@ -492,6 +548,25 @@ class DynamicBatcher(Scheduler):
             return [internal(f"{type(e).__name__}: {e}") for _ in items]
         finally:
             self.pool.release(instance)
+
+    async def _run_batch(self, instance: Any, items: list[_Item]) -> list[ExecResult]:
+        """:func:`run_batch` on the items' requests; under a padding policy, the padded
+        inputs are padded to the batch's target length first and the listed outputs
+        cut back to each request's own length afterwards."""
+        requests = [it.req for it in items]
+        padding = self.padding
+        if padding is None:
+            return await run_batch(instance, requests, self.stats, self.check)
+        lengths = [it.length for it in items]
+        target = padding.batch_target(lengths)  # one group per batch
+        if target >= 0:
+            for r in requests:
+                padding.pad(r, target)
+        results = await run_batch(instance, requests, self.stats, self.check)
+        if target < 0 or not padding.outputs:
+            return results
+        cut = padding.cut
+        return [cut(self.name, res, n, target) for res, n in zip(results, lengths, strict=True)]
 
     async def _run(self, instance: Any, items: list[_Item]) -> None:
         results = await self._execute(instance, items)

@@ -556,3 +556,186 @@ def test_server_frees_a_failed_batched_requests_inputs_without_the_gc(tmp_path: 
         asyncio.run(main())
     finally:
         gc.enable()
+
+
+# -- padding policy (issue 16 item 3) ----------------------------------------------------
+
+
+class TokenInstance(ModelInstance):
+    """A token model: ``IDS``, ``MASK`` INT64 [rows, L] -> ``EMB`` FP32 [rows, L, 2]
+    (``[ids * mask, mask]`` per position) and ``SUM`` FP32 [rows, 1] (``sum(ids * mask)``).
+
+    It merges the batch (so requests of different lengths would fail in
+    ``np.concatenate``) and records each batch's request count and padded length.
+    """
+
+    name = "tok_0"
+
+    def __init__(self) -> None:
+        self.log: list[tuple[int, int]] = []
+        self.gate: asyncio.Event | None = None
+
+    async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
+        if self.gate is not None:
+            await self.gate.wait()
+        merged = merge_batch(batch)
+        ids, mask = merged["IDS"], merged["MASK"]
+        self.log.append((len(batch), ids.shape[1]))
+        emb = np.stack([ids * mask, mask], axis=2).astype(np.float32)
+        total = (ids * mask).sum(axis=1, keepdims=True).astype(np.float32)
+        return split_batch(batch, {"EMB": emb, "SUM": total})
+
+
+def token_batcher(padding: str, dyn: str = "") -> tuple[DynamicBatcher, TokenInstance]:
+    cfg = text_format.Parse(
+        f"""
+        name: "tok" max_batch_size: 16
+        input {{ name: "IDS" data_type: TYPE_INT64 dims: [ -1 ] }}
+        input {{ name: "MASK" data_type: TYPE_INT64 dims: [ -1 ] }}
+        output {{ name: "EMB" data_type: TYPE_FP32 dims: [ -1, 2 ] }}
+        output {{ name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] }}
+        dynamic_batching {{ {dyn} }}
+        parameters {{ key: "padding" value: {{ string_value: "{padding}" }} }}
+        """,
+        mc.ModelConfig(),
+    )
+    model = SimpleNamespace(
+        name="tok",
+        config=cfg,
+        inputs={"IDS": IOSpec("IDS", "INT64", [-1]), "MASK": IOSpec("MASK", "INT64", [-1])},
+    )
+    inst = TokenInstance()
+    stats = ModelStats("tok", "1")
+    return DynamicBatcher(InstancePool([inst]), stats, model), inst  # type: ignore[arg-type]
+
+
+TOKEN_POLICY = "inputs=IDS:0:0, MASK:0:0; outputs=EMB:0; pad_to=8,16"
+
+
+def token_request(length: int, mask_length: int | None = None, **params: Any) -> ExecRequest:
+    ids = np.arange(1, length + 1, dtype=np.int64).reshape(1, length)
+    mask = np.ones((1, mask_length if mask_length is not None else length), np.int64)
+    req = InferRequest("tok", inputs={"IDS": ids, "MASK": mask}, parameters=params)
+    return ExecRequest({"IDS": ids, "MASK": mask}, ["EMB", "SUM"], req, 1)
+
+
+def assert_own_length(result: dict[str, np.ndarray], length: int) -> None:
+    """The outputs of an unpadded run of a request of ``length`` tokens."""
+    ids = np.arange(1, length + 1, dtype=np.float32)
+    np.testing.assert_array_equal(result["EMB"], np.stack([ids, np.ones(length)], 1)[None])
+    np.testing.assert_array_equal(result["SUM"], [[ids.sum()]])
+
+
+def test_padding_groups_requests_by_bucket_and_cuts_outputs_back() -> None:
+    async def main() -> None:
+        b, inst = token_batcher(TOKEN_POLICY)
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(token_request(2)))
+        await asyncio.sleep(0)
+        # interleaved lengths: buckets 8, 16, 8, 16, 8, oversize 20, 8, oversize 20
+        lengths = [3, 12, 5, 9, 8, 20, 1, 20]
+        rest = [asyncio.ensure_future(b.submit(token_request(n))) for n in lengths]
+        await asyncio.sleep(0.01)
+        inst.gate.set()
+        results = await asyncio.gather(first, *rest)
+        for n, r in zip([2, *lengths], results, strict=True):
+            assert_own_length(r, n)
+        # one bucket per batch, the oldest request's bucket first; the two requests
+        # longer than every bucket run together unpadded (20 = their own length)
+        assert inst.log == [(1, 8), (4, 8), (2, 16), (2, 20)]
+        # statistics count the batches as they ran
+        assert {n: s.compute_infer.count for n, s in b.stats.batches.items()} == {1: 1, 4: 1, 2: 2}
+        assert b.stats.execution_count == 4
+        assert b.queued == 0 and b.stats.pending == 0
+
+    asyncio.run(main())
+
+
+def test_padding_to_the_longest_puts_every_length_in_one_batch() -> None:
+    async def main() -> None:
+        b, inst = token_batcher("inputs=IDS:0:0, MASK:0:0; outputs=EMB:0; pad_to=max")
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(token_request(2)))
+        await asyncio.sleep(0)
+        lengths = [3, 30, 5, 9]
+        rest = [asyncio.ensure_future(b.submit(token_request(n))) for n in lengths]
+        await asyncio.sleep(0.01)
+        inst.gate.set()
+        results = await asyncio.gather(first, *rest)
+        for n, r in zip([2, *lengths], results, strict=True):
+            assert_own_length(r, n)
+        assert inst.log == [(1, 2), (4, 30)]
+
+    asyncio.run(main())
+
+
+def test_bucket_pad_longest_pads_a_bucket_to_its_longest_request() -> None:
+    async def main() -> None:
+        b, inst = token_batcher(f"{TOKEN_POLICY}; bucket_pad=longest")
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(token_request(2)))
+        await asyncio.sleep(0)
+        lengths = [3, 12, 5, 9, 7]
+        rest = [asyncio.ensure_future(b.submit(token_request(n))) for n in lengths]
+        await asyncio.sleep(0.01)
+        inst.gate.set()
+        results = await asyncio.gather(first, *rest)
+        for n, r in zip([2, *lengths], results, strict=True):
+            assert_own_length(r, n)
+        assert inst.log == [(1, 2), (3, 7), (2, 12)]  # bucket 8 padded to 7, bucket 16 to 12
+
+    asyncio.run(main())
+
+
+def test_padding_keeps_priorities_and_preferred_sizes() -> None:
+    async def main() -> None:
+        b, inst = token_batcher(
+            TOKEN_POLICY,
+            "priority_levels: 2 default_priority_level: 2 preferred_batch_size: [2]",
+        )
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(token_request(2)))
+        await asyncio.sleep(0)
+        order = [(3, 2), (12, 2), (4, 2), (10, 1), (11, 2), (5, 2), (6, 2)]
+        rest = [asyncio.ensure_future(b.submit(token_request(n, priority=p))) for n, p in order]
+        await asyncio.sleep(0.01)
+        inst.gate.set()
+        results = await asyncio.gather(first, *rest)
+        for n, r in zip([2, *[n for n, _ in order]], results, strict=True):
+            assert_own_length(r, n)
+        # the priority-1 request (10, bucket 16) leads; batches are cut at 2 requests;
+        # its bucket-mates (12, 11) join from the lower level before the 8-bucket runs
+        assert inst.log == [(1, 8), (2, 16), (2, 8), (1, 16), (2, 8)]
+
+    asyncio.run(main())
+
+
+def test_padded_inputs_of_different_lengths_are_refused() -> None:
+    async def main() -> None:
+        b, inst = token_batcher(TOKEN_POLICY)
+        with pytest.raises(InferError) as info:
+            await b.submit(token_request(4, mask_length=5))
+        assert info.value.code == ErrorCode.INVALID_ARG
+        assert http_status(info.value.code) == 400
+        assert "'IDS' and 'MASK' are padded together" in str(info.value)
+        assert b.queued == 0 and b.stats.pending == 0 and inst.log == []
+        assert_own_length(await b.submit(token_request(4)), 4)  # the batcher carries on
+
+    asyncio.run(main())
+
+
+def test_padding_an_output_the_model_shortened_is_an_internal_error() -> None:
+    class Shortening(TokenInstance):
+        async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
+            results = await super().execute(batch)
+            return [{"EMB": r["EMB"][:, :-1], "SUM": r["SUM"]} for r in results]  # type: ignore[index]
+
+    async def main() -> None:
+        b, _ = token_batcher(TOKEN_POLICY)
+        b.pool = InstancePool([Shortening()])
+        with pytest.raises(InferError) as info:
+            await b.submit(token_request(3))
+        assert info.value.code == ErrorCode.INTERNAL
+        assert "dimension 1 should have the padded length 8" in str(info.value)
+
+    asyncio.run(main())

@@ -4,10 +4,13 @@ Input ``text``: BYTES ``[batch, 1]``, UTF-8. Outputs ``input_ids``,
 ``attention_mask``, ``token_type_ids``: INT64 ``[batch, L]``.
 
 Texts are truncated to ``max_seq_length`` tokens (sentence-transformers does the
-same) and padded to ``L``, the longest text of the request rounded up to a power of
-two (16 at least, ``max_seq_length`` at most). Rounding keeps the number of distinct
-shapes small, so that the dynamic batcher of ``minilm`` can put requests of similar
-lengths in one batch; padding is masked, so it does not change the embedding.
+same) and padded (with 0, masked) to ``L``, the longest text of the request. The
+server batches requests of different lengths for ``minilm`` itself: its config's
+``padding`` parameter pads them to a bucket and cuts the token embeddings back to
+each request's ``L`` (README, "Batching requests of different lengths"). With the
+parameter ``round_to_power_of_two: "true"`` this model rounds ``L`` up to a power of
+two (16 at least, ``max_seq_length`` at most) instead, the way this example batched
+before the server could pad (kept to measure against: benchmarks/bench_bucketing.py).
 
 A text that is not valid UTF-8 is a 400 (``TritonError.INVALID_ARG``) for its
 request only.
@@ -28,12 +31,16 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = config.get("parameters", {})
         self.max_len = int(params.get("max_seq_length", {}).get("string_value", "") or 256)
+        rounding = params.get("round_to_power_of_two", {}).get("string_value", "") or "false"
+        self.round = rounding.strip().lower() == "true"
         path = os.path.join(args["model_repository"], args["model_version"], "tokenizer.json")
         self.tokenizer = Tokenizer.from_file(path)
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length=self.max_len)
 
     def _bucket(self, longest: int) -> int:
+        if not self.round:
+            return longest
         length = MIN_LENGTH
         while length < longest:
             length *= 2
