@@ -68,6 +68,7 @@ import importlib.util
 import inspect
 import logging
 import threading
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,7 +133,18 @@ JIT_SWITCHES: dict[str, str] = {
 def _torch() -> Any:
     import torch
 
+    global _WARNINGS_FILTERED
+    if not _WARNINGS_FILTERED:
+        # torch 2.13 marks every torch.jit entry point deprecated; TorchScript is what
+        # Triton's PyTorch backend serves, so the warning says nothing to an operator.
+        warnings.filterwarnings(
+            "ignore", message=r"`torch\.jit\.[\w.]+` is deprecated", category=DeprecationWarning
+        )
+        _WARNINGS_FILTERED = True
     return torch
+
+
+_WARNINGS_FILTERED = False
 
 
 def parse_flag(cfg: Any, key: str, default: bool) -> bool:
@@ -581,6 +593,40 @@ class PyTorchBackend(Backend):
                 zip(plans, loaded, executors, strict=True)
             )
         ]
+
+
+def run_on_cpu(
+    model: str,
+    cfg: Any,
+    version_dir: Path,
+    inputs: dict[str, np.ndarray],
+    outputs: list[str],
+) -> dict[str, np.ndarray]:
+    """Run one batch of ``inputs`` through a version on the CPU, in the calling thread,
+    as an instance would (``pdserve check``'s golden check).
+
+    Args:
+        model: the model name (messages).
+        cfg: its completed configuration.
+        version_dir: ``<repository>/<model>/<version>``.
+        inputs: input name -> array, batch dim included when the model batches.
+        outputs: the outputs to return.
+
+    Raises:
+        RuntimeError: the module cannot be loaded (see :func:`load_module`).
+        pdserve.core.errors.InferError: an output the model does not return.
+        Exception: what the model raised.
+    """
+    spec = ModelSpec(model, 0, cfg, version_dir.parent, version_dir, version_dir.parent.parent)
+    loaded = load_module(spec, "cpu")
+    executor = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        instance = PyTorchInstance(
+            f"{model}_check", "KIND_CPU", loaded, spec, Options.from_config(cfg), executor
+        )
+        return instance._run(inputs, outputs)
+    finally:
+        executor.shutdown(wait=False)
 
 
 class _Closed(Exception):
