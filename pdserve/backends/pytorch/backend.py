@@ -389,7 +389,7 @@ def _forward_signature(module: Any, scripted: bool) -> tuple[list[str] | None, b
         except (AttributeError, RuntimeError):
             return None, False
         names = [a.name for a in args]
-        is_dict = len(args) == 1 and str(args[0].type).replace(" ", "").startswith("Dict(str,")
+        is_dict = len(args) == 1 and str(args[0].type).replace(" ", "").startswith("Dict[str,")
         return names, is_dict
     try:
         params = list(inspect.signature(module.forward).parameters.values())
