@@ -55,6 +55,9 @@ Configuration ``parameters`` (Triton's PyTorch-backend keys; booleans ``true`` /
   torch's process-wide JIT switches, set at load when given (first model wins).
 - ``ENABLE_NVFUSER``: NVFuser is gone from torch 2.x; ignored with a warning.
 
+Before torch is first imported, ``OMP_WAIT_POLICY`` defaults to ``PASSIVE`` (see
+:func:`_torch`): OpenMP threads that spin at barriers stall on shared cores.
+
 Host policies (``--host-policy``): an instance's thread pins itself to its policy's
 cores before it loads the module; torch's intra-op threads it starts inherit that mask.
 """
@@ -67,6 +70,8 @@ import contextlib
 import importlib.util
 import inspect
 import logging
+import os
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -131,6 +136,14 @@ JIT_SWITCHES: dict[str, str] = {
 
 
 def _torch() -> Any:
+    if "torch" not in sys.modules:
+        # torch's CPU kernels run on OpenMP (libgomp), whose threads spin at every
+        # barrier by default. In a server their cores are shared (other instances, HTTP,
+        # python workers) and a descheduled spinner stalls every op: efficientnet-lite0
+        # at 2 threads took ~1.9 s per image on the loaded 2-core VM instead of ~0.2 s
+        # with PASSIVE (benchmarks/RESULTS.md, issue 16). libgomp reads this once, when
+        # torch loads it; an operator's own value wins.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
     global _WARNINGS_FILTERED
