@@ -53,6 +53,10 @@ Configuration ``parameters`` (Triton's PyTorch-backend keys; booleans ``true`` /
   (torch accepts the inter-op count only before its first parallel work.)
 - ``ENABLE_JIT_EXECUTOR`` / ``ENABLE_JIT_PROFILING`` / ``ENABLE_TENSOR_FUSER``:
   torch's process-wide JIT switches, set at load when given (first model wins).
+- ``ENABLE_TF32`` (pdserve's own, default ``false``): TF32 convolutions and matmuls
+  on GPUs that have them. torch's own default uses TF32 for convolutions, which moves
+  logits by ~1e-2 from the CPU's; off, GPU and CPU agree within 1e-3. Process-wide:
+  the first PyTorch model loaded decides.
 - ``ENABLE_NVFUSER``: NVFuser is gone from torch 2.x; ignored with a warning.
 
 Before torch is first imported, ``OMP_WAIT_POLICY`` defaults to ``PASSIVE`` (see
@@ -244,6 +248,11 @@ class _ProcessSettings:
         for key in JIT_SWITCHES:
             if cfgmod.get_parameter(cfg, key) is not None:
                 wanted[key] = parse_flag(cfg, key, True)
+        # TF32 convolutions (torch's default on Ampere and later GPUs) move efficientnet's
+        # logits by ~1e-2 from the CPU's: off unless a model asks (first model decides).
+        tf32_given = cfgmod.get_parameter(cfg, "ENABLE_TF32") is not None
+        if tf32_given or "ENABLE_TF32" not in self.applied:
+            wanted["ENABLE_TF32"] = parse_flag(cfg, "ENABLE_TF32", False)
         if parse_flag(cfg, "ENABLE_NVFUSER", False):
             log.warning("%s: ENABLE_NVFUSER is ignored: torch 2.x has no NVFuser", model)
         with self._lock:
@@ -265,6 +274,9 @@ class _ProcessSettings:
                         torch.set_num_threads(value)
                     elif key == "INTER_OP_THREAD_COUNT":
                         torch.set_num_interop_threads(value)
+                    elif key == "ENABLE_TF32":
+                        torch.backends.cudnn.allow_tf32 = value
+                        torch.backends.cuda.matmul.allow_tf32 = value
                     else:
                         setter = getattr(torch._C, JIT_SWITCHES[key], None)
                         if setter is None:
@@ -329,7 +341,7 @@ def check_config(cfg: Any, where: str | Path) -> None:
         Options.from_config(cfg)
         for key in ("INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT"):
             parse_count(cfg, key)
-        for key in JIT_SWITCHES:
+        for key in (*JIT_SWITCHES, "ENABLE_TF32", "ENABLE_NVFUSER"):
             parse_flag(cfg, key, True)
     except ValueError as e:
         raise cfgmod.ConfigError(where, "parameters", str(e)) from None
