@@ -535,13 +535,18 @@ class PyTorchBackend(Backend):
             return []
         return visible_gpus()[: torch.cuda.device_count()]
 
-    def auto_complete(self, spec: ModelSpec) -> None:
+    async def auto_complete(self, spec: ModelSpec) -> None:
         """No auto-complete (as in Triton): check what the configuration must give.
+
+        Also imports torch (seconds, the first time) on a worker thread, so that neither
+        :meth:`usable_gpus` (Triton's defaults, next) nor :meth:`load` blocks the event
+        loop with it.
 
         Raises:
             pdserve.config.ConfigError: see :func:`check_config`.
         """
         check_config(spec.config, spec.model_dir / cfgmod.CONFIG_FILENAME)
+        await asyncio.to_thread(_torch)
 
     async def load(self, spec: ModelSpec) -> list[ModelInstance]:
         """Create the instances of ``instance_group``; each loads the module on its
@@ -557,7 +562,7 @@ class PyTorchBackend(Backend):
 
         cfg = spec.config
         options = Options.from_config(cfg)
-        SETTINGS.apply(spec.name, cfg)
+        await asyncio.to_thread(SETTINGS.apply, spec.name, cfg)
         #: (kind, device or None, cores) per instance
         plans: list[tuple[str, str | None, frozenset[int] | None]] = []
         for group in list(cfg.instance_group) or [None]:
