@@ -23,6 +23,9 @@ from pdserve.core.types import InferRequest
 from tests import pytorch_models as pm
 
 torch = pytest.importorskip("torch")
+# torch 2.13 marks torch.jit deprecated; the backend filters that warning process-wide, but
+# pytest restores the filters after each test.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")
 
 
 # --------------------------------------------------------------------------- naming
