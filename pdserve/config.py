@@ -366,7 +366,8 @@ def model_file_path(cfg: ModelConfig, version_dir: Path) -> Path | None:
     default (``model.onnx``, ``model.pt``, ``model.py``:
     :data:`pdserve.config.DEFAULT_MODEL_FILENAMES`). An ensemble has no model file
     (None). As in Triton's onnxruntime backend, an ONNX "file" that is a folder
-    means ``<folder>/model.onnx``. The path is not checked for existence
+    means ``<folder>/model.onnx``. A PyTorch model with ``runtime: "model.py"``
+    (Triton's PyTorch 2 form) and no ``default_model_filename`` is its ``model.py``. The path is not checked for existence
     (:func:`find_model_file` checks).
 
     Raises:
@@ -375,6 +376,12 @@ def model_file_path(cfg: ModelConfig, version_dir: Path) -> Path | None:
     if cfg.platform == ENSEMBLE_PLATFORM:
         return None
     filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAMES.get(cfg.backend, "")
+    if (
+        not cfg.default_model_filename
+        and cfg.backend == PYTORCH_BACKEND
+        and cfg.runtime == "model.py"
+    ):
+        filename = cfg.runtime  # Triton's PyTorch 2 form: model.py (+ optional model.pt weights)
     if not filename:
         raise ValueError(f"model '{cfg.name}': no default_model_filename and no known backend")
     path = version_dir / filename

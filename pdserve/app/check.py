@@ -47,8 +47,9 @@ Checks, in order, per model (``version`` is a version folder):
     ``model_file`` is the file the configuration loads; the file's sha256 (and
     ``size_bytes``) are the recorded ones.
 ``golden`` (per version whose identity has a ``golden`` entry)
-    the stored inputs, run through the model file with ONNX Runtime in this
-    process, give the stored outputs within the stored tolerance
+    the stored inputs, run through the model file with ONNX Runtime (PyTorch
+    models: torch on the CPU, through the backend's loader and naming conventions) in
+    this process, give the stored outputs within the stored tolerance
     (``|got - want| <= atol + rtol * |want|``; other datatypes exactly). Golden
     outputs of python models are skipped (they would need the model's workers).
 ``rule:<name>``
@@ -522,6 +523,7 @@ class Checker:
             name = {
                 cfgmod.ONNXRUNTIME_BACKEND: "onnx-config",
                 cfgmod.PYTHON_BACKEND: "python-import",
+                cfgmod.PYTORCH_BACKEND: "pytorch-config",
             }.get(cfg.backend, "complete")
             await _run(mr.results, mr.name, name, v, complete)
             if cfg.model_warmup:
@@ -536,14 +538,25 @@ class Checker:
             )
             golden = identity.get("golden") if identity is not None else None
             if golden is not None and self.options.goldens:
-                runnable = model_path if is_onnx and present else None
-                await _run(
-                    mr.results,
-                    mr.name,
-                    "golden",
-                    v,
-                    lambda r: _golden(r, golden, vdir, runnable, is_onnx),
-                )
+                is_torch = cfg is not None and cfg.backend == cfgmod.PYTORCH_BACKEND
+                runnable = model_path if (is_onnx or is_torch) and present else None
+                if is_torch and cfg is not None:
+                    torch_cfg = mr.completed.get(v, cfg)
+                    await _run(
+                        mr.results,
+                        mr.name,
+                        "golden",
+                        v,
+                        lambda r: _torch_golden(r, golden, vdir, runnable, torch_cfg, mr.name),
+                    )
+                else:
+                    await _run(
+                        mr.results,
+                        mr.name,
+                        "golden",
+                        v,
+                        lambda r: _golden(r, golden, vdir, runnable, is_onnx),
+                    )
 
     async def _complete(
         self,
@@ -868,6 +881,76 @@ def _identity(
                 path,
                 "size_bytes",
             )
+
+
+def _golden_arrays(
+    r: CheckResult, golden: Any, vdir: Path
+) -> tuple[dict[str, str], dict[str, str], float, float, dict[str, np.ndarray], Path] | None:
+    """Read and check a golden entry and its npz; None (problem recorded) when unusable."""
+    where = vdir / IDENTITY_FILENAME
+    if not isinstance(golden, dict) or not isinstance(golden.get("file"), str):
+        r.add("must be an object {file, inputs, outputs, atol, rtol}", where, "golden")
+        return None
+    inputs, outputs = golden.get("inputs"), golden.get("outputs")
+    atol, rtol = golden.get("atol", 0.0), golden.get("rtol", 0.0)
+    if not (_str_map(inputs) and _str_map(outputs) and outputs and _tolerance(atol)) or not (
+        _tolerance(rtol) and isinstance(inputs, dict) and isinstance(outputs, dict)
+    ):
+        r.add("malformed golden entry (want file, inputs, outputs, atol, rtol)", where, "golden")
+        return None
+    npz_path = vdir / golden["file"]
+    if not _inside(vdir, npz_path):
+        r.add(f"'{golden['file']}' is not a file of the version folder {vdir}", where)
+        return None
+    try:
+        with np.load(npz_path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except Exception as e:
+        r.add(f"cannot read {npz_path.name}: {type(e).__name__}: {e}", npz_path)
+        return None
+    missing = [k for k in (*inputs.values(), *outputs.values()) if k not in arrays]
+    if missing:
+        r.add(f"{npz_path.name} has no array(s) {', '.join(missing)}", npz_path)
+        return None
+    return inputs, outputs, float(atol), float(rtol), arrays, npz_path
+
+
+def _torch_golden(
+    r: CheckResult,
+    golden: Any,
+    vdir: Path,
+    model_path: Path | None,
+    cfg: cfgmod.ModelConfig,
+    model: str,
+) -> None:
+    """The golden check of a PyTorch model: the stored inputs through the model on the
+    CPU (the backend's own loading and naming conventions), compared like ONNX's."""
+    read = _golden_arrays(r, golden, vdir)
+    if read is None:
+        return
+    inputs, outputs, atol, rtol, arrays, npz_path = read
+    if model_path is None:
+        r.skip("no model file")
+        return
+    from pdserve.backends.registry import unavailable_reason
+
+    reason = unavailable_reason(cfgmod.PYTORCH_BACKEND)
+    if reason:
+        r.skip(reason)
+        return
+    from pdserve.backends.pytorch.backend import run_on_cpu
+
+    try:
+        got = run_on_cpu(
+            model, cfg, vdir, {name: arrays[key] for name, key in inputs.items()}, list(outputs)
+        )
+    except Exception as e:
+        r.add(f"running the golden inputs failed: {type(e).__name__}: {e}", npz_path)
+        return
+    for name, key in outputs.items():
+        problem = _compare(np.asarray(got[name]), arrays[key], atol, rtol)
+        if problem:
+            r.add(f"output '{name}': {problem}", npz_path, name)
 
 
 def _golden(

@@ -100,3 +100,43 @@ def check_gpu_ids(group: str, gpus: Sequence[int], visible: int | None = None) -
             f"{count} GPU(s) (NVIDIA driver and CUDA_VISIBLE_DEVICES); "
             "use KIND_CPU"
         )
+
+
+def cuda_visible_devices_for(device_id: int, environ: Mapping[str, str] | None = None) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value under which a child process sees only GPU
+    ``device_id`` (an id as this process numbers its visible GPUs).
+
+    A python-backend ``KIND_GPU`` instance's worker gets it, so that its model sees
+    only its own GPU (as ``cuda:0`` inside the worker).
+
+    Args:
+        device_id: ``0 .. visible_gpu_count() - 1``.
+        environ: the environment to read (default ``os.environ``).
+
+    Returns:
+        ``str(device_id)`` when this process's ``CUDA_VISIBLE_DEVICES`` is unset (all of
+        the driver's GPUs, in its order), else the ``device_id``-th entry of that list
+        (``"3"``, ``"GPU-<uuid>"``, ``"MIG-<uuid>"``).
+
+    Raises:
+        ValueError: ``device_id`` is not one of the listed, valid entries.
+    """
+    env = os.environ if environ is None else environ
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        if device_id < 0:
+            raise ValueError(f"GPU id {device_id} is negative")
+        return str(device_id)
+    entries: list[str] = []
+    for entry in visible.split(","):
+        entry = entry.strip()
+        if entry.isdigit() or entry.startswith(("GPU-", "MIG-")):
+            entries.append(entry)
+        else:
+            break  # CUDA ignores the list from the first invalid entry on
+    if not 0 <= device_id < len(entries):
+        raise ValueError(
+            f"GPU id {device_id} is not among the {len(entries)} GPU(s) of "
+            f"CUDA_VISIBLE_DEVICES={visible!r}"
+        )
+    return entries[device_id]

@@ -54,6 +54,12 @@ REGISTRY: dict[str, BackendEntry] = {
             requires=("onnxruntime",),
         ),
         BackendEntry(cfgmod.PYTHON_BACKEND, "pdserve.backends.python.backend:PythonBackend"),
+        BackendEntry(
+            cfgmod.PYTORCH_BACKEND,
+            "pdserve.backends.pytorch.backend:PyTorchBackend",
+            requires=("torch",),
+            extra="pytorch",
+        ),
     )
 }
 
@@ -69,9 +75,10 @@ def unavailable_reason(name: str) -> str | None:
     """Why backend ``name`` cannot run in this process, or None when it can.
 
     The reason names the backend and what to do: the backends served instead for an
-    unknown name or a Triton backend pdserve does not implement (``pytorch``); the
+    unknown name or a Triton backend pdserve does not implement (``tensorflow``); the
     missing Python modules and the ``pdserve[<extra>]`` to install for a backend
-    whose packages are not installed. Nothing is imported.
+    whose packages are not installed (``pytorch`` without torch: ``pdserve[pytorch]``).
+    Nothing is imported.
     """
     served = ", ".join(f"'{n}'" for n in served_backends())
     entry = REGISTRY.get(name)

@@ -48,7 +48,7 @@ def broken_repo_server(tmp_path_factory: pytest.TempPathFactory):
         "tiny_bad_platform",
         replace=('platform: "onnxruntime_onnx"', 'platform: "tensorrt_magic"'),
     )
-    # a Triton backend pdserve has no implementation of: the registry says so
+    # a PyTorch model whose version folder holds no model.pt (tiny's model.onnx only)
     _variant(
         repo,
         "tiny",
@@ -97,7 +97,7 @@ def test_good_model_still_serves(broken_repo_server) -> None:
         ("tiny_gpu", ["KIND_GPU", "CUDAExecutionProvider"]),
         ("tiny_bad_dims", ["config.pbtxt", "INPUT0", "32"]),
         ("tiny_bad_platform", ["config.pbtxt", "platform", "tensorrt_magic"]),
-        ("tiny_pytorch", ["config.pbtxt", "platform", "pdserve has no pytorch backend"]),
+        ("tiny_pytorch", ["model.pt", "does not exist"]),
         ("tiny_dup_input", ["config.pbtxt", "INPUT0"]),
         ("tiny_syntax", ["config.pbtxt"]),
     ],

@@ -23,9 +23,10 @@ def parse(pbtxt: str) -> model_config_pb2.ModelConfig:
     return text_format.Parse(pbtxt, model_config_pb2.ModelConfig(name="m"))
 
 
-def test_registry_serves_onnxruntime_and_python() -> None:
-    assert served_backends() == ["onnxruntime", "python"]
-    assert sorted(REGISTRY) == ["onnxruntime", "python"]  # an ensemble is not a backend
+def test_registry_serves_onnxruntime_python_and_pytorch() -> None:
+    assert served_backends() == ["onnxruntime", "python", "pytorch"]
+    # an ensemble is not a backend
+    assert sorted(REGISTRY) == ["onnxruntime", "python", "pytorch"]
     for name in REGISTRY:
         assert unavailable_reason(name) is None
         assert get_backend(name).name == name
@@ -35,9 +36,8 @@ def test_registry_serves_onnxruntime_and_python() -> None:
 
 
 PYTORCH_REASON = (
-    "backend 'pytorch' (platform 'pytorch_libtorch') is not available: pdserve has no "
-    "pytorch backend; it serves 'onnxruntime', 'python' (export the model to ONNX, or call "
-    "it from a python backend model)"
+    "backend 'pytorch' is not available: it needs the Python package(s) torch, which this "
+    "environment lacks; install pdserve[pytorch]"
 )
 
 
@@ -50,7 +50,16 @@ PYTORCH_REASON = (
         ("", "platform"),  # guessed from model.pt
     ],
 )
-def test_pytorch_fails_validation_with_the_registry_reason(pbtxt: str, field: str) -> None:
+def test_pytorch_without_torch_fails_validation_naming_the_extra(
+    pbtxt: str, field: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_find_spec = backends.importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:  # torch "not installed"
+        return None if name == "torch" else real_find_spec(name)
+
+    monkeypatch.setattr(backends.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(backends, "_instances", {})
     assert unavailable_reason("pytorch") == PYTORCH_REASON
     cfg = parse(pbtxt)
     with pytest.raises(ConfigError) as e:
@@ -69,12 +78,19 @@ def test_pytorch_fails_validation_with_the_registry_reason(pbtxt: str, field: st
     with pytest.raises(ConfigError) as e:
         cfgmod.validate_config(cfg, "m/config.pbtxt", backends=unavailable_reason)
     assert (e.value.field, e.value.message) == ("backend", PYTORCH_REASON)
-    with pytest.raises(ValueError, match="pdserve has no pytorch backend"):
+    with pytest.raises(ValueError, match=r"install pdserve\[pytorch\]"):
         get_backend("pytorch")
 
 
+def test_pytorch_is_served_when_torch_is_installed() -> None:
+    assert unavailable_reason("pytorch") is None
+    cfg = parse('platform: "pytorch_libtorch"')
+    cfgmod.normalize_platform(cfg, "m/config.pbtxt", backends=unavailable_reason)
+    assert (cfg.backend, cfg.default_model_filename) == ("pytorch", "model.pt")
+
+
 def test_unknown_backend_names_the_served_ones() -> None:
-    reason = "unknown backend 'tensorflow'; pdserve serves 'onnxruntime', 'python'"
+    reason = "unknown backend 'tensorflow'; pdserve serves 'onnxruntime', 'python', 'pytorch'"
     assert unavailable_reason("tensorflow") == reason
     with pytest.raises(ConfigError) as e:
         cfgmod.normalize_platform(

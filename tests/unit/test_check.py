@@ -191,9 +191,16 @@ CASES: dict[str, tuple[Callable[[Path], None], Expect]] = {
         lambda r: python_model(r, "c_platform", 'platform: "tensorflow_savedmodel"'),
         [("c_platform", "config", "platform", "unknown platform 'tensorflow_savedmodel'")],
     ),
-    "backend_not_here": (
+    "pytorch_without_model_pt": (
         lambda r: python_model(r, "c_pytorch", 'backend: "pytorch"'),
-        [("c_pytorch", "config", "backend", "pdserve has no pytorch backend")],
+        [("c_pytorch", "model-file", "", "model.pt does not exist")],
+    ),
+    "pytorch_without_inputs": (
+        lambda r: (
+            python_model(r, "c_pytorch_io", 'backend: "pytorch"'),
+            (r / "c_pytorch_io" / "1" / "model.pt").write_bytes(b"not checked before the config"),
+        ),
+        [("c_pytorch_io", "pytorch-config", "input", "must list its inputs")],
     ),
     "platform_backend_pair": (
         lambda r: python_model(r, "c_pair", 'platform: "onnxruntime_onnx"\nbackend: "python"'),

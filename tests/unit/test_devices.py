@@ -82,3 +82,77 @@ def test_backends_resolve_kind_auto_from_this_module(
     assert get_backend("onnxruntime").usable_gpus() == [0, 1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert get_backend("onnxruntime").usable_gpus() == [0]
+
+
+@pytest.mark.parametrize(
+    ("visible", "device", "expected"),
+    [
+        (None, 0, "0"),
+        (None, 3, "3"),
+        ("5,7", 1, "7"),
+        ("GPU-aaaa,GPU-bbbb", 0, "GPU-aaaa"),
+        ("2, 6", 1, "6"),
+    ],
+)
+def test_cuda_visible_devices_for_one_gpu(visible: str | None, device: int, expected: str) -> None:
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert devices.cuda_visible_devices_for(device, env) == expected
+
+
+@pytest.mark.parametrize(("visible", "device"), [("5,7", 2), ("1,-1,2", 1), (None, -1)])
+def test_cuda_visible_devices_for_an_unlisted_gpu(visible: str | None, device: int) -> None:
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    with pytest.raises(ValueError, match=f"GPU id {device}"):
+        devices.cuda_visible_devices_for(device, env)
+
+
+@pytest.mark.parametrize(("visible", "expected"), [(None, "1|GPU|1"), ("4,6", "6|GPU|1")])
+def test_python_kind_gpu_worker_sees_only_its_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, visible: str | None, expected: str
+) -> None:
+    """A python-backend KIND_GPU instance on GPU 1 (of a fake 2-GPU driver): its worker
+    gets Triton's args (kind GPU, device id 1) and CUDA_VISIBLE_DEVICES naming only
+    that GPU, the physical one when the server's own variable maps them."""
+    import asyncio
+
+    import numpy as np
+
+    from pdserve import config as cfgmod
+    from pdserve.backends.base import ExecRequest, ModelSpec
+    from pdserve.core.types import InferRequest
+
+    monkeypatch.setattr(devices, "NVIDIA_GPUS_DIR", _driver(tmp_path, 2))
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    model_dir = Path(__file__).resolve().parents[1] / "data" / "python_models" / "gpu_env"
+    cfg = cfgmod.load_model_config(model_dir)
+    cfgmod.normalize_platform(cfg, model_dir / "config.pbtxt")
+    cfgmod.apply_defaults(cfg, gpus=[0, 1])
+    spec = ModelSpec("gpu_env", 1, cfg, model_dir, model_dir / "1", model_dir.parent)
+
+    async def run() -> bytes:
+        instances = await get_backend("python").load(spec)
+        try:
+            assert [i.kind for i in instances] == ["KIND_GPU"]
+            req = ExecRequest({"INPUT0": np.zeros(1, np.float32)}, ["ENV"], InferRequest("m"))
+            (result,) = await instances[0].execute([req])
+            assert isinstance(result, dict)
+            return result["ENV"][0]
+        finally:
+            for i in instances:
+                await i.close()
+
+    assert asyncio.run(run()).decode() == expected
+
+
+def test_pytorch_kind_auto_needs_a_cuda_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PyTorch backend puts KIND_AUTO on GPUs only when torch is a CUDA build."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(devices, "NVIDIA_GPUS_DIR", _driver(tmp_path, 2))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    expected = [0, 1] if torch.version.cuda and torch.cuda.is_available() else []
+    assert get_backend("pytorch").usable_gpus() == expected[: torch.cuda.device_count()]

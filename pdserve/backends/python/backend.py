@@ -19,6 +19,14 @@ Process model (DESIGN.md, "Passing a tensor to a worker process"):
 * the scheduler hands an instance a batch of requests; the worker gets them as one
   list in one ``execute`` call, as in Triton (requests are never merged), and
   answers one result per request.
+* a ``KIND_GPU`` instance on GPU ``<id>`` gets ``args["model_instance_kind"] == "GPU"``
+  and ``args["model_instance_device_id"] == "<id>"`` (Triton's), and its worker's
+  ``CUDA_VISIBLE_DEVICES`` names that one GPU
+  (:func:`pdserve.backends.devices.cuda_visible_devices_for`), set before ``model.py``
+  is imported: the model sees only its own GPU, which CUDA numbers ``cuda:0`` inside the
+  worker (use ``torch.device("cuda")``). CUDA reads the variable when it initialises,
+  so this holds even with torch preloaded in the fork server
+  (``PDSERVE_PYTHON_PRELOAD``). A GPU id this process cannot see fails the load.
 
 Errors (a ``TritonError`` code is the :class:`~pdserve.core.errors.ErrorCode` of the
 same value; the status each gets is in
@@ -75,7 +83,7 @@ import numpy as np
 from pdserve import config as cfgmod
 from pdserve.backends import host_policy
 from pdserve.backends.base import Backend, ExecRequest, ExecResult, ModelInstance, ModelSpec
-from pdserve.backends.devices import check_gpu_ids
+from pdserve.backends.devices import check_gpu_ids, cuda_visible_devices_for
 from pdserve.backends.host_policy import instance_cores
 from pdserve.backends.python import shm
 from pdserve.backends.python.messages import (
@@ -562,6 +570,7 @@ def _init_message(
         device_id=device,
         cpu_cores=sorted(cores) if cores else None,
         server_pid=os.getpid(),
+        cuda_visible_devices=cuda_visible_devices_for(device) if kind == "GPU" else None,
     )
 
 

@@ -142,6 +142,9 @@ class WorkerInit(NamedTuple):
     cpu_cores: list[int] | None = None
     #: The server's pid: the worker exits when that process is gone (0: no watch).
     server_pid: int = 0
+    #: ``KIND_GPU``: the worker's ``CUDA_VISIBLE_DEVICES``, set before ``model.py`` is
+    #: imported, so that it sees only its own GPU (None: inherited unchanged).
+    cuda_visible_devices: str | None = None
 
 
 class Ready(NamedTuple):

@@ -484,6 +484,8 @@ def worker_main(sock: socket.socket, init: WorkerInit) -> None:
     # kernel kills this process when its parent (the fork server, which exits with
     # the server) exits, and a thread watches the server itself (lifetime module).
     lifetime.set_parent_death_signal()
+    if init.cuda_visible_devices is not None:  # KIND_GPU: only its own GPU, before any
+        os.environ["CUDA_VISIBLE_DEVICES"] = init.cuda_visible_devices  # CUDA library loads
     cores = init.cpu_cores
     if cores:  # before model.py is imported: every thread it starts inherits the mask
         os.sched_setaffinity(0, cores)
