@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pdserve import __version__
 from pdserve.cache import ResponseCache
 from pdserve.config import ENSEMBLE_PLATFORM, ConfigError, parse_config_override
+from pdserve.core import tracing
 from pdserve.core.errors import InferError, internal, unavailable
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.observability.stats import NOT_QUEUED
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from pdserve.backends.base import ExecRequest
     from pdserve.cache import ResponseCache
     from pdserve.core.api import InferenceCore, MetricsSource, ModelHost, RepositoryHost
+    from pdserve.core.tracing import RequestTracer, TraceRef
     from pdserve.observability.stats import ModelStats
 
 log = logging.getLogger("pdserve.server")
@@ -45,6 +47,7 @@ EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
 ]
 
 
@@ -101,6 +104,9 @@ class InferenceServer:
         #: ``none`` | ``poll`` | ``explicit``: only ``explicit`` accepts repository
         #: load / unload requests.
         self.model_control_mode = model_control_mode
+        #: the tracing hook (:class:`pdserve.observability.tracing.TraceManager`, set by
+        #: the app); None: no request is traced and the trace extension is unavailable.
+        self.tracer: RequestTracer | None = None
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -183,8 +189,32 @@ class InferenceServer:
         """
         if self._shutting_down:
             raise unavailable("Server is shutting down: no new requests are accepted")
+        tracer = self.tracer
+        if tracer is not None and (tracing.state.enabled or request.traceparent is not None):
+            return await self._infer_traced(tracer, request)
         mv = self.manager.get(request.model_name, request.model_version)
         return await self.infer_on(mv, request)
+
+    async def _infer_traced(self, tracer: RequestTracer, request: InferRequest) -> InferResponse:
+        """:meth:`infer` for a request that may be traced: the root span covers it from
+        its arrival until the response is ready (encoding and sending excluded)."""
+        ref = tracer.begin(request)
+        if ref is None:
+            mv = self.manager.get(request.model_name, request.model_version)
+            return await self.infer_on(mv, request)
+        request.trace = ref
+        error: str | None = None
+        try:
+            mv = self.manager.get(request.model_name, request.model_version)
+            return await self.infer_on(mv, request)
+        except InferError as e:
+            error = e.message
+            raise
+        except BaseException as e:
+            error = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            tracer.end(request, ref, error)
 
     def model_version(self, name: str, version: str = "") -> ModelVersion:
         """The ready model version for a step or BLS request (see :meth:`infer_on`).
@@ -197,10 +227,18 @@ class InferenceServer:
 
     async def infer_on(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
         """Run ``request`` on an already resolved model version (ensembles, BLS)."""
+        ref = request.trace
+        if ref is not None:
+            return await self._infer_on_traced(mv, request, ref)
+        return await self._infer_on(mv, request)
+
+    async def _infer_on(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
         stats = mv.stats
         # Triton counts a failure once a request has passed its checks and was queued
         # (see record_failure); a request refused before that counts nowhere.
         exec_req = mv.prepare(request)
+        if request.trace is not None:
+            request.trace.batch_size = exec_req.batch_size
         mv.begin()
         try:
             try:
@@ -232,6 +270,36 @@ class InferenceServer:
             mv.end()
         return InferResponse(mv.name, mv.version_str, outputs, request.id)
 
+    async def _infer_on_traced(
+        self, mv: ModelVersion, request: InferRequest, ref: TraceRef
+    ) -> InferResponse:
+        """:meth:`infer_on` for a traced request: the model span (Triton's: named after
+        the model) around it; queue and compute spans come from the scheduler."""
+        start = time.monotonic_ns()
+        ref.span_id = tracing.new_span_id()
+        attributes: dict[str, Any] = {
+            "triton.model_name": mv.name,
+            "triton.model_version": mv.version,
+        }
+        if request.id:
+            attributes["triton.request_id"] = request.id
+        if ref.attributes:
+            attributes.update(ref.attributes)
+        try:
+            response = await self._infer_on(mv, request)
+            attributes["pdserve.batch_size"] = ref.batch_size
+        except InferError as e:
+            attributes["pdserve.error"] = e.message
+            raise
+        except BaseException as e:
+            attributes["pdserve.error"] = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            ref.trace.add(
+                mv.name, ref.parent_id, start, time.monotonic_ns(), attributes, ref.span_id
+            )
+        return response
+
     async def _infer_cached(
         self, cache: ResponseCache, mv: ModelVersion, exec_req: ExecRequest
     ) -> Any:
@@ -243,11 +311,42 @@ class InferenceServer:
         start = time.monotonic_ns()
         key = cache.key(mv, exec_req)
         outputs = cache.lookup(key)
-        mv.stats.record_cache(outputs is not None, time.monotonic_ns() - start)
+        end = time.monotonic_ns()
+        mv.stats.record_cache(outputs is not None, end - start)
+        ref = exec_req.request.trace
+        if ref is not None:
+            ref.trace.add(
+                "cache_lookup", ref.span_id, start, end, {"pdserve.cache_hit": outputs is not None}
+            )
         if outputs is None:
             outputs = await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
             cache.insert(key, outputs)
         return outputs
+
+    # -- trace extension --------------------------------------------------------
+
+    def trace_setting(
+        self, model: str = "", update: Mapping[str, Any] | None = None
+    ) -> dict[str, str | list[str]]:
+        """Triton's trace extension: the trace settings of ``model`` ("": global),
+        updated first with ``update`` when given (see
+        :meth:`pdserve.observability.tracing.TraceManager.update_setting`).
+
+        Raises:
+            InferError(UNAVAILABLE): the server has no tracer ("the server does not
+                support tracing", Triton's answer when built without tracing).
+            InferError(INVALID_ARG): ``model`` is not a ready model ("Request for
+                unknown model : <m>", Triton's), or a bad update.
+            InferError(UNSUPPORTED): the update names ``trace_file``.
+        """
+        tracer = self.tracer
+        if tracer is None:
+            raise unavailable("the server does not support tracing")
+        if model and not self.model_ready(model):
+            raise InferError(f"Request for unknown model : {model}")
+        if update is not None:
+            return tracer.update_setting(model, update)
+        return tracer.get_setting(model)
 
     # -- statistics and repository -------------------------------------------
 

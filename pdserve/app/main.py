@@ -68,8 +68,10 @@ from pdserve.app import listeners
 from pdserve.app.settings import Settings
 from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
 from pdserve.cache import ResponseCache
+from pdserve.core.errors import InferError
 from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.server import serve_http
+from pdserve.observability.tracing import TraceManager
 from pdserve.repository.control import RepositoryPoller
 from pdserve.server import InferenceServer
 
@@ -179,12 +181,29 @@ def build_server(settings: Settings) -> InferenceServer:
         model_control_mode=settings.model_control_mode,
         response_cache=cache,
     )
+    server.tracer = build_tracer(settings)
     if settings.model_control_mode == "explicit":
         log.info(
             "model control mode explicit: loading %s at start",
             "every model" if server.load_models is None else (server.load_models or "no model"),
         )
     return server
+
+
+def build_tracer(settings: Settings) -> TraceManager:
+    """Step 1b: the trace settings and sampling (Triton's trace extension); the
+    OpenTelemetry export starts here when ``--trace-config`` turns tracing on.
+
+    Raises:
+        StartError: tracing is asked for and the ``tracing`` extra is not installed.
+    """
+    config = settings.tracing()
+    tracer = TraceManager(config)
+    try:
+        tracer.start()
+    except InferError as e:
+        raise StartError(f"--trace-config level={'|'.join(config.level)}: {e.message}") from None
+    return tracer
 
 
 async def start_http(
@@ -392,6 +411,9 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
     except HostPolicyError as e:
         log.error("--host-policy: %s", e)
         return 2
+    except StartError as e:
+        log.error("%s", e)
+        return 1
 
     stop_event = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -417,6 +439,13 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
     try:
         if metrics is not None:
             metrics.install_hooks()
+        tracer = server.tracer
+        if isinstance(tracer, TraceManager):  # stops last: the last requests' traces go out
+
+            async def stop_tracing() -> None:
+                await asyncio.to_thread(tracer.stop)
+
+            stops.append(("tracing", stop_tracing))
         http_task, stop_http = await start_http(settings, server, stop_event.is_set)
         stops.append(("HTTP", stop_http))
         if grpc_server is not None:

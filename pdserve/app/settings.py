@@ -47,6 +47,7 @@ from pdserve.frontends.http.server import (
     DEFAULT_MAX_HEADER_COUNT,
     HttpLimits,
 )
+from pdserve.observability.tracing import TraceConfig, TraceConfigError, parse_trace_config
 from pdserve.repository.control import MODES
 
 #: The example repository that ``examples/build.py`` builds (``--model-repository``'s default).
@@ -63,6 +64,7 @@ GROUPS = (
     "metrics",
     "model control",
     "response cache",
+    "tracing",
 )
 
 
@@ -340,6 +342,19 @@ class Settings:
         metavar="local,size=N",
     )
 
+    # -- tracing ------------------------------------------------------------------------
+    trace_config: tuple[str, ...] = _flag(
+        "--trace-config",
+        (),
+        "tracing",
+        "Triton's trace setting, repeatable: rate=N, level=OFF|TIMESTAMPS, count=N, "
+        "mode=opentelemetry, opentelemetry,url=<OTLP/HTTP endpoint>, "
+        "opentelemetry,resource=<key>=<value>, opentelemetry,bsp_schedule_delay=<ms>... "
+        "(default: level OFF, rate 1000; needs pip install 'pdserve[tracing]' to trace)",
+        action="append",
+        metavar="[MODE,]SETTING=VALUE",
+    )
+
     # -- construction and checks --------------------------------------------------------
 
     @classmethod
@@ -448,6 +463,7 @@ class Settings:
             self.host_policies()
         except HostPolicyError as e:
             raise SettingsError("--host-policy", str(e)) from None
+        self.tracing()
         if not self.repository.is_dir():
             hint = " (build it with `python examples/build.py`)"
             raise SettingsError(
@@ -502,6 +518,17 @@ class Settings:
         if "*" in names:
             return None
         return list(dict.fromkeys(names))
+
+    def tracing(self) -> TraceConfig:
+        """The ``--trace-config`` options, parsed (Triton's ``--trace-config``).
+
+        Raises:
+            SettingsError: a malformed option, an unknown setting or a bad value.
+        """
+        try:
+            return parse_trace_config(self.trace_config)
+        except TraceConfigError as e:
+            raise SettingsError("--trace-config", str(e)) from None
 
     def host_policies(self) -> dict[str, frozenset[int]]:
         """The ``--host-policy`` options as ``policy name -> CPU ids``.

@@ -47,6 +47,10 @@ class InferRequest:
             ``binary_data_output``...).
         arrival_ns: ``time.monotonic_ns()`` when the frontend received it.
         cancelled: a callable returning True once the client has gone away.
+        traceparent: the W3C ``traceparent`` the client sent (HTTP header or gRPC
+            metadata), unparsed; None when it sent none.
+        trace: set by the server when the request is traced
+            (:class:`pdserve.core.tracing.TraceRef`); None otherwise.
     """
 
     model_name: str
@@ -57,6 +61,8 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     arrival_ns: int = field(default_factory=time.monotonic_ns)
     cancelled: Any = None
+    traceparent: str | bytes | None = None
+    trace: Any = None
 
 
 @dataclass(slots=True)

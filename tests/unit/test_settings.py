@@ -47,6 +47,7 @@ FLAGS = {
     "--repository-poll-secs",
     "--response-cache-byte-size",
     "--cache-config",
+    "--trace-config",
 }
 
 

@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pdserve.config import config_from_json
 from pdserve.core.api import InferenceCore
-from pdserve.core.errors import ErrorCode, InferError
+from pdserve.core.errors import ErrorCode, InferError, unavailable
 from pdserve.frontends.grpc.codec import (
     decode_off_loop,
     encode_off_loop,
@@ -127,6 +127,14 @@ def method_handlers(servicer: GrpcService) -> dict[str, grpc.RpcMethodHandler]:
     return handlers
 
 
+def _traceparent(context: grpc.aio.ServicerContext) -> str | None:
+    """The W3C ``traceparent`` of the call's metadata (tracing, issue 17), or None."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent":
+            return value if isinstance(value, str) else None
+    return None
+
+
 class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` around one ``InferenceServer``.
 
@@ -221,6 +229,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             req = await decode_off_loop(request, arrival_ns)
             req.cancelled = context.cancelled
+            req.traceparent = _traceparent(context)
             return await encode_off_loop(await self.server.infer(req))
         except InferError as e:
             await context.abort(grpc_status(e), e.message)
@@ -247,10 +256,12 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         """
         done: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
+        traceparent = _traceparent(context)
 
         async def one(request: service_pb2.ModelInferRequest, arrival_ns: int) -> None:
             try:
                 req = await decode_off_loop(request, arrival_ns)
+                req.traceparent = traceparent
                 resp = await encode_off_loop(await self.server.infer(req))
                 msg = service_pb2.ModelStreamInferResponse(infer_response=resp)
             except InferError as e:
@@ -300,6 +311,28 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             stats = await _call(self.server.model_statistics, request.name, request.version)
             msg = service_pb2.ModelStatisticsResponse()
             json_format.ParseDict(stats, msg, ignore_unknown_fields=True)
+            return msg
+
+        return await self._guard(context, run)
+
+    async def TraceSetting(  # noqa: N802
+        self, request: service_pb2.TraceSettingRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.TraceSettingResponse:
+        """Triton's trace extension: get (no settings) or update the trace settings of
+        a model (``model_name``) or the global ones; an empty value list clears a setting."""
+
+        async def run() -> service_pb2.TraceSettingResponse:
+            setting = getattr(self.server, "trace_setting", None)
+            if setting is None:
+                raise unavailable("the server does not support tracing")
+            update = None
+            if request.settings:
+                update = {k: list(v.value) for k, v in request.settings.items()}
+            doc = await _call(setting, request.model_name, update)
+            msg = service_pb2.TraceSettingResponse()
+            for key, value in doc.items():
+                values = value if isinstance(value, list) else [value]
+                msg.settings[key].value.extend(values)
             return msg
 
         return await self._guard(context, run)

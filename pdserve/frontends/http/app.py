@@ -167,9 +167,12 @@ class HttpApp:
         header_length: int | None = None
         content_length = -1
         encoding = b""
+        traceparent = None
         for key, value in scope["headers"]:
             if key == b"content-length":
                 content_length = _int_header(value, -1)
+            elif key == b"traceparent":  # W3C trace context (tracing, issue 17)
+                traceparent = value
             elif key == b"inference-header-content-length":
                 header_length = _int_header(value, None)
                 if header_length is None or header_length < 0:
@@ -198,6 +201,8 @@ class HttpApp:
                 decode_infer_request, body, header_length, model, version, arrival_ns
             )
         request.cancelled = _disconnect_probe(receive)
+        if traceparent is not None:
+            request.traceparent = traceparent
         response = await self._infer(request)
         size = 0
         try:
@@ -357,6 +362,11 @@ class HttpApp:
             )
             await send({"type": "http.response.body", "body": b""})
             return
+        if (section == "trace" and n == 4 and parts[3] == "setting") or (
+            section == "models" and n == 6 and parts[4] == "trace" and parts[5] == "setting"
+        ):
+            await self._trace_setting(receive, send, scope, method, parts[3] if n == 6 else "")
+            return
         if section == "models" and n >= 4:
             if n == 4 and parts[3] == "stats":
                 _check_method(method, "GET")
@@ -493,6 +503,16 @@ class HttpApp:
             return parse_json_object(body)
         doc: dict[str, Any] = await off_process(parse_json_object, body)
         return doc
+
+    async def _trace_setting(
+        self, receive: Receive, send: Send, scope: Scope, method: str, model: str
+    ) -> None:
+        """``GET/POST /v2[/models/{m}]/trace/setting``: Triton's trace extension."""
+        if method not in ("GET", "POST"):
+            raise _WrongMethodError("GET, POST")
+        setting = self._optional("trace_setting", "the trace extension")
+        update = await self._read_json_object(receive, scope) if method == "POST" else None
+        await _send_json(send, 200, _dumps(await _call(setting, model, update)))
 
     def _optional(self, name: str, what: str) -> Callable[..., Any]:
         method = getattr(self.server, name, None)
