@@ -647,7 +647,8 @@ class ExportCounts:
     Attributes:
         exported: spans the endpoint accepted.
         dropped_queue_full: spans dropped because the export queue was full (the
-            endpoint is down or slower than the traffic).
+            endpoint is down or slower than the traffic), or still queued when the
+            export stopped.
         dropped_failed: spans of exports that failed (refused, timed out, an error status).
     """
 
@@ -691,7 +692,8 @@ class SpanExport:
         )
         self.counts = ExportCounts()
         self._queue: deque[tuple[Trace, int]] = deque()
-        self._queued = 0
+        self._queued = 0  # spans in _queue (under _lock: the loop adds, the thread takes)
+        self._lock = threading.Lock()
         self._max_queue = config.bsp_max_queue_size
         self._batch = config.bsp_max_export_batch_size
         self._delay = config.bsp_schedule_delay_ms / 1000
@@ -711,13 +713,16 @@ class SpanExport:
     def submit(self, trace: Trace) -> None:
         """Queue a finished trace's spans (all of them, or none when they do not fit)."""
         n = len(trace.spans)
-        if self._stopping or self._queued + n > self._max_queue:
+        with self._lock:
+            full = self._stopping or self._queued + n > self._max_queue
+            if not full:
+                self._queue.append((trace, time.time_ns() - time.monotonic_ns()))
+                self._queued += n
+                wake = self._queued >= self._batch
+        if full:
             self.counts.dropped_queue_full += n
             self._note_drops()
-            return
-        self._queue.append((trace, time.time_ns() - time.monotonic_ns()))
-        self._queued += n
-        if self._queued >= self._batch:
+        elif wake:
             self._wake.set()
 
     def _note_drops(self) -> None:
@@ -737,10 +742,16 @@ class SpanExport:
 
     def _take(self) -> list[Any]:
         """Up to one batch of spans, converted (whole traces: a batch may run over)."""
+        taken: list[tuple[Trace, int]] = []
+        count = 0
+        with self._lock:
+            while self._queue and count < self._batch:
+                item = self._queue.popleft()
+                taken.append(item)
+                count += len(item[0].spans)
+            self._queued -= count
         spans: list[Any] = []
-        while self._queue and len(spans) < self._batch:
-            trace, offset = self._queue.popleft()
-            self._queued -= len(trace.spans)
+        for trace, offset in taken:
             spans.extend(self._converter.convert(trace, offset))
         return spans
 
@@ -781,9 +792,14 @@ class SpanExport:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Export what is queued (at most ``timeout`` s), stop the thread, log the counts."""
-        self._stopping = True
+        with self._lock:
+            self._stopping = True
         self._wake.set()
         self._thread.join(timeout)
+        with self._lock:  # what the thread could not export in time is lost
+            self.counts.dropped_queue_full += self._queued
+            self._queue.clear()
+            self._queued = 0
         c = self.counts
         log.info(
             "tracing: %d spans exported in %d exports, %d dropped (%d queue full, %d failed "

@@ -159,8 +159,12 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dst = tmp_path_factory.mktemp("trace_repo")
     for name in ("image_classifier", "preprocess", "efficientnet_lite0", "postprocess", "tiny"):
         shutil.copytree(EXAMPLE_REPO / name, dst / name, symlinks=True)
-    for name in ("add_sub", "bls_traced"):
+    for name in ("add_sub", "bls_traced", "custom_span"):
         shutil.copytree(PY_MODELS / name, dst / name)
+    shutil.copytree(EXAMPLE_REPO / "tiny", dst / "tiny_cached", symlinks=True)
+    cfg = dst / "tiny_cached" / "config.pbtxt"
+    text = cfg.read_text().replace('name: "tiny"', 'name: "tiny_cached"')
+    cfg.write_text(text + "\nresponse_cache { enable: true }\n")
     return dst
 
 
@@ -169,7 +173,9 @@ def server(
     repo: Path, receiver: Receiver, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("trace_server") / "pdserve.log"
-    srv = start_server(repo, log, *trace_flags(receiver.url))
+    srv = start_server(
+        repo, log, *trace_flags(receiver.url), "--response-cache-byte-size", "1048576"
+    )
     yield srv
     srv.stop()
 
@@ -333,6 +339,57 @@ def test_grpc_metadata_traceparent(server: ServerProcess, receiver: Receiver) ->
     (model,) = _children(spans, root)
     assert model.name == "tiny"
     _check_model_span(spans, model, python=False)
+
+
+def test_python_model_adds_its_own_span(server: ServerProcess, receiver: Receiver) -> None:
+    """A python model opens its own OpenTelemetry span with the context of
+    request.trace().get_context(): it lands under pdserve's execute span."""
+    client = httpclient.InferenceServerClient(server.http_url)
+    t = httpclient.InferInput("INPUT0", [4], "FP32")
+    t.set_data_from_numpy(np.arange(4, dtype=np.float32))
+    trace_id = "5b8efff798038103d269b633813fc60c"
+    result = client.infer(
+        "custom_span",
+        [t],
+        parameters={"otlp_url": receiver.url},
+        headers={"traceparent": f"00-{trace_id}-eee19b7ec3c1b174-01"},
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.arange(4) * 2)
+    receiver.wait_for(
+        lambda s: (
+            {"InferRequest", "model_own_step"} <= {x.name for x in s if x.trace_id == trace_id}
+        )
+    )
+    spans = receiver.trace(trace_id)
+    own = _one(spans, "model_own_step")
+    execute = _one(spans, "execute")
+    assert own.parent_id == execute.span_id
+    assert own.resource["service.name"] == "custom_span"
+    assert own.attrs["rows"] == 4
+    _inside(own, execute)
+
+
+def test_response_cache_lookup_span(server: ServerProcess, receiver: Receiver) -> None:
+    """A cache miss runs the model (queue, compute); a hit has only the lookup."""
+    client = httpclient.InferenceServerClient(server.http_url)
+    t = httpclient.InferInput("INPUT0", [1, 64], "FP32")
+    t.set_data_from_numpy(np.full((1, 64), 0.25, dtype=np.float32))
+    ids = []
+    for i in range(2):
+        trace_id = f"{i + 1:032x}"
+        ids.append(trace_id)
+        client.infer("tiny_cached", [t], headers={"traceparent": f"00-{trace_id}-{i + 1:016x}-01"})
+    receiver.wait_for(
+        lambda s: all(any(x.name == "InferRequest" and x.trace_id == t for x in s) for t in ids)
+    )
+    miss, hit = (receiver.trace(t) for t in ids)
+    for spans, was_hit in ((miss, False), (hit, True)):
+        model = _one(spans, "tiny_cached")
+        lookup = _one(spans, "cache_lookup")
+        assert lookup.parent_id == model.span_id
+        assert lookup.attrs["pdserve.cache_hit"] is was_hit
+        _inside(lookup, model)
+        assert any(s.name == "compute" for s in spans) is not was_hit
 
 
 @pytest.mark.parametrize(
