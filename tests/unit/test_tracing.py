@@ -20,6 +20,7 @@ from pdserve.observability.tracing import (
     parse_trace_config,
 )
 
+
 @pytest.fixture(autouse=True)
 def _reset_tracing() -> Any:
     """TraceManager sets module-wide state: leave it as found."""

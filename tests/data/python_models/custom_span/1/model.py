@@ -30,7 +30,9 @@ class TritonPythonModel:
             context = request.trace().get_context()
             if url and context:
                 parent = extract(json.loads(context))
-                with self.tracer(url).start_as_current_span("model_own_step", context=parent) as span:
+                with self.tracer(url).start_as_current_span(
+                    "model_own_step", context=parent
+                ) as span:
                     span.set_attribute("rows", int(x.shape[0]))
                     y = x * 2
             else:
