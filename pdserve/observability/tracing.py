@@ -669,15 +669,15 @@ class SpanExport:
 
     :meth:`submit` (event loop) appends a finished trace's spans and returns at once.
     The thread wakes every ``bsp_schedule_delay`` ms, or as soon as
-    ``bsp_max_export_batch_size`` spans wait, converts up to that many to OpenTelemetry
-    spans and posts them (one request, at most ``export_timeout`` ms with the
+    ``bsp_max_export_batch_size`` spans wait, encodes up to that many as one OTLP
+    ``ExportTraceServiceRequest`` and posts it (one request, at most ``export_timeout`` ms with the
     exporter's retries). Spans beyond ``bsp_max_queue_size`` are dropped, as are those
     of a failed export; both are counted in :attr:`counts`.
 
     Args:
         config: the trace configuration (endpoint, resource, batch settings).
-        exporter: a span exporter (``export(spans) -> SpanExportResult``); None: the
-            OTLP/HTTP exporter to ``config.url``.
+        exporter: the OTLP/HTTP span exporter whose HTTP client posts the requests;
+            None: one to ``config.url``.
 
     Raises:
         InferError(UNAVAILABLE): OpenTelemetry (``pdserve[tracing]``) is not installed.
@@ -755,13 +755,14 @@ class SpanExport:
             spans.extend(self._converter.convert(trace, offset))
         return spans
 
-    def _export_some(self) -> None:
-        while self._queue:
+    def _export_some(self, full_batches_only: bool = False) -> None:
+        """Export the queue (with ``full_batches_only``: while a whole batch waits)."""
+        while self._queue and (not full_batches_only or self._queued >= self._batch):
             spans = self._take()
             if not spans:
                 continue
             try:
-                ok = self._otlp.export(self._exporter, spans)
+                ok = self._otlp.post(self._exporter, self._converter.request(spans))
                 reason = "" if ok else "the endpoint refused or did not answer"
             except Exception as e:  # noqa: BLE001 - the export thread must live on
                 ok, reason = False, f"{type(e).__name__}: {e}"
@@ -777,10 +778,12 @@ class SpanExport:
                 continue
 
     def _run(self) -> None:
+        # As the batch span processor: woken by a full batch, export full batches;
+        # when the delay has passed, export everything queued.
         while not self._stopping:
-            self._wake.wait(self._delay)
+            woken = self._wake.wait(self._delay)
             self._wake.clear()
-            self._export_some()
+            self._export_some(full_batches_only=woken and not self._stopping)
         self._export_some()
 
     def flush(self, timeout: float = 5.0) -> None:

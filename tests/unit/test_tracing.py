@@ -264,3 +264,49 @@ def test_model_setting_decides_sampling() -> None:
     assert m.begin(_req("b")) is None
     m.update_setting("a", {"trace_level": None, "trace_rate": None})
     assert not core_tracing.state.enabled
+
+
+# -- OTLP encoding -------------------------------------------------------------------------
+
+
+def test_otlp_encoding_decodes_with_opentelemetry_proto() -> None:
+    """The hand-written protobuf is what opentelemetry-proto reads back."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    from pdserve.observability.otlp import SpanConverter
+
+    t = Trace("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+    root = t.add("InferRequest", "00f067aa0ba902b7", 1_000, 9_000, {"triton.model_name": "m"})
+    t.add(
+        "m",
+        root,
+        2_000,
+        8_000,
+        {"triton.model_version": 3, "ok": True, "ratio": 0.5, "pdserve.error": "it broke"},
+    )
+    conv = SpanConverter({"service.name": "pdserve", "zone": "a"})
+    data = conv.request(conv.convert(t, 10**18) + conv.convert(t, 10**18))
+    msg = ExportTraceServiceRequest()
+    msg.ParseFromString(data)
+    (rs,) = msg.resource_spans
+    assert {kv.key: kv.value.string_value for kv in rs.resource.attributes} == {
+        "service.name": "pdserve",
+        "zone": "a",
+    }
+    (ss,) = rs.scope_spans
+    assert ss.scope.name == "pdserve"
+    assert len(ss.spans) == 4
+    r, m = ss.spans[0], ss.spans[1]
+    assert r.trace_id.hex() == t.trace_id and r.span_id.hex() == root
+    assert r.parent_span_id.hex() == "00f067aa0ba902b7"
+    assert r.kind == 2 and m.kind == 1  # SERVER (remote parent), INTERNAL
+    assert r.flags == 0x301 and m.flags == 0x101
+    assert (r.start_time_unix_nano, r.end_time_unix_nano) == (10**18 + 1_000, 10**18 + 9_000)
+    assert m.name == "m" and m.parent_span_id.hex() == root
+    attrs = {kv.key: kv.value for kv in m.attributes}
+    assert attrs["triton.model_version"].int_value == 3
+    assert attrs["ok"].bool_value is True and attrs["ratio"].double_value == 0.5
+    assert m.status.code == 2 and m.status.message == "it broke"
+    assert r.status.code == 0
