@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_perf_tool import json_body, parse_wrk
-from common import REPO, free_port, start_server, stop_process
+from common import REPO, start_server, stop_process
 
 SETTINGS: dict[str, list[str]] = {
     "off": [],
