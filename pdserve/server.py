@@ -191,17 +191,17 @@ class InferenceServer:
             raise unavailable("Server is shutting down: no new requests are accepted")
         tracer = self.tracer
         if tracer is not None and (tracing.state.enabled or request.traceparent is not None):
-            return await self._infer_traced(tracer, request)
+            ref = tracer.begin(request)  # sampling (and the log trace id)
+            if ref is not None:
+                return await self._infer_traced(tracer, request, ref)
         mv = self.manager.get(request.model_name, request.model_version)
         return await self.infer_on(mv, request)
 
-    async def _infer_traced(self, tracer: RequestTracer, request: InferRequest) -> InferResponse:
-        """:meth:`infer` for a request that may be traced: the root span covers it from
-        its arrival until the response is ready (encoding and sending excluded)."""
-        ref = tracer.begin(request)
-        if ref is None:
-            mv = self.manager.get(request.model_name, request.model_version)
-            return await self.infer_on(mv, request)
+    async def _infer_traced(
+        self, tracer: RequestTracer, request: InferRequest, ref: TraceRef
+    ) -> InferResponse:
+        """:meth:`infer` for a traced request: the root span covers it from its arrival
+        until the response is ready (encoding and sending excluded)."""
         request.trace = ref
         error: str | None = None
         try:

@@ -89,7 +89,10 @@ async def run_batch(
     inside, split where the backend marked them) are added under its model span.
     """
     traced = None
-    if tracing.state.enabled and any(r.request.trace is not None for r in batch):
+    if tracing.state.enabled and (
+        batch[0].request.trace is not None
+        or (len(batch) > 1 and any(r.request.trace is not None for r in batch))
+    ):
         traced = _trace_begin(batch)
     start = time.monotonic_ns()
     try:
