@@ -557,8 +557,8 @@ class TraceManager:
         model = request.model_name
         setting = self._models.get(model, self._global) if self._models else self._global
         if not setting.on or not setting.sample(parsed is not None):
-            if parsed is not None:
-                context.trace_id.set(parsed[0])
+            # a task may serve several requests (a keep-alive connection): set it either way
+            context.trace_id.set(parsed[0] if parsed is not None else None)
             return None
         trace = Trace(parsed[0], parsed[1], parsed[2]) if parsed else Trace()
         core_tracing.active[trace.trace_id] = trace

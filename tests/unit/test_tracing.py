@@ -310,3 +310,13 @@ def test_otlp_encoding_decodes_with_opentelemetry_proto() -> None:
     assert attrs["ok"].bool_value is True and attrs["ratio"].double_value == 0.5
     assert m.status.code == 2 and m.status.message == "it broke"
     assert r.status.code == 0
+
+
+def test_log_trace_id_follows_each_request() -> None:
+    m, _ = _manager("level=TIMESTAMPS", "rate=2")
+    ref = None
+    while ref is None:
+        ref = m.begin(_req())
+    assert context.trace_id.get() == ref.trace.trace_id
+    assert m.begin(_req()) is None  # the next one is not sampled: no stale trace id
+    assert context.trace_id.get() is None
