@@ -87,6 +87,9 @@ SETTLE_SECS = 2.0
 #: Seconds a shutdown may last beyond ``--exit-timeout-secs`` (closing listeners,
 #: stopping workers, leaving the interpreter) before the process exits anyway.
 EXIT_MARGIN_SECS = 5.0
+#: Seconds the span export gets at shutdown to send what is queued (the rest is
+#: counted as dropped); within EXIT_MARGIN_SECS.
+TRACE_FLUSH_SECS = 2.0
 #: Seconds an abandoned initial load has to stop its workers.
 ABANDON_WAIT_SECS = 10.0
 
@@ -443,7 +446,8 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
         if isinstance(tracer, TraceManager):  # stops last: the last requests' traces go out
 
             async def stop_tracing() -> None:
-                await asyncio.to_thread(tracer.stop)
+                if tracer.export is not None:  # spans to flush (a thread: it may wait)
+                    await asyncio.to_thread(tracer.stop, TRACE_FLUSH_SECS)
 
             stops.append(("tracing", stop_tracing))
         http_task, stop_http = await start_http(settings, server, stop_event.is_set)
