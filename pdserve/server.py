@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pdserve import __version__
 from pdserve.cache import ResponseCache
 from pdserve.config import ENSEMBLE_PLATFORM, ConfigError, parse_config_override
+from pdserve.core import tracing
 from pdserve.core.errors import InferError, internal, unavailable
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.observability.stats import NOT_QUEUED
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from pdserve.backends.base import ExecRequest
     from pdserve.cache import ResponseCache
     from pdserve.core.api import InferenceCore, MetricsSource, ModelHost, RepositoryHost
+    from pdserve.core.tracing import RequestTracer, TraceRef
     from pdserve.observability.stats import ModelStats
 
 log = logging.getLogger("pdserve.server")
@@ -48,6 +50,7 @@ EXTENSIONS = [
     "parameters",
     "statistics",
     "logging",
+    "trace",
 ]
 
 
@@ -131,6 +134,9 @@ class InferenceServer:
         #: circuit breakers per model version (``--circuit-breaker`` and the
         #: ``circuit_breaker`` config.pbtxt parameter; :mod:`pdserve.repository.breaker`).
         self.breakers = breakers if breakers is not None else BreakerBoard()
+        #: the tracing hook (:class:`pdserve.observability.tracing.TraceManager`, set by
+        #: the app); None: no request is traced and the trace extension is unavailable.
+        self.tracer: RequestTracer | None = None
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -221,6 +227,16 @@ class InferenceServer:
         """
         if self._shutting_down:
             raise unavailable("Server is shutting down: no new requests are accepted")
+        tracer = self.tracer
+        if tracer is not None and (tracing.state.enabled or request.traceparent is not None):
+            ref = tracer.begin(request)  # sampling (and the log trace id)
+            if ref is not None:
+                return await self._infer_traced(tracer, request, ref)
+        return await self._route(request)
+
+    async def _route(self, request: InferRequest) -> InferResponse:
+        """:meth:`infer` once tracing is decided: on-demand loads and the memory
+        budget's hold, then :meth:`_dispatch`."""
         if not self._track_use:
             return await self._dispatch(request)
         name = request.model_name
@@ -265,6 +281,24 @@ class InferenceServer:
             "models": dict(sorted(budget.counters.items())),
         }
 
+    async def _infer_traced(
+        self, tracer: RequestTracer, request: InferRequest, ref: TraceRef
+    ) -> InferResponse:
+        """:meth:`infer` for a traced request: the root span covers it from its arrival
+        until the response is ready (encoding and sending excluded)."""
+        request.trace = ref
+        error: str | None = None
+        try:
+            return await self._route(request)
+        except InferError as e:
+            error = e.message
+            raise
+        except BaseException as e:
+            error = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            tracer.end(request, ref, error)
+
     def model_version(self, name: str, version: str = "") -> ModelVersion:
         """The ready model version for a step or BLS request (see :meth:`infer_on`).
 
@@ -276,13 +310,20 @@ class InferenceServer:
 
     async def infer_on(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
         """Run ``request`` on an already resolved model version (ensembles, BLS)."""
+        ref = request.trace
+        if ref is not None:
+            return await self._infer_on_traced(mv, request, ref)
+        return await self._infer_on(mv, request)
+
+    async def _infer_on(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
+        """:meth:`infer_on` without the trace: through the version's circuit breaker."""
         stats = mv.stats
         breaker = self.breakers.for_version(mv, mv.name, mv.version_str, mv.config.parameters)
         if breaker is None:
-            return await self._infer_on(mv, request, stats)
+            return await self._run_on(mv, request, stats)
         probe = breaker.admit()  # raises UNAVAILABLE while the circuit is open
         try:
-            response = await self._infer_on(mv, request, stats)
+            response = await self._run_on(mv, request, stats)
         except BaseException as e:
             if isinstance(e, Exception) and is_failure(e):
                 breaker.record(probe, failed=True)
@@ -292,13 +333,15 @@ class InferenceServer:
         breaker.record(probe, failed=False)
         return response
 
-    async def _infer_on(
+    async def _run_on(
         self, mv: ModelVersion, request: InferRequest, stats: ModelStats
     ) -> InferResponse:
-        """:meth:`infer_on` without the circuit breaker."""
+        """:meth:`_infer_on` past the circuit breaker: prepare, schedule, finish."""
         # Triton counts a failure once a request has passed its checks and was queued
         # (see record_failure); a request refused before that counts nowhere.
         exec_req = mv.prepare(request)
+        if request.trace is not None:
+            request.trace.batch_size = exec_req.batch_size
         mv.begin()
         try:
             try:
@@ -330,6 +373,36 @@ class InferenceServer:
             mv.end()
         return InferResponse(mv.name, mv.version_str, outputs, request.id)
 
+    async def _infer_on_traced(
+        self, mv: ModelVersion, request: InferRequest, ref: TraceRef
+    ) -> InferResponse:
+        """:meth:`infer_on` for a traced request: the model span (Triton's: named after
+        the model) around it; queue and compute spans come from the scheduler."""
+        start = time.monotonic_ns()
+        ref.span_id = tracing.new_span_id()
+        attributes: dict[str, Any] = {
+            "triton.model_name": mv.name,
+            "triton.model_version": mv.version,
+        }
+        if request.id:
+            attributes["triton.request_id"] = request.id
+        if ref.attributes:
+            attributes.update(ref.attributes)
+        try:
+            response = await self._infer_on(mv, request)
+            attributes["pdserve.batch_size"] = ref.batch_size
+        except InferError as e:
+            attributes["pdserve.error"] = e.message
+            raise
+        except BaseException as e:
+            attributes["pdserve.error"] = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            ref.trace.add(
+                mv.name, ref.parent_id, start, time.monotonic_ns(), attributes, ref.span_id
+            )
+        return response
+
     async def _infer_cached(
         self, cache: ResponseCache, mv: ModelVersion, exec_req: ExecRequest
     ) -> Any:
@@ -341,11 +414,42 @@ class InferenceServer:
         start = time.monotonic_ns()
         key = cache.key(mv, exec_req)
         outputs = cache.lookup(key)
-        mv.stats.record_cache(outputs is not None, time.monotonic_ns() - start)
+        end = time.monotonic_ns()
+        mv.stats.record_cache(outputs is not None, end - start)
+        ref = exec_req.request.trace
+        if ref is not None:
+            ref.trace.add(
+                "cache_lookup", ref.span_id, start, end, {"pdserve.cache_hit": outputs is not None}
+            )
         if outputs is None:
             outputs = await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
             cache.insert(key, outputs)
         return outputs
+
+    # -- trace extension --------------------------------------------------------
+
+    def trace_setting(
+        self, model: str = "", update: Mapping[str, Any] | None = None
+    ) -> dict[str, str | list[str]]:
+        """Triton's trace extension: the trace settings of ``model`` ("": global),
+        updated first with ``update`` when given (see
+        :meth:`pdserve.observability.tracing.TraceManager.update_setting`).
+
+        Raises:
+            InferError(UNAVAILABLE): the server has no tracer ("the server does not
+                support tracing", Triton's answer when built without tracing).
+            InferError(INVALID_ARG): ``model`` is not a ready model ("Request for
+                unknown model : <m>", Triton's), or a bad update.
+            InferError(UNSUPPORTED): the update names ``trace_file``.
+        """
+        tracer = self.tracer
+        if tracer is None:
+            raise unavailable("the server does not support tracing")
+        if model and not self.model_ready(model):
+            raise InferError(f"Request for unknown model : {model}")
+        if update is not None:
+            return tracer.update_setting(model, update)
+        return tracer.get_setting(model)
 
     # -- statistics and repository -------------------------------------------
 

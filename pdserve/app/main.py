@@ -70,9 +70,11 @@ from pdserve.app import listeners
 from pdserve.app.settings import Settings
 from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
 from pdserve.cache import ResponseCache
+from pdserve.core.errors import InferError
 from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.server import serve_http
 from pdserve.frontends.traffic.gate import TrafficGate
+from pdserve.observability.tracing import TraceManager
 from pdserve.repository.breaker import BreakerBoard, BreakerPolicy
 from pdserve.repository.control import RepositoryPoller
 from pdserve.repository.layout import set_ready_marker
@@ -90,6 +92,9 @@ SETTLE_SECS = 2.0
 #: Seconds a shutdown may last beyond ``--exit-timeout-secs`` (closing listeners,
 #: stopping workers, leaving the interpreter) before the process exits anyway.
 EXIT_MARGIN_SECS = 5.0
+#: Seconds the span export gets at shutdown to send what is queued (the rest is
+#: counted as dropped); within EXIT_MARGIN_SECS.
+TRACE_FLUSH_SECS = 2.0
 #: Seconds an abandoned initial load has to stop its workers.
 ABANDON_WAIT_SECS = 10.0
 
@@ -200,6 +205,7 @@ def build_server(settings: Settings) -> InferenceServer:
         load_wait_s=settings.model_load_wait_secs,
         breakers=BreakerBoard(breaker_policy),
     )
+    server.tracer = build_tracer(settings)
     if settings.model_control_mode in ("explicit", "on_demand"):
         log.info(
             "model control mode %s: loading %s at start",
@@ -255,6 +261,22 @@ def build_gate(settings: Settings) -> TrafficGate | None:
         )
     gate = TrafficGate(config, limiter, http_restricted, grpc_restricted)
     return gate if gate.active else None
+
+
+def build_tracer(settings: Settings) -> TraceManager:
+    """Step 1b: the trace settings and sampling (Triton's trace extension); the
+    OpenTelemetry export starts here when ``--trace-config`` turns tracing on.
+
+    Raises:
+        StartError: tracing is asked for and the ``tracing`` extra is not installed.
+    """
+    config = settings.tracing()
+    tracer = TraceManager(config)
+    try:
+        tracer.start()
+    except InferError as e:
+        raise StartError(f"--trace-config level={'|'.join(config.level)}: {e.message}") from None
+    return tracer
 
 
 async def start_http(
@@ -513,6 +535,14 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
     try:
         if metrics is not None:
             metrics.install_hooks()
+        tracer = server.tracer
+        if isinstance(tracer, TraceManager):  # stops last: the last requests' traces go out
+
+            async def stop_tracing() -> None:
+                if tracer.export is not None:  # spans to flush (a thread: it may wait)
+                    await asyncio.to_thread(tracer.stop, TRACE_FLUSH_SECS)
+
+            stops.append(("tracing", stop_tracing))
         http_task, stop_http = await start_http(settings, server, stop_event.is_set, gate)
         stops.append(("HTTP", stop_http))
         if grpc_server is not None:

@@ -52,6 +52,7 @@ from pdserve.frontends.http.server import (
 )
 from pdserve.frontends.traffic.apis import RestrictedApiError, parse_restricted
 from pdserve.observability.logs import FORMATS as LOG_FORMATS
+from pdserve.observability.tracing import TraceConfig, TraceConfigError, parse_trace_config
 from pdserve.repository.control import EXPLICIT_MODES, MODES
 
 #: The example repository that ``examples/build.py`` builds (``--model-repository``'s default).
@@ -70,6 +71,7 @@ GROUPS = (
     "model control",
     "response cache",
     "traffic control",
+    "tracing",
 )
 
 
@@ -516,6 +518,19 @@ class Settings:
         metavar="SPEC",
     )
 
+    # -- tracing ------------------------------------------------------------------------
+    trace_config: tuple[str, ...] = _flag(
+        "--trace-config",
+        (),
+        "tracing",
+        "Triton's trace setting, repeatable: rate=N, level=OFF|TIMESTAMPS, count=N, "
+        "mode=opentelemetry, opentelemetry,url=<OTLP/HTTP endpoint>, "
+        "opentelemetry,resource=<key>=<value>, opentelemetry,bsp_schedule_delay=<ms>... "
+        "(default: level OFF, rate 1000; needs pip install 'pdserve[tracing]' to trace)",
+        action="append",
+        metavar="[MODE,]SETTING=VALUE",
+    )
+
     # -- construction and checks --------------------------------------------------------
 
     @classmethod
@@ -655,6 +670,7 @@ class Settings:
         except HostPolicyError as e:
             raise SettingsError("--host-policy", str(e)) from None
         self.validate_traffic()
+        self.tracing()
         if not self.repository.is_dir():
             hint = " (build it with `python examples/build.py`)"
             raise SettingsError(
@@ -747,6 +763,17 @@ class Settings:
         if "*" in names:
             return None
         return list(dict.fromkeys(names))
+
+    def tracing(self) -> TraceConfig:
+        """The ``--trace-config`` options, parsed (Triton's ``--trace-config``).
+
+        Raises:
+            SettingsError: a malformed option, an unknown setting or a bad value.
+        """
+        try:
+            return parse_trace_config(self.trace_config)
+        except TraceConfigError as e:
+            raise SettingsError("--trace-config", str(e)) from None
 
     def host_policies(self) -> dict[str, frozenset[int]]:
         """The ``--host-policy`` options as ``policy name -> CPU ids``.

@@ -51,6 +51,10 @@ class InferRequest:
             gRPC metadata; see :mod:`pdserve.repository.traffic`); ``""``: none.
         pinned_version: the version a request without ``model_version`` asks for
             (``x-pdserve-model-version``); ``""``: the traffic split picks.
+        traceparent: the W3C ``traceparent`` the client sent (HTTP header or gRPC
+            metadata), unparsed; None when it sent none.
+        trace: set by the server when the request is traced
+            (:class:`pdserve.core.tracing.TraceRef`); None otherwise.
     """
 
     model_name: str
@@ -63,6 +67,8 @@ class InferRequest:
     cancelled: Any = None
     route_key: str = ""
     pinned_version: str = ""
+    traceparent: str | bytes | None = None
+    trace: Any = None
 
 
 @dataclass(slots=True)

@@ -11,10 +11,12 @@ import abc
 import asyncio
 import time
 from collections import deque
+from typing import Any
 
 import numpy as np
 
 from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance
+from pdserve.core import tracing
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.observability.stats import ModelStats
 from pdserve.scheduling.shapes import OutputCheck
@@ -81,7 +83,17 @@ async def run_batch(
     With ``check`` (the model's :class:`~pdserve.scheduling.shapes.OutputCheck`),
     every request's outputs are checked against the configuration (datatype, rows,
     dims; ``reshape`` applied); a request whose outputs are wrong gets ``INTERNAL``.
+
+    When a request of the batch is traced (:mod:`pdserve.core.tracing`), its ``queue``
+    and ``compute`` spans (``compute_input`` / ``compute_infer`` / ``compute_output``
+    inside, split where the backend marked them) are added under its model span.
     """
+    traced = None
+    if tracing.state.enabled and (
+        batch[0].request.trace is not None
+        or (len(batch) > 1 and any(r.request.trace is not None for r in batch))
+    ):
+        traced = _trace_begin(batch)
     start = time.monotonic_ns()
     try:
         results = await instance.execute(batch)
@@ -109,9 +121,50 @@ async def run_batch(
     stats.record_compute(len(batch), 0, elapsed, 0)
     for r in batch:
         r.compute_ns = elapsed
+    if traced is not None:
+        _trace_end(traced, instance, batch, start, start + elapsed)
     if check is not None:
         results = check.results(batch, results)
     return results
+
+
+_Traced = tuple[Any, tracing.ComputeMarks, list[tuple[ExecRequest, tracing.TraceRef, str, str]]]
+
+
+def _trace_begin(batch: list[ExecRequest]) -> _Traced:
+    """Install the batch's :class:`~pdserve.core.tracing.ComputeMarks` (span ids chosen
+    now, so that a backend can hang its own spans under ``compute_infer``)."""
+    marks = tracing.ComputeMarks()
+    ids = []
+    for r in batch:
+        ref = r.request.trace
+        if ref is not None:
+            compute_id, infer_id = tracing.new_span_id(), tracing.new_span_id()
+            ids.append((r, ref, compute_id, infer_id))
+            marks.infer_spans[id(r)] = (ref, infer_id)
+    return tracing.set_marks(marks), marks, ids
+
+
+def _trace_end(
+    traced: _Traced, instance: ModelInstance, batch: list[ExecRequest], start: int, end: int
+) -> None:
+    """Record the queue and compute spans of the batch's traced requests."""
+    token, marks, ids = traced
+    tracing.reset_marks(token)
+    input_end = min(max(marks.input_end_ns or start, start), end)
+    output_start = min(max(marks.output_start_ns or end, input_end), end)
+    attrs = {
+        "pdserve.batch_size": sum(r.batch_size for r in batch),
+        "pdserve.batch_requests": len(batch),
+        "pdserve.model_instance": instance.name,
+    }
+    for r, ref, compute_id, infer_id in ids:
+        trace, parent = ref.trace, ref.span_id or ref.parent_id
+        trace.add("queue", parent, start - r.queue_ns, start)
+        trace.add("compute", parent, start, end, attrs, compute_id)
+        trace.add("compute_input", compute_id, start, input_end)
+        trace.add("compute_infer", compute_id, input_end, output_start, None, infer_id)
+        trace.add("compute_output", compute_id, output_start, end)
 
 
 class Scheduler(abc.ABC):

@@ -487,6 +487,10 @@ class EnsembleScheduler(Scheduler):
             parameters=_step_parameters(origin.parameters),
             cancelled=origin.cancelled,
         )
+        if origin.trace is not None:  # the step's model span hangs under the ensemble's
+            sub.trace = origin.trace.child(
+                {"pdserve.ensemble": self.plan.name, "pdserve.ensemble_step": step.index}
+            )
         server = self.server
         if server is None:  # unreachable: an ensemble loads only when its steps were found
             raise internal(f"ensemble '{self.plan.name}' has no server to run its steps")

@@ -92,8 +92,9 @@ def test_metadata_lists_only_served_extensions(explicit_server) -> None:
     ext = set(httpclient.InferenceServerClient(server.http_url).get_server_metadata()["extensions"])
     assert {"binary_tensor_data", "classification", "statistics", "model_repository"} <= ext
     assert "logging" in ext  # served: GET /v2/logging (tests/integration/test_logging.py)
+    assert "trace" in ext  # the trace extension (issue 17)
     assert "log_info" in httpclient.InferenceServerClient(server.http_url).get_log_settings()
-    assert not ext & {"system_shared_memory", "cuda_shared_memory", "trace"}
+    assert not ext & {"system_shared_memory", "cuda_shared_memory"}
     x = np.zeros((1, 64), dtype=np.float32)
     inp = httpclient.InferInput("INPUT0", [1, 64], "FP32")
     inp.set_data_from_numpy(x)

@@ -63,6 +63,7 @@ FLAGS = {
     "--rate-limit-strategy",
     "--rate-limit-fail-mode",
     "--circuit-breaker",
+    "--trace-config",
 }
 
 

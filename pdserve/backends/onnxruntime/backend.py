@@ -71,6 +71,7 @@ from pdserve.backends.host_policy import (
 from pdserve.backends.onnxruntime.autocomplete import complete_from_session
 from pdserve.core.datatypes import to_bytes_object_array
 from pdserve.core.errors import InferError, internal, unavailable
+from pdserve.core.tracing import mark_input_end, mark_output_start
 
 log = logging.getLogger("pdserve.onnxruntime")
 
@@ -509,6 +510,7 @@ class OnnxRuntimeInstance(ModelInstance):
             for n in r.output_names:
                 if n not in wanted:
                     wanted.append(n)
+        mark_input_end()
         try:
             if self._mode == "loop" or (
                 self._mode == "auto" and 0.0 < self._avg_run_s < INLINE_RUN_MAX_S
@@ -539,6 +541,7 @@ class OnnxRuntimeInstance(ModelInstance):
             ) from None
         except Exception as e:  # ORT raises its own exception types
             raise internal(f"onnxruntime execution failed: {e}") from e
+        mark_output_start()
         for n in wanted:
             if n in self._string_outputs:
                 outputs[n] = to_bytes_object_array(np.asarray(outputs[n], dtype=object))

@@ -103,8 +103,10 @@ from pdserve.backends.python.messages import (
     TensorDesc,
     WorkerInit,
 )
+from pdserve.core import tracing
 from pdserve.core.api import ModelRunner
 from pdserve.core.errors import ErrorCode, InferError, internal, unavailable
+from pdserve.core.tracing import TraceRef
 from pdserve.core.types import InferRequest, RequestedOutput
 
 log = logging.getLogger("pdserve.python")
@@ -447,18 +449,31 @@ class WorkerConnection:
                 blocks.append(Block(placed[0].id, placed[1]))
             return placed
 
+        marks = tracing.current_marks()
+        spans: list[tuple[TraceRef, str, str, str]] = []  # ref, infer, hop, execute span
         reqs = []
         for r in batch:
             inputs = {name: shm.write_tensor(arr, alloc) for name, arr in r.inputs.items()}
             params = dict(r.request.parameters) if r.request.parameters else {}
-            reqs.append(Request(r.request.id, params, inputs, list(r.output_names)))
+            traceparent = ""
+            if marks is not None and id(r) in marks.infer_spans:
+                ref, infer_id = marks.infer_spans[id(r)]
+                hop_id, exec_id = tracing.new_span_id(), tracing.new_span_id()
+                spans.append((ref, infer_id, hop_id, exec_id))
+                traceparent = ref.trace.traceparent(exec_id)
+            reqs.append(Request(r.request.id, params, inputs, list(r.output_names), traceparent))
         batch_id = next(self.batch_ids)
         future: asyncio.Future[Result] = self.loop.create_future()
         self.batch = (batch_id, future)
+        tracing.mark_input_end()
+        sent = time.monotonic_ns()
         self.send(Exec(batch_id, reqs))
         try:
             try:
-                return await asyncio.shield(future)
+                result = await asyncio.shield(future)
+                if spans:
+                    self._trace_hop(spans, sent, result)
+                return result
             except asyncio.CancelledError:
                 # The worker is still busy with this batch: keep the instance taken
                 # until it answers, or the next batch would overtake this one.
@@ -471,6 +486,21 @@ class WorkerConnection:
             # a failed future's exception has a traceback through this frame:
             # future -> exception -> traceback -> frame -> future would be a cycle
             future = None  # type: ignore[assignment]
+
+    def _trace_hop(
+        self, spans: list[tuple[TraceRef, str, str, str]], sent: int, result: Result
+    ) -> None:
+        """Record the shared-memory hop (``python_worker``: sent -> answer read) and the
+        worker's ``execute`` (its own clock, ``Result.exec_ns``) of each traced request."""
+        received = time.monotonic_ns()
+        tracing.mark_output_start()
+        attrs = {"pdserve.worker_pid": self.pid or 0, "pdserve.model_instance": self.name}
+        for ref, infer_id, hop_id, exec_id in spans:
+            trace = ref.trace
+            trace.add("python_worker", infer_id, sent, received, attrs, hop_id)
+            if result.exec_ns is not None:
+                begin, end = result.exec_ns
+                trace.add("execute", hop_id, max(begin, sent), min(end, received), None, exec_id)
 
     def read_outputs(self, outputs: dict[str, TensorDesc]) -> dict[str, np.ndarray]:
         """Views of a result's output tensors (released when garbage-collected)."""
@@ -494,8 +524,24 @@ class WorkerConnection:
                 parameters=call.parameters,
             )
             del arrays
-            mv = self.server.model_version(call.model_name, call.version)
-            response = await self.server.infer_on(mv, request)
+            ref = tracing.ref_from_traceparent(call.trace) if call.trace else None
+            if ref is not None:  # BLS with trace=request.trace(): a "bls" span, the model under it
+                bls_start = time.monotonic_ns()
+                bls_id = tracing.new_span_id()
+                request.trace = tracing.TraceRef(ref.trace, bls_id)
+            try:
+                mv = self.server.model_version(call.model_name, call.version)
+                response = await self.server.infer_on(mv, request)
+            finally:
+                if ref is not None:
+                    ref.trace.add(
+                        "bls",
+                        ref.parent_id,
+                        bls_start,
+                        time.monotonic_ns(),
+                        {"pdserve.bls_model": call.model_name},
+                        bls_id,
+                    )
             del request
             descs = {
                 name: shm.write_tensor(arr, self.pool.alloc)

@@ -109,6 +109,9 @@ class Request(NamedTuple):
     inputs: dict[str, TensorDesc]
     #: Outputs the client asked for (empty: all).
     output_names: list[str]
+    #: The W3C ``traceparent`` of the worker's ``execute`` span when the request is
+    #: traced ("" otherwise): ``request.trace().get_context()`` in the model.
+    trace: str = ""
 
 
 # --------------------------------------------------------------------------- messages
@@ -195,6 +198,9 @@ class Result(NamedTuple):
     #: ``execute`` raised or returned something else than one response per request:
     #: every request of the batch fails with this error.
     error: Error | None
+    #: ``time.monotonic_ns()`` when ``execute`` was called and when it returned (the
+    #: worker's execute span of a traced request); None when not measured.
+    exec_ns: tuple[int, int] | None = None
 
 
 class Bls(NamedTuple):
@@ -215,6 +221,9 @@ class Bls(NamedTuple):
     inputs: dict[str, TensorDesc]
     #: Outputs asked for (empty: all).
     output_names: list[str]
+    #: The ``traceparent`` of the request's trace context (``trace=request.trace()``),
+    #: "" when the call is not traced.
+    trace: str = ""
 
 
 class BlsResult(NamedTuple):
@@ -263,7 +272,7 @@ def _exec_to(m: Exec) -> tuple[Any, ...]:
     requests = []
     for r in m.requests:
         inputs = {name: tuple(desc) for name, desc in r.inputs.items()}
-        requests.append((r.id, r.parameters, inputs, r.output_names))
+        requests.append((r.id, r.parameters, inputs, r.output_names, r.trace))
     return (m.batch_id, requests)
 
 
@@ -271,7 +280,7 @@ def _exec_from(f: tuple[Any, ...]) -> Exec:
     requests = []
     for r in f[1]:
         inputs = {name: _new(TensorDesc, desc) for name, desc in r[2].items()}
-        requests.append(_new(Request, (r[0], r[1], inputs, r[3])))
+        requests.append(_new(Request, (r[0], r[1], inputs, r[3], r[4])))
     return _new(Exec, (f[0], requests))
 
 
@@ -284,7 +293,7 @@ def _result_to(m: Result) -> tuple[Any, ...]:
                 responses.append(tuple(r))
             else:
                 responses.append({name: tuple(desc) for name, desc in r.items()})
-    return (m.batch_id, responses, None if m.error is None else tuple(m.error))
+    return (m.batch_id, responses, None if m.error is None else tuple(m.error), m.exec_ns)
 
 
 def _result_from(f: tuple[Any, ...]) -> Result:
@@ -296,17 +305,26 @@ def _result_from(f: tuple[Any, ...]) -> Result:
                 responses.append({name: _new(TensorDesc, desc) for name, desc in r.items()})
             else:
                 responses.append(_new(Error, r))
-    return _new(Result, (f[0], responses, None if f[2] is None else _new(Error, f[2])))
+    return _new(Result, (f[0], responses, None if f[2] is None else _new(Error, f[2]), f[3]))
 
 
 def _bls_to(m: Bls) -> tuple[Any, ...]:
     inputs = {name: tuple(desc) for name, desc in m.inputs.items()}
-    return (m.call_id, m.model_name, m.version, m.request_id, m.parameters, inputs, m.output_names)
+    return (
+        m.call_id,
+        m.model_name,
+        m.version,
+        m.request_id,
+        m.parameters,
+        inputs,
+        m.output_names,
+        m.trace,
+    )
 
 
 def _bls_from(f: tuple[Any, ...]) -> Bls:
     inputs = {name: _new(TensorDesc, desc) for name, desc in f[5].items()}
-    return _new(Bls, (f[0], f[1], f[2], f[3], f[4], inputs, f[6]))
+    return _new(Bls, (f[0], f[1], f[2], f[3], f[4], inputs, f[6], f[7]))
 
 
 def _bls_result_to(m: BlsResult) -> tuple[Any, ...]:

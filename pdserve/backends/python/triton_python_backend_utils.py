@@ -317,6 +317,64 @@ _bls_submit: Callable[[InferenceRequest], Future[InferenceResponse]] | None = No
 _bls_wait: Callable[[Future[Any]], None] | None = None
 
 
+class InferenceTrace:
+    """The trace context of a request (Triton python backend's ``InferenceTrace``).
+
+    ``request.trace()`` returns one for each request ``execute`` receives. When the
+    request is traced, :meth:`get_context` gives the W3C trace context of the model's
+    ``execute`` span as Triton's JSON string, ``{"traceparent": "00-<trace>-<span>-01"}``,
+    so the model can add its own OpenTelemetry spans under it::
+
+        import json
+        from opentelemetry import trace
+        from opentelemetry.propagate import extract
+
+        ctx = request.trace().get_context()
+        parent = extract(json.loads(ctx)) if ctx else None
+        with trace.get_tracer("my_model").start_as_current_span("tokenize", context=parent):
+            ...
+
+    (the model exports those spans with its own OpenTelemetry SDK setup). Pass it on to a
+    BLS request, ``pb_utils.InferenceRequest(..., trace=request.trace())``, and the BLS
+    call's spans join the request's trace; without it a BLS call is not traced (Triton's
+    rule, docs/user_guide/trace.md "Tracing for BLS models").
+    """
+
+    def __init__(self, context: str | None = None) -> None:
+        self._context = context or None
+
+    @classmethod
+    def from_traceparent(cls, traceparent: str) -> InferenceTrace:
+        """The trace of a request whose execute span is ``traceparent`` ("" : untraced)."""
+        if not traceparent:
+            return _NO_TRACE
+        return cls(json.dumps({"traceparent": traceparent}))
+
+    def get_context(self) -> str | None:
+        """Triton's JSON trace context (``{"traceparent": ...}``), or None when the
+        request is not traced."""
+        return self._context
+
+    def __repr__(self) -> str:
+        return f"InferenceTrace({self._context!r})"
+
+
+_NO_TRACE = InferenceTrace()
+
+
+def traceparent_of(request: InferenceRequest) -> str:
+    """The ``traceparent`` a BLS request carries (its ``trace=`` argument), "" if none."""
+    trace = request._trace
+    context = trace.get_context() if isinstance(trace, InferenceTrace) else None
+    if not context:
+        return ""
+    try:
+        value = json.loads(context).get("traceparent", "")
+    except (ValueError, AttributeError):
+        return ""
+    return value if isinstance(value, str) else ""
+
+
 class InferenceRequest:
     """An inference request: one of those ``execute`` receives, or a BLS request.
 
@@ -341,6 +399,8 @@ class InferenceRequest:
         model_version: BLS target version, -1 for the version policy's choice.
         flags: request flags (kept, unused).
         timeout: BLS timeout in microseconds (0 = none).
+        trace: the :class:`InferenceTrace` of the request this BLS call serves
+            (``request.trace()``): the call then joins its trace.
         parameters: request parameters, a dict or a JSON string.
     """
 
@@ -366,6 +426,7 @@ class InferenceRequest:
         self.model_version = model_version
         self._flags = flags
         self._timeout = timeout
+        self._trace = trace if isinstance(trace, InferenceTrace) else _NO_TRACE
         if isinstance(parameters, str):
             parameters = json.loads(parameters) if parameters else {}
         self._parameters: dict[str, Any] = dict(parameters or {})
@@ -393,6 +454,10 @@ class InferenceRequest:
     def timeout(self) -> int:
         """Timeout in microseconds (0 = none)."""
         return self._timeout
+
+    def trace(self) -> InferenceTrace:
+        """The request's :class:`InferenceTrace` (its context is None when not traced)."""
+        return self._trace
 
     def parameters(self) -> str:
         """The request parameters as a JSON string (as Triton returns them)."""

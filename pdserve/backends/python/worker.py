@@ -49,6 +49,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -237,6 +238,7 @@ class Worker:
                     parameters=params,
                     inputs={name: self.write(array) for name, array in arrays.items()},
                     output_names=list(request.requested_output_names()),
+                    trace=pb.traceparent_of(request),
                 )
             )
         except BaseException:
@@ -280,8 +282,10 @@ class Worker:
                     request_id=req.id,
                     model_version=version,
                     parameters=req.parameters,
+                    trace=pb.InferenceTrace.from_traceparent(req.trace),
                 )
             )
+        exec_start = time.monotonic_ns()
         try:
             responses = model.execute(requests)
             if inspect.isawaitable(responses):
@@ -307,14 +311,16 @@ class Worker:
                 f"message: {_format_exception(exc)}"
             )
             del requests
-            self.send(Result(batch.batch_id, None, Error(message, code)))
+            exec_ns = (exec_start, time.monotonic_ns())
+            self.send(Result(batch.batch_id, None, Error(message, code), exec_ns))
             return
+        exec_ns = (exec_start, time.monotonic_ns())
         results = [
             self._encode_response(request, response)
             for request, response in zip(requests, responses, strict=True)
         ]
         del requests, responses
-        self.send(Result(batch.batch_id, results, None))
+        self.send(Result(batch.batch_id, results, None, exec_ns))
 
     def _encode_response(
         self, request: pb.InferenceRequest, response: Any

@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pdserve.config import config_from_json
 from pdserve.core.api import InferenceCore
-from pdserve.core.errors import ErrorCode, InferError
+from pdserve.core.errors import ErrorCode, InferError, unavailable
 from pdserve.core.types import InferRequest
 from pdserve.frontends.grpc.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -347,7 +347,8 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             req = await decode_off_loop(request, arrival_ns)
             req.cancelled = context.cancelled
-            logs.begin_request(req.id, _traceparent(context))
+            req.traceparent = _traceparent(context)
+            logs.begin_request(req.id, req.traceparent)
             if request_log.isEnabledFor(logging.DEBUG):
                 request_log.debug(
                     "gRPC infer model=%s version=%s", req.model_name, req.model_version or "-"
@@ -390,6 +391,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 req = await decode_off_loop(request, arrival_ns)
                 logs.begin_request(req.id, traceparent)
                 _traffic_metadata(req, context)
+                req.traceparent = traceparent
                 resp = await encode_off_loop(await self.server.infer(req))
                 msg = service_pb2.ModelStreamInferResponse(infer_response=resp)
                 msg = self._fit_stream_response(msg, request.id)
@@ -482,6 +484,28 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             stats = await _call(self.server.model_statistics, request.name, request.version)
             msg = service_pb2.ModelStatisticsResponse()
             json_format.ParseDict(stats, msg, ignore_unknown_fields=True)
+            return msg
+
+        return await self._guard(context, run)
+
+    async def TraceSetting(  # noqa: N802
+        self, request: service_pb2.TraceSettingRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.TraceSettingResponse:
+        """Triton's trace extension: get (no settings) or update the trace settings of
+        a model (``model_name``) or the global ones; an empty value list clears a setting."""
+
+        async def run() -> service_pb2.TraceSettingResponse:
+            setting = getattr(self.server, "trace_setting", None)
+            if setting is None:
+                raise unavailable("the server does not support tracing")
+            update = None
+            if request.settings:
+                update = {k: list(v.value) for k, v in request.settings.items()}
+            doc = await _call(setting, request.model_name, update)
+            msg = service_pb2.TraceSettingResponse()
+            for key, value in doc.items():
+                values = value if isinstance(value, list) else [value]
+                msg.settings[key].value.extend(values)
             return msg
 
         return await self._guard(context, run)

@@ -253,6 +253,8 @@ class HttpApp:
             request.route_key = principal_name.get() or ""
         if pinned:
             request.pinned_version = pinned.decode("latin-1").strip()
+        if traceparent is not None:
+            request.traceparent = traceparent
         response = await self._infer(request)
         size = 0
         try:
@@ -415,6 +417,11 @@ class HttpApp:
                 }
             )
             await send({"type": "http.response.body", "body": b""})
+            return
+        if (section == "trace" and n == 4 and parts[3] == "setting") or (
+            section == "models" and n == 6 and parts[4] == "trace" and parts[5] == "setting"
+        ):
+            await self._trace_setting(receive, send, scope, method, parts[3] if n == 6 else "")
             return
         if section == "models" and n >= 4:
             if n == 4 and parts[3] == "stats":
@@ -588,6 +595,16 @@ class HttpApp:
             return parse_json_object(body)
         doc: dict[str, Any] = await off_process(parse_json_object, body)
         return doc
+
+    async def _trace_setting(
+        self, receive: Receive, send: Send, scope: Scope, method: str, model: str
+    ) -> None:
+        """``GET/POST /v2[/models/{m}]/trace/setting``: Triton's trace extension."""
+        if method not in ("GET", "POST"):
+            raise _WrongMethodError("GET, POST")
+        setting = self._optional("trace_setting", "the trace extension")
+        update = await self._read_json_object(receive, scope) if method == "POST" else None
+        await _send_json(send, 200, _dumps(await _call(setting, model, update)))
 
     def _optional(self, name: str, what: str) -> Callable[..., Any]:
         method = getattr(self.server, name, None)
