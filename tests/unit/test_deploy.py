@@ -44,7 +44,20 @@ KUSTOMIZATIONS = ["overlays/dev", "overlays/prod", "overlays/prod-keda", "kserve
 #: kubernetes-validate ships).
 K8S_VERSIONS = ["1.30.0", "1.33.0"]
 
-needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+
+def _kustomize_ok() -> bool:
+    """kubectl with kustomize >= 4 (kustomize components; Debian's old
+    kubernetes-client has kustomize 2)."""
+    if shutil.which("kubectl") is None:
+        return False
+    r = subprocess.run(
+        ["kubectl", "version", "--client", "-o", "json"], capture_output=True, text=True
+    )
+    m = re.match(r"v(\d+)", json.loads(r.stdout or "{}").get("kustomizeVersion", ""))
+    return bool(m) and int(m.group(1)) >= 4
+
+
+needs_kubectl = pytest.mark.skipif(not _kustomize_ok(), reason="kubectl with kustomize >= 4 needed")
 
 
 # -- rendering -----------------------------------------------------------------------
