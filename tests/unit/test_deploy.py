@@ -282,6 +282,9 @@ def test_deployment_matches_pdserve(path: str) -> None:
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts["models"] == _flag(args, "--model-repository")
     assert mounts["dshm"] == "/dev/shm"
+    # A read-only root: pdserve writes only to /tmp, /dev/shm and ~/.cache (onnxruntime).
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {mounts["tmp"], mounts["cache"]} == {"/tmp", "/home/pdserve/.cache"}
     # Non-root, as the image's USER.
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == int(_dockerfile_user().split(":")[0])
@@ -522,6 +525,9 @@ def test_dockerfile_rules() -> None:
     # Non-root, numeric (Kubernetes' runAsNonRoot can only check a numeric user).
     uid = _dockerfile_user().split(":")[0]
     assert uid.isdigit() and int(uid) != 0
+    # The user's home, where the Deployment mounts ~/.cache.
+    assert f"--uid {uid} " in " ".join(a for i, a in final if i == "RUN")
+    assert "--home-dir /home/pdserve" in " ".join(a for i, a in final if i == "RUN")
     # `pdserve` is the entry point, in exec form (PID 1, SIGTERM reaches it).
     (entry,) = [a for i, a in final if i == "ENTRYPOINT"]
     assert json.loads(entry) == ["pdserve"]
