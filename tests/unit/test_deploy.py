@@ -344,7 +344,13 @@ def test_kserve_runtime_and_services_match_pdserve() -> None:
         "http1": http,
         "grpc": grpc,
     }
-    assert pred["model"]["storageUri"].startswith("pvc://")
+    # The predictor serves the normal repository, as the plain InferenceService does.
+    assert pred["model"]["storageUri"] == plain["spec"]["predictor"]["model"]["storageUri"]
+    # The transformer starts once the predictor's model is ready (its Service, port 80).
+    (wait,) = tr["initContainers"]
+    assert wait["command"][:2] == ["python", "-c"]
+    compile(wait["command"][2], "wait-for-predictor", "exec")
+    assert f"http://{pair['metadata']['name']}-predictor/v2/models/" in wait["command"][2]
     (t,) = tr["containers"]
     env = {e["name"]: e["value"] for e in t["env"]}
     assert (
