@@ -42,7 +42,7 @@ METRICS_SRC = ROOT / "pdserve" / "observability" / "metrics.py"
 KUSTOMIZATIONS = ["overlays/dev", "overlays/prod", "overlays/prod-keda", "kserve"]
 #: Kubernetes versions the built-in kinds are validated against (schemas that
 #: kubernetes-validate ships).
-K8S_VERSIONS = ["1.30.0", "1.33.0"]
+K8S_VERSIONS = ["1.30.0", "1.33.0", "1.37.0"]
 
 
 def _kustomize_ok() -> bool:
