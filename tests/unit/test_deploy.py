@@ -302,6 +302,9 @@ def test_deployment_matches_pdserve(path: str) -> None:
     # The rules ConfigMap is generated from deploy/prometheus/pdserve-rules.yml.
     cm = one(docs, "ConfigMap", "pdserve-prometheus-rules")
     assert cm["data"] == {"pdserve-rules.yml": RULES.read_text()}
+    # Every object (components' too) carries the overlay's part-of label.
+    assert all(d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "pdserve" for d in docs)
+    assert "app.kubernetes.io/part-of" not in dep["spec"]["selector"]["matchLabels"]
     # Every object lands in the overlay's namespace.
     ns = one(docs, "Namespace")["metadata"]["name"]
     assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {ns}
