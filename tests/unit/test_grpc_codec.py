@@ -145,24 +145,7 @@ def test_status_codes_follow_triton() -> None:
     assert grpc_status(InferError("x", ErrorCode.CLIENT_GONE)) == grpc.StatusCode.CANCELLED
 
 
-def test_kubernetes_example_is_consistent() -> None:
-    yaml = pytest.importorskip("yaml")
-    docs = list(
-        yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "deployment.yaml").read_text())
-    )
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
-    pod = deployment["spec"]["template"]["spec"]
-    container = pod["containers"][0]
-    args = dict(a.split("=", 1) for a in container["args"] if a.startswith("--") and "=" in a)
-    exit_timeout = float(args["--exit-timeout-secs"])
-    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
-    assert pod["terminationGracePeriodSeconds"] >= pre_stop + exit_timeout
-    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    # every flag in the example exists
-    from pdserve.app import cli
-
-    cli.build_parser().parse_args(container["args"])
+# The Kubernetes manifests' agreement with pdserve's flags: tests/unit/test_deploy.py.
 
 
 # -- warm-up -------------------------------------------------------------------------
