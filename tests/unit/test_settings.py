@@ -442,3 +442,26 @@ def test_traffic_flags_parse(tmp_path: Path) -> None:
         "auto",
     )
     assert parse(tmp_path).circuit_breaker is None
+
+
+def test_traffic_control_example_flags_parse(tmp_path: Path) -> None:
+    """deploy/traffic-control/serve.sh's flags are flags `pdserve serve` accepts, with the
+    values it documents (the example stays true to the code)."""
+    import shlex
+
+    script = Path(__file__).resolve().parents[2] / "deploy" / "traffic-control" / "serve.sh"
+    text = script.read_text().replace("\\\n", " ")
+    command = next(line for line in text.splitlines() if line.startswith("exec "))
+    command = command.replace('"${PDSERVE_ADMIN_HEADER:?}"', "secret")
+    argv = shlex.split(command)
+    argv = argv[argv.index("serve") + 1 :]
+    repo = argv.index("--model-repository")
+    del argv[repo : repo + 2]
+    auth = tmp_path / "auth.yaml"
+    auth.write_text("keys: []\n")
+    argv[argv.index("--auth-config") + 1] = str(auth)
+    s = parse(tmp_path, *argv)
+    assert s.model_control_mode == "poll"
+    assert s.version_ready_marker == "READY"
+    assert s.rate_limit_storage == "redis://redis:6379/0"
+    assert s.circuit_breaker is not None and "consecutive_failures=5" in s.circuit_breaker
