@@ -54,6 +54,11 @@ REGISTRY: dict[str, BackendEntry] = {
             requires=("onnxruntime",),
         ),
         BackendEntry(cfgmod.PYTHON_BACKEND, "pdserve.backends.python.backend:PythonBackend"),
+        BackendEntry(
+            cfgmod.REMOTE_BACKEND,
+            "pdserve.backends.remote.backend:RemoteBackend",
+            requires=("grpc", "aiohttp"),
+        ),
     )
 }
 
