@@ -23,9 +23,9 @@ def parse(pbtxt: str) -> model_config_pb2.ModelConfig:
     return text_format.Parse(pbtxt, model_config_pb2.ModelConfig(name="m"))
 
 
-def test_registry_serves_onnxruntime_and_python() -> None:
-    assert served_backends() == ["onnxruntime", "python"]
-    assert sorted(REGISTRY) == ["onnxruntime", "python"]  # an ensemble is not a backend
+def test_registry_serves_onnxruntime_python_and_remote() -> None:
+    assert served_backends() == ["onnxruntime", "python", "remote"]
+    assert sorted(REGISTRY) == ["onnxruntime", "python", "remote"]  # an ensemble is not a backend
     for name in REGISTRY:
         assert unavailable_reason(name) is None
         assert get_backend(name).name == name
@@ -36,7 +36,7 @@ def test_registry_serves_onnxruntime_and_python() -> None:
 
 PYTORCH_REASON = (
     "backend 'pytorch' (platform 'pytorch_libtorch') is not available: pdserve has no "
-    "pytorch backend; it serves 'onnxruntime', 'python' (export the model to ONNX, or call "
+    "pytorch backend; it serves 'onnxruntime', 'python', 'remote' (export the model to ONNX, or call "
     "it from a python backend model)"
 )
 
@@ -74,7 +74,7 @@ def test_pytorch_fails_validation_with_the_registry_reason(pbtxt: str, field: st
 
 
 def test_unknown_backend_names_the_served_ones() -> None:
-    reason = "unknown backend 'tensorflow'; pdserve serves 'onnxruntime', 'python'"
+    reason = "unknown backend 'tensorflow'; pdserve serves 'onnxruntime', 'python', 'remote'"
     assert unavailable_reason("tensorflow") == reason
     with pytest.raises(ConfigError) as e:
         cfgmod.normalize_platform(
@@ -84,7 +84,7 @@ def test_unknown_backend_names_the_served_ones() -> None:
     with pytest.raises(ConfigError) as e:  # without the registry: Triton's names
         cfgmod.normalize_platform(parse('backend: "tensorflow"'), "m/config.pbtxt")
     assert e.value.message == (
-        "unknown backend 'tensorflow'; pdserve knows 'onnxruntime', 'python', 'pytorch'"
+        "unknown backend 'tensorflow'; pdserve knows 'onnxruntime', 'python', 'pytorch', 'remote'"
     )
     with pytest.raises(ValueError, match="unknown backend 'tensorflow'"):
         get_backend("tensorflow")

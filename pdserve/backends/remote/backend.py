@@ -430,6 +430,7 @@ class RemoteTarget:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - closing
                 pass
             self._probe = None
+        self.stats.up = False  # unloaded: pdserve_remote_up says 0, not a stale 1
         await self.client.close()
 
 
