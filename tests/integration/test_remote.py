@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -288,3 +289,63 @@ def test_load_waits_for_a_target_and_names_it_when_absent(tmp_path: Path) -> Non
         assert json.dumps(row)  # a plain JSON row
     finally:
         server.stop()
+
+
+#: The interpreter of a venv holding nvidia-pytriton (its bundled tritonserver 2.51),
+#: numpy < 2 and onnxruntime: ``benchmarks/bench_peers.py --install`` makes it.
+TRITON_PY = Path(
+    os.environ.get(
+        "PDSERVE_TRITON_PYTHON", str(ROOT / "benchmarks" / ".venvs" / "triton" / "bin" / "python")
+    )  # fmt: skip
+)
+
+
+@pytest.mark.skipif(
+    not TRITON_PY.exists(),
+    reason=f"no real Triton: {TRITON_PY} is absent (benchmarks/bench_peers.py --install)",
+)
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_real_triton_as_the_predictor(protocol: str, tmp_path: Path, images: dict) -> None:
+    """The transformer forwards to real Triton 2.51 (python backend running
+    efficientnet_lite0 with ONNX Runtime): its config is fetched from Triton and
+    checked, and the photos get the golden top-5 (Triton starts in about 5 s)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_pipeline import make_python_predictor_repo
+    from common import tritonserver_command
+
+    full = make_python_predictor_repo(tmp_path / "full", 1)
+    repo = tmp_path / "triton_repo"
+    repo.mkdir()
+    shutil.copytree(full / "efficientnet_lite0", repo / "efficientnet_lite0")
+    http = free_port()
+    cmd, env = tritonserver_command(TRITON_PY, repo, http, tmp_path / "backends")
+    grpc = free_port()
+    cmd = [f"--grpc-port={grpc}" if a.startswith("--grpc-port=") else a for a in cmd]
+    with open(tmp_path / "triton.log", "wb") as log:
+        triton = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env})  # fmt: skip
+    transformer: ServerProcess | None = None
+    try:
+        _wait("triton ready", lambda: _get(f"http://127.0.0.1:{http}/v2/health/ready")[0] == 200, 120)  # fmt: skip
+        url = f"127.0.0.1:{grpc if protocol == 'grpc' else http}"
+        trepo = build_transformer(tmp_path / "t_repo", url, protocol, EXAMPLE_REPO)
+        transformer = _start(trepo, tmp_path / "t.log")
+        client = httpclient.InferenceServerClient(transformer.http_url, network_timeout=120)
+        for row, name in enumerate(images["names"]):
+            r = client.infer(
+                "image_classifier", [_image_input([images[f"image_bytes_{name}"].tobytes()])]
+            )
+            want = (images["top5_labels"][row], images["top5_confidences"][row])
+            _assert_top5(r.as_numpy("top5_labels")[0], r.as_numpy("top5_confidences")[0], *want)
+        stats = httpclient.InferenceServerClient(f"127.0.0.1:{http}").get_inference_statistics(
+            "efficientnet_lite0"
+        )
+        assert int(stats["model_stats"][0]["inference_count"]) >= len(images["names"])
+    finally:
+        if transformer is not None:
+            transformer.stop()
+        triton.terminate()
+        try:
+            triton.wait(30)
+        except subprocess.TimeoutExpired:
+            triton.kill()
+            triton.wait(10)
