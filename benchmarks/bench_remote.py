@@ -12,9 +12,11 @@ the same machine, same client and same photo:
 3. **split, HTTP+binary**: the same, the remote model speaking V2 REST with the binary
    tensor extension (8 keep-alive connections, one per batch in flight).
 
-Each setup runs closed-loop load with ``benchmarks/loadgen.py`` (HTTP binary
-extension, one JPEG per request) at concurrency 1, 8 and 32 for ``--duration``
-seconds after ``--warmup``. The *added latency per image* is the split's p50 minus
+Every setup's servers run at once (the idle ones cost a health probe a second); the
+setups are measured interleaved, ``--rounds`` rounds per concurrency, with closed-loop
+load from ``benchmarks/loadgen.py`` (HTTP binary extension, one JPEG per request) at
+concurrency 1, 8 and 32 for ``--duration`` seconds after ``--warmup``; the tables give
+medians over the rounds. The *added latency per image* is the split's p50 minus
 the one-process p50 at concurrency 1. Also measured: the remote hop alone
 (``efficientnet_lite0`` with a 602 KB FP32 input, concurrency 1): on the predictor
 directly vs through the transformer's remote model.
@@ -30,7 +32,7 @@ No pinning: both servers and the client share the machine's cores, so on a small
 machine the split measures the cost of the hop, not the gain of giving the predictor
 its own machine. Usage::
 
-    .venv/bin/python benchmarks/bench_remote.py [--duration 5] [--warmup 1] [--triton benchmarks/.venvs/triton/bin/python]
+    .venv/bin/python benchmarks/bench_remote.py [--duration 4] [--warmup 1] [--rounds 3] [--triton benchmarks/.venvs/triton/bin/python]
 
 Prints a Markdown table and writes ``benchmarks/out/remote.json``.
 """
@@ -42,6 +44,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -90,24 +93,24 @@ def serve_triton(py: Path, repo: Path, work: Path) -> tuple[subprocess.Popen[byt
     return proc, http, grpc
 
 
-def points(port: int, body: tuple[bytes, int], duration: float, warmup: float, label: str) -> list[dict[str, Any]]:  # fmt: skip
-    rows = []
-    for c in CONCURRENCY:
-        load = os.getloadavg()[0]
-        r = load_point(port, "image_classifier", *body, c, duration, warmup)
-        r["concurrency"] = c
-        r["loadavg_before"] = round(load, 2)
-        rows.append(r)
-        print(f"  [{label}] c={c}: {r['rps']:.1f}/s p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} ms", file=sys.stderr)  # fmt: skip
-    return rows
-
-
 def hop(port: int, body: tuple[bytes, int], duration: float, warmup: float) -> dict[str, Any]:
     """efficientnet_lite0 alone at concurrency 1 on ``port``."""
     return load_point(port, "efficientnet_lite0", *body, 1, duration, warmup)
 
 
+def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The medians of rps / p50 / p99 over rounds, with every round's figures."""
+    row: dict[str, Any] = {
+        k: statistics.median(r[k] for r in runs) for k in ("rps", "p50_ms", "p99_ms")
+    }
+    row["rounds"] = [{k: r[k] for k in ("rps", "p50_ms", "p99_ms", "loadavg_before")} for r in runs]
+    return row
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Start every setup's servers at once (idle ones cost a health probe a second),
+    then measure the setups interleaved: per concurrency, ``--rounds`` rounds, each
+    setup once per round; report medians over rounds."""
     goldens = np.load(GOLDENS / "image_classifier.npz")
     jpeg = goldens["image_bytes_china"].tobytes()
     expected = [str(x) for x in goldens["top5_labels"][list(goldens["names"]).index("china")]]
@@ -123,68 +126,74 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "duration_s": args.duration,
         "warmup_s": args.warmup,
+        "rounds": args.rounds,
         "setups": {},
         "hop_c1": {},
     }
-    setups = out["setups"]
+    procs: list[subprocess.Popen[bytes]] = []
+    ports: dict[str, int] = {}
+    hop_ports: dict[str, int] = {}
     try:
         one = work / "one"
         one.mkdir()
         for m in PIPELINE:
             shutil.copytree(REPO / m, one / m)
-        proc, http, _ = serve(one, work / "one.log")
-        try:
-            check_top5(http, jpeg, expected)
-            setups["one process"] = points(http, body, args.duration, args.warmup, "one process")
-        finally:
-            stop_server(proc)
-
+        proc, ports["one process"], _ = serve(one, work / "one.log")
+        procs.append(proc)
         pred_repo = work / "predictor"
         pred_repo.mkdir()
         shutil.copytree(REPO / "efficientnet_lite0", pred_repo / "efficientnet_lite0")
         pred, p_http, p_grpc = serve(pred_repo, work / "predictor.log")
-        try:
-            out["hop_c1"]["predictor directly (HTTP+binary)"] = hop(p_http, hop_body, args.duration, args.warmup)  # fmt: skip
-            for protocol in ("grpc", "http"):
-                url = f"127.0.0.1:{p_grpc if protocol == 'grpc' else p_http}"
-                trepo = build_transformer(
-                    work / f"t_{protocol}", url, protocol, REPO, pool_size=4 if protocol == "grpc" else 8
-                )  # fmt: skip
-                label = f"split, {'gRPC' if protocol == 'grpc' else 'HTTP+binary'}"
-                tr, t_http, _ = serve(trepo, work / f"t_{protocol}.log")
-                try:
-                    check_top5(t_http, jpeg, expected)
-                    setups[label] = points(t_http, body, args.duration, args.warmup, label)
-                    out["hop_c1"][f"through the transformer ({label})"] = hop(t_http, hop_body, args.duration, args.warmup)  # fmt: skip
-                finally:
-                    stop_server(tr)
-        finally:
-            stop_server(pred)
-
-        if args.triton is not None:
-            if not Path(args.triton).exists():
-                out["triton"] = f"skipped: no interpreter at {args.triton}"
-                print(f"  triton: {out['triton']}", file=sys.stderr)
-            else:
-                trepo_src = make_python_predictor_repo(work / "triton_repo_full", 1)
-                t_repo = work / "triton_repo"
-                t_repo.mkdir()
-                shutil.copytree(trepo_src / "efficientnet_lite0", t_repo / "efficientnet_lite0")
-                tproc, tt_http, tt_grpc = serve_triton(Path(args.triton), t_repo, work)
-                try:
-                    trepo = build_transformer(
-                        work / "t_triton", f"127.0.0.1:{tt_grpc}", "grpc", REPO
-                    )
-                    tr, t_http, _ = serve(trepo, work / "t_triton.log")
-                    try:
-                        check_top5(t_http, jpeg, expected)
-                        label = "split, gRPC, predictor = real Triton 2.51"
-                        setups[label] = points(t_http, body, args.duration, args.warmup, label)
-                    finally:
-                        stop_server(tr)
-                finally:
-                    stop_server(tproc)
+        procs.append(pred)
+        hop_ports["predictor directly (HTTP+binary)"] = p_http
+        for protocol in ("grpc", "http"):
+            url = f"127.0.0.1:{p_grpc if protocol == 'grpc' else p_http}"
+            trepo = build_transformer(
+                work / f"t_{protocol}", url, protocol, REPO, pool_size=4 if protocol == "grpc" else 8
+            )  # fmt: skip
+            label = f"split, {'gRPC' if protocol == 'grpc' else 'HTTP+binary'}"
+            tr, ports[label], _ = serve(trepo, work / f"t_{protocol}.log")
+            procs.append(tr)
+            hop_ports[f"through the transformer ({label})"] = ports[label]
+        if args.triton is not None and not Path(args.triton).exists():
+            out["triton"] = f"skipped: no interpreter at {args.triton}"
+            print(f"  triton: {out['triton']}", file=sys.stderr)
+        elif args.triton is not None:
+            trepo_src = make_python_predictor_repo(work / "triton_repo_full", 1)
+            t_repo = work / "triton_repo"
+            t_repo.mkdir()
+            shutil.copytree(trepo_src / "efficientnet_lite0", t_repo / "efficientnet_lite0")
+            tproc, _, tt_grpc = serve_triton(Path(args.triton), t_repo, work)
+            procs.append(tproc)
+            trepo = build_transformer(work / "t_triton", f"127.0.0.1:{tt_grpc}", "grpc", REPO)
+            tr, ports["split, gRPC, predictor = real Triton 2.51"], _ = serve(trepo, work / "t_triton.log")  # fmt: skip
+            procs.append(tr)
+        for port in ports.values():
+            check_top5(port, jpeg, expected)
+        runs: dict[str, dict[int, list[dict[str, Any]]]] = {k: {} for k in ports}
+        hops: dict[str, list[dict[str, Any]]] = {k: [] for k in hop_ports}
+        for _ in range(args.rounds):
+            for label, port in hop_ports.items():
+                r = hop(port, hop_body, args.duration, args.warmup)
+                r["loadavg_before"] = round(os.getloadavg()[0], 2)
+                hops[label].append(r)
+        for c in CONCURRENCY:
+            for _ in range(args.rounds):
+                for label, port in ports.items():
+                    load = os.getloadavg()[0]
+                    r = load_point(port, "image_classifier", *body, c, args.duration, args.warmup)
+                    r["loadavg_before"] = round(load, 2)
+                    runs[label].setdefault(c, []).append(r)
+                    print(f"  [{label}] c={c}: {r['rps']:.1f}/s p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} ms", file=sys.stderr)  # fmt: skip
+        for label, by_c in runs.items():
+            out["setups"][label] = [
+                {"concurrency": c, **median_row(rs)} for c, rs in sorted(by_c.items())
+            ]
+        for label, rs in hops.items():
+            out["hop_c1"][label] = median_row(rs)
     finally:
+        for proc in reversed(procs):
+            stop_server(proc)
         shutil.rmtree(work, ignore_errors=True)
     return out
 
@@ -214,8 +223,9 @@ def markdown(out: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per load point")
+    p.add_argument("--duration", type=float, default=4.0, help="measured seconds per load point")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per load point")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per load point")
     p.add_argument(
         "--triton",
         type=Path,

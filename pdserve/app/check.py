@@ -474,6 +474,9 @@ class Checker:
             if cfg is None:
                 r.skip("the configuration is unusable (see config)")
                 return
+            if cfg.backend == cfgmod.REMOTE_BACKEND:
+                r.skip("a remote model has no model file: its target is checked at load")
+                return
             try:
                 cfgmod.find_model_file(cfg, vdir)
             except FileNotFoundError as e:
