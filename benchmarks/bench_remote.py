@@ -134,22 +134,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ports: dict[str, int] = {}
     hop_ports: dict[str, int] = {}
     try:
-        one = work / "one"
-        one.mkdir()
+        # one snapshot of the example models for every setup (the shared repository
+        # may be rebuilt while this runs)
+        src = work / "src"
+        src.mkdir()
         for m in PIPELINE:
-            shutil.copytree(REPO / m, one / m)
+            shutil.copytree(REPO / m, src / m)
+        one = work / "one"
+        shutil.copytree(src, one)
         proc, ports["one process"], _ = serve(one, work / "one.log")
         procs.append(proc)
         pred_repo = work / "predictor"
         pred_repo.mkdir()
-        shutil.copytree(REPO / "efficientnet_lite0", pred_repo / "efficientnet_lite0")
+        shutil.copytree(src / "efficientnet_lite0", pred_repo / "efficientnet_lite0")
         pred, p_http, p_grpc = serve(pred_repo, work / "predictor.log")
         procs.append(pred)
         hop_ports["predictor directly (HTTP+binary)"] = p_http
         for protocol in ("grpc", "http"):
             url = f"127.0.0.1:{p_grpc if protocol == 'grpc' else p_http}"
             trepo = build_transformer(
-                work / f"t_{protocol}", url, protocol, REPO, pool_size=4 if protocol == "grpc" else 8
+                work / f"t_{protocol}", url, protocol, src, pool_size=4 if protocol == "grpc" else 8
             )  # fmt: skip
             label = f"split, {'gRPC' if protocol == 'grpc' else 'HTTP+binary'}"
             tr, ports[label], _ = serve(trepo, work / f"t_{protocol}.log")
@@ -165,7 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shutil.copytree(trepo_src / "efficientnet_lite0", t_repo / "efficientnet_lite0")
             tproc, _, tt_grpc = serve_triton(Path(args.triton), t_repo, work)
             procs.append(tproc)
-            trepo = build_transformer(work / "t_triton", f"127.0.0.1:{tt_grpc}", "grpc", REPO)
+            trepo = build_transformer(work / "t_triton", f"127.0.0.1:{tt_grpc}", "grpc", src)
             tr, ports["split, gRPC, predictor = real Triton 2.51"], _ = serve(trepo, work / "t_triton.log")  # fmt: skip
             procs.append(tr)
         for port in ports.values():

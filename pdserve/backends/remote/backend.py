@@ -412,6 +412,9 @@ class RemoteTarget:
                 st.error(e.code.name)
                 raise
             st.observe(time.perf_counter() - start)
+            if not st.up:  # a retry got through: the target is back
+                st.up = True
+                self.down_reason = ""
             return result
 
     def acquire(self) -> None:

@@ -280,7 +280,7 @@ class GrpcClient(RemoteClient):
             ]
 
         self._infer = method("ModelInfer", service_pb2.ModelInferRequest, service_pb2.ModelInferResponse)  # fmt: skip
-        self._ready = method("ModelReady", service_pb2.ModelReadyRequest, service_pb2.ModelReadyResponse)[0]  # fmt: skip
+        self._ready = method("ModelReady", service_pb2.ModelReadyRequest, service_pb2.ModelReadyResponse)  # fmt: skip
         self._config = method("ModelConfig", service_pb2.ModelConfigRequest, service_pb2.ModelConfigResponse)[0]  # fmt: skip
         self._metadata = method("ModelMetadata", service_pb2.ModelMetadataRequest, service_pb2.ModelMetadataResponse)[0]  # fmt: skip
         self._next = itertools.cycle(range(len(self._channels)))
@@ -302,18 +302,22 @@ class GrpcClient(RemoteClient):
         )
 
     async def ready(self, timeout_s: float) -> tuple[bool, str]:
+        """Ready only when the target answers ready on **every** channel of the pool: a
+        channel still waiting out its reconnect backoff after the target came back
+        would fail the calls sent to it."""
         req = self._pb.ModelReadyRequest(
             name=self.endpoint.model_name, version=self.endpoint.model_version
         )
-        try:
-            resp = await self._ready(req, timeout=timeout_s)
-        except self._grpc.aio.AioRpcError as e:
-            return False, str(self._error(e, "ModelReady"))
-        if not resp.ready:
-            return (
-                False,
-                f"remote {self.where} answers model '{self.endpoint.model_name}' not ready",
-            )
+        answers = await asyncio.gather(
+            *(call(req, timeout=timeout_s) for call in self._ready), return_exceptions=True
+        )
+        for resp in answers:
+            if isinstance(resp, self._grpc.aio.AioRpcError):
+                return False, str(self._error(resp, "ModelReady"))
+            if isinstance(resp, BaseException):
+                return False, f"remote {self.where}: ModelReady failed: {resp!r}"
+            if not resp.ready:
+                return False, f"remote {self.where} answers model '{self.endpoint.model_name}' not ready"  # fmt: skip
         return True, ""
 
     async def config(self, timeout_s: float) -> model_config_pb2.ModelConfig | None:
