@@ -7,6 +7,7 @@ Calls to a real target (two pdserve processes) are in tests/integration/test_rem
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -320,3 +321,22 @@ def test_refused_connection_marks_down_fails_fast_and_probe_recovers() -> None:
         assert not t.stats.up
 
     asyncio.run(run())
+
+
+def test_pdserve_check_checks_a_remote_model_without_calling_its_target(tmp_path: Path) -> None:
+    from pdserve.app.check import check_repository
+
+    url = 'parameters { key: "url" value { string_value: "127.0.0.1:1" } }\n'  # nothing there
+    for name, io in (
+        ("full", 'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+         'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'),
+        ("bare", ""),
+    ):  # fmt: skip
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(
+            f'name: "{name}" backend: "remote" max_batch_size: 8\n{io}{url}'
+        )
+    report = check_repository(tmp_path)
+    problems = [(p.model, p.field, p.message) for p in report.problems]
+    assert [(m, f) for m, f, _ in problems] == [("bare", "input")], problems
+    assert "does not call" in problems[0][2]

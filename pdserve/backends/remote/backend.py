@@ -547,3 +547,26 @@ class RemoteBackend(Backend):
             params.pool_size,
         )
         return instances
+
+
+class OfflineRemoteBackend(RemoteBackend):
+    """The remote backend as ``pdserve check`` uses it: the parameters and the
+    configuration as written are checked, the target is not called (it is at load)."""
+
+    async def auto_complete(self, spec: ModelSpec) -> None:
+        """Check the parameters, and that ``input`` and ``output`` are configured (they
+        could only be completed from the target).
+
+        Raises:
+            pdserve.config.ConfigError: bad parameters, or no input / output.
+        """
+        where = f"{spec.name}/{cfgmod.CONFIG_FILENAME}"
+        parse_params(spec.config, where)
+        for kind, ios in (("input", spec.config.input), ("output", spec.config.output)):
+            if len(ios) == 0:
+                raise cfgmod.ConfigError(
+                    where,
+                    kind,
+                    f"no {kind} configured: serve completes it from the target, which "
+                    "pdserve check does not call; configure it to check the repository",
+                )
