@@ -7,7 +7,7 @@ core 0 and the load client to core 1.
 
 Usage::
 
-    .venv/bin/python benchmarks/run_all.py [--only server,peers,pipeline,grpc_http,swap,memory]
+    .venv/bin/python benchmarks/run_all.py [--only server,peers,pipeline,grpc_http,swap,memory,remote]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-#: name -> script; issue 2, 4, 3, 5 in that order, then issue 16 (memory).
+#: name -> script; issue 2, 4, 3, 5 in that order, then issue 16 (memory), issue 14 (remote).
 SCRIPTS = {
     "server": "bench_server.py",
     "peers": "bench_peers.py",
@@ -28,6 +28,7 @@ SCRIPTS = {
     "grpc_http": "bench_grpc_http.py",
     "swap": "bench_swap.py",
     "memory": "bench_memory.py",
+    "remote": "bench_remote.py",
 }
 
 

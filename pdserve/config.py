@@ -70,6 +70,8 @@ ENSEMBLE_PLATFORM = "ensemble"
 ONNXRUNTIME_BACKEND = "onnxruntime"
 PYTORCH_BACKEND = "pytorch"
 PYTHON_BACKEND = "python"
+#: pdserve's own backend forwarding to another V2 server (no model file, no platform).
+REMOTE_BACKEND = "remote"
 
 #: platform -> backend for the platforms pdserve knows (Triton's equivalences).
 PLATFORM_TO_BACKEND: dict[str, str] = {
@@ -79,7 +81,7 @@ PLATFORM_TO_BACKEND: dict[str, str] = {
 #: backend -> the platform Triton fills in for it (python has none).
 BACKEND_TO_PLATFORM: dict[str, str] = {v: k for k, v in PLATFORM_TO_BACKEND.items()}
 #: Backend names a configuration may give (the registry says which can run here).
-KNOWN_BACKENDS = frozenset({ONNXRUNTIME_BACKEND, PYTORCH_BACKEND, PYTHON_BACKEND})
+KNOWN_BACKENDS = frozenset({ONNXRUNTIME_BACKEND, PYTORCH_BACKEND, PYTHON_BACKEND, REMOTE_BACKEND})
 #: Platform names a configuration may give.
 KNOWN_PLATFORMS = frozenset({*PLATFORM_TO_BACKEND, ENSEMBLE_PLATFORM})
 
@@ -292,7 +294,7 @@ def normalize_platform(
     cfg.backend = backend
     # Triton: a pytorch model with runtime "model.py" keeps an empty default.
     python_runtime = backend == PYTORCH_BACKEND and cfg.runtime == "model.py"
-    if not cfg.default_model_filename and not python_runtime:
+    if not cfg.default_model_filename and not python_runtime and backend in DEFAULT_MODEL_FILENAMES:
         cfg.default_model_filename = DEFAULT_MODEL_FILENAMES[backend]
 
 

@@ -197,12 +197,13 @@ class InferenceServer:
         return self.manager.get(name, version).config_json
 
     def model_ready(self, name: str, version: str = "") -> bool:
-        """True when that model version (or, with no version, any) is ready."""
+        """True when that model version (or, with no version, the default one) is
+        ready: loaded, and its instances ready (a remote model's target answers ready)."""
         try:
-            self.manager.get(name, version)
+            mv = self.manager.get(name, version)
         except InferError:
             return False
-        return not self._shutting_down
+        return not self._shutting_down and mv.instances_ready()
 
     # -- inference ------------------------------------------------------------
 

@@ -468,6 +468,10 @@ class Checker:
                     import_always=True, autocomplete_timeout_s=self.options.timeout_s
                 )
             return self._python
+        if cfg.backend == cfgmod.REMOTE_BACKEND:
+            from pdserve.backends.remote.backend import OfflineRemoteBackend
+
+            return OfflineRemoteBackend()  # a check does not call the target
         return backend_for(cfg)
 
     # -- versions of a non-ensemble model -----------------------------------------
@@ -501,6 +505,9 @@ class Checker:
             if cfg is None:
                 r.skip("the configuration is unusable (see config)")
                 return
+            if cfg.backend == cfgmod.REMOTE_BACKEND:
+                r.skip("a remote model has no model file: its target is checked at load")
+                return
             try:
                 cfgmod.find_model_file(cfg, vdir)
             except FileNotFoundError as e:
@@ -515,7 +522,7 @@ class Checker:
         if cfg is not None:
 
             async def complete(r: CheckResult) -> None:
-                if not present:
+                if not present and cfg.backend != cfgmod.REMOTE_BACKEND:
                     r.skip("no model file")
                     return
                 await self._complete(r, mdir, mr, v, vdir, self._backend(cfg), model_path)

@@ -108,6 +108,13 @@ class ModelInstance(abc.ABC):
         end a batch that would never finish; the others let it run.
         """
 
+    def ready(self) -> bool:
+        """Whether the instance can serve now. True unless the backend knows better: a
+        remote model's instance is ready only while its target is
+        (:mod:`pdserve.backends.remote.backend`); the model version's readiness
+        (``/v2/models/<m>/ready``) requires every instance to be."""
+        return True
+
     def worker_pids(self) -> list[int]:
         """Process ids of the worker processes this instance runs in (empty: it runs
         in the server process). The model manager sums their resident memory to

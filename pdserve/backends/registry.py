@@ -60,6 +60,11 @@ REGISTRY: dict[str, BackendEntry] = {
             requires=("torch",),
             extra="pytorch",
         ),
+        BackendEntry(
+            cfgmod.REMOTE_BACKEND,
+            "pdserve.backends.remote.backend:RemoteBackend",
+            requires=("grpc", "aiohttp"),
+        ),
     )
 }
 

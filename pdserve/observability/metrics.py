@@ -54,6 +54,7 @@ from /proc); ``process_*`` from ``prometheus_client``'s ``ProcessCollector``
 ``pdserve_worker_cpu_seconds_total`` and ``pdserve_worker_resident_memory_bytes``
 (labels ``model``, ``version``, ``instance``) of each python-backend worker process
 (models run by ONNX Runtime share the server process's figures);
+``pdserve_remote_*{target, model}`` of remote models (:func:`remote_families`);
 ``pdserve_model_ready{model, version}`` (1 ready, 0 loading/failed/unavailable); and, only when ``pynvml`` imports and NVML
 finds a GPU, ``nv_gpu_utilization``, ``nv_gpu_memory_total_bytes``,
 ``nv_gpu_memory_used_bytes``, ``nv_gpu_power_usage``, ``nv_gpu_power_limit``,
@@ -552,6 +553,38 @@ def readiness_families(server: Any) -> list[Family]:
     return [fam]
 
 
+def remote_families() -> list[Family]:
+    """Per remote model target (:mod:`pdserve.backends.remote.stats`), labels ``target``
+    (``grpc://host:port`` / ``http://host:port``) and ``model`` (the local model):
+    ``pdserve_remote_request_duration_seconds`` (histogram of calls the target answered,
+    retries included), ``pdserve_remote_requests_total`` (calls made),
+    ``pdserve_remote_errors_total`` (failed calls, label ``code``: pdserve's error code),
+    ``pdserve_remote_retries_total`` (calls repeated) and ``pdserve_remote_up`` (1 while
+    the target's model answers ready). None before a remote model was loaded."""
+    from pdserve.backends.remote.stats import DURATION_BUCKETS, TARGETS
+
+    if not TARGETS:
+        return []
+    duration = Family("pdserve_remote_request_duration_seconds", "histogram", "Duration of calls to a remote model's target that got an answer, seconds")  # fmt: skip
+    requests = Family("pdserve_remote_requests_total", "counter", "Calls made to a remote model's target (retries included)")  # fmt: skip
+    errors = Family("pdserve_remote_errors_total", "counter", "Failed calls to a remote model's target, by error code")  # fmt: skip
+    retries = Family("pdserve_remote_retries_total", "counter", "Calls to a remote model's target repeated after UNAVAILABLE or a failed connection")  # fmt: skip
+    up = Family("pdserve_remote_up", "gauge", "1 while a remote model's target answers its model ready, else 0")  # fmt: skip
+    for (target, model), st in sorted(TARGETS.items()):
+        labels = {"target": target, "model": model}
+        h = Histogram(DURATION_BUCKETS)
+        h.counts = list(st.bucket_counts)
+        h.count = sum(st.bucket_counts)
+        h.sum = st.duration_sum
+        duration.add_histogram(labels, h)
+        requests.add(labels, st.requests)
+        for code, n in sorted(st.errors.items()):
+            errors.add({**labels, "code": code}, n)
+        retries.add(labels, st.retries)
+        up.add(labels, 1 if st.up else 0)
+    return [duration, requests, errors, retries, up]
+
+
 class GpuSampler:
     """NVML GPU metrics; :meth:`create` returns None without pynvml or a GPU."""
 
@@ -649,6 +682,7 @@ class MetricsExporter:
         fams += traffic_families(self.server)
         for source in self.sources:
             fams += sample_families(source())
+        fams += remote_families()
         if self.cpu is not None:
             fams += self.cpu.families()
             fams += worker_families(self.server)

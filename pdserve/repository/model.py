@@ -118,6 +118,11 @@ class ModelVersion:
         self.config_json: dict[str, Any] = cfgmod.config_to_json(cfg)
         self._metadata: dict[str, Any] | None = None
 
+    def instances_ready(self) -> bool:
+        """Every instance can serve now (:meth:`ModelInstance.ready`; a remote
+        model's instances follow their target's readiness)."""
+        return all(inst.ready() for inst in self.instances)
+
     # -- metadata -------------------------------------------------------------
 
     def io_shape(self, spec: IOSpec) -> list[int]:

@@ -1,0 +1,1 @@
+"""The ``remote`` backend: a model whose instances forward batches to another V2 server."""
