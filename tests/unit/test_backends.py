@@ -90,7 +90,9 @@ def test_pytorch_is_served_when_torch_is_installed() -> None:
 
 
 def test_unknown_backend_names_the_served_ones() -> None:
-    reason = "unknown backend 'tensorflow'; pdserve serves 'onnxruntime', 'python', 'pytorch', 'remote'"
+    reason = (
+        "unknown backend 'tensorflow'; pdserve serves 'onnxruntime', 'python', 'pytorch', 'remote'"
+    )
     assert unavailable_reason("tensorflow") == reason
     with pytest.raises(ConfigError) as e:
         cfgmod.normalize_platform(
