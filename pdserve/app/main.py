@@ -72,6 +72,7 @@ from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
 from pdserve.cache import ResponseCache
 from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.server import serve_http
+from pdserve.frontends.shared_memory import SharedMemoryRegistry
 from pdserve.frontends.traffic.gate import TrafficGate
 from pdserve.repository.breaker import BreakerBoard, BreakerPolicy
 from pdserve.repository.control import RepositoryPoller
@@ -262,6 +263,7 @@ async def start_http(
     server: InferenceServer,
     draining: Callable[[], bool] = lambda: False,
     gate: TrafficGate | None = None,
+    shm: SharedMemoryRegistry | None = None,
 ) -> tuple[asyncio.Task[Any], Stop]:
     """Step 3: the HTTP listener; returns once it listens.
 
@@ -285,6 +287,7 @@ async def start_http(
             body_timeout=settings.http_body_timeout_secs,
             max_json_bytes=settings.http_max_json_bytes,
             gate=gate,
+            shared_memory=shm,
         ),
     )
     http = serve_http(app, settings.host, settings.http_port, limits=settings.http_limits)
@@ -326,6 +329,7 @@ async def start_grpc(
     server: InferenceServer,
     grpc_server: ModuleType,
     gate: TrafficGate | None = None,
+    shm: SharedMemoryRegistry | None = None,
 ) -> Stop:
     """Step 4: the gRPC listener (``grpc_server`` is :mod:`pdserve.frontends.grpc.server`).
 
@@ -339,6 +343,7 @@ async def start_grpc(
             settings.grpc_port,
             max_message_bytes=settings.grpc_max_message_bytes,
             gate=gate,
+            shared_memory=shm,
         )
     except RuntimeError as e:
         raise StartError(str(e)) from None
@@ -513,10 +518,11 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
     try:
         if metrics is not None:
             metrics.install_hooks()
-        http_task, stop_http = await start_http(settings, server, stop_event.is_set, gate)
+        shm = SharedMemoryRegistry(enabled=settings.allow_client_shm)  # --allow-client-shm
+        http_task, stop_http = await start_http(settings, server, stop_event.is_set, gate, shm)
         stops.append(("HTTP", stop_http))
         if grpc_server is not None:
-            stops.append(("gRPC", await start_grpc(settings, server, grpc_server, gate)))
+            stops.append(("gRPC", await start_grpc(settings, server, grpc_server, gate, shm)))
         if metrics is not None and metrics_http is not None:
             stop_metrics = await start_metrics(settings, server, metrics, metrics_http, gate)
             if stop_metrics is not None:
@@ -526,6 +532,7 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
 
         async def stop_models() -> None:
             await server.stop(drain_secs)
+            shm.close()  # the shared-memory regions' descriptors
 
         stops.append(("models", stop_models))
         # The initial load runs as a task: a signal (or HTTP dying) is acted on at

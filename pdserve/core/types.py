@@ -51,6 +51,10 @@ class InferRequest:
             gRPC metadata; see :mod:`pdserve.repository.traffic`); ``""``: none.
         pinned_version: the version a request without ``model_version`` asks for
             (``x-pdserve-model-version``); ``""``: the traffic split picks.
+        shm_inputs: inputs sent through the system shared-memory extension, as the
+            codec read them (name -> ``pdserve.frontends.shared_memory.ShmInput``);
+            the frontend copies them into ``inputs`` before the request goes on.
+            ``None``: none.
     """
 
     model_name: str
@@ -63,6 +67,7 @@ class InferRequest:
     cancelled: Any = None
     route_key: str = ""
     pinned_version: str = ""
+    shm_inputs: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
