@@ -43,6 +43,7 @@ FLAGS = {
     "--metrics-port",
     "--allow-gpu-metrics",
     "--allow-cpu-metrics",
+    "--allow-client-shm",
     "--model-control-mode",
     "--load-model",
     "--model-memory-budget",
@@ -441,3 +442,12 @@ def test_traffic_flags_parse(tmp_path: Path) -> None:
         "auto",
     )
     assert parse(tmp_path).circuit_breaker is None
+
+
+def test_allow_client_shm_is_off_by_default_and_takes_tritonservers_spelling(
+    tmp_path: Path,
+) -> None:
+    assert parse(tmp_path).allow_client_shm is False
+    assert parse(tmp_path, "--allow-client-shm").allow_client_shm is True
+    assert parse(tmp_path, "--allow-client-shm=true").allow_client_shm is True
+    assert parse(tmp_path, "--allow-client-shm=false").allow_client_shm is False
