@@ -70,6 +70,7 @@ __all__ = [
     "infer_with_shm",
     "shm_output_names",
     "shm_params",
+    "with_shm_extension",
 ]
 
 #: Where POSIX shared-memory objects live on Linux (``shm_open("/k")`` is ``SHM_DIR/k``).
@@ -151,6 +152,17 @@ def shm_params(params: dict[str, Any], where: str) -> tuple[str, int, int]:
     if type(offset) is not int or offset < 0:
         raise InferError(f"{where} parameter 'shared_memory_offset' must be an integer >= 0")
     return region, size, offset
+
+
+def with_shm_extension(meta: Any, registry: SharedMemoryRegistry) -> Any:
+    """Server metadata with ``system_shared_memory`` added to its ``extensions`` when
+    the registry is enabled (``--allow-client-shm``); unchanged otherwise."""
+    if not registry.enabled or not isinstance(meta, dict):
+        return meta
+    extensions = list(meta.get("extensions", []))
+    if "system_shared_memory" not in extensions:
+        extensions.append("system_shared_memory")
+    return {**meta, "extensions": extensions}
 
 
 def shm_output_names(request: InferRequest) -> frozenset[str] | None:

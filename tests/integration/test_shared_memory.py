@@ -403,6 +403,11 @@ def test_unregister_while_in_use_finishes_the_request(
     np.testing.assert_array_equal(shm.get_contents_as_numpy(h, np.float32, [2]), [1.5, 1.5])
 
 
+def test_metadata_lists_the_extension_when_on(server: ServerProcess) -> None:
+    assert "system_shared_memory" in http(server).get_server_metadata()["extensions"]
+    assert "system_shared_memory" in grpc(server).get_server_metadata().extensions
+
+
 def test_cuda_shared_memory_is_refused_clearly(server: ServerProcess) -> None:
     e = _err(http(server).get_cuda_shared_memory_status)
     assert e.status() == "501" and "CUDA shared memory is not supported" in e.message()
@@ -435,6 +440,7 @@ def test_off_by_default(tmp_path: Path) -> None:
         with pytest.raises(InferenceServerException) as ge:
             grpc(srv).register_system_shared_memory("r", key, 256)
         assert ge.value.status() == "StatusCode.UNIMPLEMENTED"
+        assert "system_shared_memory" not in client.get_server_metadata()["extensions"]
         assert _ready(srv)
     finally:
         srv.stop()

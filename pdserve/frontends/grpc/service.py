@@ -30,6 +30,7 @@ from pdserve.frontends.shared_memory import (
     cuda_unsupported,
     infer_with_shm,
     shm_output_names,
+    with_shm_extension,
 )
 from pdserve.frontends.traffic.apis import INFERENCE, classify_grpc
 from pdserve.frontends.traffic.gate import TrafficGate, metadata_getter, principal_name
@@ -319,7 +320,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: service_pb2.ServerMetadataRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ServerMetadataResponse:
         """Server name, version and protocol extensions."""
-        meta = await _call(self.server.metadata)
+        meta = with_shm_extension(await _call(self.server.metadata), self.shm)
         return service_pb2.ServerMetadataResponse(
             name=meta["name"], version=meta["version"], extensions=meta["extensions"]
         )

@@ -39,6 +39,7 @@ from pdserve.frontends.shared_memory import (
     cuda_unsupported,
     infer_with_shm,
     shm_output_names,
+    with_shm_extension,
 )
 from pdserve.frontends.traffic.apis import classify_http
 from pdserve.frontends.traffic.gate import header_getter, principal_name
@@ -408,7 +409,8 @@ class HttpApp:
             raise not_found(f"no route for {path}")
         if n == 2:
             _check_method(method, "GET")
-            await _send_json(send, 200, _dumps(await _call(self.server.metadata)))
+            meta = with_shm_extension(await _call(self.server.metadata), self.shm)
+            await _send_json(send, 200, _dumps(meta))
             return
         section = parts[2]
         if section == "logging" and n == 3:
