@@ -48,6 +48,7 @@ Rules (where Triton is silent or looser, pdserve's choice, documented in the REA
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import threading
@@ -75,6 +76,10 @@ __all__ = [
 
 #: Where POSIX shared-memory objects live on Linux (``shm_open("/k")`` is ``SHM_DIR/k``).
 SHM_DIR = "/dev/shm"
+
+#: Shared-memory inputs (or outputs) of more bytes than this, in one request, are
+#: copied on a worker thread rather than on the event loop.
+OFFLOAD_BYTES = 1 << 20
 
 #: The most regions registered at once (each holds an open descriptor).
 MAX_REGIONS = 1024
@@ -203,11 +208,18 @@ async def infer_with_shm(
     held = registry.acquire(names)
     try:
         if refs:
-            request.inputs.update(registry.read_inputs(refs, held))
+            if sum(r.byte_size for r in refs.values()) <= OFFLOAD_BYTES:
+                arrays = registry.read_inputs(refs, held)
+            else:  # a large copy would stall every other call on the event loop
+                arrays = await asyncio.to_thread(registry.read_inputs, refs, held)
+            request.inputs.update(arrays)
             request.shm_inputs = None
         response = await infer(request)
         if wanted:
-            registry.write_outputs(response.outputs, wanted, held)
+            if sum(w[1] for w in wanted.values()) <= OFFLOAD_BYTES:
+                registry.write_outputs(response.outputs, wanted, held)
+            else:
+                await asyncio.to_thread(registry.write_outputs, response.outputs, wanted, held)
         return response
     finally:
         registry.release(held)

@@ -248,3 +248,25 @@ def test_params_and_cuda() -> None:
     assert shm_output_names(InferRequest("m", outputs=[RequestedOutput("y")])) is None
     e = cuda_unsupported()
     assert e.code is ErrorCode.UNSUPPORTED and "not supported on this server" in e.message
+
+
+def test_large_tensors_are_copied_off_the_event_loop(
+    reg: SharedMemoryRegistry, tmp_path: Path
+) -> None:
+    x = np.arange(2 * 1024 * 1024 // 4 * 2, dtype=np.float32)  # 4 MiB: over OFFLOAD_BYTES
+    key = make(tmp_path, "big", x.tobytes() * 2)
+    reg.register("big", key, 0, 2 * x.nbytes)
+    params = {
+        "shared_memory_region": "big",
+        "shared_memory_byte_size": x.nbytes,
+        "shared_memory_offset": x.nbytes,
+    }
+    request = InferRequest("m", outputs=[RequestedOutput("y", parameters=params)])
+    request.shm_inputs = {"x": ShmInput("FP32", [x.size], x.size, "big", x.nbytes, 0)}
+
+    async def infer(req: InferRequest) -> InferResponse:
+        return InferResponse("m", "1", outputs={"y": req.inputs["x"] + 1})
+
+    asyncio.run(infer_with_shm(reg, request, infer, shm_output_names(request)))
+    got = np.frombuffer((tmp_path / "big").read_bytes()[x.nbytes :], np.float32)
+    np.testing.assert_array_equal(got, x + 1)
