@@ -73,6 +73,7 @@ from pdserve.cache import ResponseCache
 from pdserve.core.errors import InferError
 from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.server import serve_http
+from pdserve.frontends.shared_memory import SharedMemoryRegistry
 from pdserve.frontends.traffic.gate import TrafficGate
 from pdserve.observability.tracing import TraceManager
 from pdserve.repository.breaker import BreakerBoard, BreakerPolicy
@@ -284,6 +285,7 @@ async def start_http(
     server: InferenceServer,
     draining: Callable[[], bool] = lambda: False,
     gate: TrafficGate | None = None,
+    shm: SharedMemoryRegistry | None = None,
 ) -> tuple[asyncio.Task[Any], Stop]:
     """Step 3: the HTTP listener; returns once it listens.
 
@@ -307,6 +309,7 @@ async def start_http(
             body_timeout=settings.http_body_timeout_secs,
             max_json_bytes=settings.http_max_json_bytes,
             gate=gate,
+            shared_memory=shm,
         ),
     )
     http = serve_http(app, settings.host, settings.http_port, limits=settings.http_limits)
@@ -348,6 +351,7 @@ async def start_grpc(
     server: InferenceServer,
     grpc_server: ModuleType,
     gate: TrafficGate | None = None,
+    shm: SharedMemoryRegistry | None = None,
 ) -> Stop:
     """Step 4: the gRPC listener (``grpc_server`` is :mod:`pdserve.frontends.grpc.server`).
 
@@ -361,6 +365,7 @@ async def start_grpc(
             settings.grpc_port,
             max_message_bytes=settings.grpc_max_message_bytes,
             gate=gate,
+            shared_memory=shm,
         )
     except RuntimeError as e:
         raise StartError(str(e)) from None
@@ -543,10 +548,11 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
                     await asyncio.to_thread(tracer.stop, TRACE_FLUSH_SECS)
 
             stops.append(("tracing", stop_tracing))
-        http_task, stop_http = await start_http(settings, server, stop_event.is_set, gate)
+        shm = SharedMemoryRegistry(enabled=settings.allow_client_shm)  # --allow-client-shm
+        http_task, stop_http = await start_http(settings, server, stop_event.is_set, gate, shm)
         stops.append(("HTTP", stop_http))
         if grpc_server is not None:
-            stops.append(("gRPC", await start_grpc(settings, server, grpc_server, gate)))
+            stops.append(("gRPC", await start_grpc(settings, server, grpc_server, gate, shm)))
         if metrics is not None and metrics_http is not None:
             stop_metrics = await start_metrics(settings, server, metrics, metrics_http, gate)
             if stop_metrics is not None:
@@ -556,6 +562,7 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
 
         async def stop_models() -> None:
             await server.stop(drain_secs)
+            shm.close()  # the shared-memory regions' descriptors
 
         stops.append(("models", stop_models))
         # The initial load runs as a task: a signal (or HTTP dying) is acted on at

@@ -14,7 +14,7 @@ Flag names follow ``tritonserver``'s where they exist (``--model-repository``,
 ``--log-error``, ``--log-format`` (``json`` is pdserve's own format), ``--model-control-mode``,
 ``--load-model``, ``--repository-poll-secs``, ``--host-policy``,
 ``--allow-grpc``, ``--allow-metrics``, ``--allow-gpu-metrics``,
-``--allow-cpu-metrics``, ``--response-cache-byte-size``, ``--cache-config``), with
+``--allow-cpu-metrics``, ``--allow-client-shm``, ``--response-cache-byte-size``, ``--cache-config``), with
 ``--host`` defaulting to 127.0.0.1 (Triton binds 0.0.0.0; pdserve listens on
 loopback unless told).
 
@@ -333,6 +333,17 @@ class Settings:
     )
     grpc_port: int = _flag(
         "--grpc-port", 8001, "gRPC", "V2 gRPC port (default {default})", type=int
+    )
+    allow_client_shm: bool = _flag(
+        "--allow-client-shm",
+        False,
+        "server",
+        "let clients register system shared-memory regions (/dev/shm) and send inputs "
+        "and receive outputs through them, over HTTP and gRPC; off by default, as in "
+        "Triton since 26.04 (default {default}; --allow-client-shm=true as tritonserver)",
+        type=parse_bool,
+        nargs="?",
+        const=True,
     )
     grpc_max_message_bytes: int = _flag(
         "--grpc-max-message-bytes",

@@ -55,6 +55,10 @@ class InferRequest:
             metadata), unparsed; None when it sent none.
         trace: set by the server when the request is traced
             (:class:`pdserve.core.tracing.TraceRef`); None otherwise.
+        shm_inputs: inputs sent through the system shared-memory extension, as the
+            codec read them (name -> ``pdserve.frontends.shared_memory.ShmInput``);
+            the frontend copies them into ``inputs`` before the request goes on.
+            ``None``: none.
     """
 
     model_name: str
@@ -69,6 +73,7 @@ class InferRequest:
     pinned_version: str = ""
     traceparent: str | bytes | None = None
     trace: Any = None
+    shm_inputs: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)

@@ -401,3 +401,36 @@ def test_raw_bytes_errors_name_the_input() -> None:
     msg = service_pb2.ModelInferRequest(model_name="m", raw_input_contents=[b"\x05\x00\x00\x00ab"])
     msg.inputs.add(name="TEXT", datatype="BYTES", shape=[1])
     assert _decode_error(msg).startswith("input 'TEXT': BYTES tensor data is truncated")
+
+
+def test_shared_memory_inputs_are_recorded_and_raw_contents_skip_them() -> None:
+    """tritonclient sends no raw_input_contents entry for an input in shared memory."""
+    m = service_pb2.ModelInferRequest(model_name="m")
+    a = m.inputs.add(name="A", datatype="FP32", shape=[1, 4])
+    a.parameters["shared_memory_region"].string_param = "r"
+    a.parameters["shared_memory_byte_size"].int64_param = 16
+    a.parameters["shared_memory_offset"].int64_param = 8
+    m.inputs.add(name="B", datatype="INT32", shape=[2])
+    m.raw_input_contents.append(np.array([1, 2], dtype=np.int32).tobytes())
+    o = m.outputs.add(name="Y")
+    o.parameters["shared_memory_region"].string_param = "r"
+    o.parameters["shared_memory_byte_size"].int64_param = 64
+    req = decode_infer_request(m, 0)
+    assert req.shm_inputs is not None and set(req.shm_inputs) == {"A"}
+    ref = req.shm_inputs["A"]
+    assert (ref.region, ref.byte_size, ref.offset, ref.shape, ref.count) == ("r", 16, 8, [1, 4], 4)
+    assert req.inputs["B"].tolist() == [1, 2] and list(req.inputs) == ["A", "B"]
+    assert req.outputs is not None and req.outputs[0].parameters["shared_memory_byte_size"] == 64
+    m.raw_input_contents.append(b"\0" * 4)  # one entry too many
+    with pytest.raises(InferError, match="one per input not in shared memory"):
+        decode_infer_request(m, 0)
+
+
+def test_shared_memory_outputs_are_sent_without_data() -> None:
+    resp = InferResponse(
+        "m", "1", outputs={"Y": np.ones((2, 3), np.float32), "Z": np.zeros(2, np.int64)}
+    )
+    msg = encode_infer_response(resp, frozenset({"Y"}))
+    assert [o.name for o in msg.outputs] == ["Y", "Z"]
+    assert msg.outputs[0].datatype == "FP32" and list(msg.outputs[0].shape) == [2, 3]
+    assert list(msg.raw_output_contents) == [b"", np.zeros(2, np.int64).tobytes()]

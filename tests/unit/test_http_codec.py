@@ -1098,3 +1098,43 @@ def test_large_bodies_decode_and_encode_off_the_event_loop(monkeypatch: pytest.M
     result = parse(reply.body, int(reply.headers["inference-header-content-length"]))
     np.testing.assert_array_equal(result.as_numpy("IN"), big)
     assert all(name.startswith("pdserve-codec") for name in threads), threads
+
+
+def test_shared_memory_input_is_recorded_and_output_sent_without_data() -> None:
+    doc = {
+        "inputs": [
+            {
+                "name": "X",
+                "shape": [2],
+                "datatype": "FP32",
+                "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8},
+            }
+        ],
+        "outputs": [
+            {
+                "name": "Y",
+                "parameters": {"shared_memory_region": "o", "shared_memory_byte_size": 8},
+            },
+            {"name": "Z", "parameters": {"binary_data": False}},
+        ],
+    }
+    req = decode_infer_request(orjson.dumps(doc), None, "m", "", 0)
+    assert req.shm_inputs is not None and req.shm_inputs["X"].region == "r"
+    resp = InferResponse(
+        "m", "1", outputs={"Y": np.ones(2, np.float32), "Z": np.zeros(2, np.float32)}
+    )
+    body, header_length = encode_infer_response(resp, req)
+    assert header_length is None
+    out = orjson.loads(body)["outputs"]
+    assert out[0] == {"name": "Y", "datatype": "FP32", "shape": [2]}
+    assert out[1]["data"] == [0.0, 0.0]
+    bad_input = {
+        "name": "X",
+        "shape": [2],
+        "datatype": "FP32",
+        "data": [1, 2],
+        "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8},
+    }
+    bad = orjson.dumps({"inputs": [bad_input]})
+    with pytest.raises(InferError, match="both 'data' and 'shared_memory_region'"):
+        decode_infer_request(bad, None, "m", "", 0)

@@ -43,6 +43,7 @@ FLAGS = {
     "--metrics-port",
     "--allow-gpu-metrics",
     "--allow-cpu-metrics",
+    "--allow-client-shm",
     "--model-control-mode",
     "--load-model",
     "--model-memory-budget",
@@ -465,3 +466,12 @@ def test_traffic_control_example_flags_parse(tmp_path: Path) -> None:
     assert s.version_ready_marker == "READY"
     assert s.rate_limit_storage == "redis://redis:6379/0"
     assert s.circuit_breaker is not None and "consecutive_failures=5" in s.circuit_breaker
+
+
+def test_allow_client_shm_is_off_by_default_and_takes_tritonservers_spelling(
+    tmp_path: Path,
+) -> None:
+    assert parse(tmp_path).allow_client_shm is False
+    assert parse(tmp_path, "--allow-client-shm").allow_client_shm is True
+    assert parse(tmp_path, "--allow-client-shm=true").allow_client_shm is True
+    assert parse(tmp_path, "--allow-client-shm=false").allow_client_shm is False

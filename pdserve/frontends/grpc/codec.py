@@ -23,6 +23,7 @@ from pdserve.core.errors import InferError, internal
 from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
 from pdserve.frontends.offload import codec_pool
 from pdserve.frontends.parameters import check_request_parameters, check_scalar_parameters
+from pdserve.frontends.shared_memory import ShmInput, shm_params
 
 log = logging.getLogger("pdserve.grpc")
 
@@ -102,6 +103,11 @@ def _typed_contents_array(values: Any, datatype: str, name: str) -> np.ndarray:
     return arr.astype(V2_TO_NUMPY[datatype])
 
 
+def _any_shm(inputs_msg: Any) -> bool:
+    """Whether any input names a shared-memory region."""
+    return any("shared_memory_region" in t.parameters for t in inputs_msg)
+
+
 def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) -> InferRequest:
     """Turn a ``ModelInferRequest`` into an :class:`InferRequest`.
 
@@ -110,7 +116,9 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
             a shape of more than 64 dimensions or 2**59 elements or more, typed
             contents out of range for the datatype (INT8/INT16/UINT8/UINT16),
             raw and typed contents mixed, a raw-contents count that is not the input
-            count, FP16 sent as typed contents, shared-memory inputs or outputs; an
+            count, FP16 sent as typed contents, bad ``shared_memory_*`` parameters (a
+            shared-memory input is recorded in ``InferRequest.shm_inputs`` for the
+            frontend to read); an
             ``InferParameter`` with no value set; a reserved request parameter of the
             wrong type (``priority``, ``timeout``, ``sequence_*``; keys starting with
             ``triton_``; see :mod:`pdserve.frontends.parameters`); an output's
@@ -120,24 +128,37 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
     raw = msg.raw_input_contents
     n_raw = len(raw)
     inputs_msg = msg.inputs
-    if n_raw and n_raw != len(inputs_msg):
+    if n_raw and n_raw != len(inputs_msg) and not _any_shm(inputs_msg):
         raise InferError(
             f"expected {len(inputs_msg)} raw input contents (one per input), got {n_raw}"
         )
+    ri = 0  # the next raw_input_contents entry (inputs in shared memory have none)
     inputs: dict[str, np.ndarray] = {}
-    for i, tensor in enumerate(inputs_msg):
+    shm_inputs: dict[str, ShmInput] | None = None
+    for tensor in inputs_msg:
         name = tensor.name
         datatype = tensor.datatype
         shape = list(tensor.shape)
         count = shape_element_count(shape, name)
         if tensor.parameters:
-            if "shared_memory_region" in tensor.parameters:
-                raise InferError(
-                    f"input '{name}': the shared-memory extension is not supported by pdserve"
-                )
-            check_scalar_parameters(
-                {k: param_value(v) for k, v in tensor.parameters.items()}, f"input '{name}'"
-            )
+            tparams = {k: param_value(v) for k, v in tensor.parameters.items()}
+            check_scalar_parameters(tparams, f"input '{name}'")
+            if "shared_memory_region" in tparams:
+                if name in inputs:
+                    raise InferError(f"input '{name}' is given more than once")
+                if tensor.HasField("contents"):
+                    raise InferError(
+                        f"input '{name}' has both contents and 'shared_memory_region'; send "
+                        "one of them"
+                    )
+                if datatype not in _LE_DTYPE and datatype != "BYTES":
+                    raise InferError(f"input '{name}' has unknown datatype '{datatype}'")
+                region, size, offset = shm_params(tparams, f"input '{name}'")
+                if shm_inputs is None:
+                    shm_inputs = {}
+                shm_inputs[name] = ShmInput(datatype, shape, count, region, size, offset)
+                inputs[name] = _SHM_PLACEHOLDER
+                continue
         if name in inputs:
             raise InferError(f"input '{name}' is given more than once")
         if n_raw:
@@ -146,7 +167,12 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
                     f"contents field must not be specified when using raw_input_contents "
                     f"for '{name}'"
                 )
-            data = raw[i]
+            if ri >= n_raw:
+                raise InferError(
+                    f"expected one raw input contents per input not in shared memory, got {n_raw}"
+                )
+            data = raw[ri]
+            ri += 1
             if datatype == "BYTES":
                 try:
                     arr = deserialize_bytes_tensor(data, count).reshape(shape)
@@ -185,6 +211,10 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
             else:
                 arr = _typed_contents_array(values, datatype, name).reshape(shape)
         inputs[name] = arr
+    if ri != n_raw:
+        raise InferError(
+            f"expected {ri} raw input contents (one per input not in shared memory), got {n_raw}"
+        )
     outputs: list[RequestedOutput] | None = None
     if msg.outputs:
         outputs = []
@@ -193,11 +223,9 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
                 outputs.append(RequestedOutput(out.name))
                 continue
             params = {k: param_value(v) for k, v in out.parameters.items()}
-            if "shared_memory_region" in params:
-                raise InferError(
-                    f"output '{out.name}': the shared-memory extension is not supported by pdserve"
-                )
             check_scalar_parameters(params, f"output '{out.name}'")
+            if "shared_memory_region" in params:
+                shm_params(params, f"output '{out.name}'")  # checks the types
             cls = params.pop("classification", 0)
             if type(cls) is not int or cls < 0:
                 raise InferError(
@@ -214,7 +242,7 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
     if msg.parameters:
         parameters = {k: param_value(v) for k, v in msg.parameters.items()}
         check_request_parameters(parameters, grpc=True)
-    return InferRequest(
+    request = InferRequest(
         model_name=msg.model_name,
         model_version=msg.model_version,
         inputs=inputs,
@@ -223,10 +251,23 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
         parameters=parameters,
         arrival_ns=arrival_ns,
     )
+    if shm_inputs is not None:
+        request.shm_inputs = shm_inputs
+    return request
 
 
-def encode_infer_response(response: InferResponse) -> service_pb2.ModelInferResponse:
-    """Turn an :class:`InferResponse` into a ``ModelInferResponse`` with raw outputs."""
+#: What ``inputs`` holds for a shared-memory input until the frontend reads it.
+_SHM_PLACEHOLDER = np.empty(0, dtype=np.uint8)
+
+
+def encode_infer_response(
+    response: InferResponse, shm_outputs: frozenset[str] | None = None
+) -> service_pb2.ModelInferResponse:
+    """Turn an :class:`InferResponse` into a ``ModelInferResponse`` with raw outputs.
+
+    ``shm_outputs``: outputs written into shared memory: listed with datatype and
+    shape, and an empty ``raw_output_contents`` entry (as Triton, so that the entries
+    stay one per output)."""
     msg = service_pb2.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
@@ -235,6 +276,13 @@ def encode_infer_response(response: InferResponse) -> service_pb2.ModelInferResp
         out = msg.outputs.add()
         out.name = name
         out.shape.extend(arr.shape)
+        if shm_outputs is not None and name in shm_outputs:
+            try:
+                out.datatype = "BYTES" if arr.dtype.kind in "OSU" else numpy_to_v2(arr.dtype)
+            except InferError as e:
+                raise internal(f"output '{name}': {e.message}") from None
+            raw.append(b"")
+            continue
         if arr.dtype.kind in "OSU":
             out.datatype = "BYTES"
             raw.append(serialize_bytes_tensor(arr))
@@ -280,15 +328,17 @@ async def decode_off_loop(msg: service_pb2.ModelInferRequest, arrival_ns: int) -
     return await loop.run_in_executor(codec_pool(), decode_infer_request, msg, arrival_ns)
 
 
-async def encode_off_loop(response: InferResponse) -> service_pb2.ModelInferResponse:
+async def encode_off_loop(
+    response: InferResponse, shm_outputs: frozenset[str] | None = None
+) -> service_pb2.ModelInferResponse:
     """:func:`encode_infer_response`, on a worker thread when the outputs are large."""
     size = 0
     for arr in response.outputs.values():
         size += getattr(arr, "nbytes", 0)
     if size <= OFFLOAD_BYTES:
-        return encode_infer_response(response)
+        return encode_infer_response(response, shm_outputs)
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(codec_pool(), encode_infer_response, response)
+    return await loop.run_in_executor(codec_pool(), encode_infer_response, response, shm_outputs)
 
 
 def metadata_response(meta: dict[str, Any]) -> service_pb2.ModelMetadataResponse:

@@ -7,6 +7,7 @@ import grpc
 from pdserve.core.api import InferenceCore
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
 from pdserve.frontends.grpc.service import SERVICE_NAME, GrpcService, method_handlers
+from pdserve.frontends.shared_memory import SharedMemoryRegistry
 from pdserve.frontends.traffic.gate import TrafficGate
 
 
@@ -17,6 +18,7 @@ async def serve_grpc(
     *,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     gate: TrafficGate | None = None,
+    shared_memory: SharedMemoryRegistry | None = None,
 ) -> grpc.aio.Server:
     """Create and start the gRPC server for ``server`` in the running event loop.
 
@@ -25,6 +27,8 @@ async def serve_grpc(
         host / port: where to listen.
         max_message_bytes: the largest message received or sent.
         gate: restricted APIs, auth and rate limits (same rules as HTTP); None: none.
+        shared_memory: the system shared-memory registry (shared with HTTP); None: a
+            disabled one.
 
     Returns:
         The started ``grpc.aio.Server``; ``await srv.stop(grace)`` stops it, letting
@@ -42,7 +46,7 @@ async def serve_grpc(
     srv = grpc.aio.server(options=options)
     # the generated handlers, with request deserializers that let the servicer answer
     # bytes that are not the request message (INVALID_ARGUMENT, not UNKNOWN)
-    handlers = method_handlers(GrpcService(server, max_message_bytes, gate))
+    handlers = method_handlers(GrpcService(server, max_message_bytes, gate, shared_memory))
     srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     srv.add_registered_method_handlers(SERVICE_NAME, handlers)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

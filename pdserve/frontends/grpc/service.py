@@ -25,6 +25,13 @@ from pdserve.frontends.grpc.codec import (
     metadata_response,
     param_value,
 )
+from pdserve.frontends.shared_memory import (
+    SharedMemoryRegistry,
+    cuda_unsupported,
+    infer_with_shm,
+    shm_output_names,
+    with_shm_extension,
+)
 from pdserve.frontends.traffic.apis import INFERENCE, classify_grpc
 from pdserve.frontends.traffic.gate import TrafficGate, metadata_getter, principal_name
 from pdserve.observability import logs
@@ -254,6 +261,8 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             (:class:`~pdserve.frontends.traffic.gate.TrafficGate`), applied by
             :func:`method_handlers` to every RPC and by ``ModelStreamInfer`` to each
             request on the stream; None (or an inactive gate): no check.
+        shared_memory: the system shared-memory regions (shared with HTTP); None: a
+            disabled one (the shared-memory RPCs answer UNIMPLEMENTED).
     """
 
     def __init__(
@@ -261,8 +270,10 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         server: InferenceCore,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         gate: TrafficGate | None = None,
+        shared_memory: SharedMemoryRegistry | None = None,
     ) -> None:
         self.server = server
+        self.shm = shared_memory if shared_memory is not None else SharedMemoryRegistry()
         self.max_message_bytes = max_message_bytes
         self.gate = gate if gate is not None and gate.active else None
 
@@ -309,7 +320,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: service_pb2.ServerMetadataRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ServerMetadataResponse:
         """Server name, version and protocol extensions."""
-        meta = await _call(self.server.metadata)
+        meta = with_shm_extension(await _call(self.server.metadata), self.shm)
         return service_pb2.ServerMetadataResponse(
             name=meta["name"], version=meta["version"], extensions=meta["extensions"]
         )
@@ -354,7 +365,11 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     "gRPC infer model=%s version=%s", req.model_name, req.model_version or "-"
                 )
             _traffic_metadata(req, context)
-            return await encode_off_loop(await self.server.infer(req))
+            shm_outputs = shm_output_names(req) if req.outputs else None
+            if req.shm_inputs is None and shm_outputs is None:
+                return await encode_off_loop(await self.server.infer(req))
+            resp = await infer_with_shm(self.shm, req, self.server.infer, shm_outputs)
+            return await encode_off_loop(resp, shm_outputs)
         except InferError as e:
             await _abort_refused(context, e)  # retry-after metadata for an open circuit
         except (grpc.aio.AbortError, grpc.RpcError):
@@ -392,7 +407,12 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 logs.begin_request(req.id, traceparent)
                 _traffic_metadata(req, context)
                 req.traceparent = traceparent
-                resp = await encode_off_loop(await self.server.infer(req))
+                shm_outputs = shm_output_names(req) if req.outputs else None
+                if req.shm_inputs is None and shm_outputs is None:
+                    resp = await encode_off_loop(await self.server.infer(req))
+                else:
+                    result = await infer_with_shm(self.shm, req, self.server.infer, shm_outputs)
+                    resp = await encode_off_loop(result, shm_outputs)
                 msg = service_pb2.ModelStreamInferResponse(infer_response=resp)
                 msg = self._fit_stream_response(msg, request.id)
             except InferError as e:
@@ -430,6 +450,63 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             reader.cancel()
             for task in list(running):
                 task.cancel()
+
+    # -- shared-memory extension ----------------------------------------------
+
+    async def SystemSharedMemoryStatus(  # noqa: N802
+        self,
+        request: service_pb2.SystemSharedMemoryStatusRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> service_pb2.SystemSharedMemoryStatusResponse:
+        """The regions registered (``name`` empty: all; unknown: NOT_FOUND)."""
+
+        async def run() -> service_pb2.SystemSharedMemoryStatusResponse:
+            msg = service_pb2.SystemSharedMemoryStatusResponse()
+            for r in self.shm.status(request.name):
+                slot = msg.regions[r["name"]]
+                slot.name, slot.key = r["name"], r["key"]
+                slot.offset, slot.byte_size = r["offset"], r["byte_size"]
+            return msg
+
+        return await self._guard(context, run)
+
+    async def SystemSharedMemoryRegister(  # noqa: N802
+        self,
+        request: service_pb2.SystemSharedMemoryRegisterRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> service_pb2.SystemSharedMemoryRegisterResponse:
+        """Register ``byte_size`` bytes at ``offset`` of the object ``key`` as ``name``."""
+
+        async def run() -> service_pb2.SystemSharedMemoryRegisterResponse:
+            self.shm.register(request.name, request.key, request.offset, request.byte_size)
+            return service_pb2.SystemSharedMemoryRegisterResponse()
+
+        return await self._guard(context, run)
+
+    async def SystemSharedMemoryUnregister(  # noqa: N802
+        self,
+        request: service_pb2.SystemSharedMemoryUnregisterRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> service_pb2.SystemSharedMemoryUnregisterResponse:
+        """Unregister ``name`` (empty: all)."""
+
+        async def run() -> service_pb2.SystemSharedMemoryUnregisterResponse:
+            self.shm.unregister(request.name)
+            return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+        return await self._guard(context, run)
+
+    async def _cuda_unsupported(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """CUDA shared memory: UNIMPLEMENTED, saying why (:func:`cuda_unsupported`)."""
+
+        async def run() -> Any:
+            raise cuda_unsupported()
+
+        return await self._guard(context, run)
+
+    CudaSharedMemoryStatus = _cuda_unsupported
+    CudaSharedMemoryRegister = _cuda_unsupported
+    CudaSharedMemoryUnregister = _cuda_unsupported
 
     # -- logging extension -----------------------------------------------------
 

@@ -34,6 +34,13 @@ from pdserve.frontends.http.status import (
     MethodNotAllowedError,
 )
 from pdserve.frontends.offload import off_loop, off_process
+from pdserve.frontends.shared_memory import (
+    SharedMemoryRegistry,
+    cuda_unsupported,
+    infer_with_shm,
+    shm_output_names,
+    with_shm_extension,
+)
 from pdserve.frontends.traffic.apis import classify_http
 from pdserve.frontends.traffic.gate import header_getter, principal_name
 from pdserve.observability import logs
@@ -129,6 +136,9 @@ class HttpApp:
         gate: restricted APIs, auth and rate limits
             (:class:`~pdserve.frontends.traffic.gate.TrafficGate`), checked at each
             request's entry; None (or a gate with nothing configured): no check.
+        shared_memory: the system shared-memory regions
+            (:class:`~pdserve.frontends.shared_memory.SharedMemoryRegistry`, shared with
+            gRPC); None: a disabled one (the endpoints answer 501).
     """
 
     def __init__(
@@ -138,8 +148,10 @@ class HttpApp:
         body_timeout: float | None = DEFAULT_BODY_TIMEOUT_SECS,
         max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
         gate: TrafficGate | None = None,
+        shared_memory: SharedMemoryRegistry | None = None,
     ) -> None:
         self.server = server
+        self.shm = shared_memory if shared_memory is not None else SharedMemoryRegistry()
         self.gate = gate if gate is not None and gate.active else None
         self.max_request_bytes = max_request_bytes
         self.body_timeout = body_timeout or None
@@ -255,7 +267,11 @@ class HttpApp:
             request.pinned_version = pinned.decode("latin-1").strip()
         if traceparent is not None:
             request.traceparent = traceparent
-        response = await self._infer(request)
+        shm_outputs = shm_output_names(request) if request.outputs else None
+        if request.shm_inputs is None and shm_outputs is None:
+            response = await self._infer(request)
+        else:  # Triton's system shared-memory extension
+            response = await infer_with_shm(self.shm, request, self._infer, shm_outputs)
         size = 0
         try:
             for arr in response.outputs.values():
@@ -395,7 +411,8 @@ class HttpApp:
             raise not_found(f"no route for {path}")
         if n == 2:
             _check_method(method, "GET")
-            await _send_json(send, 200, _dumps(await _call(self.server.metadata)))
+            meta = with_shm_extension(await _call(self.server.metadata), self.shm)
+            await _send_json(send, 200, _dumps(meta))
             return
         section = parts[2]
         if section == "logging" and n == 3:
@@ -430,6 +447,9 @@ class HttpApp:
                 await _send_json(send, 200, _dumps(await _call(stats, "", "")))
                 return
             await self._model_route(scope, receive, send, parts, method, path)
+            return
+        if section in ("systemsharedmemory", "cudasharedmemory"):
+            await self._shared_memory(receive, send, scope, parts, method, path)
             return
         if section == "repository":
             if n == 4 and parts[3] == "index":
@@ -495,6 +515,38 @@ class HttpApp:
             if not await _call(server.model_ready, model, version):
                 raise InferError("Model version not ready")
             body = b""
+        await _send_json(send, 200, body)
+
+    async def _shared_memory(
+        self, receive: Receive, send: Send, scope: Scope, parts: list[str], method: str, path: str
+    ) -> None:
+        """Triton's shared-memory extension: ``/v2/systemsharedmemory[/region/{r}]/status``
+        (GET), ``.../register`` (POST ``{key, offset, byte_size}``),
+        ``[/region/{r}]/unregister`` (POST; no region: all). CUDA shared memory
+        (``/v2/cudasharedmemory/...``) answers 501 (:func:`cuda_unsupported`)."""
+        n = len(parts)
+        if n == 4:
+            region, action = "", parts[3]
+        elif n == 6 and parts[3] == "region" and parts[4]:
+            region, action = parts[4], parts[5]
+        else:
+            raise not_found(f"no route for {path}")
+        if action not in ("status", "register", "unregister") or (
+            action == "register" and not region
+        ):
+            raise not_found(f"no route for {path}")
+        _check_method(method, "GET" if action == "status" else "POST")
+        if parts[2] == "cudasharedmemory":
+            raise cuda_unsupported()
+        shm = self.shm
+        body = b""
+        if action == "status":
+            body = _dumps(shm.status(region))
+        elif action == "register":
+            doc = await self._read_json_object(receive, scope)
+            shm.register(region, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+        else:
+            shm.unregister(region)
         await _send_json(send, 200, body)
 
     async def _logging(self, receive: Receive, send: Send, scope: Scope, method: str) -> None:
@@ -672,6 +724,7 @@ def create_http_app(
     body_timeout: float | None = DEFAULT_BODY_TIMEOUT_SECS,
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
     gate: TrafficGate | None = None,
+    shared_memory: SharedMemoryRegistry | None = None,
 ) -> HttpApp:
     """Build the V2 REST ASGI application for ``server``.
 
@@ -685,11 +738,12 @@ def create_http_app(
         max_json_bytes: limit in bytes on the JSON part of an inference request
             (default 16 MiB; see :class:`HttpApp`); larger ones get 413.
         gate: restricted APIs, auth and rate limits (see :class:`HttpApp`).
+        shared_memory: the system shared-memory registry (see :class:`HttpApp`).
 
     Returns:
         An ASGI 3 callable ``app(scope, receive, send)``.
     """
-    return HttpApp(server, max_request_bytes, body_timeout, max_json_bytes, gate)
+    return HttpApp(server, max_request_bytes, body_timeout, max_json_bytes, gate, shared_memory)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -52,8 +52,12 @@ Decisions, beyond the specs:
   ``errors="replace"`` or latin-1 decode would hand back wrong bytes silently.
 - FP16 JSON output is written by orjson directly from the float16 array (shortest
   decimal that round-trips through float16).
-- Inputs given through the shared-memory extension (``shared_memory_region``) are
-  rejected with 400: this frontend does not implement that extension.
+- Inputs and outputs through Triton's system shared-memory extension
+  (``shared_memory_region``, ``shared_memory_byte_size``, ``shared_memory_offset``):
+  the codec only checks the parameters' types; an input is recorded in
+  ``InferRequest.shm_inputs`` and read by the frontend
+  (:mod:`pdserve.frontends.shared_memory`); an output keeps its parameters, and its
+  response entry has name, datatype and shape but no data (as Triton).
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ from pdserve.core.datatypes import (
 from pdserve.core.errors import InferError, internal
 from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
 from pdserve.frontends.parameters import check_request_parameters, check_scalar_parameters
+from pdserve.frontends.shared_memory import ShmInput, shm_output_names, shm_params
 
 __all__ = [
     "decode_infer_request",
@@ -211,6 +216,7 @@ def decode_infer_request(
     inputs: dict[str, np.ndarray] = {}
     mv: memoryview | None = None
     last_binary: str | None = None
+    shm_inputs: dict[str, ShmInput] | None = None
     for item in inputs_json:
         if type(item) is not dict:
             raise InferError("each entry of 'inputs' must be a JSON object")
@@ -250,10 +256,17 @@ def decode_infer_request(
             offset = end
             last_binary = name
         elif params and "shared_memory_region" in params:
-            raise InferError(
-                f"input '{name}' uses shared memory, which this server does not support; "
-                "send its data in the request"
-            )
+            if item.get("data") is not None:
+                raise InferError(
+                    f"input '{name}' has both 'data' and 'shared_memory_region'; send one of them"
+                )
+            if type(datatype) is not str or (datatype not in _LE_DTYPE and datatype != "BYTES"):
+                raise InferError(_unknown_datatype(datatype, name))
+            region, size, shm_offset = shm_params(params, f"input '{name}'")
+            if shm_inputs is None:
+                shm_inputs = {}
+            shm_inputs[name] = ShmInput(datatype, shape, count, region, size, shm_offset)
+            inputs[name] = _SHM_PLACEHOLDER
         else:
             data = item.get("data")
             if type(data) is not list:
@@ -276,7 +289,7 @@ def decode_infer_request(
             raise InferError("request 'outputs' must be a list")
         outputs = [_parse_requested_output(o) for o in outputs_json]
 
-    return InferRequest(
+    request = InferRequest(
         model_name=model_name,
         model_version=model_version,
         inputs=inputs,
@@ -285,6 +298,14 @@ def decode_infer_request(
         parameters=parameters,
         arrival_ns=arrival_ns,
     )
+    if shm_inputs is not None:
+        request.shm_inputs = shm_inputs
+    return request
+
+
+#: What ``inputs`` holds for a shared-memory input until the frontend reads it (keeps
+#: the inputs' order; the frontend replaces it).
+_SHM_PLACEHOLDER = np.empty(0, dtype=np.uint8)
 
 
 #: The non-finite number tokens Triton reads and writes (RapidJSON's
@@ -609,9 +630,7 @@ def _parse_requested_output(item: Any) -> RequestedOutput:
         else {}
     )
     if "shared_memory_region" in rest:
-        raise InferError(
-            f"output '{name}' asks for shared memory, which this server does not support"
-        )
+        shm_params(rest, f"output '{name}'")  # checks the types
     return RequestedOutput(name, binary, classification, rest)
 
 
@@ -633,12 +652,14 @@ def _binary_flags(request: InferRequest) -> tuple[bool, dict[str, bool] | None]:
 
 def json_output_names(response: InferResponse, request: InferRequest) -> list[str]:
     """The outputs of ``response`` that :func:`encode_infer_response_parts` writes as JSON
-    ``data`` (not binary), in output order."""
+    ``data`` (not binary, not in shared memory), in output order."""
     default_binary, flags = _binary_flags(request)
+    shm = shm_output_names(request)
     return [
         name
         for name in response.outputs
         if not (default_binary if flags is None else flags.get(name, default_binary))
+        and (shm is None or name not in shm)
     ]
 
 
@@ -704,7 +725,8 @@ def encode_infer_response_parts(
     Returns:
         ``(parts, header_length, total)``: ``parts[0]`` is the JSON header
         (``model_name``, ``model_version``, ``id`` if any, ``parameters`` if any,
-        ``outputs`` [V2]); each further part is one binary output's bytes (a buffer,
+        ``outputs`` [V2]; an output the request asked for in shared memory has no
+        ``data`` and no ``binary_data_size``, as Triton); each further part is one binary output's bytes (a buffer,
         possibly a zero-copy view of the output array) in output order.
         ``header_length`` is ``len(parts[0])`` for the ``Inference-Header-Content-Length``
         response header, or ``None`` when no output is binary (``parts`` is then just
@@ -717,6 +739,7 @@ def encode_infer_response_parts(
             something in ``parameters`` cannot be written as JSON.
     """
     default_binary, flags = _binary_flags(request)
+    shm = shm_output_names(request) if flags is not None else None
     outputs_json: list[dict[str, Any]] = []
     blobs: list[Buffer] = []
     total = 0
@@ -725,6 +748,9 @@ def encode_infer_response_parts(
             arr = np.asarray(arr)
         binary = default_binary if flags is None else flags.get(name, default_binary)
         datatype = _v2_datatype(arr, name)
+        if shm is not None and name in shm:  # written into shared memory: no data
+            outputs_json.append({"name": name, "datatype": datatype, "shape": arr.shape})
+            continue
         if binary:
             if datatype == "BYTES":
                 blob: Buffer = serialize_bytes_tensor(arr)
