@@ -28,12 +28,30 @@ from tests.conftest import ROOT, ServerProcess, start_server
 DATA = Path(__file__).resolve().parents[1] / "data" / "python_models"
 ACCUMULATOR = ROOT / "examples" / "stateful" / "accumulator"
 
+#: an ensemble with the stateful accumulator as its step (the sequence parameters
+#: reach the step, as Triton passes the correlation id and flags on)
+ENSEMBLE = """
+name: "ens_acc"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "TOTAL", data_type: TYPE_FP32, dims: [ 1 ] } ]
+ensemble_scheduling { step [ {
+  model_name: "accumulator", model_version: -1
+  input_map { key: "INPUT", value: "X" }
+  output_map { key: "SUM", value: "TOTAL" }
+} ] }
+"""
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("sequence") / "models"
     shutil.copytree(ACCUMULATOR, repo / "accumulator")
     shutil.copytree(DATA / "seq_direct", repo / "seq_direct")
+    shutil.copytree(DATA / "seq_bls", repo / "seq_bls")
+    (repo / "ens_acc" / "1").mkdir(parents=True)
+    (repo / "ens_acc" / "config.pbtxt").write_text(ENSEMBLE)
     proc = start_server(repo, repo.parent / "pdserve.log")
     yield proc
     proc.stop()
@@ -241,3 +259,28 @@ def test_idle_sequence_is_released_and_its_next_request_refused(server: ServerPr
     assert send(9001, 7, sequence_start=True) == 7
     assert send(9001, 1, sequence_end=True) == 8
     assert client.is_server_live() and client.is_model_ready("seq_direct")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_sequences_through_an_ensemble_and_bls(server: ServerProcess, protocol: str) -> None:
+    """The sequence parameters reach a stateful ensemble step, and a BLS call made with
+    ``correlation_id`` / ``flags`` (read from the model's own request)."""
+    client = _client(server, protocol)
+    mod = httpclient if protocol == "http" else grpcclient
+
+    def send(model: str, name: str, out: str, v: float, shape: list[int], **flags: Any) -> float:
+        tensor = mod.InferInput(name, shape, "FP32")
+        tensor.set_data_from_numpy(np.full(shape, v, np.float32))
+        return float(client.infer(model, [tensor], **flags).as_numpy(out).reshape(-1)[0])
+
+    for model, name, out, shape in (
+        ("ens_acc", "X", "TOTAL", [1, 1]),
+        ("seq_bls", "INPUT", "SUM", [1, 1]),
+    ):
+        cid = f"{model}-{protocol}"
+        assert send(model, name, out, 2, shape, sequence_id=cid, sequence_start=True) == 2
+        assert send(model, name, out, 3, shape, sequence_id=cid) == 5
+        assert send(model, name, out, 4, shape, sequence_id=cid, sequence_end=True) == 9
+        with pytest.raises(InferenceServerException) as err:
+            send(model, name, out, 1, shape, sequence_id=cid)
+        assert "must specify the START flag" in err.value.message()
