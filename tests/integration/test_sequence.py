@@ -9,9 +9,12 @@ real ``tritonclient.http`` and ``tritonclient.grpc`` with ``sequence_id`` /
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -284,3 +287,48 @@ def test_sequences_through_an_ensemble_and_bls(server: ServerProcess, protocol: 
         with pytest.raises(InferenceServerException) as err:
             send(model, name, out, 1, shape, sequence_id=cid)
         assert "must specify the START flag" in err.value.message()
+
+
+def test_bad_requests_leave_the_sequence_and_server_running(server: ServerProcess) -> None:
+    """Bad requests in the middle of a sequence are refused with 400 and change nothing:
+    two rows, a control or state tensor sent by the client, sequence parameters of the
+    wrong type (raw JSON); the sequence then carries on with its sum intact."""
+    client = _client(server, "http")
+
+    def send(v: float, **flags: Any) -> float:
+        r = client.infer("accumulator", [_input("http", "INPUT", v, "FP32")], **flags)
+        return float(r.as_numpy("SUM")[0, 0])
+
+    assert send(3, sequence_id=777, sequence_start=True) == 3.0
+    two = httpclient.InferInput("INPUT", [2, 1], "FP32")
+    two.set_data_from_numpy(np.ones((2, 1), np.float32))
+    err = _error(lambda: client.infer("accumulator", [two], sequence_id=777))
+    assert err.status() == "400" and "must specify batch-size 1" in err.message()
+    for name, dt in (("START", "INT32"), ("ACC_STATE", "FP32")):
+        extra = httpclient.InferInput(name, [1, 1], dt)
+        extra.set_data_from_numpy(np.ones((1, 1), np.float32 if dt == "FP32" else np.int32))
+        err = _error(
+            lambda extra=extra: client.infer(
+                "accumulator", [_input("http", "INPUT", 1, "FP32"), extra], sequence_id=777
+            )
+        )
+        assert err.status() == "400" and f"unexpected inference input '{name}'" in err.message()
+    url = f"http://{server.http_url}/v2/models/accumulator/infer"
+    for params, words in (
+        ({"sequence_id": 1.5}, "'sequence_id' must be a non-negative integer or a string"),
+        ({"sequence_id": -3}, "'sequence_id' must be a non-negative integer or a string"),
+        ({"sequence_id": 777, "sequence_start": "yes"}, "'sequence_start' must be true or false"),
+    ):
+        body = {
+            "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [1]}],
+            "parameters": params,
+        }
+        req = urllib.request.Request(
+            url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as http_err:
+            urllib.request.urlopen(req, timeout=30)
+        assert http_err.value.code == 400
+        assert words in json.loads(http_err.value.read())["error"]
+    assert send(4, sequence_id=777, sequence_end=True) == 7.0
+    assert client.is_server_live() and client.is_model_ready("accumulator")

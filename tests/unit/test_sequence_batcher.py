@@ -415,3 +415,81 @@ def test_config_defaults_idle_timeout() -> None:
     cfgmod.apply_defaults(cfg)
     assert cfg.sequence_batching.max_sequence_idle_microseconds == 1_000_000
     cfgmod.validate_config(cfg, "/x/m/config.pbtxt")
+
+
+def test_cancelled_end_request_still_frees_the_slot() -> None:
+    """A queued END whose client went away is answered CLIENT_GONE when its turn comes,
+    and its sequence's slot goes to the backlog."""
+
+    async def main() -> None:
+        b, (inst,), log = make("direct { }", max_batch_size=1)
+        inst.gate = asyncio.Event()
+        first = asyncio.ensure_future(b.submit(request(1, 1, start=True)))
+        await asyncio.sleep(0.005)
+        end = asyncio.ensure_future(b.submit(request(2, 1, end=True)))
+        other = asyncio.ensure_future(b.submit(request(5, 2, start=True, end=True)))
+        await asyncio.sleep(0.005)
+        end.cancel()
+        inst.gate.set()
+        assert float((await first)["OUT"][0, 0]) == 1.0
+        assert float((await other)["OUT"][0, 0]) == 5.0
+        assert [[e[3] for e in batch] for batch in log] == [[1], [2]]
+        assert b.stats.pending == 0 and all(s.seq is None for s in b.lanes[0].slots)
+
+    asyncio.run(main())
+
+
+def test_oldest_waits_max_queue_delay_for_a_fuller_batch() -> None:
+    async def main() -> None:
+        b, _, log = make(
+            "oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 300000 }",
+            max_batch_size=2,
+        )
+        one = asyncio.ensure_future(b.submit(request(1, 1, start=True, end=True)))
+        await asyncio.sleep(0.02)
+        assert not one.done()  # waiting for a second sequence (up to 300 ms)
+        two = asyncio.ensure_future(b.submit(request(2, 2, start=True, end=True)))
+        await asyncio.gather(one, two)
+        assert [[e[3] for e in batch] for batch in log] == [[1, 2]]
+
+    asyncio.run(main())
+
+
+def test_no_batching_model_gets_rank_one_controls_and_state() -> None:
+    async def main() -> None:
+        cfg = mc.ModelConfig(name="nb", max_batch_size=0)
+        text_format.Parse(CONTROLS + STATE, cfg.sequence_batching)
+        shapes: list[dict[str, tuple[int, ...]]] = []
+
+        class Inst(ModelInstance):
+            name = "nb_0"
+
+            async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
+                shapes.extend({k: v.shape for k, v in r.inputs.items()} for r in batch)
+                return [
+                    {"OUT": r.inputs["ACC_IN"] + r.inputs["IN"], "ACC_OUT": r.inputs["ACC_IN"] + 1}
+                    for r in batch
+                ]
+
+        sb = SequenceBatcher(
+            InstancePool([Inst()]),
+            ModelStats("nb", "1"),
+            SimpleNamespace(name="nb", config=cfg),  # type: ignore[arg-type]
+        )
+
+        def req(v: float, **p: Any) -> ExecRequest:
+            arr = np.full((1,), v, np.float32)
+            return ExecRequest({"IN": arr}, ["OUT"], InferRequest("nb", parameters=p), 1)
+
+        assert (await sb.submit(req(5, sequence_id=1, sequence_start=True)))["OUT"][0] == 5.0
+        assert (await sb.submit(req(5, sequence_id=1, sequence_end=True)))["OUT"][0] == 6.0
+        assert shapes[0] == {
+            "IN": (1,),
+            "START": (1,),
+            "END": (1,),
+            "READY": (1,),
+            "CORRID": (1,),
+            "ACC_IN": (1,),
+        }
+
+    asyncio.run(main())
