@@ -332,3 +332,31 @@ def test_bad_requests_leave_the_sequence_and_server_running(server: ServerProces
         assert words in json.loads(http_err.value.read())["error"]
     assert send(4, sequence_id=777, sequence_end=True) == 7.0
     assert client.is_server_live() and client.is_model_ready("accumulator")
+
+
+def test_model_faults_fail_one_request_and_the_sequence_carries_on(server: ServerProcess) -> None:
+    """A model error fails its request only; a worker that exits mid-sequence fails its
+    batch, is restarted, and the sequence's later requests are still served (the model
+    kept its sums in the dead process, so they start from zero there)."""
+    client = _client(server, "grpc")
+
+    def send(v: int, **flags: Any) -> int:
+        r = client.infer("seq_direct", [_input("grpc", "IN", v, "INT32")], sequence_id=31, **flags)
+        return int(r.as_numpy("OUT")[0, 0])
+
+    assert send(5, sequence_start=True) == 5
+    err = _error(lambda: send(-1))
+    assert err.status() == "StatusCode.INTERNAL" and "-1 is not allowed" in err.message()
+    assert send(2) == 7
+    err = _error(lambda: send(-2))
+    assert err.status() in ("StatusCode.INTERNAL", "StatusCode.UNAVAILABLE")
+    deadline = time.monotonic() + 60
+    while True:  # the worker restarts; until then requests fail with 503
+        try:
+            assert send(4) == 4
+            break
+        except InferenceServerException:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    assert send(1, sequence_end=True) == 5
+    assert client.is_server_live() and client.is_model_ready("seq_direct")

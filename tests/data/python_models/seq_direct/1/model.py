@@ -1,4 +1,10 @@
-"""Running sum per sequence, kept by the model itself by its SEQ_ID control (see config.pbtxt)."""
+"""Running sum per sequence, kept by the model itself by its SEQ_ID control (see config.pbtxt).
+
+Faults on demand: IN == -1 raises (that request fails, the sum is unchanged); IN == -2
+exits the worker process (its batch fails, the worker restarts with no sums).
+"""
+
+import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -28,6 +34,15 @@ class TritonPythonModel:
                     )
                 )
                 continue
+            if int(x[0, 0]) == -1:
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError(f"sequence {cid}: -1 is not allowed")
+                    )
+                )
+                continue
+            if int(x[0, 0]) == -2:
+                os._exit(3)
             if float(_get(request, "START")[0, 0]) == 1.0:
                 self.sums[cid] = 0
             total = self.sums.get(cid, 0) + int(x[0, 0])
