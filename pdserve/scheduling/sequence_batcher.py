@@ -365,27 +365,26 @@ class SequenceBatcher(Scheduler):
         slots of sequences that have ended."""
         heads: list[tuple[_Slot, _Item]] = []
         for slot in lane.slots:
-            seq = slot.seq
-            if seq is None:
-                continue
-            q = seq.queue
-            while q:
-                it = q[0]
-                if it.dead or it.fut.done() or is_cancelled(it.req):
-                    q.popleft()
-                    self.stats.pending -= 1
-                    if not it.fut.done():
-                        it.fut.set_exception(client_gone())
-                    if it.end:
-                        seq.done = True
+            while slot.seq is not None:
+                seq = slot.seq
+                q = seq.queue
+                while q:
+                    it = q[0]
+                    if it.dead or it.fut.done() or is_cancelled(it.req):
+                        q.popleft()
+                        self.stats.pending -= 1
+                        if not it.fut.done():
+                            it.fut.set_exception(client_gone())
+                        if it.end:
+                            seq.done = True
+                        continue
+                    break
+                if q:
+                    heads.append((slot, q[0]))
+                elif seq.done:
+                    self._release(slot)  # may hand the slot to a backlogged sequence
                     continue
                 break
-            if q:
-                heads.append((slot, q[0]))
-            elif seq.done:
-                self._release(slot)
-                if slot.seq is not None and slot.seq.queue:
-                    heads.append((slot, slot.seq.queue[0]))
         return heads
 
     def _try_run(self, lane: _Lane) -> None:
