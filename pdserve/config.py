@@ -418,6 +418,7 @@ def apply_defaults(cfg: ModelConfig, *, gpus: Sequence[int] = ()) -> None:
     * no ``version_policy`` -> ``latest { num_versions: 1 }``;
     * ``dynamic_batching`` without ``preferred_batch_size`` -> ``[max_batch_size]``
       when ``max_batch_size > 0``;
+    * ``sequence_batching`` without ``max_sequence_idle_microseconds`` -> 1000000 (1 s);
     * non-ensembles: ``optimization`` input/output pinned memory enabled; no
       ``instance_group`` -> one group named after the model; unnamed groups ->
       ``<model>_<index>``; ``KIND_AUTO`` -> ``KIND_GPU`` if ``gpus`` else
@@ -435,6 +436,11 @@ def apply_defaults(cfg: ModelConfig, *, gpus: Sequence[int] = ()) -> None:
         db = cfg.dynamic_batching
         if len(db.preferred_batch_size) == 0 and cfg.max_batch_size > 0:
             db.preferred_batch_size.append(cfg.max_batch_size)
+
+    if cfg.HasField("sequence_batching"):
+        sb = cfg.sequence_batching
+        if sb.max_sequence_idle_microseconds == 0:  # Triton's default: 1 s
+            sb.max_sequence_idle_microseconds = DEFAULT_MAX_SEQUENCE_IDLE_US
 
     if cfg.HasField("ensemble_scheduling") or cfg.platform == ENSEMBLE_PLATFORM:
         return
@@ -488,8 +494,8 @@ def validate_config(
     ``label_filename`` exists (relative to the model folder); an ensemble has
     ``ensemble_scheduling`` with steps, no backend and no instance groups, and
     only an ensemble has ``ensemble_scheduling``. Beyond Triton's rules: no
-    decoupled transaction policy and no ``sequence_batching``, which pdserve cannot
-    serve yet (Triton can).
+    decoupled transaction policy, which pdserve cannot serve yet (Triton can);
+    ``sequence_batching`` as :func:`_validate_sequence_batching` says.
 
     Run it after auto-complete, as Triton does. With ``complete=False`` the
     checks auto-complete could still satisfy (a missing ``data_type`` or
@@ -580,6 +586,8 @@ def validate_config(
 
     if cfg.HasField("dynamic_batching"):
         _validate_dynamic_batching(cfg, where, warnings, fail)
+    if cfg.HasField("sequence_batching"):
+        _validate_sequence_batching(cfg, fail)
     _refuse_unserved_scheduling(cfg, fail)
 
     group_pb = model_config_pb2.ModelInstanceGroup
@@ -635,25 +643,16 @@ def _refuse_unserved_scheduling(cfg: ModelConfig, fail: Callable[[str, str], Non
     """Refuse what pdserve cannot serve yet rather than serve it wrongly.
 
     A decoupled model (``model_transaction_policy { decoupled: true }``) sends zero or
-    several responses per request through a response sender, and ``sequence_batching``
-    routes the requests of one sequence to one instance with its control inputs;
-    pdserve answers each request once through the direct or dynamic scheduler, so such
-    a model would load READY and then fail (or silently lose its sequence semantics)
-    on every request. Triton serves both; here they fail to load with this reason
-    until the streaming work implements them.
+    several responses per request through a response sender; pdserve answers each
+    request once, so such a model would load READY and then fail on every request.
+    Triton serves it; here it fails to load with this reason until the streaming work
+    implements it. (``sequence_batching`` is served: :func:`_validate_sequence_batching`.)
     """
     if cfg.model_transaction_policy.decoupled:
         fail(
             "model_transaction_policy.decoupled",
             "decoupled models (zero or several responses per request) are not supported "
             "by pdserve yet; set 'decoupled: false' or serve this model with Triton",
-        )
-    if cfg.HasField("sequence_batching"):
-        fail(
-            "sequence_batching",
-            "the sequence batcher (stateful models, sequence control inputs) is not "
-            "supported by pdserve yet; use 'dynamic_batching' or none for a stateless "
-            "model, or serve this model with Triton",
         )
 
 
@@ -769,6 +768,147 @@ def _validate_dynamic_batching(
                     "a queue policy cannot have DELAY as timeout action when "
                     "'preserve_ordering' is true",
                 )
+
+
+_SB = model_config_pb2.ModelSequenceBatching
+#: Triton's default ``max_sequence_idle_microseconds`` (1 s).
+DEFAULT_MAX_SEQUENCE_IDLE_US = 1_000_000
+#: datatypes a ``CONTROL_SEQUENCE_CORRID`` control may have (Triton's)
+CORRID_TYPES = frozenset(
+    {
+        model_config_pb2.TYPE_UINT64,
+        model_config_pb2.TYPE_INT64,
+        model_config_pb2.TYPE_UINT32,
+        model_config_pb2.TYPE_INT32,
+        model_config_pb2.TYPE_STRING,
+    }
+)
+
+
+def _validate_sequence_batching(cfg: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """Triton's rules for ``sequence_batching`` (``model_config.proto``
+    ``ModelSequenceBatching``; ``ValidateModelConfig`` / the sequence batcher's setup):
+
+    - each ``control_input`` has a name not used by a model input, at least one
+      control; each control kind appears once in all; ``START``/``END``/``READY`` have
+      exactly one of ``int32_false_true``/``fp32_false_true``/``bool_false_true`` with
+      two values (false, true); ``CORRID`` has a ``data_type`` of
+      UINT64/INT64/UINT32/INT32/STRING and no false/true values;
+    - each ``state`` has ``input_name``, ``output_name``, ``data_type`` and ``dims``
+      (all >= 1), names unique and not model inputs/outputs; at most one
+      ``initial_state``, with ``zero_data`` (pdserve does not read ``data_file``),
+      whose datatype and dims equal the state's;
+    - ``oldest.max_candidate_sequences`` >= 0, ``oldest.preferred_batch_size`` in
+      ``[1, max_batch_size]``; ``direct.minimum_slot_utilization`` in [0, 1];
+      ``iterative_sequence`` is refused (pdserve does not reschedule requests);
+    - beyond Triton: no ``response_cache`` (a stateful model's answer depends on the
+      sequence, not only on the request).
+    """
+    sb = cfg.sequence_batching
+    field = "sequence_batching"
+    io_names = {i.name for i in cfg.input} | {o.name for o in cfg.output}
+    names: set[str] = set()
+    kinds: set[int] = set()
+    control = _SB.Control
+    for i, ci in enumerate(sb.control_input):
+        where = f"{field}.control_input[{i}]"
+        if not ci.name:
+            fail(f"{where}.name", "a sequence batching control input must have a name")
+        elif ci.name in names or ci.name in io_names:
+            fail(f"{where}.name", f"control input name '{ci.name}' is already used")
+        names.add(ci.name)
+        if len(ci.control) == 0:
+            fail(f"{where}.control", f"control input '{ci.name}' must specify a control")
+        for c in ci.control:
+            kind = control.Kind.Name(c.kind)
+            if c.kind in kinds:
+                fail(f"{where}.control", f"sequence batching specifies multiple {kind} tensors")
+            kinds.add(c.kind)
+            given = [
+                n
+                for n, v in (
+                    ("int32_false_true", c.int32_false_true),
+                    ("fp32_false_true", c.fp32_false_true),
+                    ("bool_false_true", c.bool_false_true),
+                )
+                if len(v) > 0
+            ]
+            if c.kind == control.CONTROL_SEQUENCE_CORRID:
+                if given:
+                    fail(f"{where}.control", f"{kind} control '{ci.name}' takes no {given[0]}")
+                if c.data_type not in CORRID_TYPES:
+                    fail(
+                        f"{where}.control",
+                        f"{kind} control '{ci.name}' must specify data_type TYPE_UINT64, "
+                        "TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING",
+                    )
+                continue
+            if len(given) != 1:
+                fail(
+                    f"{where}.control",
+                    f"{kind} control '{ci.name}' must specify exactly one of "
+                    "'int32_false_true', 'fp32_false_true' or 'bool_false_true'",
+                )
+                continue
+            values = getattr(c, given[0])
+            if len(values) != 2:
+                fail(
+                    f"{where}.control",
+                    f"{kind} control '{ci.name}' must have exactly 2 entries in "
+                    f"'{given[0]}' (false, true)",
+                )
+    for i, st in enumerate(sb.state):
+        where = f"{field}.state[{i}]"
+        for attr in ("input_name", "output_name"):
+            name = getattr(st, attr)
+            if not name:
+                fail(f"{where}.{attr}", f"a sequence state must specify '{attr}'")
+            elif name in names or name in io_names:
+                fail(f"{where}.{attr}", f"state name '{name}' is already used")
+            names.add(name)
+        if st.data_type == model_config_pb2.TYPE_INVALID:
+            fail(f"{where}.data_type", "a sequence state must specify 'data_type'")
+        if len(st.dims) == 0 or any(d < 1 for d in st.dims):
+            fail(f"{where}.dims", "a sequence state must specify 'dims', each >= 1")
+        if len(st.initial_state) > 1:
+            fail(f"{where}.initial_state", "a sequence state takes at most one initial_state")
+        for init in st.initial_state:
+            if init.WhichOneof("state_data") != "zero_data":
+                fail(
+                    f"{where}.initial_state",
+                    "only 'zero_data' initial states are supported by pdserve (not 'data_file')",
+                )
+            if init.data_type != st.data_type or list(init.dims) != list(st.dims):
+                fail(
+                    f"{where}.initial_state",
+                    "initial_state data_type and dims must equal the state's",
+                )
+    if sb.HasField("oldest"):
+        old = sb.oldest
+        if old.max_candidate_sequences < 0:
+            fail(f"{field}.oldest.max_candidate_sequences", "must be >= 0")
+        for size in old.preferred_batch_size:
+            if size < 1 or size > max(1, cfg.max_batch_size):
+                fail(
+                    f"{field}.oldest.preferred_batch_size",
+                    f"preferred batch size {size} must be in [1, {max(1, cfg.max_batch_size)}]",
+                )
+    if sb.HasField("direct"):
+        util = sb.direct.minimum_slot_utilization
+        if not 0.0 <= util <= 1.0:
+            fail(f"{field}.direct.minimum_slot_utilization", "must be in [0, 1]")
+    if cfg.response_cache.enable:
+        fail(
+            "response_cache.enable",
+            "a stateful model's responses depend on its sequence, so the response cache "
+            "cannot serve them; disable response_cache for a sequence_batching model",
+        )
+    if sb.iterative_sequence:
+        fail(
+            f"{field}.iterative_sequence",
+            "iterative sequences (requests rescheduled by the model) are not supported by "
+            "pdserve; serve this model with Triton",
+        )
 
 
 # --------------------------------------------------------------------------- JSON

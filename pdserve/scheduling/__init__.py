@@ -1,6 +1,7 @@
-"""Schedulers: direct (no batching) and the dynamic batcher.
+"""Schedulers: direct (no batching), the dynamic batcher and the sequence batcher.
 
 :func:`create_scheduler` picks one from the model configuration, as Triton does:
+``sequence_batching { }`` present -> sequence batcher (stateful models),
 ``dynamic_batching { }`` present -> dynamic batcher, otherwise each request runs
 as it comes on the next free instance. Either checks every result against the
 model configuration (:mod:`pdserve.scheduling.shapes`).
@@ -26,6 +27,10 @@ def create_scheduler(model: ModelVersion) -> Scheduler:
         return EnsembleScheduler(model)
     pool = InstancePool(model.instances)
     cfg = model.config
+    if cfg.HasField("sequence_batching"):
+        from pdserve.scheduling.sequence_batcher import SequenceBatcher
+
+        return SequenceBatcher(pool, model.stats, model, model.output_check)
     if cfg.HasField("dynamic_batching"):  # max_batch_size 0: queued (policies), not batched
         try:
             from pdserve.scheduling.dynamic_batcher import DynamicBatcher

@@ -81,7 +81,6 @@ output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 1 ] }} ]
 UNSERVED = {
     "decoupled": ("model_transaction_policy { decoupled: true }", ""),
     "decoupled_auto": ("", AUTO_DECOUPLED),
-    "sequence": ("sequence_batching { max_sequence_idle_microseconds: 5000000 }", ""),
 }
 
 
@@ -357,7 +356,6 @@ def test_override_errors_name_the_override(env) -> None:
     [
         ("decoupled", "model_transaction_policy.decoupled"),
         ("decoupled_auto", "model_transaction_policy.decoupled"),
-        ("sequence", "sequence_batching"),
     ],
 )
 def test_unserved_scheduling_fails_to_load(env, model: str, field: str) -> None:
@@ -378,7 +376,7 @@ def test_override_adding_sequence_batching_is_refused(env) -> None:
     client = httpclient.InferenceServerClient(server.http_url)
     cfg = client.get_model_config("tiny")
     cfg.pop("dynamic_batching", None)
-    cfg["sequence_batching"] = {}
+    cfg["sequence_batching"] = {"iterative_sequence": True}  # served, but not iterative
     with pytest.raises(InferenceServerException) as err:
         client.load_model("tiny", config=json.dumps(cfg))
     assert "sequence_batching" in err.value.message()

@@ -235,7 +235,11 @@ def test_validate_accepts_valid(tmp_path: Path) -> None:
             "model_transaction_policy.decoupled",
             "not supported by pdserve yet",
         ),
-        ("sequence_batching { }", "sequence_batching", "not supported by pdserve yet"),
+        (
+            "sequence_batching { iterative_sequence: true }",
+            "sequence_batching.iterative_sequence",
+            "not supported by pdserve",
+        ),
     ],
 )
 def test_validate_errors_name_file_and_field(

@@ -771,6 +771,8 @@ class PythonInstance(ModelInstance):
         self._retry_delay = 0.05
         self._retry_at = 0.0
         self._out_types = {o.name: cfgmod.datatype_of(o) for o in spec.config.output}
+        for st in spec.config.sequence_batching.state:  # implicit state: the batcher keeps it
+            self._out_types[st.output_name] = cfgmod.datatype_of(st)
 
     async def start(self) -> None:
         """Start the worker and wait for ``initialize`` to finish.

@@ -395,9 +395,11 @@ class InferenceRequest:
         requested_output_names: outputs to return (all when empty).
         inputs: :class:`Tensor` list.
         request_id: client request id.
-        correlation_id: sequence correlation id (kept, unused).
+        correlation_id: sequence correlation id (0: none). A BLS request sends it as the
+            ``sequence_id`` parameter; a request to a sequence model has its own here.
         model_version: BLS target version, -1 for the version policy's choice.
-        flags: request flags (kept, unused).
+        flags: request flags: ``TRITONSERVER_REQUEST_FLAG_SEQUENCE_START`` / ``_END``
+            (sent as ``sequence_start`` / ``sequence_end``; read back from them).
         timeout: BLS timeout in microseconds (0 = none).
         trace: the :class:`InferenceTrace` of the request this BLS call serves
             (``request.trace()``): the call then joins its trace.
@@ -430,6 +432,19 @@ class InferenceRequest:
         if isinstance(parameters, str):
             parameters = json.loads(parameters) if parameters else {}
         self._parameters: dict[str, Any] = dict(parameters or {})
+        # the sequence batcher's parameters <-> Triton's correlation id and flags
+        params = self._parameters
+        if correlation_id:
+            params.setdefault("sequence_id", correlation_id)
+            if flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+                params.setdefault("sequence_start", True)
+            if flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+                params.setdefault("sequence_end", True)
+        elif params.get("sequence_id"):
+            self._correlation_id = params["sequence_id"]
+            self._flags |= (
+                TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if params.get("sequence_start") else 0
+            ) | (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if params.get("sequence_end") else 0)
 
     def inputs(self) -> list[Tensor]:
         """The input tensors."""
