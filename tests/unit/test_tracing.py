@@ -270,7 +270,7 @@ def test_model_setting_decides_sampling() -> None:
 
 
 def test_otlp_encoding_decodes_with_opentelemetry_proto() -> None:
-    """The hand-written protobuf is what opentelemetry-proto reads back."""
+    """The export request, serialized and read back with opentelemetry-proto."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
@@ -287,7 +287,9 @@ def test_otlp_encoding_decodes_with_opentelemetry_proto() -> None:
         {"triton.model_version": 3, "ok": True, "ratio": 0.5, "pdserve.error": "it broke"},
     )
     conv = SpanConverter({"service.name": "pdserve", "zone": "a"})
-    data = conv.request(conv.convert(t, 10**18) + conv.convert(t, 10**18))
+    message, n = conv.request([(t, 10**18), (t, 10**18)])
+    assert n == 4
+    data = message.SerializeToString()
     msg = ExportTraceServiceRequest()
     msg.ParseFromString(data)
     (rs,) = msg.resource_spans
