@@ -614,8 +614,7 @@ class TraceManager:
         ``pdserve_trace_spans_dropped_total{reason}`` (``queue_full``: the bounded queue
         was full, or still held them at shutdown; ``export_failed``: their post failed).
         Zero until tracing is first turned on."""
-        export = self._export
-        counts = export.counts if export is not None else ExportCounts()
+        counts = getattr(self._export, "counts", None) or ExportCounts()
         yield (
             "pdserve_trace_spans_exported_total", "counter",
             "Trace spans the OTLP endpoint accepted",
@@ -734,6 +733,8 @@ class SpanExport:
         self._delay = config.bsp_schedule_delay_ms / 1000
         self._wake = threading.Event()
         self._stopping = False
+        self._flushing = False  # flush(): export what is queued, full batch or not
+        self._busy = False  # the thread holds taken spans not yet counted
         self._last_drop_log = 0.0
         self._logged_dropped = 0
         self._thread = threading.Thread(target=self._run, name="pdserve-trace-export", daemon=True)
@@ -787,35 +788,37 @@ class SpanExport:
                 taken.append(item)
                 count += len(item[0].spans)
             self._queued -= count
+            self._busy = bool(taken)
         return taken
 
     def _export_some(self, full_batches_only: bool = False) -> None:
         """Export the queue (with ``full_batches_only``: while a whole batch waits)."""
         while self._queue and (not full_batches_only or self._queued >= self._batch):
             taken = self._take()
-            if not taken:
-                continue
-            n = 0
-            try:
-                message, n = self._converter.request(taken)
-                if not n:
-                    continue
-                reason = self._sender.post(message.SerializeToString())
-            except Exception as e:  # noqa: BLE001 - the export thread must live on
-                reason = f"{type(e).__name__}: {e}"
-                n = n or sum(len(trace.spans) for trace, _ in taken)
-            ok = not reason
-            self.counts.exports += 1
-            if ok:
-                self.counts.exported += n
-            else:
-                self.counts.dropped_failed += n
-                failures = self.counts.failures
-                failures.append(reason)
-                del failures[:-10]  # the last 10
-                self._note_drops()
-            if self._stopping:
-                continue
+            if taken:
+                self._post(taken)
+            self._busy = False
+
+    def _post(self, taken: list[tuple[Trace, int]]) -> None:
+        """Encode ``taken`` as one export request, post it, count the outcome."""
+        n = 0
+        try:
+            message, n = self._converter.request(taken)
+            if not n:
+                return
+            reason = self._sender.post(message.SerializeToString())
+        except Exception as e:  # noqa: BLE001 - the export thread must live on
+            reason = f"{type(e).__name__}: {e}"
+            n = n or sum(len(trace.spans) for trace, _ in taken)
+        self.counts.exports += 1
+        if not reason:
+            self.counts.exported += n
+        else:
+            self.counts.dropped_failed += n
+            failures = self.counts.failures
+            failures.append(reason)
+            del failures[:-10]  # the last 10
+            self._note_drops()
 
     def _run(self) -> None:
         # As the batch span processor: woken by a full batch, export full batches;
@@ -823,14 +826,17 @@ class SpanExport:
         while not self._stopping:
             woken = self._wake.wait(self._delay)
             self._wake.clear()
-            self._export_some(full_batches_only=woken and not self._stopping)
+            flushing, self._flushing = self._flushing, False
+            self._export_some(full_batches_only=woken and not self._stopping and not flushing)
         self._export_some()
 
     def flush(self, timeout: float = 5.0) -> None:
-        """Wake the thread and wait (at most ``timeout`` s) until the queue is empty."""
+        """Export what is queued now, and wait (at most ``timeout`` s) until it was
+        posted (or dropped)."""
+        self._flushing = True
         self._wake.set()
         deadline = time.monotonic() + timeout
-        while self._queue and time.monotonic() < deadline:
+        while (self._queue or self._busy or self._flushing) and time.monotonic() < deadline:
             time.sleep(0.01)
 
     def stop(self, timeout: float = 5.0) -> None:
