@@ -398,6 +398,8 @@ async def start_metrics(
         server, cpu=settings.allow_cpu_metrics, gpu=settings.allow_gpu_metrics
     )
     exporter.sources.append(server.breakers.samples)
+    if isinstance(server.tracer, TraceManager):
+        exporter.sources.append(server.tracer.samples)
     if gate is not None:
         exporter.sources.append(gate.samples)
     host, port = settings.host, settings.metrics_port

@@ -68,6 +68,9 @@ Traffic control (issue 12), from the sources :mod:`pdserve.app.main` registers i
 {protocol,reason}``, ``pdserve_auth_config_reloads_total{result}``,
 ``pdserve_rate_limited_total{scope,model,key}`` (``key`` is the key's configured name,
 never the key), ``pdserve_rate_limit_storage_errors_total``.
+Tracing (issue 17), from :meth:`pdserve.observability.tracing.TraceManager.samples`:
+``pdserve_trace_spans_exported_total`` and ``pdserve_trace_spans_dropped_total{reason}``
+(``queue_full``, ``export_failed``).
 
 Cost on the inference path: the counters are read from
 :class:`~pdserve.observability.stats.ModelStats` at scrape time; only the

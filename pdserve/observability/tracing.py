@@ -32,9 +32,11 @@ semantics below follow its ``src/tracer.cc`` and ``src/command_line_parser.cc``)
 The spans of a traced request (a :class:`~pdserve.core.tracing.Trace` filled by the
 server, the schedulers and the backends) are handed to :class:`SpanExport` when the
 request ends: a bounded queue and one export thread that converts them to
-OpenTelemetry spans and posts them with the OTLP/HTTP exporter. The request never
-waits for the export; a full queue or a failed export drops spans, and the drops are
-counted (:attr:`SpanExport.dropped`, logged at most every 10 s and at shutdown).
+OTLP protobuf (opentelemetry-proto) and posts them over OTLP/HTTP
+(:mod:`pdserve.observability.otlp`). The request never waits for the export; a full
+queue or a failed export drops spans, and the drops are counted (:attr:`SpanExport.counts`,
+logged at most every 10 s and at shutdown, and exposed as Prometheus counters by
+:meth:`TraceManager.samples`).
 
 OpenTelemetry is the optional extra ``pdserve[tracing]``: it is imported only when a
 setting turns tracing on (at start, or by a trace-setting update); without it that
@@ -47,7 +49,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -605,6 +607,30 @@ class TraceManager:
         """The export the traces go to (None until tracing was first turned on)."""
         return self._export
 
+    def samples(self) -> Iterator[tuple[str, str, str, dict[str, str], float]]:
+        """Metric samples ``(name, type, help, labels, value)`` of the span export (a
+        :attr:`pdserve.observability.metrics.MetricsExporter.sources` entry):
+        ``pdserve_trace_spans_exported_total`` (spans the OTLP endpoint accepted) and
+        ``pdserve_trace_spans_dropped_total{reason}`` (``queue_full``: the bounded queue
+        was full, or still held them at shutdown; ``export_failed``: their post failed).
+        Zero until tracing is first turned on."""
+        counts = getattr(self._export, "counts", None) or ExportCounts()
+        yield (
+            "pdserve_trace_spans_exported_total", "counter",
+            "Trace spans the OTLP endpoint accepted",
+            {}, counts.exported,
+        )  # fmt: skip
+        for reason, n in (
+            ("queue_full", counts.dropped_queue_full),
+            ("export_failed", counts.dropped_failed),
+        ):
+            yield (
+                "pdserve_trace_spans_dropped_total", "counter",
+                "Trace spans dropped, by reason (queue_full: the export queue was full; "
+                "export_failed: the OTLP post failed)",
+                {"reason": reason}, n,
+            )  # fmt: skip
+
     def start(self) -> None:
         """Start the export now when the startup settings trace.
 
@@ -625,7 +651,7 @@ class TraceManager:
 
 
 def _import_otel() -> Any:
-    """Import the OpenTelemetry pieces the export needs (the ``tracing`` extra).
+    """Import the OTLP export (:mod:`pdserve.observability.otlp`, the ``tracing`` extra).
 
     Raises:
         InferError(UNAVAILABLE): not installed.
@@ -634,8 +660,9 @@ def _import_otel() -> Any:
         from pdserve.observability import otlp
     except ImportError as e:
         raise unavailable(
-            f"tracing needs OpenTelemetry, which cannot be imported ({e}): install the "
-            "extra with pip install 'pdserve[tracing]', or leave --trace-config level at OFF"
+            "tracing needs the 'tracing' extra (opentelemetry-proto, opentelemetry-api, "
+            f"requests), which cannot be imported ({e}): install it with pip install "
+            "'pdserve[tracing]', or leave --trace-config level at OFF"
         ) from None
     return otlp
 
@@ -650,6 +677,8 @@ class ExportCounts:
             endpoint is down or slower than the traffic), or still queued when the
             export stopped.
         dropped_failed: spans of exports that failed (refused, timed out, an error status).
+        exports: posts made (successful or not).
+        failures: why the last (at most 10) failed posts failed.
     """
 
     exported: int = 0
@@ -670,26 +699,31 @@ class SpanExport:
     :meth:`submit` (event loop) appends a finished trace's spans and returns at once.
     The thread wakes every ``bsp_schedule_delay`` ms, or as soon as
     ``bsp_max_export_batch_size`` spans wait, encodes up to that many as one OTLP
-    ``ExportTraceServiceRequest`` and posts it (one request, at most ``export_timeout`` ms with the
-    exporter's retries). Spans beyond ``bsp_max_queue_size`` are dropped, as are those
-    of a failed export; both are counted in :attr:`counts`.
+    ``ExportTraceServiceRequest`` and posts it (one post, no retry; ``export_timeout``
+    ms to connect and to each read). Spans beyond ``bsp_max_queue_size`` are dropped, as
+    are those of a failed export; both are counted in :attr:`counts`.
 
     Args:
         config: the trace configuration (endpoint, resource, batch settings).
-        exporter: the OTLP/HTTP span exporter whose HTTP client posts the requests;
-            None: one to ``config.url``.
+        sender: what posts the serialized requests
+            (:class:`~pdserve.observability.otlp.OtlpHttpSender`: ``post(bytes) -> str``,
+            "" on success, and ``close()``); None: one to ``config.url``.
 
     Raises:
-        InferError(UNAVAILABLE): OpenTelemetry (``pdserve[tracing]``) is not installed.
+        InferError(UNAVAILABLE): OpenTelemetry (``pdserve[tracing]``) is not installed,
+            or an ``OTEL_EXPORTER_OTLP_*`` setting is invalid.
     """
 
-    def __init__(self, config: TraceConfig, exporter: Any = None) -> None:
+    def __init__(self, config: TraceConfig, sender: Any = None) -> None:
         self._otlp = _import_otel()
         self.config = config
         self._converter = self._otlp.SpanConverter(config.resource_attributes())
-        self._exporter = exporter or self._otlp.make_exporter(
-            config.url, config.export_timeout_ms / 1000
-        )
+        if sender is None:
+            try:
+                sender = self._otlp.OtlpHttpSender(config.url, config.export_timeout_ms / 1000)
+            except ValueError as e:
+                raise unavailable(f"tracing: {e}") from None
+        self._sender = sender
         self.counts = ExportCounts()
         self._queue: deque[tuple[Trace, int]] = deque()
         self._queued = 0  # spans in _queue (under _lock: the loop adds, the thread takes)
@@ -699,6 +733,8 @@ class SpanExport:
         self._delay = config.bsp_schedule_delay_ms / 1000
         self._wake = threading.Event()
         self._stopping = False
+        self._flushing = False  # flush(): export what is queued, full batch or not
+        self._busy = False  # the thread holds taken spans not yet counted
         self._last_drop_log = 0.0
         self._logged_dropped = 0
         self._thread = threading.Thread(target=self._run, name="pdserve-trace-export", daemon=True)
@@ -731,17 +767,19 @@ class SpanExport:
             self._last_drop_log = now
             new = self.counts.dropped - self._logged_dropped
             self._logged_dropped = self.counts.dropped
+            failures = self.counts.failures
             log.warning(
                 "tracing: %d spans dropped so far (%d queue full, %d failed exports; +%d "
-                "since the last report)",
+                "since the last report)%s",
                 self.counts.dropped,
                 self.counts.dropped_queue_full,
                 self.counts.dropped_failed,
                 new,
+                f"; an export failed: {failures[-1]}" if failures else "",
             )
 
-    def _take(self) -> list[Any]:
-        """Up to one batch of spans, converted (whole traces: a batch may run over)."""
+    def _take(self) -> list[tuple[Trace, int]]:
+        """Up to one batch of traces (whole traces: a batch may run over)."""
         taken: list[tuple[Trace, int]] = []
         count = 0
         with self._lock:
@@ -750,32 +788,37 @@ class SpanExport:
                 taken.append(item)
                 count += len(item[0].spans)
             self._queued -= count
-        spans: list[Any] = []
-        for trace, offset in taken:
-            spans.extend(self._converter.convert(trace, offset))
-        return spans
+            self._busy = bool(taken)
+        return taken
 
     def _export_some(self, full_batches_only: bool = False) -> None:
         """Export the queue (with ``full_batches_only``: while a whole batch waits)."""
         while self._queue and (not full_batches_only or self._queued >= self._batch):
-            spans = self._take()
-            if not spans:
-                continue
-            try:
-                ok = self._otlp.post(self._exporter, self._converter.request(spans))
-                reason = "" if ok else "the endpoint refused or did not answer"
-            except Exception as e:  # noqa: BLE001 - the export thread must live on
-                ok, reason = False, f"{type(e).__name__}: {e}"
-            self.counts.exports += 1
-            if ok:
-                self.counts.exported += len(spans)
-            else:
-                self.counts.dropped_failed += len(spans)
-                if len(self.counts.failures) < 10:
-                    self.counts.failures.append(reason)
-                self._note_drops()
-            if self._stopping:
-                continue
+            taken = self._take()
+            if taken:
+                self._post(taken)
+            self._busy = False
+
+    def _post(self, taken: list[tuple[Trace, int]]) -> None:
+        """Encode ``taken`` as one export request, post it, count the outcome."""
+        n = 0
+        try:
+            message, n = self._converter.request(taken)
+            if not n:
+                return
+            reason = self._sender.post(message.SerializeToString())
+        except Exception as e:  # noqa: BLE001 - the export thread must live on
+            reason = f"{type(e).__name__}: {e}"
+            n = n or sum(len(trace.spans) for trace, _ in taken)
+        self.counts.exports += 1
+        if not reason:
+            self.counts.exported += n
+        else:
+            self.counts.dropped_failed += n
+            failures = self.counts.failures
+            failures.append(reason)
+            del failures[:-10]  # the last 10
+            self._note_drops()
 
     def _run(self) -> None:
         # As the batch span processor: woken by a full batch, export full batches;
@@ -783,14 +826,17 @@ class SpanExport:
         while not self._stopping:
             woken = self._wake.wait(self._delay)
             self._wake.clear()
-            self._export_some(full_batches_only=woken and not self._stopping)
+            flushing, self._flushing = self._flushing, False
+            self._export_some(full_batches_only=woken and not self._stopping and not flushing)
         self._export_some()
 
     def flush(self, timeout: float = 5.0) -> None:
-        """Wake the thread and wait (at most ``timeout`` s) until the queue is empty."""
+        """Export what is queued now, and wait (at most ``timeout`` s) until it was
+        posted (or dropped)."""
+        self._flushing = True
         self._wake.set()
         deadline = time.monotonic() + timeout
-        while self._queue and time.monotonic() < deadline:
+        while (self._queue or self._busy or self._flushing) and time.monotonic() < deadline:
             time.sleep(0.01)
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -814,6 +860,6 @@ class SpanExport:
             c.dropped_failed,
         )
         try:
-            self._exporter.shutdown()
+            self._sender.close()
         except Exception:  # noqa: BLE001 - shutting down regardless
-            log.debug("OTLP exporter shutdown failed", exc_info=True)
+            log.debug("OTLP sender close failed", exc_info=True)

@@ -33,7 +33,7 @@ from schemathesis.config._checks import NegativeDataRejectionConfig
 from pdserve.frontends.http.app import openapi_document
 from tests.conftest import ServerProcess, copy_models, start_server
 
-#: Examples per operation and generation mode (21 operations, 7 with negative examples
+#: Examples per operation and generation mode (28 operations, 10 with negative examples
 #: too); PDSERVE_FUZZ_EXAMPLES=300 for a longer run (about 90 s).
 MAX_EXAMPLES = int(os.environ.get("PDSERVE_FUZZ_EXAMPLES", "25"))
 
@@ -161,4 +161,6 @@ def test_the_document_is_served_and_names_every_route(server: ServerProcess) -> 
         "/v2/repository/models/{model_name}/load",
         "/v2/repository/models/{model_name}/unload",
         "/v2/logging",
+        "/v2/trace/setting",
+        "/v2/models/{model_name}/trace/setting",
     }

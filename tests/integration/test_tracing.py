@@ -578,6 +578,48 @@ def test_trace_count_and_rate(repo: Path, tmp_path: Path) -> None:
         rec.close()
 
 
+# --------------------------------------------------------------------------- export metrics
+
+
+def _trace_metrics(srv: ServerProcess) -> dict[str, float]:
+    """The ``pdserve_trace_spans_*`` samples of ``/metrics`` (name{labels} -> value)."""
+    url = f"http://127.0.0.1:{srv.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("pdserve_trace_spans_"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def test_export_metrics_count_what_the_collector_got(
+    server: ServerProcess, receiver: Receiver
+) -> None:
+    """pdserve_trace_spans_exported_total is the number of pdserve's spans the collector
+    received; nothing dropped while the collector answers."""
+    client = httpclient.InferenceServerClient(server.http_url)
+    t = httpclient.InferInput("INPUT0", [1, 64], "FP32")
+    t.set_data_from_numpy(np.ones((1, 64), dtype=np.float32))
+    client.infer("tiny", [t], headers={"traceparent": TRACEPARENT})
+    receiver.wait_for(lambda spans: any(s.trace_id == CLIENT_TRACE for s in spans))
+    deadline = time.monotonic() + 20
+    while True:
+        with receiver.lock:  # a python model's own spans come from its own exporter
+            got = sum(1 for s in receiver.spans if s.resource.get("service.name") == "pdserve")
+        m = _trace_metrics(server)
+        if m["pdserve_trace_spans_exported_total"] == got or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert m == {
+        "pdserve_trace_spans_exported_total": got,
+        'pdserve_trace_spans_dropped_total{reason="queue_full"}': 0,
+        'pdserve_trace_spans_dropped_total{reason="export_failed"}': 0,
+    }
+    assert got >= 7
+
+
 # --------------------------------------------------------------------------- a bad endpoint
 
 
@@ -609,6 +651,9 @@ def test_endpoint_down_never_fails_requests(repo: Path, tmp_path: Path) -> None:
         lat = _tiny_latencies(srv, 200)
         assert max(lat) < 2.0, max(lat)
         time.sleep(1.5)
+        m = _trace_metrics(srv)
+        assert m["pdserve_trace_spans_exported_total"] == 0
+        assert m['pdserve_trace_spans_dropped_total{reason="export_failed"}'] >= 200 * 6 - 200
     finally:
         assert srv.stop() == 0
     log = srv.log()

@@ -270,7 +270,7 @@ def test_model_setting_decides_sampling() -> None:
 
 
 def test_otlp_encoding_decodes_with_opentelemetry_proto() -> None:
-    """The hand-written protobuf is what opentelemetry-proto reads back."""
+    """The export request, serialized and read back with opentelemetry-proto."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
@@ -287,7 +287,9 @@ def test_otlp_encoding_decodes_with_opentelemetry_proto() -> None:
         {"triton.model_version": 3, "ok": True, "ratio": 0.5, "pdserve.error": "it broke"},
     )
     conv = SpanConverter({"service.name": "pdserve", "zone": "a"})
-    data = conv.request(conv.convert(t, 10**18) + conv.convert(t, 10**18))
+    message, n = conv.request([(t, 10**18), (t, 10**18)])
+    assert n == 4
+    data = message.SerializeToString()
     msg = ExportTraceServiceRequest()
     msg.ParseFromString(data)
     (rs,) = msg.resource_spans
@@ -320,3 +322,143 @@ def test_log_trace_id_follows_each_request() -> None:
     assert context.trace_id.get() == ref.trace.trace_id
     assert m.begin(_req()) is None  # the next one is not sampled: no stale trace id
     assert context.trace_id.get() is None
+
+
+# -- OTLP/HTTP post and the export counters --------------------------------------------
+
+
+class _Collector:
+    """A loopback OTLP/HTTP endpoint recording each post; answers ``status``."""
+
+    def __init__(self, status: int = 200) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.posts: list[tuple[dict[str, str], bytes]] = []
+        self.status = status
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                collector.posts.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(collector.status)
+                self.send_header("Content-Length", "4")
+                self.end_headers()
+                self.wfile.write(b"nope")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_otlp_sender_headers_compression_and_errors() -> None:
+    """OTEL_EXPORTER_OTLP_TRACES_* win over OTEL_EXPORTER_OTLP_*; headers are URL-decoded
+    (the W3C-baggage-like format); gzip bodies; a non-2xx answer is a failure."""
+    import gzip
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    from pdserve.observability.otlp import OtlpHttpSender, SpanConverter
+
+    collector = _Collector()
+    try:
+        env = {
+            "OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=generic,x-shared=yes",
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Bearer%20abc,x-tenant=t1",
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip",
+        }
+        sender = OtlpHttpSender(collector.url, 5.0, env)
+        t = Trace()
+        t.add("InferRequest", "", 1_000, 2_000, {"triton.model_name": "m"})
+        message, n = SpanConverter({"service.name": "pdserve"}).request([(t, 0)])
+        assert sender.post(message.SerializeToString()) == ""
+        ((headers, body),) = collector.posts
+        assert headers["authorization"] == "Bearer abc"
+        assert headers["x-tenant"] == "t1" and "x-shared" not in headers
+        assert headers["content-type"] == "application/x-protobuf"
+        assert headers["content-encoding"] == "gzip"
+        got = ExportTraceServiceRequest()
+        got.ParseFromString(gzip.decompress(body))
+        assert got == message and n == 1
+        collector.status = 503
+        assert sender.post(b"") == "HTTP 503: nope"
+        sender.close()
+        plain = OtlpHttpSender(collector.url, 5.0, {"OTEL_EXPORTER_OTLP_HEADERS": "a=1"})
+        assert plain.post(b"x") == "HTTP 503: nope"
+        headers, body = collector.posts[-1]
+        assert body == b"x" and headers["a"] == "1" and "content-encoding" not in headers
+        plain.close()
+    finally:
+        collector.close()
+    with pytest.raises(ValueError, match="gzip or none, got 'zstd'"):
+        OtlpHttpSender(collector.url, 5.0, {"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"})
+
+
+def _metric_lines(m: TraceManager) -> set[str]:
+    from pdserve.observability.metrics import sample_families
+
+    text = "".join(f.render() for f in sample_families(m.samples()))
+    return {line for line in text.splitlines() if not line.startswith("#")}
+
+
+def test_export_counters_exported_failed_and_queue_full() -> None:
+    """pdserve_trace_spans_exported_total / _dropped_total{reason} follow what the
+    export did: accepted posts, refused posts, spans beyond the queue bound."""
+    assert _metric_lines(TraceManager(TraceConfig())) == {
+        "pdserve_trace_spans_exported_total 0",
+        'pdserve_trace_spans_dropped_total{reason="queue_full"} 0',
+        'pdserve_trace_spans_dropped_total{reason="export_failed"} 0',
+    }
+    collector = _Collector()
+    m = TraceManager(
+        parse_trace_config(
+            [
+                "level=TIMESTAMPS",
+                "rate=1",
+                f"opentelemetry,url={collector.url}",
+                "opentelemetry,bsp_schedule_delay=60000",
+                "opentelemetry,bsp_max_queue_size=10",
+                "opentelemetry,bsp_max_export_batch_size=10",
+            ]
+        )
+    )
+    try:
+        m.start()
+
+        def traced(n_spans: int) -> None:
+            ref = m.begin(_req())
+            assert ref is not None
+            for i in range(n_spans - 1):
+                ref.trace.add(f"s{i}", ref.parent_id, 1, 2)
+            m.end(_req(), ref)
+
+        traced(3)
+        traced(3)
+        m.export.flush(10.0)
+        assert len(collector.posts) == 1
+        collector.status = 500
+        traced(4)
+        traced(4)
+        traced(4)  # 12 > the 10-span queue: dropped whole
+        m.export.flush(10.0)
+        assert len(collector.posts) == 2
+        assert _metric_lines(m) == {
+            "pdserve_trace_spans_exported_total 6",
+            'pdserve_trace_spans_dropped_total{reason="queue_full"} 4',
+            'pdserve_trace_spans_dropped_total{reason="export_failed"} 8',
+        }
+        assert m.export.counts.failures == ["HTTP 500: nope"]
+    finally:
+        m.stop(5.0)
+        collector.close()
