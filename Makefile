@@ -13,8 +13,9 @@ METRICS_PORT ?= 8002
 
 # Debian packages the tests start themselves on 127.0.0.1 (and stop by PID): add the
 # package to SYSPKGS and one of its commands to SYSCMDS. Installed only when a command is missing.
-SYSPKGS := redis-server prometheus
-SYSCMDS := redis-server prometheus promtool
+# iproute2 (ip): tests/integration/test_ray.py brings up the loopback of its network namespace.
+SYSPKGS := redis-server prometheus iproute2
+SYSCMDS := redis-server prometheus promtool ip
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -114,3 +114,27 @@ def test_broken_config_names_the_model(repo: Path) -> None:
     with pytest.raises(ValueError) as info:
         plan_application(repo, ["pre"])
     assert str(info.value).startswith("model 'pre':")
+
+
+def test_example_serve_config() -> None:
+    """examples/ray/serve_config.yaml is a valid Serve config whose builder args plan."""
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    from pdserve.ray import build_app
+
+    root = Path(__file__).resolve().parents[2]
+    doc = yaml.safe_load((root / "examples" / "ray" / "serve_config.yaml").read_text())
+    schema = ServeDeploySchema.model_validate(doc)
+    (app,) = schema.applications
+    assert app.import_path == "pdserve.ray:build_app"
+    args = dict(app.args)
+    args["model_repository"] = str(root / args["model_repository"])
+    plans = plan_application(args["model_repository"], args["models"], args["options"])
+    assert [p.model for p in plans][-1] == "tiny"
+    assert {"preprocess", "efficientnet_lite0", "postprocess", "image_classifier"} <= {
+        p.model for p in plans
+    }
+    from ray.serve import Application
+
+    assert isinstance(build_app(args), Application)
