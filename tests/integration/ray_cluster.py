@@ -140,21 +140,37 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def start_cluster(temp_dir: Path, cpus: int = 16, timeout: float = 90.0) -> Cluster:
-    """Start the head on 127.0.0.2 and a worker node on 127.0.0.3, and connect.
+def start_cluster(
+    temp_dir: Path,
+    cpus: int = 16,
+    timeout: float = 90.0,
+    with_worker: bool = True,
+    cores: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> Cluster:
+    """Start the head on 127.0.0.2 and (``with_worker``) a worker node on 127.0.0.3,
+    and connect this process as the driver.
+
+    Args:
+        cpus: logical CPUs each node offers (Ray's scheduling, not a limit).
+        cores: pin every Ray process to these cores (``taskset -c``), e.g. ``"0"``.
+        extra_env: environment of the Ray processes (not this driver's), e.g. Serve's
+            ``RAY_SERVE_*`` knobs.
 
     Raises:
-        RuntimeError: the cluster did not have two nodes within ``timeout`` s.
+        RuntimeError: the cluster did not have its nodes within ``timeout`` s.
     """
     import ray
 
+    pin = ["taskset", "-c", cores] if cores else []
     ray_bin = str(Path(sys.executable).parent / "ray")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", **(extra_env or {}))
     temp_dir.mkdir(parents=True, exist_ok=True)
     common = ["--block", "--disable-usage-stats", f"--num-cpus={cpus}", f"--temp-dir={temp_dir}"]
     head_log = open(temp_dir / "head.log", "wb")  # noqa: SIM115 - the process holds it
     head = subprocess.Popen(
         [
+            *pin,
             ray_bin,
             "start",
             "--head",
@@ -181,9 +197,20 @@ def start_cluster(temp_dir: Path, cpus: int = 16, timeout: float = 90.0) -> Clus
                 raise RuntimeError(f"ray head exited: {(temp_dir / 'head.log').read_text()}")
             if (temp_dir / "session_latest").exists() and _gcs_up():
                 break
+        if not with_worker:
+            cluster = Cluster(head, head, temp_dir)
+            ray.init(
+                address=f"{HEAD_IP}:{GCS_PORT}",
+                _node_ip_address=HEAD_IP,
+                logging_level="WARNING",
+                log_to_driver=False,
+            )
+            cluster.remember()
+            return cluster
         worker_log = open(temp_dir / "worker.log", "wb")  # noqa: SIM115
         worker = subprocess.Popen(
             [
+                *pin,
                 ray_bin,
                 "start",
                 f"--address={HEAD_IP}:{GCS_PORT}",
