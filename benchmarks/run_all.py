@@ -20,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-#: name -> script; issue 2, 4, 3, 5 in that order, then issue 16 (memory).
+#: name -> script; issue 2, 4, 3, 5 in that order, then issue 16 (memory), issue 14 (ray).
 SCRIPTS = {
     "server": "bench_server.py",
     "peers": "bench_peers.py",
@@ -28,6 +28,7 @@ SCRIPTS = {
     "grpc_http": "bench_grpc_http.py",
     "swap": "bench_swap.py",
     "memory": "bench_memory.py",
+    "ray": "bench_ray.py",
 }
 
 

@@ -455,6 +455,13 @@ def scenario(cluster: Cluster, repo: Path, load_s: float, out: dict[str, Any]) -
             # one replica on each node
             "tiny": {"num_replicas": 2, "max_replicas_per_node": 1},
             "pre": {"num_replicas": 1},
+            # a python model that holds each request 0.2 s: requests are in flight on the
+            # replica that is killed
+            "slow": {
+                "num_replicas": 2,
+                "max_replicas_per_node": 1,
+                "ray_actor_options": {"num_cpus": 1},
+            },
             "pipe": {"num_replicas": 1, "ray_actor_options": head_only},
             "sleepy": {
                 "autoscaling_config": {
@@ -550,15 +557,23 @@ def scenario(cluster: Cluster, repo: Path, load_s: float, out: dict[str, Any]) -
     }
     log(f"autoscale: {out['phases']['autoscale']}")
 
-    # -- kill one replica of tiny (the worker node's) under load
-    victim = next((p for p, ip in where.items() if ip == WORKER_IP), None)
+    # -- kill one replica of slow (the worker node's) under load
+    slow_where = replicas_where("slow", 2)
+    out["slow_nodes"] = sorted(set(slow_where.values()))
+    victim = next((p for p, ip in slow_where.items() if ip == WORKER_IP), None)
 
     def kill_replica() -> None:
         if victim is not None:
             os.kill(victim, signal.SIGKILL)
 
     res = run_load(
-        http_port, tiny_path, tiny_body, tiny_ok, threads=4, seconds=load_s, during=kill_replica
+        http_port,
+        "/v2/models/slow/infer",
+        infer_body("slow", "X", np.array([0.2], dtype=np.float32)),
+        lambda d: bool(np.isclose(json.loads(d)["outputs"][0]["data"], 0.2).all()),
+        threads=4,
+        seconds=load_s,
+        during=kill_replica,
     )
     out["phases"]["kill_replica"] = {
         "victim_pid": victim,
@@ -575,10 +590,10 @@ def scenario(cluster: Cluster, repo: Path, load_s: float, out: dict[str, Any]) -
     try:
         # Serve starts a new replica on the worker node (one per node)
         def replaced() -> bool:
-            now = replicas_where("tiny", 2, tries=10)
+            now = replicas_where("slow", 2, tries=10)
             return victim not in now and set(now.values()) == {HEAD_IP, WORKER_IP}
 
-        wait_for(replaced, 60, "tiny replaced on the worker node")
+        wait_for(replaced, 60, "slow replaced on the worker node")
         phase["replaced_s"] = round(time.monotonic() - t_kill, 1)
     except TimeoutError as e:
         phase["replace_error"] = str(e)

@@ -35,7 +35,8 @@ THREADS = 4  # the driver's client threads during the kills: at most one request
 
 
 def make_repository(dst: Path) -> Path:
-    """tiny, pre (tiny under another name), pipe (pre -> tiny), sleepy (python)."""
+    """tiny, pre (tiny under another name), pipe (pre -> tiny), sleepy and slow (python
+    models that sleep their input's seconds)."""
     copy_models(dst, "tiny")
     shutil.copytree(EXAMPLE_REPO / "tiny", dst / "pre")
     cfg = dst / "pre" / "config.pbtxt"
@@ -45,6 +46,9 @@ def make_repository(dst: Path) -> Path:
         ROOT / "tests" / "data" / "ray" / "pipe_config.pbtxt", dst / "pipe" / "config.pbtxt"
     )
     shutil.copytree(ROOT / "tests" / "data" / "python_models" / "sleepy", dst / "sleepy")
+    shutil.copytree(ROOT / "tests" / "data" / "python_models" / "sleepy", dst / "slow")
+    cfg = dst / "slow" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace('name: "sleepy"', 'name: "slow"'))
     return dst
 
 
@@ -120,6 +124,7 @@ def test_ray_serve_two_nodes(scenario: dict[str, Any]) -> None:
     assert auto["max_replicas"] >= 2, auto["trace"]
     assert auto["final_replicas"] == 1, auto["trace"]
 
+    assert doc["slow_nodes"] == ["127.0.0.2", "127.0.0.3"]
     kill = doc["phases"]["kill_replica"]
     assert kill["victim_pid"] and not kill["victim_alive_after"], kill
     assert kill["failed"] == 0 and kill["wrong"] == 0 and kill["ok"] > 20, kill
