@@ -36,13 +36,14 @@ from typing import Any, cast
 
 import ray
 from ray import serve
-from ray.exceptions import RayError
+from ray.exceptions import RayError, RayTaskError
+from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
 from pdserve import __version__
 from pdserve import config as cfgmod
 from pdserve.core.api import InferenceCore
-from pdserve.core.errors import ErrorCode, InferError, not_found, unavailable
+from pdserve.core.errors import ErrorCode, InferError, internal, not_found, unavailable
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends.http.app import create_http_app
 from pdserve.ray.plan import INGRESS_NAME, plan_application
@@ -90,12 +91,16 @@ async def _call(handle: DeploymentHandle, method: str, *args: Any, what: str) ->
     """Call ``method`` on a replica of ``handle``'s deployment.
 
     Raises:
-        InferError: the replica's own error (its code unchanged); ``UNAVAILABLE`` when
-            the replica died or could not be reached (the request may be retried).
+        InferError: the replica's own error (its code unchanged); ``INTERNAL`` when the
+            replica's code raised something else; ``UNAVAILABLE`` when the replica died
+            or could not be reached, or Serve refused the request (back-pressure): the
+            request may be retried.
     """
     try:
         result = await getattr(handle, method).remote(*args)
-    except RayError as e:
+    except RayTaskError as e:  # an exception in the replica's code (not an InferError)
+        raise internal(f"{what}: {e.cause!r}" if e.cause is not None else f"{what}: {e}") from None
+    except (RayError, RayServeException) as e:
         raise unavailable(
             f"{what}: the replica serving it failed ({type(e).__name__}); retry"
         ) from None
@@ -255,7 +260,9 @@ class ModelReplica:
 
     async def __del__(self) -> None:
         """Serve's graceful shutdown: finish in-flight requests, unload the model."""
-        await self.server.stop(timeout=10.0)
+        server = getattr(self, "server", None)  # absent when the constructor failed early
+        if server is not None:
+            await server.stop(timeout=10.0)
 
 
 class RayCore:
