@@ -544,6 +544,8 @@ def scenario(cluster: Cluster, repo: Path, load_s: float, out: dict[str, Any]) -
         out["phases"]["autoscale_error"] = str(e)
     sampling.set()
     sampler.join(5)
+    # the last word after the wait (the sampler may have stopped between two samples)
+    trace.append((round(time.monotonic() - t_auto, 1), running("sleepy")))
     out["phases"]["autoscale"] = {
         "trace": trace,
         "load_end_s": load_end,
