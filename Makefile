@@ -13,15 +13,16 @@ METRICS_PORT ?= 8002
 
 # Debian packages the tests start themselves on 127.0.0.1 (and stop by PID): add the
 # package to SYSPKGS and one of its commands to SYSCMDS. Installed only when a command is missing.
-SYSPKGS := redis-server prometheus
-SYSCMDS := redis-server prometheus promtool
+# iproute2 (ip): tests/integration/test_ray.py brings up the loopback of its network namespace.
+SYSPKGS := redis-server prometheus iproute2
+SYSCMDS := redis-server prometheus promtool ip
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[examples,test,perf,check,traffic,pytorch,tracing]'
+	$(PY) -m pip install -q -e '.[examples,test,perf,check,traffic,pytorch,tracing,ray]'
 	touch $(STAMP)
 
 sysdeps:

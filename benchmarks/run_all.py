@@ -20,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-#: name -> script; issue 2, 4, 3, 5 in that order, then issue 16 (memory), issue 14 (remote).
+#: name -> script; issue 2, 4, 3, 5 in that order, then issue 16 (memory), issue 14 (remote, ray).
 SCRIPTS = {
     "server": "bench_server.py",
     "peers": "bench_peers.py",
@@ -29,6 +29,7 @@ SCRIPTS = {
     "swap": "bench_swap.py",
     "memory": "bench_memory.py",
     "remote": "bench_remote.py",
+    "ray": "bench_ray.py",
 }
 
 

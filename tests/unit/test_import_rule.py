@@ -9,7 +9,7 @@ under ``if TYPE_CHECKING:`` are for type checkers only and do not count.
 The layers, lowest first (a module may import its own layer and any layer before it)::
 
     core <- config <- backends <- scheduling <- repository <- cache <- server
-         <- observability <- frontends <- app
+         <- observability <- frontends <- ray <- app
 
 Where the rule (core <- config <- {repository, scheduling, backends} <- server <-
 {frontends, observability} <- app) leaves an order open, the code decides:
@@ -27,6 +27,8 @@ Where the rule (core <- config <- {repository, scheduling, backends} <- server <
   metrics HTTP listener).
 - ``pdserve/__init__.py`` (the version only) sits with core; ``pdserve/__main__.py``
   with app. Nothing below app imports app.
+- ``pdserve/ray/`` (the Ray Serve application, issue 14) sits on the frontends: its
+  ingress serves the V2 HTTP app over the model deployments; app may import it.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ LAYERS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("server", ("pdserve.server",), ()),
     ("observability", ("pdserve.observability",), ()),
     ("frontends", ("pdserve.frontends",), ()),
+    ("ray", ("pdserve.ray",), ()),
     ("app", ("pdserve.app",), ("pdserve.__main__",)),
 ]
 RANK = {name: i for i, (name, _, _) in enumerate(LAYERS)}

@@ -1,0 +1,181 @@
+"""What a Ray Serve application of a model repository is made of (no Ray import).
+
+:func:`plan_application` reads the repository's ``config.pbtxt`` files and returns one
+:class:`DeploymentPlan` per model: the deployment's name, its Serve options and, for
+an ensemble, the step models it calls through ``DeploymentHandle``\\ s. Everything here
+is plain data so that it is tested without Ray and can be printed
+(``python -m pdserve.ray.plan REPO``).
+
+Resources from the instance groups (``ray_actor_options``), as a replica hosts one
+copy of every instance of its model:
+
+=====================================  ===========================================
+instance groups                        ``ray_actor_options``
+=====================================  ===========================================
+``KIND_CPU`` / ``KIND_AUTO``, count N  ``num_cpus``: the sum of the counts (a
+                                       group without ``count`` counts 1)
+``KIND_GPU`` with ``gpus [a, b]``      ``num_gpus``: the number of distinct GPUs
+                                       named (1 when none is named); ``num_cpus``
+                                       1 for the host side
+none                                   ``num_cpus`` 1
+``platform: "ensemble"``               ``num_cpus`` 0.25: it only routes tensors
+=====================================  ===========================================
+
+Per-model overrides (``options[model]``) replace any of ``num_replicas``,
+``autoscaling_config``, ``ray_actor_options``, ``max_ongoing_requests``,
+``max_replicas_per_node``; ``autoscaling_config`` and ``num_replicas`` exclude each
+other (Serve's rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdserve import config as cfgmod
+from pdserve.repository import layout
+
+#: Options a model's deployment takes from ``options[model]`` (Serve's names).
+DEPLOYMENT_KEYS = frozenset(
+    {
+        "num_replicas",
+        "autoscaling_config",
+        "ray_actor_options",
+        "max_ongoing_requests",
+        "max_replicas_per_node",
+        "health_check_period_s",
+        "graceful_shutdown_timeout_s",
+    }
+)
+
+#: Logical CPUs an ensemble replica reserves: it only forwards tensors between steps.
+ENSEMBLE_CPUS = 0.25
+
+#: The ingress deployment's name (the V2 HTTP API).
+INGRESS_NAME = "pdserve-ingress"
+
+# instance_group kinds (model_config.proto ModelInstanceGroup.Kind)
+_KIND_AUTO, _KIND_GPU, _KIND_CPU = 0, 1, 2
+
+
+@dataclass
+class DeploymentPlan:
+    """One model's Serve deployment.
+
+    Attributes:
+        model: the model name (also the deployment's name).
+        ensemble: the model is a ``platform: "ensemble"``.
+        steps: an ensemble's step model names, in step order, without repeats.
+        options: Serve deployment options (``ray_actor_options``, ``num_replicas`` or
+            ``autoscaling_config``, ...), ready for ``Deployment.options(**options)``.
+    """
+
+    model: str
+    ensemble: bool = False
+    steps: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def actor_options(cfg: Any) -> dict[str, Any]:
+    """``ray_actor_options`` for a replica of the model ``cfg`` (a ``ModelConfig``):
+    see the module docstring's table.
+
+    Returns:
+        ``{"num_cpus": float}`` plus ``"num_gpus": int`` for a GPU model.
+    """
+    if cfg.platform == cfgmod.ENSEMBLE_PLATFORM:
+        return {"num_cpus": ENSEMBLE_CPUS}
+    cpus = 0
+    gpus: set[int] = set()
+    any_gpu = False
+    for group in cfg.instance_group:
+        if group.kind == _KIND_GPU:
+            any_gpu = True
+            gpus.update(group.gpus)
+        else:
+            cpus += group.count or 1
+    if any_gpu:
+        return {"num_cpus": max(1, cpus), "num_gpus": max(1, len(gpus))}
+    return {"num_cpus": max(1, cpus)}
+
+
+def plan_application(
+    repository: Path | str,
+    models: list[str] | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[DeploymentPlan]:
+    """One :class:`DeploymentPlan` per model to serve, step models before ensembles.
+
+    Args:
+        repository: the model repository root.
+        models: the models to serve (``None``: every model of the repository). An
+            ensemble's step models are added when missing.
+        options: model name -> deployment option overrides (keys: ``DEPLOYMENT_KEYS``).
+
+    Raises:
+        ValueError: an unknown model, a model whose ``config.pbtxt`` does not parse,
+            an unknown option key, ``num_replicas`` together with
+            ``autoscaling_config``, or options for a model that is not served.
+    """
+    root = Path(repository)
+    on_disk = layout.scan_repository(root)
+    wanted = sorted(on_disk) if models is None else list(models)
+    options = dict(options or {})
+    configs: dict[str, Any] = {}
+    order: list[str] = []
+
+    def visit(name: str, chain: tuple[str, ...]) -> None:
+        if name in configs:
+            return
+        if name in chain:
+            raise ValueError(f"ensemble cycle: {' -> '.join((*chain, name))}")
+        if name not in on_disk:
+            raise ValueError(f"model '{name}' is not in the repository {root}")
+        try:
+            cfg = cfgmod.load_model_config(on_disk[name].path)
+        except Exception as e:  # noqa: BLE001 - any parse error names the model
+            raise ValueError(f"model '{name}': {e}") from None
+        if cfg.platform == cfgmod.ENSEMBLE_PLATFORM:
+            for step in cfg.ensemble_scheduling.step:
+                visit(step.model_name, (*chain, name))
+        configs[name] = cfg
+        order.append(name)
+
+    for name in wanted:
+        visit(name, ())
+    unknown_models = sorted(set(options) - set(configs))
+    if unknown_models:
+        raise ValueError(f"options given for models that are not served: {unknown_models}")
+    plans = []
+    for name in order:
+        cfg = configs[name]
+        ensemble = cfg.platform == cfgmod.ENSEMBLE_PLATFORM
+        steps = list(dict.fromkeys(s.model_name for s in cfg.ensemble_scheduling.step))
+        override = dict(options.get(name, {}))
+        bad = sorted(set(override) - DEPLOYMENT_KEYS)
+        if bad:
+            raise ValueError(
+                f"model '{name}': unknown deployment options {bad}; expected some of "
+                f"{sorted(DEPLOYMENT_KEYS)}"
+            )
+        if "num_replicas" in override and "autoscaling_config" in override:
+            raise ValueError(f"model '{name}': give num_replicas or autoscaling_config, not both")
+        opts: dict[str, Any] = {"ray_actor_options": actor_options(cfg)}
+        if "ray_actor_options" in override:
+            opts["ray_actor_options"] = {
+                **opts["ray_actor_options"],
+                **dict(override.pop("ray_actor_options")),
+            }
+        opts.update(override)
+        plans.append(DeploymentPlan(name, ensemble, steps if ensemble else [], opts))
+    return plans
+
+
+if __name__ == "__main__":  # pragma: no cover - a look at a repository's plan
+    import json
+    import sys
+
+    for p in plan_application(sys.argv[1]):
+        print(json.dumps({"model": p.model, "steps": p.steps, "options": p.options}))

@@ -1,0 +1,140 @@
+"""pdserve.ray.plan: a repository's Serve deployments, resources from instance groups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pdserve.ray.plan import ENSEMBLE_CPUS, plan_application
+
+CPU_MODEL = """
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "X", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+{groups}
+"""
+
+ENSEMBLE = """
+name: "ens"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "pre" model_version: -1 input_map { key: "X" value: "X" }
+      output_map { key: "Y" value: "mid" } },
+    { model_name: "gpu" model_version: -1 input_map { key: "X" value: "mid" }
+      output_map { key: "Y" value: "Y" } }
+  ]
+}
+"""
+
+
+def write(root: Path, name: str, text: str) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(text)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    write(
+        tmp_path,
+        "pre",
+        CPU_MODEL.format(name="pre", groups="instance_group [ { count: 3, kind: KIND_CPU } ]"),
+    )
+    write(
+        tmp_path,
+        "gpu",
+        CPU_MODEL.format(
+            name="gpu", groups="instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 0, 1 ] } ]"
+        ),
+    )
+    write(tmp_path, "plain", CPU_MODEL.format(name="plain", groups=""))
+    write(tmp_path, "ens", ENSEMBLE)
+    return tmp_path
+
+
+def test_resources_from_instance_groups(repo: Path) -> None:
+    plans = {p.model: p for p in plan_application(repo)}
+    assert plans["pre"].options == {"ray_actor_options": {"num_cpus": 3}}
+    assert plans["gpu"].options == {"ray_actor_options": {"num_cpus": 1, "num_gpus": 2}}
+    assert plans["plain"].options == {"ray_actor_options": {"num_cpus": 1}}
+    assert plans["ens"].ensemble and plans["ens"].steps == ["pre", "gpu"]
+    assert plans["ens"].options == {"ray_actor_options": {"num_cpus": ENSEMBLE_CPUS}}
+
+
+def test_ensemble_brings_its_steps_first(repo: Path) -> None:
+    plans = plan_application(repo, ["ens"])
+    assert [p.model for p in plans] == ["pre", "gpu", "ens"]
+
+
+def test_overrides_merge(repo: Path) -> None:
+    auto = {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 2}
+    plans = plan_application(
+        repo,
+        ["ens"],
+        {
+            "gpu": {"autoscaling_config": auto, "ray_actor_options": {"num_gpus": 0.5}},
+            "pre": {"num_replicas": 3},
+        },
+    )
+    by = {p.model: p.options for p in plans}
+    assert by["gpu"] == {
+        "ray_actor_options": {"num_cpus": 1, "num_gpus": 0.5},
+        "autoscaling_config": auto,
+    }
+    assert by["pre"]["num_replicas"] == 3
+
+
+@pytest.mark.parametrize(
+    ("models", "options", "message"),
+    [
+        (["nope"], None, "model 'nope' is not in the repository"),
+        (
+            ["pre"],
+            {"gpu": {"num_replicas": 1}},
+            "options given for models that are not served: ['gpu']",
+        ),
+        (["pre"], {"pre": {"replicas": 1}}, "unknown deployment options ['replicas']"),
+        (["pre"], {"pre": {"num_replicas": 1, "autoscaling_config": {}}}, "not both"),
+    ],
+)
+def test_bad_plans(repo: Path, models: list[str], options: dict | None, message: str) -> None:
+    with pytest.raises(ValueError, match=None) as info:
+        plan_application(repo, models, options)
+    assert message in str(info.value)
+
+
+def test_broken_config_names_the_model(repo: Path) -> None:
+    (repo / "pre" / "config.pbtxt").write_text("name: [")
+    with pytest.raises(ValueError) as info:
+        plan_application(repo, ["pre"])
+    assert str(info.value).startswith("model 'pre':")
+
+
+def test_example_serve_config() -> None:
+    """examples/ray/serve_config.yaml is a valid Serve config whose builder args plan."""
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    from pdserve.ray import build_app
+
+    root = Path(__file__).resolve().parents[2]
+    doc = yaml.safe_load((root / "examples" / "ray" / "serve_config.yaml").read_text())
+    schema = ServeDeploySchema.model_validate(doc)
+    (app,) = schema.applications
+    assert app.import_path == "pdserve.ray:build_app"
+    args = dict(app.args)
+    args["model_repository"] = str(root / args["model_repository"])
+    plans = plan_application(args["model_repository"], args["models"], args["options"])
+    assert [p.model for p in plans][-1] == "tiny"
+    assert {"preprocess", "efficientnet_lite0", "postprocess", "image_classifier"} <= {
+        p.model for p in plans
+    }
+    from ray.serve import Application
+
+    assert isinstance(build_app(args), Application)
