@@ -63,7 +63,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdserve import config as cfgmod
 from pdserve.app import listeners
@@ -77,6 +77,9 @@ from pdserve.repository.breaker import BreakerBoard, BreakerPolicy
 from pdserve.repository.control import RepositoryPoller
 from pdserve.repository.layout import set_ready_marker
 from pdserve.server import InferenceServer
+
+if TYPE_CHECKING:
+    from pdserve.repository.remote_store import RemoteRepository
 
 log = logging.getLogger("pdserve")
 
@@ -160,6 +163,48 @@ def import_feature(module: str, feature: str, off_flag: str) -> ModuleType:
             f"{feature} is asked for but cannot be imported ({module}: {e}); "
             f"fix the installation or start with {off_flag}"
         ) from e
+
+
+async def sync_remote_repository(settings: Settings) -> RemoteRepository | None:
+    """Step 0 (``--model-repository URL``): mirror the store into the local cache.
+
+    Returns:
+        the :class:`~pdserve.repository.remote_store.RemoteRepository` (None for a
+        local folder).
+
+    Raises:
+        StartError: fsspec / the store's package is missing, or the store is
+            unreachable and there is no cache to serve.
+    """
+    url = settings.remote_repository_url
+    if url is None:
+        return None
+    from pdserve.repository.remote_store import RemoteRepository, StoreUnavailable
+
+    try:
+        remote = RemoteRepository(
+            url,
+            settings.remote_repository_cache,
+            ready_marker=settings.version_ready_marker or None,
+        )
+    except (ImportError, ValueError) as e:
+        raise StartError(f"--model-repository {url}: {e}") from e
+    try:
+        report = await asyncio.to_thread(remote.sync)
+    except StoreUnavailable as e:
+        if not remote.has_cache:
+            raise StartError(f"model repository {url} is unreachable and not cached: {e}") from e
+        return remote
+    log.info(
+        "model repository %s: synced into %s in %.2fs (%d files, %d fetched, %d bytes)",
+        url,
+        remote.local_path,
+        report.seconds,
+        report.files,
+        report.downloaded,
+        report.bytes,
+    )
+    return remote
 
 
 def build_server(settings: Settings) -> InferenceServer:
@@ -390,10 +435,13 @@ async def start_metrics(
     return stop
 
 
-def start_poller(settings: Settings, server: InferenceServer) -> Stop:
+def start_poller(
+    settings: Settings, server: InferenceServer, sync: Callable[[], object] | None = None
+) -> Stop:
     """Step 6 (poll mode): record the repository as it is now and start polling it;
-    the poller waits for the initial load before its first scan."""
-    poller = RepositoryPoller(server, settings.repository_poll_secs)
+    the poller waits for the initial load before its first scan. ``sync`` (a
+    repository on object storage) re-syncs the local cache before each scan."""
+    poller = RepositoryPoller(server, settings.repository_poll_secs, sync)
     poller.baseline()
     task = asyncio.get_running_loop().create_task(poller.run(), name="pdserve-repository-poll")
     log.info(
@@ -475,6 +523,11 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
         log.error("%s", e)
         return 1
     try:
+        remote = await sync_remote_repository(settings)
+    except StartError as e:
+        log.error("%s", e)
+        return 1
+    try:
         server = build_server(settings)
     except HostPolicyError as e:
         log.error("--host-policy: %s", e)
@@ -522,7 +575,8 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
             if stop_metrics is not None:
                 stops.append(("metrics", stop_metrics))
         if settings.model_control_mode == "poll":
-            stops.append(("repository poller", start_poller(settings, server)))
+            sync = remote.sync if remote is not None else None
+            stops.append(("repository poller", start_poller(settings, server, sync)))
 
         async def stop_models() -> None:
             await server.stop(drain_secs)

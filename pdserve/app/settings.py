@@ -53,6 +53,7 @@ from pdserve.frontends.http.server import (
 from pdserve.frontends.traffic.apis import RestrictedApiError, parse_restricted
 from pdserve.observability.logs import FORMATS as LOG_FORMATS
 from pdserve.repository.control import EXPLICIT_MODES, MODES
+from pdserve.repository.remote_store import default_cache_dir, is_remote_url
 
 #: The example repository that ``examples/build.py`` builds (``--model-repository``'s default).
 EXAMPLE_REPOSITORY = Path(__file__).resolve().parents[2] / "examples" / "model_repository"
@@ -139,6 +140,11 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _repository_arg(text: str) -> Path | str:
+    """``--model-repository``: a URL (``scheme://...``) stays a string, else a Path."""
+    return text if is_remote_url(text) else Path(text)
+
+
 def _flag(
     name: str, default: Any, group: str, help: str, factory: Any = None, **argparse_options: Any
 ) -> Any:
@@ -164,11 +170,21 @@ class Settings:
     """
 
     # -- server ------------------------------------------------------------------------
-    model_repository: Path | None = _flag(
+    model_repository: Path | str | None = _flag(
         "--model-repository",
         None,
         "server",
-        "model repository folder (default: the example repository built by examples/build.py)",
+        "model repository folder, or an fsspec URL (s3://bucket/prefix, gs://..., "
+        "file://...) served from a local cache (see --model-repository-cache) "
+        "(default: the example repository built by examples/build.py)",
+        type=_repository_arg,
+    )
+    model_repository_cache: Path | None = _flag(
+        "--model-repository-cache",
+        None,
+        "server",
+        "local cache folder of a --model-repository URL (default: "
+        "$XDG_CACHE_HOME/pdserve/repositories/<hash of the URL>, ~/.cache when unset)",
         type=Path,
     )
     host: str = _flag("--host", "127.0.0.1", "server", "address to listen on (default {default})")
@@ -655,7 +671,15 @@ class Settings:
         except HostPolicyError as e:
             raise SettingsError("--host-policy", str(e)) from None
         self.validate_traffic()
-        if not self.repository.is_dir():
+        if self.remote_repository_url is not None:
+            try:
+                import fsspec  # noqa: F401 - the remote-repo extra
+            except ImportError as e:
+                raise SettingsError(
+                    "--model-repository",
+                    f"a repository URL needs fsspec (pip install 'pdserve[remote-repo]'): {e}",
+                ) from None
+        elif not self.repository.is_dir():
             hint = " (build it with `python examples/build.py`)"
             raise SettingsError(
                 "--model-repository",
@@ -719,7 +743,25 @@ class Settings:
     @property
     def repository(self) -> Path:
         """The model repository served: ``--model-repository`` or the example repository."""
-        return self.model_repository if self.model_repository is not None else EXAMPLE_REPOSITORY
+        url = self.remote_repository_url
+        if url is not None:
+            return self.remote_repository_cache / "repository"
+        if isinstance(self.model_repository, Path):
+            return self.model_repository
+        return EXAMPLE_REPOSITORY
+
+    @property
+    def remote_repository_url(self) -> str | None:
+        """The ``--model-repository`` URL when it is one (served from a local cache)."""
+        return self.model_repository if isinstance(self.model_repository, str) else None
+
+    @property
+    def remote_repository_cache(self) -> Path:
+        """The cache folder of a repository URL (``--model-repository-cache`` or the
+        default of :func:`pdserve.repository.remote_store.default_cache_dir`)."""
+        if self.model_repository_cache is not None:
+            return self.model_repository_cache
+        return default_cache_dir(str(self.model_repository))
 
     @property
     def response_cache_bytes(self) -> int:

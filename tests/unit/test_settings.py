@@ -21,6 +21,7 @@ from pdserve.frontends.http.server import HttpLimits
 #: Every ``serve`` flag (Triton's names where Triton has the flag).
 FLAGS = {
     "--model-repository",
+    "--model-repository-cache",
     "--host",
     "--log-verbose",
     "--exit-timeout-secs",
@@ -441,3 +442,20 @@ def test_traffic_flags_parse(tmp_path: Path) -> None:
         "auto",
     )
     assert parse(tmp_path).circuit_breaker is None
+
+
+def test_a_repository_url_is_served_from_its_cache(tmp_path: Path) -> None:
+    args = cli.build_parser().parse_args(
+        [
+            "serve",
+            "--model-repository",
+            "s3://bucket/prefix",
+            "--model-repository-cache",
+            str(tmp_path),
+        ]
+    )
+    s = Settings.from_namespace(args)  # no network: the store is read when serving starts
+    assert s.remote_repository_url == "s3://bucket/prefix"
+    assert s.repository == tmp_path / "repository"
+    plain = parse(tmp_path)
+    assert plain.remote_repository_url is None and plain.repository == tmp_path
