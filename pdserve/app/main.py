@@ -69,7 +69,7 @@ from pdserve import config as cfgmod
 from pdserve.app import listeners
 from pdserve.app.settings import Settings
 from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
-from pdserve.cache import ResponseCache
+from pdserve.cache import AnyResponseCache, RedisResponseCache, ResponseCache
 from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.server import serve_http
 from pdserve.frontends.traffic.gate import TrafficGate
@@ -225,8 +225,18 @@ def build_server(settings: Settings) -> InferenceServer:
     for name, cores in sorted(policies.items()):
         log.info("host policy %s: cpu-cores %s", name, format_cpu_list(cores))
     cache_bytes = settings.response_cache_bytes
-    cache = ResponseCache(cache_bytes) if cache_bytes > 0 else None
-    if cache is not None:
+    redis_cache = settings.redis_cache_options
+    cache: AnyResponseCache | None = ResponseCache(cache_bytes) if cache_bytes > 0 else None
+    if redis_cache is not None:
+        cache = RedisResponseCache(redis_cache)
+        log.info(
+            "response cache: redis at %s:%d db %d (key prefix %r)",
+            redis_cache.host,
+            redis_cache.port,
+            redis_cache.db,
+            redis_cache.prefix,
+        )
+    elif cache is not None:
         log.info("response cache: %d bytes", cache_bytes)
     breaker_policy = (
         BreakerPolicy.parse(settings.circuit_breaker) if settings.circuit_breaker else None

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.backends.host_policy import HostPolicyError, parse_option, resolve_policy
-from pdserve.cache import parse_cache_config
+from pdserve.cache import RedisCacheOptions, parse_cache_config, parse_redis_cache_config
 from pdserve.config import DEFAULT_MAX_INSTANCE_COUNT
 from pdserve.core.procmem import parse_size
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
@@ -460,10 +460,12 @@ class Settings:
         "--cache-config",
         (),
         "response cache",
-        "Triton's form of the response cache size (e.g. local,size=1048576); "
-        "it wins over --response-cache-byte-size",
+        "Triton's form of the response cache: local,size=N (it wins over "
+        "--response-cache-byte-size), or a Redis cache shared by replicas: "
+        "redis,host=H,port=P[,user=,password=,db=,connect_timeout=MS,socket_timeout=MS,"
+        "pool_size=,ttl=SECS,prefix=] (repeatable, as Triton's)",
         action="append",
-        metavar="local,size=N",
+        metavar="local,size=N|redis,KEY=VALUE",
     )
 
     # -- traffic control (issue 12) -------------------------------------------------------
@@ -619,6 +621,7 @@ class Settings:
                 "--response-cache-byte-size",
                 f"must be >= 0 bytes, got {self.response_cache_byte_size}",
             )
+        self.redis_cache_options  # noqa: B018 - validates the redis values
         if self.response_cache_bytes < 0:
             raise SettingsError(
                 "--cache-config", f"size must be >= 0 bytes, got {self.response_cache_bytes}"
@@ -777,6 +780,24 @@ class Settings:
             message = str(e).removeprefix("--cache-config: ")
             raise SettingsError("--cache-config", message) from None
         return size or self.response_cache_byte_size
+
+    @property
+    def redis_cache_options(self) -> RedisCacheOptions | None:
+        """The Redis response cache (``--cache-config redis,...``), or None.
+
+        Raises:
+            SettingsError: a malformed ``redis`` value, or a local size given too.
+        """
+        try:
+            options = parse_redis_cache_config(list(self.cache_config))
+        except ValueError as e:
+            raise SettingsError("--cache-config", str(e).removeprefix("--cache-config: ")) from None
+        if options is not None and self.response_cache_byte_size:
+            raise SettingsError(
+                "--cache-config",
+                "a redis cache and --response-cache-byte-size (a local cache) exclude each other",
+            )
+        return options
 
     @property
     def startup_models(self) -> list[str] | None:

@@ -262,7 +262,12 @@ def test_cache_config_wins_over_byte_size(tmp_path: Path) -> None:
         ),
         (
             ["--cache-config", "redis,size=10"],
-            "argument --cache-config: only the 'local' cache is supported, got 'redis'",
+            "argument --cache-config: unknown redis setting 'size'",
+        ),
+        (
+            ["--cache-config", "memcached,size=10"],
+            "argument --cache-config: only the 'local' and 'redis' caches are supported, "
+            "got 'memcached'",
         ),
         (
             ["--cache-config", "local,size=ten"],
