@@ -266,10 +266,14 @@ class RedisCacheOptions:
     db: int = 0
     connect_timeout: int = 1000
     socket_timeout: int = 1000
-    pool_size: int = 16
+    pool_size: int = 32
     wait_timeout: int = 100
     ttl: int = 0
     prefix: str = "pdserve:cache:"
+
+
+class _PoolBusy(Exception):
+    """No pooled Redis connection became free within ``wait_timeout``."""
 
 
 class RedisResponseCache:
@@ -284,7 +288,9 @@ class RedisResponseCache:
     Redis down (connection refused, timeout, any Redis error): the request runs
     uncached; one warning per outage and one info line when it is back; while down,
     Redis is retried at most once per :attr:`RETRY_SECS`. :attr:`errors` counts
-    failed Redis calls (``pdserve_cache_errors_total``).
+    failed Redis calls (``pdserve_cache_errors_total``). At most ``pool_size`` calls
+    run at once; a request that waits ``wait_timeout`` ms for one runs uncached
+    (:attr:`busy`), which is not an outage.
 
     Raises:
         ImportError (at first use): redis-py is not installed (the ``traffic`` extra).
@@ -303,7 +309,9 @@ class RedisResponseCache:
         self.outages = 0
         self.down = False
         self._retry_at = 0.0
+        self.busy = 0
         self._client: Any = None
+        self._slots: asyncio.Semaphore | None = None
 
     enabled_for = staticmethod(ResponseCache.enabled_for)
     key = staticmethod(ResponseCache.key)
@@ -350,11 +358,24 @@ class RedisResponseCache:
             log.info("redis response cache %s is reachable again", self._where())
 
     async def _call(self, op: str, *args: Any, **kw: Any) -> Any:
-        timeout = (self.options.socket_timeout or 0) / 1000 + (
-            self.options.connect_timeout or 0
-        ) / 1000
-        coro = getattr(self._redis(), op)(*args, **kw)
-        return await asyncio.wait_for(coro, timeout or None)
+        """One Redis call on a pooled connection.
+
+        Raises:
+            _PoolBusy: every connection stayed in use for ``wait_timeout`` ms.
+        """
+        o = self.options
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(o.pool_size)
+        try:
+            await asyncio.wait_for(self._slots.acquire(), (o.wait_timeout or 0) / 1000 or None)
+        except TimeoutError:
+            raise _PoolBusy from None
+        try:
+            timeout = (o.socket_timeout or 0) / 1000 + (o.connect_timeout or 0) / 1000
+            coro = getattr(self._redis(), op)(*args, **kw)
+            return await asyncio.wait_for(coro, timeout or None)
+        finally:
+            self._slots.release()
 
     async def get(self, key: bytes) -> dict[str, np.ndarray] | None:
         """The outputs stored under ``key`` or None (a miss, Redis down, or a value
@@ -364,6 +385,10 @@ class RedisResponseCache:
             return None
         try:
             blob = await self._call("get", self.options.prefix + key.hex())
+        except _PoolBusy:
+            self.busy += 1
+            self.misses += 1
+            return None
         except Exception as e:  # noqa: BLE001 - any Redis failure: serve uncached
             self._failed(e)
             self.misses += 1
@@ -393,6 +418,9 @@ class RedisResponseCache:
                 encode_outputs(outputs),
                 ex=self.options.ttl or None,
             )
+        except _PoolBusy:
+            self.busy += 1
+            return
         except Exception as e:  # noqa: BLE001
             self._failed(e)
             return

@@ -119,3 +119,21 @@ def test_two_caches_share_entries_and_survive_an_outage(
         asyncio.run(scenario())
     assert caplog.text.count("unavailable") == 1
     assert caplog.text.count("reachable again") == 1
+
+
+def test_a_busy_pool_serves_uncached_without_an_outage(redis_server: RedisServer) -> None:
+    async def scenario() -> None:
+        c = RedisResponseCache(
+            RedisCacheOptions(port=redis_server.port, pool_size=1, wait_timeout=20)
+        )
+        await c.put(b"q" * 16, outputs())
+        assert c._slots is not None
+        await c._slots.acquire()  # the only connection is in use
+        assert await c.get(b"q" * 16) is None
+        await c.put(b"r" * 16, outputs())
+        assert (c.busy, c.errors, c.down) == (2, 0, False)
+        c._slots.release()
+        assert await c.get(b"q" * 16) is not None
+        await c.close()
+
+    asyncio.run(scenario())
