@@ -181,3 +181,21 @@ def test_unreachable_store_logs_once_per_outage(
         assert r.sync().downloaded == 0
     assert caplog.text.count("is reachable again") == 1
     assert r.outages == 1 and r.outage is None
+
+
+def test_pdserve_check_accepts_a_repository_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pdserve.app import cli
+    from tests.conftest import EXAMPLE_REPO, require_examples
+
+    require_examples()
+    store = tmp_path / "store"
+    store.mkdir()
+    import shutil
+
+    shutil.copytree(EXAMPLE_REPO / "tiny", store / "tiny")
+    assert cli.main(["check", f"file://{store}"]) == 0
+    assert "tiny" in capsys.readouterr().out
+    assert cli.main(["check", f"file://{tmp_path / 'nothing'}"]) == 2
+    assert "no files under" in capsys.readouterr().err
