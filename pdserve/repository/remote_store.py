@@ -44,6 +44,7 @@ s3fs); other stores need their fsspec package (gcsfs, adlfs).
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -423,9 +424,12 @@ class RemoteRepository:
                 src = target / rel[len(prefix) :]
                 try:
                     os.link(src, dest)
+                    continue
                 except OSError:
-                    shutil.copy2(src, dest)
-                continue
+                    with contextlib.suppress(OSError):
+                        shutil.copy2(src, dest)
+                        continue
+                # The cached copy is gone (edited by hand?): fetch it again.
             report.bytes += self._download(rel, info, dest)
             report.downloaded += 1
         again = self._list(prefix.rstrip("/"))

@@ -199,3 +199,13 @@ def test_pdserve_check_accepts_a_repository_url(
     assert "tiny" in capsys.readouterr().out
     assert cli.main(["check", f"file://{tmp_path / 'nothing'}"]) == 2
     assert "no files under" in capsys.readouterr().err
+
+
+def test_a_cached_file_deleted_by_hand_is_fetched_again(store: Path, tmp_path: Path) -> None:
+    r = remote(store, tmp_path)
+    r.sync()
+    (r.local_path / "m" / "2" / "extra.txt").unlink()
+    write(store / "m" / "2" / "model.bin", b"f" * 20)
+    report = r.sync()
+    assert report.published == ["m/2"] and report.downloaded == 2
+    assert (r.local_path / "m" / "2" / "extra.txt").read_bytes() == b"x"
