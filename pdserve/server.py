@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pdserve import __version__
-from pdserve.cache import ResponseCache
 from pdserve.config import ENSEMBLE_PLATFORM, ConfigError, parse_config_override
 from pdserve.core import tracing
 from pdserve.core.errors import InferError, internal, unavailable
@@ -32,7 +31,7 @@ from pdserve.repository.warmup import warmup as run_warmup
 
 if TYPE_CHECKING:
     from pdserve.backends.base import ExecRequest
-    from pdserve.cache import ResponseCache
+    from pdserve.cache import AnyResponseCache
     from pdserve.core.api import InferenceCore, MetricsSource, ModelHost, RepositoryHost
     from pdserve.core.tracing import RequestTracer, TraceRef
     from pdserve.observability.stats import ModelStats
@@ -75,7 +74,8 @@ class InferenceServer:
             and ``on_demand`` accept repository load / unload requests; polling itself is run by the caller
             (:class:`~pdserve.repository.control.RepositoryPoller`).
         response_cache: the :class:`pdserve.cache.ResponseCache` used by models with
-            ``response_cache { enable: true }`` (``--response-cache-byte-size``);
+            ``response_cache { enable: true }`` (``--response-cache-byte-size``), or a
+            :class:`pdserve.cache.RedisResponseCache` (``--cache-config redis,...``);
             None: no cache.
         memory_budget: bytes the loaded models may take together
             (``--model-memory-budget``, :mod:`pdserve.repository.budget`); None: no
@@ -99,7 +99,7 @@ class InferenceServer:
         load_models: list[str] | None = None,
         host_policies: Mapping[str, Collection[int]] | None = None,
         model_control_mode: str = "explicit",
-        response_cache: ResponseCache | None = None,
+        response_cache: AnyResponseCache | None = None,
         memory_budget: int | None = None,
         pinned_models: Collection[str] = (),
         load_wait_s: float = 120.0,
@@ -117,7 +117,7 @@ class InferenceServer:
         self._shutting_down = False
         #: the response cache (``--response-cache-byte-size``), used by models with
         #: ``response_cache``; None: no cache.
-        self.response_cache: ResponseCache | None = response_cache
+        self.response_cache: AnyResponseCache | None = response_cache
         #: ``none`` | ``poll`` | ``explicit`` | ``on_demand``: only ``explicit`` and
         #: ``on_demand`` accept repository load / unload requests.
         self.model_control_mode = model_control_mode
@@ -405,7 +405,7 @@ class InferenceServer:
         return response
 
     async def _infer_cached(
-        self, cache: ResponseCache, mv: ModelVersion, exec_req: ExecRequest
+        self, cache: AnyResponseCache, mv: ModelVersion, exec_req: ExecRequest
     ) -> Any:
         """Response cache lookup; on a miss run the request and store its outputs.
 
@@ -414,7 +414,7 @@ class InferenceServer:
         """
         start = time.monotonic_ns()
         key = cache.key(mv, exec_req)
-        outputs = cache.lookup(key)
+        outputs = await cache.get(key)
         end = time.monotonic_ns()
         mv.stats.record_cache(outputs is not None, end - start)
         ref = exec_req.request.trace
@@ -424,7 +424,7 @@ class InferenceServer:
             )
         if outputs is None:
             outputs = await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
-            cache.insert(key, outputs)
+            await cache.put(key, outputs)
         return outputs
 
     # -- trace extension --------------------------------------------------------

@@ -1138,7 +1138,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         "and golden outputs, and the team's --rules. Every problem is reported. Exit code: "
         "0 no errors, 1 errors, 2 usage.",
     )
-    p.add_argument("repository", type=Path, help="the model repository folder")
+    p.add_argument(
+        "repository",
+        type=_repository_arg,
+        help="the model repository folder, or an fsspec URL (s3://bucket/prefix...: "
+        "downloaded to a temporary folder first)",
+    )
     p.add_argument(
         "--rules",
         type=Path,
@@ -1204,8 +1209,29 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     return p
 
 
+def _repository_arg(text: str) -> Path | str:
+    """A repository URL stays a string (see :mod:`pdserve.repository.remote_store`)."""
+    from pdserve.repository.remote_store import is_remote_url
+
+    return text if is_remote_url(text) else Path(text)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``pdserve check``; the process exit code (0 clean, 1 problems, 2 usage)."""
+    if isinstance(args.repository, str):
+        import tempfile
+
+        from pdserve.repository.remote_store import RemoteRepository, StoreUnavailable
+
+        with tempfile.TemporaryDirectory(prefix="pdserve-check-") as tmp:
+            try:
+                remote = RemoteRepository(args.repository, Path(tmp))
+                remote.sync()
+            except (ImportError, ValueError, StoreUnavailable) as e:
+                print(f"pdserve check: {args.repository}: {e}", file=sys.stderr)
+                return 2
+            args.repository = remote.local_path
+            return run(args)
     from .check_output import render
 
     if not args.timeout > 0:

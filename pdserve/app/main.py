@@ -63,13 +63,13 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdserve import config as cfgmod
 from pdserve.app import listeners
 from pdserve.app.settings import Settings
 from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
-from pdserve.cache import ResponseCache
+from pdserve.cache import AnyResponseCache, RedisResponseCache, ResponseCache
 from pdserve.core.errors import InferError
 from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.server import serve_http
@@ -80,6 +80,9 @@ from pdserve.repository.breaker import BreakerBoard, BreakerPolicy
 from pdserve.repository.control import RepositoryPoller
 from pdserve.repository.layout import set_ready_marker
 from pdserve.server import InferenceServer
+
+if TYPE_CHECKING:
+    from pdserve.repository.remote_store import RemoteRepository
 
 log = logging.getLogger("pdserve")
 
@@ -168,6 +171,48 @@ def import_feature(module: str, feature: str, off_flag: str) -> ModuleType:
         ) from e
 
 
+async def sync_remote_repository(settings: Settings) -> RemoteRepository | None:
+    """Step 0 (``--model-repository URL``): mirror the store into the local cache.
+
+    Returns:
+        the :class:`~pdserve.repository.remote_store.RemoteRepository` (None for a
+        local folder).
+
+    Raises:
+        StartError: fsspec / the store's package is missing, or the store is
+            unreachable and there is no cache to serve.
+    """
+    url = settings.remote_repository_url
+    if url is None:
+        return None
+    from pdserve.repository.remote_store import RemoteRepository, StoreUnavailable
+
+    try:
+        remote = RemoteRepository(
+            url,
+            settings.remote_repository_cache,
+            ready_marker=settings.version_ready_marker or None,
+        )
+    except (ImportError, ValueError) as e:
+        raise StartError(f"--model-repository {url}: {e}") from e
+    try:
+        report = await asyncio.to_thread(remote.sync)
+    except StoreUnavailable as e:
+        if not remote.has_cache:
+            raise StartError(f"model repository {url} is unreachable and not cached: {e}") from e
+        return remote
+    log.info(
+        "model repository %s: synced into %s in %.2fs (%d files, %d fetched, %d bytes)",
+        url,
+        remote.local_path,
+        report.seconds,
+        report.files,
+        report.downloaded,
+        report.bytes,
+    )
+    return remote
+
+
 def build_server(settings: Settings) -> InferenceServer:
     """Step 1: the core, configured at construction (it loads nothing yet).
 
@@ -186,8 +231,18 @@ def build_server(settings: Settings) -> InferenceServer:
     for name, cores in sorted(policies.items()):
         log.info("host policy %s: cpu-cores %s", name, format_cpu_list(cores))
     cache_bytes = settings.response_cache_bytes
-    cache = ResponseCache(cache_bytes) if cache_bytes > 0 else None
-    if cache is not None:
+    redis_cache = settings.redis_cache_options
+    cache: AnyResponseCache | None = ResponseCache(cache_bytes) if cache_bytes > 0 else None
+    if redis_cache is not None:
+        cache = RedisResponseCache(redis_cache)
+        log.info(
+            "response cache: redis at %s:%d db %d (key prefix %r)",
+            redis_cache.host,
+            redis_cache.port,
+            redis_cache.db,
+            redis_cache.prefix,
+        )
+    elif cache is not None:
         log.info("response cache: %d bytes", cache_bytes)
     breaker_policy = (
         BreakerPolicy.parse(settings.circuit_breaker) if settings.circuit_breaker else None
@@ -419,10 +474,13 @@ async def start_metrics(
     return stop
 
 
-def start_poller(settings: Settings, server: InferenceServer) -> Stop:
+def start_poller(
+    settings: Settings, server: InferenceServer, sync: Callable[[], object] | None = None
+) -> Stop:
     """Step 6 (poll mode): record the repository as it is now and start polling it;
-    the poller waits for the initial load before its first scan."""
-    poller = RepositoryPoller(server, settings.repository_poll_secs)
+    the poller waits for the initial load before its first scan. ``sync`` (a
+    repository on object storage) re-syncs the local cache before each scan."""
+    poller = RepositoryPoller(server, settings.repository_poll_secs, sync)
     poller.baseline()
     task = asyncio.get_running_loop().create_task(poller.run(), name="pdserve-repository-poll")
     log.info(
@@ -504,6 +562,11 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
         log.error("%s", e)
         return 1
     try:
+        remote = await sync_remote_repository(settings)
+    except StartError as e:
+        log.error("%s", e)
+        return 1
+    try:
         server = build_server(settings)
     except HostPolicyError as e:
         log.error("--host-policy: %s", e)
@@ -560,7 +623,8 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
             if stop_metrics is not None:
                 stops.append(("metrics", stop_metrics))
         if settings.model_control_mode == "poll":
-            stops.append(("repository poller", start_poller(settings, server)))
+            sync = remote.sync if remote is not None else None
+            stops.append(("repository poller", start_poller(settings, server, sync)))
 
         async def stop_models() -> None:
             await server.stop(drain_secs)

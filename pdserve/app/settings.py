@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.backends.host_policy import HostPolicyError, parse_option, resolve_policy
-from pdserve.cache import parse_cache_config
+from pdserve.cache import RedisCacheOptions, parse_cache_config, parse_redis_cache_config
 from pdserve.config import DEFAULT_MAX_INSTANCE_COUNT
 from pdserve.core.procmem import parse_size
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
@@ -54,6 +54,7 @@ from pdserve.frontends.traffic.apis import RestrictedApiError, parse_restricted
 from pdserve.observability.logs import FORMATS as LOG_FORMATS
 from pdserve.observability.tracing import TraceConfig, TraceConfigError, parse_trace_config
 from pdserve.repository.control import EXPLICIT_MODES, MODES
+from pdserve.repository.remote_store import default_cache_dir, is_remote_url
 
 #: The example repository that ``examples/build.py`` builds (``--model-repository``'s default).
 EXAMPLE_REPOSITORY = Path(__file__).resolve().parents[2] / "examples" / "model_repository"
@@ -141,6 +142,11 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _repository_arg(text: str) -> Path | str:
+    """``--model-repository``: a URL (``scheme://...``) stays a string, else a Path."""
+    return text if is_remote_url(text) else Path(text)
+
+
 def _flag(
     name: str, default: Any, group: str, help: str, factory: Any = None, **argparse_options: Any
 ) -> Any:
@@ -166,11 +172,21 @@ class Settings:
     """
 
     # -- server ------------------------------------------------------------------------
-    model_repository: Path | None = _flag(
+    model_repository: Path | str | None = _flag(
         "--model-repository",
         None,
         "server",
-        "model repository folder (default: the example repository built by examples/build.py)",
+        "model repository folder, or an fsspec URL (s3://bucket/prefix, gs://..., "
+        "file://...) served from a local cache (see --model-repository-cache) "
+        "(default: the example repository built by examples/build.py)",
+        type=_repository_arg,
+    )
+    model_repository_cache: Path | None = _flag(
+        "--model-repository-cache",
+        None,
+        "server",
+        "local cache folder of a --model-repository URL (default: "
+        "$XDG_CACHE_HOME/pdserve/repositories/<hash of the URL>, ~/.cache when unset)",
         type=Path,
     )
     host: str = _flag("--host", "127.0.0.1", "server", "address to listen on (default {default})")
@@ -457,10 +473,12 @@ class Settings:
         "--cache-config",
         (),
         "response cache",
-        "Triton's form of the response cache size (e.g. local,size=1048576); "
-        "it wins over --response-cache-byte-size",
+        "Triton's form of the response cache: local,size=N (it wins over "
+        "--response-cache-byte-size), or a Redis cache shared by replicas: "
+        "redis,host=H,port=P[,user=,password=,db=,connect_timeout=MS,socket_timeout=MS,"
+        "pool_size=,ttl=SECS,prefix=] (repeatable, as Triton's)",
         action="append",
-        metavar="local,size=N",
+        metavar="local,size=N|redis,KEY=VALUE",
     )
 
     # -- traffic control (issue 12) -------------------------------------------------------
@@ -629,6 +647,7 @@ class Settings:
                 "--response-cache-byte-size",
                 f"must be >= 0 bytes, got {self.response_cache_byte_size}",
             )
+        self.redis_cache_options  # noqa: B018 - validates the redis values
         if self.response_cache_bytes < 0:
             raise SettingsError(
                 "--cache-config", f"size must be >= 0 bytes, got {self.response_cache_bytes}"
@@ -682,7 +701,15 @@ class Settings:
             raise SettingsError("--host-policy", str(e)) from None
         self.validate_traffic()
         self.tracing()
-        if not self.repository.is_dir():
+        if self.remote_repository_url is not None:
+            try:
+                import fsspec  # noqa: F401 - the remote-repo extra
+            except ImportError as e:
+                raise SettingsError(
+                    "--model-repository",
+                    f"a repository URL needs fsspec (pip install 'pdserve[remote-repo]'): {e}",
+                ) from None
+        elif not self.repository.is_dir():
             hint = " (build it with `python examples/build.py`)"
             raise SettingsError(
                 "--model-repository",
@@ -746,7 +773,25 @@ class Settings:
     @property
     def repository(self) -> Path:
         """The model repository served: ``--model-repository`` or the example repository."""
-        return self.model_repository if self.model_repository is not None else EXAMPLE_REPOSITORY
+        url = self.remote_repository_url
+        if url is not None:
+            return self.remote_repository_cache / "repository"
+        if isinstance(self.model_repository, Path):
+            return self.model_repository
+        return EXAMPLE_REPOSITORY
+
+    @property
+    def remote_repository_url(self) -> str | None:
+        """The ``--model-repository`` URL when it is one (served from a local cache)."""
+        return self.model_repository if isinstance(self.model_repository, str) else None
+
+    @property
+    def remote_repository_cache(self) -> Path:
+        """The cache folder of a repository URL (``--model-repository-cache`` or the
+        default of :func:`pdserve.repository.remote_store.default_cache_dir`)."""
+        if self.model_repository_cache is not None:
+            return self.model_repository_cache
+        return default_cache_dir(str(self.model_repository))
 
     @property
     def response_cache_bytes(self) -> int:
@@ -762,6 +807,24 @@ class Settings:
             message = str(e).removeprefix("--cache-config: ")
             raise SettingsError("--cache-config", message) from None
         return size or self.response_cache_byte_size
+
+    @property
+    def redis_cache_options(self) -> RedisCacheOptions | None:
+        """The Redis response cache (``--cache-config redis,...``), or None.
+
+        Raises:
+            SettingsError: a malformed ``redis`` value, or a local size given too.
+        """
+        try:
+            options = parse_redis_cache_config(list(self.cache_config))
+        except ValueError as e:
+            raise SettingsError("--cache-config", str(e).removeprefix("--cache-config: ")) from None
+        if options is not None and self.response_cache_byte_size:
+            raise SettingsError(
+                "--cache-config",
+                "a redis cache and --response-cache-byte-size (a local cache) exclude each other",
+            )
+        return options
 
     @property
     def startup_models(self) -> list[str] | None:

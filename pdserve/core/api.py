@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from pdserve.core.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
-    from pdserve.cache import ResponseCache
+    from pdserve.cache import AnyResponseCache
     from pdserve.observability.stats import ModelStats
     from pdserve.repository.manager import ModelManager
     from pdserve.repository.model import ModelVersion
@@ -138,7 +138,7 @@ class MetricsSource(Protocol):
     """What the Prometheus metrics read from the core at scrape time."""
 
     @property
-    def response_cache(self) -> ResponseCache | None:
+    def response_cache(self) -> AnyResponseCache | None:
         """The response cache, or None when the server has none."""
         ...
 

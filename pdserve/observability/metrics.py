@@ -91,12 +91,13 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from pdserve.cache import RedisResponseCache
 from pdserve.core.api import MetricsSource
 from pdserve.observability import stats as stats_mod
 from pdserve.observability.stats import ModelStats
 
 if TYPE_CHECKING:
-    from pdserve.cache import ResponseCache
+    from pdserve.cache import AnyResponseCache
 
 log = logging.getLogger("pdserve.metrics")
 
@@ -359,10 +360,21 @@ def memory_families(models: Iterable[ModelStats], report: dict[str, Any]) -> lis
     return out
 
 
-def cache_families(cache: ResponseCache | None) -> list[Family]:
-    """Server-wide response cache families (none without a cache)."""
+def cache_families(cache: AnyResponseCache | None) -> list[Family]:
+    """Server-wide response cache families (none without a cache). A Redis cache has
+    the lookup counters of this replica and ``pdserve_cache_errors_total`` (failed
+    Redis calls); entries, evictions and utilization are Redis's own (INFO)."""
     if cache is None:
         return []
+    rows: list[tuple[str, str, str, float]]
+    if isinstance(cache, RedisResponseCache):
+        rows = [
+            ("nv_cache_num_lookups", "counter", "Number of cache lookups in response cache", cache.hits + cache.misses),
+            ("nv_cache_num_hits", "counter", "Number of cache hits in response cache", cache.hits),
+            ("nv_cache_num_misses", "counter", "Number of cache misses in response cache", cache.misses),
+            ("pdserve_cache_errors_total", "counter", "Failed calls to the Redis response cache", cache.errors),
+        ]  # fmt: skip
+        return _families(rows)
     rows = [
         ("nv_cache_num_entries", "gauge", "Number of responses stored in response cache", len(cache)),
         ("nv_cache_num_lookups", "counter", "Number of cache lookups in response cache", cache.hits + cache.misses),
@@ -371,6 +383,10 @@ def cache_families(cache: ResponseCache | None) -> list[Family]:
         ("nv_cache_num_evictions", "counter", "Number of cache evictions in response cache", cache.evictions),
         ("nv_cache_util", "gauge", "Cache utilization [0.0 - 1.0]", cache.bytes_used / cache.capacity_bytes),
     ]  # fmt: skip
+    return _families(rows)
+
+
+def _families(rows: Iterable[tuple[str, str, str, float]]) -> list[Family]:
     out = []
     for name, kind, doc, value in rows:
         f = Family(name, kind, doc)

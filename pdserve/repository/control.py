@@ -52,6 +52,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 
 from pdserve import config as cfgmod
 from pdserve.core.api import RepositoryHost
@@ -109,9 +110,18 @@ class RepositoryPoller:
             loads and unloads; polling starts once it has ``started`` and stops when it
             is no longer ``live``.
         interval: seconds between scans.
+        sync: run (in a thread) before each scan, e.g. the re-sync of a repository on
+            object storage (:meth:`pdserve.repository.remote_store.RemoteRepository.sync`);
+            when it raises, that poll is skipped and what is loaded keeps serving.
     """
 
-    def __init__(self, server: RepositoryHost, interval: float) -> None:
+    def __init__(
+        self,
+        server: RepositoryHost,
+        interval: float,
+        sync: Callable[[], object] | None = None,
+    ) -> None:
+        self.sync = sync
         self.server = server
         self.manager = server.manager
         self.interval = interval
@@ -137,6 +147,12 @@ class RepositoryPoller:
             they never stop the poll loop or the other models.
         """
         self.scans += 1
+        if self.sync is not None:
+            try:
+                await asyncio.to_thread(self.sync)
+            except Exception as e:  # noqa: BLE001 - the sync logs its outages
+                log.debug("repository sync failed, poll skipped: %s", e)
+                return []
         on_disk = self._scan()
         changed: dict[str, Snapshot] = {}
         for name, mdir in on_disk.items():

@@ -87,7 +87,7 @@ def test_cache_config_flag() -> None:
     assert parse_cache_config(["local,size=1048576"]) == 1048576
     assert parse_cache_config(["size=10"]) == 10
     with pytest.raises(ValueError):
-        parse_cache_config(["redis,size=10"])
+        parse_cache_config(["memcached,size=10"])
     with pytest.raises(ValueError):
         parse_cache_config(["local,size=big"])
 

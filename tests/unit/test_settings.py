@@ -21,6 +21,7 @@ from pdserve.frontends.http.server import HttpLimits
 #: Every ``serve`` flag (Triton's names where Triton has the flag).
 FLAGS = {
     "--model-repository",
+    "--model-repository-cache",
     "--host",
     "--log-verbose",
     "--exit-timeout-secs",
@@ -263,7 +264,12 @@ def test_cache_config_wins_over_byte_size(tmp_path: Path) -> None:
         ),
         (
             ["--cache-config", "redis,size=10"],
-            "argument --cache-config: only the 'local' cache is supported, got 'redis'",
+            "argument --cache-config: unknown redis setting 'size'",
+        ),
+        (
+            ["--cache-config", "memcached,size=10"],
+            "argument --cache-config: only the 'local' and 'redis' caches are supported, "
+            "got 'memcached'",
         ),
         (
             ["--cache-config", "local,size=ten"],
@@ -475,3 +481,20 @@ def test_allow_client_shm_is_off_by_default_and_takes_tritonservers_spelling(
     assert parse(tmp_path, "--allow-client-shm").allow_client_shm is True
     assert parse(tmp_path, "--allow-client-shm=true").allow_client_shm is True
     assert parse(tmp_path, "--allow-client-shm=false").allow_client_shm is False
+
+
+def test_a_repository_url_is_served_from_its_cache(tmp_path: Path) -> None:
+    args = cli.build_parser().parse_args(
+        [
+            "serve",
+            "--model-repository",
+            "s3://bucket/prefix",
+            "--model-repository-cache",
+            str(tmp_path),
+        ]
+    )
+    s = Settings.from_namespace(args)  # no network: the store is read when serving starts
+    assert s.remote_repository_url == "s3://bucket/prefix"
+    assert s.repository == tmp_path / "repository"
+    plain = parse(tmp_path)
+    assert plain.remote_repository_url is None and plain.repository == tmp_path
