@@ -21,7 +21,7 @@ from pdserve.cache import ResponseCache
 from pdserve.config import ENSEMBLE_PLATFORM, ConfigError, parse_config_override
 from pdserve.core import tracing
 from pdserve.core.cancel import CANCELED, arm_cancellation, run_cancellable, token_of
-from pdserve.core.errors import InferError, internal, unavailable
+from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.observability.stats import NOT_QUEUED
 from pdserve.repository.breaker import BreakerBoard, is_failure
@@ -231,6 +231,11 @@ class InferenceServer:
         token = arm_cancellation(request)
         try:
             return await self._infer_entry(request)
+        except asyncio.CancelledError:
+            # the frontend abandoned the call (gRPC cancel or deadline: grpc.aio cancels
+            # the handler): tell whoever still runs the request (a python worker)
+            token.cancel(client_gone())
+            raise
         finally:
             token.finish()
 
