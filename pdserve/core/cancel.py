@@ -60,7 +60,16 @@ class CancelToken:
     Not thread-safe: used on the server's event loop only.
     """
 
-    __slots__ = ("_probe", "error", "_callbacks", "_timer", "deadline_ns", "finished", "_link")
+    __slots__ = (
+        "_probe",
+        "error",
+        "_callbacks",
+        "_timer",
+        "deadline_ns",
+        "finished",
+        "_link",
+        "queue_owned",
+    )
 
     def __init__(self, probe: Callable[[], Any] | None = None) -> None:
         self._probe = probe
@@ -74,6 +83,10 @@ class CancelToken:
         self.finished = False
         #: (parent token, its forwarding callback) of a :meth:`child` token.
         self._link: tuple[CancelToken, Callback] | None = None
+        #: a dynamic batcher level with ``allow_timeout_override`` took the request: its
+        #: queue policy applies the ``timeout`` (REJECT or DELAY, as in Triton); the
+        #: deadline cancels nothing.
+        self.queue_owned = False
 
     def __call__(self) -> bool:
         """True once cancelled (polls the probe first)."""
@@ -150,7 +163,8 @@ class CancelToken:
 
     def _expire(self) -> None:
         self._timer = None
-        self.cancel(timeout_error())
+        if not self.queue_owned:
+            self.cancel(timeout_error())
 
     def finish(self) -> None:
         """The request was answered: drop the timer and the callbacks."""
@@ -194,6 +208,15 @@ def ensure_token(request: Any) -> CancelToken:
     token = CancelToken(current)
     request.cancelled = token
     return token
+
+
+def queue_owns_timeout(request: Any) -> None:
+    """A queue whose policy applies the request's ``timeout`` parameter took it (a
+    dynamic batcher level with ``allow_timeout_override``, Triton's semantics): the
+    token's deadline cancels nothing from now on."""
+    token = token_of(request)
+    if token is not None:
+        token.queue_owned = True
 
 
 def token_of(request: Any) -> CancelToken | None:

@@ -25,8 +25,13 @@ the tensors it reads exist, so independent steps run concurrently; each step's
 request goes through that step model's own scheduler
 (``InferenceServer.infer_on``), so the predictor step batches across concurrent
 pipeline requests and shows in that model's statistics. Only the steps needed for
-the requested outputs run. When the client goes away, no further step starts
-(``CLIENT_GONE``). An error in a step fails that ensemble request with the step's
+the requested outputs run. When the request is cancelled (client gone, gRPC cancel or
+deadline, ``timeout`` parameter: :mod:`pdserve.core.cancel`), no further step starts
+and the steps in flight are cancelled with it (their requests share its token); steps
+get the request's remaining ``timeout``. ``ensemble_scheduling { max_inflight_requests }``
+(Triton's; 0: unlimited) bounds the requests in flight at each step: one beyond it
+waits in the ensemble. pdserve's ensemble parameter ``step_timeout_us`` cancels a step
+that runs longer (503 "Request timeout expired"). An error in a step fails that ensemble request with the step's
 error (message and code) unchanged; other requests are untouched. Each step's
 outputs are checked against its model's configuration by that model's scheduler,
 and the ensemble's outputs against the ensemble's
@@ -501,7 +506,7 @@ class EnsembleScheduler(Scheduler):
         if parent_token is not None:
             # the step inherits the ensemble request's remaining time; with a step
             # timeout it has its own (earlier) deadline on a child token
-            if self.step_timeout_ns:
+            if self.step_timeout_ns or parent_token.deadline_ns:
                 step_token = sub.cancelled = parent_token.child(self.step_timeout_ns)
             remaining = (step_token or parent_token).remaining_us()
             if remaining:
