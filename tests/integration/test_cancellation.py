@@ -142,7 +142,9 @@ def wait_idle(server: ServerProcess) -> None:
 def test_disconnected_clients_free_their_queue_slots(server: ServerProcess, repo: Path) -> None:
     running = open_request(server, "cancel_loop", body(60))
     wait_for("the blocker to start", lambda: runs(repo, "cancel_loop") == ["start 60"])
-    queued = [open_request(server, "cancel_loop", body(1 + i)) for i in range(2)]
+    # large bodies (JSON padded to 300 kB): uvicorn pauses reading while such a body
+    # waits in its buffer, and a close must still be seen once it is read
+    queued = [open_request(server, "cancel_loop", body(1 + i) + b" " * 300_000) for i in range(2)]
     wait_for("two queued", lambda: pending(server, "cancel_loop") == 2)
     status, text = http_infer(server, "cancel_loop", body(0.5))
     assert status == 503 and "exceeds maximum queue size" in text  # the queue is full

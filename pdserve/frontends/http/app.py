@@ -785,8 +785,8 @@ def disconnect_token(receive: Receive) -> CancelToken:
 
     Under uvicorn (``receive`` is ``RequestResponseCycle.receive``) the cycle's
     ``message_event`` is swapped for :class:`_DisconnectEvent` once the body has been
-    read, so the disconnect is pushed; the ``disconnected`` flag stays the token's
-    probe. Other ASGI servers: a token without a probe (timeouts only).
+    read, and reading resumes, so the disconnect is pushed; the ``disconnected`` flag
+    stays the token's probe. Other ASGI servers: a token without a probe (timeouts only).
     """
     probe = _disconnect_probe(receive)
     token = CancelToken(probe)
@@ -797,6 +797,12 @@ def disconnect_token(receive: Receive) -> CancelToken:
         if event.is_set():
             asyncio.Event.set(hook)
         cycle.message_event = hook  # type: ignore[union-attr]  # uvicorn's cycle
+        # uvicorn pauses reading while a large body waits in its buffer; the body is
+        # read now: read on, or a client's close would go unseen (as uvicorn does when
+        # an app awaits ``http.disconnect``; a pipelined request pauses it again)
+        flow = getattr(cycle, "flow", None)
+        if flow is not None and not getattr(cycle, "disconnected", False):
+            flow.resume_reading()
     return token
 
 
