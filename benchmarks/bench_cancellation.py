@@ -183,7 +183,7 @@ def main() -> None:
             "drop": args.drop,
             "request_kib": round(len(body) / 1024, 1),
             "outcomes": dict(sorted(counts.items())),
-            "stats": {k: inference[k]["count"] for k in ("success", "fail", "cancel")},
+            "stats": {k: inference.get(k, {}).get("count") for k in ("success", "fail", "cancel")},
             "pending_max": max(s[1] for s in samples),
             "pending_mean": round(sum(s[1] for s in samples) / len(samples), 1),
             "pending_end": end_pending,
