@@ -31,10 +31,10 @@ and the steps in flight are cancelled with it (their requests share its token); 
 get the request's remaining ``timeout``. ``ensemble_scheduling { max_inflight_requests }``
 (Triton's; 0: unlimited) bounds the requests in flight at each step: one beyond it
 waits in the ensemble. pdserve's ensemble parameter ``step_timeout_us`` cancels a step
-that runs longer (503 "Request timeout expired"). An error in a step fails that ensemble request with the step's
-error (message and code) unchanged; other requests are untouched. Each step's
-outputs are checked against its model's configuration by that model's scheduler,
-and the ensemble's outputs against the ensemble's
+that runs longer (503 "Request timeout expired"). An error in a step fails that
+ensemble request with the step's error (message and code) unchanged; other requests
+are untouched. Each step's outputs are checked against its model's configuration by
+that model's scheduler, and the ensemble's outputs against the ensemble's
 (:mod:`pdserve.scheduling.shapes`): a wrong shape or datatype is ``INTERNAL``. The
 ensemble itself has no instances and no instance limit.
 """

@@ -341,8 +341,10 @@ class Worker:
         self._forget_cancelled(batch)
 
     def _forget_cancelled(self, batch: Exec) -> None:
+        """Drop the marks of this batch and of earlier ones (batch ids only grow; a
+        :class:`Cancel` may cross the batch's :class:`Result`)."""
         if self.cancelled:
-            self.cancelled = {k for k in self.cancelled if k[0] != batch.batch_id}
+            self.cancelled = {k for k in self.cancelled if k[0] > batch.batch_id}
 
     def _encode_response(
         self, request: pb.InferenceRequest, response: Any
