@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from pdserve import __version__
 from pdserve.config import ENSEMBLE_PLATFORM, ConfigError, parse_config_override
 from pdserve.core import tracing
-from pdserve.core.errors import InferError, internal, unavailable
+from pdserve.core.cancel import CANCELED, arm_cancellation, run_cancellable, token_of
+from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.observability.stats import NOT_QUEUED
 from pdserve.repository.breaker import BreakerBoard, is_failure
@@ -228,6 +229,19 @@ class InferenceServer:
         """
         if self._shutting_down:
             raise unavailable("Server is shutting down: no new requests are accepted")
+        token = arm_cancellation(request)
+        try:
+            return await self._infer_entry(request)
+        except asyncio.CancelledError:
+            # the frontend abandoned the call (gRPC cancel or deadline: grpc.aio cancels
+            # the handler): tell whoever still runs the request (a python worker)
+            token.cancel(client_gone())
+            raise
+        finally:
+            token.finish()
+
+    async def _infer_entry(self, request: InferRequest) -> InferResponse:
+        """:meth:`infer` once the request's cancellation token is armed."""
         tracer = self.tracer
         if tracer is not None and (tracing.state.enabled or request.traceparent is not None):
             ref = tracer.begin(request)  # sampling (and the log trace id)
@@ -350,11 +364,16 @@ class InferenceServer:
                 if cache is not None and cache.enabled_for(mv):
                     outputs = await self._infer_cached(cache, mv, exec_req)
                 else:
-                    outputs = await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
+                    outputs = await run_cancellable(
+                        token_of(request),
+                        mv.scheduler.submit(exec_req),  # type: ignore[union-attr]
+                    )
                 outputs = mv.finish_outputs(request, outputs)
             except InferError as e:
                 if e.reason != NOT_QUEUED:
-                    reason = "OTHER" if mv.platform == ENSEMBLE_PLATFORM else e.reason
+                    reason = e.reason
+                    if mv.platform == ENSEMBLE_PLATFORM and reason != CANCELED:
+                        reason = "OTHER"
                     stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason)
                 raise
             except asyncio.CancelledError:

@@ -4,7 +4,9 @@ Recorded once, at the scheduler boundary, so HTTP and gRPC report the same
 numbers. The JSON form follows Triton's ``GET /v2/models/{m}/stats`` response
 (triton-inference-server/server docs/protocol/extension_statistics.md):
 ``inference_stats`` holds ``{count, ns}`` pairs for success, fail, queue,
-compute_input, compute_infer, compute_output, cache_hit and cache_miss;
+compute_input, compute_infer, compute_output, cache_hit, cache_miss and cancel
+(requests cancelled: client gone, gRPC cancel or deadline, ``timeout`` parameter
+expired; each also counts in ``fail``, reason ``CANCELED``);
 ``batch_stats`` holds the compute durations per executed batch size.
 All durations are nanoseconds.
 
@@ -54,6 +56,7 @@ _STAT_NAMES = (
     "compute_output",
     "cache_hit",
     "cache_miss",
+    "cancel",
 )
 
 
@@ -239,6 +242,8 @@ class ModelStats:
         """A request that reached the scheduler failed (``reason``: REJECTED,
         CANCELED, BACKEND, OTHER; see the module docstring for what counts)."""
         self.durations["fail"].add(request_ns)
+        if reason == "CANCELED":  # Triton's ``cancel`` statistics (a failure too)
+            self.durations["cancel"].add(request_ns)
         self.recent.record(False)
         for hook in self.hooks:
             hook("failure", request_ns=request_ns, reason=reason)

@@ -35,7 +35,9 @@ Triton semantics (docs/user_guide/batcher.md, model_config.proto
   "exceeds maximum queue size"; a ``REJECT`` timeout fails the request with 503
   "Request timeout expired".
 - A request whose client went away is dropped when its batch is formed, before it
-  reaches an instance.
+  reaches an instance; a cancelled request (:mod:`pdserve.core.cancel`) leaves the
+  queue at once (the server cancels its wait), freeing its ``max_queue_size`` slot.
+  A level with ``allow_timeout_override`` applies the request's ``timeout`` itself.
 - Batches only form when an instance is free, so at most one batch runs per
   instance and batches in flight never exceed the instance count; while every
   instance is busy, the queue grows and the next batch is larger.
@@ -60,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pdserve.backends.base import ExecRequest, ExecResult
+from pdserve.core.cancel import queue_owns_timeout
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.observability.stats import NOT_QUEUED, ModelStats
 from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled, run_batch
@@ -298,6 +301,8 @@ class DynamicBatcher(Scheduler):
             timeout = self._policies[level].timeout_for(params)
             if timeout:
                 deadline = now + timeout
+            if self._policies[level].allow_override:
+                queue_owns_timeout(request.request)  # Triton: the queue policy applies it
         length = -1
         if self.padding is not None:
             length = self.padding.length(request.inputs)  # INVALID_ARG: lengths disagree

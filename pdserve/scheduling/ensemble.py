@@ -25,11 +25,16 @@ the tensors it reads exist, so independent steps run concurrently; each step's
 request goes through that step model's own scheduler
 (``InferenceServer.infer_on``), so the predictor step batches across concurrent
 pipeline requests and shows in that model's statistics. Only the steps needed for
-the requested outputs run. When the client goes away, no further step starts
-(``CLIENT_GONE``). An error in a step fails that ensemble request with the step's
-error (message and code) unchanged; other requests are untouched. Each step's
-outputs are checked against its model's configuration by that model's scheduler,
-and the ensemble's outputs against the ensemble's
+the requested outputs run. When the request is cancelled (client gone, gRPC cancel or
+deadline, ``timeout`` parameter: :mod:`pdserve.core.cancel`), no further step starts
+and the steps in flight are cancelled with it (their requests share its token); steps
+get the request's remaining ``timeout``. ``ensemble_scheduling { max_inflight_requests }``
+(Triton's; 0: unlimited) bounds the requests in flight at each step: one beyond it
+waits in the ensemble. pdserve's ensemble parameter ``step_timeout_us`` cancels a step
+that runs longer (503 "Request timeout expired"). An error in a step fails that
+ensemble request with the step's error (message and code) unchanged; other requests
+are untouched. Each step's outputs are checked against its model's configuration by
+that model's scheduler, and the ensemble's outputs against the ensemble's
 (:mod:`pdserve.scheduling.shapes`): a wrong shape or datatype is ``INTERNAL``. The
 ensemble itself has no instances and no instance limit.
 """
@@ -46,6 +51,7 @@ import numpy as np
 
 from pdserve import config as cfgmod
 from pdserve.backends.base import Backend, ExecRequest, ModelInstance, ModelSpec
+from pdserve.core.cancel import CancelToken, token_of
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.core.types import InferRequest, RequestedOutput
 from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled
@@ -413,6 +419,17 @@ class EnsembleScheduler(Scheduler):
         self.model = model
         self.plan: EnsemblePlan = model.spec.extra["ensemble_plan"]
         self.server = model.spec.server
+        #: ``ensemble_scheduling { max_inflight_requests }`` (0: unlimited): requests
+        #: in flight at each step at most; a step's request beyond it waits (backpressure).
+        self.max_inflight = int(model.config.ensemble_scheduling.max_inflight_requests)
+        self._step_slots: dict[int, asyncio.Semaphore] = (
+            {step.index: asyncio.Semaphore(self.max_inflight) for step in self.plan.steps}
+            if self.max_inflight > 0
+            else {}
+        )
+        #: pdserve's per-step timeout (ensemble parameter ``step_timeout_us``; 0: none):
+        #: a step running longer is cancelled and fails its ensemble request with 503.
+        self.step_timeout_ns = _step_timeout_ns(model.config)
 
     async def submit(self, request: ExecRequest) -> dict[str, np.ndarray]:
         """Run the steps needed for the requested outputs; return those outputs.
@@ -430,11 +447,8 @@ class EnsembleScheduler(Scheduler):
 
         def launch_ready() -> None:
             if todo and is_cancelled(request):
-                # the client went away: run no further step
-                raise client_gone(
-                    f"request was cancelled: the client went away (ensemble '{plan.name}' "
-                    "stopped between steps)"
-                )
+                # cancelled (client gone, timeout): run no further step
+                raise _cancel_error(request.request, plan.name)
             for index in sorted(todo):
                 step = plan.steps[index]
                 if step.reads.issubset(tensors):
@@ -487,6 +501,16 @@ class EnsembleScheduler(Scheduler):
             parameters=_step_parameters(origin.parameters),
             cancelled=origin.cancelled,
         )
+        parent_token = token_of(origin)
+        step_token: CancelToken | None = None
+        if parent_token is not None:
+            # the step inherits the ensemble request's remaining time; with a step
+            # timeout it has its own (earlier) deadline on a child token
+            if self.step_timeout_ns or parent_token.deadline_ns:
+                step_token = sub.cancelled = parent_token.child(self.step_timeout_ns)
+            remaining = (step_token or parent_token).remaining_us()
+            if remaining:
+                sub.parameters["timeout"] = remaining
         if origin.trace is not None:  # the step's model span hangs under the ensemble's
             sub.trace = origin.trace.child(
                 {"pdserve.ensemble": self.plan.name, "pdserve.ensemble_step": step.index}
@@ -501,8 +525,40 @@ class EnsembleScheduler(Scheduler):
                 f"ensemble '{self.plan.name}': step model '{step.model_name}' is not "
                 f"available: {e.message}"
             ) from None
-        response = await server.infer_on(mv, sub)
+        slot = self._step_slots.get(step.index)
+        try:
+            if slot is None:
+                response = await server.infer_on(mv, sub)
+            else:
+                async with slot:  # max_inflight_requests: wait for the step's room
+                    if is_cancelled(parent):
+                        raise _cancel_error(origin, self.plan.name)
+                    response = await server.infer_on(mv, sub)
+        finally:
+            if step_token is not None:
+                step_token.finish()
         return response.outputs
+
+
+def _cancel_error(request: InferRequest, ensemble: str) -> InferError:
+    """The error of an ensemble request cancelled between steps: its token's (client
+    gone or timeout), else ``CLIENT_GONE``."""
+    token = token_of(request)
+    if token is not None and token.error is not None:
+        err = token.error.fresh()
+        err.message = f"{err.message} (ensemble '{ensemble}' stopped between steps)"
+        return err
+    return client_gone(
+        f"request was cancelled: the client went away (ensemble '{ensemble}' stopped between steps)"
+    )
+
+
+def _step_timeout_ns(config: Any) -> int:
+    """The ensemble's ``step_timeout_us`` parameter in ns (0: none or not a positive
+    integer)."""
+    param = config.parameters.get("step_timeout_us")
+    text = param.string_value.strip() if param is not None else ""
+    return int(text) * 1000 if text.isdigit() else 0
 
 
 def _step_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ MESSAGES: list[Any] = [
     m.BlsResult(3, {"PIXELS": IMAGE}, None),
     m.BlsResult(4, None, m.Error("model 'x' is not found", ErrorCode.NOT_FOUND.value)),
     m.Stop(),
+    m.Cancel(3, 1),
 ]
 
 CONTROLS = [

@@ -75,6 +75,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ from pdserve.backends.python.messages import (
     Block,
     Bls,
     BlsResult,
+    Cancel,
     Error,
     Exec,
     Frame,
@@ -105,6 +107,7 @@ from pdserve.backends.python.messages import (
 )
 from pdserve.core import tracing
 from pdserve.core.api import ModelRunner
+from pdserve.core.cancel import CancelToken, parse_timeout_us, token_of
 from pdserve.core.errors import ErrorCode, InferError, internal, unavailable
 from pdserve.core.tracing import TraceRef
 from pdserve.core.types import InferRequest, RequestedOutput
@@ -213,6 +216,9 @@ class WorkerConnection:
         self.batch_ids = itertools.count()
         #: The batch the worker is running: (its id, the future of its Result).
         self.batch: tuple[int, asyncio.Future[Result]] | None = None
+        #: The cancellation tokens of that batch's requests (None: a request has none);
+        #: a BLS call of the worker meanwhile is cancelled with them (:func:`bls_token`).
+        self.batch_tokens: list[CancelToken | None] = []
         self.stopping = False
         self._bls_tasks: set[asyncio.Task[None]] = set()
         self._out: deque[list[Any]] = deque()  # [memoryview, fds, arenas]
@@ -468,6 +474,7 @@ class WorkerConnection:
         tracing.mark_input_end()
         sent = time.monotonic_ns()
         self.send(Exec(batch_id, reqs))
+        hooks = self._tell_cancellations(batch_id, batch)
         try:
             try:
                 result = await asyncio.shield(future)
@@ -482,10 +489,37 @@ class WorkerConnection:
                         await asyncio.shield(future)
                 raise
         finally:
+            for token, hook in hooks:
+                token.remove_callback(hook)
+            self.batch_tokens = []
             self.pool.free_many(blocks)
             # a failed future's exception has a traceback through this frame:
             # future -> exception -> traceback -> frame -> future would be a cycle
             future = None  # type: ignore[assignment]
+
+    def _tell_cancellations(
+        self, batch_id: int, batch: list[ExecRequest]
+    ) -> list[tuple[CancelToken, Callable[[CancelToken], None]]]:
+        """Send the worker a :class:`Cancel` when a request of the running batch is
+        cancelled (its ``request.is_cancelled()`` turns True); returns the callbacks
+        to remove once the batch is answered."""
+        hooks: list[tuple[CancelToken, Callable[[CancelToken], None]]] = []
+        tokens: list[CancelToken | None] = []
+        for index, r in enumerate(batch):
+            token = token_of(r.request)
+            tokens.append(token)
+            if token is None:
+                continue
+
+            def hook(_t: CancelToken, index: int = index) -> None:
+                if self.batch is not None and self.batch[0] == batch_id and not self.stopping:
+                    with contextlib.suppress(OSError):
+                        self.send(Cancel(batch_id, index))
+
+            token.add_callback(hook)
+            hooks.append((token, hook))
+        self.batch_tokens = tokens
+        return hooks
 
     def _trace_hop(
         self, spans: list[tuple[TraceRef, str, str, str]], sent: int, result: Result
@@ -509,6 +543,7 @@ class WorkerConnection:
     async def _run_bls(self, call: Bls) -> None:
         """Run a BLS request from the worker through the server core, send the result."""
         call_id = call.call_id
+        token: CancelToken | None = None
         try:
             if self.server is None:
                 raise internal("BLS is not available: the model has no server")
@@ -524,6 +559,7 @@ class WorkerConnection:
                 parameters=call.parameters,
             )
             del arrays
+            token = request.cancelled = bls_token(self.batch_tokens, call.parameters)
             ref = tracing.ref_from_traceparent(call.trace) if call.trace else None
             if ref is not None:  # BLS with trace=request.trace(): a "bls" span, the model under it
                 bls_start = time.monotonic_ns()
@@ -556,6 +592,9 @@ class WorkerConnection:
             log.exception("BLS call from %s failed", self.name)
             error = Error(f"{type(e).__name__}: {e}", ErrorCode.INTERNAL.value)
             self.send(BlsResult(call_id, None, error))
+        finally:
+            if token is not None:
+                token.finish()
 
     # -- stop -------------------------------------------------------------------
 
@@ -589,6 +628,34 @@ class WorkerConnection:
         if not self.died.done():  # pragma: no cover - unreachable unless the OS misbehaves
             self._close_resources()
             self.died.set_result("killed")
+
+
+def bls_token(parents: list[CancelToken | None], parameters: dict[str, Any]) -> CancelToken:
+    """The cancellation token of a BLS call made while a batch runs: cancelled once
+    every request of that batch is (a batch of one: with its request; the same error),
+    or when the call's own ``timeout`` parameter (µs) expires."""
+    timeout_ns = parse_timeout_us(parameters) * 1000
+    live = [t for t in parents if t is not None]
+    if live and len(live) == len(parents):
+        if len(live) == 1:
+            return live[0].child(timeout_ns)
+        token = CancelToken()
+        left = [len(live)]
+
+        def one_gone(parent: CancelToken) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                token.cancel(parent.error)
+
+        for t in live:
+            t.add_callback(one_gone)
+        if timeout_ns:
+            token.set_deadline(timeout_ns)
+        return token
+    token = CancelToken()
+    if timeout_ns:
+        token.set_deadline(timeout_ns)
+    return token
 
 
 def _model_file(spec: ModelSpec) -> Path:

@@ -242,8 +242,19 @@ class Stop(NamedTuple):
     """Server -> worker: call ``finalize()`` and exit."""
 
 
+class Cancel(NamedTuple):
+    """Server -> worker: request ``position`` of batch ``batch_id`` was cancelled (client
+    gone, gRPC cancel or deadline, ``timeout`` expired): its ``request.is_cancelled()``
+    turns True."""
+
+    #: The :attr:`Exec.batch_id` of the request.
+    batch_id: int
+    #: Its position in the batch's requests.
+    position: int
+
+
 #: Every message a frame may carry.
-Message = Ready | InitError | AutoCompleteResult | Exec | Result | Bls | BlsResult | Stop
+Message = Ready | InitError | AutoCompleteResult | Exec | Result | Bls | BlsResult | Stop | Cancel
 
 
 class Frame(NamedTuple):
@@ -356,6 +367,7 @@ _KINDS: list[tuple[type[Any], Callable[[Any], tuple[Any, ...]], Callable[[Any], 
     (InitError, *_flat(InitError)),
     (AutoCompleteResult, *_flat(AutoCompleteResult)),
     (Stop, *_flat(Stop)),
+    (Cancel, *_flat(Cancel)),
 ]
 _TAG: dict[type[Any], int] = {cls: tag for tag, (cls, _, _) in enumerate(_KINDS)}
 _TO = [to for _, to, _ in _KINDS]

@@ -478,9 +478,17 @@ class InferenceRequest:
         """The request parameters as a JSON string (as Triton returns them)."""
         return json.dumps(self._parameters)
 
+    #: Set by the worker on the requests of ``execute``: polls the server's
+    #: cancellations; None (a BLS request the model built): never cancelled.
+    _cancel_probe: Any = None
+
     def is_cancelled(self) -> bool:
-        """Whether the client cancelled the request (pdserve: always False here)."""
-        return False
+        """Whether the request was cancelled (as Triton's): the client went away, its
+        gRPC call was cancelled or passed its deadline, or its ``timeout`` expired.
+        A model may check it while it works and stop early, answering e.g.
+        ``TritonError("...", TritonError.CANCELLED)``."""
+        probe = self._cancel_probe
+        return bool(probe is not None and probe())
 
     def get_response_sender(self) -> Any:
         """Decoupled models are not supported by pdserve.

@@ -40,6 +40,7 @@ waits for the matching :class:`~messages.BlsResult`; it works from ``execute``,
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import inspect
 import itertools
@@ -64,6 +65,7 @@ from pdserve.backends.python.messages import (
     Block,
     Bls,
     BlsResult,
+    Cancel,
     Error,
     Exec,
     Frame,
@@ -124,6 +126,8 @@ class Worker:
         self.stopping = False
         self.eof = False
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: (batch id, index) of the requests the server cancelled (:class:`Cancel`).
+        self.cancelled: set[tuple[int, int]] = set()
 
     # -- channel ----------------------------------------------------------------
 
@@ -209,6 +213,8 @@ class Worker:
         message = frame.message
         if isinstance(message, BlsResult):
             self._bls_result(message)
+        elif isinstance(message, Cancel):
+            self.cancelled.add((message.batch_id, message.position))
         elif isinstance(message, (Exec, Stop)):
             if isinstance(message, Stop):
                 self.stopping = True  # an end of file may follow at once
@@ -262,6 +268,15 @@ class Worker:
             response = pb.InferenceResponse(tensors)
         future.set_result(response)
 
+    def is_cancelled(self, batch_id: int, index: int) -> bool:
+        """``request.is_cancelled()`` of request ``index`` of batch ``batch_id``: reads
+        what the server sent (without blocking) and looks for its :class:`Cancel`."""
+        key = (batch_id, index)
+        if key in self.cancelled:
+            return True
+        self.read_available()
+        return key in self.cancelled
+
     # -- execute ------------------------------------------------------------------
 
     def run_batch(self, model: Any, batch: Exec) -> None:
@@ -269,7 +284,7 @@ class Worker:
         model_name = self.init.model_name
         version = int(self.init.model_version)
         requests = []
-        for req in batch.requests:
+        for index, req in enumerate(batch.requests):
             tensors = [
                 pb.Tensor(name, self.peer.read(desc, release=False))
                 for name, desc in req.inputs.items()
@@ -285,6 +300,7 @@ class Worker:
                     trace=pb.InferenceTrace.from_traceparent(req.trace),
                 )
             )
+            requests[-1]._cancel_probe = functools.partial(self.is_cancelled, batch.batch_id, index)
         exec_start = time.monotonic_ns()
         try:
             responses = model.execute(requests)
@@ -313,6 +329,7 @@ class Worker:
             del requests
             exec_ns = (exec_start, time.monotonic_ns())
             self.send(Result(batch.batch_id, None, Error(message, code), exec_ns))
+            self._forget_cancelled(batch)
             return
         exec_ns = (exec_start, time.monotonic_ns())
         results = [
@@ -321,6 +338,13 @@ class Worker:
         ]
         del requests, responses
         self.send(Result(batch.batch_id, results, None, exec_ns))
+        self._forget_cancelled(batch)
+
+    def _forget_cancelled(self, batch: Exec) -> None:
+        """Drop the marks of this batch and of earlier ones (batch ids only grow; a
+        :class:`Cancel` may cross the batch's :class:`Result`)."""
+        if self.cancelled:
+            self.cancelled = {k for k in self.cancelled if k[0] > batch.batch_id}
 
     def _encode_response(
         self, request: pb.InferenceRequest, response: Any

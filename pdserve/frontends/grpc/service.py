@@ -16,7 +16,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pdserve.config import config_from_json
 from pdserve.core.api import InferenceCore
-from pdserve.core.errors import ErrorCode, InferError, unavailable
+from pdserve.core.cancel import CancelToken
+from pdserve.core.errors import ErrorCode, InferError, client_gone, unavailable
 from pdserve.core.types import InferRequest
 from pdserve.frontends.grpc.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -357,7 +358,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         arrival_ns = time.monotonic_ns()
         try:
             req = await decode_off_loop(request, arrival_ns)
-            req.cancelled = context.cancelled
+            req.cancelled = grpc_cancel_token(context)
             req.traceparent = _traceparent(context)
             logs.begin_request(req.id, req.traceparent)
             if request_log.isEnabledFor(logging.DEBUG):
@@ -652,3 +653,25 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             return service_pb2.RepositoryModelUnloadResponse()
 
         return await self._guard(context, run)
+
+
+def grpc_cancel_token(context: grpc.aio.ServicerContext) -> CancelToken:
+    """The request's :class:`~pdserve.core.cancel.CancelToken`: cancelled with
+    ``CLIENT_GONE`` when the call ends before the answer (the client cancelled it or
+    its deadline passed: ``context.add_done_callback``); ``context.cancelled`` is the
+    token's probe."""
+    token = CancelToken(context.cancelled)
+
+    def done(_ctx: Any) -> None:
+        if not token.finished:
+            token.cancel(
+                client_gone(
+                    "request was cancelled: the gRPC call was cancelled or its deadline passed"
+                )
+            )
+
+    try:
+        context.add_done_callback(done)
+    except (AttributeError, NotImplementedError):  # an older grpcio: the probe only
+        pass
+    return token

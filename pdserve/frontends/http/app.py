@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import orjson
 
 from pdserve.core.api import InferenceCore
-from pdserve.core.errors import InferError, not_found
+from pdserve.core.cancel import CancelToken
+from pdserve.core.errors import InferError, client_gone, not_found
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends.http.codec import (
     decode_infer_request,
@@ -255,7 +256,7 @@ class HttpApp:
             request = await off_loop(
                 decode_infer_request, body, header_length, model, version, arrival_ns
             )
-        request.cancelled = _disconnect_probe(receive)
+        request.cancelled = disconnect_token(receive)
         logs.begin_request(request.id, traceparent)  # ids on this request's log lines
         if request_log.isEnabledFor(logging.DEBUG):
             request_log.debug("HTTP infer model=%s version=%s", model, version or "-")
@@ -814,6 +815,49 @@ def _disconnect_probe(receive: Receive) -> Callable[[], bool] | None:
     if cycle is not None and hasattr(cycle, "disconnected"):
         return functools.partial(getattr, cycle, "disconnected")
     return None
+
+
+class _DisconnectEvent(asyncio.Event):
+    """uvicorn's per-request ``message_event``, which also cancels the request's token
+    the moment uvicorn marks the connection lost (``connection_lost`` sets
+    ``cycle.disconnected`` then this event): a push, no task or poll per request."""
+
+    def __init__(self, cycle: Any, token: CancelToken) -> None:
+        super().__init__()
+        self._cycle = cycle
+        self._token = token
+
+    def set(self) -> None:
+        super().set()
+        if self._cycle.disconnected and not self._token.finished:
+            self._token.cancel(client_gone())
+
+
+def disconnect_token(receive: Receive) -> CancelToken:
+    """The request's :class:`~pdserve.core.cancel.CancelToken`, cancelled with
+    ``CLIENT_GONE`` as soon as the client disconnects.
+
+    Under uvicorn (``receive`` is ``RequestResponseCycle.receive``) the cycle's
+    ``message_event`` is swapped for :class:`_DisconnectEvent` once the body has been
+    read, and reading resumes, so the disconnect is pushed; the ``disconnected`` flag
+    stays the token's probe. Other ASGI servers: a token without a probe (timeouts only).
+    """
+    probe = _disconnect_probe(receive)
+    token = CancelToken(probe)
+    cycle = getattr(receive, "__self__", None)
+    event = getattr(cycle, "message_event", None)
+    if probe is not None and isinstance(event, asyncio.Event):
+        hook = _DisconnectEvent(cycle, token)
+        if event.is_set():
+            asyncio.Event.set(hook)
+        cycle.message_event = hook  # type: ignore[union-attr]  # uvicorn's cycle
+        # uvicorn pauses reading while a large body waits in its buffer; the body is
+        # read now: read on, or a client's close would go unseen (as uvicorn does when
+        # an app awaits ``http.disconnect``; a pipelined request pauses it again)
+        flow = getattr(cycle, "flow", None)
+        if flow is not None and not getattr(cycle, "disconnected", False):
+            flow.resume_reading()
+    return token
 
 
 async def _receive_within(receive: Receive, timeout: float) -> Message:
