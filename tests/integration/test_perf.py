@@ -288,8 +288,9 @@ def test_ctrl_c_keeps_the_results(server: ServerProcess, tmp_path: Path) -> None
             seen += proc.stderr.readline()
     proc.send_signal(signal.SIGINT)
     t0 = time.monotonic()
-    stdout, stderr = proc.communicate(timeout=30)
-    assert time.monotonic() - t0 < 10
+    stdout, stderr = proc.communicate(timeout=60)
+    # bounded: the run ends promptly (a few seconds alone; up to ~18 s seen at load 15+)
+    assert time.monotonic() - t0 < 30
     assert proc.returncode == 1
     assert "interrupted" in stderr
     (res,) = json.loads((tmp_path / "i.json").read_text())["results"]
