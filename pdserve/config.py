@@ -485,9 +485,9 @@ def validate_config(
     more than :func:`max_instance_count` instances in all); an output's
     ``label_filename`` exists (relative to the model folder); an ensemble has
     ``ensemble_scheduling`` with steps, no backend and no instance groups, and
-    only an ensemble has ``ensemble_scheduling``. Beyond Triton's rules: no
-    decoupled transaction policy and no ``sequence_batching``, which pdserve cannot
-    serve yet (Triton can).
+    only an ensemble has ``ensemble_scheduling``. Beyond Triton's rules: the
+    decoupled transaction policy only with the python backend, and no
+    ``sequence_batching``, which pdserve cannot serve yet (Triton can).
 
     Run it after auto-complete, as Triton does. With ``complete=False`` the
     checks auto-complete could still satisfy (a missing ``data_type`` or
@@ -633,18 +633,20 @@ def _refuse_unserved_scheduling(cfg: ModelConfig, fail: Callable[[str, str], Non
     """Refuse what pdserve cannot serve yet rather than serve it wrongly.
 
     A decoupled model (``model_transaction_policy { decoupled: true }``) sends zero or
-    several responses per request through a response sender, and ``sequence_batching``
+    several responses per request through a response sender — pdserve streams them for
+    python-backend models only — and ``sequence_batching``
     routes the requests of one sequence to one instance with its control inputs;
     pdserve answers each request once through the direct or dynamic scheduler, so such
     a model would load READY and then fail (or silently lose its sequence semantics)
     on every request. Triton serves both; here they fail to load with this reason
     until the streaming work implements them.
     """
-    if cfg.model_transaction_policy.decoupled:
+    if cfg.model_transaction_policy.decoupled and cfg.backend != PYTHON_BACKEND:
         fail(
             "model_transaction_policy.decoupled",
-            "decoupled models (zero or several responses per request) are not supported "
-            "by pdserve yet; set 'decoupled: false' or serve this model with Triton",
+            "pdserve serves decoupled models (zero or several responses per request) "
+            "with the python backend only; set 'decoupled: false' or serve this model "
+            "with Triton",
         )
     if cfg.HasField("sequence_batching"):
         fail(

@@ -51,6 +51,8 @@ class InferRequest:
             gRPC metadata; see :mod:`pdserve.repository.traffic`); ``""``: none.
         pinned_version: the version a request without ``model_version`` asks for
             (``x-pdserve-model-version``); ``""``: the traffic split picks.
+        stream: the :class:`~pdserve.core.streaming.ResponseStream` of a request to a
+            decoupled model (set by ``InferenceServer.infer_stream``); None: one response.
     """
 
     model_name: str
@@ -63,6 +65,7 @@ class InferRequest:
     cancelled: Any = None
     route_key: str = ""
     pinned_version: str = ""
+    stream: Any = None
 
 
 @dataclass(slots=True)

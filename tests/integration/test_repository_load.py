@@ -352,14 +352,16 @@ def test_override_errors_name_the_override(env) -> None:
     assert client.is_model_ready("identity")
 
 
-@pytest.mark.parametrize(
-    ("model", "field"),
-    [
-        ("decoupled", "model_transaction_policy.decoupled"),
-        ("decoupled_auto", "model_transaction_policy.decoupled"),
-        ("sequence", "sequence_batching"),
-    ],
-)
+@pytest.mark.parametrize("model", ["decoupled", "decoupled_auto"])
+def test_decoupled_python_models_load(env, model: str) -> None:
+    """Decoupled python models are served (streaming: tests/integration/test_decoupled.py)."""
+    server, _, _ = env
+    client = httpclient.InferenceServerClient(server.http_url)
+    assert client.is_model_ready(model)
+    assert client.get_model_config(model)["model_transaction_policy"]["decoupled"] is True
+
+
+@pytest.mark.parametrize(("model", "field"), [("sequence", "sequence_batching")])
 def test_unserved_scheduling_fails_to_load(env, model: str, field: str) -> None:
     server, repo, _ = env
     client = httpclient.InferenceServerClient(server.http_url)

@@ -91,6 +91,7 @@ from pdserve.backends.python.messages import (
     Block,
     Bls,
     BlsResult,
+    CancelStream,
     Error,
     Exec,
     Frame,
@@ -98,6 +99,7 @@ from pdserve.backends.python.messages import (
     Message,
     Ready,
     Request,
+    Respond,
     Result,
     Stop,
     TensorDesc,
@@ -105,6 +107,7 @@ from pdserve.backends.python.messages import (
 )
 from pdserve.core.api import ModelRunner
 from pdserve.core.errors import ErrorCode, InferError, internal, unavailable
+from pdserve.core.streaming import ResponseStream
 from pdserve.core.types import InferRequest, RequestedOutput
 
 log = logging.getLogger("pdserve.python")
@@ -213,6 +216,9 @@ class WorkerConnection:
         self.batch: tuple[int, asyncio.Future[Result]] | None = None
         self.stopping = False
         self._bls_tasks: set[asyncio.Task[None]] = set()
+        #: Open decoupled requests: (batch id, index) -> their stream and the check
+        #: of each response's outputs.
+        self.streams: dict[tuple[int, int], tuple[ResponseStream, Any]] = {}
         self._out: deque[list[Any]] = deque()  # [memoryview, fds, arenas]
         self._writing = False
         sock.setblocking(False)
@@ -350,6 +356,8 @@ class WorkerConnection:
                 self.batch = None
                 if not future.done():
                     future.set_result(message)
+        elif isinstance(message, Respond):
+            self._respond(message)
         elif isinstance(message, Bls):
             task = self.loop.create_task(self._run_bls(message))
             self._bls_tasks.add(task)
@@ -404,6 +412,9 @@ class WorkerConnection:
                 fut.exception()  # only a caller that waits on it cares
         for task in list(self._bls_tasks):
             task.cancel()
+        streams, self.streams = self.streams, {}
+        for stream, _ in streams.values():
+            stream.fail(error.fresh())
         self._close_resources()
         if not self.died.done():
             self.died.set_result(description)
@@ -433,8 +444,14 @@ class WorkerConnection:
 
     # -- work -------------------------------------------------------------------
 
-    async def run_batch(self, batch: list[ExecRequest]) -> Result:
+    async def run_batch(
+        self, batch: list[ExecRequest], streams: list[tuple[ResponseStream, Any]] | None = None
+    ) -> Result:
         """Send a batch, wait for the worker's :class:`Result` (raw descriptors).
+
+        Args:
+            streams: a decoupled model's batch: each request's stream and response
+                check (:meth:`_respond` feeds them, also after the Result).
 
         Raises:
             InferError(INTERNAL): the worker died before answering.
@@ -453,6 +470,9 @@ class WorkerConnection:
             params = dict(r.request.parameters) if r.request.parameters else {}
             reqs.append(Request(r.request.id, params, inputs, list(r.output_names)))
         batch_id = next(self.batch_ids)
+        if streams is not None:
+            for index, entry in enumerate(streams):
+                self._open_stream(batch_id, index, entry)
         future: asyncio.Future[Result] = self.loop.create_future()
         self.batch = (batch_id, future)
         self.send(Exec(batch_id, reqs))
@@ -471,6 +491,48 @@ class WorkerConnection:
             # a failed future's exception has a traceback through this frame:
             # future -> exception -> traceback -> frame -> future would be a cycle
             future = None  # type: ignore[assignment]
+
+    # -- decoupled ----------------------------------------------------------------
+
+    def _open_stream(self, batch_id: int, index: int, entry: tuple[ResponseStream, Any]) -> None:
+        key = (batch_id, index)
+        stream = entry[0]
+        self.streams[key] = entry
+
+        def cancel() -> None:  # the client went away or the request timed out
+            if self.streams.pop(key, None) is not None:
+                self.send(CancelStream(batch_id, index))
+
+        if stream.closed:  # cancelled while it waited for this instance
+            cancel()
+        else:
+            stream.on_cancel = cancel
+
+    def _respond(self, message: Respond) -> None:
+        """One response of a decoupled request: into its stream (dropped, its blocks
+        released, when nobody listens any more)."""
+        key = (message.batch_id, message.slot)
+        entry = self.streams.get(key)
+        out = message.outputs
+        outputs = None
+        if type(out) is dict:
+            outputs = self.read_outputs(out)  # released when the views are gone
+        if entry is None:
+            return
+        stream, check = entry
+        if message.final:
+            del self.streams[key]
+        if isinstance(out, Error):
+            error = InferError(out.message, ErrorCode.from_triton(out.code), reason="BACKEND")
+            stream.fail(error, final=message.final)
+            return
+        if outputs is not None:
+            checked = check(outputs)
+            if isinstance(checked, InferError):
+                stream.fail(checked, final=message.final)
+                return
+            outputs = checked
+        stream.put(outputs, message.final)
 
     def read_outputs(self, outputs: dict[str, TensorDesc]) -> dict[str, np.ndarray]:
         """Views of a result's output tensors (released when garbage-collected)."""
@@ -725,6 +787,7 @@ class PythonInstance(ModelInstance):
         self._retry_delay = 0.05
         self._retry_at = 0.0
         self._out_types = {o.name: cfgmod.datatype_of(o) for o in spec.config.output}
+        self._decoupled = bool(spec.config.model_transaction_policy.decoupled)
 
     async def start(self) -> None:
         """Start the worker and wait for ``initialize`` to finish.
@@ -832,6 +895,8 @@ class PythonInstance(ModelInstance):
 
     async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
         """Run ``batch`` in the worker: one ``execute(requests)`` call, one result each."""
+        if self._decoupled:
+            return await self._execute_decoupled(batch)
         conn = await self._connection()
         result = await conn.run_batch(batch)
         if result.error is not None or result.responses is None:
@@ -850,6 +915,43 @@ class PythonInstance(ModelInstance):
             outputs = conn.read_outputs(response)
             out.append(self._check_outputs(request, outputs))
         return out
+
+    async def _execute_decoupled(self, batch: list[ExecRequest]) -> list[ExecResult]:
+        """A decoupled model's batch: the responses go into each request's
+        ``request.stream`` as the worker sends them; returns once ``execute`` returned
+        (the instance is free again), with an empty result per request.
+
+        Raises:
+            InferError(INTERNAL): a request without a stream (the core refuses those).
+        """
+        streams: list[tuple[ResponseStream, Any]] = []
+        for r in batch:
+            stream = r.request.stream
+            if stream is None:
+                raise internal("a request to a decoupled model needs a response stream")
+            streams.append((stream, self._check_names))
+        conn = await self._connection()
+        result = await conn.run_batch(batch, streams)
+        if result.error is not None:  # not sent by a live worker; kept for safety
+            error = InferError(
+                result.error.message, ErrorCode.from_triton(result.error.code), reason="BACKEND"
+            )
+            for stream, _ in streams:
+                stream.fail(error.fresh())
+        for r in batch:
+            r.output_names = []  # the responses were checked one by one, in the stream
+        return [{} for _ in batch]
+
+    def _check_names(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | InferError:
+        """Outputs of one streamed response must be declared (the core checks that the
+        requested ones are there, their datatypes and shapes)."""
+        for name in outputs:
+            if name not in self._out_types:
+                return internal(
+                    f"python model '{self.spec.name}' returned output '{name}', which its "
+                    f"model configuration does not declare"
+                )
+        return outputs
 
     def _check_outputs(
         self, request: ExecRequest, outputs: dict[str, np.ndarray]

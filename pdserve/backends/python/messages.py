@@ -6,9 +6,10 @@ crosses the worker's socket. Every frame (:func:`pdserve.backends.python.shm.enc
 carries one message and the :class:`ArenaControl` that rides along with it.
 
 Server -> worker: :class:`Exec` (a batch to run), :class:`BlsResult` (the answer to a
-worker's :class:`Bls`), :class:`Stop`. Worker -> server: :class:`Ready` or
+worker's :class:`Bls`), :class:`CancelStream`, :class:`Stop`. Worker -> server: :class:`Ready` or
 :class:`InitError` (after ``initialize``), :class:`Result` (the answer to an
-:class:`Exec`), :class:`Bls`, :class:`AutoCompleteResult`. :class:`WorkerInit` is the
+:class:`Exec`), :class:`Bls`, :class:`AutoCompleteResult`, :class:`Respond` (a decoupled model's
+responses). :class:`WorkerInit` is the
 worker's start-up data, passed as the process's argument.
 
 Records are ``NamedTuple`` s (attribute access, checked by mypy). On the wire they
@@ -233,8 +234,44 @@ class Stop(NamedTuple):
     """Server -> worker: call ``finalize()`` and exit."""
 
 
+class Respond(NamedTuple):
+    """Worker -> server: one response of a decoupled model
+    (``response_sender.send(response, flags)``), from ``execute`` or any thread."""
+
+    #: The :attr:`Exec.batch_id` of the request's batch.
+    batch_id: int
+    #: The request's index in that batch.
+    slot: int
+    #: Output tensors by name (in the worker's arenas), the response's :class:`Error`,
+    #: or None: no response, only the flag (``send(flags=FINAL)``).
+    outputs: dict[str, TensorDesc] | Error | None
+    #: ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` was set: the request's last message.
+    final: bool
+
+
+class CancelStream(NamedTuple):
+    """Server -> worker: the server no longer wants responses to this decoupled
+    request (client gone, timeout): its sender is closed and ``is_cancelled()`` is True."""
+
+    #: The :attr:`Exec.batch_id` of the request's batch.
+    batch_id: int
+    #: The request's index in that batch.
+    slot: int
+
+
 #: Every message a frame may carry.
-Message = Ready | InitError | AutoCompleteResult | Exec | Result | Bls | BlsResult | Stop
+Message = (
+    Ready
+    | InitError
+    | AutoCompleteResult
+    | Exec
+    | Result
+    | Bls
+    | BlsResult
+    | Stop
+    | Respond
+    | CancelStream
+)
 
 
 class Frame(NamedTuple):
@@ -323,6 +360,25 @@ def _bls_result_from(f: tuple[Any, ...]) -> BlsResult:
     return _new(BlsResult, (f[0], outputs, None if f[2] is None else _new(Error, f[2])))
 
 
+def _respond_to(m: Respond) -> tuple[Any, ...]:
+    out = m.outputs
+    if type(out) is dict:
+        wire: Any = {name: tuple(desc) for name, desc in out.items()}
+    else:
+        wire = None if out is None else ("error", tuple(out))
+    return (m.batch_id, m.slot, wire, m.final)
+
+
+def _respond_from(f: tuple[Any, ...]) -> Respond:
+    wire = f[2]
+    out: dict[str, TensorDesc] | Error | None = None
+    if type(wire) is dict:
+        out = {name: _new(TensorDesc, desc) for name, desc in wire.items()}
+    elif wire is not None:
+        out = _new(Error, wire[1])
+    return _new(Respond, (f[0], f[1], out, f[3]))
+
+
 def _flat(cls: type[Any]) -> tuple[Callable[[Any], tuple[Any, ...]], Callable[[Any], Any]]:
     """Codec of a record without nested records: its own tuple."""
     return tuple, lambda f: _new(cls, f)
@@ -338,6 +394,8 @@ _KINDS: list[tuple[type[Any], Callable[[Any], tuple[Any, ...]], Callable[[Any], 
     (InitError, *_flat(InitError)),
     (AutoCompleteResult, *_flat(AutoCompleteResult)),
     (Stop, *_flat(Stop)),
+    (Respond, _respond_to, _respond_from),
+    (CancelStream, *_flat(CancelStream)),
 ]
 _TAG: dict[type[Any], int] = {cls: tag for tag, (cls, _, _) in enumerate(_KINDS)}
 _TO = [to for _, to, _ in _KINDS]

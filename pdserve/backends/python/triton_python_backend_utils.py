@@ -33,8 +33,14 @@ code of ``TritonError(message)``, as in Triton — 500). So a model reports a ba
 as ``pb_utils.TritonError(msg, pb_utils.TritonError.INVALID_ARG)``. A failed BLS call
 gives the model the code of the error (``CANCELLED`` when the client went away).
 
-Not supported: decoupled models (``get_response_sender``), GPU tensors, custom
-metrics.
+Decoupled models (``model_transaction_policy { decoupled: true }``): each request of
+``execute`` has a response sender (:meth:`InferenceRequest.get_response_sender`,
+:class:`InferenceResponseSender`) that sends any number of responses, from ``execute``
+or from threads the model starts, the last one (or an empty one) with
+``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL``; ``execute`` returns None. As in Triton,
+a send after the final flag raises :class:`TritonModelException`.
+
+Not supported: GPU tensors, custom metrics.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import asyncio
 import json
 import logging
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any
@@ -402,13 +409,23 @@ class InferenceRequest:
         """Whether the client cancelled the request (pdserve: always False here)."""
         return False
 
-    def get_response_sender(self) -> Any:
-        """Decoupled models are not supported by pdserve.
+    #: Set by the worker on the requests of a decoupled model's ``execute``.
+    _response_sender: InferenceResponseSender | None = None
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        """The sender of this request's responses (decoupled models).
 
         Raises:
-            TritonModelException: always.
+            TritonModelException: the model is not decoupled (pdserve answers a
+                non-decoupled request with the list ``execute`` returns), or this is
+                a BLS request built by the model.
         """
-        raise TritonModelException("decoupled models (response senders) are not supported")
+        if self._response_sender is None:
+            raise TritonModelException(
+                "get_response_sender() is only available for the requests of a decoupled "
+                "model (model_transaction_policy { decoupled: true }) in pdserve"
+            )
+        return self._response_sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Run this request on ``model_name`` and wait for the response (BLS).
@@ -495,6 +512,78 @@ class InferenceResponse:
     def parameters(self) -> str:
         """Response parameters as a JSON string."""
         return json.dumps(self._parameters)
+
+
+class InferenceResponseSender:
+    """Sends the responses of one request of a decoupled model (Triton's
+    ``ResponseSender``, python_backend ``src/response_sender.cc``).
+
+    Thread-safe: ``execute`` may hand it to a thread that sends later.
+
+    Args:
+        transmit: sends one response (None: only the final flag) and whether it is
+            final to the server (the worker's channel).
+        cancelled: True once the server no longer wants responses (client gone,
+            request timeout).
+    """
+
+    def __init__(
+        self,
+        transmit: Callable[[InferenceResponse | None, bool], None],
+        cancelled: Callable[[], bool],
+    ) -> None:
+        self._transmit = transmit
+        self._cancelled = cancelled
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        """Send ``response``; ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` marks the
+        request's last one (``response`` may then be None: an empty final).
+
+        Once the request is cancelled (``is_cancelled()``), responses are dropped.
+
+        Raises:
+            TritonModelException: the final flag was already sent ("Unable to send
+                response. Response sender has been closed.", Triton's message), flags
+                other than 0 / FINAL, no response without the final flag, or
+                ``response`` is not an :class:`InferenceResponse`.
+        """
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException(f"Invalid flags for response sender: {flags}")
+        if response is None and not final:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is "
+                "set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"send() takes an InferenceResponse, got {type(response).__name__}"
+            )
+        with self._lock:
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed."
+                )
+            if final:
+                self._closed = True
+            self._transmit(response, final)
+
+    def is_cancelled(self) -> bool:
+        """True once the client went away or the request timed out (Triton's
+        ``response_sender.is_cancelled()``): stop and send the final flag."""
+        return self._cancelled()
+
+    def _close_with(self, response: InferenceResponse) -> bool:
+        """Send ``response`` as the final one unless the sender is closed already
+        (the worker's clean-up after ``execute`` raised). Returns whether it sent."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            self._transmit(response, True)
+            return True
 
 
 # --------------------------------------------------------------------------- lookups

@@ -40,9 +40,11 @@ waits for the matching :class:`~messages.BlsResult`; it works from ``execute``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import inspect
 import itertools
+import json
 import logging
 import os
 import signal
@@ -63,12 +65,14 @@ from pdserve.backends.python.messages import (
     Block,
     Bls,
     BlsResult,
+    CancelStream,
     Error,
     Exec,
     Frame,
     InitError,
     Message,
     Ready,
+    Respond,
     Result,
     Stop,
     TensorDesc,
@@ -123,6 +127,12 @@ class Worker:
         self.stopping = False
         self.eof = False
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: ``model_transaction_policy { decoupled: true }``: requests get response senders.
+        self.decoupled = _is_decoupled(init.model_config)
+        #: Decoupled requests whose final flag is not sent yet: (batch id, index) ->
+        #: True once the server cancelled it (:class:`~messages.CancelStream`).
+        self.streams: dict[tuple[int, int], bool] = {}
+        self.streams_lock = threading.Lock()
 
     # -- channel ----------------------------------------------------------------
 
@@ -208,6 +218,11 @@ class Worker:
         message = frame.message
         if isinstance(message, BlsResult):
             self._bls_result(message)
+        elif isinstance(message, CancelStream):
+            with self.streams_lock:
+                key = (message.batch_id, message.slot)
+                if key in self.streams:
+                    self.streams[key] = True
         elif isinstance(message, (Exec, Stop)):
             if isinstance(message, Stop):
                 self.stopping = True  # an end of file may follow at once
@@ -282,6 +297,9 @@ class Worker:
                     parameters=req.parameters,
                 )
             )
+        if self.decoupled:
+            self._run_decoupled(model, batch.batch_id, requests)
+            return
         try:
             responses = model.execute(requests)
             if inspect.isawaitable(responses):
@@ -315,6 +333,78 @@ class Worker:
         ]
         del requests, responses
         self.send(Result(batch.batch_id, results, None))
+
+    # -- decoupled ------------------------------------------------------------------
+
+    def _sender(self, batch_id: int, index: int, request: pb.InferenceRequest) -> Any:
+        """The response sender of one request of a decoupled model."""
+        key = (batch_id, index)
+        streams = self.streams
+
+        def transmit(response: pb.InferenceResponse | None, final: bool) -> None:
+            if final:
+                with self.streams_lock:
+                    cancelled = streams.pop(key, False)
+            else:
+                cancelled = streams.get(key, False)
+            if cancelled:  # the server no longer listens: drop it
+                return
+            outputs = None if response is None else self._encode_response(request, response)
+            self.send(Respond(batch_id, index, outputs, final))
+
+        def cancelled() -> bool:
+            if not streams.get(key, False):
+                self.read_available()  # a CancelStream may be waiting on the socket
+            return streams.get(key, False)
+
+        return pb.InferenceResponseSender(transmit, cancelled)
+
+    def _run_decoupled(self, model: Any, batch_id: int, requests: list[pb.InferenceRequest]) -> None:
+        """``execute`` of a decoupled model: responses go out through the senders
+        (:class:`~messages.Respond`); the :class:`~messages.Result` (no responses)
+        says that ``execute`` returned, so that the instance takes the next batch.
+
+        As Triton's python backend: ``execute`` must return None; when it raises or
+        returns something else, every request whose final flag was not sent yet gets
+        that error as its final response.
+        """
+        senders = []
+        with self.streams_lock:
+            for i in range(len(requests)):
+                self.streams[(batch_id, i)] = False
+        for i, request in enumerate(requests):
+            sender = self._sender(batch_id, i, request)
+            request._response_sender = sender
+            senders.append(sender)
+        error: Error | None = None
+        try:
+            returned = model.execute(requests)
+            if inspect.isawaitable(returned):
+                returned = self.run_coroutine(returned)
+            if returned is not None and not (isinstance(returned, list) and not returned):
+                raise pb.TritonModelException(
+                    "execute() of a decoupled model must return None (its responses go "
+                    f"through the response senders), got {type(returned).__name__}"
+                )
+        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the server
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            log.error(
+                "execute() of %s failed:\n%s", self.instance_name, traceback.format_exc().rstrip()
+            )
+            code = exc.code() if isinstance(exc, pb.TritonError) else pb.TritonError.INTERNAL
+            error = Error(
+                f"Failed to process the request(s) for model instance '{self.instance_name}', "
+                f"message: {_format_exception(exc)}",
+                code,
+            )
+        if error is not None:
+            response = pb.InferenceResponse([], error=pb.TritonError(error.message, error.code))
+            for sender in senders:
+                with contextlib.suppress(Exception):
+                    sender._close_with(response)
+        del requests, senders
+        self.send(Result(batch_id, [], None))
 
     def _encode_response(
         self, request: pb.InferenceRequest, response: Any
@@ -376,6 +466,15 @@ class Worker:
     def wait_bls(self, future: Future[Any]) -> None:
         """Block until a BLS future resolves (``exec()``), reading the socket meanwhile."""
         self.wait_until(future.done)
+
+
+def _is_decoupled(model_config: str) -> bool:
+    """Whether Triton's JSON model configuration asks for the decoupled policy."""
+    try:
+        policy = json.loads(model_config).get("model_transaction_policy") or {}
+    except (ValueError, AttributeError):
+        return False
+    return bool(policy.get("decoupled", False))
 
 
 def _model_args(init: WorkerInit) -> dict[str, str]:

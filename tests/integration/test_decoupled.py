@@ -1,0 +1,189 @@
+"""Decoupled models (issue 15 item 1): responses streamed over gRPC ``ModelStreamInfer``
+and HTTP ``generate`` / ``generate_stream`` (SSE), and the faults of such a model.
+
+The model ``tests/data/python_models/decoupled_repeat`` sends one response per element
+of ``IN``; its request parameter ``mode`` picks a fault (see its model.py). Every test
+talks to a real pdserve with a real client (tritonclient.grpc streams, httpx for SSE).
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import ServerProcess, start_server
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "python_models"
+MODEL = "decoupled_repeat"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("decoupled") / "models"
+    for name in (MODEL, "identity"):
+        shutil.copytree(DATA / name, repo / name)
+    proc = start_server(repo, repo.parent / "pdserve.log")
+    yield proc
+    proc.stop()
+
+
+def _inputs(values: list[int]) -> list[grpcclient.InferInput]:
+    inp = grpcclient.InferInput("IN", [len(values)], "INT32")
+    inp.set_data_from_numpy(np.array(values, dtype=np.int32))
+    return [inp]
+
+
+def stream(
+    server: ServerProcess,
+    values: list[int],
+    *,
+    empty_final: bool = True,
+    timeout_s: float = 30.0,
+    request_id: str = "r1",
+    **params: Any,
+) -> list[tuple[Any, Any]]:
+    """One request on a gRPC stream: every (result, error) until the final flag (with
+    ``empty_final``) or until ``timeout_s`` passes without a response."""
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    request_timeout = params.pop("timeout", None)
+    try:
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        client.async_stream_infer(
+            MODEL,
+            _inputs(values),
+            request_id=request_id,
+            parameters=params or None,
+            enable_empty_final_response=empty_final,
+            timeout=request_timeout,
+        )
+        items = []
+        while True:
+            try:
+                result, error = got.get(timeout=timeout_s)
+            except queue.Empty:
+                break
+            items.append((result, error))
+            if empty_final:
+                final = (
+                    result.get_response().parameters["triton_final_response"].bool_param
+                    if result is not None
+                    else False
+                )
+                if final or (error is not None and "Request timeout" in str(error)):
+                    break
+        return items
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def _final(result: Any) -> bool:
+    return result.get_response().parameters["triton_final_response"].bool_param
+
+
+def test_grpc_stream_repeats_each_element_then_empty_final(server: ServerProcess) -> None:
+    items = stream(server, [5, 6, 7])
+    assert [e for _, e in items] == [None] * 4
+    results = [r for r, _ in items]
+    assert [int(r.as_numpy("OUT")[0]) for r in results[:3]] == [5, 6, 7]
+    assert [int(r.as_numpy("IDX")[0]) for r in results[:3]] == [0, 1, 2]
+    assert [_final(r) for r in results] == [False, False, False, True]
+    empty = results[3].get_response()
+    assert len(empty.outputs) == 0 and empty.id == "r1" and empty.model_name == MODEL
+    assert all(r.get_response().id == "r1" for r in results)
+
+
+def test_grpc_stream_without_empty_final_sends_only_responses(server: ServerProcess) -> None:
+    items = stream(server, [1, 2], empty_final=False, timeout_s=3.0)
+    assert [int(r.as_numpy("OUT")[0]) for r, _ in items] == [1, 2]
+    assert "triton_final_response" not in items[0][0].get_response().parameters
+
+
+def test_grpc_final_flag_on_last_response(server: ServerProcess) -> None:
+    items = stream(server, [3, 4], final_alone=False)
+    results = [r for r, _ in items]
+    assert [int(r.as_numpy("OUT")[0]) for r in results] == [3, 4]
+    assert [_final(r) for r in results] == [False, True]
+
+
+def test_grpc_zero_responses_only_final(server: ServerProcess) -> None:
+    items = stream(server, [])
+    assert len(items) == 1 and items[0][1] is None
+    assert _final(items[0][0]) and len(items[0][0].get_response().outputs) == 0
+
+
+def test_grpc_responses_from_a_thread(server: ServerProcess) -> None:
+    items = stream(server, [9, 8, 7], mode="thread", delay_ms=20)
+    assert [int(r.as_numpy("OUT")[0]) for r, _ in items[:3]] == [9, 8, 7]
+    assert _final(items[-1][0])
+
+
+def test_grpc_model_raises_after_some_responses(server: ServerProcess) -> None:
+    items = stream(server, [1, 2], mode="raise_after")
+    assert [int(r.as_numpy("OUT")[0]) for r, _ in items[:2]] == [1, 2]
+    result, error = items[2]
+    assert result is None and "boom after 2 responses" in str(error)
+    assert "ValueError" in str(error)
+    assert len(items) == 3  # the error is the final outcome
+    # the worker survived
+    assert [int(r.as_numpy("OUT")[0]) for r, _ in stream(server, [4])[:1]] == [4]
+
+
+def test_send_after_final_raises_in_the_model(server: ServerProcess) -> None:
+    items = stream(server, [], mode="after_final")
+    assert len(items) == 1 and int(items[0][0].as_numpy("OUT")[0]) == 7
+    assert _final(items[0][0])
+    (result, error), *_ = stream(server, [], mode="last_error")
+    assert "Unable to send response. Response sender has been closed." in str(error)
+
+
+def test_never_final_is_bounded_by_the_request_timeout(server: ServerProcess) -> None:
+    start = time.monotonic()
+    items = stream(server, [1, 2], mode="never_final", timeout=1_500_000, timeout_s=20.0)
+    assert time.monotonic() - start < 15
+    assert [int(r.as_numpy("OUT")[0]) for r, _ in items[:2]] == [1, 2]
+    assert items[-1][0] is None and "Request timeout expired" in str(items[-1][1])
+    assert [int(r.as_numpy("OUT")[0]) for r, _ in stream(server, [3])[:1]] == [3]
+
+
+def test_undeclared_output_is_an_error(server: ServerProcess) -> None:
+    items = stream(server, [], mode="bad_output")
+    # the worker drops outputs nobody asked for (as Triton); the requested ones are missing
+    assert items[0][0] is None and "did not return requested output 'OUT'" in str(items[0][1])
+    assert len(items) == 1
+
+
+def test_plain_infer_on_decoupled_model_is_refused(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.http_url)
+    inp = httpclient.InferInput("IN", [1], "INT32")
+    inp.set_data_from_numpy(np.array([1], dtype=np.int32))
+    with pytest.raises(InferenceServerException) as err:
+        http.infer(MODEL, [inp])
+    assert err.value.status() == "501" and "decoupled" in err.value.message()
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as err:
+        grpc.infer(MODEL, _inputs([1]))
+    assert err.value.status() == "StatusCode.UNIMPLEMENTED" and "generate_stream" in str(err.value)
+
+
+def test_stream_to_a_normal_model_still_one_response(server: ServerProcess) -> None:
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
+    client.async_stream_infer("identity", [inp], request_id="n")
+    result, error = got.get(timeout=30)
+    client.stop_stream()
+    assert error is None and result.as_numpy("OUTPUT0").tolist() == [[0, 1, 2, 3]]
