@@ -554,8 +554,7 @@ class InferenceResponseSender:
             raise TritonModelException(f"Invalid flags for response sender: {flags}")
         if response is None and not final:
             raise TritonModelException(
-                "Inference Response object must be provided when the response flags is "
-                "set to zero."
+                "Inference Response object must be provided when the response flags is set to zero."
             )
         if response is not None and not isinstance(response, InferenceResponse):
             raise TritonModelException(

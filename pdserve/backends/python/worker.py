@@ -359,7 +359,9 @@ class Worker:
 
         return pb.InferenceResponseSender(transmit, cancelled)
 
-    def _run_decoupled(self, model: Any, batch_id: int, requests: list[pb.InferenceRequest]) -> None:
+    def _run_decoupled(
+        self, model: Any, batch_id: int, requests: list[pb.InferenceRequest]
+    ) -> None:
         """``execute`` of a decoupled model: responses go out through the senders
         (:class:`~messages.Respond`); the :class:`~messages.Result` (no responses)
         says that ``execute`` returned, so that the instance takes the next batch.

@@ -62,6 +62,7 @@ _EMPTY_FINAL_PARAM = "triton_enable_empty_final_response"
 #: Response parameter: this is the request's last response (Triton's name).
 _FINAL_PARAM = "triton_final_response"
 
+
 def grpc_status(error: InferError) -> grpc.StatusCode:
     """The gRPC status code for ``error``, from :data:`GRPC_STATUS`."""
     return GRPC_STATUS[error.code]

@@ -88,7 +88,9 @@ class TritonPythonModel:
             elif mode == "never_final":
                 self._stream(sender, values, delay, final_alone, final=False)
             elif mode == "until_cancelled":
-                t = threading.Thread(target=self._until_cancelled, args=(sender, delay), daemon=True)
+                t = threading.Thread(
+                    target=self._until_cancelled, args=(sender, delay), daemon=True
+                )
                 t.start()
             elif mode == "bad_output":
                 bad = pb_utils.InferenceResponse([pb_utils.Tensor("NOPE", np.zeros(1, np.int32))])
