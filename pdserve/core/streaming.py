@@ -112,8 +112,8 @@ class ResponseStream:
         stream with ``error`` and tell the backend (``on_cancel``)."""
         if self.closed:
             return
+        hook = self.on_cancel
         self._push(StreamItem(None, error, True))
-        hook, self.on_cancel = self.on_cancel, None
         if hook is not None:
             hook()
 

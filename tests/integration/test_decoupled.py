@@ -8,8 +8,11 @@ talks to a real pdserve with a real client (tritonclient.grpc streams, httpx for
 
 from __future__ import annotations
 
+import http.client
+import json
 import queue
 import shutil
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,3 +190,120 @@ def test_stream_to_a_normal_model_still_one_response(server: ServerProcess) -> N
     result, error = got.get(timeout=30)
     client.stop_stream()
     assert error is None and result.as_numpy("OUTPUT0").tolist() == [[0, 1, 2, 3]]
+
+
+# --------------------------------------------------------------------------- HTTP generate
+
+
+def _post(server: ServerProcess, path: str, doc: dict[str, Any]) -> http.client.HTTPResponse:
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    conn.request("POST", path, body=json.dumps(doc), headers={"content-type": "application/json"})
+    return conn.getresponse()
+
+
+def _events(resp: http.client.HTTPResponse) -> list[dict[str, Any]]:
+    """Every SSE ``data:`` event of a whole response body."""
+    body = resp.read().decode()
+    return [json.loads(chunk[6:]) for chunk in body.split("\n\n") if chunk.startswith("data: ")]
+
+
+def test_generate_stream_sends_one_sse_event_per_response(server: ServerProcess) -> None:
+    resp = _post(server, f"/v2/models/{MODEL}/generate_stream", {"IN": [5, 6, 7]})
+    assert resp.status == 200
+    assert resp.getheader("content-type") == "text/event-stream; charset=utf-8"
+    events = _events(resp)
+    assert events == [
+        {"model_name": MODEL, "model_version": "1", "OUT": v, "IDX": i}
+        for i, v in enumerate([5, 6, 7])
+    ]  # the empty final response sends no event
+
+
+def test_generate_answers_one_json_response(server: ServerProcess) -> None:
+    resp = _post(server, f"/v2/models/{MODEL}/versions/1/generate", {"IN": 4})
+    assert resp.status == 200 and resp.getheader("content-type") == "application/json"
+    assert json.loads(resp.read()) == {
+        "model_name": MODEL,
+        "model_version": "1",
+        "OUT": 4,
+        "IDX": 0,
+    }
+    # a model that is not decoupled answers through generate too
+    resp = _post(server, "/v2/models/identity/generate", {"INPUT0": [1.5, 2.5]})
+    doc = json.loads(resp.read())
+    assert resp.status == 200 and doc["OUTPUT0"] == [[1.5, 2.5]]
+
+
+def test_generate_stream_error_after_responses_is_an_event(server: ServerProcess) -> None:
+    resp = _post(
+        server,
+        f"/v2/models/{MODEL}/generate_stream",
+        {"IN": [1, 2], "parameters": {"mode": "raise_after"}},
+    )
+    assert resp.status == 200
+    events = _events(resp)
+    assert [e["OUT"] for e in events[:2]] == [1, 2]
+    assert "boom after 2 responses" in events[2]["error"] and len(events) == 3
+
+
+def test_generate_errors_before_the_first_response_have_a_status(server: ServerProcess) -> None:
+    resp = _post(server, "/v2/models/nope/generate_stream", {"IN": [1]})
+    assert resp.status == 404 and "error" in json.loads(resp.read())
+    resp = _post(server, f"/v2/models/{MODEL}/generate_stream", {"IN": [], "mode": "raise_after"})
+    assert resp.status == 500 and "boom after 0" in json.loads(resp.read())["error"]
+    resp = _post(server, f"/v2/models/{MODEL}/generate", {"IN": ["x"]})
+    assert resp.status == 400 and "INT32" in json.loads(resp.read())["error"]
+    resp = _post(
+        server,
+        f"/v2/models/{MODEL}/generate",
+        {"IN": [1], "mode": "never_final", "timeout": 500000},
+    )
+    assert resp.status == 503 and "Request timeout expired" in json.loads(resp.read())["error"]
+
+
+def test_sse_client_disconnect_mid_stream_cancels_the_request(server: ServerProcess) -> None:
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+    body = json.dumps({"IN": [0], "parameters": {"mode": "until_cancelled", "delay_ms": 20}})
+    sock.sendall(
+        f"POST /v2/models/{MODEL}/generate_stream HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+    )
+    received = b""
+    while received.count(b"data: ") < 3:
+        received += sock.recv(65536)
+    assert b" 200 " in received.split(b"\r\n")[0]
+    sock.close()  # mid-stream
+    deadline = time.monotonic() + 20
+    message = ""
+    while time.monotonic() < deadline:
+        message = (
+            _post(server, f"/v2/models/{MODEL}/generate", {"IN": [0], "mode": "last_error"})
+            .read()
+            .decode()
+        )
+        if "cancelled after" in message:
+            break
+        time.sleep(0.2)
+    assert "cancelled after" in message  # the model saw is_cancelled() and ended
+    assert [int(r.as_numpy("OUT")[0]) for r, _ in stream(server, [11])[:1]] == [11]
+
+
+def test_grpc_client_disconnect_mid_stream(server: ServerProcess) -> None:
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer(
+        MODEL, _inputs([0]), parameters={"mode": "until_cancelled", "delay_ms": 20}
+    )
+    for _ in range(3):
+        result, error = got.get(timeout=30)
+        assert error is None
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    deadline = time.monotonic() + 20
+    message = ""
+    while time.monotonic() < deadline and "cancelled after" not in message:
+        message = str(stream(server, [], mode="last_error")[0][1])
+        time.sleep(0.2)
+    assert "cancelled after" in message
+    # other requests and the worker carry on
+    assert [int(r.as_numpy("OUT")[0]) for r, _ in stream(server, [12, 13])[:2]] == [12, 13]
