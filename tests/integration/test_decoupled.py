@@ -307,3 +307,39 @@ def test_grpc_client_disconnect_mid_stream(server: ServerProcess) -> None:
     assert "cancelled after" in message
     # other requests and the worker carry on
     assert [int(r.as_numpy("OUT")[0]) for r, _ in stream(server, [12, 13])[:2]] == [12, 13]
+
+
+# --------------------------------------------------------------------------- the example
+
+
+def test_example_document_stream_sends_one_embedding_per_sentence(
+    example_server: ServerProcess,
+) -> None:
+    """examples/model_repository/document_stream: each sentence's embedding, in order,
+    equal to the text_embedding pipeline's for that sentence."""
+    doc = "Streaming is useful. Each sentence comes back alone!   Is this the last one?"
+    sentences = ["Streaming is useful.", "Each sentence comes back alone!", "Is this the last one?"]
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(example_server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    inp = grpcclient.InferInput("document", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([doc.encode()], dtype=object))
+    client.async_stream_infer("document_stream", [inp], enable_empty_final_response=True)
+    results = []
+    while True:
+        result, error = got.get(timeout=60)
+        assert error is None
+        if _final(result):
+            break
+        results.append(result)
+    client.stop_stream()
+    assert [r.as_numpy("sentence")[0].decode() for r in results] == sentences
+    assert [int(r.as_numpy("index")[0]) for r in results] == [0, 1, 2]
+    http = httpclient.InferenceServerClient(example_server.http_url)
+    for sentence, r in zip(sentences, results, strict=True):
+        emb = r.as_numpy("embedding")
+        assert emb.shape == (384,) and abs(float(np.linalg.norm(emb)) - 1.0) < 1e-4
+        text = httpclient.InferInput("text", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[sentence.encode()]], dtype=object))
+        direct = http.infer("text_embedding", [text]).as_numpy("embedding")[0]
+        np.testing.assert_allclose(emb, direct, atol=1e-5)
