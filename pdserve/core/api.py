@@ -207,6 +207,11 @@ class ModelRunner(Protocol):
         """
         ...
 
+    def infer_stream(self, request: InferRequest) -> AsyncGenerator[StreamResponse, None]:
+        """Every response of ``request`` as it comes (a BLS ``exec(decoupled=True)``);
+        see :meth:`InferenceCore.infer_stream`."""
+        ...
+
 
 @runtime_checkable
 class ModelHost(ModelRunner, Protocol):

@@ -33,7 +33,7 @@ MODEL = "decoupled_repeat"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("decoupled") / "models"
-    for name in (MODEL, "identity"):
+    for name in (MODEL, "identity", "decoupled_bls"):
         shutil.copytree(DATA / name, repo / name)
     proc = start_server(repo, repo.parent / "pdserve.log")
     yield proc
@@ -307,6 +307,31 @@ def test_grpc_client_disconnect_mid_stream(server: ServerProcess) -> None:
     assert "cancelled after" in message
     # other requests and the worker carry on
     assert [int(r.as_numpy("OUT")[0]) for r, _ in stream(server, [12, 13])[:2]] == [12, 13]
+
+
+# --------------------------------------------------------------------------- BLS
+
+
+def _bls(server: ServerProcess, values: list[int], mode: str = "repeat") -> Any:
+    http = httpclient.InferenceServerClient(server.http_url)
+    inp = httpclient.InferInput("IN", [len(values)], "INT32")
+    inp.set_data_from_numpy(np.array(values, dtype=np.int32))
+    return http.infer("decoupled_bls", [inp], parameters={"mode": mode})
+
+
+def test_bls_exec_decoupled_iterates_every_response(server: ServerProcess) -> None:
+    result = _bls(server, [4, 5, 6])
+    assert result.as_numpy("VALUES").tolist() == [4, 5, 6]
+    assert result.as_numpy("EMPTY").tolist() == [1]  # the empty final response, as Triton
+    result = _bls(server, [3], mode="thread")
+    assert result.as_numpy("VALUES").tolist() == [3]
+
+
+def test_bls_exec_decoupled_relays_the_targets_error(server: ServerProcess) -> None:
+    with pytest.raises(InferenceServerException) as err:
+        _bls(server, [1, 2], mode="raise_after")
+    assert "relayed:" in err.value.message() and "boom after 2 responses" in err.value.message()
+    assert _bls(server, [8]).as_numpy("VALUES").tolist() == [8]
 
 
 # --------------------------------------------------------------------------- the example

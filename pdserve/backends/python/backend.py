@@ -541,6 +541,9 @@ class WorkerConnection:
     async def _run_bls(self, call: Bls) -> None:
         """Run a BLS request from the worker through the server core, send the result."""
         call_id = call.call_id
+        if call.decoupled:
+            await self._run_bls_stream(call)
+            return
         try:
             if self.server is None:
                 raise internal("BLS is not available: the model has no server")
@@ -572,6 +575,52 @@ class WorkerConnection:
             log.exception("BLS call from %s failed", self.name)
             error = Error(f"{type(e).__name__}: {e}", ErrorCode.INTERNAL.value)
             self.send(BlsResult(call_id, None, error))
+
+    async def _run_bls_stream(self, call: Bls) -> None:
+        """A decoupled BLS call (``exec(decoupled=True)``): one :class:`BlsResult` per
+        response of the target, the last one ``final`` (``outputs={}`` for a final flag
+        sent alone, an error as the final answer)."""
+        call_id = call.call_id
+        final_sent = False
+        try:
+            if self.server is None:
+                raise internal("BLS is not available: the model has no server")
+            arrays = {
+                name: self.peer.read(desc, release=True) for name, desc in call.inputs.items()
+            }
+            request = InferRequest(
+                model_name=call.model_name,
+                model_version=call.version,
+                inputs=arrays,
+                outputs=[RequestedOutput(n) for n in call.output_names] or None,
+                id=call.request_id,
+                parameters=call.parameters,
+            )
+            del arrays
+            async with contextlib.aclosing(self.server.infer_stream(request)) as items:
+                async for item in items:
+                    if item.error is not None:
+                        error = Error(item.error.message, item.error.code.triton_code.value)
+                        self.send(BlsResult(call_id, None, error, item.final))
+                    else:
+                        outputs = item.response.outputs if item.response is not None else {}
+                        descs = {
+                            name: shm.write_tensor(arr, self.pool.alloc)
+                            for name, arr in outputs.items()
+                        }
+                        self.send(BlsResult(call_id, descs, None, item.final))
+                    final_sent = item.final
+        except asyncio.CancelledError:
+            raise
+        except InferError as e:
+            if not final_sent:
+                error = Error(e.message, e.code.triton_code.value)
+                self.send(BlsResult(call_id, None, error, True))
+        except Exception as e:  # a server fault still answers the worker
+            log.exception("decoupled BLS call from %s failed", self.name)
+            if not final_sent:
+                error = Error(f"{type(e).__name__}: {e}", ErrorCode.INTERNAL.value)
+                self.send(BlsResult(call_id, None, error, True))
 
     # -- stop -------------------------------------------------------------------
 

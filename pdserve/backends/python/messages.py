@@ -216,6 +216,9 @@ class Bls(NamedTuple):
     inputs: dict[str, TensorDesc]
     #: Outputs asked for (empty: all).
     output_names: list[str]
+    #: ``exec(decoupled=True)``: every response comes back (several :class:`BlsResult`,
+    #: the last one ``final``).
+    decoupled: bool = False
 
 
 class BlsResult(NamedTuple):
@@ -228,6 +231,9 @@ class BlsResult(NamedTuple):
     outputs: dict[str, TensorDesc] | None
     #: Why the call failed, or None.
     error: Error | None
+    #: The call's last answer (always, unless :attr:`Bls.decoupled`); a decoupled
+    #: call's final flag alone comes as ``outputs={}``.
+    final: bool = True
 
 
 class Stop(NamedTuple):
@@ -338,26 +344,36 @@ def _result_from(f: tuple[Any, ...]) -> Result:
 
 def _bls_to(m: Bls) -> tuple[Any, ...]:
     inputs = {name: tuple(desc) for name, desc in m.inputs.items()}
-    return (m.call_id, m.model_name, m.version, m.request_id, m.parameters, inputs, m.output_names)
+    return (
+        m.call_id,
+        m.model_name,
+        m.version,
+        m.request_id,
+        m.parameters,
+        inputs,
+        m.output_names,
+        m.decoupled,
+    )
 
 
 def _bls_from(f: tuple[Any, ...]) -> Bls:
     inputs = {name: _new(TensorDesc, desc) for name, desc in f[5].items()}
-    return _new(Bls, (f[0], f[1], f[2], f[3], f[4], inputs, f[6]))
+    return _new(Bls, (f[0], f[1], f[2], f[3], f[4], inputs, f[6], f[7]))
 
 
 def _bls_result_to(m: BlsResult) -> tuple[Any, ...]:
     outputs = None
     if m.outputs is not None:
         outputs = {name: tuple(desc) for name, desc in m.outputs.items()}
-    return (m.call_id, outputs, None if m.error is None else tuple(m.error))
+    return (m.call_id, outputs, None if m.error is None else tuple(m.error), m.final)
 
 
 def _bls_result_from(f: tuple[Any, ...]) -> BlsResult:
     outputs = None
     if f[1] is not None:
         outputs = {name: _new(TensorDesc, desc) for name, desc in f[1].items()}
-    return _new(BlsResult, (f[0], outputs, None if f[2] is None else _new(Error, f[2])))
+    error = None if f[2] is None else _new(Error, f[2])
+    return _new(BlsResult, (f[0], outputs, error, f[3]))
 
 
 def _respond_to(m: Respond) -> tuple[Any, ...]:

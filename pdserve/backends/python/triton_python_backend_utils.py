@@ -50,7 +50,7 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -322,6 +322,8 @@ class Tensor:
 _bls_submit: Callable[[InferenceRequest], Future[InferenceResponse]] | None = None
 #: Set by the worker: ``wait(future)`` blocks until it resolves (reading the channel).
 _bls_wait: Callable[[Future[Any]], None] | None = None
+#: Set by the worker: ``stream(request)`` -> iterator of every response (``exec(decoupled=True)``).
+_bls_stream: Callable[[InferenceRequest], Iterator[InferenceResponse]] | None = None
 
 
 class InferenceRequest:
@@ -427,15 +429,26 @@ class InferenceRequest:
             )
         return self._response_sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
+    def exec(self, decoupled: bool = False) -> Any:
         """Run this request on ``model_name`` and wait for the response (BLS).
 
         Errors of the target model come back as a response with an error (check
         :meth:`InferenceResponse.has_error`), as in Triton.
 
+        With ``decoupled=True`` (Triton's decoupled BLS): returns an iterator of the
+        target's responses as they come — a decoupled model's several ones, any other
+        model's one; the last one is empty (no output tensors) when the model sent its
+        final flag alone, as in Triton, so check ``len(r.output_tensors()) > 0``.
+
         Raises:
-            TritonModelException: decoupled BLS, or called outside a pdserve worker.
+            TritonModelException: called outside a pdserve worker.
         """
+        if decoupled:
+            if not self.model_name:
+                raise TritonModelException("a BLS InferenceRequest needs a model_name")
+            if _bls_stream is None:
+                raise TritonModelException("BLS is only available inside a pdserve python worker")
+            return _bls_stream(self)
         future = self._submit(decoupled)
         if _bls_wait is not None:
             _bls_wait(future)
@@ -445,14 +458,18 @@ class InferenceRequest:
         """Start this request on ``model_name``; await the result (BLS, ``async def execute``).
 
         Raises:
-            TritonModelException: decoupled BLS, or called outside a pdserve worker.
+            TritonModelException: ``decoupled=True`` (not supported by pdserve in
+                ``async_exec``: use ``exec(decoupled=True)``), or called outside a pdserve
+                worker.
         """
         future = self._submit(decoupled)
         return asyncio.wrap_future(future)
 
     def _submit(self, decoupled: bool) -> Future[InferenceResponse]:
         if decoupled:
-            raise TritonModelException("decoupled BLS requests are not supported by pdserve")
+            raise TritonModelException(
+                "async_exec(decoupled=True) is not supported by pdserve: use exec(decoupled=True)"
+            )
         if not self.model_name:
             raise TritonModelException("a BLS InferenceRequest needs a model_name")
         if _bls_submit is None:

@@ -124,6 +124,8 @@ class Worker:
         self.send_lock = threading.Lock()
         self.calls = itertools.count()
         self.bls_pending: dict[int, Future[pb.InferenceResponse]] = {}
+        #: ``exec(decoupled=True)`` calls: call id -> their iterator.
+        self.bls_streams: dict[int, BlsResponses] = {}
         self.stopping = False
         self.eof = False
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -259,10 +261,50 @@ class Worker:
             raise
         return future
 
+    def submit_bls_stream(self, request: pb.InferenceRequest) -> BlsResponses:
+        """Send a decoupled BLS request (``exec(decoupled=True)``): an iterator of its
+        responses, read as they come."""
+        call_id = next(self.calls)
+        responses = BlsResponses(self)
+        self.bls_streams[call_id] = responses
+        try:
+            arrays = {t.name(): t.as_numpy() for t in request.inputs()}
+            params = dict(request._parameters)
+            if request.timeout():
+                params.setdefault("timeout", request.timeout())
+            version = "" if request.model_version in (-1, None, "") else str(request.model_version)
+            self.send(
+                Bls(
+                    call_id=call_id,
+                    model_name=request.model_name,
+                    version=version,
+                    request_id=request.request_id(),
+                    parameters=params,
+                    inputs={name: self.write(array) for name, array in arrays.items()},
+                    output_names=list(request.requested_output_names()),
+                    decoupled=True,
+                )
+            )
+        except BaseException:
+            self.bls_streams.pop(call_id, None)
+            raise
+        return responses
+
     def _bls_result(self, message: BlsResult) -> None:
+        stream = self.bls_streams.get(message.call_id)
+        if stream is not None:
+            if message.final:
+                del self.bls_streams[message.call_id]
+            stream.items.append(self._bls_response(message))
+            if message.final:
+                stream.done = True
+            return
         future = self.bls_pending.pop(message.call_id, None)
         if future is None:
             return
+        future.set_result(self._bls_response(message))
+
+    def _bls_response(self, message: BlsResult) -> pb.InferenceResponse:
         error, outputs = message.error, message.outputs
         if error is not None or outputs is None:
             error = error or Error("BLS call answered without outputs", pb.TritonError.INTERNAL)
@@ -273,7 +315,7 @@ class Worker:
                 for name, desc in outputs.items()
             ]
             response = pb.InferenceResponse(tensors)
-        future.set_result(response)
+        return response
 
     # -- execute ------------------------------------------------------------------
 
@@ -470,6 +512,27 @@ class Worker:
         self.wait_until(future.done)
 
 
+class BlsResponses:
+    """The iterator ``exec(decoupled=True)`` returns: the target's responses in order,
+    the last one empty when the target sent its final flag alone (as in Triton).
+    Iterating blocks, reading the worker's channel, until the next response is in."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.items: deque[pb.InferenceResponse] = deque()
+        self.done = False
+
+    def __iter__(self) -> BlsResponses:
+        return self
+
+    def __next__(self) -> pb.InferenceResponse:
+        if not self.items and not self.done:
+            self.worker.wait_until(lambda: bool(self.items) or self.done)
+        if self.items:
+            return self.items.popleft()
+        raise StopIteration
+
+
 def _is_decoupled(model_config: str) -> bool:
     """Whether Triton's JSON model configuration asks for the decoupled policy."""
     try:
@@ -607,6 +670,7 @@ def worker_main(sock: socket.socket, init: WorkerInit) -> None:
     worker = Worker(sock, init)
     pb._bls_submit = worker.submit_bls
     pb._bls_wait = worker.wait_bls
+    pb._bls_stream = worker.submit_bls_stream
     try:
         if init.mode == "autocomplete":
             _autocomplete(worker)
