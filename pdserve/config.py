@@ -641,12 +641,16 @@ def _refuse_unserved_scheduling(cfg: ModelConfig, fail: Callable[[str, str], Non
     on every request. Triton serves both; here they fail to load with this reason
     until the streaming work implements them.
     """
-    if cfg.model_transaction_policy.decoupled and cfg.backend != PYTHON_BACKEND:
+    if (
+        cfg.model_transaction_policy.decoupled
+        and cfg.backend != PYTHON_BACKEND
+        and (cfg.platform != ENSEMBLE_PLATFORM)
+    ):
         fail(
             "model_transaction_policy.decoupled",
             "pdserve serves decoupled models (zero or several responses per request) "
-            "with the python backend only; set 'decoupled: false' or serve this model "
-            "with Triton",
+            "with the python backend only (and decoupled ensembles); set 'decoupled: false' "
+            "or serve this model with Triton",
         )
     if cfg.HasField("sequence_batching"):
         fail(

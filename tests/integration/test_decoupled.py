@@ -33,7 +33,7 @@ MODEL = "decoupled_repeat"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("decoupled") / "models"
-    for name in (MODEL, "identity", "decoupled_bls"):
+    for name in (MODEL, "identity", "decoupled_bls", "double_int", "decoupled_ens"):
         shutil.copytree(DATA / name, repo / name)
     proc = start_server(repo, repo.parent / "pdserve.log")
     yield proc
@@ -332,6 +332,41 @@ def test_bls_exec_decoupled_relays_the_targets_error(server: ServerProcess) -> N
         _bls(server, [1, 2], mode="raise_after")
     assert "relayed:" in err.value.message() and "boom after 2 responses" in err.value.message()
     assert _bls(server, [8]).as_numpy("VALUES").tolist() == [8]
+
+
+# --------------------------------------------------------------------------- ensembles
+
+
+def test_decoupled_ensemble_feeds_each_response_downstream(server: ServerProcess) -> None:
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer(
+        "decoupled_ens", _inputs([3, 4, 5]), request_id="e", enable_empty_final_response=True
+    )
+    items = []
+    while True:
+        result, error = got.get(timeout=30)
+        assert error is None
+        items.append(result)
+        if _final(result):
+            break
+    client.stop_stream()
+    assert [int(r.as_numpy("Y")[0]) for r in items[:3]] == [6, 8, 10]
+    assert [int(r.as_numpy("IDX")[0]) for r in items[:3]] == [0, 1, 2]
+    assert len(items) == 4 and len(items[3].get_response().outputs) == 0
+    assert all(r.get_response().model_name == "decoupled_ens" for r in items)
+
+
+def test_decoupled_ensemble_step_error_ends_the_stream(server: ServerProcess) -> None:
+    resp = _post(
+        server,
+        "/v2/models/decoupled_ens/generate_stream",
+        {"IN": [1, 2], "parameters": {"mode": "raise_after"}},
+    )
+    events = _events(resp)
+    assert [e["Y"] for e in events[:2]] == [2, 4]
+    assert "boom after 2 responses" in events[2]["error"] and len(events) == 3
 
 
 # --------------------------------------------------------------------------- the example
