@@ -24,9 +24,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ServerProcess, start_server
+from tests.conftest import ServerProcess, copy_models, start_server
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "python_models"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MODEL = "decoupled_repeat"
 
 
@@ -372,15 +373,32 @@ def test_decoupled_ensemble_step_error_ends_the_stream(server: ServerProcess) ->
 # --------------------------------------------------------------------------- the example
 
 
+@pytest.fixture(scope="module")
+def document_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The text pipeline of the example repository plus the document_stream example from
+    its source folder (examples/pipelines/; build_pipelines.py installs it too)."""
+    repo = copy_models(
+        tmp_path_factory.mktemp("document_stream") / "models",
+        "text_embedding",
+        "tokenize",
+        "minilm",
+        "pool",
+    )
+    shutil.copytree(EXAMPLES / "pipelines" / "document_stream", repo / "document_stream")
+    proc = start_server(repo, repo.parent / "pdserve.log")
+    yield proc
+    proc.stop()
+
+
 def test_example_document_stream_sends_one_embedding_per_sentence(
-    example_server: ServerProcess,
+    document_server: ServerProcess,
 ) -> None:
-    """examples/model_repository/document_stream: each sentence's embedding, in order,
-    equal to the text_embedding pipeline's for that sentence."""
+    """examples/pipelines/document_stream: each sentence's embedding, in order, equal to
+    the text_embedding pipeline's for that sentence."""
     doc = "Streaming is useful. Each sentence comes back alone!   Is this the last one?"
     sentences = ["Streaming is useful.", "Each sentence comes back alone!", "Is this the last one?"]
     got: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    client = grpcclient.InferenceServerClient(example_server.grpc_url)
+    client = grpcclient.InferenceServerClient(document_server.grpc_url)
     client.start_stream(callback=lambda result, error: got.put((result, error)))
     inp = grpcclient.InferInput("document", [1], "BYTES")
     inp.set_data_from_numpy(np.array([doc.encode()], dtype=object))
@@ -395,7 +413,7 @@ def test_example_document_stream_sends_one_embedding_per_sentence(
     client.stop_stream()
     assert [r.as_numpy("sentence")[0].decode() for r in results] == sentences
     assert [int(r.as_numpy("index")[0]) for r in results] == [0, 1, 2]
-    http = httpclient.InferenceServerClient(example_server.http_url)
+    http = httpclient.InferenceServerClient(document_server.http_url)
     for sentence, r in zip(sentences, results, strict=True):
         emb = r.as_numpy("embedding")
         assert emb.shape == (384,) and abs(float(np.linalg.norm(emb)) - 1.0) < 1e-4
