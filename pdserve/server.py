@@ -432,6 +432,8 @@ class InferenceServer:
                 stream.put_converted(response.outputs, final=True)
 
         task.add_done_callback(done)
+        _STREAM_TASKS.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(_STREAM_TASKS.discard)
         try:
             while True:
                 item = await stream.next(deadline)
@@ -584,6 +586,11 @@ class InferenceServer:
             WarmupError: a configured sample failed; the version does not serve.
         """
         await run_warmup(mv)
+
+
+#: The running ``infer`` tasks of :meth:`InferenceServer.infer_stream` (kept alive until done:
+#: a request's task may outlive the iterator that started it).
+_STREAM_TASKS: set[asyncio.Task[InferResponse]] = set()
 
 
 def _stream_response(
