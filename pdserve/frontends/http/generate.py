@@ -89,7 +89,7 @@ def generate_request(
                 arr = np.array(_to_bytes(value), dtype=object)
             else:
                 arr = np.array(value, dtype=v2_to_numpy(datatype))
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError) as e:
             raise invalid_arg(
                 f"generate request: input '{key}' does not convert to {datatype}: {e}"
             ) from None
