@@ -68,6 +68,7 @@ MODELS = (
     "minilm",
     "pool",
     "text_embedding",
+    "document_stream",
 )
 
 #: The test photos: name -> (package, path inside it).

@@ -493,8 +493,8 @@ def validate_config(
     more than :func:`max_instance_count` instances in all); an output's
     ``label_filename`` exists (relative to the model folder); an ensemble has
     ``ensemble_scheduling`` with steps, no backend and no instance groups, and
-    only an ensemble has ``ensemble_scheduling``. Beyond Triton's rules: no
-    decoupled transaction policy, which pdserve cannot serve yet (Triton can);
+    only an ensemble has ``ensemble_scheduling``. Beyond Triton's rules: the
+    decoupled transaction policy only with the python backend (and ensembles);
     ``sequence_batching`` as :func:`_validate_sequence_batching` says.
 
     Run it after auto-complete, as Triton does. With ``complete=False`` the
@@ -643,16 +643,21 @@ def _refuse_unserved_scheduling(cfg: ModelConfig, fail: Callable[[str, str], Non
     """Refuse what pdserve cannot serve yet rather than serve it wrongly.
 
     A decoupled model (``model_transaction_policy { decoupled: true }``) sends zero or
-    several responses per request through a response sender; pdserve answers each
-    request once, so such a model would load READY and then fail on every request.
-    Triton serves it; here it fails to load with this reason until the streaming work
-    implements it. (``sequence_batching`` is served: :func:`_validate_sequence_batching`.)
+    several responses per request through a response sender; pdserve streams them for
+    python-backend models (and decoupled ensembles) only, so a decoupled model of
+    another backend fails to load with this reason (Triton serves it).
+    (``sequence_batching`` is served: :func:`_validate_sequence_batching`.)
     """
-    if cfg.model_transaction_policy.decoupled:
+    if (
+        cfg.model_transaction_policy.decoupled
+        and cfg.backend != PYTHON_BACKEND
+        and (cfg.platform != ENSEMBLE_PLATFORM)
+    ):
         fail(
             "model_transaction_policy.decoupled",
-            "decoupled models (zero or several responses per request) are not supported "
-            "by pdserve yet; set 'decoupled: false' or serve this model with Triton",
+            "pdserve serves decoupled models (zero or several responses per request) "
+            "with the python backend only (and decoupled ensembles); set 'decoupled: false' "
+            "or serve this model with Triton",
         )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncGenerator, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,8 @@ from pdserve import __version__
 from pdserve.config import ENSEMBLE_PLATFORM, ConfigError, parse_config_override
 from pdserve.core import tracing
 from pdserve.core.cancel import CANCELED, arm_cancellation, run_cancellable, token_of
-from pdserve.core.errors import InferError, client_gone, internal, unavailable
+from pdserve.core.errors import ErrorCode, InferError, client_gone, internal, unavailable
+from pdserve.core.streaming import ResponseStream, StreamItem, StreamRequired, StreamResponse
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.observability.stats import NOT_QUEUED
 from pdserve.repository.breaker import BreakerBoard, is_failure
@@ -352,6 +353,8 @@ class InferenceServer:
         self, mv: ModelVersion, request: InferRequest, stats: ModelStats
     ) -> InferResponse:
         """:meth:`_infer_on` past the circuit breaker: prepare, schedule, finish."""
+        if mv.decoupled:
+            return await self._infer_decoupled(mv, request, stats)
         # Triton counts a failure once a request has passed its checks and was queued
         # (see record_failure); a request refused before that counts nowhere.
         exec_req = mv.prepare(request)
@@ -422,6 +425,120 @@ class InferenceServer:
                 mv.name, ref.parent_id, start, time.monotonic_ns(), attributes, ref.span_id
             )
         return response
+
+    async def _infer_decoupled(
+        self, mv: ModelVersion, request: InferRequest, stats: ModelStats
+    ) -> InferResponse:
+        """A request to a decoupled model: its responses go into ``request.stream``;
+        returns (an empty response) once the final one is in.
+
+        Raises:
+            InferError(UNSUPPORTED): the request has no stream (``/infer``, ``ModelInfer``,
+                a non-decoupled BLS call), as Triton refuses it.
+            InferError: as :meth:`infer_on`, or the stream's final error.
+        """
+        from pdserve.backends.base import ExecRequest
+
+        stream: ResponseStream | None = request.stream
+        if stream is None:
+            raise StreamRequired(
+                f"model '{mv.name}' uses the decoupled transaction policy (zero or several "
+                "responses per request): call it through gRPC ModelStreamInfer or HTTP "
+                f"/v2/models/{mv.name}/generate_stream (or /generate)",
+                ErrorCode.UNSUPPORTED,
+                reason=NOT_QUEUED,
+            )
+        exec_req = mv.prepare(request)
+        # each response is checked against the configuration as a whole result would be
+        checked = ExecRequest({}, list(exec_req.output_names), request, exec_req.batch_size)
+        check = mv.output_check.check
+        finish = mv.finish_outputs
+
+        def convert(outputs: dict[str, Any]) -> Any:
+            result = check(checked, outputs)
+            return result if isinstance(result, InferError) else finish(request, result)
+
+        stream.convert = convert
+        stream.model = (mv.name, mv.version_str)
+        mv.begin()
+        try:
+            try:
+                await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
+                await asyncio.shield(stream.finished)
+            except InferError as e:
+                if e.reason != NOT_QUEUED:
+                    stats.record_failure(time.monotonic_ns() - request.arrival_ns, e.reason)
+                raise
+            except asyncio.CancelledError:
+                stats.record_failure(time.monotonic_ns() - request.arrival_ns, "CANCELED")
+                raise
+            except Exception as e:
+                log.exception("request to %s failed", mv.name)
+                stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
+                raise internal(f"{type(e).__name__}: {e}") from e
+            stats.record_success(
+                exec_req.batch_size,
+                time.monotonic_ns() - request.arrival_ns,
+                exec_req.queue_ns,
+                exec_req.compute_ns,
+            )
+        finally:
+            mv.end()
+        return InferResponse(mv.name, mv.version_str, {}, request.id)
+
+    async def infer_stream(self, request: InferRequest) -> AsyncGenerator[StreamResponse, None]:
+        """Run one request and yield its responses as they come (Triton's decoupled
+        semantics, docs/user_guide/decoupled_models.md).
+
+        A decoupled model yields each response it sends; the last item has
+        ``final=True`` (its ``response`` None when the model sent the final flag
+        alone). Any other model yields its one response, final. A failure is a final
+        item with ``error`` set: the request's ``timeout`` parameter (µs from arrival)
+        bounds the whole stream ("Request timeout expired", ``UNAVAILABLE``). Closing
+        the iterator early (the client went away) tells the model
+        (``response_sender.is_cancelled()``) and ends the request.
+
+        Use it as ``async with contextlib.aclosing(server.infer_stream(r)) as items``.
+        """
+        loop = asyncio.get_running_loop()
+        stream = ResponseStream()
+        request.stream = stream
+        deadline: float | None = None
+        timeout = request.parameters.get("timeout")
+        if isinstance(timeout, int) and not isinstance(timeout, bool) and timeout > 0:
+            elapsed = (time.monotonic_ns() - request.arrival_ns) / 1e9
+            deadline = loop.time() + timeout / 1e6 - elapsed
+        task = loop.create_task(self.infer(request))
+
+        def done(t: asyncio.Task[InferResponse]) -> None:
+            if t.cancelled():
+                stream.fail(unavailable("the request was cancelled"))
+                return
+            error = t.exception()
+            if error is not None:
+                if not isinstance(error, InferError):
+                    error = internal(f"{type(error).__name__}: {error}")
+                stream.fail(error)
+            elif not stream.closed:  # a model that is not decoupled: its one response
+                response = t.result()
+                stream.model = (response.model_name, response.model_version)
+                stream.put_converted(response.outputs, final=True)
+
+        task.add_done_callback(done)
+        _STREAM_TASKS.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(_STREAM_TASKS.discard)
+        try:
+            while True:
+                item = await stream.next(deadline)
+                if item is None:  # the request's timeout passed: end it (Triton's message)
+                    stream.cancel(unavailable("Request timeout expired"))
+                    continue
+                yield _stream_response(stream, request, item)
+                if item.final:
+                    return
+        finally:
+            if not stream.closed:
+                stream.cancel(InferError("the client went away", ErrorCode.CLIENT_GONE, "CANCELED"))
 
     async def _infer_cached(
         self, cache: AnyResponseCache, mv: ModelVersion, exec_req: ExecRequest
@@ -593,6 +710,21 @@ class InferenceServer:
             WarmupError: a configured sample failed; the version does not serve.
         """
         await run_warmup(mv)
+
+
+#: The running ``infer`` tasks of :meth:`InferenceServer.infer_stream` (kept alive until done:
+#: a request's task may outlive the iterator that started it).
+_STREAM_TASKS: set[asyncio.Task[InferResponse]] = set()
+
+
+def _stream_response(
+    stream: ResponseStream, request: InferRequest, item: StreamItem
+) -> StreamResponse:
+    """A :class:`StreamResponse` for the frontends from a stream's item."""
+    response = None
+    if item.outputs is not None:
+        response = InferResponse(stream.model[0], stream.model[1], item.outputs, request.id)
+    return StreamResponse(response, item.error, item.final, stream.model)
 
 
 if TYPE_CHECKING:  # mypy checks that InferenceServer implements every core protocol

@@ -27,12 +27,14 @@ for type checking only: at run time this module imports nothing but
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pdserve.core.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
     from pdserve.cache import AnyResponseCache
+    from pdserve.core.streaming import StreamResponse
     from pdserve.observability.stats import ModelStats
     from pdserve.repository.manager import ModelManager
     from pdserve.repository.model import ModelVersion
@@ -92,6 +94,13 @@ class InferenceCore(Protocol):
             InferError: 404 unknown model/version, 400 bad inputs, 503 unavailable,
                 500 the model failed.
         """
+        ...
+
+    def infer_stream(self, request: InferRequest) -> AsyncGenerator[StreamResponse, None]:
+        """Run one request and yield its responses as they come: a decoupled model's
+        several responses, the last one ``final`` (Triton's decoupled semantics); any
+        other model's one response. Errors are items with ``error`` set (never raised).
+        Close the iterator (``contextlib.aclosing``) when the client goes away."""
         ...
 
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
@@ -194,6 +203,11 @@ class ModelRunner(Protocol):
         Raises:
             InferError: 400 bad inputs, 503 unavailable, 500 the model failed.
         """
+        ...
+
+    def infer_stream(self, request: InferRequest) -> AsyncGenerator[StreamResponse, None]:
+        """Every response of ``request`` as it comes (a BLS ``exec(decoupled=True)``);
+        see :meth:`InferenceCore.infer_stream`."""
         ...
 
 

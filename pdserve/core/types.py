@@ -59,6 +59,8 @@ class InferRequest:
             codec read them (name -> ``pdserve.frontends.shared_memory.ShmInput``);
             the frontend copies them into ``inputs`` before the request goes on.
             ``None``: none.
+        stream: the :class:`~pdserve.core.streaming.ResponseStream` of a request to a
+            decoupled model (set by ``InferenceServer.infer_stream``); None: one response.
     """
 
     model_name: str
@@ -74,6 +76,7 @@ class InferRequest:
     traceparent: str | bytes | None = None
     trace: Any = None
     shm_inputs: dict[str, Any] | None = None
+    stream: Any = None
 
 
 @dataclass(slots=True)

@@ -87,6 +87,9 @@ class ModelVersion:
         self.platform = platform
         self.backend = backend
         self.max_batch_size = cfg.max_batch_size
+        #: ``model_transaction_policy { decoupled: true }``: streamed responses only
+        #: (``InferenceServer.infer_stream``).
+        self.decoupled = bool(cfg.model_transaction_policy.decoupled)
         self.inputs: dict[str, IOSpec] = {}
         for i in cfg.input:
             self.inputs[i.name] = IOSpec(

@@ -42,8 +42,9 @@ ensemble itself has no instances and no instance limit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -438,6 +439,8 @@ class EnsembleScheduler(Scheduler):
             InferError: the first failing step's error, unchanged; 503 when a step
                 model is not available any more.
         """
+        if request.request.stream is not None:
+            return await self._submit_decoupled(request)
         start = time.monotonic_ns()
         plan = self.plan
         tensors: dict[str, np.ndarray] = dict(request.inputs)
@@ -486,6 +489,87 @@ class EnsembleScheduler(Scheduler):
         if isinstance(result, InferError):
             raise result
         return result
+
+    async def _submit_decoupled(self, request: ExecRequest) -> dict[str, np.ndarray]:
+        """A decoupled ensemble (``model_transaction_policy { decoupled: true }``), as
+        Triton runs one: each response of a decoupled step feeds the steps after it on
+        its own, and every set of tensors that reaches the ensemble's outputs is one
+        response into ``request.request.stream``; the final flag follows once every
+        branch is done. Steps run one after the other along each branch.
+
+        Raises:
+            InferError: the first failing step's error (the responses sent before it
+                stay sent; the stream ends with this error).
+        """
+        start = time.monotonic_ns()
+        plan = self.plan
+        stream = request.request.stream
+        wanted = request.output_names or plan.outputs
+
+        async def expand(tensors: dict[str, np.ndarray], todo: frozenset[int]) -> None:
+            if todo and is_cancelled(request):
+                raise client_gone(
+                    f"request was cancelled: the client went away (ensemble '{plan.name}' "
+                    "stopped between steps)"
+                )
+            ready = [i for i in sorted(todo) if plan.steps[i].reads.issubset(tensors)]
+            if not ready:
+                missing = [n for n in wanted if n not in tensors]
+                if missing or todo:
+                    raise internal(
+                        f"ensemble '{plan.name}' could not produce {missing or sorted(todo)}"
+                    )
+                if not stream.closed:
+                    stream.put({n: tensors[n] for n in wanted}, final=False)
+                return
+            step = plan.steps[ready[0]]
+            rest = todo - {ready[0]}
+            async for outputs in self._step_responses(step, tensors, request):
+                branch = dict(tensors)
+                for model_out, tensor in step.output_map.items():
+                    if model_out in outputs:
+                        branch[tensor] = outputs[model_out]
+                await expand(branch, rest)
+
+        await expand(dict(request.inputs), frozenset(plan.steps_for(wanted)))
+        request.compute_ns = time.monotonic_ns() - start
+        stream.put(None, final=True)
+        return {}
+
+    async def _step_responses(
+        self, step: EnsembleStep, tensors: dict[str, np.ndarray], parent: ExecRequest
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """The outputs of each response of one step: one for a step model that is not
+        decoupled, each non-empty one of a decoupled step model."""
+        server = self.server
+        if server is None:  # unreachable: an ensemble loads only when its steps were found
+            raise internal(f"ensemble '{self.plan.name}' has no server to run its steps")
+        try:
+            mv = server.model_version(step.model_name, step.model_version)
+        except InferError as e:
+            raise unavailable(
+                f"ensemble '{self.plan.name}': step model '{step.model_name}' is not "
+                f"available: {e.message}"
+            ) from None
+        if not mv.decoupled:
+            yield await self._run_step(step, tensors, parent)
+            return
+        origin = parent.request
+        sub = InferRequest(
+            model_name=step.model_name,
+            model_version=mv.version_str,
+            inputs={m: tensors[t] for m, t in step.input_map.items() if t in tensors},
+            outputs=[RequestedOutput(name) for name in step.output_map],
+            id=origin.id,
+            parameters=_step_parameters(origin.parameters),
+            cancelled=origin.cancelled,
+        )
+        async with contextlib.aclosing(server.infer_stream(sub)) as items:
+            async for item in items:
+                if item.error is not None:
+                    raise item.error
+                if item.response is not None:
+                    yield item.response.outputs
 
     async def _run_step(
         self, step: EnsembleStep, tensors: dict[str, np.ndarray], parent: ExecRequest

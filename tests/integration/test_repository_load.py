@@ -351,24 +351,13 @@ def test_override_errors_name_the_override(env) -> None:
     assert client.is_model_ready("identity")
 
 
-@pytest.mark.parametrize(
-    ("model", "field"),
-    [
-        ("decoupled", "model_transaction_policy.decoupled"),
-        ("decoupled_auto", "model_transaction_policy.decoupled"),
-    ],
-)
-def test_unserved_scheduling_fails_to_load(env, model: str, field: str) -> None:
-    server, repo, _ = env
+@pytest.mark.parametrize("model", ["decoupled", "decoupled_auto"])
+def test_decoupled_python_models_load(env, model: str) -> None:
+    """Decoupled python models are served (streaming: tests/integration/test_decoupled.py)."""
+    server, _, _ = env
     client = httpclient.InferenceServerClient(server.http_url)
-    assert not client.is_model_ready(model)
-    row = next(r for r in client.get_model_repository_index() if r["name"] == model)
-    assert row["state"] == "UNAVAILABLE"
-    assert field in row["reason"] and "not supported by pdserve yet" in row["reason"]
-    assert str(repo) not in row["reason"]
-    with pytest.raises(InferenceServerException) as err:
-        client.load_model(model)
-    assert err.value.status() == "400" and field in err.value.message()
+    assert client.is_model_ready(model)
+    assert client.get_model_config(model)["model_transaction_policy"]["decoupled"] is True
 
 
 def test_override_adding_sequence_batching_is_refused(env) -> None:

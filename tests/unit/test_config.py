@@ -233,7 +233,7 @@ def test_validate_accepts_valid(tmp_path: Path) -> None:
         (
             "model_transaction_policy { decoupled: true }",
             "model_transaction_policy.decoupled",
-            "not supported by pdserve yet",
+            "python backend only",
         ),
         (
             "sequence_batching { iterative_sequence: true }",

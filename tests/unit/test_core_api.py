@@ -70,8 +70,8 @@ def test_methods_have_the_protocols_signatures(protocol: type) -> None:
 
 
 def test_protocol_members() -> None:
-    assert _members(api.ModelRunner) == ["infer_on", "model_version"]
-    assert _members(api.ModelHost) == ["infer_on", "model_version", "warmup"]
+    assert _members(api.ModelRunner) == ["infer_on", "infer_stream", "model_version"]
+    assert _members(api.ModelHost) == ["infer_on", "infer_stream", "model_version", "warmup"]
     assert _members(api.MetricsSource) == [
         "memory_report",
         "response_cache",
@@ -79,6 +79,7 @@ def test_protocol_members() -> None:
     ]
     assert _members(api.RepositoryHost) == ["live", "manager", "started"]
     assert "started" in _members(api.InferenceCore)
+    assert "infer_stream" in _members(api.InferenceCore)
     assert "manager" not in _members(api.InferenceCore)
 
 

@@ -38,8 +38,15 @@ MESSAGES: list[Any] = [
     m.Bls(4, "m", "2", "", {}, {}, []),
     m.BlsResult(3, {"PIXELS": IMAGE}, None),
     m.BlsResult(4, None, m.Error("model 'x' is not found", ErrorCode.NOT_FOUND.value)),
+    m.Bls(5, "stream", "", "", {}, {"IN": SMALL}, [], True),
+    m.BlsResult(5, {"OUT": SMALL}, None, False),
+    m.BlsResult(5, {}, None, True),
     m.Stop(),
     m.Cancel(3, 1),
+    m.Respond(2, 0, {"OUT": SMALL, "T": TEXT}, False),
+    m.Respond(2, 1, m.Error("boom", ErrorCode.INTERNAL.value), True),
+    m.Respond(2, 2, None, True),
+    m.CancelStream(2, 1),
 ]
 
 CONTROLS = [

@@ -93,6 +93,7 @@ from pdserve.backends.python.messages import (
     Bls,
     BlsResult,
     Cancel,
+    CancelStream,
     Error,
     Exec,
     Frame,
@@ -100,6 +101,7 @@ from pdserve.backends.python.messages import (
     Message,
     Ready,
     Request,
+    Respond,
     Result,
     Stop,
     TensorDesc,
@@ -109,6 +111,7 @@ from pdserve.core import tracing
 from pdserve.core.api import ModelRunner
 from pdserve.core.cancel import CancelToken, parse_timeout_us, token_of
 from pdserve.core.errors import ErrorCode, InferError, internal, unavailable
+from pdserve.core.streaming import ResponseStream
 from pdserve.core.tracing import TraceRef
 from pdserve.core.types import InferRequest, RequestedOutput
 
@@ -221,6 +224,9 @@ class WorkerConnection:
         self.batch_tokens: list[CancelToken | None] = []
         self.stopping = False
         self._bls_tasks: set[asyncio.Task[None]] = set()
+        #: Open decoupled requests: (batch id, index) -> their stream and the check
+        #: of each response's outputs.
+        self.streams: dict[tuple[int, int], tuple[ResponseStream, Any]] = {}
         self._out: deque[list[Any]] = deque()  # [memoryview, fds, arenas]
         self._writing = False
         sock.setblocking(False)
@@ -358,6 +364,8 @@ class WorkerConnection:
                 self.batch = None
                 if not future.done():
                     future.set_result(message)
+        elif isinstance(message, Respond):
+            self._respond(message)
         elif isinstance(message, Bls):
             task = self.loop.create_task(self._run_bls(message))
             self._bls_tasks.add(task)
@@ -412,6 +420,9 @@ class WorkerConnection:
                 fut.exception()  # only a caller that waits on it cares
         for task in list(self._bls_tasks):
             task.cancel()
+        streams, self.streams = self.streams, {}
+        for stream, _ in streams.values():
+            stream.fail(error.fresh())
         self._close_resources()
         if not self.died.done():
             self.died.set_result(description)
@@ -441,8 +452,14 @@ class WorkerConnection:
 
     # -- work -------------------------------------------------------------------
 
-    async def run_batch(self, batch: list[ExecRequest]) -> Result:
+    async def run_batch(
+        self, batch: list[ExecRequest], streams: list[tuple[ResponseStream, Any]] | None = None
+    ) -> Result:
         """Send a batch, wait for the worker's :class:`Result` (raw descriptors).
+
+        Args:
+            streams: a decoupled model's batch: each request's stream and response
+                check (:meth:`_respond` feeds them, also after the Result).
 
         Raises:
             InferError(INTERNAL): the worker died before answering.
@@ -469,6 +486,9 @@ class WorkerConnection:
                 traceparent = ref.trace.traceparent(exec_id)
             reqs.append(Request(r.request.id, params, inputs, list(r.output_names), traceparent))
         batch_id = next(self.batch_ids)
+        if streams is not None:
+            for index, entry in enumerate(streams):
+                self._open_stream(batch_id, index, entry)
         future: asyncio.Future[Result] = self.loop.create_future()
         self.batch = (batch_id, future)
         tracing.mark_input_end()
@@ -536,6 +556,48 @@ class WorkerConnection:
                 begin, end = result.exec_ns
                 trace.add("execute", hop_id, max(begin, sent), min(end, received), None, exec_id)
 
+    # -- decoupled ----------------------------------------------------------------
+
+    def _open_stream(self, batch_id: int, index: int, entry: tuple[ResponseStream, Any]) -> None:
+        key = (batch_id, index)
+        stream = entry[0]
+        self.streams[key] = entry
+
+        def cancel() -> None:  # the client went away or the request timed out
+            if self.streams.pop(key, None) is not None:
+                self.send(CancelStream(batch_id, index))
+
+        if stream.closed:  # cancelled while it waited for this instance
+            cancel()
+        else:
+            stream.on_cancel = cancel
+
+    def _respond(self, message: Respond) -> None:
+        """One response of a decoupled request: into its stream (dropped, its blocks
+        released, when nobody listens any more)."""
+        key = (message.batch_id, message.slot)
+        entry = self.streams.get(key)
+        out = message.outputs
+        outputs = None
+        if type(out) is dict:
+            outputs = self.read_outputs(out)  # released when the views are gone
+        if entry is None:
+            return
+        stream, check = entry
+        if message.final:
+            del self.streams[key]
+        if isinstance(out, Error):
+            error = InferError(out.message, ErrorCode.from_triton(out.code), reason="BACKEND")
+            stream.fail(error, final=message.final)
+            return
+        if outputs is not None:
+            checked = check(outputs)
+            if isinstance(checked, InferError):
+                stream.fail(checked, final=message.final)
+                return
+            outputs = checked
+        stream.put(outputs, message.final)
+
     def read_outputs(self, outputs: dict[str, TensorDesc]) -> dict[str, np.ndarray]:
         """Views of a result's output tensors (released when garbage-collected)."""
         return {name: self.peer.read(desc, release=True) for name, desc in outputs.items()}
@@ -544,6 +606,10 @@ class WorkerConnection:
         """Run a BLS request from the worker through the server core, send the result."""
         call_id = call.call_id
         token: CancelToken | None = None
+
+        if call.decoupled:
+            await self._run_bls_stream(call)
+            return
         try:
             if self.server is None:
                 raise internal("BLS is not available: the model has no server")
@@ -595,6 +661,52 @@ class WorkerConnection:
         finally:
             if token is not None:
                 token.finish()
+
+    async def _run_bls_stream(self, call: Bls) -> None:
+        """A decoupled BLS call (``exec(decoupled=True)``): one :class:`BlsResult` per
+        response of the target, the last one ``final`` (``outputs={}`` for a final flag
+        sent alone, an error as the final answer)."""
+        call_id = call.call_id
+        final_sent = False
+        try:
+            if self.server is None:
+                raise internal("BLS is not available: the model has no server")
+            arrays = {
+                name: self.peer.read(desc, release=True) for name, desc in call.inputs.items()
+            }
+            request = InferRequest(
+                model_name=call.model_name,
+                model_version=call.version,
+                inputs=arrays,
+                outputs=[RequestedOutput(n) for n in call.output_names] or None,
+                id=call.request_id,
+                parameters=call.parameters,
+            )
+            del arrays
+            async with contextlib.aclosing(self.server.infer_stream(request)) as items:
+                async for item in items:
+                    if item.error is not None:
+                        error = Error(item.error.message, item.error.code.triton_code.value)
+                        self.send(BlsResult(call_id, None, error, item.final))
+                    else:
+                        outputs = item.response.outputs if item.response is not None else {}
+                        descs = {
+                            name: shm.write_tensor(arr, self.pool.alloc)
+                            for name, arr in outputs.items()
+                        }
+                        self.send(BlsResult(call_id, descs, None, item.final))
+                    final_sent = item.final
+        except asyncio.CancelledError:
+            raise
+        except InferError as e:
+            if not final_sent:
+                error = Error(e.message, e.code.triton_code.value)
+                self.send(BlsResult(call_id, None, error, True))
+        except Exception as e:  # a server fault still answers the worker
+            log.exception("decoupled BLS call from %s failed", self.name)
+            if not final_sent:
+                error = Error(f"{type(e).__name__}: {e}", ErrorCode.INTERNAL.value)
+                self.send(BlsResult(call_id, None, error, True))
 
     # -- stop -------------------------------------------------------------------
 
@@ -841,6 +953,8 @@ class PythonInstance(ModelInstance):
         for st in spec.config.sequence_batching.state:  # implicit state: the batcher keeps it
             self._out_types[st.output_name] = cfgmod.datatype_of(st)
 
+        self._decoupled = bool(spec.config.model_transaction_policy.decoupled)
+
     async def start(self) -> None:
         """Start the worker and wait for ``initialize`` to finish.
 
@@ -947,6 +1061,8 @@ class PythonInstance(ModelInstance):
 
     async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
         """Run ``batch`` in the worker: one ``execute(requests)`` call, one result each."""
+        if self._decoupled:
+            return await self._execute_decoupled(batch)
         conn = await self._connection()
         result = await conn.run_batch(batch)
         if result.error is not None or result.responses is None:
@@ -965,6 +1081,43 @@ class PythonInstance(ModelInstance):
             outputs = conn.read_outputs(response)
             out.append(self._check_outputs(request, outputs))
         return out
+
+    async def _execute_decoupled(self, batch: list[ExecRequest]) -> list[ExecResult]:
+        """A decoupled model's batch: the responses go into each request's
+        ``request.stream`` as the worker sends them; returns once ``execute`` returned
+        (the instance is free again), with an empty result per request.
+
+        Raises:
+            InferError(INTERNAL): a request without a stream (the core refuses those).
+        """
+        streams: list[tuple[ResponseStream, Any]] = []
+        for r in batch:
+            stream = r.request.stream
+            if stream is None:
+                raise internal("a request to a decoupled model needs a response stream")
+            streams.append((stream, self._check_names))
+        conn = await self._connection()
+        result = await conn.run_batch(batch, streams)
+        if result.error is not None:  # not sent by a live worker; kept for safety
+            error = InferError(
+                result.error.message, ErrorCode.from_triton(result.error.code), reason="BACKEND"
+            )
+            for stream, _ in streams:
+                stream.fail(error.fresh())
+        for r in batch:
+            r.output_names = []  # the responses were checked one by one, in the stream
+        return [{} for _ in batch]
+
+    def _check_names(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | InferError:
+        """Outputs of one streamed response must be declared (the core checks that the
+        requested ones are there, their datatypes and shapes)."""
+        for name in outputs:
+            if name not in self._out_types:
+                return internal(
+                    f"python model '{self.spec.name}' returned output '{name}', which its "
+                    f"model configuration does not declare"
+                )
+        return outputs
 
     def _check_outputs(
         self, request: ExecRequest, outputs: dict[str, np.ndarray]

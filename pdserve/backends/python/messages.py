@@ -6,9 +6,10 @@ crosses the worker's socket. Every frame (:func:`pdserve.backends.python.shm.enc
 carries one message and the :class:`ArenaControl` that rides along with it.
 
 Server -> worker: :class:`Exec` (a batch to run), :class:`BlsResult` (the answer to a
-worker's :class:`Bls`), :class:`Stop`. Worker -> server: :class:`Ready` or
+worker's :class:`Bls`), :class:`CancelStream`, :class:`Stop`. Worker -> server: :class:`Ready` or
 :class:`InitError` (after ``initialize``), :class:`Result` (the answer to an
-:class:`Exec`), :class:`Bls`, :class:`AutoCompleteResult`. :class:`WorkerInit` is the
+:class:`Exec`), :class:`Bls`, :class:`AutoCompleteResult`, :class:`Respond` (a decoupled model's
+responses). :class:`WorkerInit` is the
 worker's start-up data, passed as the process's argument.
 
 Records are ``NamedTuple`` s (attribute access, checked by mypy). On the wire they
@@ -224,6 +225,9 @@ class Bls(NamedTuple):
     #: The ``traceparent`` of the request's trace context (``trace=request.trace()``),
     #: "" when the call is not traced.
     trace: str = ""
+    #: ``exec(decoupled=True)``: every response comes back (several :class:`BlsResult`,
+    #: the last one ``final``).
+    decoupled: bool = False
 
 
 class BlsResult(NamedTuple):
@@ -236,6 +240,9 @@ class BlsResult(NamedTuple):
     outputs: dict[str, TensorDesc] | None
     #: Why the call failed, or None.
     error: Error | None
+    #: The call's last answer (always, unless :attr:`Bls.decoupled`); a decoupled
+    #: call's final flag alone comes as ``outputs={}``.
+    final: bool = True
 
 
 class Stop(NamedTuple):
@@ -253,8 +260,45 @@ class Cancel(NamedTuple):
     position: int
 
 
+class Respond(NamedTuple):
+    """Worker -> server: one response of a decoupled model
+    (``response_sender.send(response, flags)``), from ``execute`` or any thread."""
+
+    #: The :attr:`Exec.batch_id` of the request's batch.
+    batch_id: int
+    #: The request's index in that batch.
+    slot: int
+    #: Output tensors by name (in the worker's arenas), the response's :class:`Error`,
+    #: or None: no response, only the flag (``send(flags=FINAL)``).
+    outputs: dict[str, TensorDesc] | Error | None
+    #: ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` was set: the request's last message.
+    final: bool
+
+
+class CancelStream(NamedTuple):
+    """Server -> worker: the server no longer wants responses to this decoupled
+    request (client gone, timeout): its sender is closed and ``is_cancelled()`` is True."""
+
+    #: The :attr:`Exec.batch_id` of the request's batch.
+    batch_id: int
+    #: The request's index in that batch.
+    slot: int
+
+
 #: Every message a frame may carry.
-Message = Ready | InitError | AutoCompleteResult | Exec | Result | Bls | BlsResult | Stop | Cancel
+Message = (
+    Ready
+    | InitError
+    | AutoCompleteResult
+    | Exec
+    | Result
+    | Bls
+    | BlsResult
+    | Stop
+    | Cancel
+    | Respond
+    | CancelStream
+)
 
 
 class Frame(NamedTuple):
@@ -330,26 +374,47 @@ def _bls_to(m: Bls) -> tuple[Any, ...]:
         inputs,
         m.output_names,
         m.trace,
+        m.decoupled,
     )
 
 
 def _bls_from(f: tuple[Any, ...]) -> Bls:
     inputs = {name: _new(TensorDesc, desc) for name, desc in f[5].items()}
-    return _new(Bls, (f[0], f[1], f[2], f[3], f[4], inputs, f[6], f[7]))
+    return _new(Bls, (f[0], f[1], f[2], f[3], f[4], inputs, f[6], f[7], f[8]))
 
 
 def _bls_result_to(m: BlsResult) -> tuple[Any, ...]:
     outputs = None
     if m.outputs is not None:
         outputs = {name: tuple(desc) for name, desc in m.outputs.items()}
-    return (m.call_id, outputs, None if m.error is None else tuple(m.error))
+    return (m.call_id, outputs, None if m.error is None else tuple(m.error), m.final)
 
 
 def _bls_result_from(f: tuple[Any, ...]) -> BlsResult:
     outputs = None
     if f[1] is not None:
         outputs = {name: _new(TensorDesc, desc) for name, desc in f[1].items()}
-    return _new(BlsResult, (f[0], outputs, None if f[2] is None else _new(Error, f[2])))
+    error = None if f[2] is None else _new(Error, f[2])
+    return _new(BlsResult, (f[0], outputs, error, f[3]))
+
+
+def _respond_to(m: Respond) -> tuple[Any, ...]:
+    out = m.outputs
+    if type(out) is dict:
+        wire: Any = {name: tuple(desc) for name, desc in out.items()}
+    else:
+        wire = None if out is None else ("error", tuple(out))
+    return (m.batch_id, m.slot, wire, m.final)
+
+
+def _respond_from(f: tuple[Any, ...]) -> Respond:
+    wire = f[2]
+    out: dict[str, TensorDesc] | Error | None = None
+    if type(wire) is dict:
+        out = {name: _new(TensorDesc, desc) for name, desc in wire.items()}
+    elif wire is not None:
+        out = _new(Error, wire[1])
+    return _new(Respond, (f[0], f[1], out, f[3]))
 
 
 def _flat(cls: type[Any]) -> tuple[Callable[[Any], tuple[Any, ...]], Callable[[Any], Any]]:
@@ -368,6 +433,8 @@ _KINDS: list[tuple[type[Any], Callable[[Any], tuple[Any, ...]], Callable[[Any], 
     (AutoCompleteResult, *_flat(AutoCompleteResult)),
     (Stop, *_flat(Stop)),
     (Cancel, *_flat(Cancel)),
+    (Respond, _respond_to, _respond_from),
+    (CancelStream, *_flat(CancelStream)),
 ]
 _TAG: dict[type[Any], int] = {cls: tag for tag, (cls, _, _) in enumerate(_KINDS)}
 _TO = [to for _, to, _ in _KINDS]

@@ -33,8 +33,14 @@ code of ``TritonError(message)``, as in Triton — 500). So a model reports a ba
 as ``pb_utils.TritonError(msg, pb_utils.TritonError.INVALID_ARG)``. A failed BLS call
 gives the model the code of the error (``CANCELLED`` when the client went away).
 
-Not supported: decoupled models (``get_response_sender``), GPU tensors, custom
-metrics.
+Decoupled models (``model_transaction_policy { decoupled: true }``): each request of
+``execute`` has a response sender (:meth:`InferenceRequest.get_response_sender`,
+:class:`InferenceResponseSender`) that sends any number of responses, from ``execute``
+or from threads the model starts, the last one (or an empty one) with
+``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL``; ``execute`` returns None. As in Triton,
+a send after the final flag raises :class:`TritonModelException`.
+
+Not supported: GPU tensors, custom metrics.
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ import asyncio
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -315,6 +322,8 @@ class Tensor:
 _bls_submit: Callable[[InferenceRequest], Future[InferenceResponse]] | None = None
 #: Set by the worker: ``wait(future)`` blocks until it resolves (reading the channel).
 _bls_wait: Callable[[Future[Any]], None] | None = None
+#: Set by the worker: ``stream(request)`` -> iterator of every response (``exec(decoupled=True)``).
+_bls_stream: Callable[[InferenceRequest], Iterator[InferenceResponse]] | None = None
 
 
 class InferenceTrace:
@@ -490,23 +499,44 @@ class InferenceRequest:
         probe = self._cancel_probe
         return bool(probe is not None and probe())
 
-    def get_response_sender(self) -> Any:
-        """Decoupled models are not supported by pdserve.
+    #: Set by the worker on the requests of a decoupled model's ``execute``.
+    _response_sender: InferenceResponseSender | None = None
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        """The sender of this request's responses (decoupled models).
 
         Raises:
-            TritonModelException: always.
+            TritonModelException: the model is not decoupled (pdserve answers a
+                non-decoupled request with the list ``execute`` returns), or this is
+                a BLS request built by the model.
         """
-        raise TritonModelException("decoupled models (response senders) are not supported")
+        if self._response_sender is None:
+            raise TritonModelException(
+                "get_response_sender() is only available for the requests of a decoupled "
+                "model (model_transaction_policy { decoupled: true }) in pdserve"
+            )
+        return self._response_sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
+    def exec(self, decoupled: bool = False) -> Any:
         """Run this request on ``model_name`` and wait for the response (BLS).
 
         Errors of the target model come back as a response with an error (check
         :meth:`InferenceResponse.has_error`), as in Triton.
 
+        With ``decoupled=True`` (Triton's decoupled BLS): returns an iterator of the
+        target's responses as they come — a decoupled model's several ones, any other
+        model's one; the last one is empty (no output tensors) when the model sent its
+        final flag alone, as in Triton, so check ``len(r.output_tensors()) > 0``.
+
         Raises:
-            TritonModelException: decoupled BLS, or called outside a pdserve worker.
+            TritonModelException: called outside a pdserve worker.
         """
+        if decoupled:
+            if not self.model_name:
+                raise TritonModelException("a BLS InferenceRequest needs a model_name")
+            if _bls_stream is None:
+                raise TritonModelException("BLS is only available inside a pdserve python worker")
+            return _bls_stream(self)
         future = self._submit(decoupled)
         if _bls_wait is not None:
             _bls_wait(future)
@@ -516,14 +546,18 @@ class InferenceRequest:
         """Start this request on ``model_name``; await the result (BLS, ``async def execute``).
 
         Raises:
-            TritonModelException: decoupled BLS, or called outside a pdserve worker.
+            TritonModelException: ``decoupled=True`` (not supported by pdserve in
+                ``async_exec``: use ``exec(decoupled=True)``), or called outside a pdserve
+                worker.
         """
         future = self._submit(decoupled)
         return asyncio.wrap_future(future)
 
     def _submit(self, decoupled: bool) -> Future[InferenceResponse]:
         if decoupled:
-            raise TritonModelException("decoupled BLS requests are not supported by pdserve")
+            raise TritonModelException(
+                "async_exec(decoupled=True) is not supported by pdserve: use exec(decoupled=True)"
+            )
         if not self.model_name:
             raise TritonModelException("a BLS InferenceRequest needs a model_name")
         if _bls_submit is None:
@@ -583,6 +617,77 @@ class InferenceResponse:
     def parameters(self) -> str:
         """Response parameters as a JSON string."""
         return json.dumps(self._parameters)
+
+
+class InferenceResponseSender:
+    """Sends the responses of one request of a decoupled model (Triton's
+    ``ResponseSender``, python_backend ``src/response_sender.cc``).
+
+    Thread-safe: ``execute`` may hand it to a thread that sends later.
+
+    Args:
+        transmit: sends one response (None: only the final flag) and whether it is
+            final to the server (the worker's channel).
+        cancelled: True once the server no longer wants responses (client gone,
+            request timeout).
+    """
+
+    def __init__(
+        self,
+        transmit: Callable[[InferenceResponse | None, bool], None],
+        cancelled: Callable[[], bool],
+    ) -> None:
+        self._transmit = transmit
+        self._cancelled = cancelled
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        """Send ``response``; ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` marks the
+        request's last one (``response`` may then be None: an empty final).
+
+        Once the request is cancelled (``is_cancelled()``), responses are dropped.
+
+        Raises:
+            TritonModelException: the final flag was already sent ("Unable to send
+                response. Response sender has been closed.", Triton's message), flags
+                other than 0 / FINAL, no response without the final flag, or
+                ``response`` is not an :class:`InferenceResponse`.
+        """
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException(f"Invalid flags for response sender: {flags}")
+        if response is None and not final:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"send() takes an InferenceResponse, got {type(response).__name__}"
+            )
+        with self._lock:
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed."
+                )
+            if final:
+                self._closed = True
+            self._transmit(response, final)
+
+    def is_cancelled(self) -> bool:
+        """True once the client went away or the request timed out (Triton's
+        ``response_sender.is_cancelled()``): stop and send the final flag."""
+        return self._cancelled()
+
+    def _close_with(self, response: InferenceResponse) -> bool:
+        """Send ``response`` as the final one unless the sender is closed already
+        (the worker's clean-up after ``execute`` raised). Returns whether it sent."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            self._transmit(response, True)
+            return True
 
 
 # --------------------------------------------------------------------------- lookups

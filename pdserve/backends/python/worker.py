@@ -40,10 +40,12 @@ waits for the matching :class:`~messages.BlsResult`; it works from ``execute``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.util
 import inspect
 import itertools
+import json
 import logging
 import os
 import signal
@@ -66,12 +68,14 @@ from pdserve.backends.python.messages import (
     Bls,
     BlsResult,
     Cancel,
+    CancelStream,
     Error,
     Exec,
     Frame,
     InitError,
     Message,
     Ready,
+    Respond,
     Result,
     Stop,
     TensorDesc,
@@ -123,11 +127,19 @@ class Worker:
         self.send_lock = threading.Lock()
         self.calls = itertools.count()
         self.bls_pending: dict[int, Future[pb.InferenceResponse]] = {}
+        #: ``exec(decoupled=True)`` calls: call id -> their iterator.
+        self.bls_streams: dict[int, BlsResponses] = {}
         self.stopping = False
         self.eof = False
         self.loop: asyncio.AbstractEventLoop | None = None
         #: (batch id, index) of the requests the server cancelled (:class:`Cancel`).
         self.cancelled: set[tuple[int, int]] = set()
+        #: ``model_transaction_policy { decoupled: true }``: requests get response senders.
+        self.decoupled = _is_decoupled(init.model_config)
+        #: Decoupled requests whose final flag is not sent yet: (batch id, index) ->
+        #: True once the server cancelled it (:class:`~messages.CancelStream`).
+        self.streams: dict[tuple[int, int], bool] = {}
+        self.streams_lock = threading.Lock()
 
     # -- channel ----------------------------------------------------------------
 
@@ -215,6 +227,11 @@ class Worker:
             self._bls_result(message)
         elif isinstance(message, Cancel):
             self.cancelled.add((message.batch_id, message.position))
+        elif isinstance(message, CancelStream):
+            with self.streams_lock:
+                key = (message.batch_id, message.slot)
+                if key in self.streams:
+                    self.streams[key] = True
         elif isinstance(message, (Exec, Stop)):
             if isinstance(message, Stop):
                 self.stopping = True  # an end of file may follow at once
@@ -252,10 +269,50 @@ class Worker:
             raise
         return future
 
+    def submit_bls_stream(self, request: pb.InferenceRequest) -> BlsResponses:
+        """Send a decoupled BLS request (``exec(decoupled=True)``): an iterator of its
+        responses, read as they come."""
+        call_id = next(self.calls)
+        responses = BlsResponses(self)
+        self.bls_streams[call_id] = responses
+        try:
+            arrays = {t.name(): t.as_numpy() for t in request.inputs()}
+            params = dict(request._parameters)
+            if request.timeout():
+                params.setdefault("timeout", request.timeout())
+            version = "" if request.model_version in (-1, None, "") else str(request.model_version)
+            self.send(
+                Bls(
+                    call_id=call_id,
+                    model_name=request.model_name,
+                    version=version,
+                    request_id=request.request_id(),
+                    parameters=params,
+                    inputs={name: self.write(array) for name, array in arrays.items()},
+                    output_names=list(request.requested_output_names()),
+                    decoupled=True,
+                )
+            )
+        except BaseException:
+            self.bls_streams.pop(call_id, None)
+            raise
+        return responses
+
     def _bls_result(self, message: BlsResult) -> None:
+        stream = self.bls_streams.get(message.call_id)
+        if stream is not None:
+            if message.final:
+                del self.bls_streams[message.call_id]
+            stream.items.append(self._bls_response(message))
+            if message.final:
+                stream.done = True
+            return
         future = self.bls_pending.pop(message.call_id, None)
         if future is None:
             return
+        future.set_result(self._bls_response(message))
+
+    def _bls_response(self, message: BlsResult) -> pb.InferenceResponse:
         error, outputs = message.error, message.outputs
         if error is not None or outputs is None:
             error = error or Error("BLS call answered without outputs", pb.TritonError.INTERNAL)
@@ -266,7 +323,7 @@ class Worker:
                 for name, desc in outputs.items()
             ]
             response = pb.InferenceResponse(tensors)
-        future.set_result(response)
+        return response
 
     def is_cancelled(self, batch_id: int, index: int) -> bool:
         """``request.is_cancelled()`` of request ``index`` of batch ``batch_id``: reads
@@ -301,6 +358,9 @@ class Worker:
                 )
             )
             requests[-1]._cancel_probe = functools.partial(self.is_cancelled, batch.batch_id, index)
+        if self.decoupled:
+            self._run_decoupled(model, batch.batch_id, requests)
+            return
         exec_start = time.monotonic_ns()
         try:
             responses = model.execute(requests)
@@ -345,6 +405,80 @@ class Worker:
         :class:`Cancel` may cross the batch's :class:`Result`)."""
         if self.cancelled:
             self.cancelled = {k for k in self.cancelled if k[0] > batch.batch_id}
+
+    # -- decoupled ------------------------------------------------------------------
+
+    def _sender(self, batch_id: int, index: int, request: pb.InferenceRequest) -> Any:
+        """The response sender of one request of a decoupled model."""
+        key = (batch_id, index)
+        streams = self.streams
+
+        def transmit(response: pb.InferenceResponse | None, final: bool) -> None:
+            if final:
+                with self.streams_lock:
+                    cancelled = streams.pop(key, False)
+            else:
+                cancelled = streams.get(key, False)
+            if cancelled:  # the server no longer listens: drop it
+                return
+            outputs = None if response is None else self._encode_response(request, response)
+            self.send(Respond(batch_id, index, outputs, final))
+
+        def cancelled() -> bool:
+            if not streams.get(key, False):
+                self.read_available()  # a CancelStream may be waiting on the socket
+            return streams.get(key, False)
+
+        return pb.InferenceResponseSender(transmit, cancelled)
+
+    def _run_decoupled(
+        self, model: Any, batch_id: int, requests: list[pb.InferenceRequest]
+    ) -> None:
+        """``execute`` of a decoupled model: responses go out through the senders
+        (:class:`~messages.Respond`); the :class:`~messages.Result` (no responses)
+        says that ``execute`` returned, so that the instance takes the next batch.
+
+        As Triton's python backend: ``execute`` must return None; when it raises or
+        returns something else, every request whose final flag was not sent yet gets
+        that error as its final response.
+        """
+        senders = []
+        with self.streams_lock:
+            for i in range(len(requests)):
+                self.streams[(batch_id, i)] = False
+        for i, request in enumerate(requests):
+            sender = self._sender(batch_id, i, request)
+            request._response_sender = sender
+            senders.append(sender)
+        error: Error | None = None
+        try:
+            returned = model.execute(requests)
+            if inspect.isawaitable(returned):
+                returned = self.run_coroutine(returned)
+            if returned is not None and not (isinstance(returned, list) and not returned):
+                raise pb.TritonModelException(
+                    "execute() of a decoupled model must return None (its responses go "
+                    f"through the response senders), got {type(returned).__name__}"
+                )
+        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the server
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            log.error(
+                "execute() of %s failed:\n%s", self.instance_name, traceback.format_exc().rstrip()
+            )
+            code = exc.code() if isinstance(exc, pb.TritonError) else pb.TritonError.INTERNAL
+            error = Error(
+                f"Failed to process the request(s) for model instance '{self.instance_name}', "
+                f"message: {_format_exception(exc)}",
+                code,
+            )
+        if error is not None:
+            response = pb.InferenceResponse([], error=pb.TritonError(error.message, error.code))
+            for sender in senders:
+                with contextlib.suppress(Exception):
+                    sender._close_with(response)
+        del requests, senders
+        self.send(Result(batch_id, [], None))
 
     def _encode_response(
         self, request: pb.InferenceRequest, response: Any
@@ -406,6 +540,36 @@ class Worker:
     def wait_bls(self, future: Future[Any]) -> None:
         """Block until a BLS future resolves (``exec()``), reading the socket meanwhile."""
         self.wait_until(future.done)
+
+
+class BlsResponses:
+    """The iterator ``exec(decoupled=True)`` returns: the target's responses in order,
+    the last one empty when the target sent its final flag alone (as in Triton).
+    Iterating blocks, reading the worker's channel, until the next response is in."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.items: deque[pb.InferenceResponse] = deque()
+        self.done = False
+
+    def __iter__(self) -> BlsResponses:
+        return self
+
+    def __next__(self) -> pb.InferenceResponse:
+        if not self.items and not self.done:
+            self.worker.wait_until(lambda: bool(self.items) or self.done)
+        if self.items:
+            return self.items.popleft()
+        raise StopIteration
+
+
+def _is_decoupled(model_config: str) -> bool:
+    """Whether Triton's JSON model configuration asks for the decoupled policy."""
+    try:
+        policy = json.loads(model_config).get("model_transaction_policy") or {}
+    except (ValueError, AttributeError):
+        return False
+    return bool(policy.get("decoupled", False))
 
 
 def _model_args(init: WorkerInit) -> dict[str, str]:
@@ -536,6 +700,7 @@ def worker_main(sock: socket.socket, init: WorkerInit) -> None:
     worker = Worker(sock, init)
     pb._bls_submit = worker.submit_bls
     pb._bls_wait = worker.wait_bls
+    pb._bls_stream = worker.submit_bls_stream
     try:
         if init.mode == "autocomplete":
             _autocomplete(worker)

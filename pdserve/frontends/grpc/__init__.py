@@ -8,8 +8,8 @@ HTTP frontend this is a thin adapter: wire messages <-> :class:`~pdserve.core.ty
 ``InferenceServer``.
 
 RPCs: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig,
-ModelInfer, ModelStreamInfer (one response per request; decoupled models are not
-streamed), ModelStatistics, RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload.
+ModelInfer, ModelStreamInfer (one response per request; a decoupled model's responses
+streamed as they come), ModelStatistics, RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload.
 The shared-memory, trace and log-settings RPCs answer UNIMPLEMENTED.
 
 Tensor data, as Triton's gRPC frontend accepts and sends it:

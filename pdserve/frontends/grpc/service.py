@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -18,6 +19,7 @@ from pdserve.config import config_from_json
 from pdserve.core.api import InferenceCore
 from pdserve.core.cancel import CancelToken
 from pdserve.core.errors import ErrorCode, InferError, client_gone, unavailable
+from pdserve.core.streaming import StreamRequired
 from pdserve.core.types import InferRequest
 from pdserve.frontends.grpc.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -60,6 +62,13 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
+
+
+#: Request parameter asking for Triton's empty final responses (tritonclient's
+#: ``async_stream_infer(..., enable_empty_final_response=True)``).
+_EMPTY_FINAL_PARAM = "triton_enable_empty_final_response"
+#: Response parameter: this is the request's last response (Triton's name).
+_FINAL_PARAM = "triton_final_response"
 
 
 def grpc_status(error: InferError) -> grpc.StatusCode:
@@ -409,11 +418,15 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 _traffic_metadata(req, context)
                 req.traceparent = traceparent
                 shm_outputs = shm_output_names(req) if req.outputs else None
-                if req.shm_inputs is None and shm_outputs is None:
-                    resp = await encode_off_loop(await self.server.infer(req))
-                else:
-                    result = await infer_with_shm(self.shm, req, self.server.infer, shm_outputs)
-                    resp = await encode_off_loop(result, shm_outputs)
+                try:
+                    if req.shm_inputs is None and shm_outputs is None:
+                        resp = await encode_off_loop(await self.server.infer(req))
+                    else:
+                        result = await infer_with_shm(self.shm, req, self.server.infer, shm_outputs)
+                        resp = await encode_off_loop(result, shm_outputs)
+                except StreamRequired:  # a decoupled model: its responses as they come
+                    await self._stream_decoupled(req, request.id, done)
+                    return
                 msg = service_pb2.ModelStreamInferResponse(infer_response=resp)
                 msg = self._fit_stream_response(msg, request.id)
             except InferError as e:
@@ -508,6 +521,42 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryStatus = _cuda_unsupported
     CudaSharedMemoryRegister = _cuda_unsupported
     CudaSharedMemoryUnregister = _cuda_unsupported
+
+    async def _stream_decoupled(
+        self,
+        req: InferRequest,
+        request_id: str,
+        done: asyncio.Queue[service_pb2.ModelStreamInferResponse | None],
+    ) -> None:
+        """Send the responses of one request to a decoupled model on the stream, as
+        Triton's stream handler does: each response as it comes, an error as an
+        ``error_message`` response; with the request parameter
+        ``triton_enable_empty_final_response`` (tritonclient's
+        ``enable_empty_final_response=True``) every response carries the parameter
+        ``triton_final_response`` and a final flag sent alone becomes an empty response;
+        without it such an empty final is not sent."""
+        flag = req.parameters.get(_EMPTY_FINAL_PARAM)
+        enable_empty = flag is True or (isinstance(flag, str) and flag.lower() == "true")
+        async with contextlib.aclosing(self.server.infer_stream(req)) as items:
+            async for item in items:
+                if item.error is not None:
+                    msg = service_pb2.ModelStreamInferResponse(error_message=item.error.message)
+                elif item.response is not None:
+                    resp = await encode_off_loop(item.response)
+                    msg = service_pb2.ModelStreamInferResponse(infer_response=resp)
+                    msg = self._fit_stream_response(msg, request_id)
+                elif enable_empty:
+                    msg = service_pb2.ModelStreamInferResponse()
+                else:
+                    continue
+                infer_response = msg.infer_response
+                infer_response.id = request_id
+                if not infer_response.model_name:
+                    infer_response.model_name = item.model[0] or req.model_name
+                    infer_response.model_version = item.model[1]
+                if enable_empty:
+                    infer_response.parameters[_FINAL_PARAM].bool_param = item.final
+                await done.put(msg)
 
     # -- logging extension -----------------------------------------------------
 

@@ -27,6 +27,7 @@ from pdserve.frontends.http.codec import (
     output_data_json,
 )
 from pdserve.frontends.http.compression import decompress, parse_encoding
+from pdserve.frontends.http.generate import serve_generate
 from pdserve.frontends.http.status import (
     HTTP_STATUS,
     BodyTimeoutError,
@@ -113,6 +114,12 @@ _D = TypeVar("_D", int, None)  # _int_header's default: an int, or None
 
 class _ClientGoneError(Exception):
     """The client disconnected before the whole body arrived: nothing to answer."""
+
+
+#: What may follow ``/v2/models/{m}[/versions/{v}]``.
+_MODEL_ACTIONS = frozenset(
+    ("", "ready", "config", "stats", "infer", "traffic", "rollout", "generate", "generate_stream")
+)
 
 
 class HttpApp:
@@ -492,7 +499,7 @@ class HttpApp:
             action = parts[rest]
         else:
             raise not_found(f"no route for {path}")
-        if action not in ("", "ready", "config", "stats", "infer", "traffic", "rollout"):
+        if action not in _MODEL_ACTIONS:
             raise not_found(f"no route for {path}")
         if not model:
             raise InferError("missing model name in the request path")
@@ -502,6 +509,13 @@ class HttpApp:
         if action == "infer":
             _check_method(method, "POST")
             await self._handle_infer(scope, receive, send, model, version)
+            return
+        if action in ("generate", "generate_stream"):  # Triton's generate extension
+            _check_method(method, "POST")
+            doc = await self._read_json_object(receive, scope)
+            await serve_generate(
+                self.server, doc, receive, send, model, version, action == "generate_stream"
+            )
             return
         _check_method(method, "GET")
         server = self.server

@@ -1,0 +1,243 @@
+"""Triton's generate extension (server docs/protocol/extension_generate.md).
+
+``POST /v2/models/{m}[/versions/{v}]/generate`` answers one JSON object;
+``.../generate_stream`` answers Server-Sent Events, one ``data: {...}`` event per
+response of the model, as they come (a decoupled model's several responses; any other
+model's one). Both take the same request object:
+
+* a key that names a model input becomes that input: a JSON string is a ``BYTES``
+  element, a number or boolean an element of the input's datatype; a scalar has shape
+  ``[1]``, a (nested) array its nesting's shape; a batching model
+  (``max_batch_size > 0``) gets a batch dimension of 1 in front;
+* ``"parameters"``: an object of request parameters;
+* any other key is a request parameter too (Triton: "passed either as parameters or
+  tensors based on model specification").
+
+A response object is ``{"model_name", "model_version", <output>: value, ...}``: an
+output of one element is that element (a ``BYTES`` element as UTF-8 text), a larger one
+a nested array. An error is ``{"error": message}``: with the HTTP status of its code
+when the request fails before its first response, else as an SSE event of a stream
+whose status (200) was already sent, as Triton documents. An empty final response (a
+decoupled model sending the final flag alone) sends no event.
+
+``/generate`` on a decoupled model that sends several responses answers the last
+one (pdserve's choice; Triton's extension expects a single response there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import orjson
+
+from pdserve.core.api import InferenceCore
+from pdserve.core.datatypes import v2_to_numpy
+from pdserve.core.errors import internal, invalid_arg
+from pdserve.core.streaming import StreamResponse
+from pdserve.core.types import InferRequest, InferResponse
+
+Send = Callable[[dict[str, Any]], Any]
+Receive = Callable[[], Any]
+
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
+_JSON = (b"content-type", b"application/json")
+
+
+def generate_request(
+    doc: dict[str, Any],
+    model: str,
+    version: str,
+    metadata: dict[str, Any],
+    batching: bool,
+    arrival_ns: int,
+) -> InferRequest:
+    """The :class:`InferRequest` of a generate request object.
+
+    Args:
+        doc: the request JSON object.
+        metadata: the model's V2 metadata (its ``inputs`` with datatype and shape).
+        batching: the model batches (``max_batch_size > 0``): a batch dim of 1 is added.
+
+    Raises:
+        InferError(INVALID_ARG): ``parameters`` is not an object, or a value does not
+            convert to its input's datatype.
+    """
+    inputs_meta = {i["name"]: i for i in metadata.get("inputs", [])}
+    params: dict[str, Any] = {}
+    given = doc.get("parameters", {})
+    if not isinstance(given, dict):
+        raise invalid_arg("generate request: 'parameters' must be a JSON object")
+    inputs: dict[str, np.ndarray] = {}
+    for key, value in doc.items():
+        if key == "parameters":
+            continue
+        meta = inputs_meta.get(key)
+        if meta is None:
+            params[key] = value
+            continue
+        datatype = meta["datatype"]
+        try:
+            if datatype == "BYTES":
+                arr = np.array(_to_bytes(value), dtype=object)
+            else:
+                arr = np.array(value, dtype=v2_to_numpy(datatype))
+        except (TypeError, ValueError, OverflowError) as e:
+            raise invalid_arg(
+                f"generate request: input '{key}' does not convert to {datatype}: {e}"
+            ) from None
+        if arr.ndim == 0:
+            arr = arr.reshape(1)
+        if batching:
+            arr = arr[np.newaxis, ...]
+        inputs[key] = arr
+    params.update(given)
+    return InferRequest(
+        model_name=model,
+        model_version=version,
+        inputs=inputs,
+        parameters=params,
+        arrival_ns=arrival_ns,
+    )
+
+
+def _to_bytes(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_to_bytes(v) for v in value]
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    return str(value).encode("utf-8")
+
+
+def _json_value(arr: np.ndarray) -> Any:
+    if arr.dtype == object or arr.dtype.kind in "SU":
+        flat = [
+            v.decode("utf-8", errors="replace") if isinstance(v, (bytes, bytearray)) else str(v)
+            for v in arr.reshape(-1)
+        ]
+        if arr.size == 1:
+            return flat[0]
+        return np.array(flat, dtype=object).reshape(arr.shape).tolist()
+    if arr.size == 1:
+        return arr.reshape(-1)[0].item()
+    return arr.tolist()
+
+
+def response_json(response: InferResponse) -> bytes:
+    """A generate response object (outputs by name, one element as a scalar)."""
+    doc: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+    }
+    for name, arr in response.outputs.items():
+        doc[name] = _json_value(np.asarray(arr))
+    return orjson.dumps(doc)
+
+
+def _error_json(message: str) -> bytes:
+    return orjson.dumps({"error": message})
+
+
+async def serve_generate(
+    server: InferenceCore,
+    doc: dict[str, Any],
+    receive: Receive,
+    send: Send,
+    model: str,
+    version: str,
+    streaming: bool,
+) -> None:
+    """Serve one ``generate`` (``streaming`` False) or ``generate_stream`` request.
+
+    Raises:
+        InferError: the request fails before its first response (the app answers it
+            as JSON with the code's HTTP status).
+    """
+    arrival_ns = time.monotonic_ns()
+    metadata = server.model_metadata(model, version)
+    batching = server.model_config(model, version).get("max_batch_size", 0) > 0
+    request = generate_request(doc, model, version, metadata, batching, arrival_ns)
+    async with contextlib.aclosing(server.infer_stream(request)) as items:
+        if not streaming:
+            last: InferResponse | None = None
+            async for item in items:
+                if item.error is not None:
+                    raise item.error
+                if item.response is not None:
+                    last = item.response
+            if last is None:
+                raise internal(f"model '{model}' sent no response to the generate request")
+            body = response_json(last)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [_JSON, (b"content-length", b"%d" % len(body))],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await _stream_sse(items, receive, send)
+
+
+async def _stream_sse(items: Any, receive: Receive, send: Send) -> None:
+    """Send the items as SSE events; stop (closing the stream, which cancels the
+    request in the model) when the client disconnects."""
+    started = False
+
+    async def pump() -> None:
+        nonlocal started
+        item: StreamResponse
+        async for item in items:
+            if item.error is not None:
+                if not started:
+                    raise item.error
+                event = _error_json(item.error.message)
+            elif item.response is not None:
+                event = response_json(item.response)
+            else:
+                continue  # an empty final response: nothing to say
+            if not started:
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+                started = True
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + event + b"\n\n",
+                    "more_body": True,
+                }
+            )
+        if not started:  # no response at all: an empty event stream
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            started = True
+        await send({"type": "http.response.body", "body": b""})
+
+    async def disconnected() -> None:
+        while True:
+            message = await receive()
+            if message.get("type") == "http.disconnect":
+                return
+
+    pumping = asyncio.ensure_future(pump())
+    watching = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({pumping, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+        if not pumping.done():
+            pumping.cancel()
+            with contextlib.suppress(BaseException):
+                await pumping
+    if pumping.done() and not pumping.cancelled():
+        error = pumping.exception()
+        if error is not None:
+            raise error

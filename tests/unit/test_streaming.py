@@ -1,0 +1,66 @@
+"""pdserve.core.streaming.ResponseStream: order, final, cancel, convert, deadline."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from pdserve.core.errors import ErrorCode, InferError
+from pdserve.core.streaming import ResponseStream
+
+
+def test_items_in_order_then_final_and_later_puts_dropped() -> None:
+    async def run() -> None:
+        stream = ResponseStream()
+        stream.put({"Y": np.array([1])}, final=False)
+        stream.put(None, final=True)
+        stream.put({"Y": np.array([2])}, final=False)  # after the final: dropped
+        first, last = await stream.next(), await stream.next()
+        assert first is not None and first.outputs["Y"].tolist() == [1] and not first.final
+        assert last is not None and last.outputs is None and last.final and last.error is None
+        assert stream.closed and stream.finished.result() is None
+        assert await stream.next(asyncio.get_running_loop().time() + 0.01) is None
+
+    asyncio.run(run())
+
+
+def test_cancel_calls_the_hook_once_and_ends_with_the_error() -> None:
+    async def run() -> None:
+        stream = ResponseStream()
+        calls: list[int] = []
+        stream.on_cancel = lambda: calls.append(1)
+        stream.cancel(InferError("gone", ErrorCode.CLIENT_GONE))
+        stream.cancel(InferError("again", ErrorCode.CLIENT_GONE))
+        assert calls == [1]
+        item = await stream.next()
+        assert item is not None and item.final and item.error is not None
+        assert item.error.message == "gone"
+        with pytest.raises(InferError, match="gone"):
+            stream.finished.result()
+
+    asyncio.run(run())
+
+
+def test_convert_turns_a_bad_response_into_an_error_item() -> None:
+    async def run() -> None:
+        stream = ResponseStream()
+        stream.convert = lambda outputs: InferError("bad", ErrorCode.INTERNAL)
+        stream.put({"Y": np.array([1])}, final=True)
+        item = await stream.next()
+        assert item is not None and item.outputs is None and item.error is not None
+        assert item.error.code is ErrorCode.INTERNAL and item.final
+
+    asyncio.run(run())
+
+
+def test_next_wakes_when_an_item_arrives() -> None:
+    async def run() -> None:
+        stream = ResponseStream()
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.01, stream.put, {"Y": np.array([3])}, True)
+        item = await stream.next(loop.time() + 5)
+        assert item is not None and item.outputs["Y"].tolist() == [3]
+
+    asyncio.run(run())
