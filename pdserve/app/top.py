@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 import time
@@ -297,4 +298,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         return top(metrics_url(args.url), args.interval, count, sys.stdout, sys.stdout.isatty())
     except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # the reader went away (`pdserve top | head`): stop quietly
+        # stdout's buffer cannot be flushed any more; point it at /dev/null so the
+        # interpreter's final flush does not raise again (Python's documented idiom)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return 0

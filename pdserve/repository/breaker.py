@@ -383,7 +383,11 @@ class BreakerBoard:
 
 
 def is_failure(error: BaseException) -> bool:
-    """Whether an error counts against the model version (see :data:`FAILURE_CODES`)."""
+    """Whether an error counts against the model version (see :data:`FAILURE_CODES`).
+
+    A cancelled request (reason ``CANCELED``: its client went away or its own
+    ``timeout`` parameter expired) never counts: the client chose it, so one client
+    with a tiny timeout cannot open the circuit for everyone."""
     if isinstance(error, InferError):
-        return error.code in FAILURE_CODES
+        return error.code in FAILURE_CODES and error.reason != "CANCELED"
     return True

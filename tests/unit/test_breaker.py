@@ -147,6 +147,11 @@ def test_outcomes_that_count() -> None:
     assert not is_failure(InferError("x", ErrorCode.INVALID_ARG))
     assert not is_failure(InferError("x", ErrorCode.CLIENT_GONE))
     assert not is_failure(InferError("x", ErrorCode.NOT_FOUND))
+    # a request's own `timeout` parameter expired (core.cancel): the client chose it
+    from pdserve.core.cancel import timeout_error
+
+    assert not is_failure(timeout_error())
+    assert is_failure(InferError("Request timeout expired", ErrorCode.UNAVAILABLE))  # queue
 
 
 class Param:
