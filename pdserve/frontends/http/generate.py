@@ -40,6 +40,7 @@ from pdserve.core.datatypes import v2_to_numpy
 from pdserve.core.errors import internal, invalid_arg
 from pdserve.core.streaming import StreamResponse
 from pdserve.core.types import InferRequest, InferResponse
+from pdserve.frontends.parameters import check_request_parameters
 
 Send = Callable[[dict[str, Any]], Any]
 Receive = Callable[[], Any]
@@ -84,6 +85,7 @@ def generate_request(
             params[key] = value
             continue
         datatype = meta["datatype"]
+        _check_json_types(key, value, datatype)
         try:
             if datatype == "BYTES":
                 arr = np.array(_to_bytes(value), dtype=object)
@@ -99,6 +101,7 @@ def generate_request(
             arr = arr[np.newaxis, ...]
         inputs[key] = arr
     params.update(given)
+    check_request_parameters(params)  # as /infer: timeout, priority, sequence_* ...
     return InferRequest(
         model_name=model,
         model_version=version,
@@ -106,6 +109,37 @@ def generate_request(
         parameters=params,
         arrival_ns=arrival_ns,
     )
+
+
+#: JSON value types each V2 datatype accepts in a generate request (as in a V2 ``data``
+#: array: numbers for numeric tensors, booleans for BOOL, strings for BYTES; a bool is
+#: not a number here, and a fraction is not an integer).
+_JSON_TYPES: dict[str, tuple[type, ...]] = {"BOOL": (bool,), "BYTES": (str,)}
+_JSON_TYPES.update({t: (int,) for t in ("INT8", "INT16", "INT32", "INT64")})
+_JSON_TYPES.update({t: (int,) for t in ("UINT8", "UINT16", "UINT32", "UINT64")})
+_JSON_TYPES.update({t: (int, float) for t in ("FP16", "FP32", "FP64", "BF16")})
+
+
+def _check_json_types(key: str, value: Any, datatype: str) -> None:
+    """Refuse a generate input value whose JSON type does not fit ``datatype``.
+
+    Raises:
+        InferError(INVALID_ARG): naming the input, the datatype and the value's type.
+    """
+    allowed = _JSON_TYPES.get(datatype)
+    if allowed is None:
+        return
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is list:
+            stack.extend(v)
+        elif type(v) not in allowed:
+            kind = "null" if v is None else type(v).__name__
+            raise invalid_arg(
+                f"generate request: input '{key}' is {datatype}: a value of JSON type "
+                f"{kind} ({v!r:.40}) does not fit"
+            )
 
 
 def _to_bytes(value: Any) -> Any:
