@@ -811,8 +811,15 @@ class TrafficControl:
         entry, st = self._entry(name)
         if not isinstance(doc, dict):
             raise InferError("traffic: the body must be a JSON object")
+        if not doc:
+            raise InferError(
+                "traffic: the body is empty: give 'weights', 'shadow' or 'rollout', "
+                'or {"reset": true} to go back to the traffic file'
+            )
+        if "reset" in doc and (doc["reset"] is not True or len(doc) != 1):
+            raise InferError("traffic: 'reset' must be true and alone: {\"reset\": true}")
         try:
-            if doc.get("reset") is True and len(doc) == 1:
+            if doc.get("reset") is True:
                 st.override = None
                 self._adopt_rollout(
                     st, st.file_spec.rollout if st.file_spec is not None else None, "reset"

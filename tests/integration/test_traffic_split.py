@@ -154,6 +154,10 @@ def test_admin_endpoint_changes_traffic_and_refuses_bad_weights(server: ServerPr
     assert status == 400
     status, doc, _ = http(server, "POST", f"/v2/models/{MODEL}/traffic", {"bogus": 1})
     assert status == 400 and "unknown key" in doc["error"]
+    status, doc, _ = http(server, "POST", f"/v2/models/{MODEL}/traffic", {})
+    assert status == 400 and "empty" in doc["error"]
+    status, doc, _ = http(server, "POST", f"/v2/models/{MODEL}/traffic", {"reset": "yes"})
+    assert status == 400 and "'reset' must be true" in doc["error"]
     status, doc, _ = http(server, "GET", f"/v2/models/{MODEL}/traffic")
     assert doc["weights"] == {"1": 70.0, "3": 30.0}  # nothing changed
     status, doc, _ = http(server, "POST", f"/v2/models/{MODEL}/traffic", {"weights": {"2": 100}})
