@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import http.server
 import json
+import os
 import select
 import shutil
 import signal
@@ -239,6 +240,16 @@ def test_stalled_model_is_bounded(server: ServerProcess, tmp_path: Path, proto: 
     assert "stopped:" in out.stderr
 
 
+def _read_available(proc: subprocess.Popen[str], wait: float = 1.0) -> str:
+    """What the process wrote to stderr within ``wait`` s, read from the descriptor
+    itself: ``select`` on a buffered ``readline`` would leave already-read lines in the
+    text buffer unseen, one line per wait, while the run went on to its end."""
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    ready, _, _ = select.select([fd], [], [], wait)
+    return os.read(fd, 65536).decode(errors="replace") if ready else ""
+
+
 def test_server_killed_mid_run(tmp_path: Path) -> None:
     repo = copy_models(tmp_path / "models", "tiny")
     victim = start_server(repo, tmp_path / "pdserve.log")
@@ -255,9 +266,7 @@ def test_server_killed_mid_run(tmp_path: Path) -> None:
     deadline = time.monotonic() + 30
     seen = ""
     while "window 2" not in seen and time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stderr], [], [], 1.0)
-        if ready:
-            seen += proc.stderr.readline()
+        seen += _read_available(proc)
     assert "window 2" in seen, seen
     # SIGKILL: a SIGTERM would drain first (503 answers while in-flight work finishes)
     victim.stop(signal.SIGKILL)
@@ -283,9 +292,7 @@ def test_ctrl_c_keeps_the_results(server: ServerProcess, tmp_path: Path) -> None
     deadline = time.monotonic() + 30
     seen = ""
     while "window 2" not in seen and time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stderr], [], [], 1.0)
-        if ready:
-            seen += proc.stderr.readline()
+        seen += _read_available(proc)
     proc.send_signal(signal.SIGINT)
     t0 = time.monotonic()
     stdout, stderr = proc.communicate(timeout=60)
