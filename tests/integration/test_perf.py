@@ -279,6 +279,10 @@ def test_server_killed_mid_run(tmp_path: Path) -> None:
     assert set(res["errors"]) & {"connection refused", "connection lost"}, res["errors"]
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_keeps_the_results(server: ServerProcess, tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [
@@ -287,6 +291,10 @@ def test_ctrl_c_keeps_the_results(server: ServerProcess, tmp_path: Path) -> None
             "-f", str(tmp_path / "i.csv"), "--json", str(tmp_path / "i.json"),
         ],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # Ctrl-C as from a terminal: a shell's background job (`make test &`) starts with
+        # SIGINT ignored, which the child would inherit (and Python then never raises
+        # KeyboardInterrupt); a terminal's foreground process has the default
+        preexec_fn=_default_sigint,
     )  # fmt: skip
     assert proc.stderr is not None
     deadline = time.monotonic() + 30
