@@ -206,6 +206,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._header_count = 0
         self._header_timer: asyncio.TimerHandle | None = None
         self._rejection: tuple[int, str] | None = None
+        self._deferred: tuple[int, str] | None = None  # answered once in-flight ones are
         self._refused = False
 
     # -- connection ---------------------------------------------------------------------
@@ -243,7 +244,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     # -- bytes in -----------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if self._refused or self.parser is None:
+        if self._refused or self.parser is None or self._deferred is not None:
             return
         limit = self.limits.max_header_bytes
         while True:
@@ -286,13 +287,14 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             else:
                 self._unsupported_upgrade_warning()
             return not self.transport.is_closing()
-        except httptools.HttpParserError:
+        except httptools.HttpParserError as exc:
             if self._rejection is not None:
                 self._reject(*self._rejection)
             else:
-                msg = "Invalid HTTP request received."
-                self.logger.warning(msg)
-                self.send_400_response(msg)
+                # Through _reject, not uvicorn's send_400_response: that one writes at
+                # once, in the middle of (or instead of) the answers still owed to the
+                # good requests pipelined before this one.
+                self._reject(400, f"invalid HTTP request: {exc}")
             return False
         return self.parser is not None and not self.transport.is_closing()
 
@@ -331,6 +333,14 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # arms uvicorn's keep-alive timer when idle
+        if self._deferred is not None and not self._in_flight():
+            # The requests pipelined before the refused one are all answered: now its turn.
+            status, message = self._deferred
+            self._unset_keepalive_if_required()
+            if not self.transport.is_closing():
+                self.transport.write(_error_response(status, message))
+                self.transport.close()
+            return
         if self._message_begun and self._awaiting_headers:
             # The next request has begun (pipelined): its header timer applies instead.
             self._unset_keepalive_if_required()
@@ -368,10 +378,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         _warn(str(status), "HTTP request refused with %d: %s", status, message)
         self._cancel_header_timer()
         self._unset_keepalive_if_required()
-        if self._in_flight():
-            # Never interleave with a response being written: stop reading, and let it
-            # close the connection when it completes.
-            self.cycle.keep_alive = False
+        if self._in_flight() and self._awaiting_headers:
+            # A request after those in flight is refused: never interleave with a
+            # response being written. Stop reading, answer the requests pipelined
+            # before this one, then this refusal, then close (on_response_complete).
+            # (An error in a body is the newest request's own: answered at once.)
+            self._deferred = (status, message)
             self.flow.pause_reading()
             return
         if not self.transport.is_closing():
