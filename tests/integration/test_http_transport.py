@@ -565,6 +565,14 @@ def test_graceful_shutdown(kind: str, tmp_path: Path) -> None:
         r = keep.expect_response()
         assert r.status == 503, (r.status, r.body)
         assert r.closes and keep.closed_within(MARGIN)
+        # A new connection during the drain: refused, or answered 503 and closed.
+        try:
+            with Conn(port, 10) as late:
+                late.send(request("POST", INFER, tiny_body(_x(1, 1)), JSON_HEADERS))
+                r = late.read_response()
+                assert r is None or (r.status == 503 and r.closes), r
+        except (ConnectionRefusedError, ConnectionResetError, BrokenPipeError):
+            pass
         done = busy.expect_response()
         assert done.status == 200 and done.json()["outputs"][0]["data"] == [3.0]
         assert done.closes
