@@ -439,7 +439,7 @@ class HttpConnection(asyncio.Protocol):
             waiter.set_result(None)
 
     def _pause(self, reason: int) -> None:
-        if not self._paused and not self._gone:
+        if not self._paused and not self._gone and not self.transport.is_closing():
             self.transport.pause_reading()
         self._paused |= reason
 
@@ -447,7 +447,7 @@ class HttpConnection(asyncio.Protocol):
         if not self._paused & reason:
             return
         self._paused &= ~reason
-        if not self._paused and not self._gone:
+        if not self._paused and not self._gone and not self.transport.is_closing():
             self.transport.resume_reading()
 
     def abort(self) -> None:
