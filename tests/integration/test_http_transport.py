@@ -434,16 +434,77 @@ def test_stalled_body_gets_408_within_the_body_timeout(server: ServerProcess) ->
             assert 0.8 * BODY_TIMEOUT < elapsed < BODY_TIMEOUT + MARGIN, (framing, elapsed)
 
 
-def test_dripped_body_gets_408(server: ServerProcess, kind: str) -> None:
-    """A body that arrives one byte per 0.3 s (a slowloris on bodies, each piece
-    within the body timeout) is not read forever."""
-    body = tiny_body(_x(2, 17))
+def test_body_timeout_is_between_pieces(server: ServerProcess) -> None:
+    """``--http-body-timeout-secs`` bounds each wait for the next piece of a body (as
+    nginx's ``client_body_timeout``), not the whole body: a body sent in pieces 0.4 s
+    apart, 3.2 s in all (over the 1 s timeout), is read to its end and answered. (A
+    body dripped within the timeout is bounded by ``--max-request-bytes`` and the
+    connection cap only: there is no minimum rate.)"""
+    x = _x(2, 17)
+    body = tiny_body(x)
     with _conn(server) as c:
-        c.send(request("POST", INFER, body)[: -len(body)])
-        got, elapsed = _drip_until_answered(c, b" ", 0.3, 10 * BODY_TIMEOUT + MARGIN)
-        if kind == "asgi" and not got:
-            pytest.xfail("the ASGI path's body timeout is per piece: a drip resets it")
-        assert got.startswith(b"HTTP/1.1 408 "), (got[:200], elapsed)
+        c.send(request("POST", INFER, body, JSON_HEADERS)[: -len(body)])
+        step = -(-len(body) // 8)
+        for i in range(0, len(body), step):
+            time.sleep(0.4)
+            c.send(body[i : i + step])
+        np.testing.assert_allclose(
+            tiny_output(c.expect_response()), tiny_reference(x), rtol=1e-5, atol=1e-5
+        )
+
+
+def test_upgrade_header_is_ignored(server: ServerProcess) -> None:
+    """pdserve speaks only HTTP/1.1 here: a request asking to upgrade (WebSocket, or
+    h2c as ``curl --http2`` asks on every cleartext request) is served as HTTP/1.1
+    (RFC 9110 7.8 lets a server ignore Upgrade), its body included; the connection
+    carries on, or the response says ``Connection: close`` and it closes."""
+    x = _x(1, 19)
+    upgrades = {
+        "websocket": [
+            ("Connection", "Upgrade"),
+            ("Upgrade", "websocket"),
+            ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("Sec-WebSocket-Version", "13"),
+        ],
+        "h2c": [
+            ("Connection", "Upgrade, HTTP2-Settings"),
+            ("Upgrade", "h2c"),
+            ("HTTP2-Settings", "AAMAAABkAARAAAAAAAIAAAAA"),
+        ],
+    }
+    for name, headers in upgrades.items():
+        with _conn(server) as c:
+            c.send(request("GET", "/v2/health/live", headers=headers))
+            r = c.expect_response()
+            assert (r.status, r.body) == (200, b""), (name, r.status, r.body)
+            if r.closes:  # allowed: then it says so, and closes
+                assert c.closed_within(MARGIN)
+                c.close()
+                c = _conn(server)
+            c.send(request("POST", INFER, tiny_body(x), headers))
+            r = c.expect_response()
+            if r.status == 400 and b"zero-length" in r.body:
+                pytest.xfail(
+                    "known: httptools stops at an Upgrade request's headers; its body is "
+                    "lost (400) on both transports"
+                )
+            np.testing.assert_allclose(tiny_output(r), tiny_reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_absolute_form_target(server: ServerProcess) -> None:
+    """RFC 9112 3.2.2: a server MUST accept a target in absolute form; a fragment is
+    not part of the path."""
+    x = _x(1, 20)
+    with _conn(server) as c:
+        c.send(request("GET", "http://127.0.0.1/v2/models/tiny?x=1"))
+        r = c.expect_response()
+        assert r.status == 200 and r.json()["name"] == "tiny", (r.status, r.body)
+        c.send(request("POST", "http://127.0.0.1:1/v2/models/tiny/infer", tiny_body(x)))
+        np.testing.assert_allclose(
+            tiny_output(c.expect_response()), tiny_reference(x), rtol=1e-5, atol=1e-5
+        )
+        c.send(request("GET", "/v2/health/live#here"))
+        assert c.expect_response().status == 200
 
 
 def test_idle_keep_alive_is_closed_after_the_idle_timeout(server: ServerProcess) -> None:

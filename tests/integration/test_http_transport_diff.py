@@ -87,6 +87,8 @@ def _corpus() -> list[tuple[str, bytes, bool]]:
         ("unknown model metadata", request("GET", "/v2/models/nope"), False),
         ("unknown model ready", request("GET", "/v2/models/nope/ready"), False),
         ("unknown version", request("GET", "/v2/models/tiny/versions/9"), False),
+        ("absolute-form target", request("GET", "http://127.0.0.1/v2/models/tiny?x=1"), False),
+        ("fragment", request("GET", "/v2/health/live#f"), False),
         ("unknown route", request("GET", "/nope"), False),
         ("unknown v2 route", request("GET", "/v2/nope/deeper"), False),
         ("infer by GET", request("GET", infer), False),

@@ -139,6 +139,9 @@ def serve_http(
         "log_level": log_level,
         "server_header": False,
         "date_header": False,
+        # pdserve serves no WebSocket: an Upgrade request is plain HTTP (uvicorn would
+        # hand it to its WebSocket protocol, which answered 500).
+        "ws": "none",
         # uvicorn arms this after each response; ours also covers new connections.
         "timeout_keep_alive": limits.idle_timeout or 1e9,
     }
