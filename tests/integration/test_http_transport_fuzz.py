@@ -34,7 +34,7 @@ from tests.http_wire import KINDS, Conn, WireError, health, start_kind
 TIMEOUT = 0.5
 #: After the last byte, the connection must be closed within this many seconds.
 BOUND = TIMEOUT + 6.0
-EXAMPLES = 100
+EXAMPLES = 300
 
 _TINY = json.dumps(
     {"inputs": [{"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}
