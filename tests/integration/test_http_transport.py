@@ -65,7 +65,8 @@ def _stall_body(seconds: float) -> bytes:
 
 def _repo(root: Path) -> Path:
     repo = copy_models(root / "repo", "tiny")
-    shutil.copytree(ROOT / "tests" / "data" / "python_models" / "stalling", repo / "stalling")
+    for name in ("stalling", "decoupled_repeat"):
+        shutil.copytree(ROOT / "tests" / "data" / "python_models" / name, repo / name)
     return repo
 
 
@@ -161,6 +162,34 @@ def test_http10_closes_after_the_response_unless_keep_alive(
                 assert r.closes and c.closed_within(MARGIN)
                 return
         assert not c.closed_within(0.3)
+
+
+def test_streamed_response_framing_follows_the_client_version(
+    server: ServerProcess, kind: str
+) -> None:
+    """A response of unknown length (``generate_stream``'s server-sent events) is
+    chunked for an HTTP/1.1 client, which keeps its connection, and delimited by the
+    close for an HTTP/1.0 one (RFC 9112 6.1: no Transfer-Encoding to HTTP/1.0)."""
+    body = json.dumps({"IN": [5, 6, 7]}).encode()
+    path = "/v2/models/decoupled_repeat/generate_stream"
+    for version in ("1.1", "1.0"):
+        with _conn(server) as c:
+            c.send(request("POST", path, body, JSON_HEADERS, version=version))
+            r = c.expect_response()
+            assert r.status == 200 and (r.header("content-type") or "").startswith(
+                "text/event-stream"
+            )
+            events = [json.loads(e.removeprefix(b"data: ")) for e in r.body.split(b"\n\n") if e]
+            assert [(e["OUT"], e["IDX"]) for e in events] == [(5, 0), (6, 1), (7, 2)]
+            if version == "1.1":
+                assert r.chunked and not r.closes
+                c.send(request("GET", "/v2/health/live"))
+                assert c.expect_response().status == 200
+            else:
+                if kind == "asgi" and r.chunked:
+                    pytest.xfail("uvicorn chunks a response of unknown length to HTTP/1.0")
+                assert not r.chunked and r.header("transfer-encoding") is None
+                assert r.header("content-length") is None and c.eof
 
 
 # -- pipelining ----------------------------------------------------------------------------
