@@ -1008,7 +1008,9 @@ class _AsgiExchange:
         if not self._sent:
             self._sent = True
             return {"type": "http.request", "body": self.request.body, "more_body": False}
-        await self.conn.disconnected_future()
+        # shielded: a cancelled receive() (the SSE watcher's) must not cancel the
+        # connection's future, which the next request's receive() awaits too
+        await asyncio.shield(self.conn.disconnected_future())
         return {"type": "http.disconnect"}
 
     async def send(self, message: MutableMapping[str, Any]) -> None:
