@@ -119,7 +119,7 @@ _VARY = b"\r\nvary: accept-encoding"
 # Deadline kinds of a connection.
 _NONE, _IDLE, _HEAD, _BODY = 0, 1, 2, 3
 # Reasons reading is paused (a bit mask).
-_PIPE, _WRITE, _STOP = 1, 2, 4
+_PIPE, _WRITE = 1, 2
 
 
 class _Rejected(Exception):
@@ -537,7 +537,6 @@ class HttpConnection(asyncio.Protocol):
             # The request asked for a protocol upgrade, which pdserve does not do: it is
             # answered (it is complete) and the connection closes after it.
             self._broken = True
-            self._pause(_STOP)
             if self._idle() and self._pending_error is None:
                 self.transport.close()
             return False
@@ -671,9 +670,9 @@ class HttpConnection(asyncio.Protocol):
         self.deadline = 0.0
         self.deadline_kind = _NONE
         if not request.keep_alive:
-            # Nothing after a request that closes the connection is read.
+            # Nothing after a request that closes the connection is parsed (what comes
+            # is read and dropped: reading on is how a disconnect is seen).
             self._broken = True
-            self._pause(_STOP)
         if self._busy or self._queue:
             self._queue.append(request)
             if len(self._queue) >= MAX_PIPELINE:
@@ -861,7 +860,6 @@ class HttpConnection(asyncio.Protocol):
         if close:
             request.keep_alive = False
             self._broken = True
-            self._pause(_STOP)
         if self._gone:
             self._finish(request, None)
             return
@@ -913,7 +911,6 @@ class HttpConnection(asyncio.Protocol):
         self._rejection = None
         self.deadline = 0.0
         self.deadline_kind = _NONE
-        self._pause(_STOP)
         data = _error_bytes(status, message)
         if self._busy or self._queue:
             self._pending_error = data
@@ -1039,7 +1036,6 @@ class _AsgiExchange:
                     if name == b"connection" and value.lower() == b"close":
                         request.keep_alive = False
                         conn._broken = True
-                        conn._pause(_STOP)
                     elif name == b"content-encoding":
                         encoded = True
                 gzipped = (
