@@ -454,6 +454,19 @@ def test_client_disconnect_cancels_the_request() -> None:
                     break
                 await asyncio.sleep(0.01)
             assert token.error is not None and "client" in token.error.message.lower()
+            # also for a request that closes the connection (HTTP/1.0, Connection: close)
+            core.started.clear()
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(post(infer_body(2.0), extra="connection: close\r\n"))
+            await asyncio.wait_for(core.started.wait(), 5)
+            writer.close()
+            token = core.seen[1].cancelled
+            assert token is not None
+            for _ in range(100):
+                if token.error is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert token.error is not None
 
     run(scenario)
 

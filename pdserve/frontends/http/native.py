@@ -119,7 +119,7 @@ _VARY = b"\r\nvary: accept-encoding"
 # Deadline kinds of a connection.
 _NONE, _IDLE, _HEAD, _BODY = 0, 1, 2, 3
 # Reasons reading is paused (a bit mask).
-_PIPE, _WRITE, _STOP = 1, 2, 4
+_PIPE, _WRITE = 1, 2
 
 
 class _Rejected(Exception):
@@ -549,7 +549,6 @@ class HttpConnection(asyncio.Protocol):
             # The request asked for a protocol upgrade, which pdserve does not do: it is
             # answered (it is complete) and the connection closes after it.
             self._broken = True
-            self._pause(_STOP)
             if self._idle() and self._pending_error is None:
                 self.transport.close()
             return False
@@ -687,9 +686,9 @@ class HttpConnection(asyncio.Protocol):
         self.deadline = 0.0
         self.deadline_kind = _NONE
         if not request.keep_alive:
-            # Nothing after a request that closes the connection is read.
+            # Nothing after a request that closes the connection is parsed (what comes
+            # is read and dropped: reading on is how a disconnect is seen).
             self._broken = True
-            self._pause(_STOP)
         if self._busy or self._queue:
             self._queue.append(request)
             if len(self._queue) >= MAX_PIPELINE:
@@ -877,7 +876,6 @@ class HttpConnection(asyncio.Protocol):
         if close:
             request.keep_alive = False
             self._broken = True
-            self._pause(_STOP)
         if self._gone:
             self._finish(request, None)
             return
@@ -929,7 +927,6 @@ class HttpConnection(asyncio.Protocol):
         self._rejection = None
         self.deadline = 0.0
         self.deadline_kind = _NONE
-        self._pause(_STOP)
         data = _error_bytes(status, message)
         if self._busy or self._queue:
             self._pending_error = data
@@ -1024,7 +1021,9 @@ class _AsgiExchange:
         if not self._sent:
             self._sent = True
             return {"type": "http.request", "body": self.request.body, "more_body": False}
-        await self.conn.disconnected_future()
+        # shielded: a cancelled receive() (the SSE watcher's) must not cancel the
+        # connection's future, which the next request's receive() awaits too
+        await asyncio.shield(self.conn.disconnected_future())
         return {"type": "http.disconnect"}
 
     async def send(self, message: MutableMapping[str, Any]) -> None:
@@ -1053,7 +1052,6 @@ class _AsgiExchange:
                     if name == b"connection" and value.lower() == b"close":
                         request.keep_alive = False
                         conn._broken = True
-                        conn._pause(_STOP)
                     elif name == b"content-encoding":
                         encoded = True
                 gzipped = (
