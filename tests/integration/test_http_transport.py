@@ -221,6 +221,42 @@ def test_pipelined_requests_are_answered_in_order(server: ServerProcess) -> None
         assert c.expect_response().status == 200
 
 
+def test_pipelined_requests_wait_behind_a_slow_one_without_timing_out(
+    server: ServerProcess,
+) -> None:
+    """Requests pipelined behind one that takes 2.5 s (longer than the header, body
+    and idle timeouts) are complete: they wait their turn and are answered, not 408."""
+    x = _x(2, 21)
+    with _conn(server) as c:
+        c.send(
+            request("POST", STALL, _stall_body(2.5), JSON_HEADERS)
+            + request("GET", "/v2/health/live")
+            + request("POST", INFER, tiny_body(x), JSON_HEADERS)
+        )
+        r = c.expect_response()
+        assert r.status == 200 and r.json()["outputs"][0]["data"] == [2.5]
+        assert c.expect_response().status == 200
+        np.testing.assert_allclose(
+            tiny_output(c.expect_response()), tiny_reference(x), rtol=1e-5, atol=1e-5
+        )
+    # Expect: 100-continue behind the slow one: the 100, then the answer, in turn.
+    with _conn(server) as c:
+        body = tiny_body(x)
+        c.send(
+            request("POST", STALL, _stall_body(1.5), JSON_HEADERS)
+            + request("POST", INFER, body, [("Expect", "100-continue")])[: -len(body)]
+        )
+        first = c.expect_response()
+        assert first.status == 200 and first.json()["model_name"] == "stalling"
+        c.settimeout(5)
+        head = c.read_head()
+        assert head is not None and head.status == 100, head
+        c.send(body)
+        np.testing.assert_allclose(
+            tiny_output(c.expect_response()), tiny_reference(x), rtol=1e-5, atol=1e-5
+        )
+
+
 def test_bad_request_in_a_pipeline_is_answered_after_the_good_ones(
     server: ServerProcess,
 ) -> None:
