@@ -750,6 +750,10 @@ class HttpConnection(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 - answered; the connection carries on
             self._answer_error(request, exc, "POST", model)
             return
+        except BaseException:  # cancelled: no answer can be trusted; close
+            request.keep_alive = False
+            self._finish(request, None)
+            raise
         if self._gone:
             self._finish(request, None)
             return
@@ -869,7 +873,7 @@ class HttpConnection(asyncio.Protocol):
         """Write ``data`` (the whole response; None: already written) and go on with
         the next request, or close."""
         transport = self.transport
-        if data is not None and not self._gone:
+        if data is not None and not self._gone and not transport.is_closing():
             if self._head_only:
                 end = data.find(b"\r\n\r\n")
                 if end >= 0:
@@ -931,6 +935,10 @@ class HttpConnection(asyncio.Protocol):
                 return
             logger.exception("error serving %s", request.url[:200])
             request.keep_alive = False
+        except BaseException:  # cancelled: close
+            request.keep_alive = False
+            self._finish(request, None)
+            raise
         if not exchange.started:
             self._answer_error(
                 request,
@@ -940,10 +948,9 @@ class HttpConnection(asyncio.Protocol):
             )
             return
         if not exchange.complete:
-            # ended mid-stream: the client cannot know where the body ends
+            # ended mid-stream: closing without the last chunk tells the client that the
+            # body is incomplete
             request.keep_alive = False
-            if exchange.chunked and not self._gone and not self._head_only:
-                self.transport.write(b"0\r\n\r\n")
         self._finish(request, None)
 
     def disconnected_future(self) -> asyncio.Future[None]:
@@ -1022,7 +1029,7 @@ class _AsgiExchange:
         body: bytes = message.get("body", b"")
         more = message.get("more_body", False)
         request = self.request
-        if conn._gone:
+        if conn._gone or conn.transport.is_closing():
             self.started = True
             self.complete = not more
             return
