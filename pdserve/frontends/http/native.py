@@ -189,6 +189,17 @@ def _unread_bytes(transport: Any) -> int:
     return int(struct.unpack("i", bytes(buf))[0])
 
 
+def _origin_form(url: bytes) -> bytes:
+    """The path and query of an absolute-form request target (``http://host/p?q``,
+    RFC 9112 3.2.2), as uvicorn reads it; other targets (``*``) unchanged."""
+    try:
+        parsed = httptools.parse_url(url)
+    except httptools.HttpParserInvalidURLError:
+        return url
+    path = parsed.path or b"/"
+    return path + b"?" + parsed.query if parsed.query else path
+
+
 class _Request:
     """One parsed request waiting to be (or being) answered."""
 
@@ -654,9 +665,12 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         parser = self.parser
+        url = self._url
+        if url[:1] != b"/":
+            url = _origin_form(url)
         request = _Request(
             parser.get_method(),
-            self._url,
+            url,
             self._headers,
             self._body,  # type: ignore[arg-type]  # bytes or bytearray: both read alike
             parser.should_keep_alive(),
