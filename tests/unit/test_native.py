@@ -551,3 +551,18 @@ def test_errors_map_as_in_the_asgi_app() -> None:
             writer.close()
 
     run(scenario)
+
+
+def test_absolute_form_targets_and_percent_encoded_names() -> None:
+    async def scenario() -> None:
+        async with serving() as server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(post(infer_body(2.0), "http://example.com/v2/models/echo/infer"))
+            assert out_values(await read_response(reader)) == [2.0] * 4
+            writer.write(post(infer_body(3.0), "/v2/models/%65cho/versions/1/infer?x=1"))
+            assert out_values(await read_response(reader)) == [3.0] * 4
+            writer.write(b"GET http://example.com/v2/models/echo/ready HTTP/1.1\r\n\r\n")
+            assert (await read_response(reader)).status == 200
+            writer.close()
+
+    run(scenario)

@@ -201,6 +201,17 @@ def _unread_bytes(transport: Any) -> int:
     return int(struct.unpack("i", bytes(buf))[0])
 
 
+def _origin_form(url: bytes) -> bytes:
+    """The path and query of an absolute-form request target (``http://host/p?q``,
+    RFC 9112 3.2.2), as uvicorn reads it; other targets (``*``) unchanged."""
+    try:
+        parsed = httptools.parse_url(url)
+    except httptools.HttpParserInvalidURLError:
+        return url
+    path = parsed.path or b"/"
+    return path + b"?" + parsed.query if parsed.query else path
+
+
 class _Request:
     """One parsed request waiting to be (or being) answered."""
 
@@ -668,9 +679,12 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         parser = self.parser
+        url = self._url
+        if url[:1] != b"/":
+            url = _origin_form(url)
         request = _Request(
             parser.get_method(),
-            self._url,
+            url,
             self._headers,
             self._body,  # type: ignore[arg-type]  # bytes or bytearray: both read alike
             # The connection closes after a request asking to upgrade (see _feed): its
@@ -766,6 +780,10 @@ class HttpConnection(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 - answered; the connection carries on
             self._answer_error(request, exc, "POST", model)
             return
+        except BaseException:  # cancelled: no answer can be trusted; close
+            request.keep_alive = False
+            self._finish(request, None)
+            raise
         if self._gone:
             self._finish(request, None)
             return
@@ -885,7 +903,7 @@ class HttpConnection(asyncio.Protocol):
         """Write ``data`` (the whole response; None: already written) and go on with
         the next request, or close."""
         transport = self.transport
-        if data is not None and not self._gone:
+        if data is not None and not self._gone and not transport.is_closing():
             if self._head_only:
                 end = data.find(b"\r\n\r\n")
                 if end >= 0:
@@ -947,6 +965,10 @@ class HttpConnection(asyncio.Protocol):
                 return
             logger.exception("error serving %s", request.url[:200])
             request.keep_alive = False
+        except BaseException:  # cancelled: close
+            request.keep_alive = False
+            self._finish(request, None)
+            raise
         if not exchange.started:
             self._answer_error(
                 request,
@@ -956,10 +978,9 @@ class HttpConnection(asyncio.Protocol):
             )
             return
         if not exchange.complete:
-            # ended mid-stream: the client cannot know where the body ends
+            # ended mid-stream: closing without the last chunk tells the client that the
+            # body is incomplete
             request.keep_alive = False
-            if exchange.chunked and not self._gone and not self._head_only:
-                self.transport.write(b"0\r\n\r\n")
         self._finish(request, None)
 
     def disconnected_future(self) -> asyncio.Future[None]:
@@ -1038,7 +1059,7 @@ class _AsgiExchange:
         body: bytes = message.get("body", b"")
         more = message.get("more_body", False)
         request = self.request
-        if conn._gone:
+        if conn._gone or conn.transport.is_closing():
             self.started = True
             self.complete = not more
             return
