@@ -167,18 +167,6 @@ def _gzip(data: bytes) -> bytes:
     return compressor.compress(data) + compressor.flush()
 
 
-def _origin_form(url: bytes) -> bytes:
-    """``path[?query]`` of a request target in absolute form (``http://host/path?q``,
-    which RFC 9112 3.2.2 says a server MUST accept) or with a ``#fragment``, as uvicorn
-    reads them; ``*`` and targets httptools cannot parse (authority form) unchanged."""
-    try:
-        parsed = httptools.parse_url(url)
-    except httptools.HttpParserInvalidURLError:
-        return url
-    path = parsed.path or b"/"
-    return path + b"?" + parsed.query if parsed.query else path
-
-
 def _tick(limits: HttpLimits, body_timeout: float | None) -> float:
     """Seconds between two deadline sweeps: a quarter of the shortest timeout, within
     [0.05, 1]."""
@@ -614,8 +602,6 @@ class HttpConnection(asyncio.Protocol):
         json = True
         infer = False
         url = self._url
-        if url[:1] != b"/" or b"#" in url:
-            url = self._url = _origin_form(url)
         if parser.get_method() == b"POST" and url.startswith(b"/v2/models/"):
             infer = url.endswith(b"/infer") or b"/infer?" in url
         for key, value in self._headers:
@@ -680,7 +666,7 @@ class HttpConnection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         parser = self.parser
         url = self._url
-        if url[:1] != b"/":
+        if url[:1] != b"/" or b"#" in url:  # a fragment too: uvicorn drops it
             url = _origin_form(url)
         request = _Request(
             parser.get_method(),
