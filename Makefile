@@ -52,7 +52,7 @@ format: $(STAMP)
 # transport (native, or PDSERVE_HTTP_SERVER when set); then the integration tests that
 # exercise the HTTP front end (routes, limits, errors, auth, streaming, cancellation,
 # shutdown) run again on asgi. tests/integration/test_http_transport*.py run
-# both transports themselves and are not repeated. The second pass took 3 min 47 s on
+# both transports themselves and are not repeated. The second pass took 3 min 47-50 s on
 # the loaded 2-core development machine (load average 5-8).
 HTTP_TESTS := $(addprefix tests/integration/test_,http_api.py http_server.py \
 	http_openapi.py error_codes.py shutdown.py decoupled.py auth.py cancellation.py \
