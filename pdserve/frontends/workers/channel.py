@@ -1,0 +1,361 @@
+"""The channel between an HTTP front-end worker process and the main process.
+
+``--http-workers N`` (N > 1) runs N front-end processes (:mod:`pdserve.app.http_workers`)
+that decode HTTP requests and hand them to the main process, which owns the models,
+batching, statistics and metrics. Each worker has one ``AF_UNIX`` socketpair to the
+main process and the python backend's shared-memory machinery on it
+(:mod:`pdserve.backends.python.shm`): each side writes tensors into memfd *arenas* of
+its own :class:`~pdserve.backends.python.shm.ArenaPool` (one copy), announces new
+arenas by passing their descriptors over the socket (``SCM_RIGHTS``), and the reader
+makes numpy views of them (no copy); a block goes back to its writer when the reader's
+last view is garbage-collected, the release riding on the reader's next frame.
+Tensors under :data:`SHM_MIN_BYTES` travel inside the frame instead (measured cheaper
+than the allocator's bookkeeping and the release message for a 256-byte tensor).
+
+Frames are :func:`pdserve.backends.python.shm.encode_payload`'s (4-byte length +
+pickle) of the plain tuple ``(kind, body, control)``: ``kind`` one of the constants
+below, ``body`` a tuple of plain values (requests, responses and errors in the wire
+forms of :func:`request_to_wire`, :func:`response_to_wire`, :func:`error_to_wire`),
+``control`` the arena bookkeeping (new arenas, released blocks) or None.
+
+=========  =============  ===================================================
+kind       direction      body
+=========  =============  ===================================================
+INIT       main->worker   ``(index, settings, gate_headers, shm_enabled)``
+READY      worker->main   ``(pid,)``: the worker listens
+CALL       worker->main   ``(call_id, method, args)``: a core method (:data:`CALLS`)
+RESULT     main->worker   ``(call_id, value)``
+ERROR      main->worker   ``(call_id, error)``
+INFER      worker->main   ``(call_id, request)``
+RESPONSE   main->worker   ``(call_id, response)``
+STREAM     worker->main   ``(call_id, request)``: ``infer_stream``
+ITEM       main->worker   ``(call_id, response | None, error | None, final, model)``
+CANCEL     worker->main   ``(call_id,)``: the client went away
+LOGS       main->worker   ``(changes,)``: apply these log settings
+DRAIN      main->worker   ``()``: the server is shutting down (``Connection: close``)
+=========  =============  ===================================================
+
+Writes are coalesced: frames queued during one turn of the event loop go out in one
+``send`` at its end, so under load a system call carries many requests.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import logging
+import socket
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pdserve.backends.python import shm
+from pdserve.backends.python.messages import ArenaControl, Block, NewArena, TensorDesc
+from pdserve.core.errors import ErrorCode, InferError
+from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
+
+log = logging.getLogger("pdserve.workers")
+
+INIT, READY, CALL, RESULT, ERROR, INFER, RESPONSE, STREAM, ITEM, CANCEL, LOGS, DRAIN = range(12)
+
+#: Tensors of at least this many bytes go through shared memory; smaller ones ride
+#: inside the frame.
+SHM_MIN_BYTES = 16 * 1024
+
+#: The core methods a worker may call with ``CALL`` (nothing else is dispatched).
+CALLS = frozenset(
+    (
+        "live",
+        "ready",
+        "metadata",
+        "model_metadata",
+        "model_config",
+        "model_ready",
+        "model_statistics",
+        "repository_index",
+        "load_model",
+        "unload_model",
+        "trace_setting",
+        "traffic.describe_traffic",
+        "traffic.set_traffic",
+        "traffic.describe_rollout",
+        "traffic.rollout_action",
+        "shm.register",
+        "shm.unregister",
+        "shm.status",
+        "logs.update",
+        "gate.check",
+    )
+)
+
+#: InferError attributes the frontends read, carried with an error.
+_ERROR_EXTRAS = ("http_headers", "retry_after")
+
+_new = tuple.__new__
+
+WriteTensor = Callable[[np.ndarray], TensorDesc]
+ReadTensor = Callable[[TensorDesc], np.ndarray]
+
+
+# --------------------------------------------------------------------------- wire forms
+
+
+def error_to_wire(error: InferError) -> tuple[Any, ...]:
+    """``(message, code value, reason, extras)`` of an error (extras: the attributes in
+    :data:`_ERROR_EXTRAS` it has, e.g. ``retry_after`` of a 429)."""
+    extras = {k: getattr(error, k) for k in _ERROR_EXTRAS if hasattr(error, k)}
+    return (error.message, error.code.value, error.reason, extras)
+
+
+def error_from_wire(wire: tuple[Any, ...]) -> InferError:
+    """Inverse of :func:`error_to_wire` (an :class:`InferError`; subclasses are not kept)."""
+    error = InferError(wire[0], ErrorCode(wire[1]), wire[2])
+    for key, value in wire[3].items():
+        setattr(error, key, value)
+    return error
+
+
+def request_to_wire(request: InferRequest, write: WriteTensor) -> tuple[Any, ...]:
+    """The wire form of a request; each input is copied once by ``write``.
+
+    ``cancelled``, ``trace`` and ``stream`` stay behind (the main process sets its own).
+    """
+    outputs = request.outputs
+    return (
+        request.model_name,
+        request.model_version,
+        {name: tuple(write(arr)) for name, arr in request.inputs.items()},
+        None
+        if outputs is None
+        else [(o.name, o.binary_data, o.classification, o.parameters) for o in outputs],
+        request.id,
+        request.parameters,
+        request.arrival_ns,
+        request.route_key,
+        request.pinned_version,
+        request.traceparent,
+        request.shm_inputs,
+    )
+
+
+def request_from_wire(wire: tuple[Any, ...], read: ReadTensor) -> InferRequest:
+    """Inverse of :func:`request_to_wire` (inputs are views of the sender's arenas)."""
+    outputs = wire[3]
+    return InferRequest(
+        model_name=wire[0],
+        model_version=wire[1],
+        inputs={name: read(_new(TensorDesc, desc)) for name, desc in wire[2].items()},
+        outputs=None if outputs is None else [RequestedOutput(*o) for o in outputs],
+        id=wire[4],
+        parameters=wire[5],
+        arrival_ns=wire[6],
+        route_key=wire[7],
+        pinned_version=wire[8],
+        traceparent=wire[9],
+        shm_inputs=wire[10],
+    )
+
+
+def response_to_wire(response: InferResponse, write: WriteTensor) -> tuple[Any, ...]:
+    """The wire form of a response; each output is copied once by ``write``."""
+    return (
+        response.model_name,
+        response.model_version,
+        {name: tuple(write(np.asarray(arr))) for name, arr in response.outputs.items()},
+        response.id,
+        response.parameters,
+    )
+
+
+def response_from_wire(wire: tuple[Any, ...], read: ReadTensor) -> InferResponse:
+    """Inverse of :func:`response_to_wire`."""
+    return InferResponse(
+        wire[0],
+        wire[1],
+        {name: read(_new(TensorDesc, desc)) for name, desc in wire[2].items()},
+        wire[3],
+        wire[4],
+    )
+
+
+def control_to_wire(control: ArenaControl | None) -> tuple[Any, ...] | None:
+    """The plain form of a frame's arena bookkeeping."""
+    if control is None:
+        return None
+    return ([tuple(a) for a in control.new_arenas], [tuple(b) for b in control.releases])
+
+
+def control_from_wire(wire: tuple[Any, ...] | None) -> ArenaControl | None:
+    """Inverse of :func:`control_to_wire`."""
+    if wire is None:
+        return None
+    return ArenaControl([_new(NewArena, a) for a in wire[0]], [_new(Block, b) for b in wire[1]])
+
+
+# --------------------------------------------------------------------------- endpoint
+
+
+class Channel:
+    """One end of a worker's socketpair on the running event loop.
+
+    Args:
+        sock: the connected ``AF_UNIX`` stream socket (made non-blocking here).
+        label: names this end's arenas (``/proc/<pid>/fd`` shows ``pdserve:<label>.<n>``).
+        on_frame: ``on_frame(kind, body)`` for every frame received, in order (arena
+            bookkeeping already applied). An exception it raises is logged.
+        on_close: called once when the peer is gone (end of file or a socket error).
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        label: str,
+        on_frame: Callable[[int, tuple[Any, ...]], None],
+        on_close: Callable[[], None],
+    ) -> None:
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
+        self.pool = shm.ArenaPool(label)
+        self.peer = shm.PeerArenas()
+        self.frames = shm.FrameReader()
+        self.on_frame = on_frame
+        self.on_close = on_close
+        self.closed = False
+        self._pending: list[bytes] = []  # frames of this loop turn
+        self._pending_fds: list[int] = []
+        self._pending_arenas: list[shm.Arena] = []
+        self._flush_scheduled = False
+        self._out: deque[list[Any]] = deque()  # [memoryview, fds, arenas] not yet sent
+        self._writing = False
+        sock.setblocking(False)
+        self.loop.add_reader(sock.fileno(), self._on_readable)
+
+    # -- tensors ----------------------------------------------------------------------
+
+    def _alloc(self, nbytes: int) -> tuple[shm.Arena, int] | None:
+        return self.pool.alloc(nbytes) if nbytes >= SHM_MIN_BYTES else None
+
+    def write(self, arr: np.ndarray) -> TensorDesc:
+        """Describe ``arr`` for the peer: copied once into this end's arena, or inline
+        when it is under :data:`SHM_MIN_BYTES` (or the pool is full)."""
+        return shm.write_tensor(arr, self._alloc)
+
+    def read(self, desc: TensorDesc) -> np.ndarray:
+        """The array ``desc`` names: a read-only view of the peer's arena (its block goes
+        back once the last view is gone) or of the frame's bytes."""
+        inline = desc.inline
+        if inline is not None and desc.dtype != "BYTES":
+            return np.frombuffer(inline, dtype=np.dtype(desc.dtype)).reshape(desc.shape)
+        return self.peer.read(desc, release=True)
+
+    # -- sending ----------------------------------------------------------------------
+
+    def send(self, kind: int, body: tuple[Any, ...]) -> None:
+        """Queue one frame; it goes out with the others of this loop turn. New arenas
+        and the peer's released blocks ride along. Nothing happens once closed."""
+        if self.closed:
+            return
+        control, arenas = shm.outgoing_control(self.pool, self.peer)
+        self._pending.append(shm.encode_payload((kind, body, control_to_wire(control))))
+        if arenas:
+            self._pending_fds.extend(a.fd for a in arenas)
+            self._pending_arenas.extend(arenas)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._end_of_turn)
+
+    def _end_of_turn(self) -> None:
+        self._flush_scheduled = False
+        if self.closed or not self._pending:
+            return
+        data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending = []
+        fds, self._pending_fds = self._pending_fds, []
+        arenas, self._pending_arenas = self._pending_arenas, []
+        self._out.append([memoryview(data), fds, arenas])
+        if not self._writing:
+            self._flush()
+
+    def _flush(self) -> None:
+        while self._out:
+            item = self._out[0]
+            data, fds, arenas = item
+            try:
+                if fds:  # descriptors ride with the first byte; they precede their frame
+                    sent = self.sock.sendmsg(
+                        [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                    )
+                    item[1] = []
+                    self.pool.sent(arenas)
+                else:
+                    sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self._closed()
+                return
+            if sent < len(data):
+                item[0] = data[sent:]
+                if not self._writing:
+                    self._writing = True
+                    self.loop.add_writer(self.sock.fileno(), self._flush)
+                return
+            self._out.popleft()
+        if self._writing:
+            self._writing = False
+            self.loop.remove_writer(self.sock.fileno())
+
+    # -- receiving --------------------------------------------------------------------
+
+    def _on_readable(self) -> None:
+        try:
+            data, ancdata, _, _ = self.sock.recvmsg(shm.RECV_BYTES, shm.ANCILLARY_SPACE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, ancdata = b"", []
+        if not data:
+            self._closed()
+            return
+        self.frames.feed(data, ancdata)
+        for kind, body, control in self.frames.payloads():
+            try:
+                shm.apply_control(control_from_wire(control), self.frames, self.peer, self.pool)
+                self.on_frame(kind, body)
+            except Exception:
+                log.exception("%s: bad frame from the peer", self.pool.label)
+
+    def _closed(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(Exception):
+            self.loop.remove_reader(self.sock.fileno())
+        if self._writing:
+            self._writing = False
+            with contextlib.suppress(Exception):
+                self.loop.remove_writer(self.sock.fileno())
+        try:
+            self.on_close()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the socket and drop both ends' arenas (views keep their memory)."""
+        self.closed = True
+        with contextlib.suppress(Exception):
+            self.loop.remove_reader(self.sock.fileno())
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self.frames.close()
+        for _, fds, arenas in self._out:
+            if fds:
+                self.pool.sent(arenas)
+        self._out.clear()
+        self.pool.sent(self._pending_arenas)
+        self._pending_arenas = []
+        self.pool.close()
+        self.peer.close()
