@@ -41,11 +41,17 @@ PY_MODELS = Path(__file__).resolve().parents[1] / "data" / "python_models"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """pdserve --http-workers 2 --allow-client-shm with tiny, identity, decoupled_repeat."""
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny, identity, decoupled_repeat and cancel_loop."""
     repo = copy_models(tmp_path_factory.mktemp("repo"), "tiny")
-    for name in ("identity", "decoupled_repeat"):
+    for name in ("identity", "decoupled_repeat", "cancel_loop"):
         shutil.copytree(PY_MODELS / name, repo / name)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """pdserve --http-workers 2 --allow-client-shm on :func:`repo`."""
     srv = start_server(
         repo,
         tmp_path_factory.mktemp("log") / "pdserve.log",
@@ -410,6 +416,68 @@ def test_killed_worker_is_restarted_and_the_other_keeps_serving(server: ServerPr
         assert status == 200, doc
         conn.close()
     assert "HTTP worker" in server.log() and "restarting it" in server.log()
+
+
+def _open_infer(server: ServerProcess, model: str, seconds: float) -> socket.socket:
+    payload = json.dumps(
+        {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [seconds]}]}
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=60)
+    sock.sendall(
+        (
+            f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+        ).encode()
+        + payload
+    )
+    return sock
+
+
+def _wait_for(what: str, check: Any, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_client_gone_cancels_the_request_in_the_main_process(
+    server: ServerProcess, repo: Path
+) -> None:
+    runs = repo / "cancel_loop" / "runs.log"
+    runs.unlink(missing_ok=True)
+    sock = _open_infer(server, "cancel_loop", 60)
+    _wait_for("the run to start", lambda: runs.exists() and runs.read_text() == "start 60\n")
+    sock.close()  # the worker sees the client go; the main process cancels the request
+    _wait_for("the cancellation", lambda: "cancelled 60" in runs.read_text(), 20)
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/cancel_loop/stats") as r:
+        stats = json.loads(r.read())["model_stats"][0]["inference_stats"]
+    assert stats["cancel"]["count"] >= 1
+
+
+def test_sigterm_finishes_in_flight_requests_then_stops_the_workers(
+    repo: Path, tmp_path: Path
+) -> None:
+    srv = start_server(repo, tmp_path / "pdserve.log", "--http-workers", "2")
+    pids = worker_pids(srv)
+    assert len(pids) == 2
+    sock = _open_infer(srv, "cancel_loop", 1.5)
+    _wait_for(
+        "the run to start", lambda: "start 1.5" in (repo / "cancel_loop" / "runs.log").read_text()
+    )
+    srv.proc.send_signal(signal.SIGTERM)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "the in-flight request lost its connection"
+        data += chunk
+    sock.close()
+    assert data.startswith(b"HTTP/1.1 200"), data[:200]
+    assert b"connection: close" in data.lower()  # answered while shutting down
+    assert srv.proc.wait(60) == 0, srv.log()
+    for pid in pids:
+        assert (
+            not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+        )
 
 
 def test_taken_port_fails_the_start(tmp_path: Path) -> None:
