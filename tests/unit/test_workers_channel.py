@@ -24,13 +24,14 @@ from pdserve.frontends.workers import channel as ch
 def _inline_write(arr: np.ndarray) -> Any:
     from pdserve.backends.python import shm
 
-    return shm.write_tensor(arr, lambda n: None)
+    return tuple(shm.write_tensor(arr, lambda n: None))
 
 
 def _inline_read(desc: Any) -> np.ndarray:
     from pdserve.backends.python import shm
+    from pdserve.backends.python.messages import TensorDesc
 
-    return shm.read_tensor(desc, {})
+    return shm.read_tensor(TensorDesc(*desc), {})
 
 
 def test_request_round_trip_keeps_every_field() -> None:

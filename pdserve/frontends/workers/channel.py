@@ -96,8 +96,12 @@ _ERROR_EXTRAS = ("http_headers", "retry_after")
 
 _new = tuple.__new__
 
-WriteTensor = Callable[[np.ndarray], TensorDesc]
-ReadTensor = Callable[[TensorDesc], np.ndarray]
+#: numpy kinds written inline by :meth:`Channel.write`'s fast path (not BYTES).
+_INLINE_KINDS = frozenset("biufc")
+
+#: ``write(array) -> the plain tuple of its TensorDesc``; ``read(that tuple) -> array``.
+WriteTensor = Callable[[np.ndarray], tuple[Any, ...]]
+ReadTensor = Callable[[tuple[Any, ...]], np.ndarray]
 
 
 # --------------------------------------------------------------------------- wire forms
@@ -127,7 +131,7 @@ def request_to_wire(request: InferRequest, write: WriteTensor) -> tuple[Any, ...
     return (
         request.model_name,
         request.model_version,
-        {name: tuple(write(arr)) for name, arr in request.inputs.items()},
+        {name: write(arr) for name, arr in request.inputs.items()},
         None
         if outputs is None
         else [(o.name, o.binary_data, o.classification, o.parameters) for o in outputs],
@@ -147,7 +151,7 @@ def request_from_wire(wire: tuple[Any, ...], read: ReadTensor) -> InferRequest:
     return InferRequest(
         model_name=wire[0],
         model_version=wire[1],
-        inputs={name: read(_new(TensorDesc, desc)) for name, desc in wire[2].items()},
+        inputs={name: read(desc) for name, desc in wire[2].items()},
         outputs=None if outputs is None else [RequestedOutput(*o) for o in outputs],
         id=wire[4],
         parameters=wire[5],
@@ -164,7 +168,7 @@ def response_to_wire(response: InferResponse, write: WriteTensor) -> tuple[Any, 
     return (
         response.model_name,
         response.model_version,
-        {name: tuple(write(np.asarray(arr))) for name, arr in response.outputs.items()},
+        {name: write(np.asarray(arr)) for name, arr in response.outputs.items()},
         response.id,
         response.parameters,
     )
@@ -175,7 +179,7 @@ def response_from_wire(wire: tuple[Any, ...], read: ReadTensor) -> InferResponse
     return InferResponse(
         wire[0],
         wire[1],
-        {name: read(_new(TensorDesc, desc)) for name, desc in wire[2].items()},
+        {name: read(desc) for name, desc in wire[2].items()},
         wire[3],
         wire[4],
     )
@@ -238,18 +242,23 @@ class Channel:
     def _alloc(self, nbytes: int) -> tuple[shm.Arena, int] | None:
         return self.pool.alloc(nbytes) if nbytes >= SHM_MIN_BYTES else None
 
-    def write(self, arr: np.ndarray) -> TensorDesc:
-        """Describe ``arr`` for the peer: copied once into this end's arena, or inline
-        when it is under :data:`SHM_MIN_BYTES` (or the pool is full)."""
-        return shm.write_tensor(arr, self._alloc)
+    def write(self, arr: np.ndarray) -> tuple[Any, ...]:
+        """Describe ``arr`` for the peer (a :class:`TensorDesc` as a plain tuple): copied
+        once into this end's arena, or inline when it is under :data:`SHM_MIN_BYTES`
+        (or the pool is full)."""
+        dtype = arr.dtype
+        if arr.nbytes < SHM_MIN_BYTES and dtype.kind in _INLINE_KINDS and dtype.byteorder != ">":
+            # the common small numeric tensor, without the general path's records
+            return (dtype.str, arr.shape, arr.tobytes(), -1, 0, 0)
+        return tuple(shm.write_tensor(arr, self._alloc))
 
-    def read(self, desc: TensorDesc) -> np.ndarray:
-        """The array ``desc`` names: a read-only view of the peer's arena (its block goes
-        back once the last view is gone) or of the frame's bytes."""
-        inline = desc.inline
-        if inline is not None and desc.dtype != "BYTES":
-            return np.frombuffer(inline, dtype=np.dtype(desc.dtype)).reshape(desc.shape)
-        return self.peer.read(desc, release=True)
+    def read(self, desc: tuple[Any, ...]) -> np.ndarray:
+        """The array a :meth:`write` tuple names: a read-only view of the peer's arena
+        (its block goes back once the last view is gone) or of the frame's bytes."""
+        inline = desc[2]
+        if inline is not None and desc[0] != "BYTES":
+            return np.frombuffer(inline, dtype=desc[0]).reshape(desc[1])
+        return self.peer.read(_new(TensorDesc, desc), release=True)
 
     # -- sending ----------------------------------------------------------------------
 
