@@ -38,6 +38,7 @@ FLAGS = {
     "--http-idle-timeout-secs",
     "--http-max-connections",
     "--http-workers",
+    "--http-server",
     "--allow-grpc",
     "--grpc-port",
     "--grpc-max-message-bytes",
