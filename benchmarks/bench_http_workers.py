@@ -13,6 +13,7 @@ compare the ratios, not absolute figures (the machine is shared).
 Usage::
 
     python benchmarks/bench_http_workers.py [--seconds 8] [--connections 32,128] [--rounds 1]
+        [--servers native,asgi]
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--cores", default="0,1", help="taskset cores of the server")
+    ap.add_argument("--servers", default="native", help="--http-server values to run")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         print("wrk is missing (apt-get install wrk)", file=sys.stderr)
@@ -93,10 +95,18 @@ def main() -> int:
     with open("/proc/loadavg") as f:
         load_before = f.read().split()[:3]
     runs: dict[str, list[dict[str, object]]] = {}
+    configs = [(srv, n) for srv in args.servers.split(",") for n in workers]
     for _ in range(args.rounds):
-        for n in workers:
+        for srv, n in configs:
             proc, port, _, _ = start_server(
-                repo, "--log-verbose", "0", "--http-workers", str(n), core=args.cores
+                repo,
+                "--log-verbose",
+                "0",
+                "--http-workers",
+                str(n),
+                "--http-server",
+                srv,
+                core=args.cores,
             )
             try:
                 wrk(port, lua, 2, max(conns))  # warm-up
@@ -107,7 +117,7 @@ def main() -> int:
                     count = int(result["requests"] or 0)  # type: ignore[call-overload]
                     result["cpu_us_per_request"] = round(cpu / count * 1e6, 1) if count else None
                     result["server_cpu_s"] = round(cpu, 2)
-                    key = f"workers={n} c={c}"
+                    key = f"{srv} workers={n} c={c}"
                     runs.setdefault(key, []).append(result)
                     print(key, result, flush=True)
                     if result["non_2xx"]:
@@ -123,10 +133,10 @@ def main() -> int:
         return statistics.median(float(r[field] or 0) for r in runs[key])  # type: ignore[arg-type]
 
     ratios = {}
-    for c in conns:
-        one, two = f"workers=1 c={c}", f"workers=2 c={c}"
+    for srv, c in [(srv, c) for srv in args.servers.split(",") for c in conns]:
+        one, two = f"{srv} workers=1 c={c}", f"{srv} workers=2 c={c}"
         if one in runs and two in runs:
-            ratios[f"c={c}"] = {
+            ratios[f"{srv} c={c}"] = {
                 "rps_2_over_1": round(med(two, "rps") / med(one, "rps"), 3),
                 "cpu_per_request_2_over_1": round(
                     med(two, "cpu_us_per_request") / med(one, "cpu_us_per_request"), 3
