@@ -12,11 +12,13 @@ last view is garbage-collected, the release riding on the reader's next frame.
 Tensors under :data:`SHM_MIN_BYTES` travel inside the frame instead (measured cheaper
 than the allocator's bookkeeping and the release message for a 256-byte tensor).
 
-Frames are :func:`pdserve.backends.python.shm.encode_payload`'s (4-byte length +
-pickle) of the plain tuple ``(kind, body, control)``: ``kind`` one of the constants
-below, ``body`` a tuple of plain values (requests, responses and errors in the wire
-forms of :func:`request_to_wire`, :func:`response_to_wire`, :func:`error_to_wire`),
-``control`` the arena bookkeeping (new arenas, released blocks) or None.
+What one turn of the event loop sends is one frame of
+:func:`pdserve.backends.python.shm.encode_payload` (4-byte length + one pickle): the
+plain tuple ``(control, [(kind, body), ...])``: ``control`` the arena bookkeeping (new
+arenas, whose descriptors ride with the frame's first byte, and released blocks) or
+None, then the turn's messages in order, each ``kind`` one of the constants below and
+``body`` a tuple of plain values (requests, responses and errors in the wire forms of
+:func:`request_to_wire`, :func:`response_to_wire`, :func:`error_to_wire`).
 
 =========  =============  ===================================================
 kind       direction      body
@@ -35,8 +37,9 @@ LOGS       main->worker   ``(changes,)``: apply these log settings
 DRAIN      main->worker   ``()``: the server is shutting down (``Connection: close``)
 =========  =============  ===================================================
 
-Writes are coalesced: frames queued during one turn of the event loop go out in one
-``send`` at its end, so under load a system call carries many requests.
+Writes are coalesced: messages queued during one turn of the event loop go out in one
+frame and one ``send`` at its end, so under load one pickle and one system call carry
+many requests.
 """
 
 from __future__ import annotations
@@ -228,9 +231,7 @@ class Channel:
         self.on_frame = on_frame
         self.on_close = on_close
         self.closed = False
-        self._pending: list[bytes] = []  # frames of this loop turn
-        self._pending_fds: list[int] = []
-        self._pending_arenas: list[shm.Arena] = []
+        self._pending: list[tuple[int, tuple[Any, ...]]] = []  # frames of this loop turn
         self._flush_scheduled = False
         self._out: deque[list[Any]] = deque()  # [memoryview, fds, arenas] not yet sent
         self._writing = False
@@ -267,11 +268,7 @@ class Channel:
         and the peer's released blocks ride along. Nothing happens once closed."""
         if self.closed:
             return
-        control, arenas = shm.outgoing_control(self.pool, self.peer)
-        self._pending.append(shm.encode_payload((kind, body, control_to_wire(control))))
-        if arenas:
-            self._pending_fds.extend(a.fd for a in arenas)
-            self._pending_arenas.extend(arenas)
+        self._pending.append((kind, body))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._end_of_turn)
@@ -280,11 +277,12 @@ class Channel:
         self._flush_scheduled = False
         if self.closed or not self._pending:
             return
-        data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
-        self._pending = []
-        fds, self._pending_fds = self._pending_fds, []
-        arenas, self._pending_arenas = self._pending_arenas, []
-        self._out.append([memoryview(data), fds, arenas])
+        frames, self._pending = self._pending, []
+        # one pickle for the turn's frames, with the arena bookkeeping once (new arenas
+        # come before the frames that use them: the reader applies it first)
+        control, arenas = shm.outgoing_control(self.pool, self.peer)
+        data = shm.encode_payload((control_to_wire(control), frames))
+        self._out.append([memoryview(data), [a.fd for a in arenas], arenas])
         if not self._writing:
             self._flush()
 
@@ -330,12 +328,16 @@ class Channel:
             self._closed()
             return
         self.frames.feed(data, ancdata)
-        for kind, body, control in self.frames.payloads():
+        for control, frames in self.frames.payloads():
             try:
                 shm.apply_control(control_from_wire(control), self.frames, self.peer, self.pool)
-                self.on_frame(kind, body)
             except Exception:
-                log.exception("%s: bad frame from the peer", self.pool.label)
+                log.exception("%s: bad arena control from the peer", self.pool.label)
+            for kind, body in frames:
+                try:
+                    self.on_frame(kind, body)
+                except Exception:
+                    log.exception("%s: bad frame from the peer", self.pool.label)
 
     def _closed(self) -> None:
         if self.closed:
@@ -364,7 +366,6 @@ class Channel:
             if fds:
                 self.pool.sent(arenas)
         self._out.clear()
-        self.pool.sent(self._pending_arenas)
-        self._pending_arenas = []
+        self._pending = []
         self.pool.close()
         self.peer.close()
