@@ -36,6 +36,7 @@ import tritonclient.utils.shared_memory as shmclient
 
 from tests.conftest import ServerProcess, copy_models, free_port, start_server
 from tests.goldens import tiny_reference
+from tests.traffic_keys import sha256_hash
 
 PY_MODELS = Path(__file__).resolve().parents[1] / "data" / "python_models"
 
@@ -478,6 +479,57 @@ def test_sigterm_finishes_in_flight_requests_then_stops_the_workers(
         assert (
             not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
         )
+
+
+def test_a_keys_rate_limit_counts_its_requests_through_both_workers(tmp_path: Path) -> None:
+    """The gate runs in the main process: 6 requests per hour for the key, sent over
+    connections on both workers, admit exactly 6; a bad key is a 401 through either."""
+    repo = copy_models(tmp_path / "repo", "tiny")
+    key = "workers-key-3c1d"
+    cfg = tmp_path / "auth.yaml"
+    cfg.write_text(
+        "keys:\n"
+        "  - name: w\n"
+        f"    hash: {sha256_hash(key)}\n"
+        "    rate_limit: 6/hour\n"
+        "anonymous:\n"
+        "  models: ['*']\n"
+        "  apis: [health]\n"
+    )
+    srv = start_server(
+        repo, tmp_path / "pdserve.log", "--http-workers", "2", "--auth-config", str(cfg)
+    )
+    try:
+        by_pid = connections_on_each_worker(srv, per_worker=2)
+        payload = json.dumps(_tiny_body(np.ones((1, 64), np.float32))).encode()
+        statuses: dict[int, list[int]] = {}
+        for pid, conns in by_pid.items():
+            for conn in conns:
+                for _ in range(3):
+                    conn.request(
+                        "POST", TINY_INFER, body=payload, headers={"authorization": f"Bearer {key}"}
+                    )
+                    resp = conn.getresponse()
+                    resp.read()
+                    statuses.setdefault(pid, []).append(resp.status)
+                    if resp.status == 429:
+                        assert int(resp.getheader("retry-after")) >= 1
+        flat = [s for pid_statuses in statuses.values() for s in pid_statuses]
+        assert sorted(flat) == [200] * 6 + [429] * 6, statuses
+        for conns in by_pid.values():
+            conns[0].request(
+                "POST", TINY_INFER, body=payload, headers={"authorization": "Bearer nope"}
+            )
+            resp = conns[0].getresponse()
+            resp.read()
+            assert (
+                resp.status == 401
+                and "bearer" in (resp.getheader("www-authenticate") or "").lower()
+            )
+            for conn in conns:
+                conn.close()
+    finally:
+        srv.stop()
 
 
 def test_taken_port_fails_the_start(tmp_path: Path) -> None:

@@ -53,9 +53,13 @@ class WorkerLink:
         self.hub = hub
         self.channel = channel
         self.index = index
-        #: call id -> the token of an INFER, or the task of a STREAM / CALL
+        #: call id -> the token of an INFER in flight
         self.tokens: dict[int, CancelToken] = {}
-        self.tasks: dict[int, asyncio.Task[Any]] = {}
+        #: call id -> the task of a STREAM in flight (closed on CANCEL or the worker's death)
+        self.streams: dict[int, asyncio.Task[Any]] = {}
+        #: the tasks of CALLs in flight (a load or unload runs to its end even when the
+        #: worker that asked dies, as it does when an HTTP client goes away)
+        self.calls: set[asyncio.Task[Any]] = set()
         #: the worker's pid once it listens (its ``READY``)
         self.ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
@@ -113,7 +117,7 @@ class FrontendHub:
             link.ready.exception()  # only a caller that waits on it cares
         for token in list(link.tokens.values()):
             token.cancel(client_gone("the HTTP front-end worker of this request exited"))
-        for task in list(link.tasks.values()):
+        for task in list(link.streams.values()):
             task.cancel()
 
     # -- frames -----------------------------------------------------------------------
@@ -131,26 +135,29 @@ class FrontendHub:
             held = link.tokens.get(call_id)
             if held is not None:
                 held.cancel(client_gone())
-            task = link.tasks.get(call_id)
+            task = link.streams.get(call_id)
             if task is not None:
                 task.cancel()
         elif kind == ch.STREAM:
             call_id = body[0]
             request = ch.request_from_wire(body[1], link.channel.read)
-            self._spawn(link, call_id, self._run_stream(link, call_id, request))
+            stream = asyncio.get_running_loop().create_task(
+                self._run_stream(link, call_id, request)
+            )
+            link.streams[call_id] = stream
+            stream.add_done_callback(lambda _t: link.streams.pop(call_id, None))
         elif kind == ch.CALL:
             call_id, method, args = body
-            self._spawn(link, call_id, self._run_call(link, call_id, method, args))
+            call = asyncio.get_running_loop().create_task(
+                self._run_call(link, call_id, method, args)
+            )
+            link.calls.add(call)
+            call.add_done_callback(link.calls.discard)
         elif kind == ch.READY:
             if not link.ready.done():
                 link.ready.set_result(body[0])
         else:
             log.error("HTTP worker %d: unexpected frame kind %r", link.index, kind)
-
-    def _spawn(self, link: WorkerLink, call_id: int, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        link.tasks[call_id] = task
-        task.add_done_callback(lambda _t: link.tasks.pop(call_id, None))
 
     async def _run_infer(self, link: WorkerLink, call_id: int, request: Any) -> None:
         channel = link.channel
