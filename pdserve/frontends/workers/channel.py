@@ -9,8 +9,11 @@ its own :class:`~pdserve.backends.python.shm.ArenaPool` (one copy), announces ne
 arenas by passing their descriptors over the socket (``SCM_RIGHTS``), and the reader
 makes numpy views of them (no copy); a block goes back to its writer when the reader's
 last view is garbage-collected, the release riding on the reader's next frame.
-Tensors under :data:`SHM_MIN_BYTES` travel inside the frame instead (measured cheaper
-than the allocator's bookkeeping and the release message for a 256-byte tensor).
+Tensors under :data:`SHM_MIN_BYTES` travel inside the frame instead. Measured in one
+process (write, pickle, unpickle, read, release; the socket's two extra copies of an
+inline tensor not counted): 256 B ~5 µs inline vs ~10 µs through an arena (allocation,
+the view's finalizer, the release), 4 KiB 5 vs 21 µs, 16 KiB 13 vs 29 µs, 64 KiB about
+equal, 256 KiB ~0.7 ms inline vs 27 µs.
 
 What one turn of the event loop sends is one frame of
 :func:`pdserve.backends.python.shm.encode_payload` (4-byte length + one pickle): the
