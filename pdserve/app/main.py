@@ -442,7 +442,7 @@ async def start_native_http(
         ) from None
     task = asyncio.create_task(http.wait_stopped(), name="pdserve-http")
     log.info(
-        "HTTP (KServe V2, native transport) listening on http://%s:%d",
+        "HTTP (KServe V2) listening on http://%s:%d (native transport)",
         settings.host,
         settings.http_port,
     )

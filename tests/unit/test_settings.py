@@ -29,6 +29,7 @@ FLAGS = {
     "--max-instance-count",
     "--host-policy",
     "--http-port",
+    "--http-server",
     "--max-request-bytes",
     "--http-body-timeout-secs",
     "--http-max-json-bytes",
@@ -38,7 +39,6 @@ FLAGS = {
     "--http-idle-timeout-secs",
     "--http-max-connections",
     "--http-workers",
-    "--http-server",
     "--allow-grpc",
     "--grpc-port",
     "--grpc-max-message-bytes",
@@ -503,3 +503,17 @@ def test_a_repository_url_is_served_from_its_cache(tmp_path: Path) -> None:
     assert s.repository == tmp_path / "repository"
     plain = parse(tmp_path)
     assert plain.remote_repository_url is None and plain.repository == tmp_path
+
+
+def test_http_server_defaults_to_native_or_the_environment_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pdserve.app import settings as settings_module
+
+    monkeypatch.delenv("PDSERVE_HTTP_SERVER", raising=False)
+    assert settings_module.default_http_server() == "native"
+    monkeypatch.setenv("PDSERVE_HTTP_SERVER", "asgi")
+    assert settings_module.default_http_server() == "asgi"
+    assert parse(tmp_path, "--http-server", "native").http_server == "native"
+    with pytest.raises(SettingsError, match="--http-server"):
+        Settings(model_repository=tmp_path, http_server="bogus").validate()

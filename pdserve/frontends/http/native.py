@@ -119,7 +119,7 @@ _VARY = b"\r\nvary: accept-encoding"
 # Deadline kinds of a connection.
 _NONE, _IDLE, _HEAD, _BODY = 0, 1, 2, 3
 # Reasons reading is paused (a bit mask).
-_PIPE, _WRITE, _STOP = 1, 2, 4
+_PIPE, _WRITE = 1, 2
 
 
 class _Rejected(Exception):
@@ -187,6 +187,17 @@ def _unread_bytes(transport: Any) -> int:
     except (OSError, ValueError):
         return 0
     return int(struct.unpack("i", bytes(buf))[0])
+
+
+def _origin_form(url: bytes) -> bytes:
+    """The path and query of an absolute-form request target (``http://host/p?q``,
+    RFC 9112 3.2.2), as uvicorn reads it; other targets (``*``) unchanged."""
+    try:
+        parsed = httptools.parse_url(url)
+    except httptools.HttpParserInvalidURLError:
+        return url
+    path = parsed.path or b"/"
+    return path + b"?" + parsed.query if parsed.query else path
 
 
 class _Request:
@@ -439,7 +450,7 @@ class HttpConnection(asyncio.Protocol):
             waiter.set_result(None)
 
     def _pause(self, reason: int) -> None:
-        if not self._paused and not self._gone:
+        if not self._paused and not self._gone and not self.transport.is_closing():
             self.transport.pause_reading()
         self._paused |= reason
 
@@ -447,7 +458,7 @@ class HttpConnection(asyncio.Protocol):
         if not self._paused & reason:
             return
         self._paused &= ~reason
-        if not self._paused and not self._gone:
+        if not self._paused and not self._gone and not self.transport.is_closing():
             self.transport.resume_reading()
 
     def abort(self) -> None:
@@ -537,7 +548,6 @@ class HttpConnection(asyncio.Protocol):
             # The request asked for a protocol upgrade, which pdserve does not do: it is
             # answered (it is complete) and the connection closes after it.
             self._broken = True
-            self._pause(_STOP)
             if self._idle() and self._pending_error is None:
                 self.transport.close()
             return False
@@ -655,9 +665,12 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         parser = self.parser
+        url = self._url
+        if url[:1] != b"/":
+            url = _origin_form(url)
         request = _Request(
             parser.get_method(),
-            self._url,
+            url,
             self._headers,
             self._body,  # type: ignore[arg-type]  # bytes or bytearray: both read alike
             parser.should_keep_alive(),
@@ -671,9 +684,9 @@ class HttpConnection(asyncio.Protocol):
         self.deadline = 0.0
         self.deadline_kind = _NONE
         if not request.keep_alive:
-            # Nothing after a request that closes the connection is read.
+            # Nothing after a request that closes the connection is parsed (what comes
+            # is read and dropped: reading on is how a disconnect is seen).
             self._broken = True
-            self._pause(_STOP)
         if self._busy or self._queue:
             self._queue.append(request)
             if len(self._queue) >= MAX_PIPELINE:
@@ -751,6 +764,10 @@ class HttpConnection(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 - answered; the connection carries on
             self._answer_error(request, exc, "POST", model)
             return
+        except BaseException:  # cancelled: no answer can be trusted; close
+            request.keep_alive = False
+            self._finish(request, None)
+            raise
         if self._gone:
             self._finish(request, None)
             return
@@ -861,7 +878,6 @@ class HttpConnection(asyncio.Protocol):
         if close:
             request.keep_alive = False
             self._broken = True
-            self._pause(_STOP)
         if self._gone:
             self._finish(request, None)
             return
@@ -871,7 +887,7 @@ class HttpConnection(asyncio.Protocol):
         """Write ``data`` (the whole response; None: already written) and go on with
         the next request, or close."""
         transport = self.transport
-        if data is not None and not self._gone:
+        if data is not None and not self._gone and not transport.is_closing():
             if self._head_only:
                 end = data.find(b"\r\n\r\n")
                 if end >= 0:
@@ -913,7 +929,6 @@ class HttpConnection(asyncio.Protocol):
         self._rejection = None
         self.deadline = 0.0
         self.deadline_kind = _NONE
-        self._pause(_STOP)
         data = _error_bytes(status, message)
         if self._busy or self._queue:
             self._pending_error = data
@@ -934,6 +949,10 @@ class HttpConnection(asyncio.Protocol):
                 return
             logger.exception("error serving %s", request.url[:200])
             request.keep_alive = False
+        except BaseException:  # cancelled: close
+            request.keep_alive = False
+            self._finish(request, None)
+            raise
         if not exchange.started:
             self._answer_error(
                 request,
@@ -943,10 +962,9 @@ class HttpConnection(asyncio.Protocol):
             )
             return
         if not exchange.complete:
-            # ended mid-stream: the client cannot know where the body ends
+            # ended mid-stream: closing without the last chunk tells the client that the
+            # body is incomplete
             request.keep_alive = False
-            if exchange.chunked and not self._gone and not self._head_only:
-                self.transport.write(b"0\r\n\r\n")
         self._finish(request, None)
 
     def disconnected_future(self) -> asyncio.Future[None]:
@@ -1008,7 +1026,9 @@ class _AsgiExchange:
         if not self._sent:
             self._sent = True
             return {"type": "http.request", "body": self.request.body, "more_body": False}
-        await self.conn.disconnected_future()
+        # shielded: a cancelled receive() (the SSE watcher's) must not cancel the
+        # connection's future, which the next request's receive() awaits too
+        await asyncio.shield(self.conn.disconnected_future())
         return {"type": "http.disconnect"}
 
     async def send(self, message: MutableMapping[str, Any]) -> None:
@@ -1023,7 +1043,7 @@ class _AsgiExchange:
         body: bytes = message.get("body", b"")
         more = message.get("more_body", False)
         request = self.request
-        if conn._gone:
+        if conn._gone or conn.transport.is_closing():
             self.started = True
             self.complete = not more
             return
@@ -1037,7 +1057,6 @@ class _AsgiExchange:
                     if name == b"connection" and value.lower() == b"close":
                         request.keep_alive = False
                         conn._broken = True
-                        conn._pause(_STOP)
                     elif name == b"content-encoding":
                         encoded = True
                 gzipped = (
