@@ -59,6 +59,7 @@ import importlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -70,6 +71,7 @@ from pdserve.app import listeners
 from pdserve.app.settings import Settings
 from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
 from pdserve.cache import AnyResponseCache, RedisResponseCache, ResponseCache
+from pdserve.core.api import InferenceCore
 from pdserve.core.errors import InferError
 from pdserve.frontends.http.app import HttpApp, create_http_app
 from pdserve.frontends.http.native import NativeHttpServer
@@ -338,16 +340,21 @@ def build_tracer(settings: Settings) -> TraceManager:
 
 async def start_http(
     settings: Settings,
-    server: InferenceServer,
+    server: InferenceCore,
     draining: Callable[[], bool] = lambda: False,
     gate: TrafficGate | None = None,
     shm: SharedMemoryRegistry | None = None,
+    sock: socket.socket | None = None,
 ) -> tuple[asyncio.Task[Any], Stop]:
     """Step 3: the HTTP listener; returns once it listens.
 
     Args:
+        server: the core; an ``--http-workers`` worker passes its proxy
+            (:class:`pdserve.frontends.workers.proxy.ProxyCore`).
         draining: true from the shutdown signal on: responses then say
             ``Connection: close``.
+        sock: a bound, listening socket to serve (a front-end worker's
+            ``SO_REUSEPORT`` socket); None: bind ``--host``:``--http-port``.
 
     Returns:
         the task serving HTTP (it ends if the listener dies) and the stopper: it
@@ -366,13 +373,13 @@ async def start_http(
         shared_memory=shm,
     )
     if settings.http_server == "native":
-        return await start_native_http(settings, http_app, draining)
+        return await start_native_http(settings, http_app, draining, sock)
     app = listeners.close_connections_while(draining, http_app)
     http = serve_http(app, settings.host, settings.http_port, limits=settings.http_limits)
 
     async def run() -> None:
         try:
-            await http.serve()
+            await http.serve(sockets=None if sock is None else [sock])
         except SystemExit:  # uvicorn exits when it cannot bind (it logged why)
             raise StartError(
                 f"could not listen for HTTP on {settings.host}:{settings.http_port}"
@@ -403,7 +410,10 @@ async def start_http(
 
 
 async def start_native_http(
-    settings: Settings, app: HttpApp, draining: Callable[[], bool]
+    settings: Settings,
+    app: HttpApp,
+    draining: Callable[[], bool],
+    sock: socket.socket | None = None,
 ) -> tuple[asyncio.Task[Any], Stop]:
     """Step 3 with ``--http-server native``: :class:`NativeHttpServer` serving ``app``.
 
@@ -417,7 +427,12 @@ async def start_native_http(
         StartError: the address cannot be bound.
     """
     http = NativeHttpServer(
-        app, settings.host, settings.http_port, limits=settings.http_limits, draining=draining
+        app,
+        settings.host,
+        settings.http_port,
+        limits=settings.http_limits,
+        draining=draining,
+        sock=sock,  # a front-end worker's SO_REUSEPORT listener (--http-workers)
     )
     try:
         await http.start()
@@ -443,6 +458,55 @@ async def start_native_http(
             await http.shutdown(LISTENER_GRACE_SECS)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, LISTENER_GRACE_SECS)
+
+    return task, stop
+
+
+async def start_http_workers(
+    settings: Settings,
+    server: InferenceServer,
+    draining: Callable[[], bool] = lambda: False,
+    gate: TrafficGate | None = None,
+    shm: SharedMemoryRegistry | None = None,
+) -> tuple[asyncio.Task[Any], Stop]:
+    """Step 3 with ``--http-workers N`` (N > 1): N front-end worker processes on the
+    HTTP port (:mod:`pdserve.app.http_workers`); returns once each listens.
+
+    Returns:
+        a task that ends only if the workers' supervision fails, and the stopper (each
+        worker closes its listener as :func:`start_http`'s does, then exits).
+
+    Raises:
+        StartError: the port is taken or a worker did not start.
+    """
+    from pdserve.app.http_workers import HttpWorkers
+
+    workers = HttpWorkers(
+        settings, server, shm if shm is not None else SharedMemoryRegistry(), gate, draining
+    )
+    try:
+        await workers.start()
+    except OSError as e:
+        raise StartError(
+            f"could not listen for HTTP on {settings.host}:{settings.http_port}: {e}"
+        ) from None
+    except RuntimeError as e:
+        raise StartError(str(e)) from None
+    log.info(
+        "HTTP (KServe V2) listening on http://%s:%d (%d worker processes)",
+        settings.host,
+        workers.port,
+        workers.count,
+    )
+
+    async def supervise() -> None:
+        await workers.failed
+
+    task = asyncio.create_task(supervise(), name="pdserve-http-workers")
+
+    async def stop() -> None:
+        await workers.stop()
+        task.cancel()
 
     return task, stop
 
@@ -660,7 +724,12 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
 
             stops.append(("tracing", stop_tracing))
         shm = SharedMemoryRegistry(enabled=settings.allow_client_shm)  # --allow-client-shm
-        http_task, stop_http = await start_http(settings, server, stop_event.is_set, gate, shm)
+        if settings.http_workers > 1:  # --http-workers: front ends in their own processes
+            http_task, stop_http = await start_http_workers(
+                settings, server, stop_event.is_set, gate, shm
+            )
+        else:
+            http_task, stop_http = await start_http(settings, server, stop_event.is_set, gate, shm)
         stops.append(("HTTP", stop_http))
         if grpc_server is not None:
             stops.append(("gRPC", await start_grpc(settings, server, grpc_server, gate, shm)))

@@ -359,6 +359,17 @@ class Settings:
         "closed at once. 0: half the open-file limit (ulimit -n) (default {default})",
         type=int,
     )
+    http_workers: int = _flag(
+        "--http-workers",
+        1,
+        "HTTP",
+        "HTTP front-end processes on --http-port (SO_REUSEPORT). 1: the server process "
+        "serves HTTP itself. N > 1: N worker processes decode requests and hand tensors "
+        "to the server process through shared memory; models, batching, statistics and "
+        "metrics stay in the server process, and a worker that dies is restarted "
+        "(default {default})",
+        type=int,
+    )
 
     # -- gRPC ---------------------------------------------------------------------------
     allow_grpc: bool = _flag(
@@ -661,6 +672,7 @@ class Settings:
             ("--http-max-header-bytes", self.http_max_header_bytes, 256, " bytes"),
             ("--http-max-header-count", self.http_max_header_count, 1, ""),
             ("--http-max-connections", self.http_max_connections, 0, ""),
+            ("--http-workers", self.http_workers, 1, ""),
         ):
             if count < least:
                 raise SettingsError(flag, f"must be >= {least}{unit}, got {count}")

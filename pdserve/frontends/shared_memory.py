@@ -197,6 +197,9 @@ async def infer_with_shm(
         InferError: as :meth:`SharedMemoryRegistry.read_inputs` /
             :meth:`SharedMemoryRegistry.write_outputs`, and whatever ``infer`` raises.
     """
+    delegate = registry.delegate_infer
+    if delegate is not None:  # an HTTP front-end worker: the main process does it all
+        return await delegate(request, shm_outputs)
     wanted: dict[str, tuple[str, int, int]] = {}
     if shm_outputs is not None and request.outputs:
         for o in request.outputs:
@@ -264,6 +267,13 @@ class SharedMemoryRegistry:
     def __init__(self, enabled: bool = False, shm_dir: str = SHM_DIR) -> None:
         self.enabled = enabled
         self.shm_dir = shm_dir
+        #: Set in an HTTP front-end worker (``--http-workers``): requests that name
+        #: regions are run by ``delegate_infer(request, shm_outputs)`` in the main
+        #: process, where the regions are registered
+        #: (:class:`pdserve.frontends.workers.proxy.ProxySharedMemory`); None here.
+        self.delegate_infer: (
+            Callable[[InferRequest, frozenset[str] | None], Awaitable[InferResponse]] | None
+        ) = None
         self._regions: dict[str, _Region] = {}
         self._lock = threading.Lock()
 

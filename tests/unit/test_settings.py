@@ -38,6 +38,7 @@ FLAGS = {
     "--http-header-timeout-secs",
     "--http-idle-timeout-secs",
     "--http-max-connections",
+    "--http-workers",
     "--allow-grpc",
     "--grpc-port",
     "--grpc-max-message-bytes",
@@ -189,6 +190,8 @@ def test_http_limit_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         "--http-max-connections=7",
     )
     assert s.http_max_json_bytes == 1000
+    assert s.http_workers == 1  # default: the server process serves HTTP itself
+    assert parse(tmp_path, "--http-workers=3").http_workers == 3
     assert s.http_limits == HttpLimits(4096, 10, 2.5, 0.0, 7)
     assert s.http_limits.connection_limit() == 7
     assert parse(tmp_path).http_limits == HttpLimits()
@@ -299,6 +302,7 @@ def test_cache_config_wins_over_byte_size(tmp_path: Path) -> None:
         ),
         (["--log-verbose=-1"], "argument --log-verbose: must be >= 0, got -1"),
         (["--max-instance-count=0"], "argument --max-instance-count: must be >= 1, got 0"),
+        (["--http-workers=0"], "argument --http-workers: must be >= 1, got 0"),
         (["--http-port=eighty"], "argument --http-port: invalid int value: 'eighty'"),
     ],
 )

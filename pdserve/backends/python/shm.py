@@ -441,7 +441,15 @@ def encode_frame(message: Message, control: ArenaControl | None = None) -> bytes
     Raises:
         KeyError: ``message`` is not a :data:`~pdserve.backends.python.messages.Message`.
     """
-    payload = pickle.dumps(to_wire(message, control), protocol=5)
+    return encode_payload(to_wire(message, control))
+
+
+def encode_payload(wire: Any) -> bytes:
+    """Any picklable value as one frame: 4-byte LE length + pickle (protocol 5).
+    :func:`encode_frame` frames this module's messages with it; another channel
+    (the HTTP front-end workers' :mod:`pdserve.frontends.workers.channel`) frames its
+    own records and reads them back with :meth:`FrameReader.payloads`."""
+    payload = pickle.dumps(wire, protocol=5)
     return _HEADER.pack(len(payload)) + payload
 
 
@@ -522,6 +530,16 @@ class FrameReader:
             pickle.UnpicklingError, IndexError, TypeError, ValueError: bytes that are
                 not a frame of :func:`encode_frame`.
         """
+        return [from_wire(wire) for wire in self.payloads()]
+
+    def payloads(self) -> list[Any]:
+        """The unpickled content of every complete frame received so far, in order
+        (:func:`encode_payload`'s value; :meth:`frames` decodes this module's messages
+        from it).
+
+        Raises:
+            pickle.UnpicklingError: bytes that are not a frame of :func:`encode_payload`.
+        """
         out = []
         buf = self._buf
         pos = 0
@@ -530,7 +548,7 @@ class FrameReader:
             (length,) = _HEADER.unpack_from(buf, pos)
             if n - pos - 4 < length:
                 break
-            out.append(from_wire(pickle.loads(memoryview(buf)[pos + 4 : pos + 4 + length])))
+            out.append(pickle.loads(memoryview(buf)[pos + 4 : pos + 4 + length]))
             pos += 4 + length
         if pos:
             del buf[:pos]

@@ -586,12 +586,13 @@ class HttpApp:
         shm = self.shm
         body = b""
         if action == "status":
-            body = _dumps(shm.status(region))
+            body = _dumps(await _call(shm.status, region))
         elif action == "register":
             doc = await self._read_json_object(receive, scope)
-            shm.register(region, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+            args = (region, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+            await _call(shm.register, *args)  # awaitable in an --http-workers worker
         else:
-            shm.unregister(region)
+            await _call(shm.unregister, region)
         await _send_json(send, 200, body)
 
     async def _logging(self, receive: Receive, send: Send, scope: Scope, method: str) -> None:
@@ -600,9 +601,12 @@ class HttpApp:
         A bad name or type is a 400 and changes nothing."""
         if method not in ("GET", "POST"):
             raise _WrongMethodError("GET, POST")
-        if method == "POST":
-            doc = await self._read_json_object(receive, scope)
-            body = _dumps(logs.update_settings(doc))
+        update = await self._read_json_object(receive, scope) if method == "POST" else None
+        hook = getattr(self.server, "log_settings", None)  # an --http-workers worker's core
+        if hook is not None:
+            body = _dumps(await hook(update))
+        elif update is not None:
+            body = _dumps(logs.update_settings(update))
         else:
             body = _dumps(logs.settings_dict())
         await _send_json(send, 200, body)
@@ -620,11 +624,11 @@ class HttpApp:
             raise not_found("this server does not support traffic control")
         if method == "GET":
             describe = control.describe_traffic if action == "traffic" else control.describe_rollout
-            body = _dumps(describe(model))
+            body = _dumps(await _call(describe, model))
         else:
             doc = await self._read_json_object(receive, scope)
             change = control.set_traffic if action == "traffic" else control.rollout_action
-            body = _dumps(change(model, doc))
+            body = _dumps(await _call(change, model, doc))
         await _send_json(send, 200, body)
 
     async def _repository_index(self, receive: Receive, send: Send, scope: Scope) -> None:

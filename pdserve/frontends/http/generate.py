@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -197,8 +198,9 @@ async def serve_generate(
             as JSON with the code's HTTP status).
     """
     arrival_ns = time.monotonic_ns()
-    metadata = server.model_metadata(model, version)
-    batching = server.model_config(model, version).get("max_batch_size", 0) > 0
+    metadata = await _maybe_await(server.model_metadata(model, version))
+    config = await _maybe_await(server.model_config(model, version))
+    batching = config.get("max_batch_size", 0) > 0
     request = generate_request(doc, model, version, metadata, batching, arrival_ns)
     async with contextlib.aclosing(server.infer_stream(request)) as items:
         if not streaming:
@@ -275,3 +277,11 @@ async def _stream_sse(items: Any, receive: Receive, send: Send) -> None:
         error = pumping.exception()
         if error is not None:
             raise error
+
+
+async def _maybe_await(value: Any) -> Any:
+    """``value``, awaited when it is awaitable (an ``--http-workers`` worker's core
+    answers metadata with coroutines)."""
+    if inspect.isawaitable(value):
+        return await value
+    return value

@@ -1,0 +1,243 @@
+"""The main process's side of the HTTP front-end workers' channels.
+
+:class:`FrontendHub` answers every worker's frames (:mod:`.channel`) against the one
+core of the main process, so models, dynamic batching, statistics, Prometheus metrics,
+the response cache, the system shared-memory registry, traffic control and the
+auth/rate-limit gate all stay in one place and count each request once, whichever
+worker decoded it:
+
+- ``INFER``: the request is rebuilt (its inputs are views of the worker's arena),
+  given a :class:`~pdserve.core.cancel.CancelToken` that a ``CANCEL`` from the worker
+  (its client went away) cancels with ``CLIENT_GONE``, and run through
+  ``server.infer``, or through the system shared-memory registry when it names
+  regions (:func:`~pdserve.frontends.shared_memory.infer_with_shm`): the regions are
+  registered here, so registering through one worker and inferring through another
+  works.
+- ``STREAM``: ``server.infer_stream`` (generate_stream, decoupled models); each item
+  goes back as ``ITEM``; ``CANCEL`` closes the generator.
+- ``CALL``: one of :data:`~.channel.CALLS` (health, metadata, statistics, repository,
+  trace, traffic admin, shared-memory registry, log settings, the gate's check).
+  A change of log settings is applied here and sent to every worker (``LOGS``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pdserve.core.api import InferenceCore
+from pdserve.core.cancel import CancelToken
+from pdserve.core.errors import InferError, client_gone, internal, not_found
+from pdserve.frontends.shared_memory import (
+    SharedMemoryRegistry,
+    infer_with_shm,
+    shm_output_names,
+)
+from pdserve.frontends.workers import channel as ch
+from pdserve.observability import logs
+
+if TYPE_CHECKING:
+    from pdserve.frontends.traffic.gate import TrafficGate
+
+log = logging.getLogger("pdserve.workers")
+
+
+class WorkerLink:
+    """One worker's channel in the main process, with its calls in flight."""
+
+    def __init__(self, hub: FrontendHub, channel: ch.Channel, index: int) -> None:
+        self.hub = hub
+        self.channel = channel
+        self.index = index
+        #: call id -> the token of an INFER in flight
+        self.tokens: dict[int, CancelToken] = {}
+        #: call id -> the task of a STREAM in flight (closed on CANCEL or the worker's death)
+        self.streams: dict[int, asyncio.Task[Any]] = {}
+        #: the tasks of CALLs in flight (a load or unload runs to its end even when the
+        #: worker that asked dies, as it does when an HTTP client goes away)
+        self.calls: set[asyncio.Task[Any]] = set()
+        #: the worker's pid once it listens (its ``READY``)
+        self.ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+
+class FrontendHub:
+    """Serves the front-end workers' channels against ``server``.
+
+    Args:
+        server: the core (:class:`~pdserve.core.api.InferenceCore`).
+        shared_memory: the system shared-memory registry (shared with gRPC).
+        gate: the auth / rate-limit gate, or None: a worker's ``gate.check`` is then
+            refused (it never asks without one).
+    """
+
+    def __init__(
+        self,
+        server: InferenceCore,
+        shared_memory: SharedMemoryRegistry,
+        gate: TrafficGate | None = None,
+    ) -> None:
+        self.server = server
+        self.shm = shared_memory
+        self.gate = gate
+        self.links: set[WorkerLink] = set()
+        self._infer = server.infer
+
+    def attach(self, sock: Any, index: int, on_close: Callable[[], None]) -> WorkerLink:
+        """Serve the main process's end of worker ``index``'s socketpair."""
+        link: WorkerLink | None = None
+
+        def on_frame(kind: int, body: tuple[Any, ...]) -> None:
+            assert link is not None
+            self._on_frame(link, kind, body)
+
+        def closed() -> None:
+            assert link is not None
+            self._gone(link)
+            on_close()
+
+        channel = ch.Channel(sock, f"http-worker{index}.out", on_frame, closed)
+        link = WorkerLink(self, channel, index)
+        self.links.add(link)
+        return link
+
+    def broadcast(self, kind: int, body: tuple[Any, ...]) -> None:
+        """Send one frame to every worker."""
+        for link in self.links:
+            link.channel.send(kind, body)
+
+    def _gone(self, link: WorkerLink) -> None:
+        """The worker died: its clients are gone; cancel what it asked for."""
+        self.links.discard(link)
+        if not link.ready.done():
+            link.ready.set_exception(ConnectionError("the worker exited while starting"))
+            link.ready.exception()  # only a caller that waits on it cares
+        for token in list(link.tokens.values()):
+            token.cancel(client_gone("the HTTP front-end worker of this request exited"))
+        for task in list(link.streams.values()):
+            task.cancel()
+
+    # -- frames -----------------------------------------------------------------------
+
+    def _on_frame(self, link: WorkerLink, kind: int, body: tuple[Any, ...]) -> None:
+        if kind == ch.INFER:
+            call_id = body[0]
+            request = ch.request_from_wire(body[1], link.channel.read)
+            token = CancelToken()
+            request.cancelled = token
+            link.tokens[call_id] = token
+            asyncio.get_running_loop().create_task(self._run_infer(link, call_id, request))
+        elif kind == ch.CANCEL:
+            call_id = body[0]
+            held = link.tokens.get(call_id)
+            if held is not None:
+                held.cancel(client_gone())
+            task = link.streams.get(call_id)
+            if task is not None:
+                task.cancel()
+        elif kind == ch.STREAM:
+            call_id = body[0]
+            request = ch.request_from_wire(body[1], link.channel.read)
+            stream = asyncio.get_running_loop().create_task(
+                self._run_stream(link, call_id, request)
+            )
+            link.streams[call_id] = stream
+            stream.add_done_callback(lambda _t: link.streams.pop(call_id, None))
+        elif kind == ch.CALL:
+            call_id, method, args = body
+            call = asyncio.get_running_loop().create_task(
+                self._run_call(link, call_id, method, args)
+            )
+            link.calls.add(call)
+            call.add_done_callback(link.calls.discard)
+        elif kind == ch.READY:
+            if not link.ready.done():
+                link.ready.set_result(body[0])
+        else:
+            log.error("HTTP worker %d: unexpected frame kind %r", link.index, kind)
+
+    async def _run_infer(self, link: WorkerLink, call_id: int, request: Any) -> None:
+        channel = link.channel
+        try:
+            shm_outputs = shm_output_names(request) if request.outputs else None
+            if request.shm_inputs is None and shm_outputs is None:
+                response = await self._infer(request)
+            else:
+                response = await infer_with_shm(self.shm, request, self._infer, shm_outputs)
+            channel.send(ch.RESPONSE, (call_id, ch.response_to_wire(response, channel.write)))
+        except InferError as exc:
+            channel.send(ch.ERROR, (call_id, ch.error_to_wire(exc)))
+        except Exception as exc:  # noqa: BLE001 - one request must not take the hub down
+            log.exception("HTTP worker %d: inference failed", link.index)
+            channel.send(ch.ERROR, (call_id, ch.error_to_wire(internal(f"{exc}"))))
+        finally:
+            link.tokens.pop(call_id, None)
+
+    async def _run_stream(self, link: WorkerLink, call_id: int, request: Any) -> None:
+        channel = link.channel
+        try:
+            async with contextlib.aclosing(self.server.infer_stream(request)) as items:
+                async for item in items:
+                    response = item.response
+                    channel.send(
+                        ch.ITEM,
+                        (
+                            call_id,
+                            None
+                            if response is None
+                            else ch.response_to_wire(response, channel.write),
+                            None if item.error is None else ch.error_to_wire(item.error),
+                            item.final,
+                            item.model,
+                        ),
+                    )
+        except InferError as exc:
+            channel.send(ch.ERROR, (call_id, ch.error_to_wire(exc)))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("HTTP worker %d: streaming inference failed", link.index)
+            channel.send(ch.ERROR, (call_id, ch.error_to_wire(internal(f"{exc}"))))
+
+    async def _run_call(self, link: WorkerLink, call_id: int, method: str, args: Any) -> None:
+        channel = link.channel
+        try:
+            if method not in ch.CALLS:
+                raise not_found(f"no such call: {method}")
+            value = await self._call(method, tuple(args))
+            channel.send(ch.RESULT, (call_id, value))
+        except InferError as exc:
+            channel.send(ch.ERROR, (call_id, ch.error_to_wire(exc)))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("HTTP worker %d: %s failed", link.index, method)
+            channel.send(ch.ERROR, (call_id, ch.error_to_wire(internal(f"{exc}"))))
+
+    async def _call(self, method: str, args: tuple[Any, ...]) -> Any:
+        if method == "gate.check":
+            if self.gate is None:
+                raise not_found("this server has no gate")
+            from pdserve.frontends.traffic.gate import principal_name
+
+            protocol, category, model, headers = args
+            await self.gate.check(protocol, category, model, headers.get)
+            return principal_name.get()
+        if method == "logs.update":
+            settings = logs.update_settings(args[0])
+            self.broadcast(ch.LOGS, (args[0],))
+            return settings
+        if method.startswith("shm."):
+            func = getattr(self.shm, method[4:])
+        elif method.startswith("traffic."):
+            control = getattr(self.server, "traffic", None)
+            if control is None:
+                raise not_found("this server does not support traffic control")
+            func = getattr(control, method[8:])
+        else:
+            func = getattr(self.server, method, None)
+            if func is None:
+                raise not_found(f"this server does not support {method}")
+        result = func(*args)
+        if inspect.isawaitable(result):
+            result = await result
+        return result

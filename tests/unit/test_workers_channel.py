@@ -1,0 +1,196 @@
+"""The HTTP front-end workers' channel (:mod:`pdserve.frontends.workers.channel`): the
+wire forms of requests, responses, errors and arena bookkeeping, and two real
+:class:`Channel` ends on a socketpair in one process (tensors inline and through
+memfd arenas, blocks released back to their writer, coalesced frames, end of file)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import pickle
+import socket
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pdserve.backends.python.messages import ArenaControl, Block, NewArena
+from pdserve.core.errors import ErrorCode, InferError
+from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
+from pdserve.frontends.shared_memory import ShmInput
+from pdserve.frontends.workers import channel as ch
+
+
+def _inline_write(arr: np.ndarray) -> Any:
+    from pdserve.backends.python import shm
+
+    return tuple(shm.write_tensor(arr, lambda n: None))
+
+
+def _inline_read(desc: Any) -> np.ndarray:
+    from pdserve.backends.python import shm
+    from pdserve.backends.python.messages import TensorDesc
+
+    return shm.read_tensor(TensorDesc(*desc), {})
+
+
+def test_request_round_trip_keeps_every_field() -> None:
+    req = InferRequest(
+        model_name="m",
+        model_version="3",
+        inputs={
+            "A": np.arange(6, dtype=np.float32).reshape(2, 3),
+            "S": np.array([b"x", b"yz"], dtype=object),
+        },
+        outputs=[RequestedOutput("O", binary_data=True, classification=2, parameters={"p": 1})],
+        id="r1",
+        parameters={"priority": 2, "timeout": 100},
+        arrival_ns=123,
+        route_key="k",
+        pinned_version="2",
+        traceparent=b"00-abc",
+        shm_inputs={"B": ShmInput("FP32", [4], 4, "reg", 16, 64)},
+    )
+    req.cancelled = object()  # stays behind
+    wire = pickle.loads(pickle.dumps(ch.request_to_wire(req, _inline_write), protocol=5))
+    back = ch.request_from_wire(wire, _inline_read)
+    assert back.model_name == "m" and back.model_version == "3" and back.id == "r1"
+    np.testing.assert_array_equal(back.inputs["A"], req.inputs["A"])
+    assert back.inputs["A"].dtype == np.float32
+    assert list(back.inputs["S"]) == [b"x", b"yz"]
+    assert back.outputs == req.outputs
+    assert back.parameters == {"priority": 2, "timeout": 100}
+    assert (back.arrival_ns, back.route_key, back.pinned_version) == (123, "k", "2")
+    assert back.traceparent == b"00-abc"
+    assert back.shm_inputs == req.shm_inputs
+    assert back.cancelled is None and back.trace is None
+
+
+def test_request_with_all_outputs_and_response_round_trip() -> None:
+    req = InferRequest("m")
+    back = ch.request_from_wire(ch.request_to_wire(req, _inline_write), _inline_read)
+    assert back.outputs is None and back.inputs == {}
+    resp = InferResponse("m", "1", {"O": np.ones((2, 2), np.int64)}, "id", {"x": "y"})
+    rback = ch.response_from_wire(ch.response_to_wire(resp, _inline_write), _inline_read)
+    assert (rback.model_name, rback.model_version, rback.id, rback.parameters) == (
+        "m",
+        "1",
+        "id",
+        {"x": "y"},
+    )
+    np.testing.assert_array_equal(rback.outputs["O"], np.ones((2, 2), np.int64))
+
+
+def test_error_round_trip_keeps_code_reason_and_http_extras() -> None:
+    err = InferError("slow down", ErrorCode.RESOURCE_EXHAUSTED, "RATE")
+    err.retry_after = 3  # type: ignore[attr-defined]  # as the rate limiter sets it
+    err.http_headers = [(b"www-authenticate", b"Bearer")]  # type: ignore[attr-defined]
+    back = ch.error_from_wire(pickle.loads(pickle.dumps(ch.error_to_wire(err))))
+    assert (back.message, back.code, back.reason) == ("slow down", err.code, "RATE")
+    assert back.retry_after == 3  # type: ignore[attr-defined]
+    assert back.http_headers == [(b"www-authenticate", b"Bearer")]  # type: ignore[attr-defined]
+    plain = ch.error_from_wire(ch.error_to_wire(InferError("bad")))
+    assert not hasattr(plain, "retry_after") and plain.code is ErrorCode.INVALID_ARG
+
+
+def test_control_round_trip() -> None:
+    assert ch.control_from_wire(ch.control_to_wire(None)) is None
+    ctl = ArenaControl([NewArena(1, 4096)], [Block(0, 64), Block(2, 128)])
+    assert ch.control_from_wire(ch.control_to_wire(ctl)) == ctl
+
+
+def test_calls_are_a_closed_list() -> None:
+    assert "infer" not in ch.CALLS and "stop" not in ch.CALLS
+    assert {"ready", "model_statistics", "shm.register", "gate.check"} <= ch.CALLS
+
+
+async def _pair() -> tuple[ch.Channel, ch.Channel, list[Any], list[Any], list[str]]:
+    a_sock, b_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    got_a: list[Any] = []
+    got_b: list[Any] = []
+    closed: list[str] = []
+    a = ch.Channel(a_sock, "test.a", lambda k, b: got_a.append((k, b)), lambda: closed.append("a"))
+    b = ch.Channel(b_sock, "test.b", lambda k, b: got_b.append((k, b)), lambda: closed.append("b"))
+    return a, b, got_a, got_b, closed
+
+
+async def _until(cond: Any, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.001)
+
+
+def test_channel_tensors_inline_and_through_arenas_and_release() -> None:
+    async def run() -> None:
+        a, b, _got_a, got_b, _ = await _pair()
+        small = np.arange(16, dtype=np.float32)
+        large = np.random.default_rng(0).standard_normal(1 << 16).astype(np.float32)  # 256 KiB
+        words = np.array([b"a" * 40000, b"b"], dtype=object)
+        req = InferRequest("m", inputs={"S": small, "L": large, "W": words})
+        a.send(ch.INFER, (7, ch.request_to_wire(req, a.write)))
+        await _until(lambda: got_b)
+        kind, (call_id, wire) = got_b.pop()
+        assert (kind, call_id) == (ch.INFER, 7)
+        assert wire[2]["S"][2] is not None  # inline
+        assert wire[2]["L"][2] is None  # in a's arena
+        back = ch.request_from_wire(wire, b.read)
+        np.testing.assert_array_equal(back.inputs["S"], small)
+        np.testing.assert_array_equal(back.inputs["L"], large)
+        assert list(back.inputs["W"]) == [b"a" * 40000, b"b"]
+        ((arena, allocator),) = a.pool.arenas.values()
+        assert allocator.used_bytes > 0  # L (W's block was released once rebuilt)
+        del back
+        gc.collect()
+        b.send(ch.RESULT, (7, None))  # the release rides on b's next frame
+        await _until(lambda: allocator.used_bytes == 0)
+        a.close()
+        b.close()
+
+    asyncio.run(run())
+
+
+def test_channel_coalesces_a_turns_frames_and_sees_end_of_file() -> None:
+    async def run() -> None:
+        a, b, _got_a, got_b, closed = await _pair()
+        sent: list[int] = []
+        real_send = a.sock.send
+
+        def counting_send(data: Any) -> int:
+            sent.append(len(data))
+            return real_send(data)
+
+        a.sock = _SockProxy(a.sock, counting_send)  # type: ignore[assignment]
+        for i in range(50):
+            a.send(ch.RESULT, (i, {"n": i}))
+        await _until(lambda: len(got_b) == 50)
+        assert [body[0] for _, body in got_b] == list(range(50))
+        assert len(sent) == 1  # one system call for the turn's 50 frames
+        a.close()
+        await _until(lambda: closed == ["b"])
+        assert b.closed
+        b.send(ch.RESULT, (0, None))  # ignored once closed
+
+    asyncio.run(run())
+
+
+class _SockProxy:
+    def __init__(self, sock: socket.socket, send: Any) -> None:
+        self._sock = sock
+        self.send = send
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+@pytest.mark.parametrize("dtype", ["<f4", "<i8", "|u1", "|b1"])
+def test_inline_read_is_a_view_of_the_right_dtype(dtype: str) -> None:
+    async def run() -> None:
+        a, b, *_ = await _pair()
+        arr = np.arange(10).astype(np.dtype(dtype))
+        out = b.read(a.write(arr))
+        np.testing.assert_array_equal(out, arr)
+        assert out.dtype == arr.dtype
+        a.close()
+        b.close()
+
+    asyncio.run(run())
