@@ -11,7 +11,7 @@ one-row V2 JSON body (``decode_infer_request``), ``logs.begin_request``,
 Usage::
 
     .venv/bin/python benchmarks/profile_hotpath.py [--requests 20000] [--concurrency 32]
-        [--top 30] [--no-profile]
+        [--top 30] [--no-profile] [--root OTHER_CHECKOUT]
 
 Prints requests/s (CPU-bound on one core; with the profiler on it is slower) and the
 top functions by own time and by cumulative time.
@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -99,7 +98,14 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--root",
+        type=Path,
+        default=ROOT,
+        help="the pdserve checkout to profile (default: this one)",
+    )
     args = p.parse_args()
+    sys.path.insert(0, str(args.root))
     import uvloop
 
     uvloop.run(run(args))
