@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Collection, Mapping
+from collections.abc import AsyncGenerator, Collection, Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,7 @@ from pdserve.core.errors import ErrorCode, InferError, client_gone, internal, un
 from pdserve.core.streaming import ResponseStream, StreamItem, StreamRequired, StreamResponse
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.observability.stats import NOT_QUEUED
-from pdserve.repository.breaker import BreakerBoard, is_failure
+from pdserve.repository.breaker import BreakerBoard, CircuitBreaker, is_failure
 from pdserve.repository.control import EXPLICIT_MODES, MODES
 from pdserve.repository.manager import ModelManager, check_model_name
 from pdserve.repository.model import ModelVersion
@@ -241,20 +241,30 @@ class InferenceServer:
         finally:
             token.finish()
 
-    async def _infer_entry(self, request: InferRequest) -> InferResponse:
+    # The request path from here to _run_on is a chain of plain methods that pick
+    # the next step and return its coroutine (a tail call) rather than coroutines that
+    # await it: every coroutine level of the chain is walked twice per request (when it
+    # suspends on the batcher's future and when it resumes), so the common path keeps
+    # infer -> _run_on -> run_cancellable -> submit (issue 11 point 2).
+
+    def _infer_entry(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
         """:meth:`infer` once the request's cancellation token is armed."""
         tracer = self.tracer
         if tracer is not None and (tracing.state.enabled or request.traceparent is not None):
             ref = tracer.begin(request)  # sampling (and the log trace id)
             if ref is not None:
-                return await self._infer_traced(tracer, request, ref)
-        return await self._route(request)
+                return self._infer_traced(tracer, request, ref)
+        return self._route(request)
 
-    async def _route(self, request: InferRequest) -> InferResponse:
+    def _route(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
         """:meth:`infer` once tracing is decided: on-demand loads and the memory
-        budget's hold, then :meth:`_dispatch`."""
+        budget's hold (:meth:`_route_tracked`), then :meth:`_dispatch`."""
         if not self._track_use:
-            return await self._dispatch(request)
+            return self._dispatch(request)
+        return self._route_tracked(request)
+
+    async def _route_tracked(self, request: InferRequest) -> InferResponse:
+        """:meth:`_route` with a memory budget or on-demand loads."""
         name = request.model_name
         budget = self.manager.budget
         budget.hold(name)  # from arrival to response: never evicted meanwhile
@@ -270,13 +280,18 @@ class InferenceServer:
         finally:
             budget.release(name)
 
-    async def _dispatch(self, request: InferRequest) -> InferResponse:
+    def _dispatch(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
         """Serve ``request`` on the version it names, or through traffic control
-        (split, pinned, mirrored, rolled out) when it names none."""
+        (split, pinned, mirrored, rolled out) when it names none.
+
+        Raises:
+            InferError(NOT_FOUND / UNAVAILABLE): an unknown model or version (at once,
+                before any coroutine is made).
+        """
         if not request.model_version:
-            return await self.traffic.infer(request)
+            return self.traffic.infer(request)
         mv = self.manager.get(request.model_name, request.model_version)
-        return await self.infer_on(mv, request)
+        return self.infer_on(mv, request)
 
     def _load_wait(self, request: InferRequest) -> float:
         """Seconds an on-demand request waits for its model: its ``timeout``
@@ -324,19 +339,31 @@ class InferenceServer:
         """
         return self.manager.get(name, version)
 
-    async def infer_on(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
-        """Run ``request`` on an already resolved model version (ensembles, BLS)."""
+    def infer_on(
+        self, mv: ModelVersion, request: InferRequest
+    ) -> Coroutine[Any, Any, InferResponse]:
+        """Run ``request`` on an already resolved model version (ensembles, BLS):
+        ``await server.infer_on(mv, request)``."""
         ref = request.trace
         if ref is not None:
-            return await self._infer_on_traced(mv, request, ref)
-        return await self._infer_on(mv, request)
+            return self._infer_on_traced(mv, request, ref)
+        return self._infer_on(mv, request)
 
-    async def _infer_on(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
-        """:meth:`infer_on` without the trace: through the version's circuit breaker."""
-        stats = mv.stats
+    def _infer_on(
+        self, mv: ModelVersion, request: InferRequest
+    ) -> Coroutine[Any, Any, InferResponse]:
+        """:meth:`infer_on` without the trace: through the version's circuit breaker
+        (:meth:`_infer_on_breaker`) when it has one."""
         breaker = self.breakers.for_version(mv, mv.name, mv.version_str, mv.config.parameters)
         if breaker is None:
-            return await self._run_on(mv, request, stats)
+            return self._run_on(mv, request, mv.stats)
+        return self._infer_on_breaker(mv, request, breaker)
+
+    async def _infer_on_breaker(
+        self, mv: ModelVersion, request: InferRequest, breaker: CircuitBreaker
+    ) -> InferResponse:
+        """:meth:`_infer_on` through the version's circuit breaker."""
+        stats = mv.stats
         probe = breaker.admit()  # raises UNAVAILABLE while the circuit is open
         try:
             response = await self._run_on(mv, request, stats)

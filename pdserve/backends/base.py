@@ -261,6 +261,7 @@ def split_batch(batch: list[ExecRequest], outputs: dict[str, np.ndarray]) -> lis
         req = batch[0]
         return [{n: outputs[n] for n in req.output_names}]
     total = sum(r.batch_size for r in batch)
+    checked: set[str] = set()  # each merged output's rows are checked once per batch
     results: list[ExecResult] = []
     offset = 0
     for req in batch:
@@ -268,14 +269,16 @@ def split_batch(batch: list[ExecRequest], outputs: dict[str, np.ndarray]) -> lis
         out: dict[str, np.ndarray] = {}
         for n in req.output_names:
             arr = outputs[n]
-            if arr.ndim == 0 or arr.shape[0] != total:
-                shape = "[" + ",".join(str(d) for d in arr.shape) + "]"
-                got = arr.shape[0] if arr.ndim else "no"
-                raise internal(
-                    f"model '{req.request.model_name}' returned output '{n}' with shape "
-                    f"{shape}, expected [{total},...]: {got} rows for a batch of {total} "
-                    f"rows from {len(batch)} requests"
-                )
+            if n not in checked:
+                if arr.ndim == 0 or arr.shape[0] != total:
+                    shape = "[" + ",".join(str(d) for d in arr.shape) + "]"
+                    got = arr.shape[0] if arr.ndim else "no"
+                    raise internal(
+                        f"model '{req.request.model_name}' returned output '{n}' with shape "
+                        f"{shape}, expected [{total},...]: {got} rows for a batch of {total} "
+                        f"rows from {len(batch)} requests"
+                    )
+                checked.add(n)
             out[n] = arr[offset:end]
         results.append(out)
         offset = end

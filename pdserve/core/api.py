@@ -27,7 +27,7 @@ for type checking only: at run time this module imports nothing but
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pdserve.core.types import InferRequest, InferResponse
@@ -197,11 +197,19 @@ class ModelRunner(Protocol):
         """
         ...
 
-    async def infer_on(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
-        """Run ``request`` on an already resolved model version.
+    def infer_on(
+        self, mv: ModelVersion, request: InferRequest
+    ) -> Coroutine[Any, Any, InferResponse]:
+        """Run ``request`` on an already resolved model version: ``await
+        runner.infer_on(mv, request)``.
+
+        A plain method returning the coroutine that runs the request (an ``async def``
+        implements it too): the core returns the coroutine of the step that runs it
+        rather than awaiting it, which keeps the request's coroutine chain short.
 
         Raises:
-            InferError: 400 bad inputs, 503 unavailable, 500 the model failed.
+            InferError: 400 bad inputs, 503 unavailable, 500 the model failed (when
+                awaited; an unknown or unready version may raise at the call).
         """
         ...
 

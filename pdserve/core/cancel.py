@@ -243,7 +243,8 @@ def arm_cancellation(request: Any) -> CancelToken:
         the token; the caller calls :meth:`CancelToken.finish` once it answered.
     """
     token = ensure_token(request)
-    us = parse_timeout_us(request.parameters)
+    params = request.parameters
+    us = parse_timeout_us(params) if params else 0
     if us:
         left = us * 1000 - (time.monotonic_ns() - request.arrival_ns)
         token.set_deadline(max(1, left))

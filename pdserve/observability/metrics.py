@@ -74,7 +74,7 @@ Tracing (issue 17), from :meth:`pdserve.observability.tracing.TraceManager.sampl
 
 Cost on the inference path: the counters are read from
 :class:`~pdserve.observability.stats.ModelStats` at scrape time; only the
-histograms are fed per request, through ``ModelStats.hooks``, by a lock-free
+histograms are fed per request, through ``ModelStats.success_hooks`` / ``hooks``, by a lock-free
 bucket array (the event loop is single-threaded). The exposition is written by
 this module in the Prometheus text format 0.0.4 (``prometheus_client`` would add
 ``_total`` to Triton's counter names); the HTTP listener
@@ -172,15 +172,29 @@ class ModelMetrics:
         self.batch = Histogram(BATCH_BUCKETS)
         self.failures: dict[str, int] = {}
 
+    def success(self, rows: int, request_ns: int, queue_ns: int, compute_ns: int) -> None:
+        """``ModelStats.success_hooks`` entry: one successful request (durations in ns)."""
+        h = self.request
+        value = request_ns * 1e-9
+        h.counts[bisect_left(h.bounds, value)] += 1
+        h.sum += value
+        h.count += 1
+        if compute_ns:  # cache hits have neither queue nor compute time
+            h = self.queue
+            value = queue_ns * 1e-9
+            h.counts[bisect_left(h.bounds, value)] += 1
+            h.sum += value
+            h.count += 1
+            h = self.compute
+            value = compute_ns * 1e-9
+            h.counts[bisect_left(h.bounds, value)] += 1
+            h.sum += value
+            h.count += 1
+
     def hook(self, event: str, **v: Any) -> None:
-        """``ModelStats`` hook: ``success`` / ``failure`` / ``execution`` / ``cache``."""
-        if event == "success":
-            self.request.observe(v["request_ns"] * 1e-9)
-            compute_ns = v["compute_ns"]
-            if compute_ns:  # cache hits have neither queue nor compute time
-                self.queue.observe(v["queue_ns"] * 1e-9)
-                self.compute.observe(compute_ns * 1e-9)
-        elif event == "execution":
+        """``ModelStats`` hook: ``failure`` / ``execution`` / ``cache`` (``success``
+        comes through :meth:`success`, registered in ``success_hooks``)."""
+        if event == "execution":
             self.batch.observe(v["batch_size"])
         elif event == "failure":
             reason = v.get("reason") or "OTHER"
@@ -194,6 +208,7 @@ def attach(stats: ModelStats) -> ModelMetrics:
         mm = ModelMetrics()
         stats._pdserve_metrics = mm  # type: ignore[attr-defined]
         stats.hooks.append(mm.hook)
+        stats.success_hooks.append(mm.success)
     return mm
 
 

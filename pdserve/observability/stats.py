@@ -34,8 +34,9 @@ the model version's health over the last :data:`WINDOW_SECS` seconds, from
 
 from __future__ import annotations
 
-import math
 import time
+from bisect import bisect_left as _bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,8 +68,8 @@ WINDOW_SECS = 60
 #: (bucket ``i`` holds ``(bound[i-1], bound[i]]``; the last one everything above).
 _RATIO = 1.12
 _RECENT_BOUNDS: tuple[float, ...] = tuple(10_000 * _RATIO**i for i in range(143))
-_LOG_RATIO = math.log(_RATIO)
 _LAST = len(_RECENT_BOUNDS)
+_monotonic = time.monotonic
 
 
 class RecentWindow:
@@ -98,18 +99,19 @@ class RecentWindow:
 
     def record(self, ok: bool, request_ns: int = 0, now: float | None = None) -> None:
         """Count one request: a success that took ``request_ns``, or a failure."""
-        slot = self._slot(int(time.monotonic() if now is None else now))
+        second = int(_monotonic() if now is None else now)
+        slot = self._ring[second % self.secs]
+        if slot[0] != second:
+            slot = self._slot(second)
         if not ok:
             slot[2] += 1
             return
         slot[1] += 1
         counts = slot[3]
         if counts is None:
-            counts = slot[3] = [0] * (len(_RECENT_BOUNDS) + 1)
-        if request_ns <= 10_000:
-            counts[0] += 1
-        else:
-            counts[min(_LAST, math.ceil(math.log(request_ns / 10_000) / _LOG_RATIO))] += 1
+            counts = slot[3] = [0] * (_LAST + 1)
+        # bucket i holds (bound[i-1], bound[i]]; past the last bound: bucket _LAST
+        counts[_bisect_left(_RECENT_BOUNDS, request_ns)] += 1
 
     def summary(self, now: float | None = None) -> dict[str, Any]:
         """The window as ``pdserve_recent`` (see the module docstring)."""
@@ -188,9 +190,13 @@ class ModelStats:
         inference_count: rows inferred (a batch-4 request counts 4), successes only.
         execution_count: batches executed by model instances.
         last_inference_ms: wall-clock ms since the epoch of the last success.
-        hooks: callables ``(event, **values)`` notified of every record, used by
-            the Prometheus exporter; events are ``"success"``, ``"failure"``,
-            ``"execution"``, ``"cache"``.
+        hooks: callables ``(event, **values)`` notified of every other record, used
+            by the Prometheus exporter; events are ``"failure"``, ``"execution"``,
+            ``"cache"``.
+        success_hooks: callables ``(rows, request_ns, queue_ns, compute_ns)``
+            notified of every success (the exporter's per-request histograms): a
+            positional call on the per-request path, where ``hooks``' keyword
+            arguments cost a dict per request.
         memory_bytes: host memory the version costs, bytes, as measured at its load
             (None: not measured); ``memory_source`` says how (``rss_delta``,
             ``worker_rss``, ``ensemble``; see :mod:`pdserve.repository.manager`).
@@ -209,6 +215,10 @@ class ModelStats:
         self.pending = 0
         self.recent = RecentWindow()
         self.hooks: list[Any] = []
+        #: callables ``(rows, request_ns, queue_ns, compute_ns)`` called on every success.
+        self.success_hooks: list[Callable[[int, int, int, int], None]] = []
+        self._success = self.durations["success"]
+        self._queue = self.durations["queue"]
         self.memory_bytes: int | None = None
         self.memory_source = ""
         self.gpu_memory_bytes: int | None = None
@@ -225,18 +235,16 @@ class ModelStats:
             compute_ns: input + infer + output time of the batch it ran in, ns.
         """
         self.inference_count += rows
-        self.durations["success"].add(request_ns)
-        self.durations["queue"].add(queue_ns)
+        d = self._success
+        d.count += 1
+        d.ns += request_ns
+        d = self._queue
+        d.count += 1
+        d.ns += queue_ns
         self.last_inference_ms = int(time.time() * 1000)
         self.recent.record(True, request_ns)
-        for hook in self.hooks:
-            hook(
-                "success",
-                rows=rows,
-                request_ns=request_ns,
-                queue_ns=queue_ns,
-                compute_ns=compute_ns,
-            )
+        for hook in self.success_hooks:
+            hook(rows, request_ns, queue_ns, compute_ns)
 
     def record_failure(self, request_ns: int, reason: str = "BACKEND") -> None:
         """A request that reached the scheduler failed (``reason``: REJECTED,

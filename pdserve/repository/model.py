@@ -17,7 +17,7 @@ import numpy as np
 
 from pdserve import config as cfgmod
 from pdserve.backends.base import ExecRequest, ModelInstance, ModelSpec
-from pdserve.core.datatypes import bytes_array, numpy_to_v2
+from pdserve.core.datatypes import NUMPY_TO_V2, bytes_array, numpy_to_v2
 from pdserve.core.errors import InferError
 from pdserve.core.types import InferRequest, RequestedOutput
 from pdserve.observability.stats import ModelStats
@@ -110,6 +110,12 @@ class ModelVersion:
                 o.name, cfgmod.datatype_of(o), list(o.dims), labels=labels
             )
         self.required_inputs = [n for n, s in self.inputs.items() if not s.optional]
+        #: input name -> its dims as a tuple when none is -1 and it is not ragged (the
+        #: shape check is then one tuple comparison), else None
+        self._fixed_dims: dict[str, tuple[int, ...] | None] = {
+            n: tuple(s.dims) if -1 not in s.dims and not s.ragged else None
+            for n, s in self.inputs.items()
+        }
         #: checks (and reshapes) every result the scheduler gets back (datatype, rows, dims)
         self.output_check = OutputCheck(cfg)
         self.instances: list[ModelInstance] = []
@@ -168,6 +174,7 @@ class ModelVersion:
         batch_size = 1
         seen_batch: int | None = None
         inputs: dict[str, np.ndarray] | None = None
+        fixed_dims = self._fixed_dims
         for in_name, arr in request.inputs.items():
             spec = self.inputs.get(in_name)
             if spec is None:
@@ -175,7 +182,7 @@ class ModelVersion:
                     f"unexpected inference input '{in_name}' for model '{name}'; "
                     f"expected one of {list(self.inputs)}"
                 )
-            dt = numpy_to_v2(arr.dtype)
+            dt = NUMPY_TO_V2.get(arr.dtype) or numpy_to_v2(arr.dtype)
             if dt != spec.datatype:
                 raise InferError(
                     f"inference input '{in_name}' data-type is '{dt}', but model '{name}' "
@@ -203,7 +210,15 @@ class ModelVersion:
                 rest = shape[1:]
             else:
                 rest = shape
-            if not spec.ragged and (
+            fixed = fixed_dims[in_name]
+            if fixed is not None:
+                if rest != fixed:
+                    expected = ([-1] if self.max_batch_size > 0 else []) + dims
+                    raise InferError(
+                        f"unexpected shape for input '{in_name}' for model '{name}'. "
+                        f"Expected {_shape_str(expected)}, got {_shape_str(shape)}"
+                    )
+            elif not spec.ragged and (
                 len(rest) != len(dims)
                 or any(d != -1 and d != s for d, s in zip(dims, rest, strict=False))
             ):

@@ -42,6 +42,7 @@ import math
 import random
 import time
 from bisect import bisect_left
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -492,24 +493,39 @@ class TrafficControl:
         self._decide(st, "start", f"rollout of version {policy.canary} over {baseline} ({why})")
         self.ensure_running()
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        """Serve a request that names no version (see the module docstring).
+    def infer(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
+        """Serve a request that names no version (see the module docstring):
+        ``await traffic.infer(request)``. A model without traffic settings goes
+        straight to the default version (the runner's coroutine, no extra level).
 
         Raises:
             InferError: as :meth:`InferenceServer.infer`; 404 when the pinned version
-                (``x-pdserve-model-version``) is not served.
+                (``x-pdserve-model-version``) is not served; an unknown model at once.
         """
         name = request.model_name
         manager = self.manager
         entry = manager.models.get(name)
         if entry is None:
-            return await self.runner.infer_on(manager.get(name, ""), request)
+            return self.runner.infer_on(manager.get(name, ""), request)
         st = self._state(name, entry)
+        if (
+            not request.pinned_version
+            and st.file_spec is None
+            and st.override is None
+            and st.rollout is None
+        ):
+            return self.runner.infer_on(manager.get(name, ""), request)  # no traffic
+        return self._infer_routed(request, entry, st)
+
+    async def _infer_routed(
+        self, request: InferRequest, entry: ModelEntry, st: ModelTraffic
+    ) -> InferResponse:
+        """:meth:`infer` for a pinned request or a model with traffic settings."""
+        name = request.model_name
+        manager = self.manager
         if request.pinned_version:
             mv = manager.get(name, request.pinned_version)
             route = "pinned"
-        elif st.file_spec is None and st.override is None and st.rollout is None:
-            return await self.runner.infer_on(manager.get(name, ""), request)  # no traffic
         else:
             split = st.split(entry)
             v = split.pick(request.route_key) if split is not None else None

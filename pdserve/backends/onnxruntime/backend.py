@@ -80,8 +80,10 @@ CUDA_PROVIDER = "CUDAExecutionProvider"
 
 #: ``auto`` runs a session inline on the event loop while its average run is shorter.
 INLINE_RUN_MAX_S = 0.0002
-#: an inline run longer than this switches the instance to its thread for good.
+#: inline runs longer than this, INLINE_STICKY_RUNS of them in a row (counting inline
+#: runs only), switch the instance to its thread for good.
 INLINE_STICKY_LIMIT_S = 0.002
+INLINE_STICKY_RUNS = 2
 
 
 class _Closed(Exception):
@@ -422,6 +424,8 @@ class OnnxRuntimeInstance(ModelInstance):
         self._mode = mode
         #: moving average of a run's duration, seconds (drives ``auto``).
         self._avg_run_s = 0.0
+        #: inline runs in a row longer than INLINE_STICKY_LIMIT_S (``auto``)
+        self._long_inline = 0
         self._closed = False
 
     def _run(self, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
@@ -519,10 +523,27 @@ class OnnxRuntimeInstance(ModelInstance):
                 outputs = self._run(feeds, wanted)
                 took = time.perf_counter() - start
                 self._note_duration(took)
-                if self._mode == "auto" and took > INLINE_STICKY_LIMIT_S:
-                    # an input-dependent model just blocked the loop: never again
-                    self._mode = "thread"
-                    log.info("%s: a %.1f ms run moved it to its own thread", self.name, took * 1e3)
+                if self._mode == "auto":
+                    if took <= INLINE_STICKY_LIMIT_S:
+                        self._long_inline = 0
+                    else:
+                        # An input-dependent model blocked the loop: never again, once
+                        # it did so twice running. One long run alone may be the process
+                        # being preempted (a loaded machine), after which the average
+                        # (above) moves the instance to its thread only for a while;
+                        # ending inline for good would cost every later batch a thread
+                        # hand-off.
+                        self._long_inline += 1
+                        if self._long_inline >= INLINE_STICKY_RUNS:
+                            self._mode = "thread"
+                            log.info(
+                                "%s: %d inline runs of over %.0f ms (the last %.1f ms) moved "
+                                "it to its own thread",
+                                self.name,
+                                INLINE_STICKY_RUNS,
+                                INLINE_STICKY_LIMIT_S * 1e3,
+                                took * 1e3,
+                            )
             else:
                 if self._closed:
                     raise _Closed

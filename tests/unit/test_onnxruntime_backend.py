@@ -1,0 +1,99 @@
+"""pdserve.backends.onnxruntime.backend: where a session runs under ``execution_thread``
+``auto`` (inline on the event loop, or on the instance's thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from pdserve.backends.base import ExecRequest, ModelSpec
+from pdserve.backends.onnxruntime.backend import (
+    INLINE_STICKY_LIMIT_S,
+    INLINE_STICKY_RUNS,
+    OnnxRuntimeInstance,
+)
+from pdserve.core.types import InferRequest
+
+
+class _Session:
+    """A stand-in ORT session: Y = X, each run taking ``delays`` seconds in turn
+    (then ``after``), and remembering on which thread it ran."""
+
+    def __init__(self, delays: list[float], after: float = 0.0) -> None:
+        self.delays = list(delays)
+        self.after = after
+        self.threads: list[str] = []
+
+    def get_inputs(self) -> list[Any]:
+        return [SimpleNamespace(name="X", type="tensor(float)")]
+
+    def get_outputs(self) -> list[Any]:
+        return [SimpleNamespace(name="Y", type="tensor(float)")]
+
+    def run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        import threading
+
+        self.threads.append(threading.current_thread().name)
+        delay = self.delays.pop(0) if self.delays else self.after
+        if delay:
+            time.sleep(delay)
+        return [feeds["X"]]
+
+
+def _instance(tmp_path: Path, session: _Session) -> OnnxRuntimeInstance:
+    cfg = text_format.Parse(
+        'name: "m" max_batch_size: 4 '
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ] '
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]',
+        model_config_pb2.ModelConfig(),
+    )
+    spec = ModelSpec("m", 1, cfg, tmp_path, tmp_path / "1", tmp_path)
+    return OnnxRuntimeInstance("m_0", "KIND_CPU", session, spec)
+
+
+def _run(inst: OnnxRuntimeInstance, n: int) -> None:
+    async def go() -> None:
+        for i in range(n):
+            x = np.full((1, 2), i, np.float32)
+            req = ExecRequest({"X": x}, ["Y"], InferRequest("m"), 1)
+            (out,) = await inst.execute([req])
+            assert isinstance(out, dict) and out["Y"].tolist() == [[i, i]]
+
+    asyncio.run(go())
+
+
+def test_one_long_inline_run_does_not_move_the_instance_for_good(tmp_path: Path) -> None:
+    """A single inline run over the limit (e.g. the process was preempted) sends the
+    instance to its thread only while its average is high; it comes back inline."""
+    long = INLINE_STICKY_LIMIT_S * 2
+    # 1st run on the thread (no average yet), then inline; one long inline run
+    session = _Session([0.0, 0.0, 0.0, long])
+    inst = _instance(tmp_path, session)
+    try:
+        _run(inst, 80)
+        assert inst._mode == "auto"
+        assert session.threads[1] == "MainThread" and session.threads[3] == "MainThread"
+        assert session.threads[4].startswith("m_0")  # the average moved it for a while
+        assert session.threads[-1] == "MainThread"  # and back inline
+    finally:
+        asyncio.run(inst.close())
+
+
+def test_long_inline_runs_in_a_row_move_the_instance_for_good(tmp_path: Path) -> None:
+    long = INLINE_STICKY_LIMIT_S * 2
+    session = _Session([0.0, 0.0], after=long)  # a model that turned slow
+    inst = _instance(tmp_path, session)
+    try:
+        _run(inst, 30)
+        assert inst._mode == "thread"
+        assert session.threads.count("MainThread") == 1 + INLINE_STICKY_RUNS
+        assert all(t.startswith("m_0") for t in session.threads[-10:])
+    finally:
+        asyncio.run(inst.close())
