@@ -85,6 +85,7 @@ from pdserve.frontends.http.app import (
 from pdserve.frontends.http.codec import encode_error
 from pdserve.frontends.http.server import HttpLimits, _warn
 from pdserve.frontends.http.status import BodyTooLargeError
+from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
 from pdserve.frontends.offload import off_loop
 
 logger = logging.getLogger("pdserve.http")
@@ -383,6 +384,10 @@ class HttpConnection(asyncio.Protocol):
         self._gzip = False
         self._continue = False  # the request waits for "100 Continue"
         self._rejection: tuple[int, str] | None = None
+        # a request asking for an upgrade (served as HTTP/1.1, see upgrade.py): its
+        # method, keep-alive and HTTP/1.0-ness, and the framing of the body to read
+        self._upgrade: tuple[bytes, bool, bool] | None = None
+        self._upgrade_framing = b""
         # requests being answered / waiting
         self._busy = False
         self._queue: collections.deque[_Request] = collections.deque()
@@ -544,13 +549,17 @@ class HttpConnection(asyncio.Protocol):
         """Feed the parser; False when no more should be read."""
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as exc:
             # The request asked for a protocol upgrade, which pdserve does not do: it is
-            # answered (it is complete) and the connection closes after it.
-            self._broken = True
-            if self._idle() and self._pending_error is None:
-                self.transport.close()
-            return False
+            # served as HTTP/1.1, its body (if any) and what follows read by a fresh
+            # parser (see upgrade.py).
+            framing = self._upgrade_framing
+            self._upgrade_framing = b""
+            self.parser = parser_after_upgrade(self, framing)
+            rest = data[exc.args[0] :]
+            if rest and not self._broken:
+                return self._feed(rest)
+            return not self._broken
         except httptools.HttpParserError as exc:
             if self._rejection is None and self._broken:
                 return False  # stopped after a request that closes the connection
@@ -640,6 +649,17 @@ class HttpConnection(asyncio.Protocol):
         else:
             self.deadline = 0.0
             self.deadline_kind = _NONE
+        if parser.should_upgrade():
+            try:
+                self._upgrade_framing = body_framing(self._headers)
+            except InvalidFramingError as exc:
+                self._rejection = (400, f"Invalid HTTP request received: {exc}")
+                raise _Rejected() from None
+            self._upgrade = (
+                parser.get_method(),
+                parser.should_keep_alive(),
+                parser.get_http_version() == "1.0",
+            )
 
     def on_body(self, chunk: bytes) -> None:
         size = self._body_size + len(chunk)
@@ -664,19 +684,27 @@ class HttpConnection(asyncio.Protocol):
             self.deadline = self.loop.time() + (self.app.body_timeout or 0)
 
     def on_message_complete(self) -> None:
-        parser = self.parser
+        upgrade = self._upgrade
+        if upgrade is None:
+            parser = self.parser
+            method = parser.get_method()
+            keep_alive = parser.should_keep_alive()
+            http10 = parser.get_http_version() == "1.0"
+        elif self._upgrade_framing:
+            return  # llhttp skipped the body: the next parser reads it (see _feed)
+        else:
+            method, keep_alive, http10 = upgrade
+            self._upgrade = None
         url = self._url
         if url[:1] != b"/" or b"#" in url:  # a fragment too: uvicorn drops it
             url = _origin_form(url)
         request = _Request(
-            parser.get_method(),
+            method,
             url,
             self._headers,
             self._body,  # type: ignore[arg-type]  # bytes or bytearray: both read alike
-            # The connection closes after a request asking to upgrade (see _feed): its
-            # response says so.
-            parser.should_keep_alive() and not parser.should_upgrade(),
-            parser.get_http_version() == "1.0",
+            keep_alive,
+            http10,
             self._gzip,
         )
         self._awaiting_headers = True
@@ -912,7 +940,7 @@ class HttpConnection(asyncio.Protocol):
             transport.close()
             return
         if self._broken:
-            # an upgrade request's successor bytes were not parsed: close
+            # nothing after a refused request (or one that closes) was parsed: close
             transport.close()
             return
         if self._message_begun:

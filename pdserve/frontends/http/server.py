@@ -43,6 +43,8 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
+
 logger = logging.getLogger("pdserve.http")
 
 #: Default limit on the request line and headers of one request, in bytes: 64 KiB.
@@ -211,6 +213,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._rejection: tuple[int, str] | None = None
         self._deferred: tuple[int, str] | None = None  # answered once in-flight ones are
         self._refused = False
+        # the body framing of a request asking for an upgrade (served as HTTP/1.1)
+        self._upgrade_framing = b""
 
     # -- connection ---------------------------------------------------------------------
 
@@ -284,11 +288,16 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         """Feed httptools; ``False`` when the connection was answered and closed."""
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+        except httptools.HttpParserUpgrade as exc:
+            # pdserve upgrades to nothing (uvicorn runs with ws="none"): the request is
+            # served as HTTP/1.1, its body (if any) and what follows read by a fresh
+            # parser (see upgrade.py).
+            framing = self._upgrade_framing
+            self._upgrade_framing = b""
+            self.parser = parser_after_upgrade(self, framing)
+            rest = data[exc.args[0] :]
+            if rest and not self.transport.is_closing():
+                return self._feed(rest)
             return not self.transport.is_closing()
         except httptools.HttpParserError as exc:
             if self._rejection is not None:
@@ -326,9 +335,17 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
         self._cancel_header_timer()
+        if self.parser.should_upgrade():
+            try:
+                self._upgrade_framing = body_framing(self.headers)
+            except InvalidFramingError as exc:
+                self._rejection = (400, f"invalid HTTP request: {exc}")
+                raise _Rejected() from None
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
+        if self._upgrade_framing:
+            return  # llhttp skipped the upgrade request's body: the next parser reads it
         super().on_message_complete()
         self._awaiting_headers = True
         self._message_begun = False
