@@ -503,9 +503,8 @@ def test_stalled_body_gets_408_within_the_body_timeout(server: ServerProcess) ->
 def test_body_timeout_is_between_pieces(server: ServerProcess) -> None:
     """``--http-body-timeout-secs`` bounds each wait for the next piece of a body (as
     nginx's ``client_body_timeout``), not the whole body: a body sent in pieces 0.4 s
-    apart, 3.2 s in all (over the 1 s timeout), is read to its end and answered. (A
-    body dripped within the timeout is bounded by ``--max-request-bytes`` and the
-    connection cap only: there is no minimum rate.)"""
+    apart, 3.2 s in all (over the 1 s timeout), at ~800 bytes/s (over the 500 bytes/s
+    of ``--http-body-min-bytes-per-sec``), is read to its end and answered."""
     x = _x(2, 17)
     body = tiny_body(x)
     with _conn(server) as c:
@@ -517,6 +516,31 @@ def test_body_timeout_is_between_pieces(server: ServerProcess) -> None:
         np.testing.assert_allclose(
             tiny_output(c.expect_response()), tiny_reference(x), rtol=1e-5, atol=1e-5
         )
+
+
+def test_body_dripped_within_the_timeout_gets_408_at_the_minimum_rate(
+    server: ServerProcess,
+) -> None:
+    """A body that declares 100 KB and drips one byte every 0.5 s (each piece within
+    the 1 s body timeout) is refused 408 soon after the first body timeout, once it is
+    below ``--http-body-min-bytes-per-sec`` (500 bytes/s by default, as Apache's
+    mod_reqtimeout ``MinRate``): it cannot hold the connection until the size limit."""
+    for framing in ("content-length", "chunked"):
+        with _conn(server) as c:
+            if framing == "chunked":
+                c.send(request("POST", INFER, None, [("Transfer-Encoding", "chunked")]))
+                drip = b"1\r\n \r\n"
+            else:
+                c.send(request("POST", INFER, None, [("Content-Length", "100000")]))
+                drip = b" "
+            got, elapsed = _drip_until_answered(c, drip, 0.5, BODY_TIMEOUT + 2 * MARGIN)
+            assert got.startswith(b"HTTP/1.1 408 "), (framing, got[:300])
+            assert b"too slowly" in got, got
+            assert 0.8 * BODY_TIMEOUT < elapsed < BODY_TIMEOUT + MARGIN, (framing, elapsed)
+            c.buf = got
+            r = c.read_response()
+            assert r is not None and r.closes
+            assert c.closed_within(MARGIN)
 
 
 def test_upgrade_header_is_ignored(server: ServerProcess) -> None:

@@ -23,7 +23,10 @@ header timeout              ``header_timeout`` s from a request's first byte to 
 body                        over ``max_request_bytes`` (``max_json_bytes`` for a JSON-only
                             inference body): 413 and close, as soon as ``Content-Length``
                             says so or the bytes received pass it; ``body_timeout`` s with
-                            no piece of it: 408 and close (slowloris on bodies)
+                            no piece of it: 408 and close (slowloris on bodies); slower
+                            than ``body_min_rate`` bytes/s on average after the first
+                            ``body_timeout`` s: 408 and close (a body dripped just within
+                            the timeout)
 idle timeout                ``idle_timeout`` s with no request in progress: closed silently
 connections                 over ``max_connections``: 503 and closed at once
 ==========================  =================================================================
@@ -381,6 +384,8 @@ class HttpConnection(asyncio.Protocol):
         self._body_size = 0
         self._body_limit = 0
         self._body_json = False
+        self._body_start = 0.0  # when its body began (headers or "100 Continue" sent)
+        self._min_rate = self.limits.body_min_rate if server.app.body_timeout else 0.0
         self._gzip = False
         self._continue = False  # the request waits for "100 Continue"
         self._rejection: tuple[int, str] | None = None
@@ -498,10 +503,14 @@ class HttpConnection(asyncio.Protocol):
             if self._idle():
                 self.transport.close()
             return
-        if self._busy or self._queue:
-            # A request is being answered: the pipelined one being read waits its turn.
+        if self._busy or self._queue or self._paused:
+            # A request is being answered (the pipelined one being read waits its turn),
+            # or reading is paused (the client cannot send): not the client's delay.
             self.deadline = now + self._tick_grace()
             self.deadline_kind = kind
+            if kind == _BODY and self._min_rate:
+                # its rate clock restarts: a whole body timeout from now
+                self._body_start = now - self._body_size / self._min_rate
             return
         if kind == _HEAD and self._awaiting_headers:
             self._reject(
@@ -509,10 +518,19 @@ class HttpConnection(asyncio.Protocol):
                 f"the request headers did not arrive within {self.limits.header_timeout:g} seconds",
             )
         elif kind == _BODY and not self._awaiting_headers:
+            timeout = self.app.body_timeout or 0
+            rate = self._min_rate
+            if rate and self._body_size < (now - self._body_start - timeout) * rate:
+                self._reject(
+                    408,
+                    f"the request body arrived too slowly: {self._body_size} bytes in "
+                    f"{now - self._body_start:.1f} seconds (at least {rate:g} bytes per "
+                    f"second after the first {timeout:g} seconds)",
+                )
+                return
             self._reject(
                 408,
-                "the request body did not arrive: nothing received for "
-                f"{self.app.body_timeout or 0:g} seconds",
+                f"the request body did not arrive: nothing received for {timeout:g} seconds",
             )
 
     def _tick_grace(self) -> float:
@@ -636,7 +654,8 @@ class HttpConnection(asyncio.Protocol):
             raise _Rejected()
         if content_length != 0 and (content_length > 0 or parser.get_http_version() == "1.1"):
             if app.body_timeout:
-                self.deadline = self.loop.time() + app.body_timeout
+                now = self._body_start = self.loop.time()
+                self.deadline = now + app.body_timeout
                 self.deadline_kind = _BODY
             else:
                 self.deadline = 0.0
@@ -681,7 +700,14 @@ class HttpConnection(asyncio.Protocol):
             grown += chunk
             self._body = grown
         if self.deadline_kind == _BODY:
-            self.deadline = self.loop.time() + (self.app.body_timeout or 0)
+            timeout = self.app.body_timeout or 0
+            deadline = self.loop.time() + timeout
+            if self._min_rate:
+                # at least body_min_rate bytes/s on average after the first timeout
+                by_rate = self._body_start + timeout + size / self._min_rate
+                if by_rate < deadline:
+                    deadline = by_rate
+            self.deadline = deadline
 
     def on_message_complete(self) -> None:
         upgrade = self._upgrade
@@ -947,6 +973,9 @@ class HttpConnection(asyncio.Protocol):
             if self._continue and not self._awaiting_headers:
                 self._continue = False
                 transport.write(_CONTINUE)
+                if self.deadline_kind == _BODY:  # the client sends its body from now on
+                    now = self._body_start = self.loop.time()
+                    self.deadline = now + (self.app.body_timeout or 0)
             return  # its header/body deadline stands
         if self.limits.idle_timeout > 0:
             self.deadline = self.loop.time() + self.limits.idle_timeout

@@ -57,6 +57,9 @@ DEFAULT_HEADER_TIMEOUT_SECS = 30.0
 #: keepalive_timeout: longer than the 60 s idle timeout of common load balancers, so
 #: that the balancer, not pdserve, closes an idle pooled connection).
 DEFAULT_IDLE_TIMEOUT_SECS = 75.0
+#: Default least average rate of a request body, in bytes per second, after the first
+#: body timeout (Apache's ``RequestReadTimeout body=20,MinRate=500`` default).
+DEFAULT_BODY_MIN_RATE = 500.0
 #: ``max_connections`` 0 means: half the process's open-file limit (``ulimit -n``),
 #: leaving the other half to models, gRPC and logs.
 AUTO = 0
@@ -75,6 +78,11 @@ class HttpLimits:
             0: no limit.
         max_connections: open connections at once; :data:`AUTO` (0) for half the
             open-file limit (see :meth:`connection_limit`).
+        body_min_rate: least average rate of a request body, in bytes per second: a
+            body must have arrived within the body timeout (``--http-body-timeout-secs``)
+            plus one second per ``body_min_rate`` bytes received since its headers, or
+            it gets 408 and the connection closes (Apache's mod_reqtimeout ``MinRate``).
+            0, or no body timeout: no minimum.
     """
 
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
@@ -82,6 +90,7 @@ class HttpLimits:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT_SECS
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT_SECS
     max_connections: int = AUTO
+    body_min_rate: float = DEFAULT_BODY_MIN_RATE
 
     def connection_limit(self) -> int:
         """``max_connections``, with :data:`AUTO` resolved: half the soft
@@ -102,6 +111,7 @@ def serve_http(
     limits: HttpLimits | None = None,
     install_signal_handlers: bool = False,
     log_level: str = "warning",
+    body_timeout: float | None = None,
     **uvicorn_options: Any,
 ) -> uvicorn.Server:
     """Build (not start) a uvicorn server for ``app`` on uvloop + httptools.
@@ -121,6 +131,9 @@ def serve_http(
             re-raises them when it returns. The default ``False`` leaves signals to the
             caller (the CLI shuts down HTTP, gRPC and workers together).
         log_level: uvicorn's own log level.
+        body_timeout: the app's body timeout (``--http-body-timeout-secs``; the app
+            enforces it between pieces): the grace before ``limits.body_min_rate``
+            applies. None or 0: no minimum body rate.
         **uvicorn_options: passed to ``uvicorn.Config`` (``backlog``,
             ``ssl_certfile``...).
 
@@ -131,7 +144,11 @@ def serve_http(
     protocol = type(
         "LimitedHttpProtocol",
         (LimitedHttpProtocol,),
-        {"limits": limits, "connection_limit": limits.connection_limit()},
+        {
+            "limits": limits,
+            "connection_limit": limits.connection_limit(),
+            "body_timeout": body_timeout or 0.0,
+        },
     )
     options: dict[str, Any] = {
         "loop": "uvloop",
@@ -202,6 +219,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     limits: ClassVar[HttpLimits] = HttpLimits()
     connection_limit: ClassVar[int] = 1 << 20
+    #: the grace, in seconds, before ``limits.body_min_rate`` applies to a body (0: never)
+    body_timeout: ClassVar[float] = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -215,6 +234,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._refused = False
         # the body framing of a request asking for an upgrade (served as HTTP/1.1)
         self._upgrade_framing = b""
+        # the minimum body rate: when the body began, its bytes so far, the check's timer
+        self._body_start = 0.0
+        self._body_got = 0
+        self._rate_timer: asyncio.TimerHandle | None = None
 
     # -- connection ---------------------------------------------------------------------
 
@@ -242,6 +265,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._refused:
             return
         self._cancel_header_timer()
+        self._cancel_rate_timer()
         super().connection_lost(exc)
 
     def _in_flight(self) -> bool:
@@ -276,6 +300,16 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             if data and not self._feed(data):
                 return
             break
+        if (
+            not self._awaiting_headers
+            and self._rate_timer is None
+            and self.body_timeout > 0
+            and self.limits.body_min_rate > 0
+        ):
+            # A body is being read (one that came whole with its headers never gets
+            # here): check its rate once its first body timeout is over.
+            delay = max(0.0, self._body_start + self.body_timeout - self.loop.time())
+            self._rate_timer = self.loop.call_later(delay, self._check_body_rate)
         if not self._in_flight():
             if not self._message_begun:
                 self._arm_idle_timer()  # nothing of a next request yet: restart the clock
@@ -342,10 +376,17 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 self._rejection = (400, f"invalid HTTP request: {exc}")
                 raise _Rejected() from None
         super().on_headers_complete()
+        self._body_start = self.loop.time()
+        self._body_got = 0
+
+    def on_body(self, body: bytes) -> None:
+        self._body_got += len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         if self._upgrade_framing:
             return  # llhttp skipped the upgrade request's body: the next parser reads it
+        self._cancel_rate_timer()
         super().on_message_complete()
         self._awaiting_headers = True
         self._message_begun = False
@@ -373,6 +414,38 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.limits.idle_timeout, self.timeout_keep_alive_handler
             )
+
+    def _cancel_rate_timer(self) -> None:
+        if self._rate_timer is not None:
+            self._rate_timer.cancel()
+            self._rate_timer = None
+
+    def _check_body_rate(self) -> None:
+        """The body being read must have come at ``limits.body_min_rate`` bytes/s on
+        average after its first ``body_timeout`` seconds: otherwise 408 and close."""
+        self._rate_timer = None
+        if self.transport.is_closing() or self._awaiting_headers:
+            return
+        rate = self.limits.body_min_rate
+        now = self.loop.time()
+        if self.flow.read_paused or self.pipeline:
+            # Not read (a pipelined request waits its turn, or the app has not taken the
+            # body so far): not the client's delay; its clock restarts.
+            self._body_start = now - self._body_got / rate
+        deadline = self._body_start + self.body_timeout + self._body_got / rate
+        if now < deadline:
+            self._rate_timer = self.loop.call_later(deadline - now, self._check_body_rate)
+            return
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started:
+            self.transport.close()  # answered already; the rest of its body is not awaited
+            return
+        self._reject(
+            408,
+            f"the request body arrived too slowly: {self._body_got} bytes in "
+            f"{now - self._body_start:.1f} seconds (at least {rate:g} bytes per second "
+            f"after the first {self.body_timeout:g} seconds)",
+        )
 
     def _cancel_header_timer(self) -> None:
         if self._header_timer is not None:
