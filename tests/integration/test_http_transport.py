@@ -396,23 +396,30 @@ def test_gzip_and_deflate_request_bodies(server: ServerProcess) -> None:
         assert c.expect_response().status == 200
 
 
-def test_accept_encoding_gzip_responses(server: ServerProcess, kind: str) -> None:
+def test_accept_encoding_gzip_responses(server: ServerProcess) -> None:
     x = _x(32, 15)
     with _conn(server) as c:
         c.send(request("POST", INFER, tiny_body(x), [("Accept-Encoding", "gzip")]))
         r = c.expect_response()
         assert r.status == 200
-        if kind == "asgi" and r.header("content-encoding") is None:
-            pytest.xfail("the ASGI path does not compress responses")
         assert r.header("content-encoding") == "gzip", r.headers
+        assert r.header("vary") == "accept-encoding", r.headers
         assert int(r.header("content-length") or -1) == len(r.body)
         r.body = gzip.decompress(r.body)
         np.testing.assert_allclose(tiny_output(r), tiny_reference(x), rtol=1e-5, atol=1e-5)
-        # Without Accept-Encoding the same response is identity-coded.
+        # Without Accept-Encoding the same response is identity-coded, and says Vary.
         c.send(request("POST", INFER, tiny_body(x)))
         plain = c.expect_response()
         assert plain.header("content-encoding") is None
+        assert plain.header("vary") == "accept-encoding", plain.headers
         assert plain.body == r.body
+        # Under 1 KiB: never compressed (q=0 refuses gzip too).
+        c.send(request("POST", INFER, tiny_body(x[:1]), [("Accept-Encoding", "gzip, br")]))
+        small = c.expect_response()
+        assert small.header("content-encoding") is None and small.header("vary") is None
+        assert len(small.body) < 1024
+        c.send(request("POST", INFER, tiny_body(x), [("Accept-Encoding", "gzip;q=0")]))
+        assert c.expect_response().header("content-encoding") is None
 
 
 # -- header limits and timeouts -----------------------------------------------------------

@@ -69,7 +69,6 @@ import socket
 import struct
 import termios
 import time
-import zlib
 from collections.abc import Callable, MutableMapping
 from typing import Any, cast
 from urllib.parse import unquote
@@ -86,6 +85,9 @@ from pdserve.frontends.http.app import (
     parse_infer_headers,
 )
 from pdserve.frontends.http.codec import encode_error
+from pdserve.frontends.http.compression import GZIP_MIN_BYTES
+from pdserve.frontends.http.compression import accepts_gzip as _accepts_gzip
+from pdserve.frontends.http.compression import gzip_bytes as _gzip
 from pdserve.frontends.http.server import HttpLimits, _warn
 from pdserve.frontends.http.status import BodyTooLargeError
 from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
@@ -93,10 +95,6 @@ from pdserve.frontends.offload import off_loop
 
 logger = logging.getLogger("pdserve.http")
 
-#: Responses at least this large are gzip-compressed for a client that accepts gzip.
-GZIP_MIN_BYTES = 1024
-#: zlib level of gzip responses (fast; JSON tensors still shrink 3-5x).
-GZIP_LEVEL = 1
 #: Complete requests a connection may hold, waiting their turn, before it stops
 #: reading (pipelining depth; memory bound).
 MAX_PIPELINE = 16
@@ -146,29 +144,6 @@ def _error_bytes(status: int, message: str, close: bool = True) -> bytes:
         _END_CLOSE if close else _END_KEEP,
         body,
     )
-
-
-def _accepts_gzip(value: bytes) -> bool:
-    """``Accept-Encoding`` allows gzip (``gzip`` or ``*`` with a non-zero q)."""
-    for item in value.lower().split(b","):
-        name, _, params = item.partition(b";")
-        name = name.strip()
-        if name not in (b"gzip", b"x-gzip", b"*"):
-            continue
-        q = params.strip()
-        if q.startswith(b"q="):
-            try:
-                if float(q[2:]) <= 0:
-                    return False
-            except ValueError:
-                return False
-        return True
-    return False
-
-
-def _gzip(data: bytes) -> bytes:
-    compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
-    return compressor.compress(data) + compressor.flush()
 
 
 def _tick(limits: HttpLimits, body_timeout: float | None) -> float:

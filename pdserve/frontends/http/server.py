@@ -34,7 +34,7 @@ import gc
 import logging
 import resource
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -43,7 +43,9 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from pdserve.frontends.http.compression import GZIP_MIN_BYTES, accepts_gzip, gzip_bytes
 from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
+from pdserve.frontends.offload import off_loop
 
 logger = logging.getLogger("pdserve.http")
 
@@ -165,6 +167,7 @@ def serve_http(
         "timeout_keep_alive": limits.idle_timeout or 1e9,
     }
     options.update(uvicorn_options)
+    app = gzip_responses(app)
     # What is alive now (the imported modules of numpy, onnxruntime, protobuf, uvicorn...:
     # hundreds of thousands of objects) is never garbage: leave it out of the collector's
     # generations, so that a full collection walks only what was allocated since
@@ -174,6 +177,104 @@ def serve_http(
     if install_signal_handlers:
         return uvicorn.Server(config)
     return QuietServer(config)
+
+
+#: Responses larger than this are compressed on a worker thread (the event loop carries
+#: on); the same size as the app's ``OFFLOAD_BYTES``.
+_GZIP_OFFLOAD_BYTES = 1 << 20
+
+
+def gzip_responses(app: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """Wrap an ASGI app so that its responses are coded as the native transport codes
+    them: for a client whose ``Accept-Encoding`` allows gzip, a response body of at
+    least :data:`~pdserve.frontends.http.compression.GZIP_MIN_BYTES` bytes with a
+    known length and no ``Content-Encoding`` of its own is gzip-compressed
+    (``Content-Encoding: gzip``, ``Content-Length`` of the compressed body); every
+    response of that size says ``Vary: Accept-Encoding``. A response of unknown length
+    (the ``generate_stream`` events) and the answer to ``HEAD`` are sent as they are.
+    Triton's HTTP server also compresses responses on ``Accept-Encoding``.
+    """
+
+    async def wrapped(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await app(scope, receive, send)
+            return
+        gzip_ok = scope.get("method") != "HEAD" and any(
+            name == b"accept-encoding" and accepts_gzip(value)
+            for name, value in scope.get("headers", ())
+        )
+        start: MutableMapping[str, Any] | None = None  # held until the body is whole
+        length = -1  # its declared Content-Length, -1 unknown
+        encoded = False  # it has a Content-Encoding of its own
+        held: list[bytes] = []
+
+        async def send_coded(message: MutableMapping[str, Any]) -> None:
+            nonlocal start, length, encoded
+            kind = message.get("type")
+            if kind == "http.response.start":
+                length = -1
+                encoded = False
+                for name, value in message.get("headers", ()):
+                    name = name.lower()
+                    if name == b"content-length":
+                        length = int(value)
+                    elif name == b"content-encoding":
+                        encoded = True
+                if 0 <= length < GZIP_MIN_BYTES:
+                    await send(message)  # small: as it is
+                elif length >= 0 and (encoded or not gzip_ok):
+                    await send(_with_vary(message, None))
+                else:
+                    start = message
+                return
+            if kind != "http.response.body" or start is None:
+                await send(message)
+                return
+            more = message.get("more_body", False)
+            if length < 0 and more and not held:
+                # of unknown length and in pieces (a stream): as it is
+                await send(start)
+                start = None
+                await send(message)
+                return
+            held.append(message.get("body", b""))
+            if more:
+                return
+            body = held[0] if len(held) == 1 else b"".join(held)
+            held.clear()
+            head, start = start, None
+            if len(body) < GZIP_MIN_BYTES:
+                await send(head)
+            elif encoded or not gzip_ok:
+                await send(_with_vary(head, None))
+            else:
+                if len(body) > _GZIP_OFFLOAD_BYTES:
+                    body = await off_loop(gzip_bytes, body)
+                else:
+                    body = gzip_bytes(body)
+                await send(_with_vary(head, len(body)))
+            await send({"type": "http.response.body", "body": body})
+
+        await app(scope, receive, send_coded)
+
+    return wrapped
+
+
+def _with_vary(
+    start: MutableMapping[str, Any], gzip_length: int | None
+) -> MutableMapping[str, Any]:
+    """``start`` (an ``http.response.start``) with ``Vary: Accept-Encoding``; with
+    ``gzip_length``: also ``Content-Encoding: gzip`` and that ``Content-Length``."""
+    headers = [
+        (name, value)
+        for name, value in start.get("headers", ())
+        if name.lower() != b"vary" and (gzip_length is None or name.lower() != b"content-length")
+    ]
+    if gzip_length is not None:
+        headers.append((b"content-length", b"%d" % gzip_length))
+        headers.append((b"content-encoding", b"gzip"))
+    headers.append((b"vary", b"accept-encoding"))
+    return {**start, "headers": headers}
 
 
 class QuietServer(uvicorn.Server):
