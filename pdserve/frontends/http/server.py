@@ -18,7 +18,14 @@ enforces :class:`HttpLimits` instead:
                               (new, or kept alive after a response); then closed silently
 ``max_connections``           open connections; a new one over it gets 503 and is closed
                               at once (it never holds its file descriptor longer)
+``body_min_rate``             bytes/s a body must average after its first ``body_timeout``
+                              seconds (:func:`serve_http`'s ``body_timeout``); slower: 408
+                              and close
 ============================  ===============================================================
+
+:func:`gzip_responses` (applied by :func:`serve_http`) codes responses as the native
+transport does (gzip on ``Accept-Encoding``, ``Vary``), and a request asking for a
+protocol upgrade is served as HTTP/1.1 with its body (:mod:`.upgrade`).
 
 The request body has its own limits in :class:`~pdserve.frontends.http.app.HttpApp`
 (size, and a timeout between its pieces: 413 / 408). Rejections are answered in the
