@@ -375,7 +375,13 @@ async def start_http(
     if settings.http_server == "native":
         return await start_native_http(settings, http_app, draining, sock)
     app = listeners.close_connections_while(draining, http_app)
-    http = serve_http(app, settings.host, settings.http_port, limits=settings.http_limits)
+    http = serve_http(
+        app,
+        settings.host,
+        settings.http_port,
+        limits=settings.http_limits,
+        body_timeout=settings.http_body_timeout_secs,
+    )
 
     async def run() -> None:
         try:

@@ -45,6 +45,7 @@ from pdserve.frontends.http.app import (
     DEFAULT_MAX_REQUEST_BYTES,
 )
 from pdserve.frontends.http.server import (
+    DEFAULT_BODY_MIN_RATE,
     DEFAULT_HEADER_TIMEOUT_SECS,
     DEFAULT_IDLE_TIMEOUT_SECS,
     DEFAULT_MAX_HEADER_BYTES,
@@ -308,6 +309,17 @@ class Settings:
         "HTTP",
         "longest wait for the next piece of an HTTP request body before answering 408 "
         "and closing the connection; 0 waits forever (default {default})",
+        type=float,
+    )
+    http_body_min_bytes_per_sec: float = _flag(
+        "--http-body-min-bytes-per-sec",
+        DEFAULT_BODY_MIN_RATE,
+        "HTTP",
+        "least average rate of an HTTP request body: after --http-body-timeout-secs, a "
+        "body must keep arriving at this many bytes per second on average since its "
+        "headers, or it gets 408 and the connection closes (a body dripped just within "
+        "the body timeout cannot hold a connection for long); 0: no minimum "
+        "(default {default})",
         type=float,
     )
     http_max_json_bytes: int = _flag(
@@ -663,6 +675,11 @@ class Settings:
         ):
             if not (math.isfinite(secs) and secs >= 0):
                 raise SettingsError(flag, f"must be a number of seconds >= 0, got {secs}")
+        rate = self.http_body_min_bytes_per_sec
+        if not (math.isfinite(rate) and rate >= 0):
+            raise SettingsError(
+                "--http-body-min-bytes-per-sec", f"must be a number of bytes >= 0, got {rate}"
+            )
         if self.max_request_bytes <= 0:
             raise SettingsError(
                 "--max-request-bytes", f"must be > 0 bytes, got {self.max_request_bytes}"
@@ -807,6 +824,7 @@ class Settings:
             header_timeout=self.http_header_timeout_secs,
             idle_timeout=self.http_idle_timeout_secs,
             max_connections=self.http_max_connections,
+            body_min_rate=self.http_body_min_bytes_per_sec,
         )
 
     @property

@@ -15,6 +15,7 @@ import json
 import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
 import zlib
@@ -395,23 +396,30 @@ def test_gzip_and_deflate_request_bodies(server: ServerProcess) -> None:
         assert c.expect_response().status == 200
 
 
-def test_accept_encoding_gzip_responses(server: ServerProcess, kind: str) -> None:
+def test_accept_encoding_gzip_responses(server: ServerProcess) -> None:
     x = _x(32, 15)
     with _conn(server) as c:
         c.send(request("POST", INFER, tiny_body(x), [("Accept-Encoding", "gzip")]))
         r = c.expect_response()
         assert r.status == 200
-        if kind == "asgi" and r.header("content-encoding") is None:
-            pytest.xfail("the ASGI path does not compress responses")
         assert r.header("content-encoding") == "gzip", r.headers
+        assert r.header("vary") == "accept-encoding", r.headers
         assert int(r.header("content-length") or -1) == len(r.body)
         r.body = gzip.decompress(r.body)
         np.testing.assert_allclose(tiny_output(r), tiny_reference(x), rtol=1e-5, atol=1e-5)
-        # Without Accept-Encoding the same response is identity-coded.
+        # Without Accept-Encoding the same response is identity-coded, and says Vary.
         c.send(request("POST", INFER, tiny_body(x)))
         plain = c.expect_response()
         assert plain.header("content-encoding") is None
+        assert plain.header("vary") == "accept-encoding", plain.headers
         assert plain.body == r.body
+        # Under 1 KiB: never compressed (q=0 refuses gzip too).
+        c.send(request("POST", INFER, tiny_body(x[:1]), [("Accept-Encoding", "gzip, br")]))
+        small = c.expect_response()
+        assert small.header("content-encoding") is None and small.header("vary") is None
+        assert len(small.body) < 1024
+        c.send(request("POST", INFER, tiny_body(x), [("Accept-Encoding", "gzip;q=0")]))
+        assert c.expect_response().header("content-encoding") is None
 
 
 # -- header limits and timeouts -----------------------------------------------------------
@@ -502,9 +510,8 @@ def test_stalled_body_gets_408_within_the_body_timeout(server: ServerProcess) ->
 def test_body_timeout_is_between_pieces(server: ServerProcess) -> None:
     """``--http-body-timeout-secs`` bounds each wait for the next piece of a body (as
     nginx's ``client_body_timeout``), not the whole body: a body sent in pieces 0.4 s
-    apart, 3.2 s in all (over the 1 s timeout), is read to its end and answered. (A
-    body dripped within the timeout is bounded by ``--max-request-bytes`` and the
-    connection cap only: there is no minimum rate.)"""
+    apart, 3.2 s in all (over the 1 s timeout), at ~800 bytes/s (over the 500 bytes/s
+    of ``--http-body-min-bytes-per-sec``), is read to its end and answered."""
     x = _x(2, 17)
     body = tiny_body(x)
     with _conn(server) as c:
@@ -518,12 +525,39 @@ def test_body_timeout_is_between_pieces(server: ServerProcess) -> None:
         )
 
 
+def test_body_dripped_within_the_timeout_gets_408_at_the_minimum_rate(
+    server: ServerProcess,
+) -> None:
+    """A body that declares 100 KB and drips one byte every 0.5 s (each piece within
+    the 1 s body timeout) is refused 408 soon after the first body timeout, once it is
+    below ``--http-body-min-bytes-per-sec`` (500 bytes/s by default, as Apache's
+    mod_reqtimeout ``MinRate``): it cannot hold the connection until the size limit."""
+    for framing in ("content-length", "chunked"):
+        with _conn(server) as c:
+            if framing == "chunked":
+                c.send(request("POST", INFER, None, [("Transfer-Encoding", "chunked")]))
+                drip = b"1\r\n \r\n"
+            else:
+                c.send(request("POST", INFER, None, [("Content-Length", "100000")]))
+                drip = b" "
+            got, elapsed = _drip_until_answered(c, drip, 0.5, BODY_TIMEOUT + 2 * MARGIN)
+            assert got.startswith(b"HTTP/1.1 408 "), (framing, got[:300])
+            assert b"too slowly" in got, got
+            assert 0.8 * BODY_TIMEOUT < elapsed < BODY_TIMEOUT + MARGIN, (framing, elapsed)
+            c.buf = got
+            r = c.read_response()
+            assert r is not None and r.closes
+            assert c.closed_within(MARGIN)
+
+
 def test_upgrade_header_is_ignored(server: ServerProcess) -> None:
     """pdserve speaks only HTTP/1.1 here: a request asking to upgrade (WebSocket, or
     h2c as ``curl --http2`` asks on every cleartext request) is served as HTTP/1.1
-    (RFC 9110 7.8 lets a server ignore Upgrade), its body included; the connection
-    carries on, or the response says ``Connection: close`` and it closes."""
+    (RFC 9110 7.8 lets a server ignore Upgrade), its body included, whether framed by
+    Content-Length or chunked, sent at once or in pieces; the connection carries on
+    with the requests after it."""
     x = _x(1, 19)
+    body = tiny_body(x)
     upgrades = {
         "websocket": [
             ("Connection", "Upgrade"),
@@ -541,19 +575,88 @@ def test_upgrade_header_is_ignored(server: ServerProcess) -> None:
         with _conn(server) as c:
             c.send(request("GET", "/v2/health/live", headers=headers))
             r = c.expect_response()
-            assert (r.status, r.body) == (200, b""), (name, r.status, r.body)
-            if r.closes:  # allowed: then it says so, and closes
-                assert c.closed_within(MARGIN)
-                c.close()
-                c = _conn(server)
-            c.send(request("POST", INFER, tiny_body(x), headers))
+            assert (r.status, r.body, r.closes) == (200, b"", False), (name, r.status, r.body)
+            c.send(request("POST", INFER, body, headers))
             r = c.expect_response()
-            if r.status == 400 and b"zero-length" in r.body:
-                pytest.xfail(
-                    "known: httptools stops at an Upgrade request's headers; its body is "
-                    "lost (400) on both transports"
-                )
+            assert r.status == 200, (name, r.status, r.body)
             np.testing.assert_allclose(tiny_output(r), tiny_reference(x), rtol=1e-5, atol=1e-5)
+            # Chunked, pipelined with the request after it, in one piece.
+            wire = request(
+                "POST",
+                INFER,
+                chunked(body, [100, len(body) - 100]),
+                [*headers, ("Transfer-Encoding", "chunked")],
+                content_length=False,
+            )
+            c.send(wire + request("GET", "/v2/models/tiny"))
+            np.testing.assert_allclose(
+                tiny_output(c.expect_response()), tiny_reference(x), rtol=1e-5, atol=1e-5
+            )
+            meta = c.expect_response()
+            assert meta.status == 200 and meta.json()["name"] == "tiny", (name, meta.body)
+            # The head alone first, then the body in pieces.
+            wire = request("POST", INFER, body, headers)
+            c.send(wire[: -len(body)])
+            time.sleep(0.1)
+            for i in range(0, len(body), 500):
+                c.send(body[i : i + 500])
+                time.sleep(0.02)
+            r = c.expect_response()
+            np.testing.assert_allclose(tiny_output(r), tiny_reference(x), rtol=1e-5, atol=1e-5)
+            assert not r.closes and not c.closed_within(0.2)
+    # Its body is limited as any other's, and a Transfer-Encoding that is not chunked
+    # is refused as on any other request.
+    up = upgrades["h2c"]
+    with _conn(server) as c:
+        c.send(request("POST", INFER, None, [*up, ("Content-Length", str(MAX_BODY + 1))]))
+        r = c.expect_response()
+        _assert_error(r, 413, "exceeds the limit")
+        assert r.closes and c.closed_within(MARGIN)
+    with _conn(server) as c:
+        c.send(
+            request("POST", INFER, body, [*up, ("Transfer-Encoding", "gzip")], content_length=False)
+        )
+        r = c.expect_response()
+        _assert_error(r, 400, "Transfer-Encoding")
+        assert r.closes and c.closed_within(MARGIN)
+
+
+def test_curl_http2_request_is_served_as_http11(server: ServerProcess) -> None:
+    """``curl --http2`` on a cleartext URL asks to upgrade to h2c (``Upgrade: h2c``,
+    ``HTTP2-Settings``) with its POST body: it gets the HTTP/1.1 answer."""
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not installed")
+    x = _x(2, 22)
+    out = subprocess.run(
+        [
+            curl,
+            "-sS",
+            "--http2",
+            "-v",
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            "@-",
+            f"http://127.0.0.1:{server.http_port}{INFER}",
+        ],
+        input=tiny_body(x),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    if b"HTTP2 feature" in out.stderr or b"not support" in out.stderr:
+        pytest.skip(f"this curl has no HTTP/2: {out.stderr[-200:]!r}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert b"Upgrade: h2c" in out.stderr, out.stderr[-2000:]  # curl did ask
+    assert b"< HTTP/1.1 200" in out.stderr, out.stderr[-2000:]
+    got = json.loads(out.stdout)["outputs"][0]
+    np.testing.assert_allclose(
+        np.asarray(got["data"], np.float32).reshape(got["shape"]),
+        tiny_reference(x),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_absolute_form_target(server: ServerProcess) -> None:

@@ -32,6 +32,7 @@ FLAGS = {
     "--http-server",
     "--max-request-bytes",
     "--http-body-timeout-secs",
+    "--http-body-min-bytes-per-sec",
     "--http-max-json-bytes",
     "--http-max-header-bytes",
     "--http-max-header-count",
@@ -195,6 +196,9 @@ def test_http_limit_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert s.http_limits == HttpLimits(4096, 10, 2.5, 0.0, 7)
     assert s.http_limits.connection_limit() == 7
     assert parse(tmp_path).http_limits == HttpLimits()
+    assert HttpLimits().body_min_rate == 500.0  # Apache's mod_reqtimeout MinRate default
+    rate = parse(tmp_path, "--http-body-min-bytes-per-sec=0").http_limits.body_min_rate
+    assert rate == 0.0
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft != resource.RLIM_INFINITY:
         assert HttpLimits().connection_limit() == max(1, soft // 2)
@@ -205,6 +209,7 @@ def test_http_limit_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         ("--http-max-connections=-1", "--http-max-connections: must be >= 0, got -1"),
         ("--http-header-timeout-secs=-1", "--http-header-timeout-secs: must be a number of"),
         ("--http-idle-timeout-secs=inf", "--http-idle-timeout-secs: must be a number of"),
+        ("--http-body-min-bytes-per-sec=-1", "--http-body-min-bytes-per-sec: must be a number"),
     ]:
         assert needle in serve_error(capsys, "--model-repository", str(tmp_path), argv)
 

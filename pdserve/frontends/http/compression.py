@@ -1,4 +1,5 @@
-"""HTTP request-body content codings (gzip, deflate, identity), decompressed within a limit."""
+"""HTTP content codings: request bodies (gzip, deflate, identity), decompressed within a
+limit, and gzip responses for clients that accept them (both transports)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,13 @@ MAX_GZIP_MEMBERS = 4096
 _FEED_BYTES = 16 * 1024
 
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
+
+#: Responses at least this large are gzip-compressed for a client that accepts gzip
+#: (smaller ones gain little and cost a compressor); they also say ``Vary:
+#: Accept-Encoding`` when sent uncompressed.
+GZIP_MIN_BYTES = 1024
+#: zlib level of gzip responses (fast; JSON tensors still shrink 3-5x).
+GZIP_LEVEL = 1
 _ZLIB_WBITS = zlib.MAX_WBITS
 
 
@@ -113,3 +121,28 @@ def _inflate(body: bytes, name: str, limit: int) -> bytes:
     if pos < size and wbits != _GZIP_WBITS:
         raise InferError(f"the {name} request body is corrupt: data after the end of the stream")
     return out[0] if len(out) == 1 else b"".join(out)
+
+
+def accepts_gzip(value: bytes) -> bool:
+    """An ``Accept-Encoding`` value allows gzip (``gzip``, ``x-gzip`` or ``*``, with
+    no ``q=0``; RFC 9110 12.5.3)."""
+    for item in value.lower().split(b","):
+        name, _, params = item.partition(b";")
+        name = name.strip()
+        if name not in (b"gzip", b"x-gzip", b"*"):
+            continue
+        q = params.strip()
+        if q.startswith(b"q="):
+            try:
+                if float(q[2:]) <= 0:
+                    return False
+            except ValueError:
+                return False
+        return True
+    return False
+
+
+def gzip_bytes(data: bytes) -> bytes:
+    """``data`` as one gzip member at :data:`GZIP_LEVEL`."""
+    compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
+    return compressor.compress(data) + compressor.flush()

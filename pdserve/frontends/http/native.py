@@ -23,7 +23,10 @@ header timeout              ``header_timeout`` s from a request's first byte to 
 body                        over ``max_request_bytes`` (``max_json_bytes`` for a JSON-only
                             inference body): 413 and close, as soon as ``Content-Length``
                             says so or the bytes received pass it; ``body_timeout`` s with
-                            no piece of it: 408 and close (slowloris on bodies)
+                            no piece of it: 408 and close (slowloris on bodies); slower
+                            than ``body_min_rate`` bytes/s on average after the first
+                            ``body_timeout`` s: 408 and close (a body dripped just within
+                            the timeout)
 idle timeout                ``idle_timeout`` s with no request in progress: closed silently
 connections                 over ``max_connections``: 503 and closed at once
 ==========================  =================================================================
@@ -66,7 +69,6 @@ import socket
 import struct
 import termios
 import time
-import zlib
 from collections.abc import Callable, MutableMapping
 from typing import Any, cast
 from urllib.parse import unquote
@@ -83,16 +85,16 @@ from pdserve.frontends.http.app import (
     parse_infer_headers,
 )
 from pdserve.frontends.http.codec import encode_error
+from pdserve.frontends.http.compression import GZIP_MIN_BYTES
+from pdserve.frontends.http.compression import accepts_gzip as _accepts_gzip
+from pdserve.frontends.http.compression import gzip_bytes as _gzip
 from pdserve.frontends.http.server import HttpLimits, _warn
 from pdserve.frontends.http.status import BodyTooLargeError
+from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
 from pdserve.frontends.offload import off_loop
 
 logger = logging.getLogger("pdserve.http")
 
-#: Responses at least this large are gzip-compressed for a client that accepts gzip.
-GZIP_MIN_BYTES = 1024
-#: zlib level of gzip responses (fast; JSON tensors still shrink 3-5x).
-GZIP_LEVEL = 1
 #: Complete requests a connection may hold, waiting their turn, before it stops
 #: reading (pipelining depth; memory bound).
 MAX_PIPELINE = 16
@@ -142,29 +144,6 @@ def _error_bytes(status: int, message: str, close: bool = True) -> bytes:
         _END_CLOSE if close else _END_KEEP,
         body,
     )
-
-
-def _accepts_gzip(value: bytes) -> bool:
-    """``Accept-Encoding`` allows gzip (``gzip`` or ``*`` with a non-zero q)."""
-    for item in value.lower().split(b","):
-        name, _, params = item.partition(b";")
-        name = name.strip()
-        if name not in (b"gzip", b"x-gzip", b"*"):
-            continue
-        q = params.strip()
-        if q.startswith(b"q="):
-            try:
-                if float(q[2:]) <= 0:
-                    return False
-            except ValueError:
-                return False
-        return True
-    return False
-
-
-def _gzip(data: bytes) -> bytes:
-    compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
-    return compressor.compress(data) + compressor.flush()
 
 
 def _tick(limits: HttpLimits, body_timeout: float | None) -> float:
@@ -380,9 +359,15 @@ class HttpConnection(asyncio.Protocol):
         self._body_size = 0
         self._body_limit = 0
         self._body_json = False
+        self._body_start = 0.0  # when its body began (headers or "100 Continue" sent)
+        self._min_rate = self.limits.body_min_rate if server.app.body_timeout else 0.0
         self._gzip = False
         self._continue = False  # the request waits for "100 Continue"
         self._rejection: tuple[int, str] | None = None
+        # a request asking for an upgrade (served as HTTP/1.1, see upgrade.py): its
+        # method, keep-alive and HTTP/1.0-ness, and the framing of the body to read
+        self._upgrade: tuple[bytes, bool, bool] | None = None
+        self._upgrade_framing = b""
         # requests being answered / waiting
         self._busy = False
         self._queue: collections.deque[_Request] = collections.deque()
@@ -493,10 +478,14 @@ class HttpConnection(asyncio.Protocol):
             if self._idle():
                 self.transport.close()
             return
-        if self._busy or self._queue:
-            # A request is being answered: the pipelined one being read waits its turn.
+        if self._busy or self._queue or self._paused:
+            # A request is being answered (the pipelined one being read waits its turn),
+            # or reading is paused (the client cannot send): not the client's delay.
             self.deadline = now + self._tick_grace()
             self.deadline_kind = kind
+            if kind == _BODY and self._min_rate:
+                # its rate clock restarts: a whole body timeout from now
+                self._body_start = now - self._body_size / self._min_rate
             return
         if kind == _HEAD and self._awaiting_headers:
             self._reject(
@@ -504,10 +493,19 @@ class HttpConnection(asyncio.Protocol):
                 f"the request headers did not arrive within {self.limits.header_timeout:g} seconds",
             )
         elif kind == _BODY and not self._awaiting_headers:
+            timeout = self.app.body_timeout or 0
+            rate = self._min_rate
+            if rate and self._body_size < (now - self._body_start - timeout) * rate:
+                self._reject(
+                    408,
+                    f"the request body arrived too slowly: {self._body_size} bytes in "
+                    f"{now - self._body_start:.1f} seconds (at least {rate:g} bytes per "
+                    f"second after the first {timeout:g} seconds)",
+                )
+                return
             self._reject(
                 408,
-                "the request body did not arrive: nothing received for "
-                f"{self.app.body_timeout or 0:g} seconds",
+                f"the request body did not arrive: nothing received for {timeout:g} seconds",
             )
 
     def _tick_grace(self) -> float:
@@ -544,13 +542,17 @@ class HttpConnection(asyncio.Protocol):
         """Feed the parser; False when no more should be read."""
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as exc:
             # The request asked for a protocol upgrade, which pdserve does not do: it is
-            # answered (it is complete) and the connection closes after it.
-            self._broken = True
-            if self._idle() and self._pending_error is None:
-                self.transport.close()
-            return False
+            # served as HTTP/1.1, its body (if any) and what follows read by a fresh
+            # parser (see upgrade.py).
+            framing = self._upgrade_framing
+            self._upgrade_framing = b""
+            self.parser = parser_after_upgrade(self, framing)
+            rest = data[exc.args[0] :]
+            if rest and not self._broken:
+                return self._feed(rest)
+            return not self._broken
         except httptools.HttpParserError as exc:
             if self._rejection is None and self._broken:
                 return False  # stopped after a request that closes the connection
@@ -627,7 +629,8 @@ class HttpConnection(asyncio.Protocol):
             raise _Rejected()
         if content_length != 0 and (content_length > 0 or parser.get_http_version() == "1.1"):
             if app.body_timeout:
-                self.deadline = self.loop.time() + app.body_timeout
+                now = self._body_start = self.loop.time()
+                self.deadline = now + app.body_timeout
                 self.deadline_kind = _BODY
             else:
                 self.deadline = 0.0
@@ -640,6 +643,17 @@ class HttpConnection(asyncio.Protocol):
         else:
             self.deadline = 0.0
             self.deadline_kind = _NONE
+        if parser.should_upgrade():
+            try:
+                self._upgrade_framing = body_framing(self._headers)
+            except InvalidFramingError as exc:
+                self._rejection = (400, f"Invalid HTTP request received: {exc}")
+                raise _Rejected() from None
+            self._upgrade = (
+                parser.get_method(),
+                parser.should_keep_alive(),
+                parser.get_http_version() == "1.0",
+            )
 
     def on_body(self, chunk: bytes) -> None:
         size = self._body_size + len(chunk)
@@ -661,22 +675,37 @@ class HttpConnection(asyncio.Protocol):
             grown += chunk
             self._body = grown
         if self.deadline_kind == _BODY:
-            self.deadline = self.loop.time() + (self.app.body_timeout or 0)
+            timeout = self.app.body_timeout or 0
+            deadline = self.loop.time() + timeout
+            if self._min_rate:
+                # at least body_min_rate bytes/s on average after the first timeout
+                by_rate = self._body_start + timeout + size / self._min_rate
+                if by_rate < deadline:
+                    deadline = by_rate
+            self.deadline = deadline
 
     def on_message_complete(self) -> None:
-        parser = self.parser
+        upgrade = self._upgrade
+        if upgrade is None:
+            parser = self.parser
+            method = parser.get_method()
+            keep_alive = parser.should_keep_alive()
+            http10 = parser.get_http_version() == "1.0"
+        elif self._upgrade_framing:
+            return  # llhttp skipped the body: the next parser reads it (see _feed)
+        else:
+            method, keep_alive, http10 = upgrade
+            self._upgrade = None
         url = self._url
         if url[:1] != b"/" or b"#" in url:  # a fragment too: uvicorn drops it
             url = _origin_form(url)
         request = _Request(
-            parser.get_method(),
+            method,
             url,
             self._headers,
             self._body,  # type: ignore[arg-type]  # bytes or bytearray: both read alike
-            # The connection closes after a request asking to upgrade (see _feed): its
-            # response says so.
-            parser.should_keep_alive() and not parser.should_upgrade(),
-            parser.get_http_version() == "1.0",
+            keep_alive,
+            http10,
             self._gzip,
         )
         self._awaiting_headers = True
@@ -912,13 +941,16 @@ class HttpConnection(asyncio.Protocol):
             transport.close()
             return
         if self._broken:
-            # an upgrade request's successor bytes were not parsed: close
+            # nothing after a refused request (or one that closes) was parsed: close
             transport.close()
             return
         if self._message_begun:
             if self._continue and not self._awaiting_headers:
                 self._continue = False
                 transport.write(_CONTINUE)
+                if self.deadline_kind == _BODY:  # the client sends its body from now on
+                    now = self._body_start = self.loop.time()
+                    self.deadline = now + (self.app.body_timeout or 0)
             return  # its header/body deadline stands
         if self.limits.idle_timeout > 0:
             self.deadline = self.loop.time() + self.limits.idle_timeout

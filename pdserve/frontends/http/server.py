@@ -18,7 +18,14 @@ enforces :class:`HttpLimits` instead:
                               (new, or kept alive after a response); then closed silently
 ``max_connections``           open connections; a new one over it gets 503 and is closed
                               at once (it never holds its file descriptor longer)
+``body_min_rate``             bytes/s a body must average after its first ``body_timeout``
+                              seconds (:func:`serve_http`'s ``body_timeout``); slower: 408
+                              and close
 ============================  ===============================================================
+
+:func:`gzip_responses` (applied by :func:`serve_http`) codes responses as the native
+transport does (gzip on ``Accept-Encoding``, ``Vary``), and a request asking for a
+protocol upgrade is served as HTTP/1.1 with its body (:mod:`.upgrade`).
 
 The request body has its own limits in :class:`~pdserve.frontends.http.app.HttpApp`
 (size, and a timeout between its pieces: 413 / 408). Rejections are answered in the
@@ -34,7 +41,7 @@ import gc
 import logging
 import resource
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -42,6 +49,10 @@ import httptools
 import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from pdserve.frontends.http.compression import GZIP_MIN_BYTES, accepts_gzip, gzip_bytes
+from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
+from pdserve.frontends.offload import off_loop
 
 logger = logging.getLogger("pdserve.http")
 
@@ -55,6 +66,9 @@ DEFAULT_HEADER_TIMEOUT_SECS = 30.0
 #: keepalive_timeout: longer than the 60 s idle timeout of common load balancers, so
 #: that the balancer, not pdserve, closes an idle pooled connection).
 DEFAULT_IDLE_TIMEOUT_SECS = 75.0
+#: Default least average rate of a request body, in bytes per second, after the first
+#: body timeout (Apache's ``RequestReadTimeout body=20,MinRate=500`` default).
+DEFAULT_BODY_MIN_RATE = 500.0
 #: ``max_connections`` 0 means: half the process's open-file limit (``ulimit -n``),
 #: leaving the other half to models, gRPC and logs.
 AUTO = 0
@@ -73,6 +87,11 @@ class HttpLimits:
             0: no limit.
         max_connections: open connections at once; :data:`AUTO` (0) for half the
             open-file limit (see :meth:`connection_limit`).
+        body_min_rate: least average rate of a request body, in bytes per second: a
+            body must have arrived within the body timeout (``--http-body-timeout-secs``)
+            plus one second per ``body_min_rate`` bytes received since its headers, or
+            it gets 408 and the connection closes (Apache's mod_reqtimeout ``MinRate``).
+            0, or no body timeout: no minimum.
     """
 
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
@@ -80,6 +99,7 @@ class HttpLimits:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT_SECS
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT_SECS
     max_connections: int = AUTO
+    body_min_rate: float = DEFAULT_BODY_MIN_RATE
 
     def connection_limit(self) -> int:
         """``max_connections``, with :data:`AUTO` resolved: half the soft
@@ -100,6 +120,7 @@ def serve_http(
     limits: HttpLimits | None = None,
     install_signal_handlers: bool = False,
     log_level: str = "warning",
+    body_timeout: float | None = None,
     **uvicorn_options: Any,
 ) -> uvicorn.Server:
     """Build (not start) a uvicorn server for ``app`` on uvloop + httptools.
@@ -119,6 +140,9 @@ def serve_http(
             re-raises them when it returns. The default ``False`` leaves signals to the
             caller (the CLI shuts down HTTP, gRPC and workers together).
         log_level: uvicorn's own log level.
+        body_timeout: the app's body timeout (``--http-body-timeout-secs``; the app
+            enforces it between pieces): the grace before ``limits.body_min_rate``
+            applies. None or 0: no minimum body rate.
         **uvicorn_options: passed to ``uvicorn.Config`` (``backlog``,
             ``ssl_certfile``...).
 
@@ -129,7 +153,11 @@ def serve_http(
     protocol = type(
         "LimitedHttpProtocol",
         (LimitedHttpProtocol,),
-        {"limits": limits, "connection_limit": limits.connection_limit()},
+        {
+            "limits": limits,
+            "connection_limit": limits.connection_limit(),
+            "body_timeout": body_timeout or 0.0,
+        },
     )
     options: dict[str, Any] = {
         "loop": "uvloop",
@@ -146,6 +174,7 @@ def serve_http(
         "timeout_keep_alive": limits.idle_timeout or 1e9,
     }
     options.update(uvicorn_options)
+    app = gzip_responses(app)
     # What is alive now (the imported modules of numpy, onnxruntime, protobuf, uvicorn...:
     # hundreds of thousands of objects) is never garbage: leave it out of the collector's
     # generations, so that a full collection walks only what was allocated since
@@ -155,6 +184,104 @@ def serve_http(
     if install_signal_handlers:
         return uvicorn.Server(config)
     return QuietServer(config)
+
+
+#: Responses larger than this are compressed on a worker thread (the event loop carries
+#: on); the same size as the app's ``OFFLOAD_BYTES``.
+_GZIP_OFFLOAD_BYTES = 1 << 20
+
+
+def gzip_responses(app: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """Wrap an ASGI app so that its responses are coded as the native transport codes
+    them: for a client whose ``Accept-Encoding`` allows gzip, a response body of at
+    least :data:`~pdserve.frontends.http.compression.GZIP_MIN_BYTES` bytes with a
+    known length and no ``Content-Encoding`` of its own is gzip-compressed
+    (``Content-Encoding: gzip``, ``Content-Length`` of the compressed body); every
+    response of that size says ``Vary: Accept-Encoding``. A response of unknown length
+    (the ``generate_stream`` events) and the answer to ``HEAD`` are sent as they are.
+    Triton's HTTP server also compresses responses on ``Accept-Encoding``.
+    """
+
+    async def wrapped(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await app(scope, receive, send)
+            return
+        gzip_ok = scope.get("method") != "HEAD" and any(
+            name == b"accept-encoding" and accepts_gzip(value)
+            for name, value in scope.get("headers", ())
+        )
+        start: MutableMapping[str, Any] | None = None  # held until the body is whole
+        length = -1  # its declared Content-Length, -1 unknown
+        encoded = False  # it has a Content-Encoding of its own
+        held: list[bytes] = []
+
+        async def send_coded(message: MutableMapping[str, Any]) -> None:
+            nonlocal start, length, encoded
+            kind = message.get("type")
+            if kind == "http.response.start":
+                length = -1
+                encoded = False
+                for name, value in message.get("headers", ()):
+                    name = name.lower()
+                    if name == b"content-length":
+                        length = int(value)
+                    elif name == b"content-encoding":
+                        encoded = True
+                if 0 <= length < GZIP_MIN_BYTES:
+                    await send(message)  # small: as it is
+                elif length >= 0 and (encoded or not gzip_ok):
+                    await send(_with_vary(message, None))
+                else:
+                    start = message
+                return
+            if kind != "http.response.body" or start is None:
+                await send(message)
+                return
+            more = message.get("more_body", False)
+            if length < 0 and more and not held:
+                # of unknown length and in pieces (a stream): as it is
+                await send(start)
+                start = None
+                await send(message)
+                return
+            held.append(message.get("body", b""))
+            if more:
+                return
+            body = held[0] if len(held) == 1 else b"".join(held)
+            held.clear()
+            head, start = start, None
+            if len(body) < GZIP_MIN_BYTES:
+                await send(head)
+            elif encoded or not gzip_ok:
+                await send(_with_vary(head, None))
+            else:
+                if len(body) > _GZIP_OFFLOAD_BYTES:
+                    body = await off_loop(gzip_bytes, body)
+                else:
+                    body = gzip_bytes(body)
+                await send(_with_vary(head, len(body)))
+            await send({"type": "http.response.body", "body": body})
+
+        await app(scope, receive, send_coded)
+
+    return wrapped
+
+
+def _with_vary(
+    start: MutableMapping[str, Any], gzip_length: int | None
+) -> MutableMapping[str, Any]:
+    """``start`` (an ``http.response.start``) with ``Vary: Accept-Encoding``; with
+    ``gzip_length``: also ``Content-Encoding: gzip`` and that ``Content-Length``."""
+    headers = [
+        (name, value)
+        for name, value in start.get("headers", ())
+        if name.lower() != b"vary" and (gzip_length is None or name.lower() != b"content-length")
+    ]
+    if gzip_length is not None:
+        headers.append((b"content-length", b"%d" % gzip_length))
+        headers.append((b"content-encoding", b"gzip"))
+    headers.append((b"vary", b"accept-encoding"))
+    return {**start, "headers": headers}
 
 
 class QuietServer(uvicorn.Server):
@@ -200,6 +327,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     limits: ClassVar[HttpLimits] = HttpLimits()
     connection_limit: ClassVar[int] = 1 << 20
+    #: the grace, in seconds, before ``limits.body_min_rate`` applies to a body (0: never)
+    body_timeout: ClassVar[float] = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -211,6 +340,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._rejection: tuple[int, str] | None = None
         self._deferred: tuple[int, str] | None = None  # answered once in-flight ones are
         self._refused = False
+        # the body framing of a request asking for an upgrade (served as HTTP/1.1)
+        self._upgrade_framing = b""
+        # the minimum body rate: when the body began, its bytes so far, the check's timer
+        self._body_start = 0.0
+        self._body_got = 0
+        self._rate_timer: asyncio.TimerHandle | None = None
 
     # -- connection ---------------------------------------------------------------------
 
@@ -238,6 +373,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._refused:
             return
         self._cancel_header_timer()
+        self._cancel_rate_timer()
         super().connection_lost(exc)
 
     def _in_flight(self) -> bool:
@@ -272,6 +408,16 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             if data and not self._feed(data):
                 return
             break
+        if (
+            not self._awaiting_headers
+            and self._rate_timer is None
+            and self.body_timeout > 0
+            and self.limits.body_min_rate > 0
+        ):
+            # A body is being read (one that came whole with its headers never gets
+            # here): check its rate once its first body timeout is over.
+            delay = max(0.0, self._body_start + self.body_timeout - self.loop.time())
+            self._rate_timer = self.loop.call_later(delay, self._check_body_rate)
         if not self._in_flight():
             if not self._message_begun:
                 self._arm_idle_timer()  # nothing of a next request yet: restart the clock
@@ -284,11 +430,16 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         """Feed httptools; ``False`` when the connection was answered and closed."""
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+        except httptools.HttpParserUpgrade as exc:
+            # pdserve upgrades to nothing (uvicorn runs with ws="none"): the request is
+            # served as HTTP/1.1, its body (if any) and what follows read by a fresh
+            # parser (see upgrade.py).
+            framing = self._upgrade_framing
+            self._upgrade_framing = b""
+            self.parser = parser_after_upgrade(self, framing)
+            rest = data[exc.args[0] :]
+            if rest and not self.transport.is_closing():
+                return self._feed(rest)
             return not self.transport.is_closing()
         except httptools.HttpParserError as exc:
             if self._rejection is not None:
@@ -326,9 +477,24 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
         self._cancel_header_timer()
+        if self.parser.should_upgrade():
+            try:
+                self._upgrade_framing = body_framing(self.headers)
+            except InvalidFramingError as exc:
+                self._rejection = (400, f"invalid HTTP request: {exc}")
+                raise _Rejected() from None
         super().on_headers_complete()
+        self._body_start = self.loop.time()
+        self._body_got = 0
+
+    def on_body(self, body: bytes) -> None:
+        self._body_got += len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
+        if self._upgrade_framing:
+            return  # llhttp skipped the upgrade request's body: the next parser reads it
+        self._cancel_rate_timer()
         super().on_message_complete()
         self._awaiting_headers = True
         self._message_begun = False
@@ -356,6 +522,38 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.limits.idle_timeout, self.timeout_keep_alive_handler
             )
+
+    def _cancel_rate_timer(self) -> None:
+        if self._rate_timer is not None:
+            self._rate_timer.cancel()
+            self._rate_timer = None
+
+    def _check_body_rate(self) -> None:
+        """The body being read must have come at ``limits.body_min_rate`` bytes/s on
+        average after its first ``body_timeout`` seconds: otherwise 408 and close."""
+        self._rate_timer = None
+        if self.transport.is_closing() or self._awaiting_headers:
+            return
+        rate = self.limits.body_min_rate
+        now = self.loop.time()
+        if self.flow.read_paused or self.pipeline:
+            # Not read (a pipelined request waits its turn, or the app has not taken the
+            # body so far): not the client's delay; its clock restarts.
+            self._body_start = now - self._body_got / rate
+        deadline = self._body_start + self.body_timeout + self._body_got / rate
+        if now < deadline:
+            self._rate_timer = self.loop.call_later(deadline - now, self._check_body_rate)
+            return
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started:
+            self.transport.close()  # answered already; the rest of its body is not awaited
+            return
+        self._reject(
+            408,
+            f"the request body arrived too slowly: {self._body_got} bytes in "
+            f"{now - self._body_start:.1f} seconds (at least {rate:g} bytes per second "
+            f"after the first {self.body_timeout:g} seconds)",
+        )
 
     def _cancel_header_timer(self) -> None:
         if self._header_timer is not None:
