@@ -38,6 +38,7 @@ from pdserve.cache import RedisCacheOptions, parse_cache_config, parse_redis_cac
 from pdserve.config import DEFAULT_MAX_INSTANCE_COUNT
 from pdserve.core.procmem import parse_size
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
+from pdserve.frontends.grpc.engine import GRPC_SERVERS, default_grpc_server
 from pdserve.frontends.http.app import (
     DEFAULT_BODY_TIMEOUT_SECS,
     DEFAULT_MAX_JSON_BYTES,
@@ -360,6 +361,15 @@ class Settings:
         type=parse_bool,
         nargs="?",
         const=True,
+    )
+    grpc_server: str = _flag(
+        "--grpc-server",
+        default_grpc_server(),
+        "gRPC",
+        "gRPC server: 'threads' (grpcio's synchronous server, handlers run on the event "
+        "loop; less CPU per call) or 'aio' (grpc.aio); same service either way "
+        "(default {default}; $PDSERVE_GRPC_SERVER, when set, is the default)",
+        choices=GRPC_SERVERS,
     )
     grpc_max_message_bytes: int = _flag(
         "--grpc-max-message-bytes",
