@@ -72,6 +72,8 @@ def test_unary_runs_on_the_loop_and_answers(lt: LoopThread) -> None:
         if request == b"abc":
             seen["thread"] = threading.get_ident()
             seen["metadata"] = dict(context.invocation_metadata())
+            # a call answered normally does not run its done callbacks (nothing to stop)
+            context.add_done_callback(lambda ctx: seen.setdefault("callback", True))
         await asyncio.sleep(0.01)
         return b"echo:" + request
 
@@ -88,6 +90,7 @@ def test_unary_runs_on_the_loop_and_answers(lt: LoopThread) -> None:
         lt.run(srv.stop(1))
     assert seen["thread"] == lt.thread.ident
     assert seen["metadata"]["traceparent"] == "00-x"
+    assert "callback" not in seen
 
 
 def test_abort_maps_to_the_status_and_keeps_trailing_metadata(lt: LoopThread) -> None:

@@ -57,14 +57,22 @@ class BridgedContext:
         context: the synchronous ``grpc.ServicerContext`` of the call.
         loop: the asyncio loop the servicer runs on (``add_done_callback``
             callbacks run there).
+        handler_done: tells whether the handler has already given its answer
+            (``add_done_callback`` callbacks are then skipped); None: never skipped.
     """
 
-    __slots__ = ("_context", "_loop", "_metadata")
+    __slots__ = ("_context", "_handler_done", "_loop", "_metadata")
 
-    def __init__(self, context: grpc.ServicerContext, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        context: grpc.ServicerContext,
+        loop: asyncio.AbstractEventLoop,
+        handler_done: Callable[[], bool] | None = None,
+    ) -> None:
         self._context = context
         self._loop = loop
         self._metadata = context.invocation_metadata()
+        self._handler_done = handler_done
 
     def invocation_metadata(self) -> Any:
         """The call's metadata (key, value) pairs."""
@@ -91,10 +99,18 @@ class BridgedContext:
         return not self._context.is_active()
 
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
-        """Call ``callback(self)`` on the loop once the call ends (for any reason)."""
+        """Call ``callback(self)`` on the loop once the call ends before its handler
+        has answered (client cancel, deadline, server stop). Unlike ``grpc.aio``, a
+        call that ends after its unary handler returned does not run it: the
+        callback exists to stop work still in progress (the request's
+        :class:`~pdserve.core.cancel.CancelToken`), and skipping it saves a wake-up
+        of the loop per call."""
         loop = self._loop
+        handler_done = self._handler_done
 
         def ended() -> None:
+            if handler_done is not None and handler_done():
+                return
             if not loop.is_closed():
                 loop.call_soon_threadsafe(callback, self)
 
@@ -143,6 +159,11 @@ class _Pending:
         self.error: BaseException | None = None
         self.settled = False
         self.task: asyncio.Future[Any] | None = None
+
+    def is_settled(self) -> bool:
+        """Whether the outcome is known (read from grpc's threads: a stale False
+        only costs a needless callback)."""
+        return self.settled
 
     def settle(self, result: Any, error: BaseException | None) -> None:
         """Record the outcome and wake the grpc thread (first call only; on the loop)."""
@@ -205,7 +226,7 @@ class Bridge:
 
         def handle(request: Any, context: grpc.ServicerContext) -> Any:
             pending = _Pending()
-            bridged = BridgedContext(context, loop)
+            bridged = BridgedContext(context, loop, pending.is_settled)
 
             def start() -> None:
                 if self.closed:
