@@ -8,14 +8,15 @@ process tree, from /proc) and completed requests (statistics extension) are take
 around each client run, so the ratios gRPC/HTTP come from the same minutes of the
 same (shared, noisy) machine.
 
-``--env K=V`` passes variables to the server (e.g. a variant switch while
-experimenting). perf_analyzer: ``$PA_VENV`` or ``benchmarks/.venvs/perf_analyzer``
+Each ``--variant LABEL:K=V,...`` is a server run with those environment variables
+(``PDSERVE_GRPC_SERVER=aio``, ``GRPC_EXPERIMENTS=``...). perf_analyzer: ``$PA_VENV`` or ``benchmarks/.venvs/perf_analyzer``
 (``make bench-perf-tool``).
 
 Usage::
 
     .venv/bin/python benchmarks/bench_grpc_fast.py [--seconds 4] [--concurrency 32 128]
-        [--label NAME] [--out benchmarks/out/grpc_fast.json]
+        [--variant threads:PDSERVE_GRPC_SERVER=threads --variant aio:PDSERVE_GRPC_SERVER=aio]
+        [--out benchmarks/out/grpc_fast.json]
 """
 
 from __future__ import annotations
@@ -121,46 +122,79 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=4.0, help="perf_analyzer window (s)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[32, 128])
-    p.add_argument("--env", action="append", default=[], help="K=V for the server")
-    p.add_argument("--label", default="default")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL[:K=V,K=V]",
+        help="a server configuration (environment); repeatable; default: 'default'",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "grpc_fast.json")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="grpcfast-"))
     repo = tmp / "models"
     repo.mkdir()
     shutil.copytree(REPO / "tiny", repo / "tiny", symlinks=True)
+    rows: list[dict[str, Any]] = []
+    for spec in args.variant or ["default"]:
+        label, _, envs = spec.partition(":")
+        extra = dict(kv.split("=", 1) for kv in envs.split(",") if kv)
+        rows += run_variant(label, extra, repo, args.concurrency, args.seconds, tmp)
+    print("\n| variant | c | HTTP req/s | gRPC req/s | gRPC/HTTP req/s | HTTP CPU us/req "
+          "| gRPC CPU us/req | gRPC/HTTP CPU |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+    for h, g in zip(rows[::2], rows[1::2], strict=True):
+        print(
+            f"| {h['variant']} | {h['concurrency']} | {h['server_rps']:,.0f} | "
+            f"{g['server_rps']:,.0f} | {g['server_rps'] / h['server_rps']:.2f} | "
+            f"{h['cpu_us_per_request']:.0f} | {g['cpu_us_per_request']:.0f} | "
+            f"{g['cpu_us_per_request'] / h['cpu_us_per_request']:.2f} |"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"loadavg_after": os.getloadavg(), "rows": rows}
+    args.out.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+def run_variant(
+    label: str,
+    extra_env: dict[str, str],
+    repo: Path,
+    concurrency: list[int],
+    seconds: float,
+    tmp: Path,
+) -> list[dict[str, Any]]:
+    """Start pdserve with ``extra_env``; per concurrency, HTTP and gRPC in ABBA order
+    (best of two each); rows: HTTP then gRPC per concurrency."""
     http_port, grpc_port = free_port(), free_port()
-    log = tmp / "pdserve.log"
+    log = tmp / f"pdserve-{label}.log"
     cmd = [
         *taskset("0"), PY, "-m", "pdserve", "serve", "--model-repository", str(repo),
         "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port),
         "--metrics-port", str(free_port()),
     ]  # fmt: skip
-    env = {**os.environ, **dict(kv.split("=", 1) for kv in args.env)}
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env
-    )  # noqa: SIM115
+    env = {**os.environ, **extra_env}
+    out = open(log, "wb")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
     rows: list[dict[str, Any]] = []
     try:
         wait_ready(proc, http_port, log, "pdserve", 0.1, tail=3000)
-        for c in args.concurrency:
+        for c in concurrency:
             runs: dict[str, list[dict[str, Any]]] = {"http": [], "grpc": []}
             for proto in ("http", "grpc", "grpc", "http"):
-                runs[proto].append(
-                    point(proto, c, proc.pid, http_port, grpc_port, args.seconds, tmp)
-                )
+                runs[proto].append(point(proto, c, proc.pid, http_port, grpc_port, seconds, tmp))
             for rs in runs.values():
                 best = dict(max(rs, key=lambda r: r["server_rps"]))
+                best["variant"] = label
+                best["env"] = extra_env
                 best["rps_runs"] = [r["server_rps"] for r in rs]
                 best["cpu_us_runs"] = [r["cpu_us_per_request"] for r in rs]
                 rows.append(best)
             h, g = rows[-2], rows[-1]
             print(
-                f"[{args.label}] c={c}: HTTP {h['server_rps']:.0f} req/s "
+                f"[{label}] c={c}: HTTP {h['server_rps']:.0f} req/s "
                 f"({h['cpu_us_per_request']} us CPU/req, runs {h['rps_runs']}), gRPC "
                 f"{g['server_rps']:.0f} req/s ({g['cpu_us_per_request']} us CPU/req, runs "
-                f"{g['rps_runs']}); gRPC/HTTP req/s {g['server_rps'] / h['server_rps']:.2f}, "
-                f"CPU/req {g['cpu_us_per_request'] / h['cpu_us_per_request']:.2f}",
+                f"{g['rps_runs']}); gRPC/HTTP req/s {g['server_rps'] / h['server_rps']:.2f}",
                 flush=True,
             )
             for r in runs["http"] + runs["grpc"]:
@@ -169,10 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait(60)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"label": args.label, "loadavg_after": os.getloadavg(), "rows": rows}
-    args.out.write_text(json.dumps(doc, indent=1))
-    return 0
+        out.close()
+    return rows
 
 
 if __name__ == "__main__":

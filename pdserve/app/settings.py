@@ -652,6 +652,12 @@ class Settings:
                 "--grpc-max-message-bytes",
                 f"must be 1-{MAX_GRPC_MESSAGE_BYTES} bytes, got {self.grpc_max_message_bytes}",
             )
+        if self.grpc_server not in GRPC_SERVERS:
+            raise SettingsError(
+                "--grpc-server",
+                f"must be one of {', '.join(GRPC_SERVERS)} (default from $PDSERVE_GRPC_SERVER), "
+                f"got {self.grpc_server!r}",
+            )
         if self.response_cache_byte_size < 0:
             raise SettingsError(
                 "--response-cache-byte-size",

@@ -40,6 +40,7 @@ FLAGS = {
     "--allow-grpc",
     "--grpc-port",
     "--grpc-max-message-bytes",
+    "--grpc-server",
     "--allow-metrics",
     "--metrics-port",
     "--allow-gpu-metrics",
@@ -498,3 +499,16 @@ def test_a_repository_url_is_served_from_its_cache(tmp_path: Path) -> None:
     assert s.repository == tmp_path / "repository"
     plain = parse(tmp_path)
     assert plain.remote_repository_url is None and plain.repository == tmp_path
+
+
+def test_grpc_server_default_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pdserve.frontends.grpc.engine import default_grpc_server
+
+    monkeypatch.delenv("PDSERVE_GRPC_SERVER", raising=False)
+    assert default_grpc_server() == "threads"
+    monkeypatch.setenv("PDSERVE_GRPC_SERVER", "aio")
+    assert default_grpc_server() == "aio"
+    monkeypatch.setenv("PDSERVE_GRPC_SERVER", "bogus")  # not a choice: refused, naming the flag
+    assert default_grpc_server() == "bogus"
+    with pytest.raises(SettingsError, match="--grpc-server.*threads, aio.*'bogus'"):
+        Settings(grpc_server="bogus").validate()
