@@ -150,9 +150,10 @@ class _Pending:
     ``asyncio.run_coroutine_threadsafe`` and its ``concurrent.futures.Future``).
     Only the loop thread sets the outcome (:meth:`settle`), so it is set once."""
 
-    __slots__ = ("error", "lock", "result", "settled", "task")
+    __slots__ = ("error", "lock", "owner", "result", "settled", "task")
 
-    def __init__(self) -> None:
+    def __init__(self, owner: set[_Pending]) -> None:
+        self.owner = owner  # the bridge's calls in flight; left when the task ends
         self.lock = threading.Lock()
         self.lock.acquire()
         self.result: Any = None
@@ -175,6 +176,7 @@ class _Pending:
 
     def __call__(self, task: asyncio.Future[Any]) -> None:
         """The task's done callback (on the loop)."""
+        self.owner.discard(self)
         if task.cancelled():
             self.settle(None, _STOPPED)
         else:
@@ -225,7 +227,7 @@ class Bridge:
         pending_set = self.pending
 
         def handle(request: Any, context: grpc.ServicerContext) -> Any:
-            pending = _Pending()
+            pending = _Pending(pending_set)
             bridged = BridgedContext(context, loop, pending.is_settled)
 
             def start() -> None:
@@ -240,7 +242,6 @@ class Bridge:
                 pending.task = task
                 pending_set.add(pending)
                 task.add_done_callback(pending)
-                task.add_done_callback(lambda _t: pending_set.discard(pending))
 
             try:
                 loop.call_soon_threadsafe(start)
