@@ -33,6 +33,10 @@ import logging
 import sys
 from collections.abc import Callable
 
+# first: grpc reads GRPC_EXPERIMENTS once, when it is imported (engine's docstring)
+from pdserve.frontends.grpc import engine  # noqa: F401
+
+# isort: split
 from pdserve import __version__
 from pdserve.app import check, rollback, top
 from pdserve.app.analyze import cli as analyze_cli

@@ -537,6 +537,7 @@ async def start_grpc(
             max_message_bytes=settings.grpc_max_message_bytes,
             gate=gate,
             shared_memory=shm,
+            kind=settings.grpc_server,
         )
     except RuntimeError as e:
         raise StartError(str(e)) from None

@@ -39,6 +39,7 @@ from pdserve.cache import RedisCacheOptions, parse_cache_config, parse_redis_cac
 from pdserve.config import DEFAULT_MAX_INSTANCE_COUNT
 from pdserve.core.procmem import parse_size
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
+from pdserve.frontends.grpc.engine import GRPC_SERVERS, default_grpc_server
 from pdserve.frontends.http.app import (
     DEFAULT_BODY_TIMEOUT_SECS,
     DEFAULT_MAX_JSON_BYTES,
@@ -405,6 +406,15 @@ class Settings:
         nargs="?",
         const=True,
     )
+    grpc_server: str = _flag(
+        "--grpc-server",
+        default_grpc_server(),
+        "gRPC",
+        "gRPC server: 'threads' (grpcio's synchronous server, handlers run on the event "
+        "loop; less CPU per call) or 'aio' (grpc.aio); same service either way "
+        "(default {default}; $PDSERVE_GRPC_SERVER, when set, is the default)",
+        choices=GRPC_SERVERS,
+    )
     grpc_max_message_bytes: int = _flag(
         "--grpc-max-message-bytes",
         DEFAULT_MAX_MESSAGE_BYTES,
@@ -697,6 +707,12 @@ class Settings:
             raise SettingsError(
                 "--grpc-max-message-bytes",
                 f"must be 1-{MAX_GRPC_MESSAGE_BYTES} bytes, got {self.grpc_max_message_bytes}",
+            )
+        if self.grpc_server not in GRPC_SERVERS:
+            raise SettingsError(
+                "--grpc-server",
+                f"must be one of {', '.join(GRPC_SERVERS)} (default from $PDSERVE_GRPC_SERVER), "
+                f"got {self.grpc_server!r}",
             )
         if self.response_cache_byte_size < 0:
             raise SettingsError(

@@ -43,6 +43,7 @@ FLAGS = {
     "--allow-grpc",
     "--grpc-port",
     "--grpc-max-message-bytes",
+    "--grpc-server",
     "--allow-metrics",
     "--metrics-port",
     "--allow-gpu-metrics",
@@ -522,3 +523,14 @@ def test_http_server_defaults_to_native_or_the_environment_variable(
     assert parse(tmp_path, "--http-server", "native").http_server == "native"
     with pytest.raises(SettingsError, match="--http-server"):
         Settings(model_repository=tmp_path, http_server="bogus").validate()
+def test_grpc_server_default_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pdserve.frontends.grpc.engine import default_grpc_server
+
+    monkeypatch.delenv("PDSERVE_GRPC_SERVER", raising=False)
+    assert default_grpc_server() == "threads"
+    monkeypatch.setenv("PDSERVE_GRPC_SERVER", "aio")
+    assert default_grpc_server() == "aio"
+    monkeypatch.setenv("PDSERVE_GRPC_SERVER", "bogus")  # not a choice: refused, naming the flag
+    assert default_grpc_server() == "bogus"
+    with pytest.raises(SettingsError, match="--grpc-server.*threads, aio.*'bogus'"):
+        Settings(grpc_server="bogus").validate()

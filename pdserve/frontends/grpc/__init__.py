@@ -1,4 +1,6 @@
-"""The KServe V2 gRPC frontend: ``inference.GRPCInferenceService`` on ``grpc.aio``.
+"""The KServe V2 gRPC frontend: ``inference.GRPCInferenceService`` on grpcio (its
+synchronous server with the handlers bridged onto the event loop, the default, or
+``grpc.aio``: ``--grpc-server``, :mod:`pdserve.frontends.grpc.server`).
 
 The service, messages and method names are tritonclient's generated stubs
 (``tritonclient.grpc.service_pb2`` / ``service_pb2_grpc``), so ``tritonclient.grpc``,
