@@ -523,6 +523,8 @@ def test_http_server_defaults_to_native_or_the_environment_variable(
     assert parse(tmp_path, "--http-server", "native").http_server == "native"
     with pytest.raises(SettingsError, match="--http-server"):
         Settings(model_repository=tmp_path, http_server="bogus").validate()
+
+
 def test_grpc_server_default_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from pdserve.frontends.grpc.engine import default_grpc_server
 
