@@ -93,7 +93,7 @@ async def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     """Parse the flags and run the profile on uvloop (as ``pdserve serve`` does)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--top", type=int, default=30)

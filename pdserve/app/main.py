@@ -397,7 +397,11 @@ async def start_http(
     if task.done():
         task.result()  # raises the StartError
         raise StartError("the HTTP listener stopped while starting")
-    log.info("HTTP (KServe V2) listening on http://%s:%d", settings.host, settings.http_port)
+    log.info(
+        "HTTP (KServe V2) listening on http://%s:%d (asgi transport)",
+        settings.host,
+        settings.http_port,
+    )
 
     async def stop() -> None:
         if not task.done():

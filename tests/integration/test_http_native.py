@@ -228,7 +228,7 @@ def test_http_server_flag_and_environment_variable(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2 and "--http-server" in bad.stderr, bad.stderr
     repo = copy_models(tmp_path / "repo", "tiny")
-    for choice, words in (("asgi", "listening on http"), ("native", "native transport")):
+    for choice, words in (("asgi", "asgi transport"), ("native", "native transport")):
         proc = start_server(repo, tmp_path / f"{choice}.log", "--http-server", choice)
         try:
             client = httpclient.InferenceServerClient(proc.http_url)
