@@ -422,6 +422,7 @@ async def start_grpc(
             gate=gate,
             shared_memory=shm,
             kind=settings.grpc_server,
+            max_connections=settings.http_max_connections,
         )
     except RuntimeError as e:
         raise StartError(str(e)) from None

@@ -18,9 +18,10 @@ import os
 #: The experiments turned off (grpc core's names, ``-`` = disabled).
 GRPC_EXPERIMENTS = "-event_engine_listener,-event_engine_for_all_other_endpoints"
 
-#: ``--grpc-server`` choices: grpcio's synchronous server with the servicer bridged
-#: onto the event loop (:mod:`pdserve.frontends.grpc.sync_bridge`), or ``grpc.aio``.
-GRPC_SERVERS = ("threads", "aio")
+#: ``--grpc-server`` choices: the native HTTP/2 transport on the event loop
+#: (:mod:`pdserve.frontends.grpc.native`), grpcio's synchronous server with the servicer
+#: bridged onto the event loop (:mod:`pdserve.frontends.grpc.sync_bridge`), or ``grpc.aio``.
+GRPC_SERVERS = ("native", "threads", "aio")
 
 
 def default_grpc_server() -> str:

@@ -55,6 +55,7 @@ async def serve_grpc(
     gate: TrafficGate | None = None,
     shared_memory: SharedMemoryRegistry | None = None,
     kind: str = "threads",
+    max_connections: int = 0,
 ) -> GrpcServer:
     """Create and start the gRPC server for ``server`` in the running event loop.
 
@@ -68,7 +69,11 @@ async def serve_grpc(
         kind: ``"threads"``: grpcio's synchronous server, each RPC's handler run on
             this event loop (:mod:`~pdserve.frontends.grpc.sync_bridge`; about 1.3x
             less server CPU per call than ``grpc.aio``, benchmarks/RESULTS.md issue 11);
-            ``"aio"``: ``grpc.aio``. Same service, status codes and behaviour.
+            ``"aio"``: ``grpc.aio``; ``"native"``: pdserve's own HTTP/2 transport on
+            the event loop (:mod:`~pdserve.frontends.grpc.native`). Same service,
+            status codes and behaviour.
+        max_connections: ``native`` only: most connections open at once (0: half the
+            open-file limit, as ``--http-max-connections``).
 
     Returns:
         The started server; ``await srv.stop(grace)`` stops it, letting in-flight
@@ -90,6 +95,12 @@ async def serve_grpc(
     # bytes that are not the request message (INVALID_ARGUMENT, not UNKNOWN)
     handlers = method_handlers(GrpcService(server, max_message_bytes, gate, shared_memory))
     address = _address(host, port)
+    if kind == "native":
+        from pdserve.frontends.grpc.native import serve_native
+
+        return await serve_native(
+            handlers, SERVICE_NAME, host, port, max_message_bytes, max_connections
+        )
     if kind == "aio":
         srv = grpc.aio.server(options=options)
         srv.add_generic_rpc_handlers(
