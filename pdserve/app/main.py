@@ -71,7 +71,8 @@ from pdserve.app.settings import Settings
 from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
 from pdserve.cache import AnyResponseCache, RedisResponseCache, ResponseCache
 from pdserve.core.errors import InferError
-from pdserve.frontends.http.app import create_http_app
+from pdserve.frontends.http.app import HttpApp, create_http_app
+from pdserve.frontends.http.native import NativeHttpServer
 from pdserve.frontends.http.server import serve_http
 from pdserve.frontends.shared_memory import SharedMemoryRegistry
 from pdserve.frontends.traffic.gate import TrafficGate
@@ -356,17 +357,17 @@ async def start_http(
     Raises:
         StartError: the address cannot be bound.
     """
-    app = listeners.close_connections_while(
-        draining,
-        create_http_app(
-            server,
-            max_request_bytes=settings.max_request_bytes,
-            body_timeout=settings.http_body_timeout_secs,
-            max_json_bytes=settings.http_max_json_bytes,
-            gate=gate,
-            shared_memory=shm,
-        ),
+    http_app = create_http_app(
+        server,
+        max_request_bytes=settings.max_request_bytes,
+        body_timeout=settings.http_body_timeout_secs,
+        max_json_bytes=settings.http_max_json_bytes,
+        gate=gate,
+        shared_memory=shm,
     )
+    if settings.http_server == "native":
+        return await start_native_http(settings, http_app, draining)
+    app = listeners.close_connections_while(draining, http_app)
     http = serve_http(app, settings.host, settings.http_port, limits=settings.http_limits)
 
     async def run() -> None:
@@ -395,6 +396,51 @@ async def start_http(
                 srv.close()
             await listeners.wait_http_settled(http, SETTLE_SECS)
         http.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, LISTENER_GRACE_SECS)
+
+    return task, stop
+
+
+async def start_native_http(
+    settings: Settings, app: HttpApp, draining: Callable[[], bool]
+) -> tuple[asyncio.Task[Any], Stop]:
+    """Step 3 with ``--http-server native``: :class:`NativeHttpServer` serving ``app``.
+
+    The stopper refuses new connections and lets the accept queue drain
+    (:func:`listeners.drain_accept_queues`), closes the listener, waits (at most
+    ``SETTLE_SECS``) for the requests already received, then shuts the transport
+    down: a new request on an open connection gets 503 and ``Connection: close``,
+    idle connections close, in-flight requests have ``LISTENER_GRACE_SECS`` to finish.
+
+    Raises:
+        StartError: the address cannot be bound.
+    """
+    http = NativeHttpServer(
+        app, settings.host, settings.http_port, limits=settings.http_limits, draining=draining
+    )
+    try:
+        await http.start()
+    except OSError as e:
+        raise StartError(
+            f"could not listen for HTTP on {settings.host}:{settings.http_port}: {e.strerror or e}"
+        ) from None
+    task = asyncio.create_task(http.wait_stopped(), name="pdserve-http")
+    log.info(
+        "HTTP (KServe V2) listening on http://%s:%d (native transport)",
+        settings.host,
+        settings.http_port,
+    )
+
+    async def stop() -> None:
+        if not task.done():
+            await listeners.drain_accept_queues(http.sockets, ACCEPT_WAIT_SECS)
+            http.close_listeners()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + SETTLE_SECS
+            while not http.settled() and loop.time() < deadline:
+                await asyncio.sleep(0.005)
+            await http.shutdown(LISTENER_GRACE_SECS)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, LISTENER_GRACE_SECS)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,16 @@ EXAMPLE_REPOSITORY = Path(__file__).resolve().parents[2] / "examples" / "model_r
 
 #: The largest gRPC message size grpc accepts (a signed 32-bit int; Triton's maximum).
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
+
+#: ``--http-server`` choices: pdserve's native HTTP/1.1 transport, or the ASGI app on uvicorn.
+HTTP_SERVERS = ("native", "asgi")
+
+
+def default_http_server() -> str:
+    """``--http-server``'s default: ``$PDSERVE_HTTP_SERVER`` when set (so a whole test
+    suite can run on either transport), else ``native``."""
+    return os.environ.get("PDSERVE_HTTP_SERVER", "").strip() or "native"
+
 
 #: Help sections of ``pdserve serve --help``, in order.
 GROUPS = (
@@ -274,6 +285,16 @@ class Settings:
     # -- HTTP ---------------------------------------------------------------------------
     http_port: int = _flag(
         "--http-port", 8000, "HTTP", "V2 HTTP port (default {default})", type=int
+    )
+    http_server: str = _flag(
+        "--http-server",
+        default_http_server(),
+        "HTTP",
+        "HTTP transport: native (pdserve's own HTTP/1.1 server on uvloop + httptools, "
+        "calling the handlers directly: the fastest) or asgi (the V2 ASGI app on "
+        "uvicorn); the environment variable PDSERVE_HTTP_SERVER, when set, is the "
+        "default (default {default})",
+        choices=HTTP_SERVERS,
     )
     max_request_bytes: int = _flag(
         "--max-request-bytes",
@@ -610,6 +631,12 @@ class Settings:
         if self.max_instance_count < 1:
             raise SettingsError(
                 "--max-instance-count", f"must be >= 1, got {self.max_instance_count}"
+            )
+        if self.http_server not in HTTP_SERVERS:
+            raise SettingsError(
+                "--http-server",
+                f"must be one of {', '.join(HTTP_SERVERS)} (also in PDSERVE_HTTP_SERVER), "
+                f"got {self.http_server!r}",
             )
         listeners = [("--http-port", "HTTP", self.http_port, True)]
         listeners.append(("--grpc-port", "gRPC", self.grpc_port, self.allow_grpc))

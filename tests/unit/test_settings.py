@@ -29,6 +29,7 @@ FLAGS = {
     "--max-instance-count",
     "--host-policy",
     "--http-port",
+    "--http-server",
     "--max-request-bytes",
     "--http-body-timeout-secs",
     "--http-max-json-bytes",
@@ -510,5 +511,18 @@ def test_grpc_server_default_follows_the_environment(monkeypatch: pytest.MonkeyP
     assert default_grpc_server() == "aio"
     monkeypatch.setenv("PDSERVE_GRPC_SERVER", "bogus")  # not a choice: refused, naming the flag
     assert default_grpc_server() == "bogus"
-    with pytest.raises(SettingsError, match="--grpc-server.*threads, aio.*'bogus'"):
+    with pytest.raises(SettingsError, match="--grpc-server.*native, threads, aio.*'bogus'"):
         Settings(grpc_server="bogus").validate()
+
+def test_http_server_defaults_to_native_or_the_environment_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pdserve.app import settings as settings_module
+
+    monkeypatch.delenv("PDSERVE_HTTP_SERVER", raising=False)
+    assert settings_module.default_http_server() == "native"
+    monkeypatch.setenv("PDSERVE_HTTP_SERVER", "asgi")
+    assert settings_module.default_http_server() == "asgi"
+    assert parse(tmp_path, "--http-server", "native").http_server == "native"
+    with pytest.raises(SettingsError, match="--http-server"):
+        Settings(model_repository=tmp_path, http_server="bogus").validate()

@@ -1,4 +1,6 @@
-"""The KServe V2 REST frontend: a raw ASGI application, served by uvicorn.
+"""The KServe V2 REST frontend: a raw ASGI application, served by pdserve's native
+HTTP/1.1 transport (:mod:`pdserve.frontends.http.native`, ``--http-server native``,
+the default) or by uvicorn (``--http-server asgi``, :mod:`pdserve.frontends.http.server`).
 
 No web framework: :class:`HttpApp` routes on the path by hand, reads the body with a
 running size limit, and calls the protocol-neutral ``InferenceServer``; the codec lives

@@ -188,28 +188,23 @@ class HttpApp:
                     await self._handle_infer(scope, receive, send, parts[3], parts[5])
                     return
             await self._route(scope, receive, send, path, method)
-        except InferError as exc:
-            extra = getattr(exc, "http_headers", None)
-            retry = getattr(exc, "retry_after", None)
-            if retry is not None:  # 429 (rate limit), 503 (open circuit breaker)
-                extra = [*(extra or ()), (b"retry-after", b"%d" % retry)]
-            await _send_json(send, HTTP_STATUS[exc.code], encode_error(exc.message), extra=extra)
         except _ClientGoneError:
             return
-        except HttpError as exc:  # 405, 408, 413, 415: HTTP's own errors
-            allow = getattr(exc, "allow", None)  # 405 names the method the path takes
-            await _send_json(
-                send, exc.status, encode_error(exc.message), close=exc.close, allow=allow
-            )
         except Exception as exc:  # noqa: BLE001 - one request must not take the server down
-            logger.exception("error serving %s %s", method, path)
-            await _send_json(send, 500, encode_error(f"{type(exc).__name__}: {exc}"))
+            status, body, headers = error_answer(exc, method, path)
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
 
     async def _check_gate(self, scope: Scope, path: str) -> None:
         """Restricted APIs, auth and rate limits for this request (raises when refused)."""
+        await self.check_gate(path, scope["headers"])
+
+    async def check_gate(self, path: str, headers: list[tuple[bytes, bytes]]) -> None:
+        """Restricted APIs, auth and rate limits for a request to ``path`` with these
+        ``(lower-case name, value)`` headers (raises InferError when refused)."""
         assert self.gate is not None
         category, model = classify_http(path)
-        await self.gate.check("http", category, model, header_getter(scope["headers"]))
+        await self.gate.check("http", category, model, header_getter(headers))
 
     # ----------------------------------------------------------------- inference
 
@@ -217,82 +212,22 @@ class HttpApp:
         self, scope: Scope, receive: Receive, send: Send, model: str, version: str
     ) -> None:
         """``POST /v2/models/{m}[/versions/{v}]/infer`` [V2 "Inference"], with Triton's
-        binary tensor extension and gzip/deflate request bodies."""
+        binary tensor extension and gzip/deflate request bodies (the ASGI side of
+        :meth:`infer_body`)."""
         arrival_ns = time.monotonic_ns()
         if not model:
             raise InferError("missing model name in the inference request path")
-        header_length: int | None = None
-        content_length = -1
-        encoding = b""
-        traceparent: bytes | None = None
-        route_key = pinned = b""
-        for key, value in scope["headers"]:
-            if key == b"content-length":
-                content_length = _int_header(value, -1)
-            elif key[:10] == b"x-pdserve-":  # traffic control (repository.traffic)
-                if key == _ROUTE_KEY:
-                    route_key = value
-                elif key == _PIN:
-                    pinned = value
-            elif key == b"inference-header-content-length":
-                header_length = _int_header(value, None)
-                if header_length is None or header_length < 0:
-                    raise InferError(
-                        "Inference-Header-Content-Length must be a non-negative integer, "
-                        f"got {value.decode('latin-1')!r}"
-                    )
-            elif key == b"content-encoding":
-                encoding = value if not encoding else encoding + b"," + value
-            elif key == b"traceparent":
-                traceparent = value
+        head = parse_infer_headers(scope["headers"])
+        content_length, encoding, header_length = head[0], head[1], head[2]
         if header_length is None:
             body = await self._read_body(receive, content_length, encoding, json=True)
-            json_size = len(body)
         else:
             if header_length > self.max_json_bytes:
                 raise BodyTooLargeError(self._json_limit_message(header_length, "of"))
             body = await self._read_body(receive, content_length, encoding)
-            json_size = header_length
-        if json_size > PROCESS_JSON_BYTES:
-            request = await off_process(
-                decode_infer_request, body, header_length, model, version, arrival_ns
-            )
-        elif len(body) <= OFFLOAD_BYTES:
-            request = decode_infer_request(body, header_length, model, version, arrival_ns)
-        else:
-            request = await off_loop(
-                decode_infer_request, body, header_length, model, version, arrival_ns
-            )
-        request.cancelled = disconnect_token(receive)
-        logs.begin_request(request.id, traceparent)  # ids on this request's log lines
-        if request_log.isEnabledFor(logging.DEBUG):
-            request_log.debug("HTTP infer model=%s version=%s", model, version or "-")
-        if route_key:
-            request.route_key = route_key.decode("latin-1")
-        elif self.gate is not None:  # sticky by the authenticated key when no header
-            request.route_key = principal_name.get() or ""
-        if pinned:
-            request.pinned_version = pinned.decode("latin-1").strip()
-        if traceparent is not None:
-            request.traceparent = traceparent
-        shm_outputs = shm_output_names(request) if request.outputs else None
-        if request.shm_inputs is None and shm_outputs is None:
-            response = await self._infer(request)
-        else:  # Triton's system shared-memory extension
-            response = await infer_with_shm(self.shm, request, self._infer, shm_outputs)
-        size = 0
-        try:
-            for arr in response.outputs.values():
-                size += arr.nbytes
-        except AttributeError:  # not an array (the encoder converts it): count it small
-            pass
-        encoded = await encode_json_off_loop(response, request) if size else None
-        if size <= OFFLOAD_BYTES:
-            parts, json_length, total = encode_infer_response_parts(response, request, encoded)
-        else:
-            parts, json_length, total = await off_loop(
-                encode_infer_response_parts, response, request, encoded
-            )
+        parts, json_length, total = await self.infer_body(
+            body, head, model, version, arrival_ns, functools.partial(disconnect_token, receive)
+        )
         if json_length is None:
             await send(
                 {
@@ -320,6 +255,77 @@ class HttpApp:
         last = len(parts) - 1
         for i, part in enumerate(parts):
             await send({"type": "http.response.body", "body": part, "more_body": i != last})
+
+    async def infer_body(
+        self,
+        body: bytes,
+        head: InferHeaders,
+        model: str,
+        version: str,
+        arrival_ns: int,
+        cancel_token: Callable[[], CancelToken],
+    ) -> tuple[list[Any], int | None, int]:
+        """The transport-neutral body of an inference request: decode the (read and
+        decompressed) ``body``, run it (with the shared-memory extension), encode the
+        response. The ASGI app and the native transport
+        (:mod:`pdserve.frontends.http.native`) both call it.
+
+        Args:
+            body: the whole request body, decompressed (bytes or bytearray).
+            head: :func:`parse_infer_headers` of the request's headers.
+            model / version: from the path (version "" for the policy's choice).
+            arrival_ns: ``time.monotonic_ns()`` when the request arrived.
+            cancel_token: called once the body is decoded; returns the request's
+                :class:`~pdserve.core.cancel.CancelToken` (cancelled when the client goes).
+
+        Returns:
+            ``(parts, json_length, total)``: the response body's parts (bytes-like),
+            None or the ``Inference-Header-Content-Length`` (binary outputs), and the
+            total byte count. JSON-only responses have one part.
+
+        Raises:
+            InferError: bad request or failed inference (mapped with
+                :data:`~pdserve.frontends.http.status.HTTP_STATUS`).
+        """
+        header_length, traceparent, route_key, pinned = head[2], head[3], head[4], head[5]
+        json_size = len(body) if header_length is None else header_length
+        if json_size > PROCESS_JSON_BYTES:
+            request = await off_process(
+                decode_infer_request, body, header_length, model, version, arrival_ns
+            )
+        elif len(body) <= OFFLOAD_BYTES:
+            request = decode_infer_request(body, header_length, model, version, arrival_ns)
+        else:
+            request = await off_loop(
+                decode_infer_request, body, header_length, model, version, arrival_ns
+            )
+        request.cancelled = cancel_token()
+        logs.begin_request(request.id, traceparent)  # ids on this request's log lines
+        if request_log.isEnabledFor(logging.DEBUG):
+            request_log.debug("HTTP infer model=%s version=%s", model, version or "-")
+        if route_key:
+            request.route_key = route_key.decode("latin-1")
+        elif self.gate is not None:  # sticky by the authenticated key when no header
+            request.route_key = principal_name.get() or ""
+        if pinned:
+            request.pinned_version = pinned.decode("latin-1").strip()
+        if traceparent is not None:
+            request.traceparent = traceparent
+        shm_outputs = shm_output_names(request) if request.outputs else None
+        if request.shm_inputs is None and shm_outputs is None:
+            response = await self._infer(request)
+        else:  # Triton's system shared-memory extension
+            response = await infer_with_shm(self.shm, request, self._infer, shm_outputs)
+        size = 0
+        try:
+            for arr in response.outputs.values():
+                size += arr.nbytes
+        except AttributeError:  # not an array (the encoder converts it): count it small
+            pass
+        encoded = await encode_json_off_loop(response, request) if size else None
+        if size <= OFFLOAD_BYTES:
+            return encode_infer_response_parts(response, request, encoded)
+        return await off_loop(encode_infer_response_parts, response, request, encoded)
 
     def _json_limit_message(self, size: int, qualifier: str) -> str:
         return (
@@ -392,12 +398,36 @@ class HttpApp:
                 if not message.get("more_body", False):
                     break
             body = cast(bytes, buf)
+        return await self.finish_body(body, encoding, json)
+
+    def body_limit(self, json: bool) -> int:
+        """The most bytes a request body may hold (``json``: all of it is JSON)."""
+        if json and self.max_json_bytes < self.max_request_bytes:
+            return self.max_json_bytes
+        return self.max_request_bytes
+
+    def body_too_large(self, size: int, json: bool, qualifier: str = "of") -> BodyTooLargeError:
+        """The 413 for a body of ``size`` bytes over :meth:`body_limit`."""
+        if json and self.max_json_bytes < self.max_request_bytes:
+            return BodyTooLargeError(self._json_limit_message(size, qualifier))
+        return BodyTooLargeError(
+            f"request body {qualifier} {size} bytes exceeds the limit of "
+            f"{self.max_request_bytes} bytes"
+        )
+
+    async def finish_body(self, body: bytes, encoding: bytes, json: bool = False) -> bytes:
+        """Check a whole received ``body`` against :meth:`body_limit` and undo its
+        ``Content-Encoding`` (``encoding``: the header's value, b"" for none); shared by
+        the ASGI app and the native transport.
+
+        Raises:
+            BodyTooLargeError: over the limit, before or after decompression.
+            InferError(INVALID_ARG): a corrupt or truncated compressed body.
+            UnsupportedMediaTypeError: an unsupported ``Content-Encoding``.
+        """
+        limit = self.body_limit(json)
         if len(body) > limit:
-            raise BodyTooLargeError(
-                self._json_limit_message(len(body), "of")
-                if json_limit
-                else f"request body of {len(body)} bytes exceeds the limit of {limit} bytes"
-            )
+            raise self.body_too_large(len(body), json)
         if encoding:
             codings = parse_encoding(encoding)
             if codings:
@@ -678,6 +708,87 @@ class HttpApp:
         if method is None:
             raise not_found(f"this server does not support {what}")
         return method
+
+
+#: :func:`parse_infer_headers`'s result: ``(content_length, content_encoding,
+#: inference_header_content_length, traceparent, route_key, pinned_version)``
+#: (-1 / b"" / None / None / b"" / b"" when absent).
+InferHeaders = tuple[int, bytes, "int | None", "bytes | None", bytes, bytes]
+
+
+def parse_infer_headers(headers: list[tuple[bytes, bytes]]) -> InferHeaders:
+    """The headers an inference request uses, from ASGI-style ``(lower-case name,
+    value)`` pairs (see :data:`InferHeaders`); repeated ``Content-Encoding`` values
+    are joined with commas.
+
+    Raises:
+        InferError(INVALID_ARG): ``Inference-Header-Content-Length`` is not a
+            non-negative integer.
+    """
+    header_length: int | None = None
+    content_length = -1
+    encoding = b""
+    traceparent: bytes | None = None
+    route_key = pinned = b""
+    for key, value in headers:
+        if key == b"content-length":
+            content_length = _int_header(value, -1)
+        elif key[:10] == b"x-pdserve-":  # traffic control (repository.traffic)
+            if key == _ROUTE_KEY:
+                route_key = value
+            elif key == _PIN:
+                pinned = value
+        elif key == b"inference-header-content-length":
+            header_length = _int_header(value, None)
+            if header_length is None or header_length < 0:
+                raise InferError(
+                    "Inference-Header-Content-Length must be a non-negative integer, "
+                    f"got {value.decode('latin-1')!r}"
+                )
+        elif key == b"content-encoding":
+            encoding = value if not encoding else encoding + b"," + value
+        elif key == b"traceparent":
+            traceparent = value
+    return content_length, encoding, header_length, traceparent, route_key, pinned
+
+
+def error_answer(
+    exc: BaseException, method: str = "", path: str = ""
+) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """The HTTP answer to an exception raised while serving ``method path``:
+    ``(status, body, headers)``, the body ``{"error": message}`` and the headers
+    including ``content-type`` and ``content-length`` (and ``connection: close``
+    for an :class:`~pdserve.frontends.http.status.HttpError` that closes).
+    InferError: :data:`~pdserve.frontends.http.status.HTTP_STATUS` of its code (with
+    its ``http_headers`` and ``Retry-After``); HttpError: its own status (405 with
+    ``Allow``); anything else: 500, logged with its traceback. Shared by the ASGI app
+    and the native transport."""
+    extra: list[tuple[bytes, bytes]] | None = None
+    close = False
+    if isinstance(exc, InferError):
+        status = HTTP_STATUS[exc.code]
+        body = encode_error(exc.message)
+        extra = getattr(exc, "http_headers", None)
+        retry = getattr(exc, "retry_after", None)
+        if retry is not None:  # 429 (rate limit), 503 (open circuit breaker)
+            extra = [*(extra or ()), (b"retry-after", b"%d" % retry)]
+    elif isinstance(exc, HttpError):  # 405, 408, 413, 415: HTTP's own errors
+        status = exc.status
+        body = encode_error(exc.message)
+        close = exc.close
+        allow = getattr(exc, "allow", None)  # 405 names the method the path takes
+        if allow:
+            extra = [(b"allow", allow.encode("latin-1"))]
+    else:
+        logger.error("error serving %s %s", method, path, exc_info=exc)
+        status = 500
+        body = encode_error(f"{type(exc).__name__}: {exc}")
+    headers = [_JSON, (b"content-length", b"%d" % len(body))]
+    if close:
+        headers.append(_CLOSE)
+    if extra:
+        headers.extend(extra)
+    return status, body, headers
 
 
 async def encode_json_off_loop(
