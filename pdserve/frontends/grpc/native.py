@@ -308,6 +308,8 @@ class GrpcConnection(asyncio.Protocol):
             header_encoding=None,
             validate_outbound_headers=False,
             normalize_outbound_headers=False,
+            validate_inbound_headers=False,
+            normalize_inbound_headers=False,
         )
         self.conn = h2.connection.H2Connection(cfg)
         self.transport: asyncio.Transport | None = None
@@ -344,7 +346,8 @@ class GrpcConnection(asyncio.Protocol):
         )
         conn.initiate_connection()
         conn.increment_flow_control_window(RECEIVE_WINDOW - 65535)
-        self.transport.write(conn.data_to_send())  # type: ignore[union-attr]
+        # the server preface goes out with the answer to the client's first bytes, so
+        # that an HTTP/1.x client can be answered in HTTP/1.1 instead
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
         self.closed = True
