@@ -54,13 +54,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-from hyperframe.frame import GoAwayFrame
+import hpack
+from h2.errors import ErrorCodes
 
 from pdserve.frontends.grpc.sync_bridge import BridgedAbort
 
@@ -100,6 +95,83 @@ _TIMEOUT_UNITS = {
     ord("u"): 1e-6,
     ord("n"): 1e-9,
 }
+
+
+#: Our SETTINGS_MAX_FRAME_SIZE (HTTP/2's default): a larger frame is a connection error.
+MAX_FRAME_SIZE = 16384
+#: frame header: length << 8 | type, flags, stream id
+_FRAME_HEADER = struct.Struct(">IBI")
+_U32 = struct.Struct(">I")
+_SETTING = struct.Struct(">HI")
+_GOAWAY = struct.Struct(">II")
+
+
+def _frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
+    """One HTTP/2 frame."""
+    return _FRAME_HEADER.pack(len(payload) << 8 | kind, flags, sid) + payload
+
+
+def _data_frame_header(length: int, flags: int, sid: int) -> bytes:
+    """The 9-byte header of a DATA frame of ``length`` bytes."""
+    return _FRAME_HEADER.pack(length << 8, flags, sid)
+
+
+def _encode(headers: list[Any]) -> bytes:
+    """A header block encoded without the dynamic table (never-indexed literals or
+    static-table indexes), so blocks can be precomputed and sent in any order."""
+    return hpack.Encoder().encode([(k, v, True) for k, v in headers])
+
+
+_SERVER_PREFACE = _frame(
+    4,
+    0,
+    0,
+    _SETTING.pack(3, MAX_CONCURRENT_STREAMS)
+    + _SETTING.pack(4, RECEIVE_WINDOW)
+    + _SETTING.pack(6, MAX_HEADER_LIST_SIZE),
+) + _frame(8, 0, 0, _U32.pack(RECEIVE_WINDOW - 65535))
+_SETTINGS_ACK = _frame(4, 0x1, 0, b"")
+_RESPONSE_HEADERS_BLOCK = _encode(_RESPONSE_HEADERS)
+_OK_TRAILERS_BLOCK = _encode(_OK_TRAILERS)
+
+
+class _ConnectionError(Exception):
+    """An HTTP/2 connection error: GOAWAY with ``code``, then close."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Head:
+    """What the transport reads from a request's header block."""
+
+    __slots__ = ("content_type", "encoding", "metadata", "method", "path", "timeout")
+
+    def __init__(self, headers: Any) -> None:
+        self.path = self.method = self.content_type = b""
+        self.encoding = b"identity"
+        self.timeout: bytes | None = None
+        metadata: list[tuple[str, Any]] = []
+        for name, value in headers:
+            if name[:1] == b":":
+                if name == b":path":
+                    self.path = value
+                elif name == b":method":
+                    self.method = value
+            elif name == b"content-type":
+                self.content_type = value
+            elif name == b"grpc-timeout":
+                self.timeout = value
+            elif name == b"grpc-encoding":
+                self.encoding = value
+            elif name == b"te" or name == b"grpc-accept-encoding":
+                pass
+            elif name.endswith(b"-bin"):
+                metadata.append((name.decode("latin-1"), value))
+            else:
+                metadata.append((name.decode("latin-1"), value.decode("latin-1")))
+        self.metadata = tuple(metadata)
 
 
 def _http1_refusal() -> bytes:
@@ -246,12 +318,15 @@ class _Call:
         "handler",
         "out",
         "queue",
+        "received",
         "remote_ended",
         "request",
         "sid",
         "task",
+        "send_window",
         "timer",
         "trailers",
+        "trailers_block",
         "writable",
     )
 
@@ -266,7 +341,10 @@ class _Call:
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.out: collections.deque[bytes] = collections.deque()
-        self.trailers: list[Any] | None = None
+        self.trailers: list[Any] | None = None  # not None: the trailers wait to go out
+        self.trailers_block = b""
+        self.send_window = 65535
+        self.received = 0
         self.writable: asyncio.Event | None = None
         self.cancelled = False
         self.finished = False  # our side has ended (trailers queued or sent)
@@ -298,29 +376,40 @@ class _Refused(Exception):
 
 
 class GrpcConnection(asyncio.Protocol):
-    """One HTTP/2 connection serving gRPC calls (see the module docstring)."""
+    """One HTTP/2 connection serving gRPC calls (see the module docstring).
+
+    The HTTP/2 framing is done here (RFC 9113, server side, what gRPC uses): frames
+    are parsed from the receive buffer with ``struct``, header blocks decoded by
+    ``hpack``'s decoder (decoded blocks cached while the dynamic table is unchanged:
+    a gRPC client repeats the same fully indexed block on every call), and every
+    header block sent is encoded without the dynamic table (never-indexed literals),
+    so the constant response headers and the OK trailers are precomputed bytes.
+    """
 
     def __init__(self, server: NativeGrpcServer) -> None:
         self.server = server
         self.loop = server.loop
-        cfg = h2.config.H2Configuration(
-            client_side=False,
-            header_encoding=None,
-            validate_outbound_headers=False,
-            normalize_outbound_headers=False,
-            validate_inbound_headers=False,
-            normalize_inbound_headers=False,
-        )
-        self.conn = h2.connection.H2Connection(cfg)
         self.transport: asyncio.Transport | None = None
         self.calls: dict[int, _Call] = {}
         self.peer = ""
-        self.first = True
+        self.buf = bytearray()
+        self.out: list[bytes] = []
+        self.preface = False
         self.flush_pending = False
         self.draining = False
         self.closed = False
         self.idle_since = time.monotonic()
         self.write_ready: asyncio.Event | None = None
+        self.decoder = hpack.Decoder()
+        self.decoder.max_header_list_size = MAX_HEADER_LIST_SIZE
+        self.hcache: dict[bytes, _Head] = {}
+        self.hstate: tuple[int, Any] = (0, None)
+        self.last_sid = 0
+        self.send_window = 65535  # the connection's, for what we send
+        self.stream_window = 65535  # the peer's SETTINGS_INITIAL_WINDOW_SIZE
+        self.max_frame = 16384  # the peer's SETTINGS_MAX_FRAME_SIZE
+        self.received = 0  # bytes received since the last connection WINDOW_UPDATE
+        self.continuation: tuple[int, int, bytearray] | None = None  # sid, flags, block
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -335,17 +424,6 @@ class GrpcConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.peer = f"{'ipv6' if ':' in str(peer[0]) else 'ipv4'}:{peer[0]}:{peer[1]}"
-        conn = self.conn
-        conn.local_settings = h2.settings.Settings(
-            client=False,
-            initial_values={
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: RECEIVE_WINDOW,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_SIZE,
-            },
-        )
-        conn.initiate_connection()
-        conn.increment_flow_control_window(RECEIVE_WINDOW - 65535)
         # the server preface goes out with the answer to the client's first bytes, so
         # that an HTTP/1.x client can be answered in HTTP/1.1 instead
 
@@ -370,143 +448,296 @@ class GrpcConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:  # noqa: D102
         if self.closed:
             return
-        if self.first:
-            self.first = False
-            if not data.startswith(_PREFACE[: len(data)]) and data[:4] in _HTTP1_METHODS:
-                assert self.transport is not None
-                self.transport.write(_http1_refusal())
+        buf = self.buf
+        buf += data
+        if not self.preface:
+            if len(buf) < len(_PREFACE):
+                if _PREFACE.startswith(bytes(buf)):
+                    return
+            elif buf.startswith(_PREFACE):
+                del buf[: len(_PREFACE)]
+                self.preface = True
+                self.out.append(_SERVER_PREFACE)
+            if not self.preface:
+                if bytes(buf[:4]) in _HTTP1_METHODS:
+                    assert self.transport is not None
+                    self.transport.write(_http1_refusal())
                 self._close()
                 return
         try:
-            events = self.conn.receive_data(data)
-        except h2.exceptions.ProtocolError as e:
-            log.debug("gRPC connection %s: HTTP/2 protocol error: %s", self.peer, e)
+            self._frames()
+        except _ConnectionError as e:
+            log.debug("gRPC connection %s: HTTP/2 error: %s", self.peer, e)
+            self._goaway(e.code)
             self._flush()
             self._close()
             return
-        for event in events:
-            try:
-                self._event(event)
-            except h2.exceptions.ProtocolError as e:
-                log.debug("gRPC connection %s: %s", self.peer, e)
-                self.conn.close_connection(h2.errors.ErrorCodes.PROTOCOL_ERROR)
-                self._flush()
-                self._close()
-                return
         self._flush()
 
-    # -- events --------------------------------------------------------------------------
+    # -- frames --------------------------------------------------------------------------
 
-    def _event(self, event: h2.events.Event) -> None:
-        t = type(event)
-        if t is h2.events.DataReceived:
-            self._data(event)  # type: ignore[arg-type]  # narrowed by the type check
-        elif t is h2.events.RequestReceived:
-            self._request(event)  # type: ignore[arg-type]  # narrowed by the type check
-        elif t is h2.events.StreamEnded:
-            call = self.calls.get(event.stream_id)  # type: ignore[attr-defined]
-            if call is not None:
-                self._remote_end(call)
-        elif t is h2.events.StreamReset:
-            call = self.calls.pop(event.stream_id, None)  # type: ignore[attr-defined]
-            if call is not None:
-                self._cancel(call)
-                self._maybe_idle()
-        elif t is h2.events.WindowUpdated:
-            self._window(event.stream_id)  # type: ignore[attr-defined]
-        elif t is h2.events.ConnectionTerminated:
-            self._close()
+    def _frames(self) -> None:
+        buf = self.buf
+        pos = 0
+        end = len(buf)
+        unpack = _FRAME_HEADER.unpack_from
+        try:
+            while end - pos >= 9:
+                head, kind_flags, sid = unpack(buf, pos)
+                length = head >> 8
+                kind = head & 0xFF
+                sid &= 0x7FFFFFFF
+                if length > MAX_FRAME_SIZE:
+                    raise _ConnectionError(ErrorCodes.FRAME_SIZE_ERROR, f"frame of {length} bytes")
+                if end - pos < 9 + length:
+                    break
+                payload = bytes(buf[pos + 9 : pos + 9 + length])
+                pos += 9 + length
+                if self.continuation is not None and kind != 9:
+                    raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "expected CONTINUATION")
+                if kind == 0:
+                    self._on_data(sid, kind_flags, payload, length)
+                elif kind == 1:
+                    self._on_headers(sid, kind_flags, payload)
+                elif kind == 9:
+                    self._on_continuation(sid, kind_flags, payload)
+                elif kind == 8:
+                    self._on_window_update(sid, payload)
+                elif kind == 4:
+                    self._on_settings(sid, kind_flags, payload)
+                elif kind == 6:
+                    if sid or length != 8:
+                        raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "bad PING")
+                    if not kind_flags & 0x1:
+                        self.out.append(_frame(6, 0x1, 0, payload))
+                elif kind == 3:
+                    if not sid or length != 4:
+                        raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "bad RST_STREAM")
+                    call = self.calls.pop(sid, None)
+                    if call is not None:
+                        self._cancel(call)
+                        self._maybe_idle()
+                elif kind == 7:
+                    pass  # the client sends no new streams; the ones open go on
+                elif kind == 5:
+                    raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+                elif kind == 2 and (not sid or length != 5):
+                    raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "bad PRIORITY")
+                # other types (PRIORITY, extensions) are ignored
+        finally:
+            del buf[:pos]
+        if len(buf) > MAX_FRAME_SIZE + 9:  # pragma: no cover - cannot happen: checked above
+            raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "receive buffer overflow")
 
-    def _request(self, event: h2.events.RequestReceived) -> None:
-        sid = event.stream_id
-        assert sid is not None
-        if self.draining:
-            self.conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
+    def _strip_padding(self, flags: int, payload: bytes) -> bytes:
+        if flags & 0x8:
+            if not payload or payload[0] >= len(payload):
+                raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "bad padding")
+            return payload[1 : len(payload) - payload[0]]
+        return payload
+
+    def _on_settings(self, sid: int, flags: int, payload: bytes) -> None:
+        if sid or len(payload) % 6:
+            raise _ConnectionError(ErrorCodes.FRAME_SIZE_ERROR, "bad SETTINGS")
+        if flags & 0x1:
             return
-        path = method = content_type = b""
-        encoding = b"identity"
-        timeout: bytes | None = None
-        metadata: list[tuple[str, Any]] = []
-        for name, value in event.headers or ():
-            name = bytes(name)
-            value = bytes(value)
-            if name[:1] == b":":
-                if name == b":path":
-                    path = value
-                elif name == b":method":
-                    method = value
-            elif name == b"content-type":
-                content_type = value
-            elif name == b"grpc-timeout":
-                timeout = value
-            elif name == b"grpc-encoding":
-                encoding = value
-            elif name == b"te" or name == b"grpc-accept-encoding":
-                pass
-            elif name.endswith(b"-bin"):
-                metadata.append((name.decode("latin-1"), value))
+        for i in range(0, len(payload), 6):
+            key, value = _SETTING.unpack_from(payload, i)
+            if key == 4:  # INITIAL_WINDOW_SIZE
+                if value > 0x7FFFFFFF:
+                    raise _ConnectionError(ErrorCodes.FLOW_CONTROL_ERROR, "window too large")
+                delta = value - self.stream_window
+                self.stream_window = value
+                for call in self.calls.values():
+                    call.send_window += delta
+            elif key == 5:  # MAX_FRAME_SIZE
+                if not 16384 <= value <= 16777215:
+                    raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "bad MAX_FRAME_SIZE")
+                self.max_frame = value
+            elif key == 2 and value > 1:  # ENABLE_PUSH
+                raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "bad ENABLE_PUSH")
+        self.out.append(_SETTINGS_ACK)
+        self._window(0)
+
+    def _on_window_update(self, sid: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise _ConnectionError(ErrorCodes.FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
+        inc = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        if not sid:
+            if not inc:
+                raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self.send_window += inc
+            if self.send_window > 0x7FFFFFFF:
+                raise _ConnectionError(ErrorCodes.FLOW_CONTROL_ERROR, "window overflow")
+            self._window(0)
+            return
+        call = self.calls.get(sid)
+        if call is None:
+            return
+        call.send_window += inc
+        if not inc or call.send_window > 0x7FFFFFFF:
+            self._reset(call, ErrorCodes.FLOW_CONTROL_ERROR if inc else ErrorCodes.PROTOCOL_ERROR)
+            return
+        self._window(sid)
+
+    def _on_headers(self, sid: int, flags: int, payload: bytes) -> None:
+        if not sid:
+            raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "HEADERS on stream 0")
+        block = self._strip_padding(flags, payload)
+        if flags & 0x20:  # PRIORITY
+            block = block[5:]
+        if not flags & 0x4:  # no END_HEADERS: CONTINUATION frames follow
+            self.continuation = (sid, flags, bytearray(block))
+            return
+        self._header_block(sid, flags, block)
+
+    def _on_continuation(self, sid: int, flags: int, payload: bytes) -> None:
+        pending = self.continuation
+        if pending is None or pending[0] != sid:
+            raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "unexpected CONTINUATION")
+        pending[2].extend(payload)
+        if len(pending[2]) > MAX_HEADER_LIST_SIZE * 2:
+            raise _ConnectionError(ErrorCodes.ENHANCE_YOUR_CALM, "header block too large")
+        if flags & 0x4:
+            self.continuation = None
+            self._header_block(sid, pending[1], bytes(pending[2]))
+
+    def _decode(self, block: bytes) -> _Head:
+        """The request head of a header block (cached while the HPACK table stays)."""
+        table = self.decoder.header_table.dynamic_entries
+        state = (len(table), table[0] if table else None)
+        if state[0] != self.hstate[0] or state[1] is not self.hstate[1]:
+            self.hcache.clear()
+            self.hstate = state
+        head = self.hcache.get(block)
+        if head is not None:
+            return head
+        try:
+            headers = self.decoder.decode(block, raw=True)
+        except hpack.HPACKError as e:
+            raise _ConnectionError(ErrorCodes.COMPRESSION_ERROR, str(e)) from None
+        head = _Head(headers)
+        after = (len(table), table[0] if table else None)
+        if after[0] == state[0] and after[1] is state[1]:
+            if len(self.hcache) < 256:
+                self.hcache[block] = head
+        else:
+            self.hcache.clear()
+            self.hstate = after
+        return head
+
+    def _header_block(self, sid: int, flags: int, block: bytes) -> None:
+        head = self._decode(block)  # always decoded: it may change the HPACK table
+        end_stream = bool(flags & 0x1)
+        call = self.calls.get(sid)
+        if call is not None:  # trailers from the client
+            if not end_stream:
+                self._reset(call, ErrorCodes.PROTOCOL_ERROR)
             else:
-                metadata.append((name.decode("latin-1"), value.decode("latin-1")))
-        if method != b"POST" or not content_type.startswith(b"application/grpc"):
-            status = b"405" if method != b"POST" else b"415"
-            self.conn.send_headers(sid, [(b":status", status)], end_stream=True)
-            if not event.stream_ended:
-                self.conn.reset_stream(sid, h2.errors.ErrorCodes.NO_ERROR)
+                self._remote_end(call)
             return
-        service, _, name = path.rpartition(b"/")
+        if sid <= self.last_sid or not sid & 1:
+            if sid & 1:
+                return  # a closed stream's trailers: nothing to do
+            raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, f"bad stream id {sid}")
+        self.last_sid = sid
+        if self.draining or len(self.calls) >= MAX_CONCURRENT_STREAMS:
+            self.out.append(_frame(3, 0, sid, _U32.pack(ErrorCodes.REFUSED_STREAM)))
+            return
+        self._request(sid, head, end_stream)
+
+    def _on_data(self, sid: int, flags: int, payload: bytes, length: int) -> None:
+        if not sid:
+            raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "DATA on stream 0")
+        self.received += length
+        if self.received >= RECEIVE_WINDOW // 2:
+            self.out.append(_frame(8, 0, 0, _U32.pack(self.received)))
+            self.received = 0
+        call = self.calls.get(sid)
+        if call is None:
+            if sid > self.last_sid:
+                raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "DATA on an idle stream")
+            return
+        if call.remote_ended:
+            self._reset(call, ErrorCodes.STREAM_CLOSED)
+            return
+        call.received += length
+        if call.received >= RECEIVE_WINDOW // 2:
+            self.out.append(_frame(8, 0, sid, _U32.pack(call.received)))
+            call.received = 0
+        data = self._strip_padding(flags, payload)
+        if not call.finished:
+            self._messages(call, data)
+        if flags & 0x1:
+            self._remote_end(call)
+
+    # -- requests ------------------------------------------------------------------------
+
+    def _request(self, sid: int, head: _Head, end_stream: bool) -> None:
+        if head.method != b"POST" or not head.content_type.startswith(b"application/grpc"):
+            status = b"405" if head.method != b"POST" else b"415"
+            block = _encode([(b":status", status)])
+            self.out.append(_frame(1, 0x5, sid, block))
+            if not end_stream:
+                self.out.append(_frame(3, 0, sid, _U32.pack(ErrorCodes.NO_ERROR)))
+            return
+        service, _, name = head.path.rpartition(b"/")
         handler = None
         if service == self.server.service_path:
             handler = self.server.handlers.get(name.decode("latin-1"))
         call = _Call(sid, handler)
+        call.send_window = self.stream_window
         self.calls[sid] = call
         try:
             if handler is None:
                 raise _Refused(
                     grpc.StatusCode.UNIMPLEMENTED,
-                    f"Method not found: {path.decode('latin-1', 'replace')}",
+                    f"Method not found: {head.path.decode('latin-1', 'replace')}",
                 )
+            encoding = head.encoding
             if encoding != b"identity":
+                limit = self.server.max_message_bytes
                 if encoding == b"gzip":
-                    call.decompress = _Decompressor(
-                        16 + zlib.MAX_WBITS, self.server.max_message_bytes
-                    )
+                    call.decompress = _Decompressor(16 + zlib.MAX_WBITS, limit)
                 elif encoding == b"deflate":
-                    call.decompress = _Decompressor(zlib.MAX_WBITS, self.server.max_message_bytes)
+                    call.decompress = _Decompressor(zlib.MAX_WBITS, limit)
                 else:
                     raise _Refused(
                         grpc.StatusCode.UNIMPLEMENTED,
-                        f"Compression algorithm '{encoding.decode('latin-1', 'replace')}' is not supported",
+                        f"Compression algorithm '{encoding.decode('latin-1', 'replace')}' "
+                        "is not supported",
                         ((b"grpc-accept-encoding", ACCEPT_ENCODING),),
                     )
             deadline = None
-            if timeout is not None:
-                seconds = parse_timeout(timeout)
+            if head.timeout is not None:
+                seconds = parse_timeout(head.timeout)
                 if seconds is None:
                     raise _Refused(grpc.StatusCode.INTERNAL, "malformed grpc-timeout")
                 deadline = time.monotonic() + seconds
                 call.timer = self.loop.call_later(seconds, self._expire, call)
-            call.ctx = NativeContext(call, tuple(metadata), self.peer, deadline)
+            call.ctx = NativeContext(call, head.metadata, self.peer, deadline)
         except _Refused as e:
             self._finish(call, e.code, e.details, e.extra)
             return
         if handler.stream_stream is not None:
             call.queue = asyncio.Queue()
             call.task = self.loop.create_task(self._run_stream(call))
-        if event.stream_ended:
+        if end_stream:
             self._remote_end(call)
 
-    def _data(self, event: h2.events.DataReceived) -> None:
-        sid = event.stream_id
-        assert sid is not None
-        try:
-            self.conn.acknowledge_received_data(event.flow_controlled_length, sid)
-        except h2.exceptions.StreamClosedError:
-            pass
-        call = self.calls.get(sid)
-        if call is None or call.finished:
-            return
+    def _messages(self, call: _Call, data: bytes) -> None:
+        """Read the complete length-prefixed messages of the call's data."""
         buf = call.buf
-        buf += event.data
+        if buf:
+            buf += data
+        elif len(data) >= 5:  # the common case: one whole message in one frame
+            flag, length = _PREFIX.unpack_from(data)
+            if flag == 0 and len(data) == 5 + length and length <= self.server.max_message_bytes:
+                self._message(call, data[5:])
+                return
+            buf += data
+        else:
+            buf += data
         limit = self.server.max_message_bytes
         while len(buf) >= 5:
             flag, length = _PREFIX.unpack_from(buf)
@@ -545,22 +776,29 @@ class GrpcConnection(asyncio.Protocol):
                         call, grpc.StatusCode.INTERNAL, f"could not decompress the message: {e}"
                     )
                     return
-            request = call.handler.request_deserializer(payload)
-            if call.queue is not None:
-                call.queue.put_nowait(request)
-            elif call.request is _END:
-                call.request = request
-            else:
-                self._finish(
-                    call,
-                    grpc.StatusCode.UNIMPLEMENTED,
-                    "more than one request message on a unary call",
-                )
+            if not self._message(call, payload):
                 return
+
+    def _message(self, call: _Call, payload: bytes) -> bool:
+        request = call.handler.request_deserializer(payload)
+        if call.queue is not None:
+            call.queue.put_nowait(request)
+        elif call.request is _END:
+            call.request = request
+        else:
+            self._finish(
+                call,
+                grpc.StatusCode.UNIMPLEMENTED,
+                "more than one request message on a unary call",
+            )
+            return False
+        return True
 
     def _remote_end(self, call: _Call) -> None:
         call.remote_ended = True
         if call.finished:
+            if call.sid in self.calls and call.trailers is None and not call.out:
+                self._forget(call)
             return
         if call.buf:
             self._finish(call, grpc.StatusCode.INTERNAL, "the request ended inside a message")
@@ -573,13 +811,15 @@ class GrpcConnection(asyncio.Protocol):
             return
         call.task = self.loop.create_task(self._run_unary(call))
 
-    def _window(self, sid: int | None) -> None:
+    def _window(self, sid: int) -> None:
         if sid:
             call = self.calls.get(sid)
             if call is not None and (call.out or call.trailers is not None):
                 self._pump(call)
             return
         for call in list(self.calls.values()):
+            if self.send_window <= 0:
+                return
             if call.out or call.trailers is not None:
                 self._pump(call)
 
@@ -610,27 +850,38 @@ class GrpcConnection(asyncio.Protocol):
             self._finish(call, ctx.code, ctx.details, ctx.trailers)
             return
         data = handler.response_serializer(response)
-        if len(data) > self.server.max_message_bytes:
+        n = len(data)
+        if n > self.server.max_message_bytes:
             self._finish(
                 call,
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"Sent message larger than max ({len(data)} vs. {self.server.max_message_bytes})",
+                f"Sent message larger than max ({n} vs. {self.server.max_message_bytes})",
             )
             return
-        conn = self.conn
-        sid = call.sid
-        try:
-            conn.send_headers(sid, _RESPONSE_HEADERS)
-            call.out.append(_PREFIX.pack(0, len(data)) + data)
-            call.trailers = (
-                status_trailers(ctx.code, ctx.details, ctx.trailers)
-                if ctx.trailers or ctx.details
-                else _OK_TRAILERS
+        call.finished = True
+        trailers = (
+            _encode(status_trailers(grpc.StatusCode.OK, ctx.details, ctx.trailers))
+            if ctx.trailers or ctx.details
+            else _OK_TRAILERS_BLOCK
+        )
+        if n + 5 <= min(call.send_window, self.send_window, self.max_frame):
+            # the common case: headers, the message and trailers in one write
+            call.send_window -= n + 5
+            self.send_window -= n + 5
+            self.out.append(
+                _frame(1, 0x4, call.sid, _RESPONSE_HEADERS_BLOCK)
+                + _data_frame_header(n + 5, 0, call.sid)
+                + _PREFIX.pack(0, n)
+                + data
+                + _frame(1, 0x5, call.sid, trailers)
             )
-            call.finished = True
+            self._done_sending(call)
+        else:
+            self.out.append(_frame(1, 0x4, call.sid, _RESPONSE_HEADERS_BLOCK))
+            call.out.append(_PREFIX.pack(0, n) + data)
+            call.trailers_block = trailers
+            call.trailers = []
             self._pump(call)
-        except h2.exceptions.ProtocolError:  # the stream is gone
-            self._forget(call)
         self._flush_soon()
 
     async def _requests(self, call: _Call) -> AsyncIterator[Any]:
@@ -656,7 +907,7 @@ class GrpcConnection(asyncio.Protocol):
                     details = f"Sent message larger than max ({len(data)} vs. {limit})"
                     break
                 if not headers_sent:
-                    self.conn.send_headers(call.sid, _RESPONSE_HEADERS)
+                    self.out.append(_frame(1, 0x4, call.sid, _RESPONSE_HEADERS_BLOCK))
                     headers_sent = True
                 call.out.append(_PREFIX.pack(0, len(data)) + data)
                 self._pump(call)
@@ -670,20 +921,16 @@ class GrpcConnection(asyncio.Protocol):
             code, details, extra = e.code, e.details, ctx.trailers
         except asyncio.CancelledError:
             return
-        except h2.exceptions.ProtocolError:
-            self._forget(call)
-            return
         except Exception as e:  # noqa: BLE001
             log.exception("gRPC stream failed")
-            code, details = (
-                grpc.StatusCode.UNKNOWN,
-                f"Unexpected error in handler: {type(e).__name__}: {e}",
-            )
+            code = grpc.StatusCode.UNKNOWN
+            details = f"Unexpected error in handler: {type(e).__name__}: {e}"
         if call.finished or call.cancelled:
             return
         if headers_sent:
-            call.trailers = status_trailers(code, details, extra)
             call.finished = True
+            call.trailers_block = _encode(status_trailers(code, details, extra))
+            call.trailers = []
             self._pump(call)
             self._flush_soon()
         else:
@@ -700,49 +947,58 @@ class GrpcConnection(asyncio.Protocol):
 
     def _pump(self, call: _Call) -> None:
         """Send what flow control allows of the call's queued data, then its trailers."""
-        conn = self.conn
-        sid = call.sid
+        if call.cancelled:
+            call.out.clear()
+            return
         out = call.out
-        try:
-            while out:
-                window = conn.local_flow_control_window(sid)
-                if window <= 0:
-                    return
-                size = min(window, conn.max_outbound_frame_size)
-                data = out[0]
-                if len(data) <= size:
-                    conn.send_data(sid, data)
-                    out.popleft()
-                else:
-                    conn.send_data(sid, data[:size])
-                    out[0] = data[size:]
-            if call.writable is not None:
-                call.writable.set()
-                call.writable = None
-            if call.trailers is not None:
-                trailers, call.trailers = call.trailers, None
-                conn.send_headers(sid, trailers, end_stream=True)
-                if not call.remote_ended:  # the client is still sending: stop it
-                    conn.reset_stream(sid, h2.errors.ErrorCodes.NO_ERROR)
-                self._forget(call)
-        except h2.exceptions.ProtocolError:  # stream reset or closed meanwhile
-            out.clear()
-            self._forget(call)
+        sid = call.sid
+        while out:
+            size = min(call.send_window, self.send_window, self.max_frame)
+            if size <= 0:
+                return
+            data = out[0]
+            if len(data) <= size:
+                out.popleft()
+            else:
+                out[0] = data[size:]
+                data = data[:size]
+            n = len(data)
+            call.send_window -= n
+            self.send_window -= n
+            self.out.append(_data_frame_header(n, 0, sid) + data)
+        if call.writable is not None:
+            call.writable.set()
+            call.writable = None
+        if call.trailers is not None:
+            call.trailers = None
+            self.out.append(_frame(1, 0x5, sid, call.trailers_block))
+            self._done_sending(call)
+        self._flush_soon()
+
+    def _done_sending(self, call: _Call) -> None:
+        """The call's trailers are out: close the stream."""
+        if not call.remote_ended:  # the client is still sending: stop it
+            self.out.append(_frame(3, 0, call.sid, _U32.pack(ErrorCodes.NO_ERROR)))
+        self._forget(call)
+
+    def _reset(self, call: _Call, code: int) -> None:
+        """RST_STREAM ``code`` and cancel the call."""
+        self.out.append(_frame(3, 0, call.sid, _U32.pack(code)))
+        self.calls.pop(call.sid, None)
+        self._cancel(call)
+        self._maybe_idle()
 
     def _finish(self, call: _Call, code: grpc.StatusCode, details: str, extra: Any = ()) -> None:
         """End a call that has sent nothing with a Trailers-Only response."""
         if call.finished or call.cancelled:
             return
         call.finished = True
-        headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
-        headers += status_trailers(code, details, extra)
-        try:
-            self.conn.send_headers(call.sid, headers, end_stream=True)
-            if not call.remote_ended:
-                self.conn.reset_stream(call.sid, h2.errors.ErrorCodes.NO_ERROR)
-        except h2.exceptions.ProtocolError:
-            pass
-        self._forget(call)
+        block = _encode(
+            [(b":status", b"200"), (b"content-type", b"application/grpc")]
+            + status_trailers(code, details, extra)
+        )
+        self.out.append(_frame(1, 0x5, call.sid, block))
+        self._done_sending(call)
         self._flush_soon()
 
     def _forget(self, call: _Call) -> None:
@@ -795,14 +1051,18 @@ class GrpcConnection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self.flush_pending = False
-        data = self.conn.data_to_send()
-        if data and not self.closed and self.transport is not None:
-            self.transport.write(data)
+        out = self.out
+        if out and not self.closed and self.transport is not None:
+            self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+        out.clear()
 
     def _close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
         self.closed = True
+
+    def _goaway(self, code: int) -> None:
+        self.out.append(_frame(7, 0, 0, _GOAWAY.pack(self.last_sid, code)))
 
     def goaway(self) -> None:
         """Start a graceful close: GOAWAY naming the last stream that will be served;
@@ -810,12 +1070,9 @@ class GrpcConnection(asyncio.Protocol):
         if self.closed or self.draining:
             return
         self.draining = True
+        if self.preface:
+            self._goaway(ErrorCodes.NO_ERROR)
         self._flush()
-        frame = GoAwayFrame(0)
-        frame.last_stream_id = self.conn.highest_inbound_stream_id
-        frame.error_code = 0
-        assert self.transport is not None
-        self.transport.write(frame.serialize())
         if not self.calls:
             self._close()
 
