@@ -506,7 +506,7 @@ def test_grpc_server_default_follows_the_environment(monkeypatch: pytest.MonkeyP
     from pdserve.frontends.grpc.engine import default_grpc_server
 
     monkeypatch.delenv("PDSERVE_GRPC_SERVER", raising=False)
-    assert default_grpc_server() == "threads"
+    assert default_grpc_server() == "native"
     monkeypatch.setenv("PDSERVE_GRPC_SERVER", "aio")
     assert default_grpc_server() == "aio"
     monkeypatch.setenv("PDSERVE_GRPC_SERVER", "bogus")  # not a choice: refused, naming the flag

@@ -27,8 +27,8 @@ GRPC_SERVERS = ("native", "threads", "aio")
 def default_grpc_server() -> str:
     """``--grpc-server``'s default: ``$PDSERVE_GRPC_SERVER`` when set and not empty (so a
     test run can use either server throughout; a value that is not a choice is
-    refused by ``Settings.validate``), else ``threads``."""
-    return os.environ.get("PDSERVE_GRPC_SERVER", "").strip() or "threads"
+    refused by ``Settings.validate``), else ``native``."""
+    return os.environ.get("PDSERVE_GRPC_SERVER", "").strip() or "native"
 
 
 if "GRPC_EXPERIMENTS" not in os.environ:

@@ -1,4 +1,5 @@
-"""Run the V2 gRPC service on grpcio: its synchronous server (default) or ``grpc.aio``."""
+"""Run the V2 gRPC service: the native HTTP/2 transport (default,
+:mod:`pdserve.frontends.grpc.native`), grpcio's synchronous server or ``grpc.aio``."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ async def serve_grpc(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     gate: TrafficGate | None = None,
     shared_memory: SharedMemoryRegistry | None = None,
-    kind: str = "threads",
+    kind: str = "native",
     max_connections: int = 0,
 ) -> GrpcServer:
     """Create and start the gRPC server for ``server`` in the running event loop.
