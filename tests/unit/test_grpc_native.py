@@ -138,3 +138,24 @@ def test_ping_settings_and_protocol_errors() -> None:
     assert any(isinstance(e, h2.events.PingAckReceived) for e in events)
     terminated = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
     assert terminated and terminated[0].error_code == 1 and closed  # PROTOCOL_ERROR
+
+
+def test_connection_cap_and_idle_goaway() -> None:
+    async def run() -> tuple[bool, bool, bytes, bool]:
+        srv = NativeGrpcServer({}, "inference.GRPCInferenceService", 1 << 20, 1, 0.2)
+        first, t1 = GrpcConnection(srv), _Transport()
+        first.connection_made(t1)  # type: ignore[arg-type]
+        second, t2 = GrpcConnection(srv), _Transport()
+        second.connection_made(t2)  # type: ignore[arg-type]  # over the cap of 1
+        client = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
+        client.initiate_connection()
+        first.data_received(client.data_to_send())
+        t1.take()
+        srv.start_sweeping()
+        await asyncio.sleep(0.5)  # no stream for longer than the idle timeout
+        srv._sweeper.cancel()  # type: ignore[union-attr]
+        return t2.closed, second not in srv.connections, t1.take(), t1.closed
+
+    over_closed, over_untracked, goaway, idle_closed = asyncio.run(run())
+    assert over_closed and over_untracked
+    assert goaway[3] == 7 and idle_closed  # a GOAWAY frame, then closed
