@@ -514,6 +514,7 @@ def test_grpc_server_default_follows_the_environment(monkeypatch: pytest.MonkeyP
     with pytest.raises(SettingsError, match="--grpc-server.*native, threads, aio.*'bogus'"):
         Settings(grpc_server="bogus").validate()
 
+
 def test_http_server_defaults_to_native_or_the_environment_variable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
