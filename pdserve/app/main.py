@@ -542,13 +542,15 @@ async def start_grpc(
             gate=gate,
             shared_memory=shm,
             kind=settings.grpc_server,
+            max_connections=settings.http_max_connections,
         )
     except RuntimeError as e:
         raise StartError(str(e)) from None
     log.info("gRPC (KServe V2) listening on %s:%d", settings.host, settings.grpc_port)
 
     async def stop() -> None:
-        if settings.grpc_port:
+        # the native transport ends its connections itself (GOAWAY, calls in flight finish)
+        if settings.grpc_port and settings.grpc_server != "native":
             try:
                 await listeners.end_tcp_connections(settings.grpc_port, ACCEPT_WAIT_SECS)
             except Exception:  # noqa: BLE001 - the server's own stop still runs

@@ -410,8 +410,10 @@ class Settings:
         "--grpc-server",
         default_grpc_server(),
         "gRPC",
-        "gRPC server: 'threads' (grpcio's synchronous server, handlers run on the event "
-        "loop; less CPU per call) or 'aio' (grpc.aio); same service either way "
+        "gRPC server: 'native' (pdserve's own HTTP/2 transport on the event loop; least CPU "
+        "per call), "
+        "'threads' (grpcio's synchronous server, handlers run on the event loop) or "
+        "'aio' (grpc.aio); same service either way "
         "(default {default}; $PDSERVE_GRPC_SERVER, when set, is the default)",
         choices=GRPC_SERVERS,
     )

@@ -9,6 +9,7 @@ streaming), statistics and the repository extension, with Triton's status codes.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -541,8 +542,12 @@ def test_repository_load_unload(explicit_server: ServerProcess) -> None:
     with pytest.raises(InferenceServerException) as e:
         c.unload_model("tiny_all_versions")
     assert _code(e) == "StatusCode.INVALID_ARGUMENT"
-    index = c.get_model_repository_index(as_json=True)["models"]
-    assert {"name": "tiny_all_versions", "state": "UNAVAILABLE", "reason": "unloaded"} in index
+    # the versions retire in the background (UNLOADING until their instances are closed)
+    unloaded = {"name": "tiny_all_versions", "state": "UNAVAILABLE", "reason": "unloaded"}
+    deadline = time.monotonic() + 15
+    while unloaded not in (index := c.get_model_repository_index(as_json=True)["models"]):
+        assert time.monotonic() < deadline, index
+        time.sleep(0.05)
     with pytest.raises(InferenceServerException) as e:
         c.load_model("no_such_model")
     assert _code(e) == "StatusCode.INVALID_ARGUMENT"

@@ -511,6 +511,19 @@ def test_a_repository_url_is_served_from_its_cache(tmp_path: Path) -> None:
     assert plain.remote_repository_url is None and plain.repository == tmp_path
 
 
+def test_grpc_server_default_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pdserve.frontends.grpc.engine import default_grpc_server
+
+    monkeypatch.delenv("PDSERVE_GRPC_SERVER", raising=False)
+    assert default_grpc_server() == "native"
+    monkeypatch.setenv("PDSERVE_GRPC_SERVER", "aio")
+    assert default_grpc_server() == "aio"
+    monkeypatch.setenv("PDSERVE_GRPC_SERVER", "bogus")  # not a choice: refused, naming the flag
+    assert default_grpc_server() == "bogus"
+    with pytest.raises(SettingsError, match="--grpc-server.*native, threads, aio.*'bogus'"):
+        Settings(grpc_server="bogus").validate()
+
+
 def test_http_server_defaults_to_native_or_the_environment_variable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -523,16 +536,3 @@ def test_http_server_defaults_to_native_or_the_environment_variable(
     assert parse(tmp_path, "--http-server", "native").http_server == "native"
     with pytest.raises(SettingsError, match="--http-server"):
         Settings(model_repository=tmp_path, http_server="bogus").validate()
-
-
-def test_grpc_server_default_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pdserve.frontends.grpc.engine import default_grpc_server
-
-    monkeypatch.delenv("PDSERVE_GRPC_SERVER", raising=False)
-    assert default_grpc_server() == "threads"
-    monkeypatch.setenv("PDSERVE_GRPC_SERVER", "aio")
-    assert default_grpc_server() == "aio"
-    monkeypatch.setenv("PDSERVE_GRPC_SERVER", "bogus")  # not a choice: refused, naming the flag
-    assert default_grpc_server() == "bogus"
-    with pytest.raises(SettingsError, match="--grpc-server.*threads, aio.*'bogus'"):
-        Settings(grpc_server="bogus").validate()

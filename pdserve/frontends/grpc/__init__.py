@@ -1,6 +1,7 @@
-"""The KServe V2 gRPC frontend: ``inference.GRPCInferenceService`` on grpcio (its
-synchronous server with the handlers bridged onto the event loop, the default, or
-``grpc.aio``: ``--grpc-server``, :mod:`pdserve.frontends.grpc.server`).
+"""The KServe V2 gRPC frontend: ``inference.GRPCInferenceService`` on pdserve's own
+HTTP/2 transport on the event loop (the default, :mod:`pdserve.frontends.grpc.native`)
+or on grpcio (its synchronous server with the handlers bridged onto the event loop, or
+``grpc.aio``): ``--grpc-server``, :mod:`pdserve.frontends.grpc.server`.
 
 The service, messages and method names are tritonclient's generated stubs
 (``tritonclient.grpc.service_pb2`` / ``service_pb2_grpc``), so ``tritonclient.grpc``,

@@ -18,16 +18,17 @@ import os
 #: The experiments turned off (grpc core's names, ``-`` = disabled).
 GRPC_EXPERIMENTS = "-event_engine_listener,-event_engine_for_all_other_endpoints"
 
-#: ``--grpc-server`` choices: grpcio's synchronous server with the servicer bridged
-#: onto the event loop (:mod:`pdserve.frontends.grpc.sync_bridge`), or ``grpc.aio``.
-GRPC_SERVERS = ("threads", "aio")
+#: ``--grpc-server`` choices: the native HTTP/2 transport on the event loop
+#: (:mod:`pdserve.frontends.grpc.native`), grpcio's synchronous server with the servicer
+#: bridged onto the event loop (:mod:`pdserve.frontends.grpc.sync_bridge`), or ``grpc.aio``.
+GRPC_SERVERS = ("native", "threads", "aio")
 
 
 def default_grpc_server() -> str:
     """``--grpc-server``'s default: ``$PDSERVE_GRPC_SERVER`` when set and not empty (so a
     test run can use either server throughout; a value that is not a choice is
-    refused by ``Settings.validate``), else ``threads``."""
-    return os.environ.get("PDSERVE_GRPC_SERVER", "").strip() or "threads"
+    refused by ``Settings.validate``), else ``native``."""
+    return os.environ.get("PDSERVE_GRPC_SERVER", "").strip() or "native"
 
 
 if "GRPC_EXPERIMENTS" not in os.environ:

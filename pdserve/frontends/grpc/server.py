@@ -1,4 +1,5 @@
-"""Run the V2 gRPC service on grpcio: its synchronous server (default) or ``grpc.aio``."""
+"""Run the V2 gRPC service: the native HTTP/2 transport (default,
+:mod:`pdserve.frontends.grpc.native`), grpcio's synchronous server or ``grpc.aio``."""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ async def serve_grpc(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     gate: TrafficGate | None = None,
     shared_memory: SharedMemoryRegistry | None = None,
-    kind: str = "threads",
+    kind: str = "native",
+    max_connections: int = 0,
 ) -> GrpcServer:
     """Create and start the gRPC server for ``server`` in the running event loop.
 
@@ -68,7 +70,11 @@ async def serve_grpc(
         kind: ``"threads"``: grpcio's synchronous server, each RPC's handler run on
             this event loop (:mod:`~pdserve.frontends.grpc.sync_bridge`; ~15%
             less server CPU per call than ``grpc.aio``, benchmarks/RESULTS.md issue 11);
-            ``"aio"``: ``grpc.aio``. Same service, status codes and behaviour.
+            ``"aio"``: ``grpc.aio``; ``"native"``: pdserve's own HTTP/2 transport on
+            the event loop (:mod:`~pdserve.frontends.grpc.native`). Same service,
+            status codes and behaviour.
+        max_connections: ``native`` only: most connections open at once (0: half the
+            open-file limit, as ``--http-max-connections``).
 
     Returns:
         The started server; ``await srv.stop(grace)`` stops it, letting in-flight
@@ -90,6 +96,12 @@ async def serve_grpc(
     # bytes that are not the request message (INVALID_ARGUMENT, not UNKNOWN)
     handlers = method_handlers(GrpcService(server, max_message_bytes, gate, shared_memory))
     address = _address(host, port)
+    if kind == "native":
+        from pdserve.frontends.grpc.native import serve_native
+
+        return await serve_native(
+            handlers, SERVICE_NAME, host, port, max_message_bytes, max_connections
+        )
     if kind == "aio":
         srv = grpc.aio.server(options=options)
         srv.add_generic_rpc_handlers(

@@ -1,0 +1,405 @@
+"""The native HTTP/2 gRPC transport (``--grpc-server native``,
+:mod:`pdserve.frontends.grpc.native`) against a real pdserve, with real
+``tritonclient.grpc`` clients (sync and aio), grpcio stubs and raw HTTP/2 frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import shutil
+import signal
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import h2.config
+import h2.connection
+import h2.events
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aioclient
+import tritonclient.http as httpclient
+from hyperframe.frame import (
+    DataFrame,
+    HeadersFrame,
+    RstStreamFrame,
+    SettingsFrame,
+    WindowUpdateFrame,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import ServerProcess, copy_models, start_server
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "python_models"
+MAX_MESSAGE = 3 * 1024 * 1024
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+PATH = b"/inference.GRPCInferenceService/"
+
+
+def _repo(dst: Path) -> Path:
+    repo = copy_models(dst, "tiny")
+    for name in ("decoupled_repeat", "sleepy", "identity"):
+        shutil.copytree(DATA / name, repo / name)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("grpc_native")
+    srv = start_server(
+        _repo(tmp / "models"),
+        tmp / "log",
+        "--grpc-server",
+        "native",
+        "--grpc-max-message-bytes",
+        str(MAX_MESSAGE),
+    )
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    yield c
+    c.close()
+
+
+def _tiny_input(x: np.ndarray) -> grpcclient.InferInput:
+    inp = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return inp
+
+
+def _http_tiny(server: ServerProcess, x: np.ndarray) -> np.ndarray:
+    c = httpclient.InferenceServerClient(server.http_url)
+    inp = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    out = c.infer("tiny", [inp]).as_numpy("OUTPUT0")
+    c.close()
+    assert out is not None
+    return out
+
+
+def _code(excinfo: pytest.ExceptionInfo[InferenceServerException]) -> str:
+    return str(excinfo.value.status())
+
+
+# -- unary -----------------------------------------------------------------------------
+
+
+def test_unary_rpcs_and_inference(
+    server: ServerProcess, client: grpcclient.InferenceServerClient
+) -> None:
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("tiny")
+    assert client.get_server_metadata().name == "pdserve"
+    meta = client.get_model_metadata("tiny")
+    assert meta.inputs[0].name == "INPUT0" and meta.outputs[0].name == "OUTPUT0"
+    assert client.get_model_config("tiny").config.name == "tiny"
+    x = np.random.default_rng(1).random((1, 64), dtype=np.float32)
+    result = client.infer("tiny", [_tiny_input(x)], request_id="abc")
+    assert result.get_response().id == "abc"
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), _http_tiny(server, x), rtol=1e-6)
+    stats = client.get_inference_statistics("tiny")
+    assert stats.model_stats[0].inference_stats.success.count >= 1
+    assert {m.name for m in client.get_model_repository_index().models} >= {"tiny", "sleepy"}
+
+
+def test_errors_have_the_right_status(client: grpcclient.InferenceServerClient) -> None:
+    x = np.zeros((1, 64), np.float32)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("nope", [_tiny_input(x)])
+    assert _code(e) == "StatusCode.NOT_FOUND"
+    bad = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
+    bad.set_data_from_numpy(np.zeros((1, 3), np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("tiny", [bad])
+    assert _code(e) == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_unknown_method_is_unimplemented(server: ServerProcess) -> None:
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/Nope")
+        with pytest.raises(grpc.RpcError) as e:
+            call(b"")
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        other = channel.unary_unary("/other.Service/ServerLive")
+        with pytest.raises(grpc.RpcError) as e:
+            other(b"")
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_aio_client_concurrent_calls(server: ServerProcess) -> None:
+    x = np.random.default_rng(2).random((1, 64), dtype=np.float32)
+    expected = _http_tiny(server, x)
+
+    async def run() -> list[np.ndarray]:
+        c = aioclient.InferenceServerClient(server.grpc_url)
+        try:
+            inp = aioclient.InferInput("INPUT0", [1, 64], "FP32")
+            inp.set_data_from_numpy(x)
+            results = await asyncio.gather(*(c.infer("tiny", [inp]) for _ in range(40)))
+            return [r.as_numpy("OUTPUT0") for r in results]
+        finally:
+            await c.close()
+
+    for out in asyncio.run(run()):
+        np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+def test_large_tensors_cross_the_flow_control_windows(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    # 1 MiB in and out: well past HTTP/2's 64 KiB initial windows
+    x = np.arange(256 * 1024, dtype=np.float32).reshape(1, -1)
+    inp = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    out = client.infer("identity", [inp]).as_numpy("OUTPUT0")
+    np.testing.assert_array_equal(out, x)
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests(
+    server: ServerProcess, client: grpcclient.InferenceServerClient, algorithm: str
+) -> None:
+    x = np.random.default_rng(3).random((1, 64), dtype=np.float32)
+    out = client.infer("tiny", [_tiny_input(x)], compression_algorithm=algorithm)
+    np.testing.assert_allclose(out.as_numpy("OUTPUT0"), _http_tiny(server, x), rtol=1e-6)
+
+
+def test_message_limits_are_resource_exhausted(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    x = np.zeros((1, MAX_MESSAGE // 4 + 16), np.float32)
+    inp = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("identity", [inp])
+    assert _code(e) == "StatusCode.RESOURCE_EXHAUSTED"
+    assert "larger than max" in e.value.message()
+    assert client.is_server_live()
+
+
+def test_deadline_exceeded_and_server_goes_on(client: grpcclient.InferenceServerClient) -> None:
+    inp = grpcclient.InferInput("X", [1], "FP32")
+    inp.set_data_from_numpy(np.array([1.5], np.float32))
+    t0 = time.monotonic()
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("sleepy", [inp], client_timeout=0.3)
+    assert _code(e) == "StatusCode.DEADLINE_EXCEEDED"
+    assert time.monotonic() - t0 < 1.2
+    inp.set_data_from_numpy(np.array([0.0], np.float32))
+    assert client.infer("sleepy", [inp]).as_numpy("Y")[0] == 0.0
+
+
+def test_client_cancel(client: grpcclient.InferenceServerClient) -> None:
+    inp = grpcclient.InferInput("X", [1], "FP32")
+    inp.set_data_from_numpy(np.array([1.0], np.float32))
+    got: queue.Queue[tuple[object, object]] = queue.Queue()
+    ctx = client.async_infer(
+        "sleepy", [inp], callback=lambda result, error: got.put((result, error))
+    )
+    time.sleep(0.2)
+    ctx.cancel()
+    result, error = got.get(timeout=10)
+    assert result is None and "CANCELLED" in str(error)
+    inp.set_data_from_numpy(np.array([0.0], np.float32))
+    assert client.infer("sleepy", [inp]).as_numpy("Y")[0] == 0.0
+
+
+# -- streaming -------------------------------------------------------------------------
+
+
+def test_decoupled_stream(server: ServerProcess) -> None:
+    got: queue.Queue[tuple[object, object]] = queue.Queue()
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        c.start_stream(callback=lambda result, error: got.put((result, error)))
+        inp = grpcclient.InferInput("IN", [3], "INT32")
+        inp.set_data_from_numpy(np.array([5, 6, 7], np.int32))
+        c.async_stream_infer(
+            "decoupled_repeat", [inp], request_id="s1", enable_empty_final_response=True
+        )
+        outs, idx = [], []
+        while True:
+            result, error = got.get(timeout=30)
+            assert error is None, error
+            resp = result.get_response()  # type: ignore[attr-defined]
+            assert resp.id == "s1"
+            if resp.parameters["triton_final_response"].bool_param:
+                break
+            outs.append(int(result.as_numpy("OUT")[0]))  # type: ignore[attr-defined]
+            idx.append(int(result.as_numpy("IDX")[0]))  # type: ignore[attr-defined]
+        assert outs == [5, 6, 7] and idx == [0, 1, 2]
+        # a non-decoupled model on the same stream: one response each
+        x = np.zeros((1, 64), np.float32)
+        for i in range(3):
+            c.async_stream_infer("tiny", [_tiny_input(x)], request_id=f"t{i}")
+        ids = sorted(got.get(timeout=30)[0].get_response().id for _ in range(3))  # type: ignore[attr-defined]
+        assert ids == ["t0", "t1", "t2"]
+    finally:
+        c.stop_stream()
+        c.close()
+
+
+# -- raw HTTP/2 ------------------------------------------------------------------------
+
+
+def _raw(server: ServerProcess) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", server.grpc_port), timeout=5)
+    return s
+
+
+def _h2_call(
+    server: ServerProcess, headers: list[tuple[bytes, bytes]], body: bytes
+) -> dict[bytes, bytes]:
+    """One raw call with the h2 client; the response headers and trailers merged."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
+    conn.initiate_connection()
+    s = _raw(server)
+    try:
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, headers)
+        conn.send_data(sid, body, end_stream=True)
+        s.sendall(conn.data_to_send())
+        got: dict[bytes, bytes] = {}
+        while True:
+            data = s.recv(65536)
+            assert data, "connection closed"
+            for ev in conn.receive_data(data):
+                if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    got.update(dict(ev.headers))  # type: ignore[arg-type]
+                if isinstance(ev, h2.events.StreamEnded):
+                    return got
+            s.sendall(conn.data_to_send())
+    finally:
+        s.close()
+
+
+def _headers(method: str, **extra: bytes) -> list[tuple[bytes, bytes]]:
+    return [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", PATH + method.encode()),
+        (b":authority", b"localhost"),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+        *((k.replace("_", "-").encode(), v) for k, v in extra.items()),
+    ]
+
+
+def _message(msg: bytes, flag: int = 0) -> bytes:
+    return struct.pack(">BI", flag, len(msg)) + msg
+
+
+def test_raw_call_and_unsupported_encoding(server: ServerProcess) -> None:
+    body = _message(service_pb2.ServerLiveRequest().SerializeToString())
+    ok = _h2_call(server, _headers("ServerLive"), body)
+    assert ok[b":status"] == b"200" and ok[b"grpc-status"] == b"0"
+    refused = _h2_call(server, _headers("ServerLive", grpc_encoding=b"snappy"), _message(b"x", 1))
+    assert refused[b"grpc-status"] == b"12"  # UNIMPLEMENTED
+    assert b"gzip" in refused[b"grpc-accept-encoding"]
+    bad_timeout = _h2_call(server, _headers("ServerLive", grpc_timeout=b"soon"), body)
+    assert bad_timeout[b"grpc-status"] != b"0"
+    not_grpc = _h2_call(
+        server, [*_headers("ServerLive")[:4], (b"content-type", b"text/plain")], body
+    )
+    assert not_grpc[b":status"] == b"415"
+    malformed = _h2_call(server, _headers("ModelInfer"), _message(b"\xff\xff\xff"))
+    assert malformed[b"grpc-status"] == b"3"  # INVALID_ARGUMENT
+
+
+def test_http1_client_gets_a_clean_close(server: ServerProcess) -> None:
+    s = _raw(server)
+    s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = b""
+    while chunk := s.recv(4096):
+        data += chunk
+    s.close()
+    assert data.startswith(b"HTTP/1.1 400") and b"gRPC" in data
+
+
+_frames = st.one_of(
+    st.binary(max_size=64),
+    st.builds(
+        lambda sid, data, end: DataFrame(
+            sid, data, flags=["END_STREAM"] if end else []
+        ).serialize(),
+        st.integers(1, 9),
+        st.binary(max_size=40),
+        st.booleans(),
+    ),
+    st.builds(
+        lambda sid, block: HeadersFrame(sid, block, flags=["END_HEADERS"]).serialize(),
+        st.integers(1, 9),
+        st.binary(max_size=40),
+    ),
+    st.builds(
+        lambda sid, code: RstStreamFrame(sid, error_code=code).serialize(),
+        st.integers(1, 9),
+        st.integers(0, 20),
+    ),
+    st.builds(
+        lambda sid, inc: WindowUpdateFrame(sid, window_increment=inc).serialize(),
+        st.integers(0, 9),
+        st.integers(0, 2**31 - 1),
+    ),
+    st.builds(lambda v: SettingsFrame(0, settings={4: v}).serialize(), st.integers(0, 2**32 - 1)),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(frames=st.lists(_frames, max_size=6), preface=st.booleans())
+def test_fuzz_malformed_http2_keeps_the_server_up(
+    server: ServerProcess, frames: list[bytes], preface: bool
+) -> None:
+    s = _raw(server)
+    s.settimeout(2)
+    try:
+        s.sendall((PREFACE + SettingsFrame(0).serialize() if preface else b"") + b"".join(frames))
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:  # answered or closed, never hung forever
+            try:
+                if not s.recv(65536):
+                    break
+            except (TimeoutError, ConnectionResetError):
+                break
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        s.close()
+    assert server.proc.poll() is None
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    assert c.is_server_live()
+    c.close()
+
+
+# -- shutdown --------------------------------------------------------------------------
+
+
+def test_graceful_stop_lets_calls_in_flight_finish(tmp_path: Path) -> None:
+    srv = start_server(_repo(tmp_path / "models"), tmp_path / "log", "--grpc-server", "native")
+    try:
+        c = grpcclient.InferenceServerClient(srv.grpc_url)
+        inp = grpcclient.InferInput("X", [1], "FP32")
+        inp.set_data_from_numpy(np.array([1.0], np.float32))
+        got: list[object] = []
+        t = threading.Thread(target=lambda: got.append(c.infer("sleepy", [inp]).as_numpy("Y")))
+        t.start()
+        time.sleep(0.3)
+        srv.proc.send_signal(signal.SIGTERM)
+        t.join(30)
+        assert got and float(got[0][0]) == 1.0  # type: ignore[index]
+        assert srv.proc.wait(30) == 0
+    finally:
+        srv.stop()

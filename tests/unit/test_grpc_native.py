@@ -1,0 +1,161 @@
+"""The native gRPC transport's HTTP/2 side in-process (:mod:`pdserve.frontends.grpc.native`):
+an ``h2`` client talks to a :class:`GrpcConnection` over an in-memory transport."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import grpc
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import pytest
+from tritonclient.grpc import service_pb2
+
+from pdserve.frontends.grpc.native import (
+    GrpcConnection,
+    NativeGrpcServer,
+    parse_timeout,
+    percent_encode,
+)
+
+
+def test_percent_encode_and_timeouts() -> None:
+    assert percent_encode("plain text") == b"plain text"
+    assert percent_encode("50% über\n") == b"50%25 %C3%BCber%0A"
+    assert parse_timeout(b"100m") == pytest.approx(0.1)
+    assert parse_timeout(b"2S") == 2.0 and parse_timeout(b"1H") == 3600.0
+    assert parse_timeout(b"5") is None and parse_timeout(b"123456789S") is None
+    assert parse_timeout(b"1x") is None and parse_timeout(b"aS") is None
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.data.append(bytes(data))
+
+    def get_extra_info(self, key: str) -> Any:
+        return ("127.0.0.1", 5555)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def take(self) -> bytes:
+        out, self.data = b"".join(self.data), []
+        return out
+
+
+def _headers(method: bytes) -> list[tuple[bytes, bytes]]:
+    return [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", b"/inference.GRPCInferenceService/" + method),
+        (b":authority", b"x"),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+    ]
+
+
+async def _pair(handler: Any, window: int) -> tuple[GrpcConnection, _Transport, Any]:
+    srv = NativeGrpcServer({"ModelInfer": handler}, "inference.GRPCInferenceService", 1 << 24)
+    proto, transport = GrpcConnection(srv), _Transport()
+    proto.connection_made(transport)  # type: ignore[arg-type]
+    client = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
+    client.initiate_connection()
+    client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+    proto.data_received(client.data_to_send())
+    client.receive_data(transport.take())
+    proto.data_received(client.data_to_send())
+    return proto, transport, client
+
+
+def test_large_answers_respect_the_peer_windows() -> None:
+    payload = service_pb2.ModelInferResponse(raw_output_contents=[b"x" * 100_000])
+    size = len(payload.SerializeToString()) + 5
+
+    async def infer(request: Any, context: Any) -> Any:
+        return payload
+
+    handler = grpc.unary_unary_rpc_method_handler(
+        infer,
+        request_deserializer=service_pb2.ModelInferRequest.FromString,
+        response_serializer=service_pb2.ModelInferResponse.SerializeToString,
+    )
+
+    async def run() -> tuple[int, int, list[int], dict[bytes, bytes]]:
+        proto, transport, client = await _pair(handler, 1000)
+        sid = client.get_next_available_stream_id()
+        client.send_headers(sid, _headers(b"ModelInfer"))
+        body = service_pb2.ModelInferRequest(model_name="m").SerializeToString()
+        client.send_data(sid, struct.pack(">BI", 0, len(body)) + body, end_stream=True)
+        proto.data_received(client.data_to_send())
+        received, frames, trailers = 0, [], {}
+        for _ in range(1000):
+            await asyncio.sleep(0)
+            for ev in client.receive_data(transport.take()):
+                if isinstance(ev, h2.events.DataReceived):
+                    frames.append(len(ev.data))  # type: ignore[arg-type]
+                    received += len(ev.data)  # type: ignore[arg-type]
+                    # a slow reader: the window opens 1000 bytes at a time
+                    client.acknowledge_received_data(ev.flow_controlled_length, sid)
+                    client.increment_flow_control_window(ev.flow_controlled_length)
+                elif isinstance(ev, h2.events.TrailersReceived):
+                    trailers = dict(ev.headers)  # type: ignore[arg-type]
+            proto.data_received(client.data_to_send())
+            if trailers:
+                break
+        return received, len(frames), frames, trailers
+
+    received, n, frames, trailers = asyncio.run(run())
+    assert received == size and trailers[b"grpc-status"] == b"0"
+    assert max(frames) <= 1000 and n >= size // 1000
+
+
+def test_ping_settings_and_protocol_errors() -> None:
+    async def run() -> tuple[list[Any], bool]:
+        proto, transport, client = await _pair(None, 65535)
+        client.ping(b"12345678")
+        proto.data_received(client.data_to_send())
+        events = client.receive_data(transport.take())
+        # a DATA frame on stream 0 is a connection error: GOAWAY, then close
+        proto.data_received(b"\x00\x00\x01\x00\x00\x00\x00\x00\x00x")
+        events += client.receive_data(transport.take())
+        return events, transport.closed
+
+    events, closed = asyncio.run(run())
+    assert any(isinstance(e, h2.events.PingAckReceived) for e in events)
+    terminated = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+    assert terminated and terminated[0].error_code == 1 and closed  # PROTOCOL_ERROR
+
+
+def test_connection_cap_and_idle_goaway() -> None:
+    async def run() -> tuple[bool, bool, bytes, bool]:
+        srv = NativeGrpcServer({}, "inference.GRPCInferenceService", 1 << 20, 1, 0.2)
+        first, t1 = GrpcConnection(srv), _Transport()
+        first.connection_made(t1)  # type: ignore[arg-type]
+        second, t2 = GrpcConnection(srv), _Transport()
+        second.connection_made(t2)  # type: ignore[arg-type]  # over the cap of 1
+        client = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
+        client.initiate_connection()
+        first.data_received(client.data_to_send())
+        t1.take()
+        srv.start_sweeping()
+        await asyncio.sleep(0.5)  # no stream for longer than the idle timeout
+        srv._sweeper.cancel()  # type: ignore[union-attr]
+        return t2.closed, second not in srv.connections, t1.take(), t1.closed
+
+    over_closed, over_untracked, goaway, idle_closed = asyncio.run(run())
+    assert over_closed and over_untracked
+    assert goaway[3] == 7 and idle_closed  # a GOAWAY frame, then closed
