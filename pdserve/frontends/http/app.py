@@ -322,7 +322,13 @@ class HttpApp:
                 size += arr.nbytes
         except AttributeError:  # not an array (the encoder converts it): count it small
             pass
-        encoded = await encode_json_off_loop(response, request) if size else None
+        # No output can pass PROCESS_JSON_OUTPUT_BYTES when they all hold less together:
+        # the common small response skips that coroutine and its output scan.
+        encoded = (
+            await encode_json_off_loop(response, request)
+            if size > PROCESS_JSON_OUTPUT_BYTES
+            else None
+        )
         if size <= OFFLOAD_BYTES:
             return encode_infer_response_parts(response, request, encoded)
         return await off_loop(encode_infer_response_parts, response, request, encoded)

@@ -741,6 +741,8 @@ def encode_infer_response_parts(
     default_binary, flags = _binary_flags(request)
     shm = shm_output_names(request) if flags is not None else None
     outputs_json: list[dict[str, Any]] = []
+    #: (index in outputs_json, array, datatype, name) of float outputs written unchecked
+    raw_floats: list[tuple[int, np.ndarray, str, str]] | None = None
     blobs: list[Buffer] = []
     total = 0
     for name, arr in response.outputs.items():
@@ -773,7 +775,17 @@ def encode_infer_response_parts(
             )
         else:
             text = encoded.get(name) if encoded else None
-            data = orjson.Fragment(text) if text is not None else _json_data(arr, datatype, name)
+            if text is not None:
+                data: Any = orjson.Fragment(text)
+            elif datatype in _FLOAT_TYPES and arr.flags.c_contiguous and arr.dtype.isnative:
+                # Written as it is; NaN / inf (written null by orjson) are looked for once
+                # in the whole text below instead of testing each array first.
+                data = arr.reshape(-1)
+                if raw_floats is None:
+                    raw_floats = []
+                raw_floats.append((len(outputs_json), arr, datatype, name))
+            else:
+                data = _json_data(arr, datatype, name)
             outputs_json.append(
                 {"name": name, "datatype": datatype, "shape": arr.shape, "data": data}
             )
@@ -789,6 +801,12 @@ def encode_infer_response_parts(
     doc["outputs"] = outputs_json
     try:
         header = orjson.dumps(doc, option=_DUMPS_OPTS)
+        if raw_floats is not None and b"null" in header:
+            # A NaN or inf (or a null elsewhere in the document): write those outputs
+            # as _json_data does (Triton's NaN / Infinity tokens) and encode again.
+            for index, arr, datatype, name in raw_floats:
+                outputs_json[index]["data"] = _json_data(arr, datatype, name)
+            header = orjson.dumps(doc, option=_DUMPS_OPTS)
     except orjson.JSONEncodeError as exc:
         raise internal(f"could not write the response as JSON: {exc}") from None
     if not blobs:

@@ -98,6 +98,9 @@ logger = logging.getLogger("pdserve.http")
 #: Complete requests a connection may hold, waiting their turn, before it stops
 #: reading (pipelining depth; memory bound).
 MAX_PIPELINE = 16
+#: Inference paths whose decoded (model, version) a server keeps (see
+#: ``NativeHttpServer.infer_routes``).
+MAX_INFER_ROUTES = 256
 #: Write buffer high-water mark per connection, in bytes (reading pauses above it).
 WRITE_HIGH_WATER = 256 * 1024
 
@@ -252,6 +255,10 @@ class NativeHttpServer:
         self._tick = _tick(self.limits, app.body_timeout)
         self._stopped: asyncio.Future[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: inference paths seen (query cut off) -> (model, version) decoded from them,
+        #: so a request to a known path is routed without splitting and decoding it;
+        #: cleared when it holds :data:`MAX_INFER_ROUTES`.
+        self.infer_routes: dict[bytes, tuple[str, str]] = {}
 
     async def start(self) -> None:
         """Listen (raises ``OSError`` when the address cannot be bound)."""
@@ -740,6 +747,11 @@ class HttpConnection(asyncio.Protocol):
         url = request.url
         if request.method == b"POST" and url.startswith(b"/v2/models/"):
             path = url.split(b"?", 1)[0] if b"?" in url else url
+            routes = self.server.infer_routes
+            route = routes.get(path)
+            if route is not None:
+                self.loop.create_task(self._infer(request, route[0], route[1]))
+                return
             if path.endswith(b"/infer"):
                 parts = path.split(b"/")
                 n = len(parts)
@@ -750,6 +762,9 @@ class HttpConnection(asyncio.Protocol):
                     except UnicodeDecodeError:
                         pass  # the ASGI route answers it
                     else:
+                        if len(routes) >= MAX_INFER_ROUTES:
+                            routes.clear()
+                        routes[path] = (model, version)
                         self.loop.create_task(self._infer(request, model, version))
                         return
         self.loop.create_task(self._asgi(request))

@@ -1,0 +1,157 @@
+"""Issue 11: the native HTTP transport's per-request CPU inside one process, without
+sockets (the steady figure to compare two checkouts on a loaded machine).
+
+``bench_frontend.py`` measures whole servers with ``wrk``; on a shared machine its
+CPU-µs/request moves by 10-20 % between runs, more than most single changes on the
+hot path. This drives the same code with no kernel in the way: ``-c`` connections
+(:class:`~pdserve.frontends.http.native.HttpConnection` objects of a started
+:class:`~pdserve.frontends.http.native.NativeHttpServer`) on a fake transport; each
+response written makes that connection's next request arrive on the next loop
+iteration, as a closed-loop client does. What runs per request is everything the
+real server runs (httptools parse, dispatch, decode, checks, dynamic batcher, ONNX
+Runtime, statistics, encode, response bytes) except the ``recv``/``send`` system calls
+and the event loop's polling. Reported: process CPU-µs per request per round; take
+the minimum (a round that shared its core with another process is only slower).
+
+The model and body are ``bench_frontend.py``'s (``tiny``, one row of 64 FP32 as V2
+JSON; made on first use). Run from the checkout to measure (``PYTHONPATH=.``), on one
+core::
+
+    PYTHONPATH=. taskset -c 0 .venv/bin/python benchmarks/bench_native_inproc.py \\
+        -c 32 -n 20000 --rounds 5 [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pstats
+import sys
+import time
+from typing import Any
+
+import uvloop
+from bench_frontend import build_repo, write_body
+
+from pdserve.frontends.http.app import create_http_app
+from pdserve.frontends.http.native import HttpConnection, NativeHttpServer
+from pdserve.server import InferenceServer
+
+
+class _Transport(asyncio.Transport):
+    """Takes the responses; each one lets its connection send the next request."""
+
+    def __init__(self, conn: HttpConnection, state: dict[str, Any], request: bytes) -> None:
+        super().__init__()
+        self.conn = conn
+        self.state = state
+        self.request = request
+        self.closing = False
+
+    def write(self, data: Any) -> None:
+        st = self.state
+        st["answered"] += 1
+        if not bytes(data[:16]).startswith(b"HTTP/1.1 200 OK"):
+            st["errors"] += 1
+            if st["errors"] == 1:
+                print("unexpected response:", bytes(data[:300]), file=sys.stderr)
+        if st["sent"] < st["total"]:
+            st["sent"] += 1
+            st["loop"].call_soon(self.conn.data_received, self.request)
+        elif st["answered"] >= st["total"] and not st["done"].done():
+            st["done"].set_result(None)
+
+    def writelines(self, parts: Any) -> None:
+        self.write(b"".join(parts))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def run(args: argparse.Namespace) -> list[float]:
+    repo = build_repo()
+    body = write_body()[0].read_bytes()
+    request = (
+        b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    ) + body
+    loop = asyncio.get_running_loop()
+    server = InferenceServer(str(repo))
+    await server.start()
+    http = NativeHttpServer(create_http_app(server), "127.0.0.1", 0)
+    await http.start()
+    figures = []
+    try:
+        for rnd in range(args.rounds):
+            st: dict[str, Any] = {
+                "answered": 0,
+                "sent": 0,
+                "errors": 0,
+                "total": args.requests,
+                "loop": loop,
+                "done": loop.create_future(),
+            }
+            conns = []
+            for _ in range(args.concurrency):
+                conn = HttpConnection(http)
+                conn.connection_made(_Transport(conn, st, request))
+                conns.append(conn)
+            profile = cProfile.Profile() if args.profile and rnd == args.rounds - 1 else None
+            t0 = time.process_time()
+            if profile is not None:
+                profile.enable()
+            for conn in conns:
+                st["sent"] += 1
+                conn.data_received(request)
+            await st["done"]
+            if profile is not None:
+                profile.disable()
+            cpu = time.process_time() - t0
+            us = 1e6 * cpu / st["answered"]
+            figures.append(us)
+            print(
+                f"round {rnd}: {st['answered']} responses ({st['errors']} not 200), "
+                f"{us:.2f} CPU-us/request{' (profiled)' if profile else ''}",
+                flush=True,
+            )
+            for conn in conns:
+                conn.connection_lost(None)
+            if profile is not None:
+                pstats.Stats(profile).sort_stats("tottime").print_stats(40)
+    finally:
+        await http.shutdown(0.1)
+        await server.stop()
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-c", "--concurrency", type=int, default=32)
+    p.add_argument("-n", "--requests", type=int, default=20000, help="per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--profile", action="store_true", help="cProfile the last round")
+    args = p.parse_args(argv)
+    figures = uvloop.run(run(args))
+    clean = figures[:-1] if args.profile and len(figures) > 1 else figures
+    print(f"min {min(clean):.2f} CPU-us/request over {len(clean)} round(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
