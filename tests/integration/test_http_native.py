@@ -241,3 +241,48 @@ def test_http_server_flag_and_environment_variable(tmp_path: Path) -> None:
         log = proc.log()
         assert words in log
         assert ("native transport" in log) == (choice == "native")
+
+
+def _chunked_head(path: str = "/v2/models/tiny/infer") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        "transfer-encoding: chunked\r\n\r\n"
+    ).encode()
+
+
+def test_chunked_trailers_are_not_request_headers(server: ServerProcess) -> None:
+    # A trailer field is not a header: a "content-encoding: gzip" trailer must not
+    # make the (plain JSON) body be read as gzip.
+    body = _tiny_body()
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+        reader = _Reader(sock)
+        sock.sendall(
+            _chunked_head() + b"%x\r\n%s\r\n0\r\ncontent-encoding: gzip\r\n\r\n" % (len(body), body)
+        )
+        status, _, answer = reader.response()
+        assert status == 200, answer
+        assert len(json.loads(answer)["outputs"][0]["data"]) == 64
+
+
+def test_huge_trailer_or_chunk_extensions_are_refused_not_buffered(
+    server: ServerProcess,
+) -> None:
+    # Trailer bytes (and chunk extensions) are framing, not body: they count against the
+    # header size limit (64 KiB by default); before the fix a trailer field was buffered
+    # by the parser without bound until the body timeout (60 s): hundreds of MB each.
+    body = _tiny_body()
+    for tail in (b"0\r\nx-t: ", b"1;" + b"e" * 1000):
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+            reader = _Reader(sock)
+            sock.sendall(_chunked_head() + b"%x\r\n%s\r\n" % (len(body), body) + tail)
+            sent = 0
+            try:
+                while sent < 8 * 1024 * 1024:
+                    sock.sendall(b"e" * 65536)
+                    sent += 65536
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            assert sent < 8 * 1024 * 1024, "8 MiB of framing accepted"
+            status, headers, answer = reader.response()
+            assert status == 431 and headers["connection"] == "close", answer
+            assert b"framing" in answer

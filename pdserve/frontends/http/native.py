@@ -383,6 +383,8 @@ class HttpConnection(asyncio.Protocol):
         self._gzip = False
         self._continue = False  # the request waits for "100 Continue"
         self._rejection: tuple[int, str] | None = None
+        self._framing = 0  # bytes past the headers that are not body (see _feed_body)
+        self._serial = 0  # requests completed on this connection
         # requests being answered / waiting
         self._busy = False
         self._queue: collections.deque[_Request] = collections.deque()
@@ -536,9 +538,30 @@ class HttpConnection(asyncio.Protocol):
                         return
                     continue
                 self._header_bytes += len(data)
+                if data:
+                    self._feed(data)
+                return
             if data:
-                self._feed(data)
+                self._feed_body(data)
             return
+
+    def _feed_body(self, data: bytes) -> None:
+        """Feed bytes of a request past its headers; the framing among them (chunk
+        headers and extensions, trailers: what is not body) may not exceed the header
+        size limit plus the body's own size, which the parser would otherwise buffer
+        (a trailer field) or spin on (extensions) without bound."""
+        before = self._body_size
+        serial = self._serial
+        if not self._feed(data) or self._serial != serial or self._awaiting_headers:
+            return  # refused, or this request is complete (its successor is counted anew)
+        self._framing += len(data) - (self._body_size - before)
+        limit = self.limits.max_header_bytes
+        if self._framing > limit + self._body_size:
+            self._reject(
+                431,
+                f"the chunked body's framing (chunk sizes, extensions, trailer fields) "
+                f"exceeds {limit} bytes beyond its body",
+            )
 
     def _feed(self, data: bytes) -> bool:
         """Feed the parser; False when no more should be read."""
@@ -592,10 +615,13 @@ class HttpConnection(asyncio.Protocol):
                 f"the request has more than {self.limits.max_header_count} header fields",
             )
             raise _Rejected()
-        self._headers.append((name.lower(), value))
+        if self._awaiting_headers:
+            self._headers.append((name.lower(), value))
+        # else: a trailer field of a chunked body: not a request header (dropped)
 
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
+        self._framing = 0
         parser = self.parser
         content_length = -1
         expect = False
@@ -681,6 +707,7 @@ class HttpConnection(asyncio.Protocol):
         )
         self._awaiting_headers = True
         self._message_begun = False
+        self._serial += 1
         self._header_bytes = 0
         self._body = b""
         self.deadline = 0.0
