@@ -116,8 +116,13 @@ _END_KEEP10 = b"\r\nconnection: keep-alive\r\n\r\n"  # HTTP/1.0 keep-alive
 _GZIP_HEADERS = b"\r\ncontent-encoding: gzip\r\nvary: accept-encoding"
 _VARY = b"\r\nvary: accept-encoding"
 
+#: Seconds a connection closed after an error answer keeps reading (and dropping) what
+#: the client still sends, so that the answer is not lost to a reset (a lingering close,
+#: as nginx's ``lingering_close``).
+LINGER_SECONDS = 2.0
+
 # Deadline kinds of a connection.
-_NONE, _IDLE, _HEAD, _BODY = 0, 1, 2, 3
+_NONE, _IDLE, _HEAD, _BODY, _LINGER = 0, 1, 2, 3, 4
 # Reasons reading is paused (a bit mask).
 _PIPE, _WRITE = 1, 2
 
@@ -490,6 +495,9 @@ class HttpConnection(asyncio.Protocol):
         self.deadline = 0.0
         self.deadline_kind = _NONE
         if self._gone or self.transport.is_closing():
+            return
+        if kind == _LINGER:
+            self.transport.close()
             return
         if kind == _IDLE:
             if self._idle():
@@ -927,7 +935,7 @@ class HttpConnection(asyncio.Protocol):
         if self._gone:
             return
         if not request.keep_alive or self.server.closing:
-            transport.close()
+            self._linger_close()
             return
         if self._queue:
             self._resume(_PIPE)
@@ -936,7 +944,7 @@ class HttpConnection(asyncio.Protocol):
         if self._pending_error is not None:
             transport.write(self._pending_error)
             self._pending_error = None
-            transport.close()
+            self._linger_close()
             return
         if self._broken:
             # an upgrade request's successor bytes were not parsed: close
@@ -964,7 +972,30 @@ class HttpConnection(asyncio.Protocol):
             return
         if not self.transport.is_closing():
             self.transport.write(data)
-            self.transport.close()
+            self._linger_close()
+
+    def _linger_close(self) -> None:
+        """Close after the last answer. While the client may still be sending (a request
+        is half read, or bytes are unread), only the sending side is shut and what comes
+        is read and dropped for up to :data:`LINGER_SECONDS`: closing a socket with
+        unread bytes makes the kernel send a reset, and the client would lose the
+        answer (a 413 for a body it is still sending)."""
+        transport = self.transport
+        if self._gone or transport.is_closing():
+            return
+        if not self._message_begun and not _unread_bytes(transport):
+            transport.close()
+            return
+        try:
+            transport.write_eof()
+        except (OSError, RuntimeError, NotImplementedError):
+            transport.close()
+            return
+        self._broken = True  # what comes is dropped (data_received)
+        self.deadline = self.loop.time() + LINGER_SECONDS
+        self.deadline_kind = _LINGER
+        # (reading stays paused while the client does not read what it was sent)
+        self._resume(_PIPE)
 
     # -- every other route: the HttpApp through a minimal ASGI exchange ----------------
 
