@@ -503,8 +503,10 @@ class HttpConnection(asyncio.Protocol):
             if self._idle():
                 self.transport.close()
             return
-        if self._busy or self._queue:
-            # A request is being answered: the pipelined one being read waits its turn.
+        if self._busy or self._queue or self._paused:
+            # A request is being answered: the pipelined one being read waits its turn;
+            # or reading is paused (the client does not read what it was sent): what
+            # does not arrive meanwhile is not the client's delay.
             self.deadline = now + self._tick_grace()
             self.deadline_kind = kind
             return
