@@ -653,6 +653,18 @@ class HttpConnection(asyncio.Protocol):
                     expect = True
             elif key == b"inference-header-content-length":
                 json = False
+            elif key == b"transfer-encoding":
+                for coding in value.split(b","):
+                    coding = coding.strip().lower()
+                    if coding != b"chunked":
+                        # RFC 9112 6.1 suggests 501; 400 keeps "a malformed request is
+                        # never a 5xx" (the fuzz tests' rule; h11 also hints 501)
+                        self._rejection = (
+                            400,
+                            f"transfer coding {coding.decode('latin-1')[:40]!r} is not "
+                            "implemented (only chunked; use Content-Encoding to compress)",
+                        )
+                        raise _Rejected()
         json = json and infer
         app = self.app
         limit = app.body_limit(json)
