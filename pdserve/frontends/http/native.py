@@ -26,7 +26,16 @@ body                        over ``max_request_bytes`` (``max_json_bytes`` for a
                             no piece of it: 408 and close (slowloris on bodies)
 idle timeout                ``idle_timeout`` s with no request in progress: closed silently
 connections                 over ``max_connections``: 503 and closed at once
+chunked framing             chunk sizes, extensions and trailer fields beyond
+                            ``max_header_bytes`` plus the body's size: 431 and close; trailer
+                            fields are not request headers (dropped); a transfer coding
+                            other than ``chunked``: 400
 ==========================  =================================================================
+
+An error that closes the connection is followed by a lingering close (the sending side
+is shut, what the client still sends is dropped for :data:`LINGER_SECONDS`), so a client
+still sending its body reads the 413 instead of a reset. Header and body deadlines do
+not run while reading is paused by write backpressure.
 
 HTTP/1.1 keep-alive (``Connection: close`` honoured), HTTP/1.0 (closed after the
 response unless ``Connection: keep-alive``), pipelining (requests answered one after
