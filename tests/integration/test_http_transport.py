@@ -813,3 +813,31 @@ def test_graceful_shutdown(kind: str, tmp_path: Path) -> None:
             c.close()
     finally:
         srv.stop(signal.SIGKILL)
+
+
+def test_body_timeout_does_not_run_while_the_server_stopped_reading(
+    server: ServerProcess, kind: str
+) -> None:
+    """128 pipelined requests for large responses (~100 KB each, ~13 MB, more than
+    the socket buffers hold) from a client that reads
+    nothing for a while, then the head of one more request: the server stops reading
+    (its write buffer is full), so the rest of that request cannot arrive; that is no
+    slow client, and once the client reads, every request is answered. Before the fix
+    the native transport answered the last one 408 after the body timeout (1 s)."""
+    if kind != "native":
+        pytest.skip("the native transport's write backpressure")
+    x = _x(128, 21)
+    one = request("POST", INFER, tiny_body(x), JSON_HEADERS)
+    last = request("POST", INFER, tiny_body(x[:1]), JSON_HEADERS)
+    cut = last.index(b"\r\n\r\n") + 10
+    with _conn(server, timeout=30) as conn:
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+        conn.send(one * 128 + last[:cut])
+        time.sleep(BODY_TIMEOUT + 2)
+        conn.send(last[cut:])
+        for _ in range(128):
+            r = conn.read_response()
+            assert r is not None and r.status == 200, r
+        r = conn.read_response()
+        assert r is not None and r.status == 200, (r.status, r.body[:200]) if r else r
+        np.testing.assert_allclose(tiny_output(r), tiny_reference(x[:1]), rtol=1e-5, atol=1e-5)

@@ -29,7 +29,16 @@ body                        over ``max_request_bytes`` (``max_json_bytes`` for a
                             the timeout)
 idle timeout                ``idle_timeout`` s with no request in progress: closed silently
 connections                 over ``max_connections``: 503 and closed at once
+chunked framing             chunk sizes, extensions and trailer fields beyond
+                            ``max_header_bytes`` plus the body's size: 431 and close; trailer
+                            fields are not request headers (dropped); a transfer coding
+                            other than ``chunked``: 400
 ==========================  =================================================================
+
+An error that closes the connection is followed by a lingering close (the sending side
+is shut, what the client still sends is dropped for :data:`LINGER_SECONDS`), so a client
+still sending its body reads the 413 instead of a reset. Header and body deadlines do
+not run while reading is paused by write backpressure.
 
 HTTP/1.1 keep-alive (``Connection: close`` honoured), HTTP/1.0 (closed after the
 response unless ``Connection: keep-alive``), pipelining (requests answered one after
@@ -121,8 +130,13 @@ _END_KEEP10 = b"\r\nconnection: keep-alive\r\n\r\n"  # HTTP/1.0 keep-alive
 _GZIP_HEADERS = b"\r\ncontent-encoding: gzip\r\nvary: accept-encoding"
 _VARY = b"\r\nvary: accept-encoding"
 
+#: Seconds a connection closed after an error answer keeps reading (and dropping) what
+#: the client still sends, so that the answer is not lost to a reset (a lingering close,
+#: as nginx's ``lingering_close``).
+LINGER_SECONDS = 2.0
+
 # Deadline kinds of a connection.
-_NONE, _IDLE, _HEAD, _BODY = 0, 1, 2, 3
+_NONE, _IDLE, _HEAD, _BODY, _LINGER = 0, 1, 2, 3, 4
 # Reasons reading is paused (a bit mask).
 _PIPE, _WRITE = 1, 2
 
@@ -375,6 +389,8 @@ class HttpConnection(asyncio.Protocol):
         # method, keep-alive and HTTP/1.0-ness, and the framing of the body to read
         self._upgrade: tuple[bytes, bool, bool] | None = None
         self._upgrade_framing = b""
+        self._framing = 0  # bytes past the headers that are not body (see _feed_body)
+        self._serial = 0  # requests completed on this connection
         # requests being answered / waiting
         self._busy = False
         self._queue: collections.deque[_Request] = collections.deque()
@@ -481,13 +497,17 @@ class HttpConnection(asyncio.Protocol):
         self.deadline_kind = _NONE
         if self._gone or self.transport.is_closing():
             return
+        if kind == _LINGER:
+            self.transport.close()
+            return
         if kind == _IDLE:
             if self._idle():
                 self.transport.close()
             return
         if self._busy or self._queue or self._paused:
-            # A request is being answered (the pipelined one being read waits its turn),
-            # or reading is paused (the client cannot send): not the client's delay.
+            # A request is being answered: the pipelined one being read waits its turn;
+            # or reading is paused (the client does not read what it was sent): what
+            # does not arrive meanwhile is not the client's delay.
             self.deadline = now + self._tick_grace()
             self.deadline_kind = kind
             if kind == _BODY and self._min_rate:
@@ -541,9 +561,30 @@ class HttpConnection(asyncio.Protocol):
                         return
                     continue
                 self._header_bytes += len(data)
+                if data:
+                    self._feed(data)
+                return
             if data:
-                self._feed(data)
+                self._feed_body(data)
             return
+
+    def _feed_body(self, data: bytes) -> None:
+        """Feed bytes of a request past its headers; the framing among them (chunk
+        headers and extensions, trailers: what is not body) may not exceed the header
+        size limit plus the body's own size, which the parser would otherwise buffer
+        (a trailer field) or spin on (extensions) without bound."""
+        before = self._body_size
+        serial = self._serial
+        if not self._feed(data) or self._serial != serial or self._awaiting_headers:
+            return  # refused, or this request is complete (its successor is counted anew)
+        self._framing += len(data) - (self._body_size - before)
+        limit = self.limits.max_header_bytes
+        if self._framing > limit + self._body_size:
+            self._reject(
+                431,
+                f"the chunked body's framing (chunk sizes, extensions, trailer fields) "
+                f"exceeds {limit} bytes beyond its body",
+            )
 
     def _feed(self, data: bytes) -> bool:
         """Feed the parser; False when no more should be read."""
@@ -601,10 +642,13 @@ class HttpConnection(asyncio.Protocol):
                 f"the request has more than {self.limits.max_header_count} header fields",
             )
             raise _Rejected()
-        self._headers.append((name.lower(), value))
+        if self._awaiting_headers:
+            self._headers.append((name.lower(), value))
+        # else: a trailer field of a chunked body: not a request header (dropped)
 
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
+        self._framing = 0
         parser = self.parser
         content_length = -1
         expect = False
@@ -626,6 +670,18 @@ class HttpConnection(asyncio.Protocol):
                     expect = True
             elif key == b"inference-header-content-length":
                 json = False
+            elif key == b"transfer-encoding":
+                for coding in value.split(b","):
+                    coding = coding.strip().lower()
+                    if coding != b"chunked":
+                        # RFC 9112 6.1 suggests 501; 400 keeps "a malformed request is
+                        # never a 5xx" (the fuzz tests' rule; h11 also hints 501)
+                        self._rejection = (
+                            400,
+                            f"transfer coding {coding.decode('latin-1')[:40]!r} is not "
+                            "implemented (only chunked; use Content-Encoding to compress)",
+                        )
+                        raise _Rejected()
         json = json and infer
         app = self.app
         limit = app.body_limit(json)
@@ -717,6 +773,7 @@ class HttpConnection(asyncio.Protocol):
         )
         self._awaiting_headers = True
         self._message_begun = False
+        self._serial += 1
         self._header_bytes = 0
         self._body = b""
         self.deadline = 0.0
@@ -944,7 +1001,7 @@ class HttpConnection(asyncio.Protocol):
         if self._gone:
             return
         if not request.keep_alive or self.server.closing:
-            transport.close()
+            self._linger_close()
             return
         if self._queue:
             self._resume(_PIPE)
@@ -953,7 +1010,7 @@ class HttpConnection(asyncio.Protocol):
         if self._pending_error is not None:
             transport.write(self._pending_error)
             self._pending_error = None
-            transport.close()
+            self._linger_close()
             return
         if self._broken:
             # nothing after a refused request (or one that closes) was parsed: close
@@ -984,7 +1041,30 @@ class HttpConnection(asyncio.Protocol):
             return
         if not self.transport.is_closing():
             self.transport.write(data)
-            self.transport.close()
+            self._linger_close()
+
+    def _linger_close(self) -> None:
+        """Close after the last answer. While the client may still be sending (a request
+        is half read, or bytes are unread), only the sending side is shut and what comes
+        is read and dropped for up to :data:`LINGER_SECONDS`: closing a socket with
+        unread bytes makes the kernel send a reset, and the client would lose the
+        answer (a 413 for a body it is still sending)."""
+        transport = self.transport
+        if self._gone or transport.is_closing():
+            return
+        if not self._message_begun and not _unread_bytes(transport):
+            transport.close()
+            return
+        try:
+            transport.write_eof()
+        except (OSError, RuntimeError, NotImplementedError):
+            transport.close()
+            return
+        self._broken = True  # what comes is dropped (data_received)
+        self.deadline = self.loop.time() + LINGER_SECONDS
+        self.deadline_kind = _LINGER
+        # (reading stays paused while the client does not read what it was sent)
+        self._resume(_PIPE)
 
     # -- every other route: the HttpApp through a minimal ASGI exchange ----------------
 
