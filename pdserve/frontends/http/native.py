@@ -678,8 +678,9 @@ class HttpConnection(asyncio.Protocol):
                         # never a 5xx" (the fuzz tests' rule; h11 also hints 501)
                         self._rejection = (
                             400,
-                            f"transfer coding {coding.decode('latin-1')[:40]!r} is not "
-                            "implemented (only chunked; use Content-Encoding to compress)",
+                            f"Transfer-Encoding: transfer coding {coding.decode('latin-1')[:40]!r} "
+                            "is not implemented (only chunked; use Content-Encoding to "
+                            "compress)",
                         )
                         raise _Rejected()
         json = json and infer
