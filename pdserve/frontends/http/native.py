@@ -134,6 +134,10 @@ _VARY = b"\r\nvary: accept-encoding"
 #: the client still sends, so that the answer is not lost to a reset (a lingering close,
 #: as nginx's ``lingering_close``).
 LINGER_SECONDS = 2.0
+#: At most this many bytes are read and dropped after a refusal in a request's line or
+#: headers (431, 400): enough for a legitimate client's oversized headers to finish
+#: arriving, not a sink for an endless header.
+LINGER_HEADER_BYTES = 2 * 1024 * 1024
 
 # Deadline kinds of a connection.
 _NONE, _IDLE, _HEAD, _BODY, _LINGER = 0, 1, 2, 3, 4
@@ -390,6 +394,7 @@ class HttpConnection(asyncio.Protocol):
         self._upgrade: tuple[bytes, bool, bool] | None = None
         self._upgrade_framing = b""
         self._framing = 0  # bytes past the headers that are not body (see _feed_body)
+        self._linger_left = 0  # bytes still to drop while lingering (see _linger_close)
         self._serial = 0  # requests completed on this connection
         # requests being answered / waiting
         self._busy = False
@@ -542,6 +547,10 @@ class HttpConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._refused or self._broken:
+            if self.deadline_kind == _LINGER:
+                self._linger_left -= len(data)
+                if self._linger_left < 0:
+                    self.transport.close()  # dropped enough: the rest gets a reset
             return
         limit = self.limits.max_header_bytes
         while True:
@@ -1047,7 +1056,9 @@ class HttpConnection(asyncio.Protocol):
     def _linger_close(self) -> None:
         """Close after the last answer. While the client may still be sending (a request
         is half read, or bytes are unread), only the sending side is shut and what comes
-        is read and dropped for up to :data:`LINGER_SECONDS`: closing a socket with
+        is read and dropped for up to :data:`LINGER_SECONDS` (and :data:`LINGER_HEADER_BYTES`
+        after a refused line or header block, the request limit after a refused body):
+        closing a socket with
         unread bytes makes the kernel send a reset, and the client would lose the
         answer (a 413 for a body it is still sending)."""
         transport = self.transport
@@ -1062,6 +1073,11 @@ class HttpConnection(asyncio.Protocol):
             transport.close()
             return
         self._broken = True  # what comes is dropped (data_received)
+        # a body being refused may still be on its way (up to the request limit); a
+        # refused line or header block gets a small allowance
+        self._linger_left = (
+            LINGER_HEADER_BYTES if self._awaiting_headers else self.app.max_request_bytes
+        )
         self.deadline = self.loop.time() + LINGER_SECONDS
         self.deadline_kind = _LINGER
         # (reading stays paused while the client does not read what it was sent)
