@@ -23,6 +23,11 @@ cores keep it free for that, and a front end that crashes never takes a model do
   :data:`STABLE_SECS`, at most :data:`MAX_RESTART_DELAY_SECS`); only its own
   connections are lost (its requests in the main process are cancelled as if their
   clients had gone); the other workers keep serving.
+- **Hang**: a worker that stops answering (SIGSTOPped, or its event loop stuck)
+  would keep the connections the kernel hands it waiting forever. The main process
+  sends each worker a ``PING`` every :data:`PING_INTERVAL_SECS`; a worker whose event
+  loop has not answered (``PONG``) for :data:`LIVENESS_TIMEOUT_SECS` is SIGKILLed and
+  restarted as after a crash (its own connections are lost; the others are not).
 - **Shutdown**: the main process tells the workers when the shutdown begins (their
   responses then say ``Connection: close``); after the models stopped, each worker
   gets SIGTERM and closes its listener as one process does
@@ -71,6 +76,12 @@ STABLE_SECS = 30.0
 #: Seconds a worker has to finish after SIGTERM (its listener's accept wait, settle
 #: and grace: see :func:`pdserve.app.main.start_http`) before it is killed.
 STOP_TIMEOUT_SECS = 15.0
+#: How often the main process pings each worker (the liveness check).
+PING_INTERVAL_SECS = 1.0
+#: Seconds without a ``PONG`` after which a worker is taken as hung: SIGKILLed and
+#: restarted. Generous: a worker's event loop on a loaded machine may be late by a
+#: second or two, never by this much while it still serves.
+LIVENESS_TIMEOUT_SECS = 5.0
 #: How often the main process looks whether the shutdown began (to tell the workers).
 _DRAIN_POLL_SECS = 0.05
 
@@ -235,7 +246,7 @@ class HttpWorkers:
         """Restart ``worker`` whenever it dies (until the shutdown)."""
         delay = RESTART_DELAY_SECS
         while True:
-            code = await worker.proc.wait()
+            code = await self._wait_alive(worker)
             worker.link.channel.close()
             if self.stopping:
                 return
@@ -260,6 +271,32 @@ class HttpWorkers:
                 continue
             self.restarts += 1
             return  # the fresh worker has its own watcher
+
+    async def _wait_alive(self, worker: _Worker) -> int:
+        """Wait until ``worker`` exits, pinging it meanwhile; SIGKILL it once it has
+        not answered for :data:`LIVENESS_TIMEOUT_SECS` (not during the shutdown, which
+        has its own deadline). Returns its exit code."""
+        exited = asyncio.ensure_future(worker.proc.wait())
+        link = worker.link
+        link.last_pong = time.monotonic()
+        seq = 0
+        while True:
+            seq += 1
+            link.channel.send(ch.PING, (seq,))
+            done, _ = await asyncio.wait((exited,), timeout=PING_INTERVAL_SECS)
+            if done:
+                return exited.result()
+            silent = time.monotonic() - link.last_pong
+            if silent > LIVENESS_TIMEOUT_SECS and not self.stopping:
+                log.error(
+                    "HTTP worker %d (pid %d) has not answered for %.1fs: killing it",
+                    worker.index,
+                    worker.proc.pid,
+                    silent,
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    worker.proc.kill()
+                return await exited
 
     async def _watch_drain(self) -> None:
         while not self.draining():

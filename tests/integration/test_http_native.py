@@ -316,3 +316,91 @@ def test_transfer_coding_other_than_chunked_is_refused(server: ServerProcess) ->
         status, headers, answer = reader.response()
         assert status == 400 and headers["connection"] == "close", answer
         assert b"transfer coding 'gzip' is not implemented" in answer
+
+
+def _server_side_open(port: int, client_port: int) -> bool:
+    """The server's end of the loopback connection from ``client_port`` is established."""
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            local = int(fields[1].split(":")[1], 16)
+            remote = int(fields[2].split(":")[1], 16)
+            if local == port and remote == client_port and fields[3] == "01":
+                return True
+    return False
+
+
+def test_client_that_never_reads_is_closed_after_the_idle_timeout(tmp_path: Path) -> None:
+    """Write timeout: pipelined requests for 1 MiB outputs, never read; once the write
+    buffer is above its high-water mark and does not shrink for the idle timeout (2 s),
+    the server aborts the connection; another client is served meanwhile."""
+    repo = copy_models(tmp_path / "repo", "tiny")
+    shutil.copytree(DATA / "identity", repo / "identity")
+    srv = start_server(
+        repo,
+        tmp_path / "pdserve.log",
+        "--http-server",
+        "native",
+        "--http-idle-timeout-secs",
+        "2",
+    )
+    try:
+        x = np.arange(256 * 1024, dtype=np.float32).reshape(1, -1)  # 1 MiB
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT0",
+                        "datatype": "FP32",
+                        "shape": list(x.shape),
+                        "parameters": {"binary_data_size": x.nbytes},
+                    }
+                ],
+                "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+            }
+        ).encode()
+        body = header + x.tobytes()
+        one = (
+            f"POST /v2/models/identity/infer HTTP/1.1\r\nhost: x\r\n"
+            f"content-type: application/octet-stream\r\n"
+            f"inference-header-content-length: {len(header)}\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # no autotuning
+        sock.settimeout(60)
+        sock.connect(("127.0.0.1", srv.http_port))
+        client_port = sock.getsockname()[1]
+
+        def send_all() -> None:  # blocks once the server stops reading; ends with the abort
+            try:
+                sock.sendall(one * 12)  # 12 MiB of responses: more than every buffer
+            except OSError:
+                pass
+
+        sender = threading.Thread(target=send_all, daemon=True)
+        sender.start()
+        try:
+            # the stall begins within a few seconds (12 responses of the identity model)
+            start = time.monotonic()
+            closed_after = None
+            served = 0
+            while time.monotonic() - start < 30:
+                if not _server_side_open(srv.http_port, client_port):
+                    closed_after = time.monotonic() - start
+                    break
+                # another client is served meanwhile
+                with socket.create_connection(("127.0.0.1", srv.http_port), timeout=10) as s2:
+                    s2.sendall(_post(_tiny_body()))
+                    status, _, _ = _Reader(s2).response()
+                    assert status == 200
+                served += 1
+                time.sleep(0.5)
+            assert closed_after is not None, "the server kept the connection open"
+            assert closed_after < 20 and served >= 1, (closed_after, served)
+            assert "read none of its" in srv.log()
+        finally:
+            sock.close()
+            sender.join(10)
+    finally:
+        srv.stop()

@@ -6,8 +6,9 @@ connection and the worker that holds its socket), so each claim is checked acros
 both workers: results equal the numpy reference, statistics and Prometheus counters
 count every request once, health, log settings and the system shared-memory registry
 are the same through either worker, a large binary tensor crosses the shared-memory
-channel intact, generate_stream streams, a SIGKILLed worker is restarted while the
-other worker's connections carry on, and a taken port fails the start.
+channel intact, generate_stream streams, a SIGKILLed worker (or a SIGSTOPped one, found
+hung by the liveness check) is restarted while the other worker's connections carry
+on, and a taken port fails the start.
 """
 
 from __future__ import annotations
@@ -417,6 +418,52 @@ def test_killed_worker_is_restarted_and_the_other_keeps_serving(server: ServerPr
         assert status == 200, doc
         conn.close()
     assert "HTTP worker" in server.log() and "restarting it" in server.log()
+
+
+def _fresh_request_ok(server: ServerProcess, timeout: float = 3.0) -> bool:
+    """One GET /v2/health/ready on a new connection: answered 200 within ``timeout``."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=timeout)
+        try:
+            conn.request("GET", "/v2/health/ready")
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status == 200
+        finally:
+            conn.close()
+    except OSError:
+        return False
+
+
+def test_stopped_worker_is_killed_and_restarted(server: ServerProcess) -> None:
+    """A SIGSTOPped worker answers no ping: after LIVENESS_TIMEOUT_SECS (5 s) it is
+    SIGKILLed and restarted, and new connections are all served again."""
+    by_pid = connections_on_each_worker(server, per_worker=1)
+    victim, survivor = sorted(by_pid)
+    (survivor_conn,) = by_pid[survivor]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        deadline = start + 30  # 5 s to be found hung, 1 s pings, a restart on a loaded box
+        while time.monotonic() < deadline:
+            pids = worker_pids(server)
+            if len(pids) == 2 and victim not in pids:
+                break
+            time.sleep(0.2)
+        pids = worker_pids(server)
+        assert len(pids) == 2 and victim not in pids and survivor in pids, pids
+        # the survivor's connection was never touched
+        status, _ = _json(survivor_conn, "GET", "/v2/health/ready")
+        assert status == 200
+        # new connections: every one is served (none lands on a stopped worker)
+        _wait_for("the restarted worker to listen", lambda: _fresh_request_ok(server), 30)
+        results = [_fresh_request_ok(server) for _ in range(20)]
+        assert all(results), results
+        assert "has not answered" in server.log()
+    finally:
+        if victim in worker_pids(server):
+            os.kill(victim, signal.SIGCONT)
+        survivor_conn.close()
 
 
 def _open_infer(server: ServerProcess, model: str, seconds: float) -> socket.socket:

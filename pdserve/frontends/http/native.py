@@ -28,6 +28,9 @@ body                        over ``max_request_bytes`` (``max_json_bytes`` for a
                             ``body_timeout`` s: 408 and close (a body dripped just within
                             the timeout)
 idle timeout                ``idle_timeout`` s with no request in progress: closed silently
+write timeout               ``idle_timeout`` s paused for writing (the write buffer above
+                            :data:`WRITE_HIGH_WATER`) with no byte of it taken by the client:
+                            aborted (a client that never reads its responses)
 connections                 over ``max_connections``: 503 and closed at once
 chunked framing             chunk sizes, extensions and trailer fields beyond
                             ``max_header_bytes`` plus the body's size: 431 and close; trailer
@@ -320,6 +323,8 @@ class NativeHttpServer:
         for conn in list(self.connections):
             if conn.deadline and now >= conn.deadline:
                 conn.deadline_passed(now)
+            if conn.write_deadline:
+                conn.check_write_stall(now)
         self._sweeper = self.loop.call_later(self._tick, self._sweep)
 
     def close_listeners(self) -> None:
@@ -370,6 +375,10 @@ class HttpConnection(asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connect
         self.deadline = 0.0
         self.deadline_kind = _NONE
+        #: while paused for writing: when it is aborted unless the client reads (0: not
+        #: paused, or no idle timeout); the write buffer's size at the last sweep
+        self.write_deadline = 0.0
+        self._write_left = 0
         self._refused = False
         self._gone = False
         self._broken = False  # the parser failed or the request was refused: read no more
@@ -453,10 +462,14 @@ class HttpConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        if self.limits.idle_timeout > 0:
+            self.write_deadline = self.loop.time() + self.limits.idle_timeout
+            self._write_left = self.transport.get_write_buffer_size()
         self._pause(_WRITE)
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self.write_deadline = 0.0
         self._resume(_WRITE)
         waiter = self._drain_waiter
         if waiter is not None and not waiter.done():
@@ -539,6 +552,35 @@ class HttpConnection(asyncio.Protocol):
                 408,
                 f"the request body did not arrive: nothing received for {timeout:g} seconds",
             )
+
+    def check_write_stall(self, now: float) -> None:
+        """Called by the server's sweep while paused for writing: abort the connection
+        once its write buffer has not shrunk (the client read nothing) for the idle
+        timeout; it cannot be closed gracefully, its buffer would never drain."""
+        if self._gone or not self._write_paused:
+            self.write_deadline = 0.0
+            return
+        left = self.transport.get_write_buffer_size()
+        if left < self._write_left:  # the client took some: a whole timeout from now
+            self.write_deadline = now + self.limits.idle_timeout
+        self._write_left = left
+        if now < self.write_deadline:
+            return
+        self.write_deadline = 0.0
+        _warn(
+            "write-timeout",
+            "HTTP connection aborted: the client read none of its %d buffered response "
+            "bytes for %g seconds",
+            left,
+            self.limits.idle_timeout,
+        )
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # a reset: the kernel drops the buffer instead of keeping it
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except (OSError, AttributeError):
+                pass
+        self.transport.abort()
 
     def _tick_grace(self) -> float:
         return self.limits.header_timeout or self.app.body_timeout or 1.0

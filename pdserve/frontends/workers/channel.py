@@ -38,6 +38,8 @@ ITEM       main->worker   ``(call_id, response | None, error | None, final, mode
 CANCEL     worker->main   ``(call_id,)``: the client went away
 LOGS       main->worker   ``(changes,)``: apply these log settings
 DRAIN      main->worker   ``()``: the server is shutting down (``Connection: close``)
+PING       main->worker   ``(seq,)``: the liveness check (every second)
+PONG       worker->main   ``(seq,)``: the answer, from the worker's event loop
 =========  =============  ===================================================
 
 Writes are coalesced: messages queued during one turn of the event loop go out in one
@@ -65,7 +67,22 @@ from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
 
 log = logging.getLogger("pdserve.workers")
 
-INIT, READY, CALL, RESULT, ERROR, INFER, RESPONSE, STREAM, ITEM, CANCEL, LOGS, DRAIN = range(12)
+(
+    INIT,
+    READY,
+    CALL,
+    RESULT,
+    ERROR,
+    INFER,
+    RESPONSE,
+    STREAM,
+    ITEM,
+    CANCEL,
+    LOGS,
+    DRAIN,
+    PING,
+    PONG,
+) = range(14)
 
 #: Tensors of at least this many bytes go through shared memory; smaller ones ride
 #: inside the frame.

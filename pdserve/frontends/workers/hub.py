@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,8 @@ class WorkerLink:
         self.calls: set[asyncio.Task[Any]] = set()
         #: the worker's pid once it listens (its ``READY``)
         self.ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        #: ``time.monotonic()`` of the worker's last ``PONG`` (its attach until the first)
+        self.last_pong = time.monotonic()
 
 
 class FrontendHub:
@@ -153,6 +156,8 @@ class FrontendHub:
             )
             link.calls.add(call)
             call.add_done_callback(link.calls.discard)
+        elif kind == ch.PONG:
+            link.last_pong = time.monotonic()
         elif kind == ch.READY:
             if not link.ready.done():
                 link.ready.set_result(body[0])

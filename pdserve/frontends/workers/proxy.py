@@ -94,6 +94,9 @@ class WorkerClient:
             logs.update_settings(body[0])
         elif kind == ch.DRAIN:
             self.draining = True
+        elif kind == ch.PING:  # the liveness check: answered from this event loop
+            assert self.channel is not None
+            self.channel.send(ch.PONG, body)
         elif kind == ch.INIT:
             if self.init is not None and not self.init.done():
                 self.init.set_result(body)
