@@ -51,6 +51,7 @@ from pdserve.frontends.http.server import (
     DEFAULT_IDLE_TIMEOUT_SECS,
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_HEADER_COUNT,
+    DEFAULT_WRITE_TIMEOUT_SECS,
     HttpLimits,
 )
 from pdserve.frontends.traffic.apis import RestrictedApiError, parse_restricted
@@ -362,6 +363,15 @@ class Settings:
         "HTTP",
         "close an HTTP connection that has had no request in progress for this many "
         "seconds (new or kept alive); 0 keeps it open (default {default})",
+        type=float,
+    )
+    http_write_timeout_secs: float = _flag(
+        "--http-write-timeout-secs",
+        DEFAULT_WRITE_TIMEOUT_SECS,
+        "HTTP",
+        "native transport: abort an HTTP connection whose client has read none of its "
+        "buffered responses for this many seconds while the server waits to write "
+        "(nginx's send_timeout); 0 waits forever (default {default})",
         type=float,
     )
     http_max_connections: int = _flag(
@@ -684,6 +694,7 @@ class Settings:
             ("--http-body-timeout-secs", self.http_body_timeout_secs),
             ("--http-header-timeout-secs", self.http_header_timeout_secs),
             ("--http-idle-timeout-secs", self.http_idle_timeout_secs),
+            ("--http-write-timeout-secs", self.http_write_timeout_secs),
         ):
             if not (math.isfinite(secs) and secs >= 0):
                 raise SettingsError(flag, f"must be a number of seconds >= 0, got {secs}")
@@ -835,7 +846,8 @@ class Settings:
     def http_limits(self) -> HttpLimits:
         """The HTTP connection limits (``--http-max-header-bytes``,
         ``--http-max-header-count``, ``--http-header-timeout-secs``,
-        ``--http-idle-timeout-secs``, ``--http-max-connections``)."""
+        ``--http-idle-timeout-secs``, ``--http-write-timeout-secs``,
+        ``--http-max-connections``)."""
         return HttpLimits(
             max_header_bytes=self.http_max_header_bytes,
             max_header_count=self.http_max_header_count,
@@ -843,6 +855,7 @@ class Settings:
             idle_timeout=self.http_idle_timeout_secs,
             max_connections=self.http_max_connections,
             body_min_rate=self.http_body_min_bytes_per_sec,
+            write_timeout=self.http_write_timeout_secs,
         )
 
     @property

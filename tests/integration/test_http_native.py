@@ -330,9 +330,9 @@ def _server_side_open(port: int, client_port: int) -> bool:
     return False
 
 
-def test_client_that_never_reads_is_closed_after_the_idle_timeout(tmp_path: Path) -> None:
+def test_client_that_never_reads_is_closed_after_the_write_timeout(tmp_path: Path) -> None:
     """Write timeout: pipelined requests for 1 MiB outputs, never read; once the write
-    buffer is above its high-water mark and does not shrink for the idle timeout (2 s),
+    buffer is above its high-water mark and does not shrink for the write timeout (2 s),
     the server aborts the connection; another client is served meanwhile."""
     repo = copy_models(tmp_path / "repo", "tiny")
     shutil.copytree(DATA / "identity", repo / "identity")
@@ -341,7 +341,7 @@ def test_client_that_never_reads_is_closed_after_the_idle_timeout(tmp_path: Path
         tmp_path / "pdserve.log",
         "--http-server",
         "native",
-        "--http-idle-timeout-secs",
+        "--http-write-timeout-secs",
         "2",
     )
     try:

@@ -38,6 +38,7 @@ FLAGS = {
     "--http-max-header-count",
     "--http-header-timeout-secs",
     "--http-idle-timeout-secs",
+    "--http-write-timeout-secs",
     "--http-max-connections",
     "--http-workers",
     "--allow-grpc",

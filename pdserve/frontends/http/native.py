@@ -28,7 +28,7 @@ body                        over ``max_request_bytes`` (``max_json_bytes`` for a
                             ``body_timeout`` s: 408 and close (a body dripped just within
                             the timeout)
 idle timeout                ``idle_timeout`` s with no request in progress: closed silently
-write timeout               ``idle_timeout`` s paused for writing (the write buffer above
+write timeout               ``write_timeout`` s paused for writing (the write buffer above
                             :data:`WRITE_HIGH_WATER`) with no byte of it taken by the client:
                             aborted (a client that never reads its responses)
 connections                 over ``max_connections``: 503 and closed at once
@@ -462,8 +462,8 @@ class HttpConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_paused = True
-        if self.limits.idle_timeout > 0:
-            self.write_deadline = self.loop.time() + self.limits.idle_timeout
+        if self.limits.write_timeout > 0:
+            self.write_deadline = self.loop.time() + self.limits.write_timeout
             self._write_left = self.transport.get_write_buffer_size()
         self._pause(_WRITE)
 
@@ -555,14 +555,14 @@ class HttpConnection(asyncio.Protocol):
 
     def check_write_stall(self, now: float) -> None:
         """Called by the server's sweep while paused for writing: abort the connection
-        once its write buffer has not shrunk (the client read nothing) for the idle
+        once its write buffer has not shrunk (the client read nothing) for the write
         timeout; it cannot be closed gracefully, its buffer would never drain."""
         if self._gone or not self._write_paused:
             self.write_deadline = 0.0
             return
         left = self.transport.get_write_buffer_size()
         if left < self._write_left:  # the client took some: a whole timeout from now
-            self.write_deadline = now + self.limits.idle_timeout
+            self.write_deadline = now + self.limits.write_timeout
         self._write_left = left
         if now < self.write_deadline:
             return
@@ -572,7 +572,7 @@ class HttpConnection(asyncio.Protocol):
             "HTTP connection aborted: the client read none of its %d buffered response "
             "bytes for %g seconds",
             left,
-            self.limits.idle_timeout,
+            self.limits.write_timeout,
         )
         sock = self.transport.get_extra_info("socket")
         if sock is not None:  # a reset: the kernel drops the buffer instead of keeping it

@@ -69,6 +69,9 @@ DEFAULT_IDLE_TIMEOUT_SECS = 75.0
 #: Default least average rate of a request body, in bytes per second, after the first
 #: body timeout (Apache's ``RequestReadTimeout body=20,MinRate=500`` default).
 DEFAULT_BODY_MIN_RATE = 500.0
+#: Default seconds a native-transport connection may stay paused for writing while its
+#: client reads nothing (nginx's send_timeout default).
+DEFAULT_WRITE_TIMEOUT_SECS = 60.0
 #: ``max_connections`` 0 means: half the process's open-file limit (``ulimit -n``),
 #: leaving the other half to models, gRPC and logs.
 AUTO = 0
@@ -92,6 +95,9 @@ class HttpLimits:
             plus one second per ``body_min_rate`` bytes received since its headers, or
             it gets 408 and the connection closes (Apache's mod_reqtimeout ``MinRate``).
             0, or no body timeout: no minimum.
+        write_timeout: native transport: seconds a connection may stay paused for writing
+            (its write buffer over the high-water mark) while the client reads none of it;
+            then it is aborted (nginx's ``send_timeout``, default 60 s). 0: no limit.
     """
 
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
@@ -100,6 +106,7 @@ class HttpLimits:
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT_SECS
     max_connections: int = AUTO
     body_min_rate: float = DEFAULT_BODY_MIN_RATE
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT_SECS
 
     def connection_limit(self) -> int:
         """``max_connections``, with :data:`AUTO` resolved: half the soft
