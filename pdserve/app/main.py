@@ -73,6 +73,7 @@ from pdserve.backends.host_policy import HostPolicyError, format_cpu_list
 from pdserve.cache import AnyResponseCache, RedisResponseCache, ResponseCache
 from pdserve.core.api import InferenceCore
 from pdserve.core.errors import InferError
+from pdserve.core.procmem import settle_gc
 from pdserve.frontends.http.app import HttpApp, create_http_app
 from pdserve.frontends.http.native import NativeHttpServer
 from pdserve.frontends.http.server import serve_http
@@ -746,6 +747,7 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
         stops.append(("HTTP", stop_http))
         if grpc_server is not None:
             stops.append(("gRPC", await start_grpc(settings, server, grpc_server, gate, shm)))
+        settle_gc()  # also in a hub process (--http-workers) and with gRPC alone
         if metrics is not None and metrics_http is not None:
             stop_metrics = await start_metrics(settings, server, metrics, metrics_http, gate)
             if stop_metrics is not None:

@@ -74,7 +74,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import fcntl
-import gc
 import http
 import logging
 import socket
@@ -89,6 +88,7 @@ import httptools
 
 from pdserve.core.cancel import CancelToken
 from pdserve.core.errors import InferError, client_gone
+from pdserve.core.procmem import settle_gc
 from pdserve.frontends.http.app import (
     OFFLOAD_BYTES,
     HttpApp,
@@ -299,8 +299,7 @@ class NativeHttpServer:
             self.port = srv.sockets[0].getsockname()[1]
         self._stopped = loop.create_future()
         self._sweeper = loop.call_later(self._tick, self._sweep)
-        # What is alive now is never garbage (see server.serve_http).
-        gc.freeze()
+        settle_gc()
         self.started = True
 
     def _connection(self) -> HttpConnection:

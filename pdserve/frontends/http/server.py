@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import resource
 import time
@@ -50,6 +49,7 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from pdserve.core.procmem import settle_gc
 from pdserve.frontends.http.compression import GZIP_MIN_BYTES, accepts_gzip, gzip_bytes
 from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
 from pdserve.frontends.offload import off_loop
@@ -182,11 +182,7 @@ def serve_http(
     }
     options.update(uvicorn_options)
     app = gzip_responses(app)
-    # What is alive now (the imported modules of numpy, onnxruntime, protobuf, uvicorn...:
-    # hundreds of thousands of objects) is never garbage: leave it out of the collector's
-    # generations, so that a full collection walks only what was allocated since
-    # (measured: 50 ms of stalled event loop per full collection before, a few ms after).
-    gc.freeze()
+    settle_gc()
     config = uvicorn.Config(app, host=host, port=port, **options)
     if install_signal_handlers:
         return uvicorn.Server(config)
