@@ -31,7 +31,6 @@ Prints a Markdown table and writes ``benchmarks/out/bench_bucketing.json``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -47,7 +46,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
-from common import REPO, ROOT, pressure, start_server, stop_process, tree_stats
+from common import REPO, ROOT, cli_parser, pressure, start_server, stop_process, tree_stats
 from loadgen import _Conn, build_request
 
 MODELS = ("tokenize", "minilm", "pool", "text_embedding")
@@ -242,7 +241,7 @@ def run_mode(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per mode")
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--concurrency", "-c", type=int, default=32)

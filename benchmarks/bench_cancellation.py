@@ -10,12 +10,15 @@ and the RSS of the server and its worker. Bounded means: the queue never exceeds
 ``max_queue_size`` and ends empty, abandoned requests leave it (the ``cancel``
 statistics count them), and RSS stops growing (its slope over the second half).
 
-Usage: ``python benchmarks/bench_cancellation.py --duration 30``; prints JSON.
+Usage::
+
+    .venv/bin/python benchmarks/bench_cancellation.py [--duration 30] [--clients 48] [--drop 0.5]
+
+Prints JSON.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -29,7 +32,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import ROOT, slope, start_server, stop_process, tree_stats
+from common import ROOT, cli_parser, slope, start_server, stop_process, tree_stats
 
 MODEL = ROOT / "tests" / "data" / "python_models" / "cancel_loop"
 CONFIG = """name: "cancel_loop"
@@ -131,7 +134,7 @@ def metric(metrics_port: int, name: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = cli_parser(__doc__, __file__)
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--clients", type=int, default=48)
     ap.add_argument("--drop", type=float, default=0.5, help="share of clients that disconnect")

@@ -68,7 +68,7 @@ from typing import Any
 
 from bench_peers import ONE_CORE, OUT, TINY_IO, Proc, latest_version_dir, machine, start_triton
 from bench_perf_tool import parse_pa_csv, parse_pdserve_perf, parse_wrk
-from common import PY, ROOT, descendants, free_port, pdserve_command
+from common import PY, ROOT, cli_parser, descendants, free_port, pdserve_command
 
 ALL_SERVERS = ("triton", "pdserve", "asgi", "native", "workers2", "grpc", "baseline")
 
@@ -448,7 +448,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the rounds, write the JSON, print the Markdown table."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument(
         "--servers",
         default="triton,asgi,native,workers2,grpc",

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import cli_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -474,7 +475,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the GPU benchmark, or say why it cannot run here (exit 0)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli_parser(__doc__, __file__)
     parser.add_argument("--workers", default="1,4,8", help="preprocess instance counts")
     parser.add_argument("--concurrency", default="1,64,256")
     parser.add_argument("--duration", type=float, default=5.0, help="measured s per point")

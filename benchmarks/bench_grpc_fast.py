@@ -21,7 +21,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -33,7 +32,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from common import PY, REPO, ROOT, descendants, free_port, taskset, wait_ready
+from common import PY, REPO, ROOT, cli_parser, descendants, free_port, taskset, wait_ready
 
 PA_VENV = Path(os.environ.get("PA_VENV", ROOT / "benchmarks" / ".venvs" / "perf_analyzer"))
 TICK = os.sysconf("SC_CLK_TCK")
@@ -119,7 +118,7 @@ def point(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--seconds", type=float, default=4.0, help="perf_analyzer window (s)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[32, 128])
     p.add_argument(

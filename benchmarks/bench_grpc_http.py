@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import GOLDENS, LOADGEN, REPO, ROOT, header_args, run_client, start_server
+from common import GOLDENS, LOADGEN, REPO, ROOT, cli_parser, header_args, run_client, start_server
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -192,7 +192,7 @@ def grpc_load(target: str, body: bytes, concurrency: int, duration: float) -> An
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per point")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "grpc_http.json")
     p.add_argument("--client", help=argparse.SUPPRESS)  # internal: run the gRPC client

@@ -18,7 +18,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 
 import bench_traffic_control
-from common import REPO, descendants, start_server, stop_process
+from common import REPO, cli_parser, descendants, start_server, stop_process
 
 
 def wrk(port: int, lua: Path, seconds: int, connections: int) -> dict[str, float | int | None]:
@@ -74,7 +73,7 @@ def write_lua(tmp: Path) -> Path:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli_parser(__doc__, __file__)
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--connections", default="32,128")
     ap.add_argument("--rounds", type=int, default=1)

@@ -23,7 +23,6 @@ Prints a Markdown summary; figures as JSON in ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -38,7 +37,7 @@ import tritonclient.http as httpclient
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import start_server, stop_process  # noqa: E402
+from benchmarks.common import cli_parser, start_server, stop_process  # noqa: E402
 from pdserve import config as cfgmod  # noqa: E402
 from pdserve.core.datatypes import v2_to_numpy  # noqa: E402
 from pdserve.core.procmem import format_size, tree_memory  # noqa: E402
@@ -141,7 +140,7 @@ def one_run(order: list[str], models: dict[str, Any], warm_n: int) -> dict[str, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli_parser(__doc__, __file__)
     ap.add_argument("--warm", type=int, default=5, help="warm requests per model")
     ap.add_argument("--runs", type=int, default=3, help="fresh servers, one after the other")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "memory.json")

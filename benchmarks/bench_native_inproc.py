@@ -33,6 +33,7 @@ from typing import Any
 
 import uvloop
 from bench_frontend import build_repo, write_body
+from common import cli_parser
 
 from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.native import HttpConnection, NativeHttpServer
@@ -141,7 +142,7 @@ async def run(args: argparse.Namespace) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("-c", "--concurrency", type=int, default=32)
     p.add_argument("-n", "--requests", type=int, default=20000, help="per round")
     p.add_argument("--rounds", type=int, default=5)

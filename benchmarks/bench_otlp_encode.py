@@ -11,13 +11,14 @@ hand-written wire format this replaced: ``git show 11df167:pdserve/observability
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from common import cli_parser
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -51,7 +52,7 @@ def tiny_trace(i: int) -> Trace:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli_parser(__doc__, __file__)
     parser.add_argument("--module", type=Path, help="an otlp.py to load instead of pdserve's")
     args = parser.parse_args()
     if args.module:

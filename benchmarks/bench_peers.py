@@ -26,6 +26,12 @@ Sections:
 
 Results go to ``benchmarks/out/bench_peers.json`` and a Markdown summary is printed
 (paste it into ``benchmarks/RESULTS.md``).
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_peers.py [--only peers,binary,efficientnet]
+        [--servers pdserve,kserve,mlserver,litserve,triton] [--concurrency 1,8,32,128]
+        [--duration 5] [--no-install]
 """
 
 from __future__ import annotations
@@ -44,7 +50,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import PY, REPO, ROOT, free_port, pdserve_command, taskset, tritonserver_command
+from common import (
+    PY,
+    REPO,
+    ROOT,
+    cli_parser,
+    free_port,
+    pdserve_command,
+    taskset,
+    tritonserver_command,
+)
 
 BENCH = ROOT / "benchmarks"
 OUT = BENCH / "out"
@@ -674,7 +689,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the chosen sections and print the Markdown summary."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--only", default="peers,binary,efficientnet")
     p.add_argument(
         "--servers",

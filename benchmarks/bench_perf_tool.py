@@ -45,7 +45,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from common import PY, REPO, ROOT, free_port, taskset, wait_ready
+from common import PY, REPO, ROOT, cli_parser, free_port, taskset, wait_ready
 
 PA_VENV = ROOT / "benchmarks" / ".venvs" / "perf_analyzer"
 OUT = ROOT / "benchmarks" / "out" / "perf_tool.json"
@@ -437,7 +437,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run both sections and write ``benchmarks/out/perf_tool.json``."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--duration", type=float, default=8.0, help="seconds per wrk point")
     p.add_argument(
         "--wrk-concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 32]

@@ -33,7 +33,6 @@ Prints Markdown tables and writes the raw figures as JSON.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -57,6 +56,7 @@ from common import (
     PY,
     REPO,
     ROOT,
+    cli_parser,
     free_port,
     pdserve_command,
     taskset,
@@ -869,7 +869,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks; print Markdown; write JSON."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--duration", type=float, default=6.0, help="measured seconds per load point")
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per load point")
     p.add_argument("--repeats", type=int, default=2000, help="shared-memory round trips per size")

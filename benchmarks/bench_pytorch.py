@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import cli_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -187,7 +188,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison; exit code 0 on success."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli_parser(__doc__, __file__)
     parser.add_argument("--batches", default="1,2,4,8,16,32")
     parser.add_argument("--seconds", type=float, default=2.0, help="per round and batch size")
     parser.add_argument("--rounds", type=int, default=2, help="turns per backend and batch size")

@@ -45,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from common import REPO, start_server, stop_process  # noqa: E402
+from common import REPO, cli_parser, start_server, stop_process  # noqa: E402
 
 from tests.integration.ray_cluster import (  # noqa: E402
     APP,
@@ -112,7 +112,7 @@ def make_repo(dst: Path) -> Path:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("-d", "--seconds", type=int, default=8, help="seconds per wrk point")
     p.add_argument("--step-seconds", type=float, default=20.0, help="autoscaling load step")
     p.add_argument(

@@ -61,7 +61,16 @@ from bench_pipeline import (
     make_python_predictor_repo,
     stop_server,
 )
-from common import GOLDENS, REPO, ROOT, free_port, pdserve_command, tritonserver_command, wait_ready
+from common import (
+    GOLDENS,
+    REPO,
+    ROOT,
+    cli_parser,
+    free_port,
+    pdserve_command,
+    tritonserver_command,
+    wait_ready,
+)
 
 sys.path.insert(0, str(ROOT))
 from examples.split.build_split import build as build_transformer  # noqa: E402
@@ -226,7 +235,7 @@ def markdown(out: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--duration", type=float, default=4.0, help="measured seconds per load point")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per load point")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per load point")

@@ -31,7 +31,6 @@ Prints Markdown and writes the raw figures to ``benchmarks/out/rollout.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -49,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import GOLDENS, REPO, ROOT, start_server, stop_process
+from common import GOLDENS, REPO, ROOT, cli_parser, start_server, stop_process
 
 FAULTY = ROOT / "tests" / "data" / "python_models" / "faulty"
 OUT = ROOT / "benchmarks" / "out"
@@ -344,7 +343,7 @@ def shadow_rounds(port: int, secs: float, threads: int, rounds: int) -> dict[str
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--requests", type=int, default=10_000)
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--shadow-secs", type=float, default=8.0)

@@ -21,7 +21,6 @@ Prints a Markdown table and writes ``benchmarks/out/bench_s3_repository.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -34,7 +33,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import REPO, ROOT, free_port, pressure, start_server, stop_process
+from common import REPO, ROOT, cli_parser, free_port, pressure, start_server, stop_process
 
 MODELS = ("tiny", "tiny_dtypes", "digits", "efficientnet_lite0")
 
@@ -58,7 +57,7 @@ def start_moto() -> tuple[subprocess.Popen[bytes], int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = cli_parser(__doc__, __file__)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", default=",".join(MODELS))
     args = ap.parse_args()

@@ -14,7 +14,6 @@ Prints a Markdown table and writes the raw figures as JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -25,7 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import GOLDENS, LOADGEN, PY, REPO, ROOT, header_args, run_client, start_server, taskset
+from common import (
+    GOLDENS,
+    LOADGEN,
+    PY,
+    REPO,
+    ROOT,
+    cli_parser,
+    header_args,
+    run_client,
+    start_server,
+    taskset,
+)
 
 
 def descendants(pid: int) -> list[int]:
@@ -127,7 +137,7 @@ print(json.dumps({{"ips": n / (time.perf_counter() - t0)}}))
 
 def main() -> int:
     """Run every point and print the table."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--duration", type=float, default=6.0, help="seconds per load point")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "server.json")
     args = p.parse_args()

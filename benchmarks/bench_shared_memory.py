@@ -32,7 +32,6 @@ Prints a Markdown table and writes the raw figures as JSON
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -43,7 +42,7 @@ from typing import Any
 
 import numpy as np
 from bench_grpc_http import efficientnet_input, grpc_body, grpc_load, http_binary_body, http_load
-from common import REPO, ROOT, proc_stats, start_server, stop_process
+from common import REPO, ROOT, cli_parser, proc_stats, start_server, stop_process
 
 MODELS = {"efficientnet_lite0": "logits", "pool602k": "y"}
 
@@ -130,7 +129,7 @@ def post(http_port: int, path: str, doc: dict[str, Any] | None = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--duration", type=float, default=4.0, help="measured seconds per point")
     p.add_argument("--concurrency", default="1,4")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "shared_memory.json")

@@ -23,7 +23,6 @@ Prints a Markdown table and writes ``benchmarks/out/bench_streaming.json``.
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
@@ -38,7 +37,7 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-from common import ROOT, start_server, stop_process
+from common import ROOT, cli_parser, start_server, stop_process
 
 MODELS = ROOT / "tests" / "data" / "python_models"
 MODEL = "decoupled_repeat"
@@ -170,7 +169,7 @@ def run_point(target: Any, args: tuple[Any, ...], clients: int) -> dict[str, Any
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli_parser(__doc__, __file__)
     parser.add_argument("--responses", type=int, default=100, help="responses per request")
     parser.add_argument("--requests", type=int, default=30, help="requests per client")
     parser.add_argument("--concurrency", type=int, default=4)

@@ -39,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_grpc_http import METHOD, efficientnet_input, grpc_body, tiny_input  # noqa: E402
-from common import PY, REPO, ROOT, start_server, taskset  # noqa: E402
+from common import PY, REPO, ROOT, cli_parser, start_server, taskset  # noqa: E402
 
 MODELS = {
     "tiny": ("INPUT0", tiny_input, 8),
@@ -232,7 +232,7 @@ def run_mode(mode: str, swaps: int, poll_secs: float, tmp: Path) -> list[dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--swaps", type=int, default=3, help="swaps per model and mode")
     p.add_argument("--poll-secs", type=float, default=0.5, help="poll mode interval")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "swap.json")

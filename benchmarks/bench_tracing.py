@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_perf_tool import json_body, parse_wrk
-from common import REPO, start_server, stop_process
+from common import REPO, cli_parser, start_server, stop_process
 
 SETTINGS: dict[str, list[str]] = {
     "off": [],
@@ -91,7 +91,7 @@ def one_run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli_parser(__doc__, __file__)
     parser.add_argument("--duration", type=float, default=6.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)

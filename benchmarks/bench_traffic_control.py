@@ -25,7 +25,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -38,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, start_server, stop_process, taskset
+from common import REPO, cli_parser, start_server, stop_process, taskset
 
 KEY = "bench-key-0f3a9c"
 
@@ -154,7 +153,7 @@ def micro(auth: Path, n: int = 20000) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli_parser(__doc__, __file__)
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)

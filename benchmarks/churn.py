@@ -50,6 +50,7 @@ from common import (
     GOLDENS,
     REPO,
     ROOT,
+    cli_parser,
     free_port,
     interrupt_on_sigterm,
     pdserve_command,
@@ -349,7 +350,7 @@ def markdown(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the churn and print its summary."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--cycles", type=int, default=1000)
     p.add_argument("--sample-every", type=int, default=10, help="cycles between two samples")
     p.add_argument(

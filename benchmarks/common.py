@@ -6,14 +6,17 @@ and they import these helpers with ``from common import ...``.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -25,6 +28,52 @@ REPO = ROOT / "examples" / "model_repository"
 GOLDENS = ROOT / "examples" / "goldens"
 LOADGEN = ROOT / "benchmarks" / "loadgen.py"
 PY = sys.executable
+
+
+def _plain(text: str) -> str:
+    """``text`` without reST markup: ``literal`` -> literal, :role:`~a.b.C` -> C, **x** -> x."""
+    text = re.sub(r":\w+:`~[\w.]*?\.?(\w+)`", r"\1", text)
+    text = re.sub(r":\w+:`([^`]+)`", r"\1", text)
+    return text.replace("``", "").replace("**", "")
+
+
+def cli_parser(doc: str | None, script: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """The argument parser of a benchmark script, with its ``--help`` texts taken from the
+    script's module docstring ``doc`` (written in reST).
+
+    The description is the docstring's whole first paragraph (every script's first
+    paragraph is one or more complete sentences that say what it measures); the epilog
+    is each indented block of the docstring that runs ``benchmarks/SCRIPT`` (its usage
+    examples, as written there), then where the rest of the explanation is.
+
+    Args:
+        doc: the script's ``__doc__``.
+        script: the script's file (``__file__``).
+        kwargs: more :class:`argparse.ArgumentParser` arguments.
+
+    Raises:
+        ValueError: ``doc`` is empty.
+    """
+    if not doc or not doc.strip():
+        raise ValueError(f"{script}: no module docstring for --help")
+    name = Path(script).name
+    paragraphs = re.split(r"\n[ \t]*\n", doc.strip("\n"))
+    width = min(shutil.get_terminal_size().columns, 100) - 2
+    description = textwrap.fill(_plain(" ".join(paragraphs[0].split())), width)
+    examples = [
+        textwrap.indent(textwrap.dedent(p), "  ")
+        for p in paragraphs
+        if p.startswith((" ", "\t")) and f"benchmarks/{name}" in p
+    ]
+    epilog = f"details: the docstring at the top of benchmarks/{name}"
+    if examples:
+        epilog = "examples:\n" + "\n\n".join(examples) + "\n\n" + epilog
+    return argparse.ArgumentParser(
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kwargs,
+    )
 
 
 def free_port() -> int:

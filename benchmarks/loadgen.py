@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
+from common import cli_parser
 
 
 class _Conn(asyncio.Protocol):
@@ -234,7 +235,7 @@ def _summary(
 
 def main(argv: list[str] | None = None) -> int:
     """Run one load point and print its JSON summary."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--url", required=True)
     p.add_argument("--body-file", help="request body (omit for GET)")
     p.add_argument("--header", action="append", default=[], help="'Name: value' (repeatable)")

@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import cli_parser
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -93,7 +95,7 @@ async def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     """Parse the flags and run the profile on uvloop (as ``pdserve serve`` does)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--top", type=int, default=30)

@@ -1,4 +1,5 @@
-"""Rerun every benchmark in this folder, one after another (``make bench``).
+"""Rerun the main benchmarks of this folder, one after another (``make bench``): server,
+peers, pipeline, grpc_http, swap, memory, remote and ray (``--only`` picks a subset).
 
 Each script prints its own table and writes its raw figures under
 ``benchmarks/out/``; copy the tables into ``benchmarks/RESULTS.md`` with the
@@ -7,16 +8,17 @@ core 0 and the load client to core 1.
 
 Usage::
 
-    .venv/bin/python benchmarks/run_all.py [--only server,peers,pipeline,grpc_http,swap,memory,remote]
+    .venv/bin/python benchmarks/run_all.py [--only server,peers,pipeline,grpc_http,swap,memory,remote,ray]
 """
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from common import cli_parser
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,7 +37,7 @@ SCRIPTS = {
 
 def main() -> int:
     """Run the selected scripts; return non-zero if any failed."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--only", default=",".join(SCRIPTS), help="comma-separated subset")
     args = p.parse_args()
     failed = []

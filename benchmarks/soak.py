@@ -78,6 +78,7 @@ from common import (
     GOLDENS,
     REPO,
     ROOT,
+    cli_parser,
     descendants,
     free_port,
     interrupt_on_sigterm,
@@ -752,7 +753,7 @@ async def run(args: argparse.Namespace, proc: subprocess.Popen[bytes], port: int
 
 def main(argv: list[str] | None = None) -> int:
     """Run the soak and print its summary."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli_parser(__doc__, __file__)
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--load", type=float, default=0.8, help="share of the measured capacity")
     p.add_argument("--bad-every", type=int, default=100, help="one bad request in N")
