@@ -94,34 +94,13 @@ from typing import TYPE_CHECKING, Any
 from pdserve.cache import RedisResponseCache
 from pdserve.core.api import MetricsSource
 from pdserve.observability import stats as stats_mod
-from pdserve.observability.stats import ModelStats
+from pdserve.observability.stats import LATENCY_BUCKETS, ModelStats
 
 if TYPE_CHECKING:
     from pdserve.cache import AnyResponseCache
 
 log = logging.getLogger("pdserve.metrics")
 
-#: Latency bucket bounds in seconds (100 µs .. 60 s).
-LATENCY_BUCKETS: tuple[float, ...] = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-)
 #: Batch-size bucket bounds (rows).
 BATCH_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 

@@ -44,6 +44,31 @@ from typing import Any
 #: model unloading): not counted as a failure (see the module docstring).
 NOT_QUEUED = "NOT_QUEUED"
 
+#: Upper bounds in seconds (``+Inf`` implicit) of every latency histogram the server
+#: exports (100 µs .. 60 s): the request/queue/compute histograms of
+#: :mod:`pdserve.observability.metrics` and the remote models' call durations
+#: (:mod:`pdserve.backends.remote.stats`, below the metrics layer, so defined here).
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+
 #: Callables ``listener(stats)`` run when a :class:`ModelStats` is created — the
 #: Prometheus exporter uses this to add its hooks to every model version.
 LISTENERS: list[Any] = []

@@ -10,28 +10,11 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-#: Upper bounds (seconds) of the remote request duration histogram (``+Inf`` implicit);
-#: the same bounds as the server's latency histograms.
-DURATION_BUCKETS: tuple[float, ...] = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-)
+from pdserve.observability.stats import LATENCY_BUCKETS
+
+#: Upper bounds (seconds) of the remote request duration histogram (``+Inf`` implicit):
+#: the server's latency histograms' bounds.
+DURATION_BUCKETS: tuple[float, ...] = LATENCY_BUCKETS
 
 
 @dataclass
