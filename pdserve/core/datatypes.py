@@ -38,6 +38,11 @@ V2_TO_NUMPY: dict[str, np.dtype] = {
 #: numpy dtype -> V2 datatype name. Unicode/bytes string arrays map to BYTES.
 NUMPY_TO_V2: dict[np.dtype, str] = {v: k for k, v in V2_TO_NUMPY.items()}
 
+#: V2 datatype -> little-endian numpy dtype (raw contents are little-endian).
+V2_LE_DTYPE: dict[str, np.dtype] = {
+    k: v.newbyteorder("<") for k, v in V2_TO_NUMPY.items() if k != "BYTES"
+}
+
 #: Size in bytes of one element, for fixed-size datatypes.
 V2_ITEMSIZE: dict[str, int] = {k: v.itemsize for k, v in V2_TO_NUMPY.items() if k != "BYTES"}
 
@@ -46,6 +51,24 @@ V2_TO_CONFIG: dict[str, str] = {
     k: ("TYPE_STRING" if k == "BYTES" else f"TYPE_{k}") for k in V2_TO_NUMPY
 }
 CONFIG_TO_V2: dict[str, str] = {v: k for k, v in V2_TO_CONFIG.items()}
+
+#: V2 datatype -> the gRPC ``InferTensorContents`` field that carries it typed (FP16 and
+#: BF16 have none: raw contents only). Used by the gRPC frontend's codec and the remote
+#: backend's gRPC client.
+GRPC_CONTENTS_FIELD: dict[str, str] = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
 
 #: ONNX Runtime type strings (``NodeArg.type``) -> V2 datatype name.
 ORT_TO_V2: dict[str, str] = {
@@ -252,6 +275,57 @@ MAX_ELEMENTS = 1 << 59
 
 #: Triton's ``WILDCARD_DIM``: a variable-size dimension in a model configuration.
 WILDCARD_DIM = -1
+
+
+def raw_tensor(array: np.ndarray) -> tuple[str, bytes]:
+    """The V2 datatype of ``array`` and its raw contents, as gRPC's
+    ``raw_input_contents``/``raw_output_contents`` and HTTP's binary tensor extension carry
+    them: fixed-size datatypes little-endian, row-major; BYTES (``object``, ``S``, ``U``
+    arrays) as :func:`serialize_bytes_tensor` writes it.
+
+    Raises:
+        InferError(INVALID_ARG): the dtype has no V2 datatype (e.g. complex64), or a BYTES
+            element is 4 GiB or longer. Callers add which tensor it is.
+    """
+    if array.dtype.kind in "OSU":
+        return "BYTES", serialize_bytes_tensor(array)
+    datatype = numpy_to_v2(array.dtype)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return datatype, array.tobytes()
+
+
+def array_from_raw(
+    data: bytes | bytearray | memoryview,
+    datatype: str,
+    shape: list[int],
+    count: int,
+    what: str,
+) -> np.ndarray:
+    """The array that raw contents ``data`` hold (the inverse of :func:`raw_tensor`):
+    ``count`` elements of ``datatype`` (a view of ``data`` for fixed-size datatypes, an
+    ``object`` array of ``bytes`` for BYTES), reshaped to ``shape``.
+
+    Args:
+        what: the tensor in error messages, e.g. ``"input 'x'"``.
+
+    Raises:
+        InferError(INVALID_ARG): unknown datatype; ``data`` not exactly ``count``
+            elements (Triton's "unexpected total byte size" for fixed-size datatypes,
+            :func:`deserialize_bytes_tensor`'s errors for BYTES).
+    """
+    if datatype == "BYTES":
+        try:
+            return deserialize_bytes_tensor(data, count).reshape(shape)
+        except InferError as exc:
+            raise InferError(f"{what}: {exc.message}") from None
+    dtype = V2_LE_DTYPE.get(datatype)
+    if dtype is None:
+        raise InferError(f"{what} has unknown datatype '{datatype}'")
+    expected = count * dtype.itemsize
+    if len(data) != expected:
+        raise InferError(f"unexpected total byte size {len(data)} for {what}, expecting {expected}")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 def shape_element_count(shape: Sequence[int], name: str) -> int:

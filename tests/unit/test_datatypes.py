@@ -11,9 +11,11 @@ import pytest
 from pdserve.core.datatypes import (
     MAX_DIMS,
     WILDCARD_DIM,
+    array_from_raw,
     deserialize_bytes_tensor,
     dims_element_count,
     fixed_dim_chunks,
+    raw_tensor,
     serialize_bytes_tensor,
     shape_element_count,
     shape_str,
@@ -143,3 +145,43 @@ def test_truncated_or_miscounted_bytes_give_a_clear_error(
             deserialize_bytes_tensor(buffer, count)
         assert message in e.value.message
         assert e.value.code.name == "INVALID_ARG"
+
+
+# --------------------------------------------------------------------------- raw contents
+
+
+def test_raw_tensor_is_little_endian_row_major_and_round_trips() -> None:
+    arr = np.arange(6, dtype=">i4").reshape(2, 3)[:, ::2]  # big-endian, not contiguous
+    datatype, data = raw_tensor(arr)
+    assert datatype == "INT32"
+    assert data == struct.pack("<4i", 0, 2, 3, 5)
+    back = array_from_raw(data, datatype, [2, 2], 4, "input 'x'")
+    assert back.tolist() == [[0, 2], [3, 5]]
+
+
+def test_raw_tensor_bytes_uses_the_bytes_codec() -> None:
+    arr = np.array([b"ab", "c"], dtype=object)
+    assert raw_tensor(arr) == ("BYTES", b"\x02\x00\x00\x00ab\x01\x00\x00\x00c")
+    back = array_from_raw(raw_tensor(arr)[1], "BYTES", [2], 2, "output 'y'")
+    assert back.dtype == object and back.tolist() == [b"ab", b"c"]
+
+
+def test_raw_tensor_refuses_a_dtype_without_v2_datatype() -> None:
+    with pytest.raises(InferError, match="numpy dtype complex64 has no V2 datatype"):
+        raw_tensor(np.zeros(2, dtype=np.complex64))
+
+
+@pytest.mark.parametrize(
+    ("data", "datatype", "count", "message"),
+    [
+        (b"\0" * 7, "FP32", 2, "unexpected total byte size 7 for input 'x', expecting 8"),
+        (b"\0" * 8, "FP9", 2, "input 'x' has unknown datatype 'FP9'"),
+        (b"\x05\0\0\0ab", "BYTES", 1, "input 'x': "),
+    ],
+)
+def test_array_from_raw_names_the_tensor(
+    data: bytes, datatype: str, count: int, message: str
+) -> None:
+    with pytest.raises(InferError) as err:
+        array_from_raw(data, datatype, [count], count, "input 'x'")
+    assert err.value.message.startswith(message), err.value.message

@@ -33,12 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from pdserve.core.datatypes import (
-    NUMPY_TO_V2,
-    V2_TO_NUMPY,
-    deserialize_bytes_tensor,
-    serialize_bytes_tensor,
-)
+from pdserve.core.datatypes import GRPC_CONTENTS_FIELD, V2_TO_NUMPY, array_from_raw, raw_tensor
 from pdserve.core.errors import ErrorCode, InferError
 
 if TYPE_CHECKING:
@@ -185,54 +180,32 @@ class RemoteClient(abc.ABC):
         """Close every connection."""
 
 
-def _datatype(arr: np.ndarray) -> str:
-    dt = NUMPY_TO_V2.get(arr.dtype)
-    if dt is None:
-        if arr.dtype.kind in "SUO":
-            return "BYTES"
-        raise InferError(f"input of numpy dtype {arr.dtype} has no V2 datatype")
-    return dt
+def _raw_input(name: str, arr: np.ndarray) -> tuple[str, bytes]:
+    """The V2 datatype and raw contents of input ``name`` (:func:`raw_tensor`).
 
-
-def _tensor_bytes(arr: np.ndarray, datatype: str) -> bytes:
-    if datatype == "BYTES":
-        return serialize_bytes_tensor(arr)
-    return np.ascontiguousarray(arr).tobytes()
+    Raises:
+        InferError(INVALID_ARG): its dtype has no V2 datatype.
+    """
+    try:
+        return raw_tensor(arr)
+    except InferError as e:
+        raise InferError(f"input '{name}': {e.message}") from None
 
 
 def _from_bytes(buf: bytes | memoryview, datatype: str, shape: list[int], name: str) -> np.ndarray:
+    """Output ``name`` of an answer from its raw contents (:func:`array_from_raw`).
+
+    Raises:
+        InferError(INTERNAL): unknown datatype, or not as many bytes as ``shape`` calls for.
+    """
     count = int(np.prod(shape)) if shape else 1
-    if datatype == "BYTES":
-        return deserialize_bytes_tensor(buf, count).reshape(shape)
-    dtype = V2_TO_NUMPY.get(datatype)
-    if dtype is None:
-        raise InferError(f"output '{name}' has unknown datatype '{datatype}'", ErrorCode.INTERNAL)
-    if len(buf) != count * dtype.itemsize:
-        raise InferError(
-            f"output '{name}' holds {len(buf)} bytes, its shape {shape} of {datatype} calls "
-            f"for {count * dtype.itemsize}",
-            ErrorCode.INTERNAL,
-        )
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    try:
+        return array_from_raw(buf, datatype, shape, count, f"output '{name}'")
+    except InferError as e:
+        raise InferError(e.message, ErrorCode.INTERNAL) from None
 
 
 # --------------------------------------------------------------------------- gRPC
-
-#: typed ``InferTensorContents`` field per V2 datatype (answers without raw contents).
-_CONTENTS_FIELD = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "BYTES": "bytes_contents",
-}
 
 
 class GrpcClient(RemoteClient):
@@ -367,12 +340,12 @@ class GrpcClient(RemoteClient):
         )
         raw = req.raw_input_contents
         for name, arr in inputs.items():
-            datatype = _datatype(arr)
+            datatype, data = _raw_input(name, arr)
             t = req.inputs.add()
             t.name = name
             t.datatype = datatype
             t.shape.extend(arr.shape)
-            raw.append(_tensor_bytes(arr, datatype))
+            raw.append(data)
         for name in outputs:
             req.outputs.add().name = name
         call = self._infer[next(self._next)]
@@ -392,7 +365,7 @@ class GrpcClient(RemoteClient):
 
     @staticmethod
     def _typed(t: Any, shape: list[int]) -> np.ndarray:
-        field = _CONTENTS_FIELD.get(t.datatype)
+        field = GRPC_CONTENTS_FIELD.get(t.datatype)
         if field is None:
             raise InferError(
                 f"output '{t.name}' of datatype {t.datatype} came without raw contents",
@@ -554,8 +527,7 @@ class HttpClient(RemoteClient):
         chunks: list[bytes] = []
         header_inputs = []
         for name, arr in inputs.items():
-            datatype = _datatype(arr)
-            data = _tensor_bytes(arr, datatype)
+            datatype, data = _raw_input(name, arr)
             chunks.append(data)
             header_inputs.append(
                 {

@@ -12,11 +12,13 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+from pdserve.core.datatypes import GRPC_CONTENTS_FIELD as _CONTENTS_FIELD
+from pdserve.core.datatypes import V2_LE_DTYPE as _LE_DTYPE
 from pdserve.core.datatypes import (
     V2_TO_NUMPY,
-    deserialize_bytes_tensor,
+    array_from_raw,
     numpy_to_v2,
-    serialize_bytes_tensor,
+    raw_tensor,
     shape_element_count,
 )
 from pdserve.core.errors import InferError, internal
@@ -31,27 +33,6 @@ log = logging.getLogger("pdserve.grpc")
 #: A 32x3x224x224 FP32 batch is 19 MB. ``--grpc-max-message-bytes`` raises it (Triton
 #: uses 2 GiB - 1).
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-
-#: V2 datatype -> little-endian numpy dtype (raw contents are little-endian).
-_LE_DTYPE: dict[str, np.dtype] = {
-    k: v.newbyteorder("<") for k, v in V2_TO_NUMPY.items() if k != "BYTES"
-}
-
-#: V2 datatype -> the ``InferTensorContents`` field that carries it (FP16: raw only).
-_CONTENTS_FIELD: dict[str, str] = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "BYTES": "bytes_contents",
-}
 
 
 def param_value(p: Any) -> Any:
@@ -171,24 +152,8 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
                 raise InferError(
                     f"expected one raw input contents per input not in shared memory, got {n_raw}"
                 )
-            data = raw[ri]
+            arr = array_from_raw(raw[ri], datatype, shape, count, f"input '{name}'")
             ri += 1
-            if datatype == "BYTES":
-                try:
-                    arr = deserialize_bytes_tensor(data, count).reshape(shape)
-                except InferError as exc:
-                    raise InferError(f"input '{name}': {exc.message}") from None
-            else:
-                dtype = _LE_DTYPE.get(datatype)
-                if dtype is None:
-                    raise InferError(f"input '{name}' has unknown datatype '{datatype}'")
-                expected = count * dtype.itemsize
-                if len(data) != expected:
-                    raise InferError(
-                        f"unexpected total byte size {len(data)} for input '{name}', "
-                        f"expecting {expected}"
-                    )
-                arr = np.frombuffer(data, dtype=dtype).reshape(shape)
         else:
             field = _CONTENTS_FIELD.get(datatype)
             if field is None:
@@ -283,17 +248,11 @@ def encode_infer_response(
                 raise internal(f"output '{name}': {e.message}") from None
             raw.append(b"")
             continue
-        if arr.dtype.kind in "OSU":
-            out.datatype = "BYTES"
-            raw.append(serialize_bytes_tensor(arr))
-            continue
         try:
-            out.datatype = numpy_to_v2(arr.dtype)
+            out.datatype, data = raw_tensor(arr)
         except InferError as e:
             raise internal(f"output '{name}': {e.message}") from None
-        if arr.dtype.byteorder == ">":
-            arr = arr.astype(arr.dtype.newbyteorder("<"))
-        raw.append(arr.tobytes())
+        raw.append(data)
     for k, v in response.parameters.items():
         _set_param(msg.parameters[k], v)
     return msg
