@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn, TypeVar, cast
 
 import grpc
 from google.protobuf import json_format
@@ -151,6 +152,43 @@ async def _abort_refused(context: grpc.aio.ServicerContext, error: InferError) -
     await context.abort(grpc_status(error), error.message)
 
 
+async def _fail(context: grpc.aio.ServicerContext, error: Exception, method: str) -> NoReturn:
+    """Answer ``error``, raised by RPC ``method``, with the gRPC status Triton would use:
+    an :class:`InferError` its code's status (:func:`grpc_status`; ``retry-after`` for
+    429-likes, :func:`_abort_refused`), gRPC's own errors (an abort already made) as
+    they are, anything else ``INTERNAL`` with its type and message (and logged): one
+    request must not take the server down.
+
+    Call it from an ``except Exception`` block; it always raises.
+    """
+    if isinstance(error, InferError):
+        await _abort_refused(context, error)
+    elif isinstance(error, (grpc.aio.AbortError, grpc.RpcError)):
+        raise error
+    else:
+        log.exception("gRPC %s failed", method)
+        await context.abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
+    raise AssertionError("unreachable")  # pragma: no cover - abort raises
+
+
+_Handler = TypeVar("_Handler", bound=Callable[..., Awaitable[Any]])
+
+
+def _guarded(method: _Handler) -> _Handler:
+    """A unary servicer method ``method(self, request, context)`` whose errors are
+    answered by :func:`_fail`."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def handle(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except Exception as e:  # noqa: BLE001 - _fail answers every error
+            await _fail(context, e, name)
+
+    return cast(_Handler, handle)
+
+
 def _gated_unary(
     behavior: Callable[..., Awaitable[Any]], method: str, gate: TrafficGate
 ) -> Callable[..., Awaitable[Any]]:
@@ -287,20 +325,6 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.max_message_bytes = max_message_bytes
         self.gate = gate if gate is not None and gate.active else None
 
-    async def _guard(
-        self, context: grpc.aio.ServicerContext, func: Callable[[], Awaitable[Any]]
-    ) -> Any:
-        """Run ``func``; answer an error with the gRPC status Triton would use."""
-        try:
-            return await func()
-        except InferError as e:
-            await context.abort(grpc_status(e), e.message)
-        except (grpc.aio.AbortError, grpc.RpcError):
-            raise
-        except Exception as e:  # noqa: BLE001 - one request must not take the server down
-            log.exception("gRPC call failed")
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
-
     # -- health and metadata --------------------------------------------------
 
     async def ServerLive(  # noqa: N802 - gRPC method name
@@ -315,16 +339,14 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         """``ready``: the server's readiness (see ``--strict-readiness``)."""
         return service_pb2.ServerReadyResponse(ready=bool(await _call(self.server.ready)))
 
+    @_guarded
     async def ModelReady(  # noqa: N802
         self, request: service_pb2.ModelReadyRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelReadyResponse:
         """``ready`` of one model (version); an unknown model is not ready (no error)."""
 
-        async def run() -> service_pb2.ModelReadyResponse:
-            ok = await _call(self.server.model_ready, request.name, request.version)
-            return service_pb2.ModelReadyResponse(ready=bool(ok))
-
-        return await self._guard(context, run)
+        ok = await _call(self.server.model_ready, request.name, request.version)
+        return service_pb2.ModelReadyResponse(ready=bool(ok))
 
     async def ServerMetadata(  # noqa: N802
         self, request: service_pb2.ServerMetadataRequest, context: grpc.aio.ServicerContext
@@ -335,28 +357,24 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             name=meta["name"], version=meta["version"], extensions=meta["extensions"]
         )
 
+    @_guarded
     async def ModelMetadata(  # noqa: N802
         self, request: service_pb2.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelMetadataResponse:
         """Model metadata: versions, platform, inputs and outputs."""
 
-        async def run() -> service_pb2.ModelMetadataResponse:
-            meta = await _call(self.server.model_metadata, request.name, request.version)
-            return metadata_response(meta)
+        meta = await _call(self.server.model_metadata, request.name, request.version)
+        return metadata_response(meta)
 
-        return await self._guard(context, run)
-
+    @_guarded
     async def ModelConfig(  # noqa: N802
         self, request: service_pb2.ModelConfigRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelConfigResponse:
         """The model's (auto-completed) configuration as a ``ModelConfig`` message."""
 
-        async def run() -> service_pb2.ModelConfigResponse:
-            cfg_json = await _call(self.server.model_config, request.name, request.version)
-            cfg = config_from_json(cfg_json)
-            return service_pb2.ModelConfigResponse(config=cfg)
-
-        return await self._guard(context, run)
+        cfg_json = await _call(self.server.model_config, request.name, request.version)
+        cfg = config_from_json(cfg_json)
+        return service_pb2.ModelConfigResponse(config=cfg)
 
     # -- inference ------------------------------------------------------------
 
@@ -380,14 +398,8 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 return await encode_off_loop(await self.server.infer(req))
             resp = await infer_with_shm(self.shm, req, self.server.infer, shm_outputs)
             return await encode_off_loop(resp, shm_outputs)
-        except InferError as e:
-            await _abort_refused(context, e)  # retry-after metadata for an open circuit
-        except (grpc.aio.AbortError, grpc.RpcError):
-            raise
-        except Exception as e:  # noqa: BLE001
-            log.exception("gRPC ModelInfer failed")
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
-        raise AssertionError("unreachable")  # pragma: no cover - abort raises
+        except Exception as e:  # noqa: BLE001 - _fail answers every error
+            await _fail(context, e, "ModelInfer")  # (not @_guarded: one frame less per call)
 
     async def ModelStreamInfer(  # noqa: N802
         self,
@@ -467,6 +479,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- shared-memory extension ----------------------------------------------
 
+    @_guarded
     async def SystemSharedMemoryStatus(  # noqa: N802
         self,
         request: service_pb2.SystemSharedMemoryStatusRequest,
@@ -474,16 +487,14 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.SystemSharedMemoryStatusResponse:
         """The regions registered (``name`` empty: all; unknown: NOT_FOUND)."""
 
-        async def run() -> service_pb2.SystemSharedMemoryStatusResponse:
-            msg = service_pb2.SystemSharedMemoryStatusResponse()
-            for r in self.shm.status(request.name):
-                slot = msg.regions[r["name"]]
-                slot.name, slot.key = r["name"], r["key"]
-                slot.offset, slot.byte_size = r["offset"], r["byte_size"]
-            return msg
+        msg = service_pb2.SystemSharedMemoryStatusResponse()
+        for r in self.shm.status(request.name):
+            slot = msg.regions[r["name"]]
+            slot.name, slot.key = r["name"], r["key"]
+            slot.offset, slot.byte_size = r["offset"], r["byte_size"]
+        return msg
 
-        return await self._guard(context, run)
-
+    @_guarded
     async def SystemSharedMemoryRegister(  # noqa: N802
         self,
         request: service_pb2.SystemSharedMemoryRegisterRequest,
@@ -491,12 +502,10 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.SystemSharedMemoryRegisterResponse:
         """Register ``byte_size`` bytes at ``offset`` of the object ``key`` as ``name``."""
 
-        async def run() -> service_pb2.SystemSharedMemoryRegisterResponse:
-            self.shm.register(request.name, request.key, request.offset, request.byte_size)
-            return service_pb2.SystemSharedMemoryRegisterResponse()
+        self.shm.register(request.name, request.key, request.offset, request.byte_size)
+        return service_pb2.SystemSharedMemoryRegisterResponse()
 
-        return await self._guard(context, run)
-
+    @_guarded
     async def SystemSharedMemoryUnregister(  # noqa: N802
         self,
         request: service_pb2.SystemSharedMemoryUnregisterRequest,
@@ -504,19 +513,14 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.SystemSharedMemoryUnregisterResponse:
         """Unregister ``name`` (empty: all)."""
 
-        async def run() -> service_pb2.SystemSharedMemoryUnregisterResponse:
-            self.shm.unregister(request.name)
-            return service_pb2.SystemSharedMemoryUnregisterResponse()
+        self.shm.unregister(request.name)
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
 
-        return await self._guard(context, run)
-
+    @_guarded
     async def _cuda_unsupported(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """CUDA shared memory: UNIMPLEMENTED, saying why (:func:`cuda_unsupported`)."""
 
-        async def run() -> Any:
-            raise cuda_unsupported()
-
-        return await self._guard(context, run)
+        raise cuda_unsupported()
 
     CudaSharedMemoryStatus = _cuda_unsupported
     CudaSharedMemoryRegister = _cuda_unsupported
@@ -560,6 +564,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- logging extension -----------------------------------------------------
 
+    @_guarded
     async def LogSettings(  # noqa: N802
         self, request: service_pb2.LogSettingsRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.LogSettingsResponse:
@@ -567,14 +572,11 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         (:func:`pdserve.observability.logs.update_settings`; a bad name or value type is
         ``INVALID_ARGUMENT`` and changes nothing)."""
 
-        async def run() -> service_pb2.LogSettingsResponse:
-            changes = {}
-            for name, value in request.settings.items():
-                which = value.WhichOneof("parameter_choice")
-                changes[name] = None if which is None else getattr(value, which)
-            return log_settings_response(logs.update_settings(changes))
-
-        return await self._guard(context, run)
+        changes = {}
+        for name, value in request.settings.items():
+            which = value.WhichOneof("parameter_choice")
+            changes[name] = None if which is None else getattr(value, which)
+        return log_settings_response(logs.update_settings(changes))
 
     def _fit_stream_response(
         self, msg: service_pb2.ModelStreamInferResponse, request_id: str
@@ -602,88 +604,81 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- statistics and repository -------------------------------------------
 
+    @_guarded
     async def ModelStatistics(  # noqa: N802
         self, request: service_pb2.ModelStatisticsRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelStatisticsResponse:
         """Triton's statistics extension (all models when no name is given)."""
 
-        async def run() -> service_pb2.ModelStatisticsResponse:
-            stats = await _call(self.server.model_statistics, request.name, request.version)
-            msg = service_pb2.ModelStatisticsResponse()
-            json_format.ParseDict(stats, msg, ignore_unknown_fields=True)
-            return msg
+        stats = await _call(self.server.model_statistics, request.name, request.version)
+        msg = service_pb2.ModelStatisticsResponse()
+        json_format.ParseDict(stats, msg, ignore_unknown_fields=True)
+        return msg
 
-        return await self._guard(context, run)
-
+    @_guarded
     async def TraceSetting(  # noqa: N802
         self, request: service_pb2.TraceSettingRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.TraceSettingResponse:
         """Triton's trace extension: get (no settings) or update the trace settings of
         a model (``model_name``) or the global ones; an empty value list clears a setting."""
 
-        async def run() -> service_pb2.TraceSettingResponse:
-            setting = getattr(self.server, "trace_setting", None)
-            if setting is None:
-                raise unavailable("the server does not support tracing")
-            update = None
-            if request.settings:
-                update = {k: list(v.value) for k, v in request.settings.items()}
-            doc = await _call(setting, request.model_name, update)
-            msg = service_pb2.TraceSettingResponse()
-            for key, value in doc.items():
-                values = value if isinstance(value, list) else [value]
-                msg.settings[key].value.extend(values)
-            return msg
+        setting = getattr(self.server, "trace_setting", None)
+        if setting is None:
+            raise unavailable("the server does not support tracing")
+        update = None
+        if request.settings:
+            update = {k: list(v.value) for k, v in request.settings.items()}
+        doc = await _call(setting, request.model_name, update)
+        msg = service_pb2.TraceSettingResponse()
+        for key, value in doc.items():
+            values = value if isinstance(value, list) else [value]
+            msg.settings[key].value.extend(values)
+        return msg
 
-        return await self._guard(context, run)
-
+    @_guarded
     async def RepositoryIndex(  # noqa: N802
         self, request: service_pb2.RepositoryIndexRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.RepositoryIndexResponse:
         """Every model of the repository: ``{name, version, state, reason}``."""
 
-        async def run() -> service_pb2.RepositoryIndexResponse:
-            rows = await _call(self.server.repository_index, request.ready)
-            msg = service_pb2.RepositoryIndexResponse()
-            for row in rows:
-                msg.models.add(
-                    name=row.get("name", ""),
-                    version=row.get("version", ""),
-                    state=row.get("state", ""),
-                    reason=row.get("reason", ""),
-                )
-            return msg
+        rows = await _call(self.server.repository_index, request.ready)
+        msg = service_pb2.RepositoryIndexResponse()
+        for row in rows:
+            msg.models.add(
+                name=row.get("name", ""),
+                version=row.get("version", ""),
+                state=row.get("state", ""),
+                reason=row.get("reason", ""),
+            )
+        return msg
 
-        return await self._guard(context, run)
-
+    @_guarded
     async def RepositoryModelLoad(  # noqa: N802
         self, request: service_pb2.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.RepositoryModelLoadResponse:
         """Load or reload a model; parameters ``config`` (JSON string) and
         ``file:<version>/<name>`` (bytes) as in Triton's repository extension."""
 
-        async def run() -> service_pb2.RepositoryModelLoadResponse:
-            config: str | None = None
-            files: dict[str, bytes] = {}
-            for key, p in request.parameters.items():
-                value = param_value(p)
-                if key == "config":
-                    if not isinstance(value, str):
-                        raise InferError("load parameter 'config' must be a string_param")
-                    config = value
-                elif key.startswith("file:"):
-                    if not isinstance(value, bytes):
-                        raise InferError(f"load parameter '{key}' must be a bytes_param")
-                    files[key[5:]] = value
-                else:
-                    raise InferError(
-                        f"unknown load parameter '{key}'; expected 'config' or 'file:<path>'"
-                    )
-            await _call(self.server.load_model, request.model_name, config, files)
-            return service_pb2.RepositoryModelLoadResponse()
+        config: str | None = None
+        files: dict[str, bytes] = {}
+        for key, p in request.parameters.items():
+            value = param_value(p)
+            if key == "config":
+                if not isinstance(value, str):
+                    raise InferError("load parameter 'config' must be a string_param")
+                config = value
+            elif key.startswith("file:"):
+                if not isinstance(value, bytes):
+                    raise InferError(f"load parameter '{key}' must be a bytes_param")
+                files[key[5:]] = value
+            else:
+                raise InferError(
+                    f"unknown load parameter '{key}'; expected 'config' or 'file:<path>'"
+                )
+        await _call(self.server.load_model, request.model_name, config, files)
+        return service_pb2.RepositoryModelLoadResponse()
 
-        return await self._guard(context, run)
-
+    @_guarded
     async def RepositoryModelUnload(  # noqa: N802
         self,
         request: service_pb2.RepositoryModelUnloadRequest,
@@ -691,17 +686,14 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.RepositoryModelUnloadResponse:
         """Unload a model; parameter ``unload_dependents`` (bool)."""
 
-        async def run() -> service_pb2.RepositoryModelUnloadResponse:
-            dependents = False
-            p = request.parameters.get("unload_dependents")
-            if p is not None:
-                dependents = param_value(p)
-                if not isinstance(dependents, bool):
-                    raise InferError("unload parameter 'unload_dependents' must be a bool_param")
-            await _call(self.server.unload_model, request.model_name, dependents)
-            return service_pb2.RepositoryModelUnloadResponse()
-
-        return await self._guard(context, run)
+        dependents = False
+        p = request.parameters.get("unload_dependents")
+        if p is not None:
+            dependents = param_value(p)
+            if not isinstance(dependents, bool):
+                raise InferError("unload parameter 'unload_dependents' must be a bool_param")
+        await _call(self.server.unload_model, request.model_name, dependents)
+        return service_pb2.RepositoryModelUnloadResponse()
 
 
 def grpc_cancel_token(context: grpc.aio.ServicerContext) -> CancelToken:
