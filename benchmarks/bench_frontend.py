@@ -68,7 +68,15 @@ from typing import Any
 
 from bench_peers import ONE_CORE, OUT, TINY_IO, Proc, latest_version_dir, machine, start_triton
 from bench_perf_tool import parse_pa_csv, parse_pdserve_perf, parse_wrk
-from common import PY, ROOT, cli_parser, descendants, free_port, pdserve_command
+from common import (
+    PY,
+    ROOT,
+    cli_parser,
+    descendants,
+    free_port,
+    pdserve_command,
+    perf_analyzer_command,
+)
 
 ALL_SERVERS = ("triton", "pdserve", "asgi", "native", "workers2", "grpc", "baseline")
 
@@ -213,18 +221,7 @@ def wrk_point(args: argparse.Namespace, server: Proc, base: str, c: int) -> dict
 
 def pa_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """perf_analyzer from ``--pa-venv`` (bench_perf_tool.py's recipe for its libraries)."""
-    venv = Path(args.pa_venv)
-    binary = venv / "bin" / "perf_analyzer"
-    if not binary.exists():
-        raise RuntimeError(f"{binary} is missing: run `make bench-perf-tool` or pass --pa-venv")
-    libs = venv / "palibs"
-    if not (libs / "libcudart.so.12").exists():
-        site = next((venv / "lib").glob("python3*/site-packages"))
-        bundled = site / "nvidia_pytriton.libs"
-        libs.mkdir(exist_ok=True)
-        shutil.copy(next(bundled.glob("libb64-*.so.0d")), libs / "libb64.so.0d")
-        shutil.copy(next(bundled.glob("libcudart-*.so.12*")), libs / "libcudart.so.12")
-    return [str(binary)], {"LD_LIBRARY_PATH": str(libs)}
+    return perf_analyzer_command(Path(args.pa_venv), " or pass --pa-venv")
 
 
 def grpc_point(

@@ -21,84 +21,53 @@ Usage::
 
 from __future__ import annotations
 
-import csv
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from common import PY, REPO, ROOT, cli_parser, descendants, free_port, taskset, wait_ready
+from common import (
+    ROOT,
+    cli_parser,
+    parse_pa_csv,
+    perf_analyzer_command,
+    start_logged_server,
+    success_count,
+    taskset,
+    tiny_repo,
+    tree_cpu_seconds,
+)
 
 PA_VENV = Path(os.environ.get("PA_VENV", ROOT / "benchmarks" / ".venvs" / "perf_analyzer"))
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` and its descendants (seconds)."""
-    total = 0.0
-    for p in (pid, *descendants(pid)):
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / TICK
-    return total
-
-
-def success_count(http_port: int) -> int:
-    url = f"http://127.0.0.1:{http_port}/v2/models/tiny/stats"
-    with urllib.request.urlopen(url, timeout=10) as r:
-        doc = json.load(r)
-    return sum(int(m["inference_stats"]["success"]["count"]) for m in doc["model_stats"])
 
 
 def perf_analyzer(
     proto: str, port: int, c: int, seconds: float, tmp: Path
 ) -> tuple[list[str], dict[str, str]]:
-    binary = PA_VENV / "bin" / "perf_analyzer"
-    if not binary.exists():
-        raise SystemExit(f"{binary} is missing: run `make bench-perf-tool` or set PA_VENV")
+    pa, env = perf_analyzer_command(PA_VENV, " or set PA_VENV")
     csv_path = tmp / f"pa-{proto}-{c}.csv"
     cmd = [
-        str(binary), "-m", "tiny", "-u", f"127.0.0.1:{port}", "-i", proto,
+        *pa, "-m", "tiny", "-u", f"127.0.0.1:{port}", "-i", proto,
         "--concurrency-range", str(c), "--measurement-interval", str(int(seconds * 1000)),
         "-s", "50", "-r", "3", "-f", str(csv_path),
     ]  # fmt: skip
-    return cmd, {"LD_LIBRARY_PATH": str(PA_VENV / "palibs")}
-
-
-def parse_pa(path: Path) -> dict[str, float | None]:
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError:
-        rows = []
-    if not rows:
-        return {"pa_rps": None, "p50_ms": None, "p99_ms": None}
-    r = rows[-1]
-    return {
-        "pa_rps": float(r["Inferences/Second"]),
-        "p50_ms": round(float(r["p50 latency"]) / 1000, 3),
-        "p99_ms": round(float(r["p99 latency"]) / 1000, 3),
-    }
+    return cmd, env
 
 
 def point(
     proto: str, c: int, pid: int, http_port: int, grpc_port: int, seconds: float, tmp: Path
 ) -> dict[str, Any]:
     cmd, env = perf_analyzer(proto, grpc_port if proto == "grpc" else http_port, c, seconds, tmp)
-    n0, cpu0, t0 = success_count(http_port), cpu_seconds(pid), time.monotonic()
+    n0, cpu0, t0 = success_count(http_port), tree_cpu_seconds(pid), time.monotonic()
     out = subprocess.run(
         [*taskset("1"), *cmd], capture_output=True, text=True, timeout=600,
         env={**os.environ, **env},
     )  # fmt: skip
     wall = time.monotonic() - t0
-    cpu = cpu_seconds(pid) - cpu0
+    cpu = tree_cpu_seconds(pid) - cpu0
     n = success_count(http_port) - n0
     row: dict[str, Any] = {
         "protocol": proto,
@@ -111,7 +80,8 @@ def point(
         "cpu_us_per_request": round(cpu / n * 1e6, 1) if n else None,
         "server_cpu_util": round(cpu / wall, 2),
     }
-    row.update(parse_pa(tmp / f"pa-{proto}-{c}.csv"))
+    pa_row = parse_pa_csv(tmp / f"pa-{proto}-{c}.csv", rps_digits=None)
+    row.update(pa_rps=pa_row.pop("rps"), **pa_row)
     if out.returncode:
         row["stderr"] = (out.stdout + out.stderr)[-1500:]
     return row
@@ -131,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "grpc_fast.json")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="grpcfast-"))
-    repo = tmp / "models"
-    repo.mkdir()
-    shutil.copytree(REPO / "tiny", repo / "tiny", symlinks=True)
+    repo = tiny_repo(tmp)
     rows: list[dict[str, Any]] = []
     for spec in args.variant or ["default"]:
         label, _, envs = spec.partition(":")
@@ -164,19 +132,11 @@ def run_variant(
 ) -> list[dict[str, Any]]:
     """Start pdserve with ``extra_env``; per concurrency, HTTP and gRPC in ABBA order
     (best of two each); rows: HTTP then gRPC per concurrency."""
-    http_port, grpc_port = free_port(), free_port()
-    log = tmp / f"pdserve-{label}.log"
-    cmd = [
-        *taskset("0"), PY, "-m", "pdserve", "serve", "--model-repository", str(repo),
-        "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-        "--metrics-port", str(free_port()),
-    ]  # fmt: skip
-    env = {**os.environ, **extra_env}
-    out = open(log, "wb")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+    proc, http_port, grpc_port = start_logged_server(
+        repo, tmp / f"pdserve-{label}.log", core="0", env=extra_env
+    )
     rows: list[dict[str, Any]] = []
     try:
-        wait_ready(proc, http_port, log, "pdserve", 0.1, tail=3000)
         for c in concurrency:
             runs: dict[str, list[dict[str, Any]]] = {"http": [], "grpc": []}
             for proto in ("http", "grpc", "grpc", "http"):
@@ -202,7 +162,6 @@ def run_variant(
     finally:
         proc.terminate()
         proc.wait(60)
-        out.close()
     return rows
 
 

@@ -19,7 +19,6 @@ Usage::
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -27,49 +26,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import bench_traffic_control
-from common import REPO, cli_parser, descendants, start_server, stop_process
-
-
-def wrk(port: int, lua: Path, seconds: int, connections: int) -> dict[str, float | int | None]:
-    """bench_traffic_control's wrk run and parse, with wrk not pinned (same machine)."""
-    pinned = bench_traffic_control.taskset
-    bench_traffic_control.taskset = lambda core: []  # type: ignore[assignment]  # unpinned
-    try:
-        return bench_traffic_control.wrk(port, lua, seconds, connections)
-    finally:
-        bench_traffic_control.taskset = pinned
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and every live descendant."""
-    total = 0.0
-    for p in [pid, *descendants(pid)]:
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def write_lua(tmp: Path) -> Path:
-    """The wrk script: one-row V2 JSON requests to ``tiny``."""
-    body = {
-        "inputs": [{"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.25] * 64}]
-    }
-    data = tmp / "body.json"
-    data.write_text(json.dumps(body))
-    lua = tmp / "post.lua"
-    lua.write_text(
-        'wrk.method = "POST"\n'
-        'wrk.headers["Content-Type"] = "application/json"\n'
-        f'local f = io.open("{data}", "rb")\n'
-        'wrk.body = f:read("*all")\n'
-        "f:close()\n"
-    )
-    return lua
+from common import (
+    TINY_ROW_BODY,
+    cli_parser,
+    run_wrk,
+    start_server,
+    stop_process,
+    tiny_repo,
+    tree_cpu_seconds,
+    write_post_lua,
+)
 
 
 def main() -> int:
@@ -85,10 +51,8 @@ def main() -> int:
         print("wrk is missing (apt-get install wrk)", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="bench-workers-"))
-    repo = tmp / "models"
-    repo.mkdir()
-    shutil.copytree(REPO / "tiny", repo / "tiny", symlinks=True)
-    lua = write_lua(tmp)
+    repo = tiny_repo(tmp)
+    lua = write_post_lua(tmp, TINY_ROW_BODY)
     conns = [int(c) for c in args.connections.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
     with open("/proc/loadavg") as f:
@@ -108,10 +72,10 @@ def main() -> int:
                 core=args.cores,
             )
             try:
-                wrk(port, lua, 2, max(conns))  # warm-up
+                run_wrk(port, lua, 2, max(conns), core=None)  # warm-up (wrk unpinned)
                 for c in conns:
                     cpu0 = tree_cpu_seconds(proc.pid)
-                    result: dict[str, object] = dict(wrk(port, lua, args.seconds, c))
+                    result: dict[str, object] = dict(run_wrk(port, lua, args.seconds, c, core=None))
                     cpu = tree_cpu_seconds(proc.pid) - cpu0
                     count = int(result["requests"] or 0)  # type: ignore[call-overload]
                     result["cpu_us_per_request"] = round(cpu / count * 1e6, 1) if count else None

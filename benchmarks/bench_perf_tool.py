@@ -30,7 +30,6 @@ Writes ``benchmarks/out/perf_tool.json`` and prints the markdown tables.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import re
@@ -41,43 +40,26 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from common import PY, REPO, ROOT, cli_parser, free_port, taskset, wait_ready
+from common import (
+    PY,
+    REPO,
+    ROOT,
+    cli_parser,
+    free_port,
+    parse_pa_csv,
+    perf_analyzer_command,
+    start_logged_server,
+    success_count,
+    taskset,
+    tiny_repo,
+    wait_ready,
+)
 
 PA_VENV = ROOT / "benchmarks" / ".venvs" / "perf_analyzer"
 OUT = ROOT / "benchmarks" / "out" / "perf_tool.json"
-
-
-def perf_analyzer() -> tuple[list[str], dict[str, str]]:
-    """The perf_analyzer command and environment (ANCHORS.md: the binary of the
-    tritonclient 2.50.0 wheel; libb64/libcudart copied from nvidia-pytriton's
-    hashed libraries under their plain names).
-
-    Raises:
-        SystemExit: the venv is missing (``make bench-perf-tool`` creates it).
-    """
-    binary = PA_VENV / "bin" / "perf_analyzer"
-    if not binary.exists():
-        raise SystemExit(f"{binary} is missing: run `make bench-perf-tool`")
-    libs = PA_VENV / "palibs"
-    if not (libs / "libcudart.so.12").exists():
-        site = next((PA_VENV / "lib").glob("python3*/site-packages"))
-        bundled = site / "nvidia_pytriton.libs"
-        libs.mkdir(exist_ok=True)
-        shutil.copy(next(bundled.glob("libb64-*.so.0d")), libs / "libb64.so.0d")
-        shutil.copy(next(bundled.glob("libcudart-*.so.12*")), libs / "libcudart.so.12")
-    return [str(binary)], {"LD_LIBRARY_PATH": str(libs)}
-
-
-def success_count(http_port: int) -> int:
-    """The server's successful inference count for ``tiny`` (statistics extension)."""
-    url = f"http://127.0.0.1:{http_port}/v2/models/tiny/stats"
-    with urllib.request.urlopen(url, timeout=10) as r:
-        doc = json.load(r)
-    return sum(int(m["inference_stats"]["success"]["count"]) for m in doc["model_stats"])
 
 
 def measured(cmd: list[str], http_port: int, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -112,19 +94,7 @@ def measured(cmd: list[str], http_port: int, env: dict[str, str] | None = None) 
 
 def start_pdserve(tmp: Path) -> tuple[subprocess.Popen[bytes], int, int]:
     """pdserve on a repository holding only ``tiny``, pinned to core 0."""
-    repo = tmp / "models"
-    repo.mkdir()
-    shutil.copytree(REPO / "tiny", repo / "tiny", symlinks=True)
-    http_port, grpc_port = free_port(), free_port()
-    log = tmp / "pdserve.log"
-    cmd = [
-        *taskset("0"), PY, "-m", "pdserve", "serve", "--model-repository", str(repo),
-        "--host", "127.0.0.1", "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-        "--metrics-port", str(free_port()),
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
-    wait_ready(proc, http_port, log, "pdserve", 0.1, tail=3000)
-    return proc, http_port, grpc_port
+    return start_logged_server(tiny_repo(tmp), tmp / "pdserve.log", core="0")
 
 
 def json_body(tmp: Path) -> Path:
@@ -189,24 +159,6 @@ def parse_pdserve_perf(path: Path) -> dict[str, float | None]:
     }
 
 
-def parse_pa_csv(path: Path) -> dict[str, float | None]:
-    """Throughput and p50/p99 (ms) from perf_analyzer's ``-f`` CSV (None when it
-    reported nothing, e.g. no stable measurement)."""
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError:
-        rows = []
-    if not rows:
-        return {"rps": None, "p50_ms": None, "p99_ms": None}
-    r = rows[-1]
-    return {
-        "rps": round(float(r["Inferences/Second"]), 1),
-        "p50_ms": round(int(r["p50 latency"]) / 1000, 3),
-        "p99_ms": round(int(r["p99 latency"]) / 1000, 3),
-    }
-
-
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per key, the median of the runs' numbers (None ignored); ``runs`` keeps all."""
     out: dict[str, Any] = {"runs": runs}
@@ -226,7 +178,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 def section_wrk(args: argparse.Namespace, tmp: Path, http_port: int) -> list[dict[str, Any]]:
     """Client vs wrk (and perf_analyzer), JSON body, one core."""
-    pa, pa_env = perf_analyzer()
+    pa, pa_env = perf_analyzer_command(PA_VENV)
     url = f"127.0.0.1:{http_port}"
     interval = int(args.duration * 1000 / 3)
     rows = []
@@ -287,7 +239,7 @@ def section_pa(
     args: argparse.Namespace, tmp: Path, http_port: int, grpc_port: int, prefix: str = ""
 ) -> list[dict[str, Any]]:
     """The same points through perf_analyzer and pdserve perf (default formats)."""
-    pa, pa_env = perf_analyzer()
+    pa, pa_env = perf_analyzer_command(PA_VENV)
     rows = []
     common = ["-p", str(args.interval_ms), "-r", str(args.max_trials), "-s", str(args.stability)]
     for proto, port in (("http", http_port), ("grpc", grpc_port)):

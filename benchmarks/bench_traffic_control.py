@@ -27,17 +27,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, cli_parser, start_server, stop_process, taskset
+from common import (
+    TINY_ROW_BODY,
+    cli_parser,
+    proc_cpu_seconds,
+    run_wrk,
+    start_server,
+    stop_process,
+    tiny_repo,
+    write_post_lua,
+)
 
 KEY = "bench-key-0f3a9c"
 
@@ -55,58 +61,6 @@ def write_auth(tmp: Path) -> Path:
         "rate_limits:\n  global: 1000000/second\n  models:\n    tiny: 1000000/second\n"
     )
     return path
-
-
-def write_lua(tmp: Path) -> Path:
-    body = {
-        "inputs": [{"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.25] * 64}]
-    }
-    data = tmp / "body.json"
-    data.write_text(json.dumps(body))
-    lua = tmp / "post.lua"
-    lua.write_text(
-        'wrk.method = "POST"\n'
-        'wrk.headers["Content-Type"] = "application/json"\n'
-        f'wrk.headers["Authorization"] = "Bearer {KEY}"\n'
-        f'local f = io.open("{data}", "rb")\n'
-        'wrk.body = f:read("*all")\n'
-        "f:close()\n"
-    )
-    return lua
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads), from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wrk(port: int, lua: Path, seconds: int, connections: int) -> dict[str, float | int | None]:
-    cmd = [
-        *taskset("1"), "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
-        "-s", str(lua), f"http://127.0.0.1:{port}/v2/models/tiny/infer",
-    ]  # fmt: skip
-    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-
-    def ms(label: str) -> float | None:
-        m = re.search(rf"^\s+{label}\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
-        if not m:
-            return None
-        return round(float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)], 3)
-
-    rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
-    total = re.search(r"(\d+) requests in", text)
-    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
-    errors = re.search(r"Socket errors:.*", text)
-    return {
-        "rps": float(rps.group(1)) if rps else None,
-        "requests": int(total.group(1)) if total else 0,
-        "p50_ms": ms("50%"),
-        "p99_ms": ms("99%"),
-        "non_2xx": int(non2xx.group(1)) if non2xx else 0,
-        "socket_errors": errors.group(0) if errors else None,  # type: ignore[dict-item]
-    }
 
 
 def micro(auth: Path, n: int = 20000) -> dict[str, float]:
@@ -168,9 +122,7 @@ def main() -> int:
         print("wrk is missing (apt-get install wrk)", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="bench-traffic-"))
-    repo = tmp / "models"
-    repo.mkdir()
-    shutil.copytree(REPO / "tiny", repo / "tiny", symlinks=True)
+    repo = tiny_repo(tmp)
     auth = write_auth(tmp)
     auth_only = tmp / "auth-only.yaml"
     auth_only.write_text(
@@ -184,7 +136,7 @@ def main() -> int:
         )
         + "\n"
     )
-    lua = write_lua(tmp)
+    lua = write_post_lua(tmp, TINY_ROW_BODY, {"Authorization": f"Bearer {KEY}"})
     configs = {
         "off": (),
         "on": (
@@ -204,10 +156,10 @@ def main() -> int:
         for name, flags in configs.items():
             proc, port, _, _ = start_server(repo, "--log-verbose", "0", *flags, core="0")
             try:
-                wrk(port, lua, 2, args.connections)  # warm-up
-                cpu0 = cpu_seconds(proc.pid)
-                result = wrk(port, lua, args.seconds, args.connections)
-                cpu = cpu_seconds(proc.pid) - cpu0
+                run_wrk(port, lua, 2, args.connections)  # warm-up
+                cpu0 = proc_cpu_seconds(proc.pid)
+                result = run_wrk(port, lua, args.seconds, args.connections)
+                cpu = proc_cpu_seconds(proc.pid) - cpu0
                 n = int(result["requests"] or 0)
                 result["cpu_us_per_request"] = round(cpu / n * 1e6, 1) if n else None
             finally:

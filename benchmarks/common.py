@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import json
 import os
 import re
@@ -441,3 +442,166 @@ def interrupt_on_sigterm() -> None:
 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)
+
+
+# --------------------------------------------------------------------------- tiny + wrk/perf_analyzer
+
+
+#: One row of the example ``tiny`` model (64 FP32) as a V2 JSON request body.
+TINY_ROW_BODY = {
+    "inputs": [{"name": "INPUT0", "shape": [1, 64], "datatype": "FP32", "data": [0.25] * 64}]
+}
+
+
+def tiny_repo(tmp: Path) -> Path:
+    """``tmp/models``: a model repository holding a copy of the example ``tiny`` model only."""
+    repo = tmp / "models"
+    repo.mkdir()
+    shutil.copytree(REPO / "tiny", repo / "tiny", symlinks=True)
+    return repo
+
+
+def start_logged_server(
+    repo: Path, log: Path, *args: str, core: str = "0", env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Start pdserve on 127.0.0.1 serving ``repo``, pinned to ``core``, its output in
+    ``log``, with ``env`` added to this process's environment; wait until it is ready.
+
+    Returns:
+        (process, HTTP port, gRPC port).
+
+    Raises:
+        RuntimeError: it exited (with the end of its log) or was not ready in 120 s.
+    """
+    http_port, grpc_port = free_port(), free_port()
+    cmd = pdserve_command(
+        repo, http_port, grpc_port, free_port(), "--host", "127.0.0.1", *args, core=core
+    )
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+    wait_ready(proc, http_port, log, "pdserve", 0.1, tail=3000)
+    return proc, http_port, grpc_port
+
+
+def success_count(http_port: int, model: str = "tiny") -> int:
+    """The server's successful inference count of ``model`` (statistics extension)."""
+    url = f"http://127.0.0.1:{http_port}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        doc = json.load(r)
+    return sum(int(m["inference_stats"]["success"]["count"]) for m in doc["model_stats"])
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads), from /proc; 0.0 once
+    it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and of every live descendant."""
+    return sum(proc_cpu_seconds(p) for p in [pid, *descendants(pid)])
+
+
+def write_post_lua(tmp: Path, body: Any, headers: dict[str, str] | None = None) -> Path:
+    """``tmp/post.lua``: a wrk script POSTing ``body`` (JSON, written to ``tmp/body.json``)
+    with ``Content-Type: application/json`` and ``headers``."""
+    data = tmp / "body.json"
+    data.write_text(json.dumps(body))
+    lua = tmp / "post.lua"
+    lua.write_text(
+        'wrk.method = "POST"\n'
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        + "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in (headers or {}).items())
+        + f'local f = io.open("{data}", "rb")\n'
+        'wrk.body = f:read("*all")\n'
+        "f:close()\n"
+    )
+    return lua
+
+
+def run_wrk(
+    port: int, lua: Path, seconds: int, connections: int, core: str | None = "1"
+) -> dict[str, float | int | None]:
+    """``wrk -t1 -cC -dDs --latency -s lua`` against ``tiny`` on ``port``, pinned to
+    ``core`` (None: not pinned).
+
+    Returns:
+        ``rps``, ``requests``, ``p50_ms``, ``p99_ms``, ``non_2xx`` and ``socket_errors``
+        (wrk's line, None when it had none).
+
+    Raises:
+        subprocess.CalledProcessError: wrk failed.
+    """
+    cmd = [
+        *taskset(core), "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
+        "-s", str(lua), f"http://127.0.0.1:{port}/v2/models/tiny/infer",
+    ]  # fmt: skip
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+    def ms(label: str) -> float | None:
+        m = re.search(rf"^\s+{label}\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+        if not m:
+            return None
+        return round(float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)], 3)
+
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
+    total = re.search(r"(\d+) requests in", text)
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
+    errors = re.search(r"Socket errors:.*", text)
+    return {
+        "rps": float(rps.group(1)) if rps else None,
+        "requests": int(total.group(1)) if total else 0,
+        "p50_ms": ms("50%"),
+        "p99_ms": ms("99%"),
+        "non_2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": errors.group(0) if errors else None,  # type: ignore[dict-item]
+    }
+
+
+def perf_analyzer_command(venv: Path, hint: str = "") -> tuple[list[str], dict[str, str]]:
+    """Triton's perf_analyzer from ``venv`` and the environment it needs (ANCHORS.md: the
+    binary of the tritonclient 2.50.0 wheel; libb64/libcudart copied from
+    nvidia-pytriton's hashed libraries under their plain names, into ``venv/palibs``).
+
+    Raises:
+        RuntimeError: the venv has no perf_analyzer (``make bench-perf-tool`` makes it;
+            ``hint`` is added to the message).
+    """
+    binary = venv / "bin" / "perf_analyzer"
+    if not binary.exists():
+        raise RuntimeError(f"{binary} is missing: run `make bench-perf-tool`{hint}")
+    libs = venv / "palibs"
+    if not (libs / "libcudart.so.12").exists():
+        site = next((venv / "lib").glob("python3*/site-packages"))
+        bundled = site / "nvidia_pytriton.libs"
+        libs.mkdir(exist_ok=True)
+        shutil.copy(next(bundled.glob("libb64-*.so.0d")), libs / "libb64.so.0d")
+        shutil.copy(next(bundled.glob("libcudart-*.so.12*")), libs / "libcudart.so.12")
+    return [str(binary)], {"LD_LIBRARY_PATH": str(libs)}
+
+
+def parse_pa_csv(path: Path, rps_digits: int | None = 1) -> dict[str, float | None]:
+    """Throughput (``rps``, rounded to ``rps_digits``; None: not rounded) and p50/p99 (ms)
+    from perf_analyzer's ``-f`` CSV (None when it reported nothing, e.g. no stable
+    measurement)."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError:
+        rows = []
+    if not rows:
+        return {"rps": None, "p50_ms": None, "p99_ms": None}
+    r = rows[-1]
+    rps = float(r["Inferences/Second"])
+    return {
+        "rps": rps if rps_digits is None else round(rps, rps_digits),
+        "p50_ms": round(float(r["p50 latency"]) / 1000, 3),
+        "p99_ms": round(float(r["p99 latency"]) / 1000, 3),
+    }
