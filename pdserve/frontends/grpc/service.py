@@ -344,7 +344,6 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: service_pb2.ModelReadyRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelReadyResponse:
         """``ready`` of one model (version); an unknown model is not ready (no error)."""
-
         ok = await _call(self.server.model_ready, request.name, request.version)
         return service_pb2.ModelReadyResponse(ready=bool(ok))
 
@@ -362,7 +361,6 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: service_pb2.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelMetadataResponse:
         """Model metadata: versions, platform, inputs and outputs."""
-
         meta = await _call(self.server.model_metadata, request.name, request.version)
         return metadata_response(meta)
 
@@ -371,7 +369,6 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: service_pb2.ModelConfigRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelConfigResponse:
         """The model's (auto-completed) configuration as a ``ModelConfig`` message."""
-
         cfg_json = await _call(self.server.model_config, request.name, request.version)
         cfg = config_from_json(cfg_json)
         return service_pb2.ModelConfigResponse(config=cfg)
@@ -486,7 +483,6 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> service_pb2.SystemSharedMemoryStatusResponse:
         """The regions registered (``name`` empty: all; unknown: NOT_FOUND)."""
-
         msg = service_pb2.SystemSharedMemoryStatusResponse()
         for r in self.shm.status(request.name):
             slot = msg.regions[r["name"]]
@@ -501,7 +497,6 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> service_pb2.SystemSharedMemoryRegisterResponse:
         """Register ``byte_size`` bytes at ``offset`` of the object ``key`` as ``name``."""
-
         self.shm.register(request.name, request.key, request.offset, request.byte_size)
         return service_pb2.SystemSharedMemoryRegisterResponse()
 
@@ -512,14 +507,12 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> service_pb2.SystemSharedMemoryUnregisterResponse:
         """Unregister ``name`` (empty: all)."""
-
         self.shm.unregister(request.name)
         return service_pb2.SystemSharedMemoryUnregisterResponse()
 
     @_guarded
     async def _cuda_unsupported(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """CUDA shared memory: UNIMPLEMENTED, saying why (:func:`cuda_unsupported`)."""
-
         raise cuda_unsupported()
 
     CudaSharedMemoryStatus = _cuda_unsupported
@@ -571,7 +564,6 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Triton's logging extension: change the settings given, answer all of them
         (:func:`pdserve.observability.logs.update_settings`; a bad name or value type is
         ``INVALID_ARGUMENT`` and changes nothing)."""
-
         changes = {}
         for name, value in request.settings.items():
             which = value.WhichOneof("parameter_choice")
@@ -609,7 +601,6 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: service_pb2.ModelStatisticsRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.ModelStatisticsResponse:
         """Triton's statistics extension (all models when no name is given)."""
-
         stats = await _call(self.server.model_statistics, request.name, request.version)
         msg = service_pb2.ModelStatisticsResponse()
         json_format.ParseDict(stats, msg, ignore_unknown_fields=True)
@@ -621,7 +612,6 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.TraceSettingResponse:
         """Triton's trace extension: get (no settings) or update the trace settings of
         a model (``model_name``) or the global ones; an empty value list clears a setting."""
-
         setting = getattr(self.server, "trace_setting", None)
         if setting is None:
             raise unavailable("the server does not support tracing")
@@ -640,7 +630,6 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: service_pb2.RepositoryIndexRequest, context: grpc.aio.ServicerContext
     ) -> service_pb2.RepositoryIndexResponse:
         """Every model of the repository: ``{name, version, state, reason}``."""
-
         rows = await _call(self.server.repository_index, request.ready)
         msg = service_pb2.RepositoryIndexResponse()
         for row in rows:
@@ -658,7 +647,6 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> service_pb2.RepositoryModelLoadResponse:
         """Load or reload a model; parameters ``config`` (JSON string) and
         ``file:<version>/<name>`` (bytes) as in Triton's repository extension."""
-
         config: str | None = None
         files: dict[str, bytes] = {}
         for key, p in request.parameters.items():
@@ -685,7 +673,6 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> service_pb2.RepositoryModelUnloadResponse:
         """Unload a model; parameter ``unload_dependents`` (bool)."""
-
         dependents = False
         p = request.parameters.get("unload_dependents")
         if p is not None:
