@@ -108,6 +108,18 @@ _EMPTY_HEADERS = [(b"content-length", b"0")]
 _METHOD_NOT_ALLOWED = encode_error("Method Not Allowed")
 _ROUTE_KEY = ROUTE_KEY_HEADER.encode()
 _PIN = PIN_HEADER.encode()
+#: The (lower-case) header names :func:`parse_infer_headers` reads, each to itself.
+_INFER_HEADER_KINDS = {
+    name: name
+    for name in (
+        b"content-length",
+        _ROUTE_KEY,
+        _PIN,
+        b"inference-header-content-length",
+        b"content-encoding",
+        b"traceparent",
+    )
+}
 
 _D = TypeVar("_D", int, None)  # _int_header's default: an int, or None
 
@@ -809,24 +821,29 @@ def parse_infer_headers(headers: list[tuple[bytes, bytes]]) -> InferHeaders:
     encoding = b""
     traceparent: bytes | None = None
     route_key = pinned = b""
+    kinds = _INFER_HEADER_KINDS
     for key, value in headers:
-        if key == b"content-length":
+        # one dict lookup passes over the headers not used here (Host, Content-Type,
+        # User-Agent...) rather than a comparison with each name used
+        kind = kinds.get(key)
+        if kind is None:
+            continue
+        if kind == b"content-length":
             content_length = _int_header(value, -1)
-        elif key[:10] == b"x-pdserve-":  # traffic control (repository.traffic)
-            if key == _ROUTE_KEY:
-                route_key = value
-            elif key == _PIN:
-                pinned = value
-        elif key == b"inference-header-content-length":
+        elif kind == _ROUTE_KEY:  # traffic control (repository.traffic)
+            route_key = value
+        elif kind == _PIN:
+            pinned = value
+        elif kind == b"inference-header-content-length":
             header_length = _int_header(value, None)
             if header_length is None or header_length < 0:
                 raise InferError(
                     "Inference-Header-Content-Length must be a non-negative integer, "
                     f"got {value.decode('latin-1')!r}"
                 )
-        elif key == b"content-encoding":
+        elif kind == b"content-encoding":
             encoding = value if not encoding else encoding + b"," + value
-        elif key == b"traceparent":
+        else:  # traceparent
             traceparent = value
     return content_length, encoding, header_length, traceparent, route_key, pinned
 
