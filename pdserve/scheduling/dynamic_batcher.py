@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pdserve.backends.base import ExecRequest, ExecResult
-from pdserve.core.cancel import queue_owns_timeout
+from pdserve.core.cancel import CancelToken, queue_owns_timeout, token_of
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.observability.stats import NOT_QUEUED, ModelStats
 from pdserve.scheduling.base import InstancePool, Scheduler, run_batch
@@ -169,6 +169,8 @@ class DynamicBatcher(Scheduler):
         check: the model's output check (:class:`~pdserve.scheduling.shapes.OutputCheck`)
             run on every batch's results; None: unchecked.
     """
+
+    follows_token = True  # see Scheduler.follows_token and submit
 
     # the batch-formation scan's position (set by _reset_scan)
     _cur_q: int
@@ -278,6 +280,10 @@ class DynamicBatcher(Scheduler):
                 ``CLIENT_GONE`` client gone; ``INTERNAL`` (or the model's code) the
                 model failed.
         """
+        token = token_of(request.request)
+        if token is not None and token():
+            assert token.error is not None
+            raise token.error.fresh()
         if self._closed:
             raise unavailable(
                 f"model '{self.name}' is unloading: request not accepted", reason=NOT_QUEUED
@@ -342,6 +348,21 @@ class DynamicBatcher(Scheduler):
             # per batch, no added wait).
             self._kicked = True
             loop.call_soon(self._kick)
+        if token is None:
+            interrupt = None
+        else:
+            # The token cancelling (client gone, request timeout) answers its error at
+            # once: a queued request leaves its queue, a batched one stops waiting (the
+            # batch runs on; _deliver skips a future already done). This is what
+            # run_cancellable does by cancelling the task, without a coroutine level
+            # or a task lookup per request (follows_token).
+            def interrupt(tok: CancelToken) -> None:
+                if item.state == _QUEUED:
+                    self._drop(item)
+                if not fut.done() and tok.error is not None:
+                    fut.set_exception(tok.error.fresh())
+
+            token.add_callback(interrupt)
         try:
             return await fut
         except asyncio.CancelledError:
@@ -349,10 +370,12 @@ class DynamicBatcher(Scheduler):
                 self._drop(item)
             raise
         finally:
+            if token is not None and interrupt is not None:
+                token.remove_callback(interrupt)
             # A failed future's exception carries a traceback through this frame: without
             # this, future -> exception -> traceback -> frame -> future would be a cycle
             # keeping the request's tensors until a full garbage collection.
-            fut = item = None  # type: ignore[assignment]
+            fut = item = interrupt = None  # type: ignore[assignment]
 
     def _kick(self) -> None:
         self._kicked = False
