@@ -36,7 +36,8 @@ Triton semantics (docs/user_guide/batcher.md, model_config.proto
   "Request timeout expired".
 - A request whose client went away is dropped when its batch is formed, before it
   reaches an instance; a cancelled request (:mod:`pdserve.core.cancel`) leaves the
-  queue at once (the server cancels its wait), freeing its ``max_queue_size`` slot.
+  queue at once (the batcher follows its token and answers the token's error),
+  freeing its ``max_queue_size`` slot.
   A level with ``allow_timeout_override`` applies the request's ``timeout`` itself.
 - Batches only form when an instance is free, so at most one batch runs per
   instance and batches in flight never exceed the instance count; while every
