@@ -393,6 +393,8 @@ class InferenceServer:
                 cache = self.response_cache
                 if cache is not None and cache.enabled_for(mv):
                     outputs = await self._infer_cached(cache, mv, exec_req)
+                elif mv.scheduler.follows_token:  # type: ignore[union-attr]
+                    outputs = await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
                 else:
                     outputs = await run_cancellable(
                         token_of(request),

@@ -340,7 +340,8 @@ class ModelVersion:
     def begin(self) -> None:
         """A request was accepted."""
         self.inflight += 1
-        self._idle.clear()
+        if self.inflight == 1:  # (idle is set exactly while nothing is in flight)
+            self._idle.clear()
 
     def end(self) -> None:
         """A request was answered."""

@@ -170,6 +170,11 @@ def _trace_end(
 class Scheduler(abc.ABC):
     """Accepts requests for one model version and runs them on its instances."""
 
+    #: ``submit`` follows the request's :class:`~pdserve.core.cancel.CancelToken` itself
+    #: (answers the token's error as soon as it cancels, taking a queued request out of
+    #: its queue): the server awaits it without :func:`~pdserve.core.cancel.run_cancellable`.
+    follows_token = False
+
     def __init__(
         self, pool: InstancePool, stats: ModelStats, check: OutputCheck | None = None
     ) -> None:

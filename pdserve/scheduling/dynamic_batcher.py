@@ -36,7 +36,8 @@ Triton semantics (docs/user_guide/batcher.md, model_config.proto
   "Request timeout expired".
 - A request whose client went away is dropped when its batch is formed, before it
   reaches an instance; a cancelled request (:mod:`pdserve.core.cancel`) leaves the
-  queue at once (the server cancels its wait), freeing its ``max_queue_size`` slot.
+  queue at once (the batcher follows its token and answers the token's error),
+  freeing its ``max_queue_size`` slot.
   A level with ``allow_timeout_override`` applies the request's ``timeout`` itself.
 - Batches only form when an instance is free, so at most one batch runs per
   instance and batches in flight never exceed the instance count; while every
@@ -62,10 +63,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pdserve.backends.base import ExecRequest, ExecResult
-from pdserve.core.cancel import queue_owns_timeout
+from pdserve.core.cancel import CancelToken, queue_owns_timeout, token_of
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.observability.stats import NOT_QUEUED, ModelStats
-from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled, run_batch
+from pdserve.scheduling.base import InstancePool, Scheduler, run_batch
 from pdserve.scheduling.padding import PaddingPolicy, policy_of
 from pdserve.scheduling.queue_policy import PriorityLevels
 from pdserve.scheduling.shapes import OutputCheck
@@ -169,6 +170,8 @@ class DynamicBatcher(Scheduler):
         check: the model's output check (:class:`~pdserve.scheduling.shapes.OutputCheck`)
             run on every batch's results; None: unchecked.
     """
+
+    follows_token = True  # see Scheduler.follows_token and submit
 
     # the batch-formation scan's position (set by _reset_scan)
     _cur_q: int
@@ -278,6 +281,10 @@ class DynamicBatcher(Scheduler):
                 ``CLIENT_GONE`` client gone; ``INTERNAL`` (or the model's code) the
                 model failed.
         """
+        token = token_of(request.request)
+        if token is not None and token():
+            assert token.error is not None
+            raise token.error.fresh()
         if self._closed:
             raise unavailable(
                 f"model '{self.name}' is unloading: request not accepted", reason=NOT_QUEUED
@@ -342,6 +349,21 @@ class DynamicBatcher(Scheduler):
             # per batch, no added wait).
             self._kicked = True
             loop.call_soon(self._kick)
+        if token is None:
+            interrupt = None
+        else:
+            # The token cancelling (client gone, request timeout) answers its error at
+            # once: a queued request leaves its queue, a batched one stops waiting (the
+            # batch runs on; _deliver skips a future already done). This is what
+            # run_cancellable does by cancelling the task, without a coroutine level
+            # or a task lookup per request (follows_token).
+            def interrupt(tok: CancelToken) -> None:
+                if item.state == _QUEUED:
+                    self._drop(item)
+                if not fut.done() and tok.error is not None:
+                    fut.set_exception(tok.error.fresh())
+
+            token.add_callback(interrupt)
         try:
             return await fut
         except asyncio.CancelledError:
@@ -349,10 +371,12 @@ class DynamicBatcher(Scheduler):
                 self._drop(item)
             raise
         finally:
+            if token is not None and interrupt is not None:
+                token.remove_callback(interrupt)
             # A failed future's exception carries a traceback through this frame: without
             # this, future -> exception -> traceback -> frame -> future would be a cycle
             # keeping the request's tensors until a full garbage collection.
-            fut = item = None  # type: ignore[assignment]
+            fut = item = interrupt = None  # type: ignore[assignment]
 
     def _kick(self) -> None:
         self._kicked = False
@@ -501,7 +525,8 @@ class DynamicBatcher(Scheduler):
             counts[it.level] -= 1
             req = it.req
             req.queue_ns = now - it.enq_ns
-            if req.request.cancelled is not None and is_cancelled(req):
+            cancelled = req.request.cancelled  # polled here, not via is_cancelled: a call less
+            if cancelled is not None and cancelled():
                 gone = gone or []
                 gone.append(it)
             else:
@@ -534,9 +559,8 @@ class DynamicBatcher(Scheduler):
         here, right before the batch reaches the instance, and do not run.
         """
         try:
-            gone = [
-                it for it in items if it.req.request.cancelled is not None and is_cancelled(it.req)
-            ]
+            # (the tokens polled directly, as in _dispatch)
+            gone = [it for it in items if (c := it.req.request.cancelled) is not None and c()]
             if not gone:
                 return await self._run_batch(instance, items)
             _cancel_gone(gone)

@@ -289,14 +289,10 @@ def decode_infer_request(
             raise InferError("request 'outputs' must be a list")
         outputs = [_parse_requested_output(o) for o in outputs_json]
 
+    # positional, in InferRequest's field order (model_name, model_version, inputs,
+    # outputs, id, parameters, arrival_ns): the keyword form costs 0.25 µs more (timeit)
     request = InferRequest(
-        model_name=model_name,
-        model_version=model_version,
-        inputs=inputs,
-        outputs=outputs,
-        id=request_id,
-        parameters=parameters,
-        arrival_ns=arrival_ns,
+        model_name, model_version, inputs, outputs, request_id, parameters, arrival_ns
     )
     if shm_inputs is not None:
         request.shm_inputs = shm_inputs

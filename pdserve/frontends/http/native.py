@@ -80,7 +80,7 @@ import socket
 import struct
 import termios
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Coroutine, MutableMapping
 from typing import Any, cast
 from urllib.parse import unquote
 
@@ -113,6 +113,8 @@ MAX_PIPELINE = 16
 #: Inference paths whose decoded (model, version) a server keeps (see
 #: ``NativeHttpServer.infer_routes``).
 MAX_INFER_ROUTES = 256
+#: The name of every inference request's task (see ``HttpConnection._start``).
+_INFER_TASK_NAME = "pdserve-http-infer"
 #: Write buffer high-water mark per connection, in bytes (reading pauses above it).
 WRITE_HIGH_WATER = 256 * 1024
 
@@ -858,7 +860,7 @@ class HttpConnection(asyncio.Protocol):
             routes = self.server.infer_routes
             route = routes.get(path)
             if route is not None:
-                self.loop.create_task(self._infer(request, route[0], route[1]))
+                self._start(self._infer(request, route[0], route[1]))
                 return
             if path.endswith(b"/infer"):
                 parts = path.split(b"/")
@@ -873,9 +875,19 @@ class HttpConnection(asyncio.Protocol):
                         if len(routes) >= MAX_INFER_ROUTES:
                             routes.clear()
                         routes[path] = (model, version)
-                        self.loop.create_task(self._infer(request, model, version))
+                        self._start(self._infer(request, model, version))
                         return
         self.loop.create_task(self._asgi(request))
+
+    def _start(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run an inference request's coroutine in its own task.
+
+        ``asyncio.Task`` with a fixed name rather than ``loop.create_task``: a task
+        without a name gets "Task-N", formatted by ``PyUnicode_FromFormat`` at creation
+        on 3.11, and uvloop's ``create_task`` wraps the same constructor (together about
+        0.2 CPU-µs per request, measured). No task factory is set on pdserve's loops.
+        """
+        asyncio.Task(coro, loop=self.loop, name=_INFER_TASK_NAME)
 
     @staticmethod
     def _segment(raw: bytes) -> str:
@@ -883,13 +895,13 @@ class HttpConnection(asyncio.Protocol):
         return unquote(text) if "%" in text else text
 
     def _new_token(self) -> CancelToken:
-        token = self._token = CancelToken(self._is_gone)
+        # No probe to poll: connection_lost cancels self._token, the only token of
+        # this connection not yet answered (one request is served at a time), so a
+        # poll of self._gone would only repeat it (3 Python calls per request saved).
+        token = self._token = CancelToken(None, self.loop)
         if self._gone:
             token.cancel(client_gone())
         return token
-
-    def _is_gone(self) -> bool:
-        return self._gone
 
     async def _infer(self, request: _Request, model: str, version: str) -> None:
         """The hot path: ``POST .../infer`` without ASGI."""
@@ -909,9 +921,19 @@ class HttpConnection(asyncio.Protocol):
             body = request.body
             if head[1]:
                 body = await app.finish_body(body, head[1], header_length is None)
-            parts, json_length, total = await app.infer_body(
-                body, head, model, version, arrival_ns, self._new_token
-            )
+            # app.infer_body's steps, run here for the common small request: the server's
+            # coroutine is awaited by this task directly (one coroutine level fewer)
+            decoded = app.decode_inline(body, head, model, version, arrival_ns, self._new_token)
+            if decoded is None:
+                parts, json_length, total = await app.infer_body(
+                    body, head, model, version, arrival_ns, self._new_token
+                )
+            else:
+                response = await app.run_decoded(decoded)
+                encoded = app.encode_inline(response, decoded)
+                if encoded is None:
+                    encoded = await app.encode_large(response, decoded)
+                parts, json_length, total = encoded
         except _ClientGoneError:
             self._finish(request, None)
             return
