@@ -382,6 +382,7 @@ async def start_http(
         settings.http_port,
         limits=settings.http_limits,
         body_timeout=settings.http_body_timeout_secs,
+        max_body=settings.max_request_bytes,
     )
 
     async def run() -> None:
