@@ -545,6 +545,7 @@ async def start_grpc(
             shared_memory=shm,
             kind=settings.grpc_server,
             max_connections=settings.http_max_connections,
+            keepalive=settings.grpc_keepalive,
         )
     except RuntimeError as e:
         raise StartError(str(e)) from None
