@@ -41,7 +41,11 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from pdserve.frontends.grpc.native import MAX_CONCURRENT_STREAMS, RESET_BURST
+from pdserve.frontends.grpc.native import (
+    MAX_CONCURRENT_STREAMS,
+    RESET_BURST,
+    STREAM_MAX_UNANSWERED,
+)
 from tests.conftest import ServerProcess, copy_models, start_server
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "python_models"
@@ -444,6 +448,53 @@ def test_rapid_reset_gets_goaway(server: ServerProcess) -> None:
     c = grpcclient.InferenceServerClient(server.grpc_url)
     assert c.is_server_live()
     c.close()
+
+
+def _tiny_successes(client: grpcclient.InferenceServerClient) -> int:
+    stats = client.get_inference_statistics("tiny")
+    return int(stats.model_stats[0].inference_stats.success.count)
+
+
+def test_stream_backpressure_when_the_client_reads_no_responses(server: ServerProcess) -> None:
+    """A ModelStreamInfer client that sends many requests and reads no responses (its
+    flow-control window closed): the server stops taking its requests once
+    STREAM_MAX_UNANSWERED are unanswered, so responses do not pile up in memory; when
+    the client opens its window, every request is answered."""
+    n = STREAM_MAX_UNANSWERED * 5
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    before = _tiny_successes(g)
+    raw = _RawH2(server)
+    sid = 1
+    try:
+        raw.sock.sendall(
+            SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 512}).serialize()
+        )
+        x = np.zeros((1, 64), np.float32)
+        request = service_pb2.ModelInferRequest(model_name="tiny")
+        tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 64])
+        assert tensor is not None
+        request.raw_input_contents.append(x.tobytes())
+        message = _message(request.SerializeToString())
+        frames = [raw.headers(sid, "ModelStreamInfer")]
+        frames += [DataFrame(sid, message).serialize() for _ in range(n)]
+        raw.sock.sendall(b"".join(frames))
+        time.sleep(3.0)  # ample time to run all n on the tiny model, were they taken
+        taken = _tiny_successes(g) - before
+        assert 0 < taken <= STREAM_MAX_UNANSWERED + 8, taken
+        # the window opens: everything is answered, the stream ends OK
+        raw.sock.sendall(
+            WindowUpdateFrame(0, window_increment=1 << 30).serialize()
+            + WindowUpdateFrame(sid, window_increment=1 << 30).serialize()
+            + DataFrame(sid, b"", flags=["END_STREAM"]).serialize()
+        )
+        end = raw.frames(lambda f: f.stream_id == sid and "END_STREAM" in f.flags, seconds=60)
+        assert end and isinstance(end[-1], HeadersFrame), end[-3:]
+        received = sum(len(f.data) for f in end if isinstance(f, DataFrame) and f.stream_id == sid)
+        assert received >= n * 5  # n length-prefixed responses
+        assert _tiny_successes(g) - before == n
+    finally:
+        raw.sock.close()
+        g.close()
 
 
 _frames = st.one_of(

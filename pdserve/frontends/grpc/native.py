@@ -55,6 +55,12 @@ gRPC over HTTP/2, as served here:
   streams refused for the concurrent-stream limit, are counted in a token bucket
   (:data:`RESET_BURST`, :data:`RESETS_PER_SEC`); past it: GOAWAY ENHANCE_YOUR_CALM
   ``too_many_resets`` and close.
+- bidirectional streams (``ModelStreamInfer``): the handler is given no more
+  requests while :data:`STREAM_MAX_UNANSWERED` it was given are unanswered, and its
+  responses go out one at a time within the peer's windows, so a client that does not
+  read its responses stops the reading of its requests; the stream's receive window
+  is not reopened while :data:`STREAM_MAX_QUEUED` requests wait, so what waits is
+  bounded by the window too.
 - SETTINGS_MAX_CONCURRENT_STREAMS :data:`MAX_CONCURRENT_STREAMS` (a stream past it:
   RST_STREAM REFUSED_STREAM); at most
   ``max_connections`` connections (more are closed at once); a connection with no
@@ -106,6 +112,14 @@ RESET_BURST = 1000
 #: is closed (a token bucket, as Go's and nginx's answers to the attack bound the work a
 #: client can cause by opening and cancelling streams).
 RESETS_PER_SEC = 200.0
+#: ModelStreamInfer (any bidirectional stream) backpressure: the handler is given no
+#: more requests while this many it was given are unanswered (responses are yielded
+#: one at a time, each once the previous one is out: a client that does not read
+#: them, its flow-control window closed, stops the reading of its requests)...
+STREAM_MAX_UNANSWERED = 128
+#: ... and the stream's receive window is not reopened (no WINDOW_UPDATE) while this
+#: many requests wait to be given: the client can send no more than the window.
+STREAM_MAX_QUEUED = 64
 #: The opaque data of the server's keepalive PINGs.
 KEEPALIVE_OPAQUE = b"pdsv-kap"
 #: A client may PING a connection with no call open at most this often (seconds)
@@ -355,6 +369,8 @@ class _Call:
         "buf",
         "cancelled",
         "ctx",
+        "delivered",
+        "held",
         "decompress",
         "finished",
         "handler",
@@ -363,6 +379,7 @@ class _Call:
         "received",
         "remote_ended",
         "request",
+        "resume",
         "sid",
         "task",
         "send_window",
@@ -370,6 +387,7 @@ class _Call:
         "trailers",
         "trailers_block",
         "writable",
+        "yielded",
     )
 
     def __init__(self, sid: int, handler: Any) -> None:
@@ -388,6 +406,12 @@ class _Call:
         self.send_window = 65535
         self.received = 0
         self.writable: asyncio.Event | None = None
+        # streams: requests given to the handler, responses it yielded, its request
+        # reader waiting for them to go out, the receive window withheld
+        self.delivered = 0
+        self.yielded = 0
+        self.resume: asyncio.Event | None = None
+        self.held = False
         self.cancelled = False
         self.finished = False  # our side has ended (trailers queued or sent)
         self.remote_ended = False
@@ -807,8 +831,11 @@ class GrpcConnection(asyncio.Protocol):
             return
         call.received += length
         if call.received >= RECEIVE_WINDOW // 2:
-            self.out.append(_frame(8, 0, sid, _U32.pack(call.received)))
-            call.received = 0
+            if call.queue is not None and call.queue.qsize() >= STREAM_MAX_QUEUED:
+                call.held = True  # reopened as the handler takes requests (_requests)
+            else:
+                self.out.append(_frame(8, 0, sid, _U32.pack(call.received)))
+                call.received = 0
         data = self._strip_padding(flags, payload)
         if not call.finished:
             self._messages(call, data)
@@ -1029,9 +1056,27 @@ class GrpcConnection(asyncio.Protocol):
         self._flush_soon()
 
     async def _requests(self, call: _Call) -> AsyncIterator[Any]:
+        """The stream's requests for its handler; none more while
+        :data:`STREAM_MAX_UNANSWERED` given ones are unanswered (backpressure)."""
         queue = call.queue
         assert queue is not None
-        while (request := await queue.get()) is not _END:
+        while True:
+            while (
+                call.delivered - call.yielded >= STREAM_MAX_UNANSWERED
+                and not call.cancelled
+                and not self.closed
+            ):
+                call.resume = asyncio.Event()
+                await call.resume.wait()
+            request = await queue.get()
+            if request is _END:
+                return
+            call.delivered += 1
+            if call.held and queue.qsize() < STREAM_MAX_QUEUED and not call.cancelled:
+                call.held = False
+                self.out.append(_frame(8, 0, call.sid, _U32.pack(call.received)))
+                call.received = 0
+                self._flush_soon()
             yield request
 
     async def _run_stream(self, call: _Call) -> None:
@@ -1054,6 +1099,10 @@ class GrpcConnection(asyncio.Protocol):
                     self.out.append(_frame(1, 0x4, call.sid, _RESPONSE_HEADERS_BLOCK))
                     headers_sent = True
                 call.out.append(_PREFIX.pack(0, len(data)) + data)
+                call.yielded += 1
+                if call.resume is not None:  # one fewer unanswered: read on
+                    call.resume.set()
+                    call.resume = None
                 self._pump(call)
                 self._flush_soon()
                 await self._writable(call)
@@ -1172,6 +1221,8 @@ class GrpcConnection(asyncio.Protocol):
             call.timer = None
         if call.writable is not None:
             call.writable.set()
+        if call.resume is not None:
+            call.resume.set()
         if call.task is not None and not call.task.done():
             if call.ctx is not None:
                 call.ctx.run_callbacks()
