@@ -382,6 +382,7 @@ async def start_http(
         settings.http_port,
         limits=settings.http_limits,
         body_timeout=settings.http_body_timeout_secs,
+        max_body=settings.max_request_bytes,
     )
 
     async def run() -> None:
@@ -544,6 +545,7 @@ async def start_grpc(
             shared_memory=shm,
             kind=settings.grpc_server,
             max_connections=settings.http_max_connections,
+            keepalive=settings.grpc_keepalive,
         )
     except RuntimeError as e:
         raise StartError(str(e)) from None

@@ -39,7 +39,7 @@ from pdserve.cache import RedisCacheOptions, parse_cache_config, parse_redis_cac
 from pdserve.config import DEFAULT_MAX_INSTANCE_COUNT
 from pdserve.core.procmem import parse_size
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
-from pdserve.frontends.grpc.engine import GRPC_SERVERS, default_grpc_server
+from pdserve.frontends.grpc.engine import GRPC_SERVERS, GrpcKeepalive, default_grpc_server
 from pdserve.frontends.http.app import (
     DEFAULT_BODY_TIMEOUT_SECS,
     DEFAULT_MAX_JSON_BYTES,
@@ -436,6 +436,62 @@ class Settings:
         type=int,
     )
 
+    grpc_keepalive_time: int = _flag(
+        "--grpc-keepalive-time",
+        GrpcKeepalive.time_ms,
+        "gRPC",
+        "milliseconds with nothing received after which the server sends a keepalive PING "
+        "on a gRPC connection (Triton's flag, grpc core's GRPC_ARG_KEEPALIVE_TIME_MS; "
+        "default {default}: 2 hours)",
+        type=int,
+    )
+    grpc_keepalive_timeout: int = _flag(
+        "--grpc-keepalive-timeout",
+        GrpcKeepalive.timeout_ms,
+        "gRPC",
+        "milliseconds the server waits for a keepalive PING's acknowledgement before it "
+        "closes the connection (GRPC_ARG_KEEPALIVE_TIMEOUT_MS; default {default})",
+        type=int,
+    )
+    grpc_keepalive_permit_without_calls: bool = _flag(
+        "--grpc-keepalive-permit-without-calls",
+        GrpcKeepalive.permit_without_calls,
+        "gRPC",
+        "send keepalive PINGs, and allow the client's at --grpc-http2-min-recv-ping-"
+        "interval-without-data, also on connections with no call open (otherwise a client "
+        "may PING an idle connection every 2 hours at most) "
+        "(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS; default {default})",
+        type=parse_bool,
+        nargs="?",
+        const=True,
+    )
+    grpc_http2_max_pings_without_data: int = _flag(
+        "--grpc-http2-max-pings-without-data",
+        GrpcKeepalive.max_pings_without_data,
+        "gRPC",
+        "most keepalive PINGs the server sends while it sends no data or headers; 0: no "
+        "limit (GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA; default {default})",
+        type=int,
+    )
+    grpc_http2_min_recv_ping_interval_without_data: int = _flag(
+        "--grpc-http2-min-recv-ping-interval-without-data",
+        GrpcKeepalive.min_recv_ping_interval_ms,
+        "gRPC",
+        "least milliseconds between a client's PINGs with no data or headers received "
+        "between them; a sooner PING is a ping strike "
+        "(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS; default {default}: 5 minutes)",
+        type=int,
+    )
+    grpc_http2_max_ping_strikes: int = _flag(
+        "--grpc-http2-max-ping-strikes",
+        GrpcKeepalive.max_ping_strikes,
+        "gRPC",
+        "ping strikes tolerated; one more and the connection gets GOAWAY ENHANCE_YOUR_CALM "
+        "('too_many_pings') and is closed; 0: any number "
+        "(GRPC_ARG_HTTP2_MAX_PING_STRIKES; default {default})",
+        type=int,
+    )
+
     # -- metrics ------------------------------------------------------------------------
     allow_metrics: bool = _flag(
         "--allow-metrics",
@@ -721,6 +777,22 @@ class Settings:
                 "--grpc-max-message-bytes",
                 f"must be 1-{MAX_GRPC_MESSAGE_BYTES} bytes, got {self.grpc_max_message_bytes}",
             )
+        for flag, count in (
+            ("--grpc-keepalive-time", self.grpc_keepalive_time),
+            ("--grpc-keepalive-timeout", self.grpc_keepalive_timeout),
+            (
+                "--grpc-http2-min-recv-ping-interval-without-data",
+                self.grpc_http2_min_recv_ping_interval_without_data,
+            ),
+        ):
+            if count < 1:
+                raise SettingsError(flag, f"must be >= 1 millisecond, got {count}")
+        for flag, count in (
+            ("--grpc-http2-max-pings-without-data", self.grpc_http2_max_pings_without_data),
+            ("--grpc-http2-max-ping-strikes", self.grpc_http2_max_ping_strikes),
+        ):
+            if count < 0:
+                raise SettingsError(flag, f"must be >= 0, got {count}")
         if self.grpc_server not in GRPC_SERVERS:
             raise SettingsError(
                 "--grpc-server",
@@ -856,6 +928,18 @@ class Settings:
             max_connections=self.http_max_connections,
             body_min_rate=self.http_body_min_bytes_per_sec,
             write_timeout=self.http_write_timeout_secs,
+        )
+
+    @property
+    def grpc_keepalive(self) -> GrpcKeepalive:
+        """The gRPC keepalive settings (``--grpc-keepalive-*``, ``--grpc-http2-*``)."""
+        return GrpcKeepalive(
+            time_ms=self.grpc_keepalive_time,
+            timeout_ms=self.grpc_keepalive_timeout,
+            permit_without_calls=self.grpc_keepalive_permit_without_calls,
+            max_pings_without_data=self.grpc_http2_max_pings_without_data,
+            min_recv_ping_interval_ms=self.grpc_http2_min_recv_ping_interval_without_data,
+            max_ping_strikes=self.grpc_http2_max_ping_strikes,
         )
 
     @property

@@ -13,13 +13,15 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
+import hpack
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -27,6 +29,8 @@ import tritonclient.grpc.aio as aioclient
 import tritonclient.http as httpclient
 from hyperframe.frame import (
     DataFrame,
+    Frame,
+    GoAwayFrame,
     HeadersFrame,
     RstStreamFrame,
     SettingsFrame,
@@ -37,6 +41,11 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from pdserve.frontends.grpc.native import (
+    MAX_CONCURRENT_STREAMS,
+    RESET_BURST,
+    STREAM_MAX_UNANSWERED,
+)
 from tests.conftest import ServerProcess, copy_models, start_server
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "python_models"
@@ -327,6 +336,165 @@ def test_http1_client_gets_a_clean_close(server: ServerProcess) -> None:
         data += chunk
     s.close()
     assert data.startswith(b"HTTP/1.1 400") and b"gRPC" in data
+
+
+class _RawH2:
+    """Raw HTTP/2 frames on a socket (no client-side stream limits), for the limits'
+    tests: send frames, read the server's frames."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.sock = _raw(server)
+        self.sock.settimeout(10)
+        self.buf = b""
+        self.encoder = hpack.Encoder()
+        self.sock.sendall(PREFACE + SettingsFrame(0).serialize())
+
+    def headers(self, sid: int, method: str = "ModelInfer") -> bytes:
+        return HeadersFrame(
+            sid, self.encoder.encode(_headers(method)), flags=["END_HEADERS"]
+        ).serialize()
+
+    def frames(self, until: Callable[[Frame], bool], seconds: float = 15.0) -> list[Frame]:
+        """The server's frames up to the first for which ``until`` is true (or the close)."""
+        got: list[Frame] = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            while len(self.buf) >= 9:
+                frame, length = Frame.parse_frame_header(memoryview(self.buf[:9]))
+                if len(self.buf) < 9 + length:
+                    break
+                frame.parse_body(memoryview(self.buf[9 : 9 + length]))
+                self.buf = self.buf[9 + length :]
+                got.append(frame)
+                if until(frame):
+                    return got
+            try:
+                data = self.sock.recv(1 << 16)
+            except (ConnectionResetError, TimeoutError):
+                data = b""
+            if not data:
+                return got
+            self.buf += data
+        return got
+
+
+def test_streams_past_max_concurrent_streams_are_refused(server: ServerProcess) -> None:
+    raw = _RawH2(server)
+    try:
+        first = raw.frames(lambda f: isinstance(f, SettingsFrame) and "ACK" not in f.flags)
+        assert first[-1].settings[SettingsFrame.MAX_CONCURRENT_STREAMS] == MAX_CONCURRENT_STREAMS
+        # as many streams as allowed, each waiting for its request message
+        sids = [1 + 2 * i for i in range(MAX_CONCURRENT_STREAMS + 1)]
+        raw.sock.sendall(b"".join(raw.headers(sid) for sid in sids))
+        refused = raw.frames(lambda f: isinstance(f, RstStreamFrame))
+        rst = refused[-1]
+        assert isinstance(rst, RstStreamFrame)
+        assert rst.stream_id == sids[-1] and rst.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
+        # one ends (the client cancels it): the next stream is served
+        raw.sock.sendall(RstStreamFrame(sids[0], error_code=8).serialize())
+        sid = sids[-1] + 2
+        body = _message(service_pb2.ServerLiveRequest().SerializeToString())
+        raw.sock.sendall(
+            raw.headers(sid, "ServerLive") + DataFrame(sid, body, flags=["END_STREAM"]).serialize()
+        )
+        answer = raw.frames(lambda f: f.stream_id == sid and "END_STREAM" in f.flags)
+        assert answer and answer[-1].stream_id == sid
+        assert not any(isinstance(f, RstStreamFrame) for f in answer)
+    finally:
+        raw.sock.close()
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    assert c.is_server_live()
+    c.close()
+
+
+def test_rapid_reset_gets_goaway(server: ServerProcess) -> None:
+    """Streams opened and reset at once (CVE-2023-44487): a few hundred are fine, and
+    the connection serves on; past the burst the connection gets GOAWAY
+    ENHANCE_YOUR_CALM and is closed; the server serves other clients."""
+    raw = _RawH2(server)
+    sid = 1
+
+    def open_and_reset(n: int) -> None:
+        nonlocal sid
+        out = []
+        for _ in range(n):
+            out.append(raw.headers(sid))
+            out.append(RstStreamFrame(sid, error_code=8).serialize())  # CANCEL
+            sid += 2
+        raw.sock.sendall(b"".join(out))
+
+    try:
+        open_and_reset(RESET_BURST // 2)
+        body = _message(service_pb2.ServerLiveRequest().SerializeToString())
+        raw.sock.sendall(
+            raw.headers(sid, "ServerLive") + DataFrame(sid, body, flags=["END_STREAM"]).serialize()
+        )
+        live = sid
+        sid += 2
+        answer = raw.frames(lambda f: f.stream_id == live and "END_STREAM" in f.flags)
+        assert answer and answer[-1].stream_id == live, answer[-3:]
+        assert not any(isinstance(f, GoAwayFrame) for f in answer)
+        try:
+            open_and_reset(RESET_BURST * 2)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        frames = raw.frames(lambda f: isinstance(f, GoAwayFrame))
+        goaway = frames[-1] if frames else None
+        assert isinstance(goaway, GoAwayFrame), frames[-3:]
+        assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        assert goaway.additional_data == b"too_many_resets"
+    finally:
+        raw.sock.close()
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    assert c.is_server_live()
+    c.close()
+
+
+def _tiny_successes(client: grpcclient.InferenceServerClient) -> int:
+    stats = client.get_inference_statistics("tiny")
+    return int(stats.model_stats[0].inference_stats.success.count)
+
+
+def test_stream_backpressure_when_the_client_reads_no_responses(server: ServerProcess) -> None:
+    """A ModelStreamInfer client that sends many requests and reads no responses (its
+    flow-control window closed): the server stops taking its requests once
+    STREAM_MAX_UNANSWERED are unanswered, so responses do not pile up in memory; when
+    the client opens its window, every request is answered."""
+    n = STREAM_MAX_UNANSWERED * 5
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    before = _tiny_successes(g)
+    raw = _RawH2(server)
+    sid = 1
+    try:
+        raw.sock.sendall(
+            SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 512}).serialize()
+        )
+        x = np.zeros((1, 64), np.float32)
+        request = service_pb2.ModelInferRequest(model_name="tiny")
+        tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 64])
+        assert tensor is not None
+        request.raw_input_contents.append(x.tobytes())
+        message = _message(request.SerializeToString())
+        frames = [raw.headers(sid, "ModelStreamInfer")]
+        frames += [DataFrame(sid, message).serialize() for _ in range(n)]
+        raw.sock.sendall(b"".join(frames))
+        time.sleep(3.0)  # ample time to run all n on the tiny model, were they taken
+        taken = _tiny_successes(g) - before
+        assert 0 < taken <= STREAM_MAX_UNANSWERED + 8, taken
+        # the window opens: everything is answered, the stream ends OK
+        raw.sock.sendall(
+            WindowUpdateFrame(0, window_increment=1 << 30).serialize()
+            + WindowUpdateFrame(sid, window_increment=1 << 30).serialize()
+            + DataFrame(sid, b"", flags=["END_STREAM"]).serialize()
+        )
+        end = raw.frames(lambda f: f.stream_id == sid and "END_STREAM" in f.flags, seconds=60)
+        assert end and isinstance(end[-1], HeadersFrame), end[-3:]
+        received = sum(len(f.data) for f in end if isinstance(f, DataFrame) and f.stream_id == sid)
+        assert received >= n * 5  # n length-prefixed responses
+        assert _tiny_successes(g) - before == n
+    finally:
+        raw.sock.close()
+        g.close()
 
 
 _frames = st.one_of(

@@ -346,6 +346,63 @@ def test_body_over_the_limit_is_413(server: ServerProcess) -> None:
     assert health(server.http_port) == 200
 
 
+def test_absurd_chunk_size_is_refused_at_once(server: ServerProcess) -> None:
+    """A chunk whose size line declares more than the body limit is answered 413 as
+    soon as the line (or enough of its digits) arrives, not after the body timeout
+    (which would answer 408); a size that overflows 64 bits, or is not hex, is 400.
+    Each refusal closes the connection; the server carries on."""
+    head = request("POST", INFER, None, [*JSON_HEADERS, ("Transfer-Encoding", "chunked")])
+    first = b"%x\r\n%s\r\n" % (100, b" " * 100)
+    cases: list[tuple[list[bytes], int, str]] = [
+        ([head + b"7FFFFFFFFFFFFFFF\r\n"], 413, "exceeds the limit"),
+        ([head + b"FFFFFFFFFFFFFFFF;ext=1\r\n"], 413, "exceeds the limit"),
+        ([head + b"%x\r\n" % (MAX_BODY + 1)], 413, "exceeds the limit"),
+        ([head, b"%x\r\n" % (MAX_BODY + 1)], 413, "exceeds the limit"),
+        # a later chunk, alone in its packet, that would take the body past the limit
+        ([head + first, b"%x\r\n" % (MAX_BODY - 50)], 413, "exceeds the limit"),
+        # the line in pieces; its digits alone already say too much
+        ([head, b"7FFF", b"FFFFFFFF"], 413, "exceeds the limit"),
+        ([head + first + b"00", b"7FFFFFFFFFFFFFFF"], 413, "exceeds the limit"),
+        ([head + b"1FFFFFFFFFFFFFFFFF\r\n"], 400, "hunk size"),
+        ([head + b"zz\r\n"], 400, ""),
+    ]
+    for pieces, status, words in cases:
+        with _conn(server) as c:
+            start = time.monotonic()
+            try:
+                for piece in pieces:
+                    c.send(piece)
+                    time.sleep(0.05)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            r = c.expect_response()
+            _assert_error(r, status, words)
+            assert time.monotonic() - start < BODY_TIMEOUT + MARGIN
+            assert r.closes and c.closed_within(MARGIN), pieces
+    # Sizes within the limit, sent a byte at a time, with leading zeros, an extension
+    # and a trailer field whose name is all hex digits, are served.
+    x = _x(2, 14)
+    body = tiny_body(x)
+    wire = b"000%x;n=FFFFFFFFFFFFFFFF\r\n%s\r\n0\r\nABCDEF0123456789ABCDEF: 1\r\n\r\n" % (
+        len(body),
+        body,
+    )
+    with _conn(server) as c:
+        c.send(head)
+        for i in range(0, 40):
+            c.send(wire[i : i + 1])
+            time.sleep(0.002)
+        rest = wire[40:]
+        c.send(rest[: -len(b"ABCDEF0123456789ABCDEF: 1\r\n\r\n")])
+        for part in (b"ABCDEF0123456789ABCDEF", b": 1\r\n", b"\r\n"):
+            time.sleep(0.05)
+            c.send(part)
+        np.testing.assert_allclose(
+            tiny_output(c.expect_response()), tiny_reference(x), rtol=1e-5, atol=1e-5
+        )
+    assert health(server.http_port) == 200
+
+
 def test_expect_100_continue(server: ServerProcess) -> None:
     x = _x(2, 13)
     body = tiny_body(x)

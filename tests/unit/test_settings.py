@@ -44,6 +44,12 @@ FLAGS = {
     "--allow-grpc",
     "--grpc-port",
     "--grpc-max-message-bytes",
+    "--grpc-keepalive-time",
+    "--grpc-keepalive-timeout",
+    "--grpc-keepalive-permit-without-calls",
+    "--grpc-http2-max-pings-without-data",
+    "--grpc-http2-min-recv-ping-interval-without-data",
+    "--grpc-http2-max-ping-strikes",
     "--grpc-server",
     "--allow-metrics",
     "--metrics-port",
@@ -537,3 +543,27 @@ def test_http_server_defaults_to_native_or_the_environment_variable(
     assert parse(tmp_path, "--http-server", "native").http_server == "native"
     with pytest.raises(SettingsError, match="--http-server"):
         Settings(model_repository=tmp_path, http_server="bogus").validate()
+
+
+def test_grpc_keepalive_flags_are_tritons(tmp_path: Path) -> None:
+    settings = parse(tmp_path)
+    ka = settings.grpc_keepalive
+    assert (ka.time_ms, ka.timeout_ms, ka.permit_without_calls) == (7_200_000, 20_000, False)
+    assert (ka.max_pings_without_data, ka.min_recv_ping_interval_ms, ka.max_ping_strikes) == (
+        2,
+        300_000,
+        2,
+    )
+    assert dict(ka.channel_options())["grpc.http2.min_ping_interval_without_data_ms"] == 300_000
+    given = parse(
+        tmp_path,
+        "--grpc-keepalive-time",
+        "1000",
+        "--grpc-keepalive-permit-without-calls",
+        "--grpc-http2-max-ping-strikes",
+        "0",
+    ).grpc_keepalive
+    assert (given.time_ms, given.permit_without_calls, given.max_ping_strikes) == (1000, True, 0)
+    for flag, value in (("--grpc-keepalive-timeout", "0"), ("--grpc-http2-max-ping-strikes", "-1")):
+        with pytest.raises(SettingsError, match=flag):
+            parse(tmp_path, flag, value)

@@ -44,7 +44,25 @@ gRPC over HTTP/2, as served here:
   and PRIORITY read and ignored; a frame over 16 KiB, a malformed frame or header
   block (HPACK error) is a connection error: GOAWAY with the HTTP/2 error code, then
   close. A client's GOAWAY lets its open streams finish.
-- SETTINGS_MAX_CONCURRENT_STREAMS :data:`MAX_CONCURRENT_STREAMS`; at most
+- keepalive (:class:`~pdserve.frontends.grpc.engine.GrpcKeepalive`, Triton's
+  ``--grpc-keepalive-*`` / ``--grpc-http2-*`` flags, grpc core's meaning): a PING
+  after ``time_ms`` with nothing read (on a connection with a call open, or any if
+  ``permit_without_calls``), GOAWAY and close when it is not acknowledged within
+  ``timeout_ms``; a client PING sooner than ``min_recv_ping_interval_ms`` after its
+  previous one, with no HEADERS or DATA received between, is a strike, and strike
+  ``max_ping_strikes + 1`` gets GOAWAY ENHANCE_YOUR_CALM ``too_many_pings``.
+- rapid reset (CVE-2023-44487): streams the client resets while they are served, and
+  streams refused for the concurrent-stream limit, are counted in a token bucket
+  (:data:`RESET_BURST`, :data:`RESETS_PER_SEC`); past it: GOAWAY ENHANCE_YOUR_CALM
+  ``too_many_resets`` and close.
+- bidirectional streams (``ModelStreamInfer``): the handler is given no more
+  requests while :data:`STREAM_MAX_UNANSWERED` it was given are unanswered, and its
+  responses go out one at a time within the peer's windows, so a client that does not
+  read its responses stops the reading of its requests; the stream's receive window
+  is not reopened while :data:`STREAM_MAX_QUEUED` requests wait, so what waits is
+  bounded by the window too.
+- SETTINGS_MAX_CONCURRENT_STREAMS :data:`MAX_CONCURRENT_STREAMS` (a stream past it:
+  RST_STREAM REFUSED_STREAM); at most
   ``max_connections`` connections (more are closed at once); a connection with no
   stream for ``idle_timeout`` seconds gets GOAWAY and is closed.
 - graceful stop: GOAWAY (last stream id = the highest one seen), streams in flight
@@ -71,6 +89,7 @@ import grpc
 import hpack
 from h2.errors import ErrorCodes
 
+from pdserve.frontends.grpc.engine import GrpcKeepalive
 from pdserve.frontends.grpc.sync_bridge import BridgedAbort
 
 log = logging.getLogger("pdserve.grpc")
@@ -85,6 +104,27 @@ RECEIVE_WINDOW = 16 * 1024 * 1024
 MAX_HEADER_LIST_SIZE = 16 * 1024
 #: A connection with no stream open this long (seconds) gets GOAWAY and is closed.
 IDLE_TIMEOUT_SECS = 300.0
+#: Rapid reset (CVE-2023-44487): a connection may have this many streams reset by the
+#: client while the server was serving them, or refused for going past
+#: :data:`MAX_CONCURRENT_STREAMS`, in a burst ...
+RESET_BURST = 1000
+#: ... and this many more per second; past that it gets GOAWAY ENHANCE_YOUR_CALM and
+#: is closed (a token bucket, as Go's and nginx's answers to the attack bound the work a
+#: client can cause by opening and cancelling streams).
+RESETS_PER_SEC = 200.0
+#: ModelStreamInfer (any bidirectional stream) backpressure: the handler is given no
+#: more requests while this many it was given are unanswered (responses are yielded
+#: one at a time, each once the previous one is out: a client that does not read
+#: them, its flow-control window closed, stops the reading of its requests)...
+STREAM_MAX_UNANSWERED = 128
+#: ... and the stream's receive window is not reopened (no WINDOW_UPDATE) while this
+#: many requests wait to be given: the client can send no more than the window.
+STREAM_MAX_QUEUED = 64
+#: The opaque data of the server's keepalive PINGs.
+KEEPALIVE_OPAQUE = b"pdsv-kap"
+#: A client may PING a connection with no call open at most this often (seconds)
+#: unless ``permit_without_calls`` (grpc core: 2 hours).
+IDLE_PING_INTERVAL_SECS = 7200.0
 #: The request encodings understood (``grpc-encoding``), for ``grpc-accept-encoding``.
 ACCEPT_ENCODING = b"identity,deflate,gzip"
 
@@ -150,11 +190,13 @@ _OK_TRAILERS_BLOCK = _encode(_OK_TRAILERS)
 
 
 class _ConnectionError(Exception):
-    """An HTTP/2 connection error: GOAWAY with ``code``, then close."""
+    """An HTTP/2 connection error: GOAWAY with ``code`` (and ``debug`` as its debug
+    data), then close."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, debug: bytes = b"") -> None:
         super().__init__(message)
         self.code = code
+        self.debug = debug
 
 
 class _Head:
@@ -327,6 +369,8 @@ class _Call:
         "buf",
         "cancelled",
         "ctx",
+        "delivered",
+        "held",
         "decompress",
         "finished",
         "handler",
@@ -335,6 +379,7 @@ class _Call:
         "received",
         "remote_ended",
         "request",
+        "resume",
         "sid",
         "task",
         "send_window",
@@ -342,6 +387,7 @@ class _Call:
         "trailers",
         "trailers_block",
         "writable",
+        "yielded",
     )
 
     def __init__(self, sid: int, handler: Any) -> None:
@@ -360,6 +406,12 @@ class _Call:
         self.send_window = 65535
         self.received = 0
         self.writable: asyncio.Event | None = None
+        # streams: requests given to the handler, responses it yielded, its request
+        # reader waiting for them to go out, the receive window withheld
+        self.delivered = 0
+        self.yielded = 0
+        self.resume: asyncio.Event | None = None
+        self.held = False
         self.cancelled = False
         self.finished = False  # our side has ended (trailers queued or sent)
         self.remote_ended = False
@@ -424,6 +476,22 @@ class GrpcConnection(asyncio.Protocol):
         self.max_frame = 16384  # the peer's SETTINGS_MAX_FRAME_SIZE
         self.received = 0  # bytes received since the last connection WINDOW_UPDATE
         self.continuation: tuple[int, int, bytearray] | None = None  # sid, flags, block
+        # keepalive (see NativeGrpcServer.keepalive): reads so far, and at the last sweep;
+        # when something was last read (as the sweeps see it); our PING in flight (when
+        # sent; 0: none), PINGs sent with nothing else sent since, writes at that PING
+        self.reads = 0
+        self.reads_seen = 0
+        self.active_at = self.idle_since
+        self.ping_sent_at = 0.0
+        self.pings_without_data = 0
+        self.writes = 0
+        self.writes_at_ping = -1
+        # ping policing: the client's last PING (0: none since data or headers), strikes
+        self.last_ping_recv = 0.0
+        self.ping_strikes = 0
+        # rapid reset: tokens left, when last counted
+        self.reset_tokens = float(RESET_BURST)
+        self.reset_at = 0.0
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -462,6 +530,7 @@ class GrpcConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:  # noqa: D102
         if self.closed:
             return
+        self.reads += 1
         buf = self.buf
         buf += data
         if not self.preface:
@@ -482,7 +551,7 @@ class GrpcConnection(asyncio.Protocol):
             self._frames()
         except _ConnectionError as e:
             log.debug("gRPC connection %s: HTTP/2 error: %s", self.peer, e)
-            self._goaway(e.code)
+            self._goaway(e.code, e.debug)
             self._flush()
             self._close()
             return
@@ -523,7 +592,10 @@ class GrpcConnection(asyncio.Protocol):
                     if sid or length != 8:
                         raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "bad PING")
                     if not kind_flags & 0x1:
+                        self._on_ping()
                         self.out.append(_frame(6, 0x1, 0, payload))
+                    elif payload == KEEPALIVE_OPAQUE:
+                        self.ping_sent_at = 0.0
                 elif kind == 3:
                     if not sid or length != 4:
                         raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "bad RST_STREAM")
@@ -531,6 +603,8 @@ class GrpcConnection(asyncio.Protocol):
                     if call is not None:
                         self._cancel(call)
                         self._maybe_idle()
+                        if not call.finished:
+                            self._count_reset()
                 elif kind == 7:
                     pass  # the client sends no new streams; the ones open go on
                 elif kind == 5:
@@ -542,6 +616,78 @@ class GrpcConnection(asyncio.Protocol):
             del buf[:pos]
         if len(buf) > MAX_FRAME_SIZE + 9:  # pragma: no cover - cannot happen: checked above
             raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "receive buffer overflow")
+
+    def _on_ping(self) -> None:
+        """A client's PING (not an ACK): one sooner than the allowed interval after the
+        previous one, with no data or headers received between them, is a strike; past
+        ``max_ping_strikes`` strikes: GOAWAY ENHANCE_YOUR_CALM ``too_many_pings``
+        (grpc core's ping abuse policy, which Triton's flags set)."""
+        ka = self.server.keepalive
+        now = self.loop.time()
+        last = self.last_ping_recv
+        self.last_ping_recv = now
+        if not last:
+            return
+        if not self.calls and not ka.permit_without_calls:
+            interval = IDLE_PING_INTERVAL_SECS
+        else:
+            interval = ka.min_recv_ping_interval_ms / 1000.0
+        if now - last >= interval:
+            return
+        self.ping_strikes += 1
+        if ka.max_ping_strikes and self.ping_strikes > ka.max_ping_strikes:
+            raise _ConnectionError(
+                ErrorCodes.ENHANCE_YOUR_CALM,
+                f"too many pings: {self.ping_strikes} sooner than {interval:g} s apart",
+                b"too_many_pings",
+            )
+
+    def _count_reset(self) -> None:
+        """A stream the client reset while it was served, or one refused for passing
+        the concurrent-stream limit: past :data:`RESET_BURST` plus
+        :data:`RESETS_PER_SEC` a second, GOAWAY ENHANCE_YOUR_CALM (rapid reset)."""
+        now = self.loop.time()
+        tokens = min(float(RESET_BURST), self.reset_tokens + (now - self.reset_at) * RESETS_PER_SEC)
+        self.reset_at = now
+        if tokens < 1.0:
+            raise _ConnectionError(
+                ErrorCodes.ENHANCE_YOUR_CALM,
+                "too many streams reset or refused (rapid reset)",
+                b"too_many_resets",
+            )
+        self.reset_tokens = tokens - 1.0
+
+    def keepalive(self, now: float) -> None:
+        """The sweep's keepalive check (``now``: ``time.monotonic()``): after
+        ``time_ms`` with nothing read, PING (on a connection with a call open, or any if
+        ``permit_without_calls``; at most ``max_pings_without_data`` PINGs while
+        nothing else is sent); a PING unanswered for ``timeout_ms``: GOAWAY and close."""
+        if self.closed or not self.preface:
+            return
+        ka = self.server.keepalive
+        if self.reads != self.reads_seen:
+            self.reads_seen = self.reads
+            self.active_at = now
+        if self.ping_sent_at:
+            if now - self.ping_sent_at >= ka.timeout_ms / 1000.0:
+                log.debug("gRPC connection %s: keepalive PING not acknowledged", self.peer)
+                self._goaway(ErrorCodes.NO_ERROR, b"keepalive watchdog timeout")
+                self._flush()
+                self._close()  # (its calls are cancelled when the connection is lost)
+            return
+        if now - self.active_at < ka.time_ms / 1000.0:
+            return
+        if not self.calls and not ka.permit_without_calls:
+            return
+        if self.writes != self.writes_at_ping:
+            self.pings_without_data = 0
+        if ka.max_pings_without_data and self.pings_without_data >= ka.max_pings_without_data:
+            return
+        self.pings_without_data += 1
+        self.ping_sent_at = now
+        self.out.append(_frame(6, 0, 0, KEEPALIVE_OPAQUE))
+        self._flush()
+        self.writes_at_ping = self.writes
 
     def _strip_padding(self, flags: int, payload: bytes) -> bytes:
         if flags & 0x8:
@@ -597,6 +743,9 @@ class GrpcConnection(asyncio.Protocol):
     def _on_headers(self, sid: int, flags: int, payload: bytes) -> None:
         if not sid:
             raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "HEADERS on stream 0")
+        if self.last_ping_recv:  # headers received: the ping clock starts anew
+            self.last_ping_recv = 0.0
+            self.ping_strikes = 0
         block = self._strip_padding(flags, payload)
         if flags & 0x20:  # PRIORITY
             block = block[5:]
@@ -657,12 +806,17 @@ class GrpcConnection(asyncio.Protocol):
         self.last_sid = sid
         if self.draining or len(self.calls) >= MAX_CONCURRENT_STREAMS:
             self.out.append(_frame(3, 0, sid, _U32.pack(ErrorCodes.REFUSED_STREAM)))
+            if not self.draining:
+                self._count_reset()
             return
         self._request(sid, head, end_stream)
 
     def _on_data(self, sid: int, flags: int, payload: bytes, length: int) -> None:
         if not sid:
             raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "DATA on stream 0")
+        if self.last_ping_recv:  # data received: the ping clock starts anew
+            self.last_ping_recv = 0.0
+            self.ping_strikes = 0
         self.received += length
         if self.received >= RECEIVE_WINDOW // 2:
             self.out.append(_frame(8, 0, 0, _U32.pack(self.received)))
@@ -677,8 +831,11 @@ class GrpcConnection(asyncio.Protocol):
             return
         call.received += length
         if call.received >= RECEIVE_WINDOW // 2:
-            self.out.append(_frame(8, 0, sid, _U32.pack(call.received)))
-            call.received = 0
+            if call.queue is not None and call.queue.qsize() >= STREAM_MAX_QUEUED:
+                call.held = True  # reopened as the handler takes requests (_requests)
+            else:
+                self.out.append(_frame(8, 0, sid, _U32.pack(call.received)))
+                call.received = 0
         data = self._strip_padding(flags, payload)
         if not call.finished:
             self._messages(call, data)
@@ -899,9 +1056,27 @@ class GrpcConnection(asyncio.Protocol):
         self._flush_soon()
 
     async def _requests(self, call: _Call) -> AsyncIterator[Any]:
+        """The stream's requests for its handler; none more while
+        :data:`STREAM_MAX_UNANSWERED` given ones are unanswered (backpressure)."""
         queue = call.queue
         assert queue is not None
-        while (request := await queue.get()) is not _END:
+        while True:
+            while (
+                call.delivered - call.yielded >= STREAM_MAX_UNANSWERED
+                and not call.cancelled
+                and not self.closed
+            ):
+                call.resume = asyncio.Event()
+                await call.resume.wait()
+            request = await queue.get()
+            if request is _END:
+                return
+            call.delivered += 1
+            if call.held and queue.qsize() < STREAM_MAX_QUEUED and not call.cancelled:
+                call.held = False
+                self.out.append(_frame(8, 0, call.sid, _U32.pack(call.received)))
+                call.received = 0
+                self._flush_soon()
             yield request
 
     async def _run_stream(self, call: _Call) -> None:
@@ -924,6 +1099,10 @@ class GrpcConnection(asyncio.Protocol):
                     self.out.append(_frame(1, 0x4, call.sid, _RESPONSE_HEADERS_BLOCK))
                     headers_sent = True
                 call.out.append(_PREFIX.pack(0, len(data)) + data)
+                call.yielded += 1
+                if call.resume is not None:  # one fewer unanswered: read on
+                    call.resume.set()
+                    call.resume = None
                 self._pump(call)
                 self._flush_soon()
                 await self._writable(call)
@@ -1042,6 +1221,8 @@ class GrpcConnection(asyncio.Protocol):
             call.timer = None
         if call.writable is not None:
             call.writable.set()
+        if call.resume is not None:
+            call.resume.set()
         if call.task is not None and not call.task.done():
             if call.ctx is not None:
                 call.ctx.run_callbacks()
@@ -1068,6 +1249,7 @@ class GrpcConnection(asyncio.Protocol):
         out = self.out
         if out and not self.closed and self.transport is not None:
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+            self.writes += 1
         out.clear()
 
     def _close(self) -> None:
@@ -1075,8 +1257,8 @@ class GrpcConnection(asyncio.Protocol):
             self.transport.close()
         self.closed = True
 
-    def _goaway(self, code: int) -> None:
-        self.out.append(_frame(7, 0, 0, _GOAWAY.pack(self.last_sid, code)))
+    def _goaway(self, code: int, debug: bytes = b"") -> None:
+        self.out.append(_frame(7, 0, 0, _GOAWAY.pack(self.last_sid, code) + debug))
 
     def goaway(self) -> None:
         """Start a graceful close: GOAWAY naming the last stream that will be served;
@@ -1111,6 +1293,8 @@ class NativeGrpcServer:
         max_message_bytes: the largest message received or sent.
         max_connections: most connections open at once (0: half the open-file limit).
         idle_timeout: seconds with no stream before a connection is closed (0: never).
+        keepalive: keepalive PINGs and ping policing (Triton's ``--grpc-keepalive-*``
+            and ``--grpc-http2-*`` flags); None: grpc core's defaults.
     """
 
     def __init__(
@@ -1120,8 +1304,10 @@ class NativeGrpcServer:
         max_message_bytes: int,
         max_connections: int = 0,
         idle_timeout: float = IDLE_TIMEOUT_SECS,
+        keepalive: GrpcKeepalive | None = None,
     ) -> None:
         self.loop = asyncio.get_running_loop()
+        self.keepalive = keepalive or GrpcKeepalive()
         self.handlers = handlers
         self.service_path = b"/" + service.encode()
         self.max_message_bytes = max_message_bytes
@@ -1140,15 +1326,21 @@ class NativeGrpcServer:
         return GrpcConnection(self)
 
     def start_sweeping(self) -> None:
-        """Check idle connections every quarter of the idle timeout."""
+        """Check idle connections and keepalive every quarter of the shortest of the idle
+        timeout, the keepalive time and the keepalive timeout (at most every 50 ms)."""
+        ka = self.keepalive
+        periods = [ka.time_ms / 1000.0, ka.timeout_ms / 1000.0]
         if self.idle_timeout > 0:
-            self._sweeper = self.loop.call_later(max(0.05, self.idle_timeout / 4), self._sweep)
+            periods.append(self.idle_timeout)
+        self._sweeper = self.loop.call_later(max(0.05, min(periods) / 4), self._sweep)
 
     def _sweep(self) -> None:
         now = time.monotonic()
         for c in list(self.connections):
-            if not c.calls and now - c.idle_since >= self.idle_timeout:
+            if self.idle_timeout > 0 and not c.calls and now - c.idle_since >= self.idle_timeout:
                 c.goaway()
+            else:
+                c.keepalive(now)
         self.start_sweeping()
 
     def check_drained(self) -> None:
@@ -1185,13 +1377,16 @@ async def serve_native(
     max_message_bytes: int,
     max_connections: int = 0,
     idle_timeout: float = IDLE_TIMEOUT_SECS,
+    keepalive: GrpcKeepalive | None = None,
 ) -> NativeGrpcServer:
     """Listen on ``host:port`` and serve ``handlers`` with the native transport.
 
     Raises:
         RuntimeError: the address could not be bound.
     """
-    srv = NativeGrpcServer(handlers, service, max_message_bytes, max_connections, idle_timeout)
+    srv = NativeGrpcServer(
+        handlers, service, max_message_bytes, max_connections, idle_timeout, keepalive
+    )
     try:
         srv.listener = await srv.loop.create_server(
             srv.protocol, host, port, reuse_address=True, backlog=2048

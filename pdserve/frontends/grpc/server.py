@@ -11,7 +11,7 @@ import grpc
 
 from pdserve.core.api import InferenceCore
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
-from pdserve.frontends.grpc.engine import GRPC_SERVERS
+from pdserve.frontends.grpc.engine import GRPC_SERVERS, GrpcKeepalive
 from pdserve.frontends.grpc.service import SERVICE_NAME, GrpcService, method_handlers
 from pdserve.frontends.grpc.sync_bridge import Bridge, SyncServer, bridge_handlers
 from pdserve.frontends.shared_memory import SharedMemoryRegistry
@@ -57,6 +57,7 @@ async def serve_grpc(
     shared_memory: SharedMemoryRegistry | None = None,
     kind: str = "native",
     max_connections: int = 0,
+    keepalive: GrpcKeepalive | None = None,
 ) -> GrpcServer:
     """Create and start the gRPC server for ``server`` in the running event loop.
 
@@ -75,6 +76,9 @@ async def serve_grpc(
             status codes and behaviour.
         max_connections: ``native`` only: most connections open at once (0: half the
             open-file limit, as ``--http-max-connections``).
+        keepalive: keepalive PINGs and ping policing (Triton's ``--grpc-keepalive-*``
+            flags): grpcio's channel options for ``threads``/``aio``, done by the
+            transport for ``native``; None: grpc core's defaults.
 
     Returns:
         The started server; ``await srv.stop(grace)`` stops it, letting in-flight
@@ -86,7 +90,9 @@ async def serve_grpc(
     """
     if kind not in GRPC_SERVERS:
         raise ValueError(f"unknown gRPC server {kind!r}; expected one of {GRPC_SERVERS}")
+    keepalive = keepalive or GrpcKeepalive()
     options = [
+        *keepalive.channel_options(),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         # A port in use must fail loudly, not be shared with another process.
@@ -100,7 +106,13 @@ async def serve_grpc(
         from pdserve.frontends.grpc.native import serve_native
 
         return await serve_native(
-            handlers, SERVICE_NAME, host, port, max_message_bytes, max_connections
+            handlers,
+            SERVICE_NAME,
+            host,
+            port,
+            max_message_bytes,
+            max_connections,
+            keepalive=keepalive,
         )
     if kind == "aio":
         srv = grpc.aio.server(options=options)

@@ -32,6 +32,10 @@ write timeout               ``write_timeout`` s paused for writing (the write bu
                             :data:`WRITE_HIGH_WATER`) with no byte of it taken by the client:
                             aborted (a client that never reads its responses)
 connections                 over ``max_connections``: 503 and closed at once
+chunk sizes                 a chunk whose declared size takes the body past its limit: 413
+                            and close as soon as its size line (or its first digits)
+                            arrives (:mod:`~pdserve.frontends.http.chunks`); a size that
+                            overflows 64 bits or is malformed: 400 (llhttp)
 chunked framing             chunk sizes, extensions and trailer fields beyond
                             ``max_header_bytes`` plus the body's size: 431 and close; trailer
                             fields are not request headers (dropped); a transfer coding
@@ -96,6 +100,7 @@ from pdserve.frontends.http.app import (
     error_answer,
     parse_infer_headers,
 )
+from pdserve.frontends.http.chunks import ChunkWatch
 from pdserve.frontends.http.codec import encode_error
 from pdserve.frontends.http.compression import GZIP_MIN_BYTES
 from pdserve.frontends.http.compression import accepts_gzip as _accepts_gzip
@@ -394,6 +399,8 @@ class HttpConnection(asyncio.Protocol):
         self._body_size = 0
         self._body_limit = 0
         self._body_json = False
+        self._chunked = False  # the body is chunked (its size lines are watched)
+        self._chunks = ChunkWatch()
         self._body_start = 0.0  # when its body began (headers or "100 Continue" sent)
         self._min_rate = self.limits.body_min_rate if server.app.body_timeout else 0.0
         self._gzip = False
@@ -661,6 +668,13 @@ class HttpConnection(asyncio.Protocol):
             else:
                 self._reject(400, f"Invalid HTTP request received: {exc}")
             return False
+        if self._chunked and not self._awaiting_headers and not self._broken:
+            size = self._chunks.declared(data, self._body_size)
+            if size > self._body_limit:
+                self._reject(
+                    413, str(self.app.body_too_large(size, self._body_json, "of at least"))
+                )
+                return False
         return not self._broken
 
     # -- parser callbacks ---------------------------------------------------------------
@@ -704,6 +718,7 @@ class HttpConnection(asyncio.Protocol):
         parser = self.parser
         content_length = -1
         expect = False
+        chunked = False
         json = True
         infer = False
         url = self._url
@@ -723,6 +738,7 @@ class HttpConnection(asyncio.Protocol):
             elif key == b"inference-header-content-length":
                 json = False
             elif key == b"transfer-encoding":
+                chunked = True
                 for coding in value.split(b","):
                     coding = coding.strip().lower()
                     if coding != b"chunked":
@@ -736,6 +752,9 @@ class HttpConnection(asyncio.Protocol):
                         )
                         raise _Rejected()
         json = json and infer
+        self._chunked = chunked
+        if chunked:
+            self._chunks.start()
         app = self.app
         limit = app.body_limit(json)
         self._body_limit = limit
@@ -799,6 +818,12 @@ class HttpConnection(asyncio.Protocol):
                 if by_rate < deadline:
                     deadline = by_rate
             self.deadline = deadline
+
+    def on_chunk_header(self) -> None:
+        self._chunks.chunk_header(self._body_size)
+
+    def on_chunk_complete(self) -> None:
+        self._chunks.chunk_complete()
 
     def on_message_complete(self) -> None:
         upgrade = self._upgrade

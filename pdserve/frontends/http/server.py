@@ -50,6 +50,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from pdserve.core.procmem import settle_gc
+from pdserve.frontends.http.chunks import ChunkWatch
 from pdserve.frontends.http.compression import GZIP_MIN_BYTES, accepts_gzip, gzip_bytes
 from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
 from pdserve.frontends.offload import off_loop
@@ -128,6 +129,7 @@ def serve_http(
     install_signal_handlers: bool = False,
     log_level: str = "warning",
     body_timeout: float | None = None,
+    max_body: int = 0,
     **uvicorn_options: Any,
 ) -> uvicorn.Server:
     """Build (not start) a uvicorn server for ``app`` on uvloop + httptools.
@@ -150,6 +152,9 @@ def serve_http(
         body_timeout: the app's body timeout (``--http-body-timeout-secs``; the app
             enforces it between pieces): the grace before ``limits.body_min_rate``
             applies. None or 0: no minimum body rate.
+        max_body: the app's largest request body (``--max-request-bytes``): a chunked
+            body's chunk that declares a size past it is answered 413 at once, not
+            awaited (see :mod:`~pdserve.frontends.http.chunks`). 0: not checked.
         **uvicorn_options: passed to ``uvicorn.Config`` (``backlog``,
             ``ssl_certfile``...).
 
@@ -164,6 +169,7 @@ def serve_http(
             "limits": limits,
             "connection_limit": limits.connection_limit(),
             "body_timeout": body_timeout or 0.0,
+            "max_body": max_body,
         },
     )
     options: dict[str, Any] = {
@@ -332,6 +338,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     connection_limit: ClassVar[int] = 1 << 20
     #: the grace, in seconds, before ``limits.body_min_rate`` applies to a body (0: never)
     body_timeout: ClassVar[float] = 0.0
+    #: the largest request body (``--max-request-bytes``): a chunk declaring a size past
+    #: it is refused at once (0: not checked; the app's limit applies as bytes arrive)
+    max_body: ClassVar[int] = 0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -349,6 +358,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._body_start = 0.0
         self._body_got = 0
         self._rate_timer: asyncio.TimerHandle | None = None
+        # a chunked body's size lines (see chunks.py), watched when max_body is set
+        self._chunked = False
+        self._chunks = ChunkWatch()
 
     # -- connection ---------------------------------------------------------------------
 
@@ -453,6 +465,19 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 # good requests pipelined before this one.
                 self._reject(400, f"invalid HTTP request: {exc}")
             return False
+        if self._chunked and not self._awaiting_headers and not self.transport.is_closing():
+            size = self._chunks.declared(data, self._body_got)
+            if size > self.max_body:
+                cycle = self.cycle
+                if cycle is not None and cycle.response_started:
+                    self.transport.close()  # answered already; the body is not awaited
+                else:
+                    self._reject(
+                        413,
+                        f"request body of at least {size} bytes exceeds the limit of "
+                        f"{self.max_body} bytes",
+                    )
+                return False
         return self.parser is not None and not self.transport.is_closing()
 
     # -- parser callbacks ---------------------------------------------------------------
@@ -489,6 +514,17 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         self._body_start = self.loop.time()
         self._body_got = 0
+        self._chunked = bool(self.max_body) and any(
+            name == b"transfer-encoding" for name, _ in self.headers
+        )
+        if self._chunked:
+            self._chunks.start()
+
+    def on_chunk_header(self) -> None:
+        self._chunks.chunk_header(self._body_got)
+
+    def on_chunk_complete(self) -> None:
+        self._chunks.chunk_complete()
 
     def on_body(self, body: bytes) -> None:
         self._body_got += len(body)

@@ -91,6 +91,16 @@ class _SkipHead:
     def on_body(self, body: bytes) -> None:
         self.protocol.on_body(body)
 
+    def on_chunk_header(self) -> None:
+        callback = getattr(self.protocol, "on_chunk_header", None)  # (optional, as in httptools)
+        if callback is not None:
+            callback()
+
+    def on_chunk_complete(self) -> None:
+        callback = getattr(self.protocol, "on_chunk_complete", None)
+        if callback is not None:
+            callback()
+
     def on_message_complete(self) -> None:
         self.protocol.on_message_complete()
 
