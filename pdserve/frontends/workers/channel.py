@@ -114,6 +114,7 @@ CALLS = frozenset(
 _ERROR_EXTRAS = ("http_headers", "retry_after")
 
 _new = tuple.__new__
+_ndarray = np.ndarray
 
 #: numpy kinds written inline by :meth:`Channel.write`'s fast path (not BYTES).
 _INLINE_KINDS = frozenset("biufc")
@@ -164,21 +165,27 @@ def request_to_wire(request: InferRequest, write: WriteTensor) -> tuple[Any, ...
     )
 
 
-def request_from_wire(wire: tuple[Any, ...], read: ReadTensor) -> InferRequest:
-    """Inverse of :func:`request_to_wire` (inputs are views of the sender's arenas)."""
+def request_from_wire(
+    wire: tuple[Any, ...], read: ReadTensor, cancelled: Any = None
+) -> InferRequest:
+    """Inverse of :func:`request_to_wire` (inputs are views of the sender's arenas);
+    ``cancelled`` becomes the request's cancellation token."""
     outputs = wire[3]
+    # positional: InferRequest's field order (cheaper than keywords on the hot path)
     return InferRequest(
-        model_name=wire[0],
-        model_version=wire[1],
-        inputs={name: read(desc) for name, desc in wire[2].items()},
-        outputs=None if outputs is None else [RequestedOutput(*o) for o in outputs],
-        id=wire[4],
-        parameters=wire[5],
-        arrival_ns=wire[6],
-        route_key=wire[7],
-        pinned_version=wire[8],
-        traceparent=wire[9],
-        shm_inputs=wire[10],
+        wire[0],  # model_name
+        wire[1],  # model_version
+        {name: read(desc) for name, desc in wire[2].items()},
+        None if outputs is None else [RequestedOutput(*o) for o in outputs],
+        wire[4],  # id
+        wire[5],  # parameters
+        wire[6],  # arrival_ns
+        cancelled,
+        wire[7],  # route_key
+        wire[8],  # pinned_version
+        wire[9],  # traceparent
+        None,  # trace
+        wire[10],  # shm_inputs
     )
 
 
@@ -288,7 +295,9 @@ class Channel:
         (its block goes back once the last view is gone) or of the frame's bytes."""
         inline = desc[2]
         if inline is not None and desc[0] != "BYTES":
-            return np.frombuffer(inline, dtype=desc[0]).reshape(desc[1])
+            # a read-only array over the frame's bytes (half the cost of
+            # frombuffer + reshape; a buffer too small for the shape raises TypeError)
+            return _ndarray(desc[1], desc[0], inline)
         return self.peer.read(_new(TensorDesc, desc), release=True)
 
     # -- sending ----------------------------------------------------------------------
