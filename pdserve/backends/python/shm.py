@@ -34,7 +34,9 @@ into ``bytes`` objects by the reader with
 The control channel (:class:`FrameReader`, :func:`encode_frame`) carries the records
 of :mod:`~pdserve.backends.python.messages`, pickled (protocol 5) in their plain-tuple
 wire form and framed by a 4-byte little-endian length; a frame's file descriptors
-are sent with its first byte and consumed in order by the reader.
+are sent with its first byte and consumed in order by the reader. On an event loop,
+:class:`FramedSocket` owns one end: the write queue, the reading and both directions'
+arenas (the server side of a python worker and the ``--http-workers`` channel use it).
 """
 
 from __future__ import annotations
