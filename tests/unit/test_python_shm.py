@@ -142,3 +142,76 @@ def test_pb_utils_bytes_helpers_are_the_core_codec() -> None:
 
 def _elements(*items: bytes) -> bytes:
     return b"".join(struct.pack("<I", len(i)) + i for i in items)
+
+
+# --------------------------------------------------------------------------- FramedSocket
+
+
+async def _until(cond: object, timeout: float = 5.0) -> None:
+    import asyncio
+
+    async with asyncio.timeout(timeout):
+        while not cond():  # type: ignore[operator]  # a callable
+            await asyncio.sleep(0.001)
+
+
+def test_framed_socket_reads_frames_split_anywhere_and_sees_end_of_file() -> None:
+    """Bytes arrive in pieces cut inside the length header and inside the pickle: a
+    payload is delivered once, whole and in order; end of file is reported once."""
+    import asyncio
+
+    async def run() -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        got: list[list[object]] = []
+        eofs: list[int] = []
+        link = shm.FramedSocket(mine, "test.fs", got.append, lambda: eofs.append(1))
+        data = b"".join(shm.encode_payload(("p", i, b"x" * i)) for i in range(5))
+        # cuts inside the first header, inside a pickle, and one byte before the end
+        pieces = [data[:2], data[2:9], data[9:60], data[60:-1], data[-1:]]
+        for piece in pieces:
+            theirs.sendall(piece)
+            await asyncio.sleep(0.01)
+        await _until(lambda: sum(len(g) for g in got) == 5)
+        flat = [p for batch in got for p in batch]
+        assert flat == [("p", i, b"x" * i) for i in range(5)]
+        theirs.sendall(shm.encode_payload("half")[:6])  # the peer dies mid-frame
+        theirs.close()
+        await _until(lambda: eofs == [1])
+        await asyncio.sleep(0.02)
+        assert sum(len(g) for g in got) == 5  # the half frame is never delivered
+        assert link.closed
+        link.close()
+
+    asyncio.run(run())
+
+
+def test_framed_socket_queues_what_the_socket_does_not_take_and_passes_descriptors() -> None:
+    """A frame far larger than the socket buffer goes out in pieces (the loop's writer),
+    the frames queued behind it keep their order, and a new arena's descriptor rides
+    with its frame."""
+    import asyncio
+
+    async def run() -> None:
+        a_sock, b_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        got: list[object] = []
+        a = shm.FramedSocket(a_sock, "test.fa", lambda ps: None, lambda: None)
+        b = shm.FramedSocket(b_sock, "test.fb", got.extend, lambda: None)
+        big = os.urandom(8 << 20)
+        arena, offset = a.pool.alloc(1 << 20) or (None, 0)
+        assert arena is not None
+        a.send(lambda control: shm.encode_payload((control, "big", big)))
+        assert a._writing  # the socket took only part of it
+        a.send(lambda control: shm.encode_payload((control, "after")))
+        await _until(lambda: len(got) == 2, timeout=20.0)
+        (control, name, data), (control2, name2) = got  # type: ignore[misc]
+        assert (name, name2) == ("big", "after") and data == big
+        assert control is not None and [n.arena for n in control.new_arenas] == [arena.id]
+        assert control2 is None
+        b.peer.add(control.new_arenas, b.frames.take_fds(1))
+        arena.mm[offset : offset + 4] = b"pdsv"  # the peer maps the same memory
+        assert bytes(b.peer.arenas[arena.id].mm[offset : offset + 4]) == b"pdsv"
+        assert not a._writing
+        a.close()
+        b.close()
+
+    asyncio.run(run())

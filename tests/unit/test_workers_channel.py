@@ -177,6 +177,7 @@ class _SockProxy:
     def __init__(self, sock: socket.socket, send: Any) -> None:
         self._sock = sock
         self.send = send
+        self.sendmsg = sock.sendmsg
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
@@ -192,5 +193,81 @@ def test_inline_read_is_a_view_of_the_right_dtype(dtype: str) -> None:
         assert out.dtype == arr.dtype
         a.close()
         b.close()
+
+    asyncio.run(run())
+
+
+def test_a_turns_requests_and_the_answers_each_go_in_one_frame() -> None:
+    """300 requests submitted in one loop turn (small ones inline, every 50th through
+    the arena) leave in one frame and one system call; the answers of one turn come
+    back the same way, each to its call id with its own data."""
+
+    async def run() -> None:
+        a, b, got_a, got_b, _ = await _pair()
+        sends: dict[str, int] = {"a": 0, "b": 0}
+        for name, end in (("a", a), ("b", b)):
+            real_sock = end.sock
+
+            def counting(*args: Any, name: str = name, real: Any = real_sock.send) -> int:
+                sends[name] += 1
+                return int(real(*args))
+
+            def counting_msg(*args: Any, name: str = name, real: Any = real_sock.sendmsg) -> int:
+                sends[name] += 1  # a frame that announces a new arena (its descriptor)
+                return int(real(*args))
+
+            proxy = _SockProxy(real_sock, counting)
+            proxy.sendmsg = counting_msg
+            end.sock = proxy  # type: ignore[assignment]
+        sizes = [64 if i % 50 else 8192 for i in range(300)]  # 8192 FP32 = 32 KiB
+        for i, n in enumerate(sizes):
+            req = InferRequest("m", inputs={"X": np.full(n, i, np.float32)}, id=str(i))
+            a.send(ch.INFER, (i, ch.request_to_wire(req, a.write)))
+        await _until(lambda: len(got_b) == 300)
+        assert sends["a"] == 1
+        for kind, (call_id, wire) in got_b:
+            req = ch.request_from_wire(wire, b.read)
+            assert kind == ch.INFER and req.id == str(call_id)
+            assert req.inputs["X"].shape == (sizes[call_id],)
+            assert (req.inputs["X"] == call_id).all()
+            resp = InferResponse("m", "1", {"Y": req.inputs["X"] * 2}, req.id)
+            b.send(ch.RESPONSE, (call_id, ch.response_to_wire(resp, b.write)))
+        await _until(lambda: len(got_a) == 300)
+        assert sends["b"] == 1
+        assert [body[0] for _, body in got_a] == list(range(300))
+        for _, (call_id, wire) in got_a:
+            out = ch.response_from_wire(wire, a.read).outputs["Y"]
+            assert out.shape == (sizes[call_id],) and (out == 2 * call_id).all()
+        a.close()
+        b.close()
+
+    asyncio.run(run())
+
+
+def test_a_peer_dying_mid_frame_closes_the_channel_once_and_delivers_nothing() -> None:
+    """The peer wrote whole frames, then half of one, then died: the whole ones are
+    dispatched, the half one never is, ``on_close`` runs once and later sends are
+    dropped."""
+
+    async def run() -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        got: list[Any] = []
+        closed: list[int] = []
+        end = ch.Channel(
+            mine, "test.dying", lambda k, b: got.append((k, b)), lambda: closed.append(1)
+        )
+        from pdserve.backends.python import shm
+
+        whole = shm.encode_payload((None, [(ch.RESULT, (1, "one")), (ch.RESULT, (2, "two"))]))
+        half = shm.encode_payload((None, [(ch.RESULT, (3, "x" * 1000))]))[:500]
+        theirs.sendall(whole + half)
+        theirs.close()
+        await _until(lambda: closed == [1])
+        await asyncio.sleep(0.02)
+        assert got == [(ch.RESULT, (1, "one")), (ch.RESULT, (2, "two"))]
+        assert end.closed
+        end.send(ch.RESULT, (4, None))  # ignored: nothing raises, nothing queued
+        await asyncio.sleep(0.01)
+        assert closed == [1]
 
     asyncio.run(run())

@@ -62,7 +62,6 @@ scheduled, batched and counted like any request.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import itertools
@@ -74,7 +73,6 @@ import signal
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,6 +104,7 @@ from pdserve.backends.python.messages import (
     Stop,
     TensorDesc,
     WorkerInit,
+    from_wire,
 )
 from pdserve.core import tracing
 from pdserve.core.api import ModelRunner
@@ -207,12 +206,14 @@ class WorkerConnection:
         self.name = name
         self.proc = proc
         self.pid: int = proc.pid
-        self.sock = sock
         self.server = server
         self.loop = asyncio.get_running_loop()
-        self.pool = shm.ArenaPool(f"{name}.in")
-        self.peer = shm.PeerArenas()
-        self.frames = shm.FrameReader()
+        #: the socketpair's framing, write queue and arenas (``.in``: server -> worker)
+        self.link = shm.FramedSocket(sock, f"{name}.in", self._on_payloads, self._on_eof)
+        self.sock = sock
+        self.pool = self.link.pool
+        self.peer = self.link.peer
+        self.frames = self.link.frames
         self.ready: asyncio.Future[int] = self.loop.create_future()
         self.autocomplete: asyncio.Future[AutoCompleteResult] = self.loop.create_future()
         self.died: asyncio.Future[str] = self.loop.create_future()
@@ -227,10 +228,6 @@ class WorkerConnection:
         #: Open decoupled requests: (batch id, index) -> their stream and the check
         #: of each response's outputs.
         self.streams: dict[tuple[int, int], tuple[ResponseStream, Any]] = {}
-        self._out: deque[list[Any]] = deque()  # [memoryview, fds, arenas]
-        self._writing = False
-        sock.setblocking(False)
-        self.loop.add_reader(sock.fileno(), self._on_readable)
 
     # -- start ------------------------------------------------------------------
 
@@ -302,56 +299,14 @@ class WorkerConnection:
         """Queue one message; new arenas and released worker blocks ride along."""
         if self.died.done():
             return
-        control, arenas = shm.outgoing_control(self.pool, self.peer)
-        data = shm.encode_frame(message, control)
-        self._out.append([memoryview(data), [a.fd for a in arenas], arenas])
-        if not self._writing:
-            self._flush()
-
-    def _flush(self) -> None:
-        while self._out:
-            item = self._out[0]
-            data, fds, arenas = item
-            try:
-                if fds:
-                    sent = self.sock.sendmsg(
-                        [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-                    )
-                    item[1] = []
-                    self.pool.sent(arenas)
-                else:
-                    sent = self.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                return  # the reader side sees the end of file and handles the death
-            if sent < len(data):
-                item[0] = data[sent:]
-                if not self._writing:
-                    self._writing = True
-                    self.loop.add_writer(self.sock.fileno(), self._flush)
-                return
-            self._out.popleft()
-        if self._writing:
-            self._writing = False
-            self.loop.remove_writer(self.sock.fileno())
+        self.link.send(lambda control: shm.encode_frame(message, control))
 
     # -- receiving --------------------------------------------------------------
 
-    def _on_readable(self) -> None:
-        try:
-            data, ancdata, _, _ = self.sock.recvmsg(shm.RECV_BYTES, shm.ANCILLARY_SPACE)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data, ancdata = b"", []
-        if not data:
-            self._on_eof()
-            return
-        self.frames.feed(data, ancdata)
-        for frame in self.frames.frames():
+    def _on_payloads(self, payloads: list[Any]) -> None:
+        for payload in payloads:
             try:
-                self._dispatch(frame)
+                self._dispatch(from_wire(payload))
             except Exception:
                 log.exception("%s: bad message from worker", self.name)
 
@@ -384,12 +339,6 @@ class WorkerConnection:
 
     def _on_eof(self) -> None:
         """The worker closed its socket: it exited or died."""
-        with contextlib.suppress(Exception):
-            self.loop.remove_reader(self.sock.fileno())
-        if self._writing:
-            self._writing = False
-            with contextlib.suppress(Exception):
-                self.loop.remove_writer(self.sock.fileno())
         self.loop.create_task(self._reap())
 
     async def _reap(self) -> None:
@@ -440,15 +389,7 @@ class WorkerConnection:
             os.kill(self.pid, signal.SIGKILL)
 
     def _close_resources(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        self.frames.close()
-        for _, fds, arenas in self._out:
-            if fds:
-                self.pool.sent(arenas)
-        self._out.clear()
-        self.pool.close()
-        self.peer.close()
+        self.link.close()
 
     # -- work -------------------------------------------------------------------
 

@@ -34,13 +34,17 @@ into ``bytes`` objects by the reader with
 The control channel (:class:`FrameReader`, :func:`encode_frame`) carries the records
 of :mod:`~pdserve.backends.python.messages`, pickled (protocol 5) in their plain-tuple
 wire form and framed by a 4-byte little-endian length; a frame's file descriptors
-are sent with its first byte and consumed in order by the reader.
+are sent with its first byte and consumed in order by the reader. On an event loop,
+:class:`FramedSocket` owns one end: the write queue, the reading and both directions'
+arenas (the server side of a python worker and the ``--http-workers`` channel use it).
 """
 
 from __future__ import annotations
 
 import array
+import asyncio
 import bisect
+import contextlib
 import math
 import mmap
 import os
@@ -575,3 +579,145 @@ class FrameReader:
 
 #: ``recvmsg`` ancillary buffer size for :data:`MAX_FDS_PER_FRAME` descriptors.
 ANCILLARY_SPACE = socket.CMSG_SPACE(MAX_FDS_PER_FRAME * 4)
+
+
+class FramedSocket:
+    """One end of a framed ``AF_UNIX`` socket on the running asyncio event loop: the
+    arenas of both directions, the write queue and the reading.
+
+    Shared by the python backend's server side
+    (:class:`pdserve.backends.python.backend.WorkerProcess`) and the HTTP front-end
+    workers' channel (:class:`pdserve.frontends.workers.channel.Channel`); each
+    encodes its own records (:func:`encode_frame`, :func:`encode_payload`).
+
+    - **Writing**: :meth:`send` takes the arena bookkeeping that has to go out
+      (:func:`outgoing_control`: new arenas of :attr:`pool`, blocks of :attr:`peer`
+      released), lets the caller encode one frame around it and queues the frame; the
+      new arenas' descriptors ride with its first byte (``SCM_RIGHTS``). Bytes the
+      socket does not take at once wait for it to be writable (the loop's writer).
+      A send that fails (the peer is gone) drops the queue: the reader sees the end of
+      file and reports it.
+    - **Reading**: when the socket is readable, one ``recvmsg`` of at most
+      :data:`RECV_BYTES`; ``on_payloads(list)`` gets the unpickled payloads of the
+      frames it completed, in order (none: not called); end of file or a socket error
+      calls ``on_eof()`` once.
+
+    Args:
+        sock: the connected stream socket (made non-blocking here).
+        label: names this end's arenas (``/proc/<pid>/fd`` shows ``pdserve:<label>.<n>``).
+        on_payloads: called with each read's complete payloads; it must not raise
+            (an exception escapes to the event loop's handler and the read's later
+            payloads are lost).
+        on_eof: called once when the peer is gone.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        label: str,
+        on_payloads: Callable[[list[Any]], None],
+        on_eof: Callable[[], None],
+    ) -> None:
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
+        self.pool = ArenaPool(label)
+        self.peer = PeerArenas()
+        self.frames = FrameReader()
+        self.on_payloads = on_payloads
+        self.on_eof = on_eof
+        #: True once the end of file was seen or :meth:`close` ran.
+        self.closed = False
+        self._out: deque[list[Any]] = deque()  # [memoryview, fds, arenas] not yet sent
+        self._writing = False
+        sock.setblocking(False)
+        self.loop.add_reader(sock.fileno(), self._on_readable)
+
+    def send(self, encode: Callable[[ArenaControl | None], bytes]) -> None:
+        """Queue one frame: ``encode(control)`` makes its bytes (a frame of
+        :func:`encode_payload`) around the arena bookkeeping that rides with it.
+        Nothing happens once closed."""
+        if self.closed:
+            return
+        control, arenas = outgoing_control(self.pool, self.peer)
+        self._out.append([memoryview(encode(control)), [a.fd for a in arenas], arenas])
+        if not self._writing:
+            self._flush()
+
+    def _flush(self) -> None:
+        out = self._out
+        while out:
+            item = out[0]
+            data, fds, arenas = item
+            try:
+                if fds:  # descriptors ride with the first byte; they precede their frame
+                    sent = self.sock.sendmsg(
+                        [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                    )
+                    item[1] = []
+                    self.pool.sent(arenas)
+                else:
+                    sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:  # the peer is gone: the reader sees the end of file
+                self._drop_queue()
+                self._stop_writing()
+                return
+            if sent < len(data):
+                item[0] = data[sent:]
+                if not self._writing:
+                    self._writing = True
+                    self.loop.add_writer(self.sock.fileno(), self._flush)
+                return
+            out.popleft()
+        self._stop_writing()
+
+    def _stop_writing(self) -> None:
+        if self._writing:
+            self._writing = False
+            with contextlib.suppress(Exception):
+                self.loop.remove_writer(self.sock.fileno())
+
+    def _drop_queue(self) -> None:
+        for _, fds, arenas in self._out:
+            if fds:
+                self.pool.sent(arenas)
+        self._out.clear()
+
+    def _on_readable(self) -> None:
+        try:
+            data, ancdata, _, _ = self.sock.recvmsg(RECV_BYTES, ANCILLARY_SPACE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, ancdata = b"", []
+        if not data:
+            self._eof()
+            return
+        self.frames.feed(data, ancdata)
+        payloads = self.frames.payloads()
+        if payloads:
+            self.on_payloads(payloads)
+
+    def _eof(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(Exception):
+            self.loop.remove_reader(self.sock.fileno())
+        self._stop_writing()
+        self.on_eof()
+
+    def close(self) -> None:
+        """Stop reading and writing, close the socket and the descriptors not yet
+        taken, and drop both directions' arenas (numpy views keep their memory)."""
+        self.closed = True
+        with contextlib.suppress(Exception):
+            self.loop.remove_reader(self.sock.fileno())
+        self._stop_writing()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self.frames.close()
+        self._drop_queue()
+        self.pool.close()
+        self.peer.close()

@@ -49,12 +49,8 @@ many requests.
 
 from __future__ import annotations
 
-import array
-import asyncio
-import contextlib
 import logging
 import socket
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -118,6 +114,7 @@ CALLS = frozenset(
 _ERROR_EXTRAS = ("http_headers", "retry_after")
 
 _new = tuple.__new__
+_ndarray = np.ndarray
 
 #: numpy kinds written inline by :meth:`Channel.write`'s fast path (not BYTES).
 _INLINE_KINDS = frozenset("biufc")
@@ -168,21 +165,27 @@ def request_to_wire(request: InferRequest, write: WriteTensor) -> tuple[Any, ...
     )
 
 
-def request_from_wire(wire: tuple[Any, ...], read: ReadTensor) -> InferRequest:
-    """Inverse of :func:`request_to_wire` (inputs are views of the sender's arenas)."""
+def request_from_wire(
+    wire: tuple[Any, ...], read: ReadTensor, cancelled: Any = None
+) -> InferRequest:
+    """Inverse of :func:`request_to_wire` (inputs are views of the sender's arenas);
+    ``cancelled`` becomes the request's cancellation token."""
     outputs = wire[3]
+    # positional: InferRequest's field order (cheaper than keywords on the hot path)
     return InferRequest(
-        model_name=wire[0],
-        model_version=wire[1],
-        inputs={name: read(desc) for name, desc in wire[2].items()},
-        outputs=None if outputs is None else [RequestedOutput(*o) for o in outputs],
-        id=wire[4],
-        parameters=wire[5],
-        arrival_ns=wire[6],
-        route_key=wire[7],
-        pinned_version=wire[8],
-        traceparent=wire[9],
-        shm_inputs=wire[10],
+        wire[0],  # model_name
+        wire[1],  # model_version
+        {name: read(desc) for name, desc in wire[2].items()},
+        None if outputs is None else [RequestedOutput(*o) for o in outputs],
+        wire[4],  # id
+        wire[5],  # parameters
+        wire[6],  # arrival_ns
+        cancelled,
+        wire[7],  # route_key
+        wire[8],  # pinned_version
+        wire[9],  # traceparent
+        None,  # trace
+        wire[10],  # shm_inputs
     )
 
 
@@ -228,10 +231,15 @@ def control_from_wire(wire: tuple[Any, ...] | None) -> ArenaControl | None:
 class Channel:
     """One end of a worker's socketpair on the running event loop.
 
+    The framing, write queue, reading and both directions' arenas are the python
+    backend's :class:`~pdserve.backends.python.shm.FramedSocket` (:attr:`link`); this
+    class adds the coalescing of a loop turn's messages into one frame and the
+    dispatch of received messages.
+
     Args:
         sock: the connected ``AF_UNIX`` stream socket (made non-blocking here).
         label: names this end's arenas (``/proc/<pid>/fd`` shows ``pdserve:<label>.<n>``).
-        on_frame: ``on_frame(kind, body)`` for every frame received, in order (arena
+        on_frame: ``on_frame(kind, body)`` for every message received, in order (arena
             bookkeeping already applied). An exception it raises is logged.
         on_close: called once when the peer is gone (end of file or a socket error).
     """
@@ -243,20 +251,29 @@ class Channel:
         on_frame: Callable[[int, tuple[Any, ...]], None],
         on_close: Callable[[], None],
     ) -> None:
-        self.sock = sock
-        self.loop = asyncio.get_running_loop()
-        self.pool = shm.ArenaPool(label)
-        self.peer = shm.PeerArenas()
-        self.frames = shm.FrameReader()
         self.on_frame = on_frame
         self.on_close = on_close
-        self.closed = False
-        self._pending: list[tuple[int, tuple[Any, ...]]] = []  # frames of this loop turn
+        self.link = shm.FramedSocket(sock, label, self._on_payloads, self._closed)
+        self.loop = self.link.loop
+        self.pool = self.link.pool
+        self.peer = self.link.peer
+        self.frames = self.link.frames
+        self._pending: list[tuple[int, tuple[Any, ...]]] = []  # messages of this loop turn
         self._flush_scheduled = False
-        self._out: deque[list[Any]] = deque()  # [memoryview, fds, arenas] not yet sent
-        self._writing = False
-        sock.setblocking(False)
-        self.loop.add_reader(sock.fileno(), self._on_readable)
+
+    @property
+    def sock(self) -> socket.socket:
+        """The socket (the link's)."""
+        return self.link.sock
+
+    @sock.setter
+    def sock(self, value: socket.socket) -> None:
+        self.link.sock = value
+
+    @property
+    def closed(self) -> bool:
+        """True once the peer is gone or :meth:`close` ran."""
+        return self.link.closed
 
     # -- tensors ----------------------------------------------------------------------
 
@@ -278,15 +295,18 @@ class Channel:
         (its block goes back once the last view is gone) or of the frame's bytes."""
         inline = desc[2]
         if inline is not None and desc[0] != "BYTES":
-            return np.frombuffer(inline, dtype=desc[0]).reshape(desc[1])
+            # a read-only array over the frame's bytes (half the cost of
+            # frombuffer + reshape; a buffer too small for the shape raises TypeError)
+            return _ndarray(desc[1], desc[0], inline)
         return self.peer.read(_new(TensorDesc, desc), release=True)
 
     # -- sending ----------------------------------------------------------------------
 
     def send(self, kind: int, body: tuple[Any, ...]) -> None:
-        """Queue one frame; it goes out with the others of this loop turn. New arenas
-        and the peer's released blocks ride along. Nothing happens once closed."""
-        if self.closed:
+        """Queue one message; it goes out in one frame with the others of this loop
+        turn. New arenas and the peer's released blocks ride along. Nothing happens
+        once closed."""
+        if self.link.closed:
             return
         self._pending.append((kind, body))
         if not self._flush_scheduled:
@@ -295,80 +315,30 @@ class Channel:
 
     def _end_of_turn(self) -> None:
         self._flush_scheduled = False
-        if self.closed or not self._pending:
+        if self.link.closed or not self._pending:
             return
-        frames, self._pending = self._pending, []
-        # one pickle for the turn's frames, with the arena bookkeeping once (new arenas
-        # come before the frames that use them: the reader applies it first)
-        control, arenas = shm.outgoing_control(self.pool, self.peer)
-        data = shm.encode_payload((control_to_wire(control), frames))
-        self._out.append([memoryview(data), [a.fd for a in arenas], arenas])
-        if not self._writing:
-            self._flush()
-
-    def _flush(self) -> None:
-        while self._out:
-            item = self._out[0]
-            data, fds, arenas = item
-            try:
-                if fds:  # descriptors ride with the first byte; they precede their frame
-                    sent = self.sock.sendmsg(
-                        [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-                    )
-                    item[1] = []
-                    self.pool.sent(arenas)
-                else:
-                    sent = self.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                self._closed()
-                return
-            if sent < len(data):
-                item[0] = data[sent:]
-                if not self._writing:
-                    self._writing = True
-                    self.loop.add_writer(self.sock.fileno(), self._flush)
-                return
-            self._out.popleft()
-        if self._writing:
-            self._writing = False
-            self.loop.remove_writer(self.sock.fileno())
+        messages, self._pending = self._pending, []
+        # one pickle for the turn's messages, with the arena bookkeeping once (new
+        # arenas come before the messages that use them: the reader applies it first)
+        self.link.send(lambda control: shm.encode_payload((control_to_wire(control), messages)))
 
     # -- receiving --------------------------------------------------------------------
 
-    def _on_readable(self) -> None:
-        try:
-            data, ancdata, _, _ = self.sock.recvmsg(shm.RECV_BYTES, shm.ANCILLARY_SPACE)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data, ancdata = b"", []
-        if not data:
-            self._closed()
-            return
-        self.frames.feed(data, ancdata)
-        for control, frames in self.frames.payloads():
-            try:
-                shm.apply_control(control_from_wire(control), self.frames, self.peer, self.pool)
-            except Exception:
-                log.exception("%s: bad arena control from the peer", self.pool.label)
-            for kind, body in frames:
+    def _on_payloads(self, payloads: list[Any]) -> None:
+        on_frame = self.on_frame
+        for control, messages in payloads:
+            if control is not None:
                 try:
-                    self.on_frame(kind, body)
+                    shm.apply_control(control_from_wire(control), self.frames, self.peer, self.pool)
+                except Exception:
+                    log.exception("%s: bad arena control from the peer", self.pool.label)
+            for kind, body in messages:
+                try:
+                    on_frame(kind, body)
                 except Exception:
                     log.exception("%s: bad frame from the peer", self.pool.label)
 
     def _closed(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        with contextlib.suppress(Exception):
-            self.loop.remove_reader(self.sock.fileno())
-        if self._writing:
-            self._writing = False
-            with contextlib.suppress(Exception):
-                self.loop.remove_writer(self.sock.fileno())
         try:
             self.on_close()
         finally:
@@ -376,16 +346,5 @@ class Channel:
 
     def close(self) -> None:
         """Close the socket and drop both ends' arenas (views keep their memory)."""
-        self.closed = True
-        with contextlib.suppress(Exception):
-            self.loop.remove_reader(self.sock.fileno())
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        self.frames.close()
-        for _, fds, arenas in self._out:
-            if fds:
-                self.pool.sent(arenas)
-        self._out.clear()
         self._pending = []
-        self.pool.close()
-        self.peer.close()
+        self.link.close()

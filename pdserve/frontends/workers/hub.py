@@ -128,11 +128,11 @@ class FrontendHub:
     def _on_frame(self, link: WorkerLink, kind: int, body: tuple[Any, ...]) -> None:
         if kind == ch.INFER:
             call_id = body[0]
-            request = ch.request_from_wire(body[1], link.channel.read)
+            channel = link.channel
             token = CancelToken()
-            request.cancelled = token
+            request = ch.request_from_wire(body[1], channel.read, token)
             link.tokens[call_id] = token
-            asyncio.get_running_loop().create_task(self._run_infer(link, call_id, request))
+            channel.loop.create_task(self._run_infer(link, call_id, request))
         elif kind == ch.CANCEL:
             call_id = body[0]
             held = link.tokens.get(call_id)
@@ -144,16 +144,12 @@ class FrontendHub:
         elif kind == ch.STREAM:
             call_id = body[0]
             request = ch.request_from_wire(body[1], link.channel.read)
-            stream = asyncio.get_running_loop().create_task(
-                self._run_stream(link, call_id, request)
-            )
+            stream = link.channel.loop.create_task(self._run_stream(link, call_id, request))
             link.streams[call_id] = stream
             stream.add_done_callback(lambda _t: link.streams.pop(call_id, None))
         elif kind == ch.CALL:
             call_id, method, args = body
-            call = asyncio.get_running_loop().create_task(
-                self._run_call(link, call_id, method, args)
-            )
+            call = link.channel.loop.create_task(self._run_call(link, call_id, method, args))
             link.calls.add(call)
             call.add_done_callback(link.calls.discard)
         elif kind == ch.PONG:

@@ -236,10 +236,18 @@ class ProxyCore:
             InferError: what the core raised; UNAVAILABLE when the main process is gone.
         """
         client = self.client
-        channel = client._channel()
-        call_id, fut = client.request(
-            ch.INFER, lambda cid: (cid, ch.request_to_wire(request, channel.write))
-        )
+        channel = client.channel
+        if client.gone or channel is None:
+            raise _gone()
+        # WorkerClient.request inlined (the hot path: no closure per request)
+        call_id = next(client._ids)
+        fut: asyncio.Future[InferResponse] = channel.loop.create_future()
+        client._calls[call_id] = fut
+        try:
+            channel.send(ch.INFER, (call_id, ch.request_to_wire(request, channel.write)))
+        except BaseException:
+            client._calls.pop(call_id, None)
+            raise
         token = request.cancelled
         if isinstance(token, CancelToken):
 
