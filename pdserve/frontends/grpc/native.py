@@ -49,7 +49,7 @@ gRPC over HTTP/2, as served here:
   after ``time_ms`` with nothing read (on a connection with a call open, or any if
   ``permit_without_calls``), GOAWAY and close when it is not acknowledged within
   ``timeout_ms``; a client PING sooner than ``min_recv_ping_interval_ms`` after its
-  previous one, with no HEADERS or DATA received between, is a strike, and strike
+  previous one, with no HEADERS or DATA sent or received between, is a strike, and strike
   ``max_ping_strikes + 1`` gets GOAWAY ENHANCE_YOUR_CALM ``too_many_pings``.
 - rapid reset (CVE-2023-44487): streams the client resets while they are served, and
   streams refused for the concurrent-stream limit, are counted in a token bucket
@@ -619,7 +619,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def _on_ping(self) -> None:
         """A client's PING (not an ACK): one sooner than the allowed interval after the
-        previous one, with no data or headers received between them, is a strike; past
+        previous one, with no data or headers sent or received between them, is a strike; past
         ``max_ping_strikes`` strikes: GOAWAY ENHANCE_YOUR_CALM ``too_many_pings``
         (grpc core's ping abuse policy, which Triton's flags set)."""
         ka = self.server.keepalive
@@ -1247,6 +1247,12 @@ class GrpcConnection(asyncio.Protocol):
     def _flush(self) -> None:
         self.flush_pending = False
         out = self.out
+        if self.last_ping_recv:  # sending HEADERS or DATA forgives the client's PINGs
+            for frame in out:  # (grpc core's ResetPingClock, grpc-go's resetPingStrikes)
+                if frame[3] <= 1:  # the frame header's type byte: 0 DATA, 1 HEADERS
+                    self.last_ping_recv = 0.0
+                    self.ping_strikes = 0
+                    break
         if out and not self.closed and self.transport is not None:
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])
             self.writes += 1
