@@ -82,7 +82,7 @@ import resource
 import struct
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -90,6 +90,7 @@ import hpack
 from h2.errors import ErrorCodes
 
 from pdserve.frontends.grpc.engine import GrpcKeepalive
+from pdserve.frontends.grpc.service import MalformedMessage, direct_unary
 from pdserve.frontends.grpc.sync_bridge import BridgedAbort
 
 log = logging.getLogger("pdserve.grpc")
@@ -127,6 +128,8 @@ KEEPALIVE_OPAQUE = b"pdsv-kap"
 IDLE_PING_INTERVAL_SECS = 7200.0
 #: The request encodings understood (``grpc-encoding``), for ``grpc-accept-encoding``.
 ACCEPT_ENCODING = b"identity,deflate,gzip"
+#: The name of every call's task (see :meth:`GrpcConnection._start`).
+_CALL_TASK_NAME = "pdserve-grpc-call"
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _HTTP1_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN")
@@ -370,6 +373,7 @@ class _Call:
         "cancelled",
         "ctx",
         "delivered",
+        "direct",
         "held",
         "decompress",
         "finished",
@@ -390,9 +394,10 @@ class _Call:
         "yielded",
     )
 
-    def __init__(self, sid: int, handler: Any) -> None:
+    def __init__(self, sid: int, handler: Any, direct: Any = None) -> None:
         self.sid = sid
         self.handler = handler
+        self.direct = direct  # the unary servicer method without its wrapper (direct_unary)
         self.buf = bytearray()
         self.ctx: NativeContext | None = None
         self.decompress: Callable[[bytes], bytes] | None = None
@@ -853,10 +858,12 @@ class GrpcConnection(asyncio.Protocol):
                 self.out.append(_frame(3, 0, sid, _U32.pack(ErrorCodes.NO_ERROR)))
             return
         service, _, name = head.path.rpartition(b"/")
-        handler = None
+        handler = direct = None
         if service == self.server.service_path:
-            handler = self.server.handlers.get(name.decode("latin-1"))
-        call = _Call(sid, handler)
+            key = name.decode("latin-1")
+            handler = self.server.handlers.get(key)
+            direct = self.server.direct.get(key)
+        call = _Call(sid, handler, direct)
         call.send_window = self.stream_window
         self.calls[sid] = call
         try:
@@ -892,7 +899,7 @@ class GrpcConnection(asyncio.Protocol):
             return
         if handler.stream_stream is not None:
             call.queue = asyncio.Queue()
-            call.task = self.loop.create_task(self._run_stream(call))
+            call.task = self._start(self._run_stream(call))
         if end_stream:
             self._remote_end(call)
 
@@ -980,7 +987,13 @@ class GrpcConnection(asyncio.Protocol):
         if call.request is _END:
             self._finish(call, grpc.StatusCode.UNIMPLEMENTED, "no request message on a unary call")
             return
-        call.task = self.loop.create_task(self._run_unary(call))
+        call.task = self._start(self._run_unary(call))
+
+    def _start(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run a call's coroutine in its own task: ``asyncio.Task`` with a fixed name
+        rather than ``loop.create_task`` (no "Task-N" formatting, no uvloop wrapper;
+        pdserve's loops set no task factory), as the native HTTP transport does."""
+        return asyncio.Task(coro, loop=self.loop, name=_CALL_TASK_NAME)
 
     def _window(self, sid: int) -> None:
         if sid:
@@ -1000,8 +1013,13 @@ class GrpcConnection(asyncio.Protocol):
         ctx = call.ctx
         assert ctx is not None
         handler = call.handler
+        request = call.request
+        direct = call.direct
         try:
-            response = await handler.unary_unary(call.request, ctx)
+            if direct is not None and not isinstance(request, MalformedMessage):
+                response = await direct(request, ctx)  # the servicer's method itself
+            else:
+                response = await handler.unary_unary(request, ctx)
         except BridgedAbort as e:
             self._finish(call, e.code, e.details, ctx.trailers)
             return
@@ -1309,6 +1327,10 @@ class NativeGrpcServer:
         self.loop = asyncio.get_running_loop()
         self.keepalive = keepalive or GrpcKeepalive()
         self.handlers = handlers
+        #: method name -> the servicer method a unary handler wraps (:func:`direct_unary`)
+        self.direct = {
+            name: d for name, h in handlers.items() if (d := direct_unary(h)) is not None
+        }
         self.service_path = b"/" + service.encode()
         self.max_message_bytes = max_message_bytes
         if max_connections <= 0:
