@@ -126,7 +126,7 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
     for tensor in inputs_msg:
         name = tensor.name
         datatype = tensor.datatype
-        shape = list(tensor.shape)
+        shape = tensor.shape[:]  # a list (upb: 4x faster than list(...))
         count = shape_element_count(shape, name)
         if tensor.parameters:
             tparams = _params(tensor.parameters)

@@ -477,6 +477,9 @@ class GrpcConnection(asyncio.Protocol):
         self.hstate: tuple[int, Any] = (0, None)
         self.last_sid = 0
         self.send_window = 65535  # the connection's, for what we send
+        # some call's data waits for flow-control window (set by _pump): a connection
+        # WINDOW_UPDATE scans the calls only then (a client sends one per response read)
+        self.stalled = False
         self.stream_window = 65535  # the peer's SETTINGS_INITIAL_WINDOW_SIZE
         self.max_frame = 16384  # the peer's SETTINGS_MAX_FRAME_SIZE
         self.received = 0  # bytes received since the last connection WINDOW_UPDATE
@@ -1001,11 +1004,15 @@ class GrpcConnection(asyncio.Protocol):
             if call is not None and (call.out or call.trailers is not None):
                 self._pump(call)
             return
+        if not self.stalled:  # no call waits for window: nothing to scan
+            return
+        self.stalled = False
         for call in list(self.calls.values()):
             if self.send_window <= 0:
+                self.stalled = True
                 return
             if call.out or call.trailers is not None:
-                self._pump(call)
+                self._pump(call)  # (marks the connection stalled again if still blocked)
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -1166,6 +1173,7 @@ class GrpcConnection(asyncio.Protocol):
         while out:
             size = min(call.send_window, self.send_window, self.max_frame)
             if size <= 0:
+                self.stalled = True  # a WINDOW_UPDATE of the connection pumps it again
                 return
             data = out[0]
             if len(data) <= size:
