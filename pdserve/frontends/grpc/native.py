@@ -282,6 +282,14 @@ class NativeContext:
             values; ``-bin`` keys keep their raw header bytes).
         peer: ``ipv4:host:port``-style peer name.
         deadline: ``time.monotonic()`` when the call's ``grpc-timeout`` passes; None: none.
+        loop: the connection's event loop (:attr:`native_loop`).
+
+    Attributes:
+        native_loop: the event loop the call runs on. Its presence tells
+            :func:`~pdserve.frontends.grpc.service.grpc_cancel_token` that every early
+            end of the call (RST_STREAM, deadline, connection lost) runs the done
+            callbacks (:meth:`GrpcConnection._cancel`), so the request's token needs no
+            probe polled (the dynamic batcher polls a token up to 3 times a request).
     """
 
     __slots__ = (
@@ -292,12 +300,19 @@ class NativeContext:
         "code",
         "deadline",
         "details",
+        "native_loop",
         "trailers",
     )
 
     def __init__(
-        self, call: _Call, metadata: tuple[tuple[str, Any], ...], peer: str, deadline: float | None
+        self,
+        call: _Call,
+        metadata: tuple[tuple[str, Any], ...],
+        peer: str,
+        deadline: float | None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
+        self.native_loop = loop
         self._call = call
         self._metadata = metadata
         self._peer = peer
@@ -896,7 +911,7 @@ class GrpcConnection(asyncio.Protocol):
                     raise _Refused(grpc.StatusCode.INTERNAL, "malformed grpc-timeout")
                 deadline = time.monotonic() + seconds
                 call.timer = self.loop.call_later(seconds, self._expire, call)
-            call.ctx = NativeContext(call, head.metadata, self.peer, deadline)
+            call.ctx = NativeContext(call, head.metadata, self.peer, deadline, self.loop)
         except _Refused as e:
             self._finish(call, e.code, e.details, e.extra)
             return

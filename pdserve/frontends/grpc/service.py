@@ -704,8 +704,11 @@ def grpc_cancel_token(context: grpc.aio.ServicerContext) -> CancelToken:
     """The request's :class:`~pdserve.core.cancel.CancelToken`: cancelled with
     ``CLIENT_GONE`` when the call ends before the answer (the client cancelled it or
     its deadline passed: ``context.add_done_callback``); ``context.cancelled`` is the
-    token's probe."""
-    token = CancelToken(context.cancelled)
+    token's probe, except on the native transport, which runs the done callbacks on every
+    early end itself (its context's ``native_loop``): there the token polls nothing and
+    carries the loop."""
+    loop = getattr(context, "native_loop", None)
+    token = CancelToken(None, loop) if loop is not None else CancelToken(context.cancelled)
 
     def done(_ctx: Any) -> None:
         if not token.finished:
