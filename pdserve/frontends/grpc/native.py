@@ -83,7 +83,7 @@ import struct
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import hpack
@@ -555,6 +555,16 @@ class GrpcConnection(asyncio.Protocol):
             return
         self.reads += 1
         buf = self.buf
+        if self.preface and not buf:
+            # the common case: frames parsed from ``data`` itself (a payload is one copy
+            # of it, not a copy into the buffer and two out); what is left is buffered
+            try:
+                self._frames(data)
+            except _ConnectionError as e:
+                self._connection_error(e)
+                return
+            self._flush()
+            return
         buf += data
         if not self.preface:
             if len(buf) < len(_PREFACE):
@@ -571,19 +581,24 @@ class GrpcConnection(asyncio.Protocol):
                 self._close()
                 return
         try:
-            self._frames()
+            self._frames(buf)
         except _ConnectionError as e:
-            log.debug("gRPC connection %s: HTTP/2 error: %s", self.peer, e)
-            self._goaway(e.code, e.debug)
-            self._flush()
-            self._close()
+            self._connection_error(e)
             return
         self._flush()
 
+    def _connection_error(self, e: _ConnectionError) -> None:
+        log.debug("gRPC connection %s: HTTP/2 error: %s", self.peer, e)
+        self._goaway(e.code, e.debug)
+        self._flush()
+        self._close()
+
     # -- frames --------------------------------------------------------------------------
 
-    def _frames(self) -> None:
-        buf = self.buf
+    def _frames(self, buf: bytes | bytearray) -> None:
+        """Handle the complete frames of ``buf`` (:attr:`buf` itself, or bytes just
+        received with nothing buffered); an incomplete frame is kept in :attr:`buf`."""
+        copy = isinstance(buf, bytearray)
         pos = 0
         end = len(buf)
         unpack = _FRAME_HEADER.unpack_from
@@ -597,7 +612,8 @@ class GrpcConnection(asyncio.Protocol):
                     raise _ConnectionError(ErrorCodes.FRAME_SIZE_ERROR, f"frame of {length} bytes")
                 if end - pos < 9 + length:
                     break
-                payload = bytes(buf[pos + 9 : pos + 9 + length])
+                chunk = buf[pos + 9 : pos + 9 + length]
+                payload = bytes(chunk) if copy else cast(bytes, chunk)
                 pos += 9 + length
                 if self.continuation is not None and kind != 9:
                     raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "expected CONTINUATION")
@@ -636,8 +652,11 @@ class GrpcConnection(asyncio.Protocol):
                     raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "bad PRIORITY")
                 # other types (PRIORITY, extensions) are ignored
         finally:
-            del buf[:pos]
-        if len(buf) > MAX_FRAME_SIZE + 9:  # pragma: no cover - cannot happen: checked above
+            if buf is self.buf:
+                del buf[:pos]
+            elif pos < end:
+                self.buf += buf[pos:]
+        if len(self.buf) > MAX_FRAME_SIZE + 9:  # pragma: no cover - cannot: checked above
             raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "receive buffer overflow")
 
     def _on_ping(self) -> None:
