@@ -205,9 +205,12 @@ class _ConnectionError(Exception):
 class _Head:
     """What the transport reads from a request's header block."""
 
-    __slots__ = ("content_type", "encoding", "metadata", "method", "path", "timeout")
+    __slots__ = ("content_type", "encoding", "metadata", "method", "path", "route", "timeout")
 
     def __init__(self, headers: Any) -> None:
+        #: (handler, direct unary method) of the path, once looked up (a head is cached
+        #: with its header block, so a repeated block skips the lookup)
+        self.route: tuple[Any, Any] | None = None
         self.path = self.method = self.content_type = b""
         self.encoding = b"identity"
         self.timeout: bytes | None = None
@@ -894,12 +897,16 @@ class GrpcConnection(asyncio.Protocol):
             if not end_stream:
                 self.out.append(_frame(3, 0, sid, _U32.pack(ErrorCodes.NO_ERROR)))
             return
-        service, _, name = head.path.rpartition(b"/")
-        handler = direct = None
-        if service == self.server.service_path:
-            key = name.decode("latin-1")
-            handler = self.server.handlers.get(key)
-            direct = self.server.direct.get(key)
+        route = head.route
+        if route is None:
+            service, _, name = head.path.rpartition(b"/")
+            handler = direct = None
+            if service == self.server.service_path:
+                key = name.decode("latin-1")
+                handler = self.server.handlers.get(key)
+                direct = self.server.direct.get(key)
+            route = head.route = (handler, direct)
+        handler, direct = route
         call = _Call(sid, handler, direct)
         call.send_window = self.stream_window
         self.calls[sid] = call
