@@ -135,12 +135,12 @@ def _refuse_malformed(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., 
     return handle
 
 
-def direct_unary(handler: grpc.RpcMethodHandler) -> Callable[..., Awaitable[Any]] | None:
+def direct_unary(handler: Any) -> Callable[..., Awaitable[Any]] | None:
     """The servicer method under a unary handler of :func:`method_handlers` that no
     gate wraps: a transport that checks for :class:`MalformedMessage` itself may await
     it directly (the native transport: one coroutine level fewer per call). None for
-    a gated or streaming handler."""
-    return getattr(handler.unary_unary, "direct", None)
+    a gated or streaming handler (or anything that is not a handler)."""
+    return getattr(getattr(handler, "unary_unary", None), "direct", None)
 
 
 #: The request field naming the model, per RPC (for the gate's model grants and limits).
