@@ -159,3 +159,64 @@ def test_connection_cap_and_idle_goaway() -> None:
     over_closed, over_untracked, goaway, idle_closed = asyncio.run(run())
     assert over_closed and over_untracked
     assert goaway[3] == 7 and idle_closed  # a GOAWAY frame, then closed
+
+
+def test_calls_arriving_in_pieces_and_together_are_answered() -> None:
+    """Frames are read from the received bytes when nothing is buffered and from the
+    buffer otherwise: three calls sent one byte per read, then three in one read (the
+    second time the header block repeats, its decoded head and route come from the
+    cache), are all answered with the request each sent."""
+
+    async def echo(request: Any, context: Any) -> Any:
+        return service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+
+    handler = grpc.unary_unary_rpc_method_handler(
+        echo,
+        request_deserializer=service_pb2.ModelInferRequest.FromString,
+        response_serializer=service_pb2.ModelInferResponse.SerializeToString,
+    )
+
+    async def run() -> list[tuple[int, bytes, bytes]]:
+        proto, transport, client = await _pair(handler, 65535)
+        answers: dict[int, list[Any]] = {}
+
+        def send(rid: str) -> int:
+            sid = client.get_next_available_stream_id()
+            client.send_headers(sid, _headers(b"ModelInfer"))
+            body = service_pb2.ModelInferRequest(model_name="m", id=rid).SerializeToString()
+            client.send_data(sid, struct.pack(">BI", 0, len(body)) + body, end_stream=True)
+            answers[sid] = [b"", b""]
+            return sid
+
+        for rid in ("a", "b", "c"):
+            send(rid)
+            wire = client.data_to_send()
+            for i in range(len(wire)):
+                proto.data_received(wire[i : i + 1])
+        for rid in ("d", "e", "f"):
+            send(rid)
+        proto.data_received(client.data_to_send())
+        for _ in range(50):
+            await asyncio.sleep(0)
+            for ev in client.receive_data(transport.take()):
+                if isinstance(ev, h2.events.DataReceived):
+                    answers[ev.stream_id][0] += ev.data  # type: ignore[index, operator]
+                elif isinstance(ev, h2.events.TrailersReceived):
+                    answers[ev.stream_id][1] = dict(ev.headers)[b"grpc-status"]  # type: ignore[index, arg-type]
+            if all(a[1] for a in answers.values()):
+                break
+        out = []
+        for sid, (data, status) in sorted(answers.items()):
+            msg = service_pb2.ModelInferResponse.FromString(data[5:])
+            out.append((sid, msg.id.encode(), status))
+        return out
+
+    got = asyncio.run(run())
+    assert got == [
+        (1, b"a", b"0"),
+        (3, b"b", b"0"),
+        (5, b"c", b"0"),
+        (7, b"d", b"0"),
+        (9, b"e", b"0"),
+        (11, b"f", b"0"),
+    ]

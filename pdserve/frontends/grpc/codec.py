@@ -41,6 +41,13 @@ def param_value(p: Any) -> Any:
     return None if which is None else getattr(p, which)
 
 
+def _params(pmap: Any) -> dict[str, Any]:
+    """A protobuf ``map<string, InferParameter>`` as a dict of Python values. Keys are
+    iterated and looked up: the upb map's ``items()`` goes through
+    ``collections.abc.Mapping``'s ``ItemsView`` (about 1 µs more per map)."""
+    return {k: param_value(pmap[k]) for k in pmap}
+
+
 def _set_param(p: Any, value: Any) -> None:
     """Store a Python value in an ``InferParameter``."""
     if isinstance(value, bool):
@@ -119,10 +126,10 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
     for tensor in inputs_msg:
         name = tensor.name
         datatype = tensor.datatype
-        shape = list(tensor.shape)
+        shape = tensor.shape[:]  # a list (upb: 4x faster than list(...))
         count = shape_element_count(shape, name)
         if tensor.parameters:
-            tparams = {k: param_value(v) for k, v in tensor.parameters.items()}
+            tparams = _params(tensor.parameters)
             check_scalar_parameters(tparams, f"input '{name}'")
             if "shared_memory_region" in tparams:
                 if name in inputs:
@@ -187,7 +194,7 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
             if not out.parameters:
                 outputs.append(RequestedOutput(out.name))
                 continue
-            params = {k: param_value(v) for k, v in out.parameters.items()}
+            params = _params(out.parameters)
             check_scalar_parameters(params, f"output '{out.name}'")
             if "shared_memory_region" in params:
                 shm_params(params, f"output '{out.name}'")  # checks the types
@@ -205,7 +212,7 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
             outputs.append(RequestedOutput(out.name, None, cls, params))
     parameters: dict[str, Any] = {}
     if msg.parameters:
-        parameters = {k: param_value(v) for k, v in msg.parameters.items()}
+        parameters = _params(msg.parameters)
         check_request_parameters(parameters, grpc=True)
     request = InferRequest(
         model_name=msg.model_name,
@@ -279,23 +286,45 @@ def _payload_bytes(msg: service_pb2.ModelInferRequest) -> int:
     return total
 
 
-async def decode_off_loop(msg: service_pb2.ModelInferRequest, arrival_ns: int) -> InferRequest:
-    """:func:`decode_infer_request`, on a worker thread when the payload is large."""
+def decode_inline(msg: service_pb2.ModelInferRequest, arrival_ns: int) -> InferRequest | None:
+    """:func:`decode_infer_request` of a request whose payload is small enough for the
+    event loop (:data:`OFFLOAD_BYTES`); None for a larger one (:func:`decode_off_loop`
+    decodes it on a worker thread). No coroutine: the common small request costs one
+    coroutine level fewer."""
     if _payload_bytes(msg) <= OFFLOAD_BYTES:
         return decode_infer_request(msg, arrival_ns)
+    return None
+
+
+async def decode_off_loop(msg: service_pb2.ModelInferRequest, arrival_ns: int) -> InferRequest:
+    """:func:`decode_infer_request`, on a worker thread when the payload is large."""
+    request = decode_inline(msg, arrival_ns)
+    if request is not None:
+        return request
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(codec_pool(), decode_infer_request, msg, arrival_ns)
+
+
+def encode_inline(
+    response: InferResponse, shm_outputs: frozenset[str] | None = None
+) -> service_pb2.ModelInferResponse | None:
+    """:func:`encode_infer_response` of a response whose outputs are small enough for
+    the event loop (:data:`OFFLOAD_BYTES`); None for larger ones (:func:`encode_off_loop`)."""
+    size = 0
+    for arr in response.outputs.values():
+        size += getattr(arr, "nbytes", 0)
+    if size <= OFFLOAD_BYTES:
+        return encode_infer_response(response, shm_outputs)
+    return None
 
 
 async def encode_off_loop(
     response: InferResponse, shm_outputs: frozenset[str] | None = None
 ) -> service_pb2.ModelInferResponse:
     """:func:`encode_infer_response`, on a worker thread when the outputs are large."""
-    size = 0
-    for arr in response.outputs.values():
-        size += getattr(arr, "nbytes", 0)
-    if size <= OFFLOAD_BYTES:
-        return encode_infer_response(response, shm_outputs)
+    msg = encode_inline(response, shm_outputs)
+    if msg is not None:
+        return msg
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(codec_pool(), encode_infer_response, response, shm_outputs)
 

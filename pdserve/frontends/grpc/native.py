@@ -82,14 +82,15 @@ import resource
 import struct
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, cast
 
 import grpc
 import hpack
 from h2.errors import ErrorCodes
 
 from pdserve.frontends.grpc.engine import GrpcKeepalive
+from pdserve.frontends.grpc.service import MalformedMessage, direct_unary
 from pdserve.frontends.grpc.sync_bridge import BridgedAbort
 
 log = logging.getLogger("pdserve.grpc")
@@ -127,6 +128,8 @@ KEEPALIVE_OPAQUE = b"pdsv-kap"
 IDLE_PING_INTERVAL_SECS = 7200.0
 #: The request encodings understood (``grpc-encoding``), for ``grpc-accept-encoding``.
 ACCEPT_ENCODING = b"identity,deflate,gzip"
+#: The name of every call's task (see :meth:`GrpcConnection._start`).
+_CALL_TASK_NAME = "pdserve-grpc-call"
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _HTTP1_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN")
@@ -202,9 +205,12 @@ class _ConnectionError(Exception):
 class _Head:
     """What the transport reads from a request's header block."""
 
-    __slots__ = ("content_type", "encoding", "metadata", "method", "path", "timeout")
+    __slots__ = ("content_type", "encoding", "metadata", "method", "path", "route", "timeout")
 
     def __init__(self, headers: Any) -> None:
+        #: (handler, direct unary method) of the path, once looked up (a head is cached
+        #: with its header block, so a repeated block skips the lookup)
+        self.route: tuple[Any, Any] | None = None
         self.path = self.method = self.content_type = b""
         self.encoding = b"identity"
         self.timeout: bytes | None = None
@@ -279,6 +285,14 @@ class NativeContext:
             values; ``-bin`` keys keep their raw header bytes).
         peer: ``ipv4:host:port``-style peer name.
         deadline: ``time.monotonic()`` when the call's ``grpc-timeout`` passes; None: none.
+        loop: the connection's event loop (:attr:`native_loop`).
+
+    Attributes:
+        native_loop: the event loop the call runs on. Its presence tells
+            :func:`~pdserve.frontends.grpc.service.grpc_cancel_token` that every early
+            end of the call (RST_STREAM, deadline, connection lost) runs the done
+            callbacks (:meth:`GrpcConnection._cancel`), so the request's token needs no
+            probe polled (the dynamic batcher polls a token up to 3 times a request).
     """
 
     __slots__ = (
@@ -289,12 +303,19 @@ class NativeContext:
         "code",
         "deadline",
         "details",
+        "native_loop",
         "trailers",
     )
 
     def __init__(
-        self, call: _Call, metadata: tuple[tuple[str, Any], ...], peer: str, deadline: float | None
+        self,
+        call: _Call,
+        metadata: tuple[tuple[str, Any], ...],
+        peer: str,
+        deadline: float | None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
+        self.native_loop = loop
         self._call = call
         self._metadata = metadata
         self._peer = peer
@@ -370,6 +391,7 @@ class _Call:
         "cancelled",
         "ctx",
         "delivered",
+        "direct",
         "held",
         "decompress",
         "finished",
@@ -390,9 +412,10 @@ class _Call:
         "yielded",
     )
 
-    def __init__(self, sid: int, handler: Any) -> None:
+    def __init__(self, sid: int, handler: Any, direct: Any = None) -> None:
         self.sid = sid
         self.handler = handler
+        self.direct = direct  # the unary servicer method without its wrapper (direct_unary)
         self.buf = bytearray()
         self.ctx: NativeContext | None = None
         self.decompress: Callable[[bytes], bytes] | None = None
@@ -472,6 +495,9 @@ class GrpcConnection(asyncio.Protocol):
         self.hstate: tuple[int, Any] = (0, None)
         self.last_sid = 0
         self.send_window = 65535  # the connection's, for what we send
+        # some call's data waits for flow-control window (set by _pump): a connection
+        # WINDOW_UPDATE scans the calls only then (a client sends one per response read)
+        self.stalled = False
         self.stream_window = 65535  # the peer's SETTINGS_INITIAL_WINDOW_SIZE
         self.max_frame = 16384  # the peer's SETTINGS_MAX_FRAME_SIZE
         self.received = 0  # bytes received since the last connection WINDOW_UPDATE
@@ -532,6 +558,16 @@ class GrpcConnection(asyncio.Protocol):
             return
         self.reads += 1
         buf = self.buf
+        if self.preface and not buf:
+            # the common case: frames parsed from ``data`` itself (a payload is one copy
+            # of it, not a copy into the buffer and two out); what is left is buffered
+            try:
+                self._frames(data)
+            except _ConnectionError as e:
+                self._connection_error(e)
+                return
+            self._flush()
+            return
         buf += data
         if not self.preface:
             if len(buf) < len(_PREFACE):
@@ -548,19 +584,24 @@ class GrpcConnection(asyncio.Protocol):
                 self._close()
                 return
         try:
-            self._frames()
+            self._frames(buf)
         except _ConnectionError as e:
-            log.debug("gRPC connection %s: HTTP/2 error: %s", self.peer, e)
-            self._goaway(e.code, e.debug)
-            self._flush()
-            self._close()
+            self._connection_error(e)
             return
         self._flush()
 
+    def _connection_error(self, e: _ConnectionError) -> None:
+        log.debug("gRPC connection %s: HTTP/2 error: %s", self.peer, e)
+        self._goaway(e.code, e.debug)
+        self._flush()
+        self._close()
+
     # -- frames --------------------------------------------------------------------------
 
-    def _frames(self) -> None:
-        buf = self.buf
+    def _frames(self, buf: bytes | bytearray) -> None:
+        """Handle the complete frames of ``buf`` (:attr:`buf` itself, or bytes just
+        received with nothing buffered); an incomplete frame is kept in :attr:`buf`."""
+        copy = isinstance(buf, bytearray)
         pos = 0
         end = len(buf)
         unpack = _FRAME_HEADER.unpack_from
@@ -574,7 +615,8 @@ class GrpcConnection(asyncio.Protocol):
                     raise _ConnectionError(ErrorCodes.FRAME_SIZE_ERROR, f"frame of {length} bytes")
                 if end - pos < 9 + length:
                     break
-                payload = bytes(buf[pos + 9 : pos + 9 + length])
+                chunk = buf[pos + 9 : pos + 9 + length]
+                payload = bytes(chunk) if copy else cast(bytes, chunk)
                 pos += 9 + length
                 if self.continuation is not None and kind != 9:
                     raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "expected CONTINUATION")
@@ -613,8 +655,11 @@ class GrpcConnection(asyncio.Protocol):
                     raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "bad PRIORITY")
                 # other types (PRIORITY, extensions) are ignored
         finally:
-            del buf[:pos]
-        if len(buf) > MAX_FRAME_SIZE + 9:  # pragma: no cover - cannot happen: checked above
+            if buf is self.buf:
+                del buf[:pos]
+            elif pos < end:
+                self.buf += buf[pos:]
+        if len(self.buf) > MAX_FRAME_SIZE + 9:  # pragma: no cover - cannot: checked above
             raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "receive buffer overflow")
 
     def _on_ping(self) -> None:
@@ -852,11 +897,17 @@ class GrpcConnection(asyncio.Protocol):
             if not end_stream:
                 self.out.append(_frame(3, 0, sid, _U32.pack(ErrorCodes.NO_ERROR)))
             return
-        service, _, name = head.path.rpartition(b"/")
-        handler = None
-        if service == self.server.service_path:
-            handler = self.server.handlers.get(name.decode("latin-1"))
-        call = _Call(sid, handler)
+        route = head.route
+        if route is None:
+            service, _, name = head.path.rpartition(b"/")
+            handler = direct = None
+            if service == self.server.service_path:
+                key = name.decode("latin-1")
+                handler = self.server.handlers.get(key)
+                direct = self.server.direct.get(key)
+            route = head.route = (handler, direct)
+        handler, direct = route
+        call = _Call(sid, handler, direct)
         call.send_window = self.stream_window
         self.calls[sid] = call
         try:
@@ -886,13 +937,13 @@ class GrpcConnection(asyncio.Protocol):
                     raise _Refused(grpc.StatusCode.INTERNAL, "malformed grpc-timeout")
                 deadline = time.monotonic() + seconds
                 call.timer = self.loop.call_later(seconds, self._expire, call)
-            call.ctx = NativeContext(call, head.metadata, self.peer, deadline)
+            call.ctx = NativeContext(call, head.metadata, self.peer, deadline, self.loop)
         except _Refused as e:
             self._finish(call, e.code, e.details, e.extra)
             return
         if handler.stream_stream is not None:
             call.queue = asyncio.Queue()
-            call.task = self.loop.create_task(self._run_stream(call))
+            call.task = self._start(self._run_stream(call))
         if end_stream:
             self._remote_end(call)
 
@@ -980,7 +1031,13 @@ class GrpcConnection(asyncio.Protocol):
         if call.request is _END:
             self._finish(call, grpc.StatusCode.UNIMPLEMENTED, "no request message on a unary call")
             return
-        call.task = self.loop.create_task(self._run_unary(call))
+        call.task = self._start(self._run_unary(call))
+
+    def _start(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run a call's coroutine in its own task: ``asyncio.Task`` with a fixed name
+        rather than ``loop.create_task`` (no "Task-N" formatting, no uvloop wrapper;
+        pdserve's loops set no task factory), as the native HTTP transport does."""
+        return asyncio.Task(coro, loop=self.loop, name=_CALL_TASK_NAME)
 
     def _window(self, sid: int) -> None:
         if sid:
@@ -988,11 +1045,15 @@ class GrpcConnection(asyncio.Protocol):
             if call is not None and (call.out or call.trailers is not None):
                 self._pump(call)
             return
+        if not self.stalled:  # no call waits for window: nothing to scan
+            return
+        self.stalled = False
         for call in list(self.calls.values()):
             if self.send_window <= 0:
+                self.stalled = True
                 return
             if call.out or call.trailers is not None:
-                self._pump(call)
+                self._pump(call)  # (marks the connection stalled again if still blocked)
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -1000,8 +1061,13 @@ class GrpcConnection(asyncio.Protocol):
         ctx = call.ctx
         assert ctx is not None
         handler = call.handler
+        request = call.request
+        direct = call.direct
         try:
-            response = await handler.unary_unary(call.request, ctx)
+            if direct is not None and not isinstance(request, MalformedMessage):
+                response = await direct(request, ctx)  # the servicer's method itself
+            else:
+                response = await handler.unary_unary(request, ctx)
         except BridgedAbort as e:
             self._finish(call, e.code, e.details, ctx.trailers)
             return
@@ -1148,6 +1214,7 @@ class GrpcConnection(asyncio.Protocol):
         while out:
             size = min(call.send_window, self.send_window, self.max_frame)
             if size <= 0:
+                self.stalled = True  # a WINDOW_UPDATE of the connection pumps it again
                 return
             data = out[0]
             if len(data) <= size:
@@ -1315,6 +1382,10 @@ class NativeGrpcServer:
         self.loop = asyncio.get_running_loop()
         self.keepalive = keepalive or GrpcKeepalive()
         self.handlers = handlers
+        #: method name -> the servicer method a unary handler wraps (:func:`direct_unary`)
+        self.direct = {
+            name: d for name, h in handlers.items() if (d := direct_unary(h)) is not None
+        }
         self.service_path = b"/" + service.encode()
         self.max_message_bytes = max_message_bytes
         if max_connections <= 0:

@@ -24,7 +24,9 @@ from pdserve.core.streaming import StreamRequired
 from pdserve.core.types import InferRequest
 from pdserve.frontends.grpc.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    decode_inline,
     decode_off_loop,
+    encode_inline,
     encode_off_loop,
     metadata_response,
     param_value,
@@ -129,7 +131,16 @@ def _refuse_malformed(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., 
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         return await behavior(request, context)
 
+    handle.direct = behavior  # type: ignore[attr-defined]  # read by direct_unary
     return handle
+
+
+def direct_unary(handler: Any) -> Callable[..., Awaitable[Any]] | None:
+    """The servicer method under a unary handler of :func:`method_handlers` that no
+    gate wraps: a transport that checks for :class:`MalformedMessage` itself may await
+    it directly (the native transport: one coroutine level fewer per call). None for
+    a gated or streaming handler (or anything that is not a handler)."""
+    return getattr(getattr(handler, "unary_unary", None), "direct", None)
 
 
 #: The request field naming the model, per RPC (for the gate's model grants and limits).
@@ -381,7 +392,11 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         """One inference request."""
         arrival_ns = time.monotonic_ns()
         try:
-            req = await decode_off_loop(request, arrival_ns)
+            # small requests and responses are decoded and encoded here, without the
+            # coroutine of decode_off_loop / encode_off_loop (one level fewer each)
+            req = decode_inline(request, arrival_ns)
+            if req is None:
+                req = await decode_off_loop(request, arrival_ns)
             req.cancelled = grpc_cancel_token(context)
             req.traceparent = _traceparent(context)
             logs.begin_request(req.id, req.traceparent)
@@ -392,7 +407,9 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             _traffic_metadata(req, context)
             shm_outputs = shm_output_names(req) if req.outputs else None
             if req.shm_inputs is None and shm_outputs is None:
-                return await encode_off_loop(await self.server.infer(req))
+                result = await self.server.infer(req)
+                msg = encode_inline(result)
+                return msg if msg is not None else await encode_off_loop(result)
             resp = await infer_with_shm(self.shm, req, self.server.infer, shm_outputs)
             return await encode_off_loop(resp, shm_outputs)
         except Exception as e:  # noqa: BLE001 - _fail answers every error
@@ -687,8 +704,11 @@ def grpc_cancel_token(context: grpc.aio.ServicerContext) -> CancelToken:
     """The request's :class:`~pdserve.core.cancel.CancelToken`: cancelled with
     ``CLIENT_GONE`` when the call ends before the answer (the client cancelled it or
     its deadline passed: ``context.add_done_callback``); ``context.cancelled`` is the
-    token's probe."""
-    token = CancelToken(context.cancelled)
+    token's probe, except on the native transport, which runs the done callbacks on every
+    early end itself (its context's ``native_loop``): there the token polls nothing and
+    carries the loop."""
+    loop = getattr(context, "native_loop", None)
+    token = CancelToken(None, loop) if loop is not None else CancelToken(context.cancelled)
 
     def done(_ctx: Any) -> None:
         if not token.finished:
