@@ -220,3 +220,84 @@ def test_calls_arriving_in_pieces_and_together_are_answered() -> None:
         (9, b"e", b"0"),
         (11, b"f", b"0"),
     ]
+
+
+def test_finished_calls_leave_no_cycles_for_the_collector() -> None:
+    """A finished call is freed by reference counting: its context no longer holds the
+    call in a cycle (call -> ctx -> call), so no ``_Call``, ``NativeContext``, task or
+    request waits for the cyclic collector. Measured: with the cycle, a gen-0 collection
+    under perf_analyzer load freed ~50,000 such objects at ~1.5 µs each."""
+    import gc
+
+    from pdserve.frontends.grpc.service import grpc_cancel_token
+
+    async def infer(request: Any, context: Any) -> Any:
+        grpc_cancel_token(context)  # registers a done callback, as the servicer does
+        return service_pb2.ModelInferResponse(model_name=request.model_name)
+
+    async def chat(requests: Any, context: Any) -> Any:
+        grpc_cancel_token(context)
+        async for request in requests:
+            yield service_pb2.ModelInferResponse(id=request.id)
+
+    def server() -> NativeGrpcServer:
+        return NativeGrpcServer(
+            {
+                "ModelInfer": grpc.unary_unary_rpc_method_handler(
+                    infer,
+                    request_deserializer=service_pb2.ModelInferRequest.FromString,
+                    response_serializer=service_pb2.ModelInferResponse.SerializeToString,
+                ),
+                "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+                    chat,
+                    request_deserializer=service_pb2.ModelInferRequest.FromString,
+                    response_serializer=service_pb2.ModelInferResponse.SerializeToString,
+                ),
+            },
+            "inference.GRPCInferenceService",
+            1 << 24,
+        )
+
+    async def run() -> int:
+        proto, transport = GrpcConnection(server()), _Transport()
+        proto.connection_made(transport)  # type: ignore[arg-type]
+        client = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
+        client.initiate_connection()
+        proto.data_received(client.data_to_send())
+        client.receive_data(transport.take())
+        body = service_pb2.ModelInferRequest(model_name="m", id="r").SerializeToString()
+        message = struct.pack(">BI", 0, len(body)) + body
+        sids = []
+        for method in [b"ModelInfer"] * 20 + [b"ModelStreamInfer"] * 2:
+            sid = client.get_next_available_stream_id()
+            client.send_headers(sid, _headers(method))
+            client.send_data(sid, message * 2 if method == b"ModelStreamInfer" else message)
+            client.end_stream(sid)
+            sids.append(sid)
+        proto.data_received(client.data_to_send())
+        ended: set[int] = set()
+        for _ in range(100):
+            await asyncio.sleep(0)
+            for ev in client.receive_data(transport.take()):
+                if isinstance(ev, h2.events.TrailersReceived):
+                    assert dict(ev.headers)[b"grpc-status"] == b"0"  # type: ignore[arg-type]
+                    ended.add(ev.stream_id)
+            proto.data_received(client.data_to_send())
+            if len(ended) == len(sids):
+                break
+        assert ended == set(sids)
+        assert not proto.calls
+        return len(sids)
+
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        assert asyncio.run(run()) == 22
+        gc.collect()
+        kinds = {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not kinds & {"_Call", "NativeContext", "ModelInferRequest", "CancelToken"}, kinds

@@ -1060,66 +1060,69 @@ class GrpcConnection(asyncio.Protocol):
     async def _run_unary(self, call: _Call) -> None:
         ctx = call.ctx
         assert ctx is not None
-        handler = call.handler
-        request = call.request
-        direct = call.direct
         try:
-            if direct is not None and not isinstance(request, MalformedMessage):
-                response = await direct(request, ctx)  # the servicer's method itself
+            handler = call.handler
+            request = call.request
+            direct = call.direct
+            try:
+                if direct is not None and not isinstance(request, MalformedMessage):
+                    response = await direct(request, ctx)  # the servicer's method itself
+                else:
+                    response = await handler.unary_unary(request, ctx)
+            except BridgedAbort as e:
+                self._finish(call, e.code, e.details, ctx.trailers)
+                return
+            except asyncio.CancelledError:
+                return
+            except Exception as e:  # noqa: BLE001 - one call must not take the connection down
+                log.exception("gRPC call failed")
+                self._finish(
+                    call,
+                    grpc.StatusCode.UNKNOWN,
+                    f"Unexpected error in handler: {type(e).__name__}: {e}",
+                )
+                return
+            if call.finished or call.cancelled:
+                return
+            if ctx.code is not None and ctx.code is not grpc.StatusCode.OK:
+                self._finish(call, ctx.code, ctx.details, ctx.trailers)
+                return
+            data = handler.response_serializer(response)
+            n = len(data)
+            if n > self.server.max_message_bytes:
+                self._finish(
+                    call,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"Sent message larger than max ({n} vs. {self.server.max_message_bytes})",
+                )
+                return
+            call.finished = True
+            trailers = (
+                _encode(status_trailers(grpc.StatusCode.OK, ctx.details, ctx.trailers))
+                if ctx.trailers or ctx.details
+                else _OK_TRAILERS_BLOCK
+            )
+            if n + 5 <= min(call.send_window, self.send_window, self.max_frame):
+                # the common case: headers, the message and trailers in one write
+                call.send_window -= n + 5
+                self.send_window -= n + 5
+                self.out.append(
+                    _frame(1, 0x4, call.sid, _RESPONSE_HEADERS_BLOCK)
+                    + _data_frame_header(n + 5, 0, call.sid)
+                    + _PREFIX.pack(0, n)
+                    + data
+                    + _frame(1, 0x5, call.sid, trailers)
+                )
+                self._done_sending(call)
             else:
-                response = await handler.unary_unary(request, ctx)
-        except BridgedAbort as e:
-            self._finish(call, e.code, e.details, ctx.trailers)
-            return
-        except asyncio.CancelledError:
-            return
-        except Exception as e:  # noqa: BLE001 - one call must not take the connection down
-            log.exception("gRPC call failed")
-            self._finish(
-                call,
-                grpc.StatusCode.UNKNOWN,
-                f"Unexpected error in handler: {type(e).__name__}: {e}",
-            )
-            return
-        if call.finished or call.cancelled:
-            return
-        if ctx.code is not None and ctx.code is not grpc.StatusCode.OK:
-            self._finish(call, ctx.code, ctx.details, ctx.trailers)
-            return
-        data = handler.response_serializer(response)
-        n = len(data)
-        if n > self.server.max_message_bytes:
-            self._finish(
-                call,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"Sent message larger than max ({n} vs. {self.server.max_message_bytes})",
-            )
-            return
-        call.finished = True
-        trailers = (
-            _encode(status_trailers(grpc.StatusCode.OK, ctx.details, ctx.trailers))
-            if ctx.trailers or ctx.details
-            else _OK_TRAILERS_BLOCK
-        )
-        if n + 5 <= min(call.send_window, self.send_window, self.max_frame):
-            # the common case: headers, the message and trailers in one write
-            call.send_window -= n + 5
-            self.send_window -= n + 5
-            self.out.append(
-                _frame(1, 0x4, call.sid, _RESPONSE_HEADERS_BLOCK)
-                + _data_frame_header(n + 5, 0, call.sid)
-                + _PREFIX.pack(0, n)
-                + data
-                + _frame(1, 0x5, call.sid, trailers)
-            )
-            self._done_sending(call)
-        else:
-            self.out.append(_frame(1, 0x4, call.sid, _RESPONSE_HEADERS_BLOCK))
-            call.out.append(_PREFIX.pack(0, n) + data)
-            call.trailers_block = trailers
-            call.trailers = []
-            self._pump(call)
-        self._flush_soon()
+                self.out.append(_frame(1, 0x4, call.sid, _RESPONSE_HEADERS_BLOCK))
+                call.out.append(_PREFIX.pack(0, n) + data)
+                call.trailers_block = trailers
+                call.trailers = []
+                self._pump(call)
+            self._flush_soon()
+        finally:
+            call.ctx = None  # ctx refers to the call: no cycle left for the collector
 
     async def _requests(self, call: _Call) -> AsyncIterator[Any]:
         """The stream's requests for its handler; none more while
@@ -1148,52 +1151,55 @@ class GrpcConnection(asyncio.Protocol):
     async def _run_stream(self, call: _Call) -> None:
         ctx = call.ctx
         assert ctx is not None
-        handler = call.handler
-        limit = self.server.max_message_bytes
-        headers_sent = False
-        code, details, extra = grpc.StatusCode.OK, "", ()
         try:
-            async for response in handler.stream_stream(self._requests(call), ctx):
-                if call.finished or call.cancelled:
-                    return
-                data = handler.response_serializer(response)
-                if len(data) > limit:
-                    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-                    details = f"Sent message larger than max ({len(data)} vs. {limit})"
-                    break
-                if not headers_sent:
-                    self.out.append(_frame(1, 0x4, call.sid, _RESPONSE_HEADERS_BLOCK))
-                    headers_sent = True
-                call.out.append(_PREFIX.pack(0, len(data)) + data)
-                call.yielded += 1
-                if call.resume is not None:  # one fewer unanswered: read on
-                    call.resume.set()
-                    call.resume = None
+            handler = call.handler
+            limit = self.server.max_message_bytes
+            headers_sent = False
+            code, details, extra = grpc.StatusCode.OK, "", ()
+            try:
+                async for response in handler.stream_stream(self._requests(call), ctx):
+                    if call.finished or call.cancelled:
+                        return
+                    data = handler.response_serializer(response)
+                    if len(data) > limit:
+                        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                        details = f"Sent message larger than max ({len(data)} vs. {limit})"
+                        break
+                    if not headers_sent:
+                        self.out.append(_frame(1, 0x4, call.sid, _RESPONSE_HEADERS_BLOCK))
+                        headers_sent = True
+                    call.out.append(_PREFIX.pack(0, len(data)) + data)
+                    call.yielded += 1
+                    if call.resume is not None:  # one fewer unanswered: read on
+                        call.resume.set()
+                        call.resume = None
+                    self._pump(call)
+                    self._flush_soon()
+                    await self._writable(call)
+                else:
+                    if ctx.code is not None:
+                        code, details = ctx.code, ctx.details
+                    extra = ctx.trailers
+            except BridgedAbort as e:
+                code, details, extra = e.code, e.details, ctx.trailers
+            except asyncio.CancelledError:
+                return
+            except Exception as e:  # noqa: BLE001
+                log.exception("gRPC stream failed")
+                code = grpc.StatusCode.UNKNOWN
+                details = f"Unexpected error in handler: {type(e).__name__}: {e}"
+            if call.finished or call.cancelled:
+                return
+            if headers_sent:
+                call.finished = True
+                call.trailers_block = _encode(status_trailers(code, details, extra))
+                call.trailers = []
                 self._pump(call)
                 self._flush_soon()
-                await self._writable(call)
             else:
-                if ctx.code is not None:
-                    code, details = ctx.code, ctx.details
-                extra = ctx.trailers
-        except BridgedAbort as e:
-            code, details, extra = e.code, e.details, ctx.trailers
-        except asyncio.CancelledError:
-            return
-        except Exception as e:  # noqa: BLE001
-            log.exception("gRPC stream failed")
-            code = grpc.StatusCode.UNKNOWN
-            details = f"Unexpected error in handler: {type(e).__name__}: {e}"
-        if call.finished or call.cancelled:
-            return
-        if headers_sent:
-            call.finished = True
-            call.trailers_block = _encode(status_trailers(code, details, extra))
-            call.trailers = []
-            self._pump(call)
-            self._flush_soon()
-        else:
-            self._finish(call, code, details, extra)
+                self._finish(call, code, details, extra)
+        finally:
+            call.ctx = None  # ctx refers to the call: no cycle left for the collector
 
     async def _writable(self, call: _Call) -> None:
         """Wait while the call's data waits for flow-control window or the transport's
