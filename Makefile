@@ -9,7 +9,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: serve test examples lint format bench bench-perf-tool clean sysdeps
+.PHONY: serve test examples lint format bench bench-perf-tool bench-frontend clean sysdeps
 
 # Debian packages the tests start themselves on 127.0.0.1 (and stop by PID): add the
 # package to SYSPKGS and one of its commands to SYSCMDS. Installed only when a command is missing.
@@ -77,6 +77,14 @@ $(PA_VENV)/bin/perf_analyzer:
 bench-perf-tool: examples $(PA_VENV)/bin/perf_analyzer
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(PY) benchmarks/bench_perf_tool.py
+
+# Issue 11's front-end comparison (benchmarks/bench_frontend.py): wrk for HTTP, h2load
+# (Debian's nghttp2-client) and perf_analyzer for gRPC, real Triton from bench_peers' venv.
+bench-frontend: examples $(PA_VENV)/bin/perf_analyzer
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	command -v h2load >/dev/null || (apt-get update -qq && apt-get install -y -qq nghttp2-client)
+	$(PY) benchmarks/bench_frontend.py --servers triton,asgi,native,workers2,grpc,grpc_h2 \
+		--concurrency 32,128 --duration 8 --repeats 3
 
 clean:
 	rm -rf $(VENV) $(REPO) examples/goldens

@@ -24,6 +24,15 @@ on 127.0.0.1 pinned to core 0 (``taskset -c 0``, child processes included) and
     pdserve's gRPC port driven by ``perf_analyzer -i grpc`` (``--pa-venv``; ``make
     bench-perf-tool`` makes it) or by ``pdserve perf -i grpc`` (``--grpc-tool``) at
     the same concurrency, compared with pdserve's HTTP (``native``, else ``pdserve``).
+``grpc_h2``
+    pdserve's gRPC port driven by ``h2load`` (nghttp2's C load generator, Debian's
+    ``nghttp2-client``: the HTTP/2 counterpart of wrk, so the client is not the
+    ceiling): one connection with C concurrent streams (``-c 1 -m C``, as a grpc
+    channel carries perf_analyzer's C calls), each POSTing the same ``ModelInferRequest``
+    (one row of 64 FP32 as ``raw_input_contents``) to ``ModelInfer``; 1 s of warm-up
+    (``--warm-up-time``). h2load counts HTTP statuses only, so a call is counted OK by
+    the server's statistics (successes during the run); p50/p99 come from h2load's
+    per-request ``--log-file``.
 ``baseline``
     with ``--baseline ROOT``: ``pdserve serve`` (no front-end flag) run from another
     checkout (e.g. ``git archive BASE | tar -x -C ROOT``), to compare a change with
@@ -78,7 +87,7 @@ from common import (
     perf_analyzer_command,
 )
 
-ALL_SERVERS = ("triton", "pdserve", "asgi", "native", "workers2", "grpc", "baseline")
+ALL_SERVERS = ("triton", "pdserve", "asgi", "native", "workers2", "grpc", "grpc_h2", "baseline")
 
 #: Extra ``pdserve serve`` flags of each pdserve variant.
 PDSERVE_FLAGS: dict[str, list[str]] = {
@@ -88,6 +97,7 @@ PDSERVE_FLAGS: dict[str, list[str]] = {
     "native": ["--http-server", "native"],
     "workers2": ["--http-workers", "2"],
     "grpc": [],
+    "grpc_h2": [],
 }
 
 
@@ -114,7 +124,7 @@ def build_repo() -> Path:
 
 def write_body() -> tuple[Path, Path, Path]:
     """The one-row V2 JSON body, wrk's ``post.lua`` sending it, and perf_analyzer's
-    ``--input-data`` file of the same row."""
+    ``--input-data`` file of the same row (h2load's gRPC message of that row: ``write_grpc_body``)."""
     import numpy as np
 
     row = [round(float(v), 6) for v in np.random.default_rng(0).standard_normal(64)]
@@ -135,7 +145,31 @@ def write_body() -> tuple[Path, Path, Path]:
     )
     data = OUT / "frontend_pa_data.json"
     data.write_text(json.dumps({"data": [{"INPUT0": row}]}))
+    write_grpc_body(row)
     return body, lua, data
+
+
+GRPC_BODY = OUT / "frontend_grpc_body.bin"
+
+
+def write_grpc_body(row: list[float]) -> Path:
+    """h2load's request body: one length-prefixed gRPC message (flag byte 0, big-endian
+    uint32 length; gRPC's PROTOCOL-HTTP2.md) holding a ``ModelInferRequest`` for
+    ``tiny``: ``INPUT0`` FP32 [1, 64] = ``row`` as ``raw_input_contents``, ``OUTPUT0``
+    asked for (the message perf_analyzer sends)."""
+    import struct
+
+    import numpy as np
+    from tritonclient.grpc import service_pb2
+
+    msg = service_pb2.ModelInferRequest(model_name="tiny")
+    tensor = msg.inputs.add(name="INPUT0", datatype="FP32")
+    tensor.shape.extend([1, 64])
+    msg.outputs.add(name="OUTPUT0")
+    msg.raw_input_contents.append(np.asarray([row], dtype=np.float32).tobytes())
+    payload = msg.SerializeToString()
+    GRPC_BODY.write_bytes(struct.pack(">BI", 0, len(payload)) + payload)
+    return GRPC_BODY
 
 
 # -- measuring -----------------------------------------------------------------------
@@ -222,6 +256,49 @@ def wrk_point(args: argparse.Namespace, server: Proc, base: str, c: int) -> dict
 def pa_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """perf_analyzer from ``--pa-venv`` (bench_perf_tool.py's recipe for its libraries)."""
     return perf_analyzer_command(Path(args.pa_venv), " or pass --pa-venv")
+
+
+def h2load_point(
+    args: argparse.Namespace, server: Proc, base: str, grpc_port: int, c: int, tag: str
+) -> dict[str, Any]:
+    """One gRPC point driven by h2load: ``--duration`` s after 1 s of warm-up, one
+    connection, ``c`` streams. Returns req/s (h2load's), p50/p99 ms (from its per-request
+    log), ``errors`` (calls h2load saw answered that the server did not count as
+    successes, plus h2load's failed/errored and non-2xx), and the server's CPU-us/req."""
+    log = OUT / f"frontend_h2load_{tag}.log"
+    cmd = [
+        "h2load", "-t", "1", "-c", "1", "-m", str(c), "-D", f"{args.duration:g}",
+        "--warm-up-time=1", "-d", str(GRPC_BODY), "-H", "content-type: application/grpc",
+        "-H", "te: trailers", "--log-file", str(log),
+        f"http://127.0.0.1:{grpc_port}/inference.GRPCInferenceService/ModelInfer",
+    ]  # fmt: skip
+    out, m = measure(args, server, base, cmd)
+    rps = re.search(r"finished in [\d.]+s, ([\d.]+) req/s", out.stdout)
+    ok = re.search(r"(\d+) succeeded, (\d+) failed, (\d+) errored", out.stdout)
+    codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out.stdout)
+    if out.returncode != 0 or rps is None or ok is None or codes is None:
+        raise RuntimeError(f"h2load failed: {(out.stdout + out.stderr)[-1500:]}")
+    durations = sorted(
+        int(parts[2]) for line in log.read_text().splitlines() if len(parts := line.split()) >= 3
+    )
+    # the log holds the measured requests only (not the warm-up's); durations in us
+    q = statistics.quantiles(durations, n=100, method="inclusive") if len(durations) > 1 else [0.0]
+    ok2xx = int(codes.group(1))
+    n = m["server_requests"]
+    not_ok = int(ok.group(2)) + int(ok.group(3)) + sum(int(codes.group(i)) for i in (2, 3, 4))
+    r: dict[str, Any] = {
+        "rps": float(rps.group(1)),
+        "p50_ms": round(q[49] / 1e3, 2),
+        "p99_ms": round(q[98] / 1e3, 2),
+        "h2load_2xx": ok2xx,
+        # the server's successes span the warm-up too, so fewer than h2load's 2xx means
+        # calls answered with a non-OK grpc-status
+        "errors": not_ok + (max(0, ok2xx - n) if n is not None else 0),
+    }
+    r.update(m)
+    r["cpu_us_per_request"] = round(m["server_cpu_s"] / n * 1e6, 1) if n else None
+    r["tool"] = "h2load"
+    return r
 
 
 def grpc_point(
@@ -320,6 +397,9 @@ def run_server(
             if name == "grpc":
                 assert grpc is not None
                 r = grpc_point(args, proc, base, grpc, c, f"{c}_{rep}")
+            elif name == "grpc_h2":
+                assert grpc is not None
+                r = h2load_point(args, proc, base, grpc, c, f"{c}_{rep}")
             else:
                 r = wrk_point(args, proc, base, c)
             points[c] = r
@@ -395,7 +475,7 @@ def summarise(results: dict[str, Any]) -> None:
                     m[f"cpu_per_req_vs_{ref}"] = ratio(
                         m["cpu_us_per_request"], other["cpu_us_per_request"]
                     )
-            if name == "grpc" and http_ref in summary:
+            if name.startswith("grpc") and http_ref in summary:
                 m[f"rps_vs_{http_ref}_http"] = ratio(m["rps"], summary[http_ref][c]["rps"])
     results["summary"] = summary
 
@@ -427,13 +507,15 @@ def markdown(results: dict[str, Any]) -> str:
             ]
             for r in refs:
                 cells += [str(m.get(f"rps_vs_{r}", "-")), str(m.get(f"cpu_per_req_vs_{r}", "-"))]
-            label = f"grpc ({m.get('tool')})" if name == "grpc" else name
+            label = f"grpc ({m.get('tool')})" if name.startswith("grpc") else name
             lines.append(f"| {label} | {c} | " + " | ".join(cells) + " |")
     for pts in s.values():
         for c, m in pts.items():
             for k, v in m.items():
                 if k.endswith("_http"):
-                    lines.append(f"\ngRPC / pdserve HTTP ({k[7:-5]}) at c={c}: {v}x req/s")
+                    lines.append(
+                        f"\ngRPC ({m.get('tool')}) / pdserve HTTP ({k[7:-5]}) at c={c}: {v}x req/s"
+                    )
     for name, rounds in results["rounds"].items():
         errs = [r["error"] for r in rounds if "error" in r]
         if errs and len(errs) == len(rounds):
@@ -487,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         args.grpc_tool = "perf_analyzer" if has_pa else "pdserve"
     if shutil.which("wrk") is None or shutil.which("taskset") is None:
         raise SystemExit("wrk and taskset are needed (apt-get install wrk util-linux)")
+    if "grpc_h2" in args.servers and shutil.which("h2load") is None:
+        raise SystemExit("server grpc_h2 needs h2load (apt-get install nghttp2-client)")
     repo = build_repo()
     _, args.lua, args.pa_data = write_body()
     results: dict[str, Any] = {
