@@ -33,6 +33,9 @@ on 127.0.0.1 pinned to core 0 (``taskset -c 0``, child processes included) and
     (``--warm-up-time``). h2load counts HTTP statuses only, so a call is counted OK by
     the server's statistics (successes during the run); p50/p99 come from h2load's
     per-request ``--log-file``.
+``triton_grpc`` / ``triton_h2``
+    real Triton's gRPC port driven by perf_analyzer (``--grpc-tool``) / by h2load as
+    above: Triton's own gRPC / HTTP ratio under the same clients, for reference.
 ``baseline``
     with ``--baseline ROOT``: ``pdserve serve`` (no front-end flag) run from another
     checkout (e.g. ``git archive BASE | tar -x -C ROOT``), to compare a change with
@@ -87,7 +90,18 @@ from common import (
     perf_analyzer_command,
 )
 
-ALL_SERVERS = ("triton", "pdserve", "asgi", "native", "workers2", "grpc", "grpc_h2", "baseline")
+ALL_SERVERS = (
+    "triton",
+    "triton_grpc",
+    "triton_h2",
+    "pdserve",
+    "asgi",
+    "native",
+    "workers2",
+    "grpc",
+    "grpc_h2",
+    "baseline",
+)
 
 #: Extra ``pdserve serve`` flags of each pdserve variant.
 PDSERVE_FLAGS: dict[str, list[str]] = {
@@ -345,13 +359,15 @@ def start_server(args: argparse.Namespace, name: str, repo: Path) -> tuple[Proc,
     Raises:
         Refused: the server exited before it was ready (its log's last lines).
     """
-    if name == "triton":
+    if name.startswith("triton"):
         py = Path(args.triton_venv) / "bin" / "python"
         if not py.exists():
             raise Refused(f"no Triton venv at {args.triton_venv} (pass --triton-venv)")
         ns = argparse.Namespace(server_cpu=args.server_cpu)
-        proc, base = start_triton(ns, py, latest_version_dir("tiny") / "model.onnx", free_port())
-        return proc, base, None
+        http, grpc = distinct_ports(2)
+        tiny = latest_version_dir("tiny") / "model.onnx"
+        proc, base = start_triton(ns, py, tiny, http, grpc)
+        return proc, base, grpc
     http, grpc, metrics = distinct_ports(3)
     core = f"{args.server_cpu},{args.client_cpu}" if name == "workers2" else args.server_cpu
     cmd = pdserve_command(repo, http, grpc, metrics, *PDSERVE_FLAGS[name], core=core)
@@ -394,10 +410,10 @@ def run_server(
                 capture_output=True, timeout=args.warmup + 60,
             )  # fmt: skip
         for c in args.concurrency:
-            if name == "grpc":
+            if name in ("grpc", "triton_grpc"):
                 assert grpc is not None
                 r = grpc_point(args, proc, base, grpc, c, f"{c}_{rep}")
-            elif name == "grpc_h2":
+            elif name in ("grpc_h2", "triton_h2"):
                 assert grpc is not None
                 r = h2load_point(args, proc, base, grpc, c, f"{c}_{rep}")
             else:
@@ -477,6 +493,8 @@ def summarise(results: dict[str, Any]) -> None:
                     )
             if name.startswith("grpc") and http_ref in summary:
                 m[f"rps_vs_{http_ref}_http"] = ratio(m["rps"], summary[http_ref][c]["rps"])
+            if name in ("triton_grpc", "triton_h2") and "triton" in summary:
+                m["rps_vs_triton_http"] = ratio(m["rps"], summary["triton"][c]["rps"])
     results["summary"] = summary
 
 
@@ -507,14 +525,16 @@ def markdown(results: dict[str, Any]) -> str:
             ]
             for r in refs:
                 cells += [str(m.get(f"rps_vs_{r}", "-")), str(m.get(f"cpu_per_req_vs_{r}", "-"))]
-            label = f"grpc ({m.get('tool')})" if name.startswith("grpc") else name
+            label = f"{name} ({m.get('tool')})" if "grpc" in name or "h2" in name else name
             lines.append(f"| {label} | {c} | " + " | ".join(cells) + " |")
     for pts in s.values():
         for c, m in pts.items():
             for k, v in m.items():
                 if k.endswith("_http"):
+                    who = "Triton" if k == "rps_vs_triton_http" else "pdserve"
                     lines.append(
-                        f"\ngRPC ({m.get('tool')}) / pdserve HTTP ({k[7:-5]}) at c={c}: {v}x req/s"
+                        f"\n{who} gRPC ({m.get('tool')}) / {who} HTTP ({k[7:-5]}) at c={c}: "
+                        f"{v}x req/s"
                     )
     for name, rounds in results["rounds"].items():
         errs = [r["error"] for r in rounds if "error" in r]
@@ -569,8 +589,8 @@ def main(argv: list[str] | None = None) -> int:
         args.grpc_tool = "perf_analyzer" if has_pa else "pdserve"
     if shutil.which("wrk") is None or shutil.which("taskset") is None:
         raise SystemExit("wrk and taskset are needed (apt-get install wrk util-linux)")
-    if "grpc_h2" in args.servers and shutil.which("h2load") is None:
-        raise SystemExit("server grpc_h2 needs h2load (apt-get install nghttp2-client)")
+    if {"grpc_h2", "triton_h2"} & set(args.servers) and shutil.which("h2load") is None:
+        raise SystemExit("servers grpc_h2 / triton_h2 need h2load (apt-get install nghttp2-client)")
     repo = build_repo()
     _, args.lua, args.pa_data = write_body()
     results: dict[str, Any] = {

@@ -307,10 +307,13 @@ def start_pdserve(args: argparse.Namespace, repo: Path) -> tuple[Proc, str]:
     return p, base
 
 
-def start_triton(args: argparse.Namespace, py: Path, tiny: Path, port: int) -> tuple[Proc, str]:
+def start_triton(
+    args: argparse.Namespace, py: Path, tiny: Path, port: int, grpc_port: int | None = None
+) -> tuple[Proc, str]:
     """Real Triton 2.51 from the nvidia-pytriton wheel (ANCHORS.md): python backend
     only, so ``peers/triton_model.py`` runs the ONNX model; dynamic batching with a
-    2 ms queue delay and max_batch_size 32."""
+    2 ms queue delay and max_batch_size 32. HTTP on ``port``, gRPC on ``grpc_port``
+    (None: a free port)."""
     repo = OUT / "triton_repo"
     shutil.rmtree(repo, ignore_errors=True)
     (repo / "tiny" / "1").mkdir(parents=True)
@@ -322,7 +325,9 @@ def start_triton(args: argparse.Namespace, py: Path, tiny: Path, port: int) -> t
         "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
         f'parameters {{ key: "model_path" value {{ string_value: "{tiny}" }} }}\n'
     )
-    cmd, env = tritonserver_command(py, repo, port, OUT / "triton_backends", core=args.server_cpu)
+    cmd, env = tritonserver_command(
+        py, repo, port, OUT / "triton_backends", core=args.server_cpu, grpc_port=grpc_port
+    )
     p = Proc("triton", cmd, env=env)
     base = f"http://127.0.0.1:{port}"
     p.wait_ready(base + "/v2/health/ready", timeout=180)

@@ -213,7 +213,13 @@ def run_client(
 
 
 def tritonserver_command(
-    py: Path, repo: Path, http_port: int, backends: Path, *, core: str | None = None
+    py: Path,
+    repo: Path,
+    http_port: int,
+    backends: Path,
+    *,
+    core: str | None = None,
+    grpc_port: int | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of real Triton (the ``tritonserver`` 2.51 in
     the ``nvidia-pytriton`` wheel of the venv whose interpreter is ``py``) on ``repo``.
@@ -225,6 +231,8 @@ def tritonserver_command(
     system libpython). The venv must hold numpy < 2: the bundled stub's pybind11
     predates numpy 2's ABI, and with numpy 2 the arrays it hands to ``model.py`` are
     garbage (BYTES lengths like 0xD5D5D5D5, undecodable images).
+
+    ``grpc_port``: Triton's gRPC port (None: a free one nobody is told of).
 
     Returns:
         (argv, environment additions); servers listen on 127.0.0.1 only.
@@ -261,7 +269,7 @@ def tritonserver_command(
         "--grpc-address=127.0.0.1",
         "--metrics-address=127.0.0.1",
         f"--http-port={http_port}",
-        f"--grpc-port={free_port()}",
+        f"--grpc-port={grpc_port or free_port()}",
         f"--metrics-port={free_port()}",
         "--allow-gpu-metrics=false",
     ]
