@@ -271,3 +271,56 @@ def test_small_requests_are_served_while_a_large_response_is_encoded() -> None:
     # big_took / 8 (the scheduler's, not the encoder's)
     assert len(gaps) >= 20, (big_took, gaps)
     assert max(gaps) < big_took / 2, (big_took, max(gaps), len(gaps))
+
+
+def test_the_disconnect_hook_leaves_no_cycle_once_released() -> None:
+    """Under uvicorn the request's token hooks the cycle's ``message_event``: once the
+    request is answered the hook lets go, so the cycle, the hook and the token are freed
+    by reference counting, not left for the garbage collector; a disconnect before that
+    cancels the token, one after it is ignored."""
+    import asyncio
+    import gc
+
+    from pdserve.core.errors import ErrorCode
+    from pdserve.frontends.http.app import (
+        _DisconnectEvent,
+        disconnect_token,
+        release_disconnect_hook,
+    )
+
+    class Cycle:  # the attributes of uvicorn's httptools RequestResponseCycle we use
+        def __init__(self) -> None:
+            self.disconnected = False
+            self.message_event = asyncio.Event()
+            self.flow = None
+
+        async def receive(self) -> dict:
+            return {"type": "http.disconnect"}
+
+    async def run() -> tuple[bool, bool]:
+        gone = Cycle()
+        token = disconnect_token(gone.receive)
+        gone.disconnected = True
+        gone.message_event.set()  # uvicorn's connection_lost
+        cancelled_before = token.error is not None and token.error.code is ErrorCode.CLIENT_GONE
+        release_disconnect_hook(gone.receive)  # the app's handler returns (a 499 or nothing)
+        answered = Cycle()
+        late = disconnect_token(answered.receive)
+        assert type(answered.message_event) is _DisconnectEvent
+        release_disconnect_hook(answered.receive)
+        answered.disconnected = True
+        answered.message_event.set()
+        return cancelled_before, late.error is not None
+
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        assert asyncio.run(run()) == (True, False)
+        gc.collect()
+        kinds = {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert "Cycle" not in kinds and "_DisconnectEvent" not in kinds, kinds
