@@ -571,3 +571,54 @@ def test_graceful_stop_lets_calls_in_flight_finish(tmp_path: Path) -> None:
         assert srv.proc.wait(30) == 0
     finally:
         srv.stop()
+
+
+def test_answered_calls_leave_no_cyclic_garbage(tmp_path: Path) -> None:
+    """A real server in this process answers 64 ModelInfer calls from
+    ``tritonclient.grpc`` (8 client threads, one channel each, through the dynamic
+    batcher): none of its objects is left in a reference cycle, so serving with the
+    collector's thresholds raised (``settle_gc``) frees every finished call at once.
+    (A call once stayed in a call <-> context cycle: under perf_analyzer a gen-0
+    collection freed ~50,000 objects in ~75 ms, ~25 µs per call.)"""
+    from pdserve.frontends.grpc.native import serve_native
+    from pdserve.frontends.grpc.service import SERVICE_NAME, GrpcService, method_handlers
+    from tests.conftest import free_port
+    from tests.cyclic import cyclic_garbage, tiny_batched
+    from tests.goldens import tiny_reference
+
+    row = np.arange(64, dtype=np.float32).reshape(1, 64)
+    want = tiny_reference(row)
+    clients: dict[int, grpcclient.InferenceServerClient] = {}
+    lock = threading.Lock()
+
+    async def start(server: object) -> tuple[int, Callable[[], object]]:
+        port = free_port()
+        srv = await serve_native(
+            method_handlers(GrpcService(server)),  # type: ignore[arg-type]
+            SERVICE_NAME,
+            "127.0.0.1",
+            port,
+            64 << 20,
+        )
+
+        async def stop() -> None:
+            await srv.stop(1.0)
+
+        return port, stop
+
+    def call(port: int, i: int) -> None:
+        with lock:
+            client = clients.setdefault(
+                threading.get_ident(), grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+            )
+        inp = grpcclient.InferInput("INPUT0", [1, 64], "FP32")
+        inp.set_data_from_numpy(row)
+        result = client.infer("tiny", [inp], outputs=[grpcclient.InferRequestedOutput("OUTPUT0")])
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), want, rtol=1e-5, atol=1e-6)
+
+    try:
+        left = cyclic_garbage(tiny_batched(tmp_path / "repo"), start, call)  # type: ignore[arg-type]
+    finally:
+        for client in clients.values():
+            client.close()
+    assert left == {}

@@ -10,6 +10,7 @@ limit is reached in seconds.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import shutil
@@ -21,6 +22,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -898,3 +900,69 @@ def test_body_timeout_does_not_run_while_the_server_stopped_reading(
         r = conn.read_response()
         assert r is not None and r.status == 200, (r.status, r.body[:200]) if r else r
         np.testing.assert_allclose(tiny_output(r), tiny_reference(x[:1]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("transport", ["native", "asgi"])
+def test_answered_requests_leave_no_cyclic_garbage(transport: str, tmp_path: Path) -> None:
+    """A real server in this process answers 64 V2 JSON inferences (8 client threads,
+    one connection per request, through the dynamic batcher): none of its objects is
+    left in a reference cycle, so serving with the collector's thresholds raised
+    (``settle_gc``) frees every finished request at once. (Both transports once left
+    ~12-15 objects per request in cycles: ~20-30 µs of collector time per request.)"""
+    import urllib.request
+
+    from pdserve.frontends.http.app import create_http_app
+    from pdserve.frontends.http.native import NativeHttpServer
+    from pdserve.frontends.http.server import serve_http
+    from tests.conftest import free_port
+    from tests.cyclic import cyclic_garbage, tiny_batched
+
+    row = np.arange(64, dtype=np.float32).reshape(1, 64)
+    body = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": [1, 64],
+                    "datatype": "FP32",
+                    "data": row.ravel().tolist(),
+                }
+            ]
+        }
+    ).encode()
+    want = tiny_reference(row)
+
+    async def start(server: Any) -> tuple[int, Any]:
+        app = create_http_app(server)
+        if transport == "native":
+            http = NativeHttpServer(app, "127.0.0.1", 0)
+            await http.start()
+
+            async def stop_native() -> None:
+                await http.shutdown(1.0)
+
+            return http.port, stop_native
+        port = free_port()
+        uv = serve_http(app, "127.0.0.1", port)
+        task = asyncio.ensure_future(uv.serve())
+        while not uv.started:
+            await asyncio.sleep(0.01)
+
+        async def stop_asgi() -> None:
+            uv.should_exit = True
+            await task
+
+        return port, stop_asgi
+
+    def call(port: int, i: int) -> None:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v2/models/tiny/infer",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            out = json.load(r)["outputs"][0]
+        got = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+    assert cyclic_garbage(tiny_batched(tmp_path / "repo"), start, call) == {}

@@ -369,6 +369,11 @@ class NativeHttpServer:
         return all(c.settled() for c in self.connections)
 
 
+#: What a closed connection's ``parser`` becomes (bytes never reach it: asyncio calls
+#: no ``data_received`` after ``connection_lost``).
+_DETACHED_PARSER = httptools.HttpRequestParser(object())
+
+
 class HttpConnection(asyncio.Protocol):
     """One client connection of a :class:`NativeHttpServer` (see the module docstring)."""
 
@@ -457,6 +462,9 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._gone = True
+        # the parser holds this protocol (its callbacks): drop it, so the connection is
+        # freed by reference counting, not left in a cycle for the collector
+        self.parser = _DETACHED_PARSER
         self.server.connections.discard(self)
         self._queue.clear()
         self.deadline = 0.0
