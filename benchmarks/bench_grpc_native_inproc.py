@@ -144,6 +144,7 @@ class _ClosedLoop:
         self.message = message
         self.triton = triton
         self.encoders: dict[int, hpack.Encoder] = {}
+        self.blocks: dict[int, bytes] = {}  # the repeated block (as the client's is)
         self.sids: dict[int, int] = {}
         self.outstanding = 0
         self.stop = False
@@ -162,7 +163,9 @@ class _ClosedLoop:
             if self.triton:
                 chunks.append(_frame(8, 0, max(1, sid - 2), update))  # (a closed stream)
         for _ in range(n):
-            block = encoder.encode(_HEADERS)
+            block = self.blocks.get(key) or encoder.encode(_HEADERS)
+            if key in self.encoders and key not in self.blocks and sid > 1:
+                self.blocks[key] = block  # fully indexed from the second call on
             chunks.append(_frame(1, 0x4, sid, block) + _frame(0, 0x1, sid, self.message))
             sid += 2
         self.sids[key] = sid
