@@ -22,8 +22,9 @@ minimum (a round that shared its core with another process is only slower).
 is re-sent as soon as its answer is read (closed loop): calls arrive a few per read
 on each connection, staggered, and the dynamic batcher forms smaller batches than
 from one wave of 32. With ``--triton-client`` each request carries perf_analyzer's
-``triton_enable_empty_final_response`` parameter and each answer read is followed by
-a WINDOW_UPDATE of the (closed) stream as well as of the connection, as grpc C++ sends.
+``triton_enable_empty_final_response`` parameter and its HEADERS are followed by a
+WINDOW_UPDATE of the new stream, as grpc C++ sends (the connection's WINDOW_UPDATE per
+answer read is sent in both modes).
 
 Run from the checkout to measure (``PYTHONPATH=.``), on one core::
 
@@ -120,7 +121,7 @@ class _Transport(asyncio.Transport):
 class _ClientTransport(_Transport):
     """One connection of the closed-loop client (``--connections``): every answer
     written is read by the client, which sends a new call in its place (in the next
-    loop iteration, with the WINDOW_UPDATEs a grpc C++ client sends per answer)."""
+    loop iteration, after a connection WINDOW_UPDATE per answer)."""
 
     def __init__(self, state: dict[str, Any], client: _ClosedLoop) -> None:
         super().__init__(state)
@@ -157,16 +158,18 @@ class _ClosedLoop:
         encoder = self.encoders.setdefault(key, hpack.Encoder())
         sid = self.sids.get(key, 1)
         chunks = []
-        for _ in range(answered):  # the client read an answer: window updates
-            update = struct.pack(">I", len(self.message))
-            chunks.append(_frame(8, 0, 0, update))
-            if self.triton:
-                chunks.append(_frame(8, 0, max(1, sid - 2), update))  # (a closed stream)
+        consumed = struct.pack(">I", len(self.message))  # (about an answer's size)
+        for _ in range(answered):  # the client read an answer: the connection's window
+            chunks.append(_frame(8, 0, 0, consumed))
+        update = struct.pack(">I", 4_194_304)
         for _ in range(n):
             block = self.blocks.get(key) or encoder.encode(_HEADERS)
             if key in self.encoders and key not in self.blocks and sid > 1:
                 self.blocks[key] = block  # fully indexed from the second call on
-            chunks.append(_frame(1, 0x4, sid, block) + _frame(0, 0x1, sid, self.message))
+            chunks.append(_frame(1, 0x4, sid, block))
+            if self.triton:  # grpc C++ opens the new stream's receive window at once
+                chunks.append(_frame(8, 0, sid, update))
+            chunks.append(_frame(0, 0x1, sid, self.message))
             sid += 2
         self.sids[key] = sid
         self.outstanding += n
@@ -206,6 +209,8 @@ async def run_closed_loop(
                 client.send(transports[i % len(transports)], 1)
             while st["ok"] - ok0 < args.requests:
                 await asyncio.sleep(0.005)
+                if any(t.conn is not None and t.conn.closed for t in transports):
+                    raise RuntimeError("the server closed a connection (see the log)")
             client.stop = True
             await client.idle
             answered = st["ok"] - ok0
@@ -303,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--triton-client",
         action="store_true",
-        help="perf_analyzer's request parameter and per-answer stream WINDOW_UPDATE",
+        help="perf_analyzer's request parameter and per-call stream WINDOW_UPDATE",
     )
     args = p.parse_args(argv)
     figures = uvloop.run(run(args))
