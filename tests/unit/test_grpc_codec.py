@@ -12,7 +12,12 @@ from tritonclient.grpc import service_pb2
 
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferResponse
-from pdserve.frontends.grpc.codec import decode_infer_request, encode_infer_response
+from pdserve.frontends.grpc.codec import (
+    EMPTY_FINAL_PARAM,
+    decode_infer_request,
+    empty_final_requested,
+    encode_infer_response,
+)
 from pdserve.frontends.grpc.service import grpc_status
 from pdserve.frontends.http.status import http_status
 
@@ -434,3 +439,24 @@ def test_shared_memory_outputs_are_sent_without_data() -> None:
     assert [o.name for o in msg.outputs] == ["Y", "Z"]
     assert msg.outputs[0].datatype == "FP32" and list(msg.outputs[0].shape) == [2, 3]
     assert list(msg.raw_output_contents) == [b"", np.zeros(2, np.int64).tobytes()]
+
+
+def test_empty_final_parameter_is_checked_then_kept_from_the_core() -> None:
+    # perf_analyzer's every gRPC request carries it (bool_param true); Triton's frontend
+    # reads it and its backends never see it ("not accessible in the Triton C-API")
+    msg = _one_input()
+    msg.parameters[EMPTY_FINAL_PARAM].bool_param = True
+    assert empty_final_requested(msg) is True
+    assert decode_infer_request(msg, 0).parameters == {}
+    msg.parameters["user"].int64_param = 7
+    assert decode_infer_request(msg, 0).parameters == {"user": 7}
+    msg = _one_input()
+    msg.parameters[EMPTY_FINAL_PARAM].bool_param = False
+    assert empty_final_requested(msg) is False
+    assert decode_infer_request(msg, 0).parameters == {}
+    assert empty_final_requested(_one_input()) is False
+    for kind, value in (("string_param", "true"), ("int64_param", 1)):
+        msg = _one_input()
+        setattr(msg.parameters[EMPTY_FINAL_PARAM], kind, value)
+        assert empty_final_requested(msg) is False
+        assert f"'{EMPTY_FINAL_PARAM}' must be a bool_param" in _decode_error(msg)

@@ -301,3 +301,98 @@ def test_finished_calls_leave_no_cycles_for_the_collector() -> None:
         gc.garbage.clear()
         gc.enable()
     assert not kinds & {"_Call", "NativeContext", "ModelInferRequest", "CancelToken"}, kinds
+
+
+def _raw_frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
+    return struct.pack(">IBI", len(payload) << 8 | kind, flags, sid) + payload
+
+
+def _frames_of(wire: bytes) -> list[tuple[int, int, int, bytes]]:
+    """(type, flags, stream id, payload) of each frame in ``wire``."""
+    out, pos = [], 0
+    while pos < len(wire):
+        head, flags, sid = struct.unpack_from(">IBI", wire, pos)
+        out.append((head & 0xFF, flags, sid, wire[pos + 9 : pos + 9 + (head >> 8)]))
+        pos += 9 + (head >> 8)
+    return out
+
+
+def test_triton_client_frames_one_write_per_wave() -> None:
+    """perf_analyzer's gRPC client (grpc C++) sends, per call, HEADERS (a repeated fully
+    indexed block), a WINDOW_UPDATE of the new stream and the DATA, and after each answer
+    it reads a WINDOW_UPDATE of the connection (observed: 1.0 stream and 0.95
+    connection WINDOW_UPDATE per call). The updates are counted into the send windows
+    (handled inline in the frame loop), one for a stream already closed is ignored, and
+    a wave of calls read together is answered in ONE write of three frames per call
+    (HEADERS, DATA, trailers): no PING, SETTINGS or WINDOW_UPDATE from the server."""
+    import hpack
+
+    gate = asyncio.Event()
+
+    async def infer(request: Any, context: Any) -> Any:
+        await gate.wait()
+        return service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+
+    handler = grpc.unary_unary_rpc_method_handler(
+        infer,
+        request_deserializer=service_pb2.ModelInferRequest.FromString,
+        response_serializer=service_pb2.ModelInferResponse.SerializeToString,
+    )
+
+    async def run() -> None:
+        srv = NativeGrpcServer({"ModelInfer": handler}, "inference.GRPCInferenceService", 1 << 24)
+        proto, transport = GrpcConnection(srv), _Transport()
+        proto.connection_made(transport)  # type: ignore[arg-type]
+        proto.data_received(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _raw_frame(4, 0, 0, b""))
+        transport.take()
+        encoder = hpack.Encoder()
+        body = service_pb2.ModelInferRequest(model_name="tiny", id="r").SerializeToString()
+        message = struct.pack(">BI", 0, len(body)) + body
+        update = struct.pack(">I", 4_194_304)
+        sid = 1
+        for wave in range(3):
+            wire = b""
+            sids = []
+            for _ in range(8):
+                block = encoder.encode(_headers(b"ModelInfer"))
+                wire += _raw_frame(1, 0x4, sid, block) + _raw_frame(8, 0, sid, update)
+                wire += _raw_frame(0, 0x1, sid, message)
+                sids.append(sid)
+                sid += 2
+            if wave:  # the connection's updates for the last wave's answers, and one
+                wire += _raw_frame(8, 0, 0, update) * 8  # update of a closed stream
+                wire += _raw_frame(8, 0, sids[0] - 2, update)
+            window = proto.send_window
+            gate.clear()
+            proto.data_received(wire)
+            assert proto.send_window == window + (8 * 4_194_304 if wave else 0)
+            assert [proto.calls[s].send_window for s in sids] == [65535 + 4_194_304] * 8
+            assert transport.data == []  # nothing to write before the answers
+            gate.set()
+            for _ in range(10):
+                await asyncio.sleep(0)
+            assert len(transport.data) == 1, "one write per wave"
+            frames = _frames_of(transport.take())
+            assert [(f[0], f[2]) for f in frames] == [(kind, s) for s in sids for kind in (1, 0, 1)]
+            assert all(f[1] == 0x5 for f in frames[2::3])  # trailers end the streams
+            assert not proto.calls
+
+        # the rules stay: an update of 0 resets an open stream (PROTOCOL_ERROR), one past
+        # 2^31-1 resets it (FLOW_CONTROL_ERROR); the connection's of 0 is a GOAWAY
+        gate.clear()
+        block = encoder.encode(_headers(b"ModelInfer"))
+        proto.data_received(
+            _raw_frame(1, 0x4, sid, block)
+            + _raw_frame(8, 0, sid, struct.pack(">I", 0))
+            + _raw_frame(1, 0x4, sid + 2, block)
+            + _raw_frame(8, 0, sid + 2, struct.pack(">I", 0x7FFFFFFF))
+        )
+        resets = [(f[2], struct.unpack(">I", f[3])[0]) for f in _frames_of(transport.take())]
+        assert resets == [(sid, 1), (sid + 2, 3)] and not proto.calls
+        proto.data_received(_raw_frame(8, 0, 0, struct.pack(">I", 0)))
+        goaway = _frames_of(transport.take())[-1]
+        assert goaway[0] == 7 and struct.unpack(">II", goaway[3][:8])[1] == 1
+        assert transport.closed
+        gate.set()
+
+    asyncio.run(run())

@@ -35,6 +35,42 @@ log = logging.getLogger("pdserve.grpc")
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
+#: The one ``triton_`` request parameter Triton's gRPC frontend accepts (tritonclient's
+#: ``enable_empty_final_response``; perf_analyzer sets it on every gRPC request). The
+#: frontend consumes it: it is checked (a ``bool_param``) and read by the stream
+#: handler (:func:`empty_final_requested`), and not passed on in
+#: ``InferRequest.parameters`` (Triton: "the reserved parameters are not accessible in
+#: the Triton C-API", so its backends never see it).
+EMPTY_FINAL_PARAM = "triton_enable_empty_final_response"
+
+
+def empty_final_requested(msg: service_pb2.ModelInferRequest) -> bool:
+    """Whether a request asks for Triton's empty final responses (its
+    ``triton_enable_empty_final_response`` is ``bool_param: true``)."""
+    pmap = msg.parameters
+    return EMPTY_FINAL_PARAM in pmap and pmap[EMPTY_FINAL_PARAM].bool_param is True
+
+
+def _request_parameters(pmap: Any) -> dict[str, Any]:
+    """A request's checked ``parameters`` less :data:`EMPTY_FINAL_PARAM` (consumed by
+    the frontend). A map holding only that key as a ``bool_param`` (perf_analyzer's
+    every request) is read without building a dict to check.
+
+    Raises:
+        InferError(INVALID_ARG): as :func:`check_request_parameters`.
+    """
+    if (
+        len(pmap) == 1
+        and EMPTY_FINAL_PARAM in pmap
+        and pmap[EMPTY_FINAL_PARAM].WhichOneof("parameter_choice") == "bool_param"
+    ):
+        return {}
+    parameters = _params(pmap)
+    check_request_parameters(parameters, grpc=True)
+    parameters.pop(EMPTY_FINAL_PARAM, None)
+    return parameters
+
+
 def param_value(p: Any) -> Any:
     """The Python value of an ``InferParameter`` / ``ModelRepositoryParameter``."""
     which = p.WhichOneof("parameter_choice")
@@ -212,8 +248,7 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
             outputs.append(RequestedOutput(out.name, None, cls, params))
     parameters: dict[str, Any] = {}
     if msg.parameters:
-        parameters = _params(msg.parameters)
-        check_request_parameters(parameters, grpc=True)
+        parameters = _request_parameters(msg.parameters)
     request = InferRequest(
         model_name=msg.model_name,
         model_version=msg.model_version,

@@ -627,7 +627,31 @@ class GrpcConnection(asyncio.Protocol):
                 elif kind == 9:
                     self._on_continuation(sid, kind_flags, payload)
                 elif kind == 8:
-                    self._on_window_update(sid, payload)
+                    # inline: a grpc C++ client sends two per call (its stream's window
+                    # after the HEADERS, the connection's per answer read)
+                    if length != 4:
+                        raise _ConnectionError(ErrorCodes.FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
+                    inc = _U32.unpack(payload)[0] & 0x7FFFFFFF
+                    if sid:
+                        call = self.calls.get(sid)
+                        if call is None:
+                            continue  # a closed stream's (or an idle one's): nothing to do
+                        call.send_window += inc
+                        if not inc or call.send_window > 0x7FFFFFFF:
+                            self._reset(
+                                call,
+                                ErrorCodes.FLOW_CONTROL_ERROR if inc else ErrorCodes.PROTOCOL_ERROR,
+                            )
+                        elif call.out or call.trailers is not None:
+                            self._pump(call)
+                    else:
+                        if not inc:
+                            raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+                        self.send_window += inc
+                        if self.send_window > 0x7FFFFFFF:
+                            raise _ConnectionError(ErrorCodes.FLOW_CONTROL_ERROR, "window overflow")
+                        if self.stalled:
+                            self._window(0)
                 elif kind == 4:
                     self._on_settings(sid, kind_flags, payload)
                 elif kind == 6:
@@ -763,27 +787,6 @@ class GrpcConnection(asyncio.Protocol):
                 raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "bad ENABLE_PUSH")
         self.out.append(_SETTINGS_ACK)
         self._window(0)
-
-    def _on_window_update(self, sid: int, payload: bytes) -> None:
-        if len(payload) != 4:
-            raise _ConnectionError(ErrorCodes.FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
-        inc = _U32.unpack(payload)[0] & 0x7FFFFFFF
-        if not sid:
-            if not inc:
-                raise _ConnectionError(ErrorCodes.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
-            self.send_window += inc
-            if self.send_window > 0x7FFFFFFF:
-                raise _ConnectionError(ErrorCodes.FLOW_CONTROL_ERROR, "window overflow")
-            self._window(0)
-            return
-        call = self.calls.get(sid)
-        if call is None:
-            return
-        call.send_window += inc
-        if not inc or call.send_window > 0x7FFFFFFF:
-            self._reset(call, ErrorCodes.FLOW_CONTROL_ERROR if inc else ErrorCodes.PROTOCOL_ERROR)
-            return
-        self._window(sid)
 
     def _on_headers(self, sid: int, flags: int, payload: bytes) -> None:
         if not sid:

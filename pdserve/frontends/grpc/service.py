@@ -26,6 +26,7 @@ from pdserve.frontends.grpc.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
     decode_inline,
     decode_off_loop,
+    empty_final_requested,
     encode_inline,
     encode_off_loop,
     metadata_response,
@@ -67,9 +68,6 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
 }
 
 
-#: Request parameter asking for Triton's empty final responses (tritonclient's
-#: ``async_stream_infer(..., enable_empty_final_response=True)``).
-_EMPTY_FINAL_PARAM = "triton_enable_empty_final_response"
 #: Response parameter: this is the request's last response (Triton's name).
 _FINAL_PARAM = "triton_final_response"
 
@@ -451,7 +449,9 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                         result = await infer_with_shm(self.shm, req, self.server.infer, shm_outputs)
                         resp = await encode_off_loop(result, shm_outputs)
                 except StreamRequired:  # a decoupled model: its responses as they come
-                    await self._stream_decoupled(req, request.id, done)
+                    await self._stream_decoupled(
+                        req, request.id, done, empty_final_requested(request)
+                    )
                     return
                 msg = service_pb2.ModelStreamInferResponse(infer_response=resp)
                 msg = self._fit_stream_response(msg, request.id)
@@ -541,6 +541,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         req: InferRequest,
         request_id: str,
         done: asyncio.Queue[service_pb2.ModelStreamInferResponse | None],
+        enable_empty: bool,
     ) -> None:
         """Send the responses of one request to a decoupled model on the stream, as
         Triton's stream handler does: each response as it comes, an error as an
@@ -548,9 +549,10 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         ``triton_enable_empty_final_response`` (tritonclient's
         ``enable_empty_final_response=True``) every response carries the parameter
         ``triton_final_response`` and a final flag sent alone becomes an empty response;
-        without it such an empty final is not sent."""
-        flag = req.parameters.get(_EMPTY_FINAL_PARAM)
-        enable_empty = flag is True or (isinstance(flag, str) and flag.lower() == "true")
+        without it such an empty final is not sent (``enable_empty``: the request's
+        parameter, :func:`~pdserve.frontends.grpc.codec.empty_final_requested`; the
+        codec checked it and keeps it out of ``req.parameters``, as Triton's frontend
+        does)."""
         async with contextlib.aclosing(self.server.infer_stream(req)) as items:
             async for item in items:
                 if item.error is not None:
