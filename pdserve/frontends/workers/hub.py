@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import time
@@ -50,9 +51,10 @@ log = logging.getLogger("pdserve.workers")
 class WorkerLink:
     """One worker's channel in the main process, with its calls in flight."""
 
-    def __init__(self, hub: FrontendHub, channel: ch.Channel, index: int) -> None:
+    def __init__(self, hub: FrontendHub, index: int) -> None:
         self.hub = hub
-        self.channel = channel
+        #: set by :meth:`FrontendHub.attach` once the channel is built
+        self.channel: ch.Channel = None  # type: ignore[assignment]  # set right after
         self.index = index
         #: call id -> the token of an INFER in flight
         self.tokens: dict[int, CancelToken] = {}
@@ -91,19 +93,21 @@ class FrontendHub:
 
     def attach(self, sock: Any, index: int, on_close: Callable[[], None]) -> WorkerLink:
         """Serve the main process's end of worker ``index``'s socketpair."""
-        link: WorkerLink | None = None
-
-        def on_frame(kind: int, body: tuple[Any, ...]) -> None:
-            assert link is not None
-            self._on_frame(link, kind, body)
+        link = WorkerLink(self, index)
 
         def closed() -> None:
-            assert link is not None
             self._gone(link)
             on_close()
 
-        channel = ch.Channel(sock, f"http-worker{index}.out", on_frame, closed)
-        link = WorkerLink(self, channel, index)
+        # a frame's messages go to _on_messages(link, messages) in one call (C
+        # partials: no Python closure level per frame or message)
+        link.channel = ch.Channel(
+            sock,
+            f"http-worker{index}.out",
+            functools.partial(self._on_frame, link),
+            closed,
+            functools.partial(self._on_messages, link),
+        )
         self.links.add(link)
         return link
 
@@ -125,14 +129,35 @@ class FrontendHub:
 
     # -- frames -----------------------------------------------------------------------
 
+    def _on_messages(self, link: WorkerLink, messages: list[tuple[int, tuple[Any, ...]]]) -> None:
+        """One received frame's messages, in order: its ``INFER`` requests are rebuilt
+        and started here in one loop (the hot path), the others go to
+        :meth:`_on_frame`. A bad message is logged; the others carry on."""
+        channel = link.channel
+        loop = channel.loop
+        read = channel.read
+        tokens = link.tokens
+        run = self._run_infer
+        from_wire = ch.request_from_wire
+        for kind, body in messages:
+            try:
+                if kind == ch.INFER:
+                    call_id = body[0]
+                    # with its loop known, run_cancellable's task lookup is a dict
+                    # lookup (no getpid() system call on 3.11)
+                    token = CancelToken(None, loop)
+                    request = from_wire(body[1], read, token)
+                    tokens[call_id] = token
+                    loop.create_task(run(link, call_id, request))
+                else:
+                    self._on_frame(link, kind, body)
+            except Exception:
+                log.exception("HTTP worker %d: bad frame from the worker", link.index)
+
     def _on_frame(self, link: WorkerLink, kind: int, body: tuple[Any, ...]) -> None:
+        """A message other than ``INFER`` (those :meth:`_on_messages` starts itself)."""
         if kind == ch.INFER:
-            call_id = body[0]
-            channel = link.channel
-            token = CancelToken()
-            request = ch.request_from_wire(body[1], channel.read, token)
-            link.tokens[call_id] = token
-            channel.loop.create_task(self._run_infer(link, call_id, request))
+            self._on_messages(link, [(kind, body)])
         elif kind == ch.CANCEL:
             call_id = body[0]
             held = link.tokens.get(call_id)
