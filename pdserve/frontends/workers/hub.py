@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from pdserve.core.api import InferenceCore
 from pdserve.core.cancel import CancelToken
 from pdserve.core.errors import InferError, client_gone, internal, not_found
+from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends.shared_memory import (
     SharedMemoryRegistry,
     infer_with_shm,
@@ -137,7 +138,7 @@ class FrontendHub:
         loop = channel.loop
         read = channel.read
         tokens = link.tokens
-        run = self._run_infer
+        start = self._start_infer
         from_wire = ch.request_from_wire
         for kind, body in messages:
             try:
@@ -148,7 +149,7 @@ class FrontendHub:
                     token = CancelToken(None, loop)
                     request = from_wire(body[1], read, token)
                     tokens[call_id] = token
-                    loop.create_task(run(link, call_id, request))
+                    start(link, call_id, request)
                 else:
                     self._on_frame(link, kind, body)
             except Exception:
@@ -185,22 +186,48 @@ class FrontendHub:
         else:
             log.error("HTTP worker %d: unexpected frame kind %r", link.index, kind)
 
-    async def _run_infer(self, link: WorkerLink, call_id: int, request: Any) -> None:
-        channel = link.channel
+    def _start_infer(self, link: WorkerLink, call_id: int, request: InferRequest) -> None:
+        """Run one ``INFER`` as a task of the server's own coroutine (no wrapping
+        coroutine level); :meth:`_answer` sends its outcome."""
         try:
-            shm_outputs = shm_output_names(request) if request.outputs else None
-            if request.shm_inputs is None and shm_outputs is None:
-                response = await self._infer(request)
-            else:
-                response = await infer_with_shm(self.shm, request, self._infer, shm_outputs)
-            channel.send(ch.RESPONSE, (call_id, ch.response_to_wire(response, channel.write)))
-        except InferError as exc:
-            channel.send(ch.ERROR, (call_id, ch.error_to_wire(exc)))
-        except Exception as exc:  # noqa: BLE001 - one request must not take the hub down
-            log.exception("HTTP worker %d: inference failed", link.index)
-            channel.send(ch.ERROR, (call_id, ch.error_to_wire(internal(f"{exc}"))))
-        finally:
+            if request.shm_inputs is None and (
+                not request.outputs or shm_output_names(request) is None
+            ):
+                coro = self._infer(request)
+            else:  # Triton's system shared-memory extension, on the main registry
+                coro = infer_with_shm(self.shm, request, self._infer, shm_output_names(request))
+        except Exception as exc:  # noqa: BLE001 - answered; the hub carries on
             link.tokens.pop(call_id, None)
+            self._send_error(link, call_id, exc)
+            return
+        task = link.channel.loop.create_task(coro)
+        task.add_done_callback(functools.partial(self._answer, link, call_id))
+
+    def _answer(self, link: WorkerLink, call_id: int, task: asyncio.Task[InferResponse]) -> None:
+        """Send an ``INFER``'s outcome: ``RESPONSE``, or ``ERROR`` (nothing when the
+        task was cancelled, which happens only when the event loop stops)."""
+        link.tokens.pop(call_id, None)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            channel = link.channel
+            try:
+                wire = ch.response_to_wire(task.result(), channel.write)
+            except Exception as e:  # noqa: BLE001 - e.g. an output the channel cannot carry
+                exc = e
+            else:
+                channel.send(ch.RESPONSE, (call_id, wire))
+                return
+        self._send_error(link, call_id, exc)
+
+    def _send_error(self, link: WorkerLink, call_id: int, exc: BaseException) -> None:
+        """Answer call ``call_id`` with ``exc``: an :class:`InferError` as it is,
+        anything else logged and sent as ``INTERNAL``."""
+        if not isinstance(exc, InferError):
+            log.error("HTTP worker %d: inference failed", link.index, exc_info=exc)
+            exc = internal(f"{exc}")
+        link.channel.send(ch.ERROR, (call_id, ch.error_to_wire(exc)))
 
     async def _run_stream(self, link: WorkerLink, call_id: int, request: Any) -> None:
         channel = link.channel
