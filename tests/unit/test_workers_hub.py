@@ -17,7 +17,7 @@ import pytest
 
 from pdserve.core.cancel import CancelToken
 from pdserve.core.errors import ErrorCode, InferError
-from pdserve.core.types import InferRequest, InferResponse
+from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
 from pdserve.frontends.shared_memory import SharedMemoryRegistry
 from pdserve.frontends.workers import channel as ch
 from pdserve.frontends.workers.hub import FrontendHub
@@ -92,6 +92,18 @@ def test_a_turns_requests_are_answered_in_order_with_their_own_values() -> None:
         assert all(isinstance(t, CancelToken) and t.loop is loop for t in core.seen_tokens)
         (link,) = hub.links
         assert link.tokens == {} and client._calls == {} and client._watched == {}
+        client.channel.close()  # type: ignore[union-attr]
+
+    asyncio.run(run())
+
+
+def test_a_request_naming_its_outputs_takes_the_general_start() -> None:
+    async def run() -> None:
+        _hub, _core, client, proxy = await _pair()
+        request = _request("m", 5)
+        request.outputs = [RequestedOutput("OUTPUT0", binary_data=True)]
+        response = await proxy.infer(request)
+        assert response.outputs["OUTPUT0"].tolist() == [[10.0] * 4]
         client.channel.close()  # type: ignore[union-attr]
 
     asyncio.run(run())
