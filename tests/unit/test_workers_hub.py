@@ -57,6 +57,9 @@ class _TurnCore:
         out = await fut
         return InferResponse(request.model_name, "1", {"OUTPUT0": out}, request.id)
 
+    def live(self) -> bool:
+        return True
+
     def _flush(self) -> None:
         pending, self.pending = self.pending, []
         for fut, request in pending:
@@ -104,6 +107,26 @@ def test_a_request_naming_its_outputs_takes_the_general_start() -> None:
         request.outputs = [RequestedOutput("OUTPUT0", binary_data=True)]
         response = await proxy.infer(request)
         assert response.outputs["OUTPUT0"].tolist() == [[10.0] * 4]
+        client.channel.close()  # type: ignore[union-attr]
+
+    asyncio.run(run())
+
+
+def test_answers_call_results_and_errors_in_flight_together_reach_their_callers() -> None:
+    async def run() -> None:
+        _hub, _core, client, proxy = await _pair()
+        got = await asyncio.gather(
+            proxy.infer(_request("m", 1)),
+            proxy.live(),
+            proxy.infer(_request("bad", 1)),
+            proxy.infer(_request("m", 2)),
+            return_exceptions=True,
+        )
+        assert got[0].outputs["OUTPUT0"].tolist() == [[2.0] * 4]  # type: ignore[union-attr]
+        assert got[1] is True
+        assert isinstance(got[2], InferError) and got[2].code == ErrorCode.INVALID_ARG
+        assert got[3].outputs["OUTPUT0"].tolist() == [[4.0] * 4]  # type: ignore[union-attr]
+        assert client._calls == {}
         client.channel.close()  # type: ignore[union-attr]
 
     asyncio.run(run())

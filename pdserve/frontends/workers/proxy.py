@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
@@ -38,6 +39,8 @@ from pdserve.frontends.shared_memory import SharedMemoryRegistry
 from pdserve.frontends.traffic.gate import TrafficGate, principal_name
 from pdserve.frontends.workers import channel as ch
 from pdserve.observability import logs
+
+log = logging.getLogger("pdserve.workers")
 
 
 def _gone() -> InferError:
@@ -68,7 +71,31 @@ class WorkerClient:
         self.init = asyncio.get_running_loop().create_future()
         self.closed = asyncio.Event()
         self.channel = channel_factory(self.on_frame, self.on_close)
+        self.channel.on_messages = self.on_messages  # a frame's answers in one call
         return self.channel
+
+    def on_messages(self, messages: list[tuple[int, tuple[Any, ...]]]) -> None:
+        """One received frame's messages, in order: ``RESPONSE`` (the hot path) is
+        answered here, the others go to :meth:`on_frame`. A bad message is logged; the
+        others carry on."""
+        calls = self._calls
+        watched = self._watched
+        for kind, body in messages:
+            try:
+                if kind == ch.RESPONSE:
+                    call_id = body[0]
+                    fut = calls.pop(call_id, None)
+                    if watched:
+                        held = watched.pop(call_id, None)
+                        if held is not None:
+                            held[0].remove_callback(held[1])
+                    if fut is not None and not fut.done():
+                        assert self.channel is not None
+                        fut.set_result(ch.response_from_wire(body[1], self.channel.read))
+                else:
+                    self.on_frame(kind, body)
+            except Exception:
+                log.exception("HTTP worker: bad frame from the main process")
 
     def on_frame(self, kind: int, body: tuple[Any, ...]) -> None:
         """Dispatch one frame from the main process."""
