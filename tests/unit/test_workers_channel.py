@@ -197,6 +197,59 @@ def test_inline_read_is_a_view_of_the_right_dtype(dtype: str) -> None:
     asyncio.run(run())
 
 
+@pytest.mark.parametrize(
+    "dtype", ["<f2", "<f4", "<f8", "<i1", "<i2", "<i4", "<i8", "<u2", "<u4", "<u8", "|b1", "<c8"]
+)
+def test_wire_forms_carry_small_tensors_inline_by_dtype_code(dtype: str) -> None:
+    """request/response_to_wire write small native numeric tensors into the frame
+    themselves (the dtype as its one-letter code), and the from_wire functions read
+    them back as the same values and dtype; ``write``/``read`` are not called."""
+
+    def no_write(arr: np.ndarray) -> Any:
+        raise AssertionError("write called for an inline tensor")
+
+    def no_read(desc: Any) -> np.ndarray:
+        raise AssertionError("read called for an inline tensor")
+
+    arr = (np.arange(12) % 2 if dtype == "|b1" else np.arange(12)).astype(dtype).reshape(3, 4)
+    wire = ch.request_to_wire(InferRequest("m", "", {"X": arr}), no_write)
+    assert wire[2]["X"][0] == np.dtype(dtype).char and wire[2]["X"][3:] == (-1, 0, 0)
+    back = pickle.loads(pickle.dumps(wire, protocol=5))
+    got = ch.request_from_wire(back, no_read).inputs["X"]
+    assert got.dtype == arr.dtype and got.shape == (3, 4)
+    np.testing.assert_array_equal(got, arr)
+    resp = ch.response_to_wire(InferResponse("m", "1", {"Y": arr}), no_write)
+    out = ch.response_from_wire(pickle.loads(pickle.dumps(resp)), no_read).outputs["Y"]
+    assert out.dtype == arr.dtype
+    np.testing.assert_array_equal(out, arr)
+
+
+def test_wire_forms_hand_big_endian_bytes_and_large_tensors_to_write() -> None:
+    """A non-native byte order, a BYTES tensor and one of SHM_MIN_BYTES or more go
+    through the channel's ``write`` (the arena / general path), a plain list output is
+    made an array first."""
+    written: list[np.ndarray] = []
+
+    def write(arr: np.ndarray) -> Any:
+        written.append(arr)
+        return _inline_write(arr)
+
+    big_endian = np.arange(4, dtype=">i4")
+    words = np.array([b"ab", b"c"], dtype=object)
+    large = np.zeros(ch.SHM_MIN_BYTES // 4, np.float32)
+    wire = ch.request_to_wire(
+        InferRequest("m", "", {"A": big_endian, "B": words, "C": large}), write
+    )
+    assert [w.dtype for w in written] == [big_endian.dtype, words.dtype, large.dtype]
+    got = ch.request_from_wire(wire, _inline_read).inputs
+    np.testing.assert_array_equal(got["A"], big_endian)
+    assert got["B"].tolist() == [b"ab", b"c"]
+    assert got["C"].shape == large.shape
+    resp = ch.response_to_wire(InferResponse("m", "1", {"L": [1.5, 2.5]}), write)  # type: ignore[dict-item]  # a list output, as a model may return
+    out = ch.response_from_wire(resp, _inline_read).outputs["L"]
+    assert out.tolist() == [1.5, 2.5] and out.dtype == np.float64
+
+
 def test_a_turns_requests_and_the_answers_each_go_in_one_frame() -> None:
     """300 requests submitted in one loop turn (small ones inline, every 50th through
     the arena) leave in one frame and one system call; the answers of one turn come

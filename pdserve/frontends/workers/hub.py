@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import time
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from pdserve.core.api import InferenceCore
 from pdserve.core.cancel import CancelToken
 from pdserve.core.errors import InferError, client_gone, internal, not_found
+from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends.shared_memory import (
     SharedMemoryRegistry,
     infer_with_shm,
@@ -50,9 +52,10 @@ log = logging.getLogger("pdserve.workers")
 class WorkerLink:
     """One worker's channel in the main process, with its calls in flight."""
 
-    def __init__(self, hub: FrontendHub, channel: ch.Channel, index: int) -> None:
+    def __init__(self, hub: FrontendHub, index: int) -> None:
         self.hub = hub
-        self.channel = channel
+        #: set by :meth:`FrontendHub.attach` once the channel is built
+        self.channel: ch.Channel = None  # type: ignore[assignment]  # set right after
         self.index = index
         #: call id -> the token of an INFER in flight
         self.tokens: dict[int, CancelToken] = {}
@@ -91,19 +94,21 @@ class FrontendHub:
 
     def attach(self, sock: Any, index: int, on_close: Callable[[], None]) -> WorkerLink:
         """Serve the main process's end of worker ``index``'s socketpair."""
-        link: WorkerLink | None = None
-
-        def on_frame(kind: int, body: tuple[Any, ...]) -> None:
-            assert link is not None
-            self._on_frame(link, kind, body)
+        link = WorkerLink(self, index)
 
         def closed() -> None:
-            assert link is not None
             self._gone(link)
             on_close()
 
-        channel = ch.Channel(sock, f"http-worker{index}.out", on_frame, closed)
-        link = WorkerLink(self, channel, index)
+        # a frame's messages go to _on_messages(link, messages) in one call (C
+        # partials: no Python closure level per frame or message)
+        link.channel = ch.Channel(
+            sock,
+            f"http-worker{index}.out",
+            functools.partial(self._on_frame, link),
+            closed,
+            functools.partial(self._on_messages, link),
+        )
         self.links.add(link)
         return link
 
@@ -125,14 +130,44 @@ class FrontendHub:
 
     # -- frames -----------------------------------------------------------------------
 
+    def _on_messages(self, link: WorkerLink, messages: list[tuple[int, tuple[Any, ...]]]) -> None:
+        """One received frame's messages, in order: its ``INFER`` requests are rebuilt
+        and started here in one loop (the hot path), the others go to
+        :meth:`_on_frame`. A bad message is logged; the others carry on."""
+        channel = link.channel
+        loop = channel.loop
+        read = channel.read
+        tokens = link.tokens
+        start = self._start_infer
+        infer = self._infer
+        answer = self._answer
+        partial = functools.partial
+        from_wire = ch.request_from_wire
+        for kind, body in messages:
+            try:
+                if kind == ch.INFER:
+                    call_id = body[0]
+                    # with its loop known, run_cancellable's task lookup is a dict
+                    # lookup (no getpid() system call on 3.11)
+                    token = CancelToken(None, loop)
+                    request = from_wire(body[1], read, token)
+                    tokens[call_id] = token
+                    if request.shm_inputs is None and not request.outputs:
+                        # _start_infer's common case in line: no shared memory to read
+                        # or write, so the server's coroutine is the task
+                        task = loop.create_task(infer(request))
+                        task.add_done_callback(partial(answer, link, call_id))
+                    else:
+                        start(link, call_id, request)
+                else:
+                    self._on_frame(link, kind, body)
+            except Exception:
+                log.exception("HTTP worker %d: bad frame from the worker", link.index)
+
     def _on_frame(self, link: WorkerLink, kind: int, body: tuple[Any, ...]) -> None:
+        """A message other than ``INFER`` (those :meth:`_on_messages` starts itself)."""
         if kind == ch.INFER:
-            call_id = body[0]
-            channel = link.channel
-            token = CancelToken()
-            request = ch.request_from_wire(body[1], channel.read, token)
-            link.tokens[call_id] = token
-            channel.loop.create_task(self._run_infer(link, call_id, request))
+            self._on_messages(link, [(kind, body)])
         elif kind == ch.CANCEL:
             call_id = body[0]
             held = link.tokens.get(call_id)
@@ -160,22 +195,48 @@ class FrontendHub:
         else:
             log.error("HTTP worker %d: unexpected frame kind %r", link.index, kind)
 
-    async def _run_infer(self, link: WorkerLink, call_id: int, request: Any) -> None:
-        channel = link.channel
+    def _start_infer(self, link: WorkerLink, call_id: int, request: InferRequest) -> None:
+        """Run one ``INFER`` as a task of the server's own coroutine (no wrapping
+        coroutine level); :meth:`_answer` sends its outcome."""
         try:
-            shm_outputs = shm_output_names(request) if request.outputs else None
-            if request.shm_inputs is None and shm_outputs is None:
-                response = await self._infer(request)
-            else:
-                response = await infer_with_shm(self.shm, request, self._infer, shm_outputs)
-            channel.send(ch.RESPONSE, (call_id, ch.response_to_wire(response, channel.write)))
-        except InferError as exc:
-            channel.send(ch.ERROR, (call_id, ch.error_to_wire(exc)))
-        except Exception as exc:  # noqa: BLE001 - one request must not take the hub down
-            log.exception("HTTP worker %d: inference failed", link.index)
-            channel.send(ch.ERROR, (call_id, ch.error_to_wire(internal(f"{exc}"))))
-        finally:
+            if request.shm_inputs is None and (
+                not request.outputs or shm_output_names(request) is None
+            ):
+                coro = self._infer(request)
+            else:  # Triton's system shared-memory extension, on the main registry
+                coro = infer_with_shm(self.shm, request, self._infer, shm_output_names(request))
+        except Exception as exc:  # noqa: BLE001 - answered; the hub carries on
             link.tokens.pop(call_id, None)
+            self._send_error(link, call_id, exc)
+            return
+        task = link.channel.loop.create_task(coro)
+        task.add_done_callback(functools.partial(self._answer, link, call_id))
+
+    def _answer(self, link: WorkerLink, call_id: int, task: asyncio.Task[InferResponse]) -> None:
+        """Send an ``INFER``'s outcome: ``RESPONSE``, or ``ERROR`` (nothing when the
+        task was cancelled, which happens only when the event loop stops)."""
+        link.tokens.pop(call_id, None)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            channel = link.channel
+            try:
+                wire = ch.response_to_wire(task.result(), channel.write)
+            except Exception as e:  # noqa: BLE001 - e.g. an output the channel cannot carry
+                exc = e
+            else:
+                channel.send(ch.RESPONSE, (call_id, wire))
+                return
+        self._send_error(link, call_id, exc)
+
+    def _send_error(self, link: WorkerLink, call_id: int, exc: BaseException) -> None:
+        """Answer call ``call_id`` with ``exc``: an :class:`InferError` as it is,
+        anything else logged and sent as ``INTERNAL``."""
+        if not isinstance(exc, InferError):
+            log.error("HTTP worker %d: inference failed", link.index, exc_info=exc)
+            exc = internal(f"{exc}")
+        link.channel.send(ch.ERROR, (call_id, ch.error_to_wire(exc)))
 
     async def _run_stream(self, link: WorkerLink, call_id: int, request: Any) -> None:
         channel = link.channel

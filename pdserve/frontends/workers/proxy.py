@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
@@ -38,6 +39,8 @@ from pdserve.frontends.shared_memory import SharedMemoryRegistry
 from pdserve.frontends.traffic.gate import TrafficGate, principal_name
 from pdserve.frontends.workers import channel as ch
 from pdserve.observability import logs
+
+log = logging.getLogger("pdserve.workers")
 
 
 def _gone() -> InferError:
@@ -52,6 +55,9 @@ class WorkerClient:
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, asyncio.Queue[Any]] = {}
+        #: call id -> (the request's token, its callback) of an INFER in flight whose
+        #: token's cancellation sends ``CANCEL`` (removed when the answer arrives)
+        self._watched: dict[int, tuple[CancelToken, Callable[[CancelToken], None]]] = {}
         #: set by ``INIT``: (worker index, Settings, gate header names, shm enabled)
         self.init: asyncio.Future[tuple[Any, ...]] | None = None
         #: set when the main process says the server is shutting down
@@ -65,13 +71,41 @@ class WorkerClient:
         self.init = asyncio.get_running_loop().create_future()
         self.closed = asyncio.Event()
         self.channel = channel_factory(self.on_frame, self.on_close)
+        self.channel.on_messages = self.on_messages  # a frame's answers in one call
         return self.channel
+
+    def on_messages(self, messages: list[tuple[int, tuple[Any, ...]]]) -> None:
+        """One received frame's messages, in order: ``RESPONSE`` (the hot path) is
+        answered here, the others go to :meth:`on_frame`. A bad message is logged; the
+        others carry on."""
+        calls = self._calls
+        watched = self._watched
+        for kind, body in messages:
+            try:
+                if kind == ch.RESPONSE:
+                    call_id = body[0]
+                    fut = calls.pop(call_id, None)
+                    if watched:
+                        held = watched.pop(call_id, None)
+                        if held is not None:
+                            held[0].remove_callback(held[1])
+                    if fut is not None and not fut.done():
+                        assert self.channel is not None
+                        fut.set_result(ch.response_from_wire(body[1], self.channel.read))
+                else:
+                    self.on_frame(kind, body)
+            except Exception:
+                log.exception("HTTP worker: bad frame from the main process")
 
     def on_frame(self, kind: int, body: tuple[Any, ...]) -> None:
         """Dispatch one frame from the main process."""
         if kind == ch.RESPONSE or kind == ch.RESULT or kind == ch.ERROR:
             call_id = body[0]
             fut = self._calls.pop(call_id, None)
+            if self._watched:
+                watched = self._watched.pop(call_id, None)
+                if watched is not None:
+                    watched[0].remove_callback(watched[1])
             if fut is None:
                 queue = self._streams.get(call_id)
                 if queue is not None and kind == ch.ERROR:
@@ -107,6 +141,9 @@ class WorkerClient:
         if self.closed is not None:
             self.closed.set()
         calls, self._calls = self._calls, {}
+        watched, self._watched = self._watched, {}
+        for token, callback in watched.values():
+            token.remove_callback(callback)
         for fut in calls.values():
             if not fut.done():
                 fut.set_exception(_gone())
@@ -228,12 +265,19 @@ class ProxyCore:
             return logs.settings_dict()
         return dict(await self.client.call("logs.update", update))
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    def infer(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         """Run ``request`` in the main process; its inputs are copied once into this
         worker's arena (or ride inline when small).
 
+        Returns the call's future itself (an awaitable, no coroutine level per
+        request): its result is the response. While the call is in flight a
+        cancellation of the request's :class:`~pdserve.core.cancel.CancelToken` (the
+        client went away) sends ``CANCEL``; the callback is removed when the answer
+        arrives (:meth:`WorkerClient.on_frame`).
+
         Raises:
-            InferError: what the core raised; UNAVAILABLE when the main process is gone.
+            InferError: (from awaiting the future) what the core raised; UNAVAILABLE
+                when the main process is gone (also at once, before anything is sent).
         """
         client = self.client
         channel = client.channel
@@ -250,17 +294,15 @@ class ProxyCore:
             raise
         token = request.cancelled
         if isinstance(token, CancelToken):
-
+            # the client going away sends CANCEL until the answer arrives (on_frame
+            # then drops this callback)
             def on_cancel(_t: CancelToken) -> None:
-                client.cancel(call_id)
+                if client._watched.pop(call_id, None) is not None:
+                    client.cancel(call_id)
 
+            client._watched[call_id] = (token, on_cancel)
             token.add_callback(on_cancel)
-            try:
-                response: InferResponse = await fut
-            finally:
-                token.remove_callback(on_cancel)
-            return response
-        return await fut
+        return fut
 
     async def infer_stream(self, request: InferRequest) -> AsyncGenerator[StreamResponse, None]:
         """``infer_stream`` in the main process; closing the generator (the client went
