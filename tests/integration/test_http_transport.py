@@ -260,6 +260,29 @@ def test_pipelined_requests_wait_behind_a_slow_one_without_timing_out(
         )
 
 
+def test_a_client_leaving_behind_a_pipeline_logs_no_traceback(server: ServerProcess) -> None:
+    """The client sends a slow request with another pipelined behind it and closes the
+    connection before either is answered: the server logs no traceback (under uvicorn
+    the answer's own write then failed, and the app tried a second response start) and
+    goes on serving."""
+    before = len(server.log())
+    with _conn(server) as c:
+        c.send(
+            request("POST", STALL, _stall_body(0.5), JSON_HEADERS)
+            + request("POST", INFER, tiny_body(_x(1, 5)), JSON_HEADERS)
+        )
+        time.sleep(0.1)
+    time.sleep(1.5)  # the slow request ends and its answer meets the closed connection
+    x = _x(1, 6)
+    with _conn(server) as c:
+        c.send(request("POST", INFER, tiny_body(x), JSON_HEADERS))
+        np.testing.assert_allclose(
+            tiny_output(c.expect_response()), tiny_reference(x), rtol=1e-5, atol=1e-5
+        )
+    logged = server.log()[before:]
+    assert "Traceback" not in logged, logged[-3000:]
+
+
 def test_bad_request_in_a_pipeline_is_answered_after_the_good_ones(
     server: ServerProcess,
 ) -> None:
