@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import gc
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,6 +30,28 @@ WATCHED = ("pdserve", "uvicorn", "_asyncio", "asyncio", "builtins.coroutine")
 
 #: ``start(server) -> (port, stop)``: start a front end on a free loopback port.
 FrontEnd = Callable[[InferenceServer], Awaitable[tuple[int, Callable[[], Awaitable[None]]]]]
+
+
+def _collect() -> list[object]:
+    gc.collect()
+    return list(gc.garbage)
+
+
+@contextlib.contextmanager
+def collector_off() -> Iterator[Callable[[], list[object]]]:
+    """The cyclic collector off and ``gc.DEBUG_SAVEALL`` on for the body (after one
+    collection of what was there before); the yielded function collects and returns
+    every object found in a cycle since. Restores the collector and empties
+    ``gc.garbage`` on the way out."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        yield _collect
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
 
 
 def tiny_batched(dst: Path) -> Path:
@@ -68,21 +91,15 @@ def cyclic_garbage(
 
         try:
             await asyncio.to_thread(drive)
-            gc.collect()
-            gc.disable()
-            gc.set_debug(gc.DEBUG_SAVEALL)
-            await asyncio.to_thread(drive)
-            await asyncio.sleep(0.1)  # the last answers' tasks end
-            gc.collect()
-            return collections.Counter(
-                name
-                for o in gc.garbage
-                if (name := f"{type(o).__module__}.{type(o).__qualname__}").startswith(WATCHED)
-            )
+            with collector_off() as collect:
+                await asyncio.to_thread(drive)
+                await asyncio.sleep(0.1)  # the last answers' tasks end
+                return collections.Counter(
+                    name
+                    for o in collect()
+                    if (name := f"{type(o).__module__}.{type(o).__qualname__}").startswith(WATCHED)
+                )
         finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
-            gc.enable()
             await stop()
             await server.stop()
 

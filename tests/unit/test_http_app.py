@@ -279,7 +279,6 @@ def test_the_disconnect_hook_leaves_no_cycle_once_released() -> None:
     by reference counting, not left for the garbage collector; a disconnect before that
     cancels the token, one after it is ignored."""
     import asyncio
-    import gc
 
     from pdserve.core.errors import ErrorCode
     from pdserve.frontends.http.app import (
@@ -287,6 +286,7 @@ def test_the_disconnect_hook_leaves_no_cycle_once_released() -> None:
         disconnect_token,
         release_disconnect_hook,
     )
+    from tests.cyclic import collector_off
 
     class Cycle:  # the attributes of uvicorn's httptools RequestResponseCycle we use
         def __init__(self) -> None:
@@ -312,15 +312,7 @@ def test_the_disconnect_hook_leaves_no_cycle_once_released() -> None:
         answered.message_event.set()
         return cancelled_before, late.error is not None
 
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+    with collector_off() as collect:
         assert asyncio.run(run()) == (True, False)
-        gc.collect()
-        kinds = {type(o).__name__ for o in gc.garbage}
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
+        kinds = {type(o).__name__ for o in collect()}
     assert "Cycle" not in kinds and "_DisconnectEvent" not in kinds, kinds

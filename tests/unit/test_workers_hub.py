@@ -8,7 +8,6 @@ real ones (:mod:`pdserve.frontends.workers`).
 from __future__ import annotations
 
 import asyncio
-import gc
 import socket
 from typing import Any
 
@@ -22,6 +21,7 @@ from pdserve.frontends.shared_memory import SharedMemoryRegistry
 from pdserve.frontends.workers import channel as ch
 from pdserve.frontends.workers.hub import FrontendHub
 from pdserve.frontends.workers.proxy import ProxyCore, WorkerClient
+from tests.cyclic import collector_off
 
 
 class _TurnCore:
@@ -183,22 +183,14 @@ def test_finished_requests_form_no_reference_cycles() -> None:
         _hub, _core, client, proxy = await _pair()
         loop = asyncio.get_running_loop()
         await proxy.infer(_request("m", 0, CancelToken(None, loop)))  # warm up
-        gc.collect()
-        gc.disable()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
+        with collector_off() as collect:
             for _ in range(3):
                 waits = [proxy.infer(_request("m", i, CancelToken(None, loop))) for i in range(20)]
                 await asyncio.gather(*waits)
             with pytest.raises(InferError):
                 await proxy.infer(_request("bad", 1, CancelToken(None, loop)))
             await asyncio.sleep(0.01)
-            gc.collect()
-            kinds = {type(o).__name__ for o in gc.garbage}
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
-            gc.enable()
+            kinds = {type(o).__name__ for o in collect()}
         client.channel.close()  # type: ignore[union-attr]
         return kinds
 
