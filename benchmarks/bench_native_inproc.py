@@ -19,25 +19,94 @@ core::
 
     PYTHONPATH=. taskset -c 0 .venv/bin/python benchmarks/bench_native_inproc.py \\
         -c 32 -n 20000 --rounds 5 [--profile]
+
+``--via-hub`` measures what an ``--http-workers`` front end adds (issue 11 point 4):
+the same connections and app run over a :class:`~pdserve.frontends.workers.proxy.ProxyCore`
+(what a front-end worker runs), whose channel (a real ``AF_UNIX`` socketpair) leads
+to a :class:`~pdserve.frontends.workers.hub.FrontendHub` in a second process that
+runs the server (what the main process runs). Each round reports the CPU of both
+processes per request (``/proc/<pid>/task/*/schedstat``, nanoseconds, every thread);
+the difference from a run without ``--via-hub`` is the channel's cost, free of wrk,
+of the HTTP sockets and of processes competing for cores. ``--hub-cpu`` pins the
+hub process (default: the driver's cores)::
+
+    PYTHONPATH=. taskset -c 0 .venv/bin/python benchmarks/bench_native_inproc.py \\
+        -c 32 -n 20000 --rounds 5 --via-hub [--hub-cpu 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import pstats
+import socket
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import uvloop
 from bench_frontend import build_repo, write_body
 from common import cli_parser
 
+from pdserve.core.procmem import settle_gc
 from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.native import HttpConnection, NativeHttpServer
 from pdserve.server import InferenceServer
+
+
+def cpu_ns(pid: int) -> int:
+    """Nanoseconds on CPU of every thread of process ``pid`` so far (the first field of
+    ``/proc/<pid>/task/<tid>/schedstat``; threads that already exited are not counted)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
+async def hub_main(fd: int, repo: str) -> None:
+    """The ``--via-hub`` second process: the server and the hub on channel ``fd``,
+    until the driver closes it (what the main process of ``--http-workers`` runs)."""
+    from pdserve.frontends.shared_memory import SharedMemoryRegistry
+    from pdserve.frontends.workers.hub import FrontendHub
+
+    server = InferenceServer(repo)
+    await server.start()
+    done = asyncio.get_running_loop().create_future()
+    hub = FrontendHub(server, SharedMemoryRegistry(enabled=False))
+    hub.attach(socket.socket(fileno=fd), 0, lambda: done.done() or done.set_result(None))
+    settle_gc()
+    await done
+    await server.stop()
+
+
+async def start_hub(repo: str, hub_cpu: str | None) -> tuple[Any, subprocess.Popen[bytes]]:
+    """Start :func:`hub_main` in a child process; returns (a ready ProxyCore on its
+    channel, the child)."""
+    from pdserve.frontends.workers import channel as ch
+    from pdserve.frontends.workers.proxy import ProxyCore, WorkerClient
+
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pin = ["taskset", "-c", hub_cpu] if hub_cpu else []
+    child = subprocess.Popen(
+        [*pin, sys.executable, __file__, "--hub-fd", str(theirs.fileno()), "--repo", repo],
+        pass_fds=[theirs.fileno()],
+    )
+    theirs.close()
+    client = WorkerClient()
+    client.connect(lambda on_frame, on_close: ch.Channel(mine, "bench", on_frame, on_close))
+    core = ProxyCore(client)
+    for _ in range(600):
+        with contextlib.suppress(Exception):
+            if await core.ready():
+                return core, child
+        await asyncio.sleep(0.1)
+    child.kill()
+    raise RuntimeError("the hub process did not become ready in 60 s")
 
 
 class _Transport(asyncio.Transport):
@@ -93,10 +162,16 @@ async def run(args: argparse.Namespace) -> list[float]:
         b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
     ) + body
     loop = asyncio.get_running_loop()
-    server = InferenceServer(str(repo))
-    await server.start()
-    http = NativeHttpServer(create_http_app(server), "127.0.0.1", 0)
+    child: subprocess.Popen[bytes] | None = None
+    if args.via_hub:
+        core, child = await start_hub(str(repo), args.hub_cpu)
+        server: Any = None
+    else:
+        core = server = InferenceServer(str(repo))
+        await server.start()
+    http = NativeHttpServer(create_http_app(core), "127.0.0.1", 0)
     await http.start()
+    settle_gc()  # as the server does once it serves (a front-end worker too)
     figures = []
     try:
         for rnd in range(args.rounds):
@@ -115,6 +190,7 @@ async def run(args: argparse.Namespace) -> list[float]:
                 conns.append(conn)
             profile = cProfile.Profile() if args.profile and rnd == args.rounds - 1 else None
             t0 = time.process_time()
+            hub0 = 0 if child is None else cpu_ns(child.pid)
             if profile is not None:
                 profile.enable()
             for conn in conns:
@@ -124,11 +200,18 @@ async def run(args: argparse.Namespace) -> list[float]:
             if profile is not None:
                 profile.disable()
             cpu = time.process_time() - t0
-            us = 1e6 * cpu / st["answered"]
+            hub = 0.0 if child is None else (cpu_ns(child.pid) - hub0) / 1e9
+            us = 1e6 * (cpu + hub) / st["answered"]
             figures.append(us)
+            parts = (
+                ""
+                if child is None
+                else f" (front end {1e6 * cpu / st['answered']:.2f} + hub "
+                f"{1e6 * hub / st['answered']:.2f})"
+            )
             print(
                 f"round {rnd}: {st['answered']} responses ({st['errors']} not 200), "
-                f"{us:.2f} CPU-us/request{' (profiled)' if profile else ''}",
+                f"{us:.2f} CPU-us/request{parts}{' (profiled)' if profile else ''}",
                 flush=True,
             )
             for conn in conns:
@@ -137,7 +220,14 @@ async def run(args: argparse.Namespace) -> list[float]:
                 pstats.Stats(profile).sort_stats("tottime").print_stats(40)
     finally:
         await http.shutdown(0.1)
-        await server.stop()
+        if server is not None:
+            await server.stop()
+        if child is not None:
+            core.client.channel.close()
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
     return figures
 
 
@@ -147,7 +237,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-n", "--requests", type=int, default=20000, help="per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--profile", action="store_true", help="cProfile the last round")
+    p.add_argument(
+        "--via-hub",
+        action="store_true",
+        help="run the app over a ProxyCore whose hub and server are in a second process",
+    )
+    p.add_argument("--hub-cpu", help="taskset cores of the hub process (--via-hub)")
+    p.add_argument("--hub-fd", type=int, help=argparse.SUPPRESS)  # the hub process itself
+    p.add_argument("--repo", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.hub_fd is not None:
+        uvloop.run(hub_main(args.hub_fd, args.repo))
+        return 0
     figures = uvloop.run(run(args))
     clean = figures[:-1] if args.profile and len(figures) > 1 else figures
     print(f"min {min(clean):.2f} CPU-us/request over {len(clean)} round(s)")
