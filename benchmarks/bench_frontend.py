@@ -553,10 +553,14 @@ def main(argv: list[str] | None = None) -> int:
         default="triton,asgi,native,workers2,grpc",
         help=f"comma list from {', '.join(ALL_SERVERS)}",
     )
-    p.add_argument("--concurrency", default="32,128", help="wrk -c points, comma list")
-    p.add_argument("--duration", type=float, default=8.0, help="seconds per point")
-    p.add_argument("--warmup", type=float, default=2.0, help="wrk seconds after each start")
-    p.add_argument("--repeats", type=int, default=1, help="rounds (servers interleaved)")
+    p.add_argument(
+        "--concurrency", default="32,128", help="wrk -c points, comma list (default 32,128)"
+    )
+    p.add_argument("--duration", type=float, default=8.0, help="seconds per point (default 8)")
+    p.add_argument(
+        "--warmup", type=float, default=2.0, help="wrk seconds after each start (default 2)"
+    )
+    p.add_argument("--repeats", type=int, default=1, help="rounds, servers interleaved (default 1)")
     p.add_argument(
         "--stat",
         choices=("median", "best"),
@@ -564,10 +568,24 @@ def main(argv: list[str] | None = None) -> int:
         help="summary over rounds: the median, or the round with the most req/s "
         "(the least disturbed one on a loaded machine)",
     )
-    p.add_argument("--server-cpu", default="0")
-    p.add_argument("--client-cpu", default="1")
-    p.add_argument("--triton-venv", default=str(ROOT / "benchmarks" / ".venvs" / "triton"))
-    p.add_argument("--pa-venv", default=str(ROOT / "benchmarks" / ".venvs" / "perf_analyzer"))
+    p.add_argument(
+        "--server-cpu",
+        default="0",
+        help="taskset cores of each server (default 0; workers2 gets these and --client-cpu)",
+    )
+    p.add_argument("--client-cpu", default="1", help="taskset cores of wrk/h2load (default 1)")
+    p.add_argument(
+        "--triton-venv",
+        default=str(ROOT / "benchmarks" / ".venvs" / "triton"),
+        help="virtual environment holding tritonserver (default benchmarks/.venvs/triton; "
+        "see ANCHORS.md)",
+    )
+    p.add_argument(
+        "--pa-venv",
+        default=str(ROOT / "benchmarks" / ".venvs" / "perf_analyzer"),
+        help="virtual environment holding perf_analyzer (default "
+        "benchmarks/.venvs/perf_analyzer; made by `make bench-frontend`)",
+    )
     p.add_argument(
         "--grpc-tool",
         choices=("perf_analyzer", "pdserve"),
@@ -575,7 +593,12 @@ def main(argv: list[str] | None = None) -> int:
         help="gRPC load client (default perf_analyzer when --pa-venv has it, else pdserve perf)",
     )
     p.add_argument("--baseline", default=None, help="checkout run as server 'baseline'")
-    p.add_argument("--out", type=Path, default=OUT / "bench_frontend.json")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=OUT / "bench_frontend.json",
+        help="JSON of every round (default benchmarks/out/bench_frontend.json)",
+    )
     args = p.parse_args(argv)
     args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     bad = [s for s in args.servers if s not in ALL_SERVERS]

@@ -233,16 +233,23 @@ async def run(args: argparse.Namespace) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = cli_parser(__doc__, __file__)
-    p.add_argument("-c", "--concurrency", type=int, default=32)
-    p.add_argument("-n", "--requests", type=int, default=20000, help="per round")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "-c", "--concurrency", type=int, default=32, help="connections in flight (default 32)"
+    )
+    p.add_argument(
+        "-n", "--requests", type=int, default=20000, help="requests per round (default 20000)"
+    )
+    p.add_argument("--rounds", type=int, default=5, help="rounds; take the minimum (default 5)")
     p.add_argument("--profile", action="store_true", help="cProfile the last round")
     p.add_argument(
         "--via-hub",
         action="store_true",
         help="run the app over a ProxyCore whose hub and server are in a second process",
     )
-    p.add_argument("--hub-cpu", help="taskset cores of the hub process (--via-hub)")
+    p.add_argument(
+        "--hub-cpu",
+        help="taskset cores of the hub process (--via-hub; default: the driver's own cores)",
+    )
     p.add_argument("--hub-fd", type=int, help=argparse.SUPPRESS)  # the hub process itself
     p.add_argument("--repo", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

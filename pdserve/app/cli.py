@@ -41,7 +41,7 @@ from pdserve import __version__
 from pdserve.app import check, rollback, top
 from pdserve.app.analyze import cli as analyze_cli
 from pdserve.app.perf import cli as perf_cli
-from pdserve.app.settings import Settings, SettingsError, add_arguments
+from pdserve.app.settings import ServeHelpFormatter, Settings, SettingsError, add_arguments
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -52,6 +52,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="serve a model repository",
         description="Serve a Triton-layout model repository over the KServe V2 protocol "
         "(HTTP, gRPC, Prometheus metrics).",
+        formatter_class=ServeHelpFormatter,
     )
     add_arguments(serve)
 

@@ -399,7 +399,10 @@ async def start_http(
     if task.done():
         task.result()  # raises the StartError
         raise StartError("the HTTP listener stopped while starting")
-    log.info(
+    # a front-end worker (``sock`` given) logs at DEBUG: the main process says once
+    # that HTTP listens, with its worker count
+    log.log(
+        logging.INFO if sock is None else logging.DEBUG,
         "HTTP (KServe V2) listening on http://%s:%d (asgi transport)",
         settings.host,
         settings.http_port,
@@ -453,7 +456,10 @@ async def start_native_http(
             f"could not listen for HTTP on {settings.host}:{settings.http_port}: {e.strerror or e}"
         ) from None
     task = asyncio.create_task(http.wait_stopped(), name="pdserve-http")
-    log.info(
+    # a front-end worker (``sock`` given) logs at DEBUG: the main process says once
+    # that HTTP listens, with its worker count
+    log.log(
+        logging.INFO if sock is None else logging.DEBUG,
         "HTTP (KServe V2) listening on http://%s:%d (native transport)",
         settings.host,
         settings.http_port,

@@ -148,6 +148,52 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+class TritonBoolAction(argparse.BooleanOptionalAction):
+    """An on/off flag that takes both spellings: pdserve's ``--allow-grpc`` /
+    ``--no-allow-grpc`` and tritonserver's ``--allow-grpc=false`` (any value
+    :func:`parse_bool` reads; a value may also follow as the next argument).
+
+    Raises (through the parser, exit status 2): a value :func:`parse_bool` does not
+    read, or a value after the ``--no-`` form.
+    """
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("metavar", "BOOL")
+        super().__init__(option_strings, dest, **kwargs)
+        self.nargs = "?"  # the base class takes no value
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        negative = option_string is not None and option_string.startswith("--no-")
+        if values is None:
+            setattr(namespace, self.dest, not negative)
+            return
+        if negative:
+            parser.error(f"argument {option_string}: takes no value (got {values!r})")
+        try:
+            setattr(namespace, self.dest, parse_bool(values))
+        except argparse.ArgumentTypeError as e:
+            parser.error(f"argument {option_string}: {e}")
+
+
+class ServeHelpFormatter(argparse.HelpFormatter):
+    """``pdserve serve --help``: a :class:`TritonBoolAction` flag is listed as
+    ``--allow-grpc [BOOL], --no-allow-grpc`` (the negative form takes no value)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, TritonBoolAction):
+            return ", ".join(
+                o if o.startswith("--no-") else f"{o} [{action.metavar}]"
+                for o in action.option_strings
+            )
+        return super()._format_action_invocation(action)
+
+
 def _size(text: str) -> int:
     """argparse type of a size flag: ``2GiB``, ``512MiB``, ``1.5GB``, bytes."""
     try:
@@ -207,7 +253,7 @@ class Settings:
     log_verbose: int = _flag(
         "--log-verbose",
         0,
-        "server",
+        "logging",
         "verbose logging level: 0 (info) or 1+ (debug) (default {default})",
         type=int,
     )
@@ -223,7 +269,7 @@ class Settings:
         False,
         "server",
         "report not-ready while any model meant to be loaded is not ready (default {default})",
-        action=argparse.BooleanOptionalAction,
+        action=TritonBoolAction,
     )
     max_instance_count: int = _flag(
         "--max-instance-count",
@@ -280,7 +326,7 @@ class Settings:
         "default",
         "logging",
         "log line format: default, ISO8601 (Triton's) or json (one JSON object a line, "
-        "with request_id and trace_id) (default {default})",
+        "with request_id and trace_id) (default '{default}')",
         choices=LOG_FORMATS,
     )
 
@@ -400,7 +446,7 @@ class Settings:
         True,
         "gRPC",
         "serve the V2 gRPC protocol on --grpc-port (default {default})",
-        action=argparse.BooleanOptionalAction,
+        action=TritonBoolAction,
     )
     grpc_port: int = _flag(
         "--grpc-port", 8001, "gRPC", "V2 gRPC port (default {default})", type=int
@@ -415,6 +461,7 @@ class Settings:
         type=parse_bool,
         nargs="?",
         const=True,
+        metavar="BOOL",
     )
     grpc_server: str = _flag(
         "--grpc-server",
@@ -498,7 +545,7 @@ class Settings:
         True,
         "metrics",
         "serve Prometheus metrics on --metrics-port (default {default})",
-        action=argparse.BooleanOptionalAction,
+        action=TritonBoolAction,
     )
     metrics_port: int = _flag(
         "--metrics-port", 8002, "metrics", "Prometheus metrics port (default {default})", type=int
@@ -508,14 +555,14 @@ class Settings:
         True,
         "metrics",
         "GPU metrics through NVML when a GPU is present (default {default})",
-        action=argparse.BooleanOptionalAction,
+        action=TritonBoolAction,
     )
     allow_cpu_metrics: bool = _flag(
         "--allow-cpu-metrics",
         True,
         "metrics",
         "CPU and memory metrics (default {default})",
-        action=argparse.BooleanOptionalAction,
+        action=TritonBoolAction,
     )
 
     # -- model control ------------------------------------------------------------------

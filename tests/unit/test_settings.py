@@ -501,6 +501,42 @@ def test_allow_client_shm_is_off_by_default_and_takes_tritonservers_spelling(
     assert parse(tmp_path, "--allow-client-shm=false").allow_client_shm is False
 
 
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], True),
+        (["--allow-grpc"], True),
+        (["--no-allow-grpc"], False),
+        (["--allow-grpc=false"], False),  # tritonserver's spelling
+        (["--allow-grpc=true"], True),
+        (["--allow-grpc", "0"], False),
+        (["--allow-grpc=OFF"], False),
+        (["--no-allow-grpc", "--allow-grpc=yes"], True),  # the last one wins
+    ],
+)
+def test_on_off_flags_take_pdserves_and_tritonservers_spellings(
+    tmp_path: Path, argv: list[str], expected: bool
+) -> None:
+    assert parse(tmp_path, *argv).allow_grpc is expected
+
+
+def test_on_off_flags_refuse_a_bad_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = serve_error(capsys, "--model-repository", str(tmp_path), "--allow-metrics=maybe")
+    assert "argument --allow-metrics: expected true or false, got 'maybe'" in err
+    err = serve_error(capsys, "--model-repository", str(tmp_path), "--no-allow-metrics=true")
+    assert "argument --no-allow-metrics: takes no value (got 'true')" in err
+
+
+def test_help_lists_both_spellings_of_an_on_off_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "--allow-grpc [BOOL], --no-allow-grpc\n" in out
+    assert "--strict-readiness [BOOL], --no-strict-readiness\n" in out
+
+
 def test_a_repository_url_is_served_from_its_cache(tmp_path: Path) -> None:
     args = cli.build_parser().parse_args(
         [
