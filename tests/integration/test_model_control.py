@@ -410,6 +410,21 @@ def unloaded_reason(server: ServerProcess, model: str) -> str:
     return str(row["reason"])
 
 
+def classify(server: ServerProcess) -> None:
+    """One photo through image_classifier: PyTorch's top-1 and top-5 confidences."""
+    images = np.load(GOLDENS / "image_classifier.npz")
+    name = str(images["names"][0])
+    tensor = httpclient.InferInput("input_image_bytes", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[images[f"image_bytes_{name}"].tobytes()]], object))
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+    result = client.infer("image_classifier", [tensor])
+    labels = [x.decode() for x in result.as_numpy("top5_labels")[0]]
+    assert labels[0] == str(images["top5_labels"][0][0])
+    np.testing.assert_allclose(
+        result.as_numpy("top5_confidences")[0], images["top5_confidences"][0], atol=1e-3
+    )
+
+
 def test_explicit_load_of_an_ensemble_loads_its_steps(tmp_path: Path) -> None:
     """Loading an ensemble loads its steps first (Triton); unloading it leaves them;
     unloading a step unloads the ensemble, which says why in the index."""
@@ -422,19 +437,7 @@ def test_explicit_load_of_an_ensemble_loads_its_steps(tmp_path: Path) -> None:
         for model in IMAGE_MODELS:
             assert versions(server, model) == ["1"], model
             assert index(server)[(model, "1")]["state"] == "READY"
-        images = np.load(GOLDENS / "image_classifier.npz")
-        name = str(images["names"][0])
-        tensor = httpclient.InferInput("input_image_bytes", [1, 1], "BYTES")
-        raw = images[f"image_bytes_{name}"].tobytes()
-        tensor.set_data_from_numpy(np.array([[raw]], dtype=object))
-        result = httpclient.InferenceServerClient(server.http_url).infer(
-            "image_classifier", [tensor]
-        )
-        labels = [x.decode() for x in result.as_numpy("top5_labels")[0]]
-        assert labels[0] == str(images["top5_labels"][0][0])
-        np.testing.assert_allclose(
-            result.as_numpy("top5_confidences")[0], images["top5_confidences"][0], atol=1e-3
-        )
+        classify(server)
 
         # without unload_dependents the steps stay
         unload(server, "image_classifier", dependents=False)
@@ -512,6 +515,45 @@ def test_unload_dependents_unloads_the_steps_loaded_for_the_ensemble(tmp_path: P
         assert want in body["error"]
         assert "no such model in the repository" in body["error"]
         assert want in index(server)[("broken", None)]["reason"]
+    finally:
+        assert server.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("flag", "steps_stay"), [("--load-model=image_classifier", False), ("--load-model=*", True)]
+)
+def test_load_model_flag_and_unload_dependents(tmp_path: Path, flag: str, steps_stay: bool) -> None:
+    """``--load-model=ENSEMBLE`` loads its steps as steps only: ``unload_dependents``
+    takes them with it; ``--load-model=*`` asks for every model: they stay."""
+    repo = copy_models(tmp_path / "repo", *IMAGE_MODELS)
+    server = start_server(repo, tmp_path / "log", "--model-control-mode=explicit", flag)
+    try:
+        for model in IMAGE_MODELS:
+            assert versions(server, model) == ["1"], model
+        unload(server, "image_classifier", dependents=True)
+        assert versions(server, "image_classifier") is None
+        for model in IMAGE_MODELS[:3]:
+            assert (versions(server, model) == ["1"]) is steps_stay, model
+    finally:
+        assert server.stop() == 0
+
+
+def test_on_demand_ensemble_steps_leave_with_unload_dependents(tmp_path: Path) -> None:
+    """On demand, a request for the ensemble loads its steps as steps only:
+    ``unload_dependents`` takes them with it, and the next request loads all again."""
+    repo = copy_models(tmp_path / "repo", *IMAGE_MODELS)
+    server = start_server(repo, tmp_path / "log", "--model-control-mode=on_demand")
+    try:
+        classify(server)
+        for model in IMAGE_MODELS:
+            assert versions(server, model) == ["1"], model
+        unload(server, "image_classifier", dependents=True)
+        for model in IMAGE_MODELS:
+            assert versions(server, model) is None, model
+        classify(server)
+        unload(server, "preprocess")  # takes the ensemble down
+        assert "not available: preprocess" in unloaded_reason(server, "image_classifier")
+        assert versions(server, "efficientnet_lite0") == ["1"]
     finally:
         assert server.stop() == 0
 
