@@ -691,7 +691,9 @@ class InferenceServer:
         """Load or reload a model (repository extension).
 
         New and changed versions load and warm up beside the serving ones and
-        traffic switches when they are ready (see :class:`ModelManager`).
+        traffic switches when they are ready (see :class:`ModelManager`). An
+        ensemble's steps that are not loaded load first, as steps only
+        (:meth:`ModelManager.load_model`).
 
         Args:
             config: a configuration override: Triton's JSON form (a ``str``/``bytes``
@@ -721,6 +723,10 @@ class InferenceServer:
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """Unload a model (repository extension); in-flight requests finish first.
+
+        The loaded ensembles that use it are unloaded too; ``unload_dependents`` on
+        an ensemble also unloads its steps loaded only for it
+        (:meth:`ModelManager.unload_model`).
 
         Raises:
             InferError(UNAVAILABLE): the model control mode is not ``explicit`` or ``on_demand``.

@@ -119,7 +119,8 @@ class InferenceCore(Protocol):
     async def load_model(
         self, name: str, config: Any = None, files: dict[str, bytes] | None = None
     ) -> None:
-        """Load or reload a model (repository extension).
+        """Load or reload a model (repository extension); an ensemble's steps that
+        are not loaded load first (as steps only: see :meth:`unload_model`).
 
         Args:
             config: a configuration override: Triton's JSON form (``str`` or ``dict``)
@@ -133,7 +134,12 @@ class InferenceCore(Protocol):
         ...
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        """Unload a model (repository extension).
+        """Unload a model (repository extension), and the loaded ensembles that use it.
+
+        Args:
+            unload_dependents: when the model is an ensemble, also unload its steps
+                that were loaded only as its steps and that no other loaded ensemble
+                uses (Triton's ``unload_dependents``).
 
         Raises:
             InferError(503): the model control mode is not ``explicit`` or ``on_demand``.

@@ -34,6 +34,12 @@ idle unpinned models the load needs room for (its size from its last load; 0 the
 time), loads, measures, and evicts again if the measured size does not fit; if nothing
 more can be evicted the new model is unloaded and the load fails. On-demand loads
 (:meth:`ModelManager.demand`) share one load per model among the requests waiting.
+
+Ensembles, as Triton's ModelRepositoryManager: loading one first loads its steps that
+are not loaded, as steps only (:attr:`ModelEntry.explicit` stays False for them);
+unloading a model unloads the served ensembles that use it; ``unload_dependents`` on
+an ensemble also unloads its steps loaded only as steps that no other served ensemble
+uses (:meth:`ModelManager.unload_model`).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +115,11 @@ class ModelEntry:
             since); ``--strict-readiness`` waits for every wanted model.
         traffic / traffic_gen: the traffic file (:mod:`pdserve.repository.traffic`)
             read by the last load that succeeded, and a counter of such loads.
+        explicit: loaded because it was asked for by name (a load request,
+            ``--load-model``, every model with ``--load-model=*`` or in ``none`` /
+            ``poll`` mode, an on-demand request for it), not only as a step of an
+            ensemble that was loaded (Triton's ``explicitly_load_``). Unloading an
+            ensemble with ``unload_dependents`` unloads its steps that are not explicit.
     """
 
     name: str
@@ -121,6 +132,8 @@ class ModelEntry:
     traffic: TrafficSpec | None = None
     #: counts loads that (re)read the traffic file (traffic control adopts each one).
     traffic_gen: int = 0
+    #: asked for by name, not only loaded as an ensemble's step (see above).
+    explicit: bool = False
 
     @property
     def default_version(self) -> ModelVersion | None:
@@ -411,9 +424,13 @@ class ModelManager:
         return lock
 
     async def load_all(self, names: list[str] | None = None) -> None:
-        """Load ``names`` (default: every model in the repository) concurrently.
+        """Load ``names`` (default: every model in the repository) concurrently, each
+        as asked for by name (:attr:`ModelEntry.explicit`).
 
-        Non-ensemble models load first so that ensembles find their steps.
+        Non-ensemble models load first so that ensembles find their steps; an
+        ensemble's steps that are not in ``names`` are then loaded with it (as steps
+        only), and a step of ``names`` that failed to load is not tried again: the
+        ensemble fails, saying which step has no loaded version.
         """
         on_disk = layout.scan_repository(self.repository)
         wanted = sorted(on_disk) if names is None else names
@@ -428,10 +445,19 @@ class ModelManager:
             (ensembles if is_ensemble else first).append(name)
         # A model that fails is recorded (index, log) and never stops the others.
         await asyncio.gather(*(self.load_model(n) for n in first), return_exceptions=True)
-        await asyncio.gather(*(self.load_model(n) for n in ensembles), return_exceptions=True)
+        tried = frozenset(first)
+        await asyncio.gather(
+            *(self._load_model(n, None, None, True, (), tried) for n in ensembles),
+            return_exceptions=True,
+        )
 
     async def load_model(
-        self, name: str, config_override: Any = None, files: dict[str, bytes] | None = None
+        self,
+        name: str,
+        config_override: Any = None,
+        files: dict[str, bytes] | None = None,
+        *,
+        explicit: bool = True,
     ) -> ModelEntry:
         """Load (or reload) ``name``: the versions its policy selects.
 
@@ -439,6 +465,12 @@ class ModelManager:
         changed ones are loaded beside them and swapped in at once; versions the
         policy no longer selects are retired after their requests drain. A
         version that fails keeps the previously serving one (if any) in place.
+
+        An ensemble's steps (recursively: steps that are ensembles bring theirs)
+        that serve no version are loaded first, concurrently, as steps only (not
+        :attr:`ModelEntry.explicit`), as Triton loads an ensemble's composing
+        models. A step that fails fails the ensemble's load with Triton's "ensemble
+        'E' depends on 'S' which has no loaded version" and the step's reason.
 
         Args:
             config_override: a ``ModelConfig`` that replaces config.pbtxt for this
@@ -450,6 +482,8 @@ class ModelManager:
                 these files, never from the repository, which is left untouched;
                 the folder is removed when the versions loaded from it are unloaded
                 or replaced, or at once when the load fails.
+            explicit: the model is asked for by name (:attr:`ModelEntry.explicit`
+                is set once it serves); False: loaded as an ensemble's step.
 
         A newly selected version that fails to load or warm up never costs
         service: the versions it would have replaced keep serving (as many as the
@@ -460,13 +494,29 @@ class ModelManager:
 
         Raises:
             InferError(INVALID_ARG): a bad name, ``file:`` path or override, the
-                model is not in the repository, its configuration is invalid, or
-                a selected version failed (the entry records the reason; what
-                served before still serves).
+                model is not in the repository, its configuration is invalid, a
+                selected version failed (the entry records the reason; what
+                served before still serves), or an ensemble's step failed to load
+                (or ensembles step into each other); a step's failure keeps its
+                code.
             InferError(UNAVAILABLE): the manager is closing.
             InferError(INTERNAL): the staged files cannot be written, or an
                 unexpected fault (logged with its traceback).
         """
+        return await self._load_model(name, config_override, files, explicit, (), ())
+
+    async def _load_model(
+        self,
+        name: str,
+        config_override: Any,
+        files: dict[str, bytes] | None,
+        explicit: bool,
+        chain: tuple[str, ...],
+        tried: Collection[str],
+    ) -> ModelEntry:
+        """:meth:`load_model`; ``chain``: the ensembles whose steps this load is for
+        (outermost first); ``tried``: models whose failed load is not tried again as
+        a step (:meth:`load_all`)."""
         check_model_name(name)
         if files:
             if config_override is None:
@@ -481,6 +531,31 @@ class ModelManager:
             )
         if self.closing:
             raise unavailable(f"failed to load '{name}': the server is shutting down")
+        ensemble_cfg = self._ensemble_config(name, config_override)
+        if ensemble_cfg is not None:
+
+            async def load_step(step: str) -> Any:
+                if step in chain or step == name:
+                    cycle = " -> ".join((*chain, name, step))
+                    raise InferError(f"circular dependency between ensembles: {cycle}")
+                step_entry = self.models.get(step)
+                if step in tried:  # failed already (load_all): not again
+                    why = step_entry.reason if step_entry is not None else ""
+                    raise InferError(why or f"failed to load '{step}'")
+                return await self._load_model(step, None, None, False, (*chain, name), tried)
+
+            await self._load_steps(name, ensemble_cfg, load_step)
+        try:
+            return await self._load_task(name, config_override, files)
+        finally:
+            entry = self.models.get(name)
+            if explicit and entry is not None and entry.serving:
+                entry.explicit = True
+
+    async def _load_task(
+        self, name: str, config_override: Any, files: dict[str, bytes] | None
+    ) -> ModelEntry:
+        """Run the load of ``name`` as a task :meth:`close` may abandon."""
         # The load runs as its own task so that close() can abandon it (a python
         # model's initialize() may block for ever) while the caller gets an answer.
         task = asyncio.ensure_future(self._load_budgeted(name, config_override, files))
@@ -495,6 +570,68 @@ class ModelManager:
                     f"failed to load '{name}': the server is shutting down (load abandoned)"
                 ) from None
             raise
+
+    def _ensemble_config(self, name: str, config_override: Any = None) -> Any:
+        """The configuration ``name`` would load with when it is an ensemble (the
+        override, else ``config.pbtxt``); None: not an ensemble, or unreadable (the
+        load itself reports that)."""
+        cfg = config_override
+        if cfg is None:
+            try:
+                cfg = cfgmod.load_model_config(self.repository / name)
+            except Exception:  # noqa: BLE001 - the load itself reports a broken config
+                return None
+        return cfg if cfg.platform == cfgmod.ENSEMBLE_PLATFORM else None
+
+    @staticmethod
+    def _step_names(cfg: Any) -> list[str]:
+        """The models an ensemble configuration steps into, once each, in step order."""
+        return list(dict.fromkeys(s.model_name for s in cfg.ensemble_scheduling.step))
+
+    def _serving(self, name: str) -> bool:
+        entry = self.models.get(name)
+        return entry is not None and bool(entry.serving)
+
+    async def _load_steps(
+        self, name: str, cfg: Any, load_step: Callable[[str], Awaitable[Any]]
+    ) -> None:
+        """Load the steps of ensemble ``name`` (configuration ``cfg``) that serve no
+        version, concurrently, with ``load_step`` (explicit loads and on-demand loads
+        pass their own).
+
+        Raises:
+            InferError: a step still serves no version: Triton's "ensemble 'E'
+                depends on 'S' which has no loaded version" and the step's error
+                (its code); recorded as the ensemble's reason in the index.
+        """
+        missing = [s for s in self._step_names(cfg) if s and s != name and not self._serving(s)]
+        if not missing:
+            return
+        results = await asyncio.gather(*(load_step(s) for s in missing), return_exceptions=True)
+        for step, result in zip(missing, results, strict=True):
+            if not isinstance(result, BaseException) or self._serving(step):
+                continue
+            if not isinstance(result, InferError):
+                raise result
+            reason = (
+                f"failed to load '{name}': ensemble '{name}' depends on '{step}' which has "
+                f"no loaded version: {result}"
+            )
+            self._record_failure(name, reason)
+            log.error("model %s failed to load: %s", name, reason)
+            raise InferError(reason, result.code)
+
+    def _record_failure(self, name: str, reason: str) -> None:
+        """Show why a load of ``name`` failed before it started (index, readiness)."""
+        entry = self.models.get(name)
+        if entry is None:
+            if not (self.repository / name).is_dir():  # no row for a typo
+                return
+            entry = self.models[name] = ModelEntry(name)
+        entry.reason = reason
+        entry.wanted = True
+        for v in entry.serving:  # still serving: say why the reload did not happen
+            entry.states[v] = VersionState(READY, f"reload failed: {reason}")
 
     async def _load_budgeted(
         self, name: str, config_override: Any, files: dict[str, bytes] | None
@@ -881,6 +1018,7 @@ class ModelManager:
             old = entry.serving
             entry.serving = {}
             entry.wanted = False
+            entry.explicit = False
             entry.reason = reason or "evicted to stay within the model memory budget"
             for v in old:
                 entry.states[v] = VersionState(UNLOADING)
@@ -939,36 +1077,50 @@ class ModelManager:
                 f"{timeout:g} s; retry later"
             ) from None
 
-    def _demand_task(self, name: str) -> asyncio.Task[ModelEntry]:
-        """The on-demand load of ``name`` in progress, started if there is none."""
+    def _demand_task(
+        self, name: str, explicit: bool = True, chain: tuple[str, ...] = ()
+    ) -> asyncio.Task[ModelEntry]:
+        """The on-demand load of ``name`` in progress, started if there is none.
+
+        ``explicit``: a request asked for ``name`` itself (not only for an ensemble
+        it is a step of): it is :attr:`ModelEntry.explicit` once loaded. ``chain``:
+        the ensembles (outermost first) whose steps this load is for.
+        """
         task = self._demand.get(name)
-        if task is not None:
-            return task
-        task = asyncio.get_running_loop().create_task(self._demand_load(name))
-        self._demand[name] = task
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._demand_load(name, chain))
+            self._demand[name] = task
 
-        def done(t: asyncio.Task[ModelEntry]) -> None:
-            if self._demand.get(name) is t:
-                del self._demand[name]
-            if not t.cancelled():
-                t.exception()  # retrieved: the waiters got it
+            def done(t: asyncio.Task[ModelEntry]) -> None:
+                if self._demand.get(name) is t:
+                    del self._demand[name]
+                if not t.cancelled():
+                    t.exception()  # retrieved: the waiters got it
 
-        task.add_done_callback(done)
+            task.add_done_callback(done)
+        if explicit:
+
+            def mark(t: asyncio.Task[ModelEntry]) -> None:
+                entry = self.models.get(name)
+                if not t.cancelled() and entry is not None and entry.serving:
+                    entry.explicit = True
+
+            task.add_done_callback(mark)
         return task
 
-    async def _demand_load(self, name: str) -> ModelEntry:
-        try:
-            cfg = cfgmod.load_model_config(self.repository / name)
-        except Exception:  # noqa: BLE001 - the load itself reports a broken config
-            cfg = None
-        if cfg is not None and cfg.platform == cfgmod.ENSEMBLE_PLATFORM:
-            for step in cfg.ensemble_scheduling.step:
-                step_entry = self.models.get(step.model_name)
-                if step.model_name != name and (step_entry is None or not step_entry.serving):
-                    if self.can_demand(step.model_name):
-                        await self._demand_task(step.model_name)
+    async def _demand_load(self, name: str, chain: tuple[str, ...]) -> ModelEntry:
+        cfg = self._ensemble_config(name)
+        if cfg is not None:  # its steps' loads are shared with requests for them
+
+            async def load_step(step: str) -> ModelEntry:
+                if step in chain:  # waiting for an ensemble that waits for this one
+                    cycle = " -> ".join((*chain, name, step))
+                    raise InferError(f"circular dependency between ensembles: {cycle}")
+                return await self._demand_task(step, False, (*chain, name))
+
+            await self._load_steps(name, cfg, load_step)
         log.info("model %s: not loaded; loading it on demand", name)
-        return await self.load_model(name)
+        return await self.load_model(name, explicit=False)
 
     def _retire(self, entry: ModelEntry, version: int, mv: ModelVersion, forget: bool) -> None:
         """Drain ``mv``'s in-flight requests in the background, then close it."""
@@ -1005,46 +1157,93 @@ class ModelManager:
         task.add_done_callback(self._retiring.discard)
 
     def dependents(self, name: str) -> list[str]:
-        """Served ensembles with a step that uses model ``name``."""
+        """Served ensembles with a step that uses model ``name`` (any served version's
+        configuration), sorted."""
         found = []
         for other, entry in self.models.items():
-            mv = entry.default_version
-            if other == name or mv is None or mv.config.platform != cfgmod.ENSEMBLE_PLATFORM:
+            if other == name:
                 continue
-            if any(step.model_name == name for step in mv.config.ensemble_scheduling.step):
+            if any(name in self._served_steps(mv) for mv in entry.serving.values()):
                 found.append(other)
         return sorted(found)
+
+    def _served_steps(self, mv: ModelVersion) -> list[str]:
+        """The models ``mv`` steps into (none unless it is an ensemble)."""
+        if mv.config.platform != cfgmod.ENSEMBLE_PLATFORM:
+            return []
+        return self._step_names(mv.config)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """Stop serving ``name``; in-flight and queued requests finish first (in the
         background: new requests get 404/503 at once).
 
+        As in Triton, the served ensembles that use ``name`` (recursively: ensembles
+        of those) cannot serve without it and are unloaded first, with the reason
+        "ensemble 'E' contains models that are not available: name" in the index.
+
         Args:
-            unload_dependents: also unload the ensembles that use ``name``.
+            unload_dependents: when ``name`` is an ensemble, also unload its steps
+                that were loaded only as steps (not :attr:`ModelEntry.explicit`) and
+                that no other served ensemble uses, recursively (steps that are
+                ensembles bring theirs). Triton's ``unload_dependents``. Without it
+                the steps stay loaded. On another model it changes nothing.
 
         Raises:
             InferError(INVALID_ARG): a malformed name (:func:`check_model_name`), or
                 the model is not loaded.
         """
         check_model_name(name)
-        if unload_dependents:
-            for dep in self.dependents(name):
-                try:
-                    await self.unload_model(dep, True)
-                except InferError as e:
-                    log.warning("unloading %s (depends on %s): %s", dep, name, e)
+        await self._unload(name, unload_dependents, "unloaded", frozenset())
+
+    async def _unload(
+        self, name: str, unload_dependents: bool, reason: str, seen: frozenset[str]
+    ) -> None:
+        """:meth:`unload_model` with the index ``reason`` afterwards; ``seen``: the
+        models this unload came through (ensembles that step into each other)."""
+        if not self._serving(name):
+            raise InferError(f"failed to unload '{name}': model is not loaded")
+        seen = seen | {name}
+        for dep in self.dependents(name):
+            if dep in seen:
+                continue
+            why = f"unloaded: ensemble '{dep}' contains models that are not available: {name}"
+            log.info("model %s: %s", dep, why)
+            try:
+                await self._unload(dep, False, why, seen)
+            except InferError as e:  # unloaded meanwhile
+                log.debug("unloading %s (uses %s): %s", dep, name, e)
         async with self._lock(name):
             entry = self.models.get(name)
             if entry is None or not entry.serving:
                 raise InferError(f"failed to unload '{name}': model is not loaded")
             old = entry.serving
+            steps = list(dict.fromkeys(s for mv in old.values() for s in self._served_steps(mv)))
             entry.serving = {}
             entry.wanted = False
+            entry.explicit = False
             for v in old:
-                entry.states[v] = VersionState(UNLOADING)
-            entry.reason = "unloaded"
+                entry.states[v] = VersionState(UNLOADING, "" if reason == "unloaded" else reason)
+            entry.reason = reason
             for v, mv in old.items():
                 self._retire(entry, v, mv, forget=True)
+        if not unload_dependents:
+            return
+        for step in steps:
+            step_entry = self.models.get(step)
+            if (
+                step in seen
+                or step_entry is None
+                or not step_entry.serving
+                or step_entry.explicit
+                or self.dependents(step)
+            ):
+                continue
+            why = f"unloaded: a step of ensemble '{name}', unloaded with it (unload_dependents)"
+            log.info("model %s: %s", step, why)
+            try:
+                await self._unload(step, True, why, seen)
+            except InferError as e:  # unloaded meanwhile
+                log.debug("unloading %s (a step of %s): %s", step, name, e)
 
     async def wait_retired(self) -> None:
         """Wait for every background retirement to finish."""

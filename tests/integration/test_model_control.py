@@ -364,23 +364,196 @@ def test_poll_warmup(polled: tuple[ServerProcess, Path]) -> None:
     assert row == {"name": "tiny", "version": "2", "state": "READY"}
 
 
-def test_explicit_load_all_and_unload_dependents(tmp_path: Path) -> None:
-    """``--load-model=*`` loads everything; unloading a step with ``unload_dependents``
-    also unloads the ensemble that uses it, and nothing else."""
-    repo = copy_models(
-        tmp_path / "repo", "preprocess", "efficientnet_lite0", "postprocess", "image_classifier"
+IMAGE_MODELS = ("preprocess", "efficientnet_lite0", "postprocess", "image_classifier")
+
+
+def prep_ensemble(name: str, step: str) -> str:
+    """config.pbtxt of an ensemble of one step, ``step``: preprocess's own tensors
+    (``step`` is preprocess, or an ensemble made by this function)."""
+    return f"""name: "{name}"
+platform: "ensemble"
+max_batch_size: 32
+input [ {{ name: "input_image_bytes" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "image_tensor" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }} ]
+ensemble_scheduling {{
+  step [
+    {{
+      model_name: "{step}"
+      model_version: -1
+      input_map {{ key: "input_image_bytes" value: "input_image_bytes" }}
+      output_map {{ key: "image_tensor" value: "image_tensor" }}
+    }}
+  ]
+}}
+"""
+
+
+def add_model(repo: Path, name: str, config: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(config)
+
+
+def unload(server: ServerProcess, model: str, dependents: bool | None = None) -> int:
+    body = {} if dependents is None else {"parameters": {"unload_dependents": dependents}}
+    status, answer = http(server, "POST", f"/v2/repository/models/{model}/unload", body)
+    assert status == 200, answer
+    return status
+
+
+def unloaded_reason(server: ServerProcess, model: str) -> str:
+    """The index reason of ``model`` once it is unloaded (waits for its retirement)."""
+    row = wait_for(
+        lambda: (r := index(server).get((model, None))) and r.get("state") == "UNAVAILABLE" and r,
+        30,
+        f"{model} unloaded in the index",
     )
-    server = start_server(repo, tmp_path / "log", "--model-control-mode=explicit", "--load-model=*")
+    return str(row["reason"])
+
+
+def classify(server: ServerProcess) -> None:
+    """One photo through image_classifier: PyTorch's top-1 and top-5 confidences."""
+    images = np.load(GOLDENS / "image_classifier.npz")
+    name = str(images["names"][0])
+    tensor = httpclient.InferInput("input_image_bytes", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[images[f"image_bytes_{name}"].tobytes()]], object))
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+    result = client.infer("image_classifier", [tensor])
+    labels = [x.decode() for x in result.as_numpy("top5_labels")[0]]
+    assert labels[0] == str(images["top5_labels"][0][0])
+    np.testing.assert_allclose(
+        result.as_numpy("top5_confidences")[0], images["top5_confidences"][0], atol=1e-3
+    )
+
+
+def test_explicit_load_of_an_ensemble_loads_its_steps(tmp_path: Path) -> None:
+    """Loading an ensemble loads its steps first (Triton); unloading it leaves them;
+    unloading a step unloads the ensemble, which says why in the index."""
+    repo = copy_models(tmp_path / "repo", *IMAGE_MODELS)
+    server = start_server(repo, tmp_path / "log", "--model-control-mode=explicit")
     try:
-        for model in ("preprocess", "efficientnet_lite0", "postprocess", "image_classifier"):
+        assert all(versions(server, m) is None for m in IMAGE_MODELS)
+        status, body = http(server, "POST", "/v2/repository/models/image_classifier/load", {})
+        assert status == 200, body
+        for model in IMAGE_MODELS:
             assert versions(server, model) == ["1"], model
-        body = {"parameters": {"unload_dependents": True}}
-        status, _ = http(server, "POST", "/v2/repository/models/efficientnet_lite0/unload", body)
-        assert status == 200
-        assert versions(server, "efficientnet_lite0") is None
+            assert index(server)[(model, "1")]["state"] == "READY"
+        classify(server)
+
+        # without unload_dependents the steps stay
+        unload(server, "image_classifier", dependents=False)
+        assert unloaded_reason(server, "image_classifier") == "unloaded"
+        for model in IMAGE_MODELS[:3]:
+            assert versions(server, model) == ["1"], model
+
+        # a step goes: so does the ensemble (Triton marks it invalid and unloads it)
+        assert http(server, "POST", "/v2/repository/models/image_classifier/load", {})[0] == 200
+        unload(server, "efficientnet_lite0")
         assert versions(server, "image_classifier") is None
+        assert unloaded_reason(server, "image_classifier") == (
+            "unloaded: ensemble 'image_classifier' contains models that are not available: "
+            "efficientnet_lite0"
+        )
         assert versions(server, "preprocess") == ["1"]
         assert versions(server, "postprocess") == ["1"]
+        assert "contains models that are not available" in server.log()
+    finally:
+        assert server.stop() == 0
+
+
+def test_unload_dependents_unloads_the_steps_loaded_for_the_ensemble(tmp_path: Path) -> None:
+    """``unload_dependents`` on an ensemble unloads its steps that were loaded only for
+    it, not one loaded by name nor one another loaded ensemble uses; recursively
+    (ensembles of ensembles), as are the ensembles a step's unload takes down. A step
+    that cannot load fails the ensemble's load, saying which."""
+    repo = copy_models(tmp_path / "repo", *IMAGE_MODELS)
+    add_model(repo, "prep", prep_ensemble("prep", "preprocess"))
+    add_model(repo, "prep_outer", prep_ensemble("prep_outer", "prep"))
+    add_model(repo, "broken", prep_ensemble("broken", "no_such_step"))
+    server = start_server(
+        repo, tmp_path / "log", "--model-control-mode=explicit", "--load-model=postprocess"
+    )
+
+    def load(model: str) -> None:
+        status, body = http(server, "POST", f"/v2/repository/models/{model}/load", {})
+        assert status == 200, body
+
+    try:
+        load("image_classifier")  # preprocess and efficientnet_lite0 only as its steps
+        load("prep_outer")  # prep as its step; preprocess is loaded already
+        for model in (*IMAGE_MODELS, "prep", "prep_outer"):
+            assert versions(server, model) == ["1"], model
+
+        unload(server, "image_classifier", dependents=True)
+        assert versions(server, "image_classifier") is None
+        assert versions(server, "efficientnet_lite0") is None
+        assert unloaded_reason(server, "efficientnet_lite0") == (
+            "unloaded: a step of ensemble 'image_classifier', unloaded with it (unload_dependents)"
+        )
+        assert versions(server, "postprocess") == ["1"]  # loaded by name
+        assert versions(server, "preprocess") == ["1"]  # prep still uses it
+
+        unload(server, "prep_outer", dependents=True)  # prep, then preprocess
+        for model in ("prep_outer", "prep", "preprocess"):
+            assert versions(server, model) is None, model
+        assert versions(server, "postprocess") == ["1"]
+
+        # a step's unload takes down the ensembles above it, recursively
+        load("prep_outer")
+        assert versions(server, "preprocess") == ["1"]
+        unload(server, "preprocess")
+        assert "contains models that are not available: preprocess" in unloaded_reason(
+            server, "prep"
+        )
+        assert "contains models that are not available: prep" in unloaded_reason(
+            server, "prep_outer"
+        )
+
+        # a step that cannot load fails the ensemble (Triton: INVALID_ARG)
+        status, body = http(server, "POST", "/v2/repository/models/broken/load", {})
+        assert status == 400
+        want = "ensemble 'broken' depends on 'no_such_step' which has no loaded version"
+        assert want in body["error"]
+        assert "no such model in the repository" in body["error"]
+        assert want in index(server)[("broken", None)]["reason"]
+    finally:
+        assert server.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("flag", "steps_stay"), [("--load-model=image_classifier", False), ("--load-model=*", True)]
+)
+def test_load_model_flag_and_unload_dependents(tmp_path: Path, flag: str, steps_stay: bool) -> None:
+    """``--load-model=ENSEMBLE`` loads its steps as steps only: ``unload_dependents``
+    takes them with it; ``--load-model=*`` asks for every model: they stay."""
+    repo = copy_models(tmp_path / "repo", *IMAGE_MODELS)
+    server = start_server(repo, tmp_path / "log", "--model-control-mode=explicit", flag)
+    try:
+        for model in IMAGE_MODELS:
+            assert versions(server, model) == ["1"], model
+        unload(server, "image_classifier", dependents=True)
+        assert versions(server, "image_classifier") is None
+        for model in IMAGE_MODELS[:3]:
+            assert (versions(server, model) == ["1"]) is steps_stay, model
+    finally:
+        assert server.stop() == 0
+
+
+def test_on_demand_ensemble_steps_leave_with_unload_dependents(tmp_path: Path) -> None:
+    """On demand, a request for the ensemble loads its steps as steps only:
+    ``unload_dependents`` takes them with it, and the next request loads all again."""
+    repo = copy_models(tmp_path / "repo", *IMAGE_MODELS)
+    server = start_server(repo, tmp_path / "log", "--model-control-mode=on_demand")
+    try:
+        classify(server)
+        for model in IMAGE_MODELS:
+            assert versions(server, model) == ["1"], model
+        unload(server, "image_classifier", dependents=True)
+        for model in IMAGE_MODELS:
+            assert versions(server, model) is None, model
+        classify(server)
+        unload(server, "preprocess")  # takes the ensemble down
+        assert "not available: preprocess" in unloaded_reason(server, "image_classifier")
+        assert versions(server, "efficientnet_lite0") == ["1"]
     finally:
         assert server.stop() == 0
 
