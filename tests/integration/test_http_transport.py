@@ -281,6 +281,33 @@ def test_a_client_leaving_behind_a_pipeline_logs_no_traceback(server: ServerProc
         )
     logged = server.log()[before:]
     assert "Traceback" not in logged, logged[-3000:]
+    # nor an error line: uvicorn's "ASGI callable returned without completing response"
+    # when the app, whose answer's write failed, returned without ending the response
+    assert "ASGI callable" not in logged and " E " not in logged, logged[-3000:]
+
+
+def test_a_client_leaving_a_stream_logs_no_error(server: ServerProcess) -> None:
+    """The client of a ``generate_stream`` (served through the ASGI app on both
+    transports) closes its connection before the model's first response: the app
+    answers nothing, and the server logs no error for it (the native transport logged
+    "error serving POST" with "the application sent no response" per such client)."""
+    before = len(server.log())
+    body = json.dumps({"IN": [1, 2, 3], "parameters": {"delay_ms": 300}}).encode()
+    path = "/v2/models/decoupled_repeat/generate_stream"
+    for _ in range(2):
+        with _conn(server) as c:
+            c.send(request("POST", path, body, JSON_HEADERS))
+            time.sleep(0.1)
+    time.sleep(1.5)  # the model's responses meet the closed connections
+    x = _x(1, 7)
+    with _conn(server) as c:
+        c.send(request("POST", INFER, tiny_body(x), JSON_HEADERS))
+        np.testing.assert_allclose(
+            tiny_output(c.expect_response()), tiny_reference(x), rtol=1e-5, atol=1e-5
+        )
+    logged = server.log()[before:]
+    assert "no response" not in logged and " E " not in logged, logged[-3000:]
+    assert "ASGI callable" not in logged and "Traceback" not in logged, logged[-3000:]
 
 
 def test_bad_request_in_a_pipeline_is_answered_after_the_good_ones(

@@ -205,7 +205,10 @@ class HttpApp:
         except Exception as exc:  # noqa: BLE001 - one request must not take the server down
             if connection_closed(receive):
                 # nobody to answer (e.g. the answer's own write failed: the client left
-                # while a pipelined request waited, which uvicorn does not flag)
+                # while a pipelined request waited, which uvicorn does not flag); flag
+                # it, or uvicorn logs "ASGI callable returned without completing
+                # response" at ERROR for a response begun and not ended
+                mark_disconnected(receive)
                 logger.debug(
                     "%s %s: the connection closed before the answer: %r", method, path, exc
                 )
@@ -1083,6 +1086,14 @@ def connection_closed(receive: Receive) -> bool:
         return True
     transport = getattr(cycle, "transport", None)
     return transport is not None and bool(transport.is_closing())
+
+
+def mark_disconnected(receive: Receive) -> None:
+    """Under uvicorn, set the request cycle's ``disconnected`` flag (the client is gone:
+    a response begun and not ended is then not logged as the app's error)."""
+    cycle = getattr(receive, "__self__", None)
+    if cycle is not None and hasattr(cycle, "disconnected"):
+        cycle.disconnected = True
 
 
 def release_disconnect_hook(receive: Receive) -> None:

@@ -1196,6 +1196,11 @@ class HttpConnection(asyncio.Protocol):
             self._finish(request, None)
             raise
         if not exchange.started:
+            if self._gone or self.transport.is_closing():
+                # the app saw the client leave (a generate_stream whose client closed)
+                # and answered nothing: nobody to answer, nothing to log
+                self._finish(request, None)
+                return
             self._answer_error(
                 request,
                 RuntimeError("the application sent no response"),
