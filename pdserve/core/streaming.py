@@ -22,8 +22,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pdserve.core.errors import InferError
+from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferResponse
+
+#: Responses of one request a consumer may leave untaken (a client that reads no more
+#: while the model goes on producing: an ``until_cancelled`` stream whose gRPC
+#: flow-control window closed). Past it the request is cancelled with
+#: ``RESOURCE_EXHAUSTED`` (the model is told, as when the client goes away), so memory
+#: stays bounded; at 100 responses a second it is 10 s of backlog.
+MAX_PENDING_RESPONSES = 1024
+#: The same bound in bytes of the untaken responses' output arrays.
+MAX_PENDING_BYTES = 256 << 20
 
 
 class StreamRequired(InferError):
@@ -71,10 +80,20 @@ class ResponseStream:
             gets (output check and order, classification); may return an InferError.
     """
 
-    __slots__ = ("_items", "_waiter", "closed", "finished", "on_cancel", "convert", "model")
+    __slots__ = (
+        "_items",
+        "_waiter",
+        "_pending_bytes",
+        "closed",
+        "finished",
+        "on_cancel",
+        "convert",
+        "model",
+    )
 
     def __init__(self) -> None:
         self._items: deque[StreamItem] = deque()
+        self._pending_bytes = 0  # output bytes of the items not yet taken
         self._waiter: asyncio.Future[None] | None = None
         #: True once the final item is queued (later puts are dropped).
         self.closed = False
@@ -118,6 +137,24 @@ class ResponseStream:
             hook()
 
     def _push(self, item: StreamItem) -> None:
+        size = _nbytes(item.outputs)
+        if not item.final and (
+            len(self._items) >= MAX_PENDING_RESPONSES
+            or self._pending_bytes + size > MAX_PENDING_BYTES
+        ):
+            # the consumer is not taking responses: end the request rather than
+            # hold an unbounded backlog (the ones already queued are still given)
+            self.cancel(
+                InferError(
+                    f"request cancelled: its consumer left {len(self._items)} responses "
+                    f"({self._pending_bytes} bytes of outputs) untaken, more than the "
+                    f"limit of {MAX_PENDING_RESPONSES} responses or {MAX_PENDING_BYTES} "
+                    "bytes (read a decoupled model's responses as they come)",
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                )
+            )
+            return
+        self._pending_bytes += size
         self._items.append(item)
         if item.final:
             self.closed = True
@@ -155,4 +192,15 @@ class ResponseStream:
                             return None
             finally:
                 self._waiter = None
-        return self._items.popleft()
+        item = self._items.popleft()
+        if item.outputs is not None:
+            self._pending_bytes -= _nbytes(item.outputs)
+        return item
+
+
+def _nbytes(outputs: Any) -> int:
+    """Bytes of a response's output arrays (0: no outputs, or a converted form without
+    arrays)."""
+    if not isinstance(outputs, dict):
+        return 0
+    return sum(getattr(a, "nbytes", 0) for a in outputs.values())

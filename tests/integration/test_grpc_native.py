@@ -41,11 +41,13 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from pdserve.core.streaming import MAX_PENDING_RESPONSES
 from pdserve.frontends.grpc.native import (
     MAX_CONCURRENT_STREAMS,
     RESET_BURST,
     STREAM_MAX_UNANSWERED,
 )
+from pdserve.frontends.grpc.service import STREAM_BACKLOG
 from tests.conftest import ServerProcess, copy_models, start_server
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "python_models"
@@ -495,6 +497,60 @@ def test_stream_backpressure_when_the_client_reads_no_responses(server: ServerPr
     finally:
         raw.sock.close()
         g.close()
+
+
+def _stream_messages(frames: list[Frame], sid: int) -> list[service_pb2.ModelStreamInferResponse]:
+    """The gRPC messages of stream ``sid`` in ``frames``, parsed."""
+    data = b"".join(f.data for f in frames if isinstance(f, DataFrame) and f.stream_id == sid)
+    out = []
+    while data:
+        (length,) = struct.unpack(">I", data[1:5])
+        out.append(service_pb2.ModelStreamInferResponse.FromString(data[5 : 5 + length]))
+        data = data[5 + length :]
+    return out
+
+
+def test_a_decoupled_stream_the_client_does_not_read_is_cancelled(server: ServerProcess) -> None:
+    """A decoupled model that produces until cancelled, on a ModelStreamInfer stream
+    whose client reads nothing (its flow-control window closed): the server does not
+    buffer without bound. Past MAX_PENDING_RESPONSES untaken responses the request is
+    cancelled (the model is told) with a RESOURCE_EXHAUSTED error_message; when the
+    client reads again it gets what was buffered, then that error, then the stream ends
+    OK. Without the bound it would get every response made meanwhile (thousands)."""
+    raw = _RawH2(server)
+    sid = 1
+    try:
+        raw.sock.sendall(
+            SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 100}).serialize()
+        )
+        request = service_pb2.ModelInferRequest(model_name="decoupled_repeat", id="flood")
+        request.parameters["mode"].string_param = "until_cancelled"
+        request.parameters["delay_ms"].string_param = "0.1"
+        tensor = request.inputs.add(name="IN", datatype="INT32", shape=[1])
+        assert tensor is not None
+        request.raw_input_contents.append(np.array([1], np.int32).tobytes())
+        raw.sock.sendall(
+            raw.headers(sid, "ModelStreamInfer")
+            + DataFrame(sid, _message(request.SerializeToString())).serialize()
+        )
+        time.sleep(4.0)  # the model makes a response every ~0.1-1 ms meanwhile
+        raw.sock.sendall(
+            WindowUpdateFrame(0, window_increment=1 << 30).serialize()
+            + WindowUpdateFrame(sid, window_increment=1 << 30).serialize()
+            + DataFrame(sid, b"", flags=["END_STREAM"]).serialize()
+        )
+        end = raw.frames(lambda f: f.stream_id == sid and "END_STREAM" in f.flags, seconds=60)
+        assert end and isinstance(end[-1], HeadersFrame), end[-3:]
+        messages = _stream_messages(end, sid)
+        errors = [m.error_message for m in messages if m.error_message]
+        assert len(errors) == 1, errors[:3]
+        assert "untaken" in errors[0] and str(MAX_PENDING_RESPONSES) in errors[0], errors[0]
+        assert messages[-1].error_message == errors[0]  # the request's last item
+        answered = len(messages) - 1
+        assert MAX_PENDING_RESPONSES <= answered <= MAX_PENDING_RESPONSES + STREAM_BACKLOG + 2
+        assert all(m.infer_response.id == "flood" for m in messages)
+    finally:
+        raw.sock.close()
 
 
 _frames = st.one_of(

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pdserve.core.errors import ErrorCode, InferError
-from pdserve.core.streaming import ResponseStream
+from pdserve.core.streaming import MAX_PENDING_BYTES, MAX_PENDING_RESPONSES, ResponseStream
 
 
 def test_items_in_order_then_final_and_later_puts_dropped() -> None:
@@ -62,5 +62,55 @@ def test_next_wakes_when_an_item_arrives() -> None:
         loop.call_later(0.01, stream.put, {"Y": np.array([3])}, True)
         item = await stream.next(loop.time() + 5)
         assert item is not None and item.outputs["Y"].tolist() == [3]
+
+    asyncio.run(run())
+
+
+def test_a_consumer_that_takes_nothing_gets_the_request_cancelled() -> None:
+    """Past MAX_PENDING_RESPONSES untaken responses the stream ends with a
+    RESOURCE_EXHAUSTED error (the model is told once); what was queued is still given,
+    and taking responses makes room again before that."""
+
+    async def run() -> None:
+        stream = ResponseStream()
+        calls: list[int] = []
+        stream.on_cancel = lambda: calls.append(1)
+        for i in range(MAX_PENDING_RESPONSES):
+            stream.put({"Y": np.array([i])}, final=False)
+        first = await stream.next()  # one taken: room for one more
+        assert first is not None and first.outputs["Y"].tolist() == [0]
+        stream.put({"Y": np.array([-1])}, final=False)
+        assert not stream.closed and calls == []
+        stream.put({"Y": np.array([-2])}, final=False)  # one too many
+        stream.put({"Y": np.array([-3])}, final=False)  # after the end: dropped
+        assert stream.closed and calls == [1]
+        items = [await stream.next() for _ in range(MAX_PENDING_RESPONSES + 1)]
+        assert all(i is not None and i.error is None for i in items[:-1])
+        last = items[-1]
+        assert last is not None and last.final and last.error is not None
+        assert last.error.code is ErrorCode.RESOURCE_EXHAUSTED
+        assert "untaken" in last.error.message
+        with pytest.raises(InferError, match="untaken"):
+            stream.finished.result()
+
+    asyncio.run(run())
+
+
+def test_untaken_output_bytes_are_bounded_too() -> None:
+    async def run() -> None:
+        stream = ResponseStream()
+        big = np.zeros(MAX_PENDING_BYTES // 2 + 1, np.uint8)
+        stream.put({"Y": big}, final=False)
+        stream.put({"Y": big}, final=False)  # over the byte bound: cancelled
+        first, last = await stream.next(), await stream.next()
+        assert first is not None and first.error is None
+        assert last is not None and last.error is not None and last.final
+        assert last.error.code is ErrorCode.RESOURCE_EXHAUSTED
+
+        again = ResponseStream()  # taking a response frees its bytes
+        again.put({"Y": big}, final=False)
+        await again.next()
+        again.put({"Y": big}, final=False)
+        assert not again.closed
 
     asyncio.run(run())

@@ -70,6 +70,10 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
 
 #: Response parameter: this is the request's last response (Triton's name).
 _FINAL_PARAM = "triton_final_response"
+#: ``ModelStreamInfer``: responses that may wait for the client before a decoupled
+#: request takes its model's next one (what waits beyond is bounded by the core:
+#: :data:`pdserve.core.streaming.MAX_PENDING_RESPONSES`).
+STREAM_BACKLOG = 64
 
 
 def grpc_status(error: InferError) -> grpc.StatusCode:
@@ -428,6 +432,12 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         (OK) once the client has closed its side and all of them are answered.
         """
         done: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue()
+        # set while fewer than STREAM_BACKLOG responses wait for the client: a decoupled
+        # request takes its model's next response only then, so a client that stops
+        # reading leaves the backlog in the core's ResponseStream, which cancels the
+        # request past its bound (pdserve.core.streaming.MAX_PENDING_RESPONSES)
+        room = asyncio.Event()
+        room.set()
         traceparent = _traceparent(context)
         running: set[asyncio.Task[None]] = set()
         gate = self.gate
@@ -450,7 +460,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                         resp = await encode_off_loop(result, shm_outputs)
                 except StreamRequired:  # a decoupled model: its responses as they come
                     await self._stream_decoupled(
-                        req, request.id, done, empty_final_requested(request)
+                        req, request.id, done, empty_final_requested(request), room
                     )
                     return
                 msg = service_pb2.ModelStreamInferResponse(infer_response=resp)
@@ -485,6 +495,8 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         reader = asyncio.ensure_future(read())
         try:
             while (msg := await done.get()) is not None:
+                if done.qsize() < STREAM_BACKLOG:
+                    room.set()
                 yield msg
         finally:
             reader.cancel()
@@ -542,6 +554,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         request_id: str,
         done: asyncio.Queue[service_pb2.ModelStreamInferResponse | None],
         enable_empty: bool,
+        room: asyncio.Event | None = None,
     ) -> None:
         """Send the responses of one request to a decoupled model on the stream, as
         Triton's stream handler does: each response as it comes, an error as an
@@ -552,7 +565,8 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         without it such an empty final is not sent (``enable_empty``: the request's
         parameter, :func:`~pdserve.frontends.grpc.codec.empty_final_requested`; the
         codec checked it and keeps it out of ``req.parameters``, as Triton's frontend
-        does)."""
+        does). ``room``: the next response is taken only while it is set (set by the
+        stream's sender while fewer than :data:`STREAM_BACKLOG` responses wait)."""
         async with contextlib.aclosing(self.server.infer_stream(req)) as items:
             async for item in items:
                 if item.error is not None:
@@ -573,6 +587,9 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if enable_empty:
                     infer_response.parameters[_FINAL_PARAM].bool_param = item.final
                 await done.put(msg)
+                if room is not None and done.qsize() >= STREAM_BACKLOG:
+                    room.clear()
+                    await room.wait()  # the client reads again (or the call ends)
 
     # -- logging extension -----------------------------------------------------
 
