@@ -776,6 +776,7 @@ class ModelManager:
                 raise InferError(f"failed to load '{name}': no such model in the repository")
             mdir = layout.ModelDir(name, model_dir, layout.list_versions(model_dir))
             base_cfg = read_config(mdir, config_override, where)
+            self._check_no_cycle(name, base_cfg)
             versions = layout.select_versions(base_cfg, mdir.versions)
             if not versions:
                 raise InferError(
@@ -860,6 +861,21 @@ class ModelManager:
                     entry.states[v] = VersionState(
                         READY, "kept serving: its replacement failed to load"
                     )
+        try:  # a concurrent load may have closed a cycle since the check above
+            self._check_no_cycle(name, base_cfg)
+        except InferError as e:
+            fresh = [mv for v, mv in new_serving.items() if old.get(v) is not mv]
+            await asyncio.gather(*(mv.close() for mv in fresh), return_exceptions=True)
+            for mv in fresh:
+                await self._release(mv)
+            for v, mv in new_serving.items():
+                if old.get(v) is not mv:  # not switched to: reload it next time
+                    entry.fingerprints[v] = ""
+                    if v not in old:
+                        entry.states[v] = VersionState(UNAVAILABLE, str(e))
+            self._record_failure(name, str(e))
+            log.error("model %s failed to load: %s", name, e)
+            raise
         entry.serving = dict(sorted(new_serving.items()))  # the atomic switch
         entry.traffic = traffic
         entry.traffic_gen += 1
@@ -879,6 +895,41 @@ class ModelManager:
             kept = f"; serving versions {sorted(entry.serving)}" if entry.serving else ""
             raise InferError(f"failed to load '{name}': {'; '.join(errors)}{kept}")
         return entry
+
+    def _check_no_cycle(self, name: str, cfg: Any) -> None:
+        """Ensemble ``name`` about to serve configuration ``cfg`` must not reach itself
+        through the steps of the ensembles that serve now (a reload whose new steps,
+        from a ``config`` override or an edited config.pbtxt, lead back to it: each
+        request would then recurse until its client leaves), as Triton refuses it.
+
+        Raises:
+            InferError(INVALID_ARG): "circular dependency between ensembles: A -> B -> A".
+        """
+        if cfg.platform != cfgmod.ENSEMBLE_PLATFORM:
+            return
+        seen: set[str] = set()
+
+        def walk(model: str, path: tuple[str, ...]) -> tuple[str, ...]:
+            if model == name:
+                return (*path, model)
+            if model in seen:
+                return ()
+            seen.add(model)
+            entry = self.models.get(model)
+            for mv in entry.serving.values() if entry is not None else ():
+                for step in self._served_steps(mv):
+                    found = walk(step, (*path, model))
+                    if found:
+                        return found
+            return ()
+
+        for step in self._step_names(cfg):
+            cycle = walk(step, (name,))
+            if cycle:
+                raise InferError(
+                    f"failed to load '{name}': circular dependency between ensembles: "
+                    + " -> ".join(cycle)
+                )
 
     async def _release(self, mv: ModelVersion) -> None:
         """``mv`` is closed: remove the staged folder it was loaded from once unused."""

@@ -598,3 +598,64 @@ def test_health_answers_while_an_onnx_model_loads(tmp_path: Path) -> None:
         assert server.stop() == 0
     assert len(latencies) > 20, latencies
     assert max(latencies) < 0.150, f"worst /v2/health/live {max(latencies) * 1000:.0f} ms"
+
+
+def test_reload_that_would_close_an_ensemble_cycle_is_refused(tmp_path: Path) -> None:
+    """A reload of an ensemble whose new steps lead back to it through served
+    ensembles (a config override, or an edited config.pbtxt) fails with Triton's
+    "circular dependency between ensembles" and keeps the old version serving: it
+    was accepted, and every request to either ensemble then recursed until its client
+    left (GBs of server memory in seconds); an ensemble that steps into itself too."""
+    repo = copy_models(tmp_path / "repo", "preprocess")
+    add_model(repo, "prep_a", prep_ensemble("prep_a", "preprocess"))
+    add_model(repo, "prep_b", prep_ensemble("prep_b", "prep_a"))
+    add_model(repo, "prep_self", prep_ensemble("prep_self", "prep_self"))
+    server = start_server(repo, tmp_path / "log", "--model-control-mode=explicit")
+    try:
+        assert http(server, "POST", "/v2/repository/models/prep_b/load", {})[0] == 200
+        override = json.dumps(
+            {
+                "name": "prep_a",
+                "platform": "ensemble",
+                "max_batch_size": 32,
+                "input": [{"name": "input_image_bytes", "data_type": "TYPE_STRING", "dims": [1]}],
+                "output": [
+                    {"name": "image_tensor", "data_type": "TYPE_FP32", "dims": [3, 224, 224]}
+                ],
+                "ensemble_scheduling": {
+                    "step": [
+                        {
+                            "model_name": "prep_b",
+                            "model_version": -1,
+                            "input_map": {"input_image_bytes": "input_image_bytes"},
+                            "output_map": {"image_tensor": "image_tensor"},
+                        }
+                    ]
+                },
+            }
+        )
+        status, body = http(
+            server,
+            "POST",
+            "/v2/repository/models/prep_a/load",
+            {"parameters": {"config": override}},
+        )
+        cycle = "circular dependency between ensembles: prep_a -> prep_b -> prep_a"
+        assert status == 400 and cycle in body["error"], body
+        row = index(server)[("prep_a", "1")]
+        assert row["state"] == "READY" and cycle in row["reason"], row
+        # both still answer, through the old prep_a
+        images = np.load(GOLDENS / "image_classifier.npz")
+        photo = images[f"image_bytes_{images['names'][0]}"].tobytes()
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
+        for model in ("prep_a", "prep_b"):
+            tensor = httpclient.InferInput("input_image_bytes", [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[photo]], object))
+            out = client.infer(model, [tensor]).as_numpy("image_tensor")
+            assert out.shape == (1, 3, 224, 224), model
+
+        status, body = http(server, "POST", "/v2/repository/models/prep_self/load", {})
+        assert status == 400, body
+        assert "circular dependency between ensembles: prep_self -> prep_self" in body["error"]
+    finally:
+        assert server.stop() == 0
