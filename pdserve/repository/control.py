@@ -193,7 +193,45 @@ class RepositoryPoller:
             if group:
                 await asyncio.gather(*(self._load(n) for n in group))
         acted.extend(changed)
+        # As Triton's dependency graph does, the ensembles that use a changed model
+        # (recursively) and serve nothing are loaded again: an ensemble unloaded with
+        # a removed step comes back when the step does.
+        affected = [
+            n
+            for n in self._downstream(on_disk, set(changed))
+            if n not in changed and not self._serving(n)
+        ]
+        if affected:
+            await asyncio.gather(*(self._load(n) for n in affected))
+            acted.extend(affected)
         return acted
+
+    def _serving(self, name: str) -> bool:
+        entry = self.manager.models.get(name)
+        return entry is not None and bool(entry.serving)
+
+    @staticmethod
+    def _downstream(on_disk: dict[str, layout.ModelDir], names: set[str]) -> list[str]:
+        """The ensembles on disk that step into one of ``names``, recursively."""
+        steps: dict[str, set[str]] = {}
+        for name, mdir in on_disk.items():
+            try:
+                cfg = cfgmod.load_model_config(mdir.path)
+            except Exception:  # noqa: BLE001 - a broken config is reported by its load
+                continue
+            if cfg.platform == cfgmod.ENSEMBLE_PLATFORM:
+                steps[name] = {s.model_name for s in cfg.ensemble_scheduling.step}
+        found: list[str] = []
+        reached = set(names)
+        grew = True
+        while grew:
+            grew = False
+            for name, uses in steps.items():
+                if name not in reached and uses & reached:
+                    reached.add(name)
+                    found.append(name)
+                    grew = True
+        return found
 
     async def _load(self, name: str) -> None:
         known = name in self.manager.models

@@ -659,3 +659,28 @@ def test_reload_that_would_close_an_ensemble_cycle_is_refused(tmp_path: Path) ->
         assert "circular dependency between ensembles: prep_self -> prep_self" in body["error"]
     finally:
         assert server.stop() == 0
+
+
+def test_poll_ensembles_come_back_with_their_removed_step(tmp_path: Path) -> None:
+    """Poll mode: removing a step unloads the ensembles that use it (recursively);
+    when the step is back, so are they, as Triton's dependency graph reloads the
+    models downstream of a changed one (they stayed unloaded until their own
+    config.pbtxt changed)."""
+    repo = copy_models(tmp_path / "repo", "preprocess")
+    add_model(repo, "prep_a", prep_ensemble("prep_a", "preprocess"))
+    add_model(repo, "prep_b", prep_ensemble("prep_b", "prep_a"))
+    server = start_server(
+        repo, tmp_path / "log", "--model-control-mode=poll", f"--repository-poll-secs={POLL}"
+    )
+    try:
+        assert versions(server, "prep_b") == ["1"]
+        aside = tmp_path / "preprocess"
+        os.replace(repo / "preprocess", aside)
+        wait_for(lambda: versions(server, "prep_b") is None, 30, "prep_b to go")
+        assert "contains models that are not available: prep_a" in unloaded_reason(server, "prep_b")
+        os.replace(aside, repo / "preprocess")
+        for model in ("preprocess", "prep_a", "prep_b"):
+            wait_for(lambda m=model: versions(server, m) == ["1"], 30, f"{model} back")
+            assert index(server)[(model, "1")]["state"] == "READY"
+    finally:
+        assert server.stop() == 0
