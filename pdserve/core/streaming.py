@@ -25,13 +25,18 @@ import numpy as np
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferResponse
 
-#: Responses of one request a consumer may leave untaken (a client that reads no more
-#: while the model goes on producing: an ``until_cancelled`` stream whose gRPC
-#: flow-control window closed). Past it the request is cancelled with
-#: ``RESOURCE_EXHAUSTED`` (the model is told, as when the client goes away), so memory
-#: stays bounded; at 100 responses a second it is 10 s of backlog.
+#: A request whose consumer leaves this many of its responses untaken and has taken
+#: none for :data:`STALL_SECS` is cancelled with ``RESOURCE_EXHAUSTED`` (the model is
+#: told, as when the client goes away). This is a client that stays connected but
+#: reads no more while the model goes on producing (an ``until_cancelled`` stream whose
+#: gRPC flow-control window closed). A client that reads, however far behind a burst
+#: it falls, is never cancelled below :data:`HARD_PENDING_RESPONSES`.
 MAX_PENDING_RESPONSES = 1024
-#: The same bound in bytes of the untaken responses' output arrays.
+#: Seconds without a response taken, past :data:`MAX_PENDING_RESPONSES`.
+STALL_SECS = 5.0
+#: Untaken responses that cancel the request however recently one was taken.
+HARD_PENDING_RESPONSES = 65536
+#: Bytes of the untaken responses' output arrays that cancel it the same way.
 MAX_PENDING_BYTES = 256 << 20
 
 
@@ -84,6 +89,7 @@ class ResponseStream:
         "_items",
         "_waiter",
         "_pending_bytes",
+        "_last_take",
         "closed",
         "finished",
         "on_cancel",
@@ -94,6 +100,7 @@ class ResponseStream:
     def __init__(self) -> None:
         self._items: deque[StreamItem] = deque()
         self._pending_bytes = 0  # output bytes of the items not yet taken
+        self._last_take = asyncio.get_running_loop().time()  # when the consumer last took one
         self._waiter: asyncio.Future[None] | None = None
         #: True once the final item is queued (later puts are dropped).
         self.closed = False
@@ -138,22 +145,20 @@ class ResponseStream:
 
     def _push(self, item: StreamItem) -> None:
         size = _nbytes(item.outputs)
-        if not item.final and (
-            len(self._items) >= MAX_PENDING_RESPONSES
-            or self._pending_bytes + size > MAX_PENDING_BYTES
-        ):
-            # the consumer is not taking responses: end the request rather than
-            # hold an unbounded backlog (the ones already queued are still given)
-            self.cancel(
-                InferError(
-                    f"request cancelled: its consumer left {len(self._items)} responses "
-                    f"({self._pending_bytes} bytes of outputs) untaken, more than the "
-                    f"limit of {MAX_PENDING_RESPONSES} responses or {MAX_PENDING_BYTES} "
-                    "bytes (read a decoupled model's responses as they come)",
-                    ErrorCode.RESOURCE_EXHAUSTED,
+        if not item.final:
+            why = self._backlog_limit(size)
+            if why is not None:
+                # the consumer does not take responses: end the request rather than
+                # hold an unbounded backlog (the ones already queued are still given)
+                self.cancel(
+                    InferError(
+                        f"request cancelled: its consumer left {len(self._items)} responses "
+                        f"({self._pending_bytes} bytes of outputs) untaken: {why} (read a "
+                        "decoupled model's responses as they come)",
+                        ErrorCode.RESOURCE_EXHAUSTED,
+                    )
                 )
-            )
-            return
+                return
         self._pending_bytes += size
         self._items.append(item)
         if item.final:
@@ -168,6 +173,23 @@ class ResponseStream:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _backlog_limit(self, size: int) -> str | None:
+        """Why one more untaken response of ``size`` output bytes is too many (see
+        :data:`MAX_PENDING_RESPONSES`), or None."""
+        pending = len(self._items)
+        if pending >= HARD_PENDING_RESPONSES:
+            return f"more than {HARD_PENDING_RESPONSES}"
+        if self._pending_bytes + size > MAX_PENDING_BYTES:
+            return f"more than {MAX_PENDING_BYTES} bytes"
+        if pending >= MAX_PENDING_RESPONSES:
+            idle = asyncio.get_running_loop().time() - self._last_take
+            if idle >= STALL_SECS:
+                return (
+                    f"none taken for {idle:.1f} s with more than {MAX_PENDING_RESPONSES} "
+                    f"waiting (limit {STALL_SECS:g} s)"
+                )
+        return None
 
     async def next(self, deadline: float | None = None) -> StreamItem | None:
         """The next item; None when ``deadline`` (``loop.time()``) passed first.
@@ -193,6 +215,7 @@ class ResponseStream:
             finally:
                 self._waiter = None
         item = self._items.popleft()
+        self._last_take = asyncio.get_running_loop().time()
         if item.outputs is not None:
             self._pending_bytes -= _nbytes(item.outputs)
         return item

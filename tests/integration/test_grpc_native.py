@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from pdserve.core.streaming import MAX_PENDING_RESPONSES
+from pdserve.core.streaming import HARD_PENDING_RESPONSES, MAX_PENDING_RESPONSES, STALL_SECS
 from pdserve.frontends.grpc.native import (
     MAX_CONCURRENT_STREAMS,
     RESET_BURST,
@@ -513,10 +513,11 @@ def _stream_messages(frames: list[Frame], sid: int) -> list[service_pb2.ModelStr
 def test_a_decoupled_stream_the_client_does_not_read_is_cancelled(server: ServerProcess) -> None:
     """A decoupled model that produces until cancelled, on a ModelStreamInfer stream
     whose client reads nothing (its flow-control window closed): the server does not
-    buffer without bound. Past MAX_PENDING_RESPONSES untaken responses the request is
-    cancelled (the model is told) with a RESOURCE_EXHAUSTED error_message; when the
+    buffer without bound. Past MAX_PENDING_RESPONSES untaken responses, none taken
+    for STALL_SECS, the request is cancelled (the model is told) with a RESOURCE_EXHAUSTED error_message; when the
     client reads again it gets what was buffered, then that error, then the stream ends
-    OK. Without the bound it would get every response made meanwhile (thousands)."""
+    OK. Without the bound it would get every response made meanwhile (thousands).
+    A client that reads is never cancelled by a burst (the next test)."""
     raw = _RawH2(server)
     sid = 1
     try:
@@ -533,7 +534,9 @@ def test_a_decoupled_stream_the_client_does_not_read_is_cancelled(server: Server
             raw.headers(sid, "ModelStreamInfer")
             + DataFrame(sid, _message(request.SerializeToString())).serialize()
         )
-        time.sleep(4.0)  # the model makes a response every ~0.1-1 ms meanwhile
+        # the model makes a response every ~0.1-1 ms meanwhile: 1,024 untaken within
+        # ~2 s, then STALL_SECS with none taken
+        time.sleep(STALL_SECS + 3.0)
         raw.sock.sendall(
             WindowUpdateFrame(0, window_increment=1 << 30).serialize()
             + WindowUpdateFrame(sid, window_increment=1 << 30).serialize()
@@ -544,13 +547,43 @@ def test_a_decoupled_stream_the_client_does_not_read_is_cancelled(server: Server
         messages = _stream_messages(end, sid)
         errors = [m.error_message for m in messages if m.error_message]
         assert len(errors) == 1, errors[:3]
-        assert "untaken" in errors[0] and str(MAX_PENDING_RESPONSES) in errors[0], errors[0]
+        assert "untaken: none taken for" in errors[0], errors[0]
+        assert str(MAX_PENDING_RESPONSES) in errors[0], errors[0]
         assert messages[-1].error_message == errors[0]  # the request's last item
         answered = len(messages) - 1
-        assert MAX_PENDING_RESPONSES <= answered <= MAX_PENDING_RESPONSES + STREAM_BACKLOG + 2
+        # what the model made before STALL_SECS passed with none taken: bounded
+        assert MAX_PENDING_RESPONSES <= answered <= HARD_PENDING_RESPONSES + STREAM_BACKLOG + 2
         assert all(m.infer_response.id == "flood" for m in messages)
     finally:
         raw.sock.close()
+
+
+def test_a_reading_client_gets_every_response_of_a_burst(server: ServerProcess) -> None:
+    """A decoupled model sends 3 x MAX_PENDING_RESPONSES responses at once (no delay):
+    a client that reads them as fast as it can falls far behind the model, yet gets
+    every one and the final flag, never the backlog's RESOURCE_EXHAUSTED."""
+    n = MAX_PENDING_RESPONSES * 3
+    got: queue.Queue[tuple[object, object]] = queue.Queue()
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        c.start_stream(callback=lambda result, error: got.put((result, error)))
+        inp = grpcclient.InferInput("IN", [n], "INT32")
+        inp.set_data_from_numpy(np.arange(n, dtype=np.int32))
+        c.async_stream_infer(
+            "decoupled_repeat", [inp], request_id="burst", enable_empty_final_response=True
+        )
+        idx = []
+        while True:
+            result, error = got.get(timeout=60)
+            assert error is None, error
+            resp = result.get_response()  # type: ignore[attr-defined]
+            if resp.parameters["triton_final_response"].bool_param:
+                break
+            idx.append(int(result.as_numpy("IDX")[0]))  # type: ignore[attr-defined]
+        assert idx == list(range(n))
+    finally:
+        c.stop_stream()
+        c.close()
 
 
 _frames = st.one_of(

@@ -7,6 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from pdserve.core import streaming
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.streaming import MAX_PENDING_BYTES, MAX_PENDING_RESPONSES, ResponseStream
 
@@ -66,10 +67,13 @@ def test_next_wakes_when_an_item_arrives() -> None:
     asyncio.run(run())
 
 
-def test_a_consumer_that_takes_nothing_gets_the_request_cancelled() -> None:
-    """Past MAX_PENDING_RESPONSES untaken responses the stream ends with a
-    RESOURCE_EXHAUSTED error (the model is told once); what was queued is still given,
-    and taking responses makes room again before that."""
+def test_a_consumer_that_takes_nothing_gets_the_request_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past MAX_PENDING_RESPONSES untaken responses, none taken for STALL_SECS (0
+    here), the stream ends with a RESOURCE_EXHAUSTED error (the model is told once);
+    what was queued is still given, and taking responses makes room again before that."""
+    monkeypatch.setattr(streaming, "STALL_SECS", 0.0)
 
     async def run() -> None:
         stream = ResponseStream()
@@ -112,5 +116,28 @@ def test_untaken_output_bytes_are_bounded_too() -> None:
         await again.next()
         again.put({"Y": big}, final=False)
         assert not again.closed
+
+    asyncio.run(run())
+
+
+def test_a_consumer_that_reads_behind_a_burst_is_not_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A burst far past MAX_PENDING_RESPONSES is kept while the consumer took one within
+    STALL_SECS; only HARD_PENDING_RESPONSES cancels it regardless."""
+
+    async def run() -> None:
+        stream = ResponseStream()
+        for i in range(MAX_PENDING_RESPONSES * 3):
+            stream.put({"Y": np.array([i])}, final=False)
+        assert not stream.closed
+        monkeypatch.setattr(streaming, "HARD_PENDING_RESPONSES", MAX_PENDING_RESPONSES * 3)
+        stream.put({"Y": np.array([-1])}, final=False)
+        assert stream.closed
+        items = [await stream.next() for _ in range(MAX_PENDING_RESPONSES * 3 + 1)]
+        last = items[-1]
+        assert last is not None and last.error is not None
+        assert last.error.code is ErrorCode.RESOURCE_EXHAUSTED
+        assert f"more than {MAX_PENDING_RESPONSES * 3}" in last.error.message
 
     asyncio.run(run())
