@@ -54,7 +54,6 @@ import os
 import time
 from collections.abc import Callable
 
-from pdserve import config as cfgmod
 from pdserve.core.api import RepositoryHost
 from pdserve.repository import layout
 
@@ -93,13 +92,6 @@ def snapshot(mdir: layout.ModelDir) -> Snapshot:
         layout.fingerprint(mdir) + traffic,
         tuple((v, layout.fingerprint(mdir, v)) for v in mdir.versions),
     )
-
-
-def _is_ensemble(mdir: layout.ModelDir) -> bool:
-    try:
-        return cfgmod.load_model_config(mdir.path).platform == cfgmod.ENSEMBLE_PLATFORM
-    except Exception:  # noqa: BLE001 - a broken config is reported by the load itself
-        return False
 
 
 class RepositoryPoller:
@@ -187,7 +179,7 @@ class RepositoryPoller:
             return acted
         for name, snap in changed.items():
             self.seen[name] = snap
-        plain = [n for n in changed if not _is_ensemble(on_disk[n])]
+        plain = [n for n in changed if self.manager.ensemble_config(n) is None]
         ensembles = [n for n in changed if n not in plain]
         for group in (plain, ensembles):
             if group:
@@ -199,28 +191,20 @@ class RepositoryPoller:
         affected = [
             n
             for n in self._downstream(on_disk, set(changed))
-            if n not in changed and not self._serving(n)
+            if n not in changed and not self.manager.is_serving(n)
         ]
         if affected:
             await asyncio.gather(*(self._load(n) for n in affected))
             acted.extend(affected)
         return acted
 
-    def _serving(self, name: str) -> bool:
-        entry = self.manager.models.get(name)
-        return entry is not None and bool(entry.serving)
-
-    @staticmethod
-    def _downstream(on_disk: dict[str, layout.ModelDir], names: set[str]) -> list[str]:
+    def _downstream(self, on_disk: dict[str, layout.ModelDir], names: set[str]) -> list[str]:
         """The ensembles on disk that step into one of ``names``, recursively."""
         steps: dict[str, set[str]] = {}
-        for name, mdir in on_disk.items():
-            try:
-                cfg = cfgmod.load_model_config(mdir.path)
-            except Exception:  # noqa: BLE001 - a broken config is reported by its load
-                continue
-            if cfg.platform == cfgmod.ENSEMBLE_PLATFORM:
-                steps[name] = {s.model_name for s in cfg.ensemble_scheduling.step}
+        for name in on_disk:
+            cfg = self.manager.ensemble_config(name)  # None: not one, or broken
+            if cfg is not None:
+                steps[name] = set(self.manager.step_names(cfg))
         found: list[str] = []
         reached = set(names)
         grew = True

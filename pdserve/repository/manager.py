@@ -531,7 +531,7 @@ class ModelManager:
             )
         if self.closing:
             raise unavailable(f"failed to load '{name}': the server is shutting down")
-        ensemble_cfg = self._ensemble_config(name, config_override)
+        ensemble_cfg = self.ensemble_config(name, config_override)
         if ensemble_cfg is not None:
 
             async def load_step(step: str) -> Any:
@@ -571,7 +571,7 @@ class ModelManager:
                 ) from None
             raise
 
-    def _ensemble_config(self, name: str, config_override: Any = None) -> Any:
+    def ensemble_config(self, name: str, config_override: Any = None) -> Any:
         """The configuration ``name`` would load with when it is an ensemble (the
         override, else ``config.pbtxt``); None: not an ensemble, or unreadable (the
         load itself reports that)."""
@@ -584,11 +584,12 @@ class ModelManager:
         return cfg if cfg.platform == cfgmod.ENSEMBLE_PLATFORM else None
 
     @staticmethod
-    def _step_names(cfg: Any) -> list[str]:
+    def step_names(cfg: Any) -> list[str]:
         """The models an ensemble configuration steps into, once each, in step order."""
         return list(dict.fromkeys(s.model_name for s in cfg.ensemble_scheduling.step))
 
-    def _serving(self, name: str) -> bool:
+    def is_serving(self, name: str) -> bool:
+        """Model ``name`` serves at least one version."""
         entry = self.models.get(name)
         return entry is not None and bool(entry.serving)
 
@@ -604,12 +605,12 @@ class ModelManager:
                 depends on 'S' which has no loaded version" and the step's error
                 (its code); recorded as the ensemble's reason in the index.
         """
-        missing = [s for s in self._step_names(cfg) if s and s != name and not self._serving(s)]
+        missing = [s for s in self.step_names(cfg) if s and s != name and not self.is_serving(s)]
         if not missing:
             return
         results = await asyncio.gather(*(load_step(s) for s in missing), return_exceptions=True)
         for step, result in zip(missing, results, strict=True):
-            if not isinstance(result, BaseException) or self._serving(step):
+            if not isinstance(result, BaseException) or self.is_serving(step):
                 continue
             if not isinstance(result, InferError):
                 raise result
@@ -923,7 +924,7 @@ class ModelManager:
                         return found
             return ()
 
-        for step in self._step_names(cfg):
+        for step in self.step_names(cfg):
             cycle = walk(step, (name,))
             if cycle:
                 raise InferError(
@@ -1160,7 +1161,7 @@ class ModelManager:
         return task
 
     async def _demand_load(self, name: str, chain: tuple[str, ...]) -> ModelEntry:
-        cfg = self._ensemble_config(name)
+        cfg = self.ensemble_config(name)
         if cfg is not None:  # its steps' loads are shared with requests for them
 
             async def load_step(step: str) -> ModelEntry:
@@ -1222,7 +1223,7 @@ class ModelManager:
         """The models ``mv`` steps into (none unless it is an ensemble)."""
         if mv.config.platform != cfgmod.ENSEMBLE_PLATFORM:
             return []
-        return self._step_names(mv.config)
+        return self.step_names(mv.config)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """Stop serving ``name``; in-flight and queued requests finish first (in the
@@ -1251,18 +1252,14 @@ class ModelManager:
     ) -> None:
         """:meth:`unload_model` with the index ``reason`` afterwards; ``seen``: the
         models this unload came through (ensembles that step into each other)."""
-        if not self._serving(name):
+        if not self.is_serving(name):
             raise InferError(f"failed to unload '{name}': model is not loaded")
         seen = seen | {name}
         for dep in self.dependents(name):
             if dep in seen:
                 continue
             why = f"unloaded: ensemble '{dep}' contains models that are not available: {name}"
-            log.info("model %s: %s", dep, why)
-            try:
-                await self._unload(dep, False, why, seen)
-            except InferError as e:  # unloaded meanwhile
-                log.debug("unloading %s (uses %s): %s", dep, name, e)
+            await self._unload_too(dep, False, why, seen)
         async with self._lock(name):
             entry = self.models.get(name)
             if entry is None or not entry.serving:
@@ -1290,11 +1287,18 @@ class ModelManager:
             ):
                 continue
             why = f"unloaded: a step of ensemble '{name}', unloaded with it (unload_dependents)"
-            log.info("model %s: %s", step, why)
-            try:
-                await self._unload(step, True, why, seen)
-            except InferError as e:  # unloaded meanwhile
-                log.debug("unloading %s (a step of %s): %s", step, name, e)
+            await self._unload_too(step, True, why, seen)
+
+    async def _unload_too(
+        self, name: str, unload_dependents: bool, why: str, seen: frozenset[str]
+    ) -> None:
+        """:meth:`_unload` of a model another unload takes with it (``why``: its index
+        reason); one already unloaded meanwhile is left as it is."""
+        log.info("model %s: %s", name, why)
+        try:
+            await self._unload(name, unload_dependents, why, seen)
+        except InferError as e:  # unloaded meanwhile
+            log.debug("model %s: %s", name, e)
 
     async def wait_retired(self) -> None:
         """Wait for every background retirement to finish."""
