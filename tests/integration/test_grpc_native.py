@@ -356,6 +356,17 @@ class _RawH2:
             sid, self.encoder.encode(_headers(method)), flags=["END_HEADERS"]
         ).serialize()
 
+    def read_again_and_end(self, sid: int) -> list[Frame]:
+        """Open the connection's and stream ``sid``'s windows wide (the client reads
+        again), end the client's side of the stream, and return the server's frames up
+        to the stream's end (at most 60 s)."""
+        self.sock.sendall(
+            WindowUpdateFrame(0, window_increment=1 << 30).serialize()
+            + WindowUpdateFrame(sid, window_increment=1 << 30).serialize()
+            + DataFrame(sid, b"", flags=["END_STREAM"]).serialize()
+        )
+        return self.frames(lambda f: f.stream_id == sid and "END_STREAM" in f.flags, seconds=60)
+
     def frames(self, until: Callable[[Frame], bool], seconds: float = 15.0) -> list[Frame]:
         """The server's frames up to the first for which ``until`` is true (or the close)."""
         got: list[Frame] = []
@@ -484,12 +495,7 @@ def test_stream_backpressure_when_the_client_reads_no_responses(server: ServerPr
         taken = _tiny_successes(g) - before
         assert 0 < taken <= STREAM_MAX_UNANSWERED + 8, taken
         # the window opens: everything is answered, the stream ends OK
-        raw.sock.sendall(
-            WindowUpdateFrame(0, window_increment=1 << 30).serialize()
-            + WindowUpdateFrame(sid, window_increment=1 << 30).serialize()
-            + DataFrame(sid, b"", flags=["END_STREAM"]).serialize()
-        )
-        end = raw.frames(lambda f: f.stream_id == sid and "END_STREAM" in f.flags, seconds=60)
+        end = raw.read_again_and_end(sid)
         assert end and isinstance(end[-1], HeadersFrame), end[-3:]
         received = sum(len(f.data) for f in end if isinstance(f, DataFrame) and f.stream_id == sid)
         assert received >= n * 5  # n length-prefixed responses
@@ -537,12 +543,7 @@ def test_a_decoupled_stream_the_client_does_not_read_is_cancelled(server: Server
         # the model makes a response every ~0.1-1 ms meanwhile: 1,024 untaken within
         # ~2 s, then STALL_SECS with none taken
         time.sleep(STALL_SECS + 3.0)
-        raw.sock.sendall(
-            WindowUpdateFrame(0, window_increment=1 << 30).serialize()
-            + WindowUpdateFrame(sid, window_increment=1 << 30).serialize()
-            + DataFrame(sid, b"", flags=["END_STREAM"]).serialize()
-        )
-        end = raw.frames(lambda f: f.stream_id == sid and "END_STREAM" in f.flags, seconds=60)
+        end = raw.read_again_and_end(sid)
         assert end and isinstance(end[-1], HeadersFrame), end[-3:]
         messages = _stream_messages(end, sid)
         errors = [m.error_message for m in messages if m.error_message]

@@ -968,18 +968,7 @@ def test_answered_requests_leave_no_cyclic_garbage(transport: str, tmp_path: Pat
     from tests.cyclic import cyclic_garbage, tiny_batched
 
     row = np.arange(64, dtype=np.float32).reshape(1, 64)
-    body = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "INPUT0",
-                    "shape": [1, 64],
-                    "datatype": "FP32",
-                    "data": row.ravel().tolist(),
-                }
-            ]
-        }
-    ).encode()
+    body = tiny_body(row)
     want = tiny_reference(row)
 
     async def start(server: Any) -> tuple[int, Any]:

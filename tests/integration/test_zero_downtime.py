@@ -38,6 +38,7 @@ from tritonclient.utils import InferenceServerException
 
 from pdserve.app.rollback import rollback
 from tests.conftest import EXAMPLE_REPO, GOLDENS, ServerProcess, copy_models, start_server
+from tests.http_wire import tiny_body
 
 SOURCE = EXAMPLE_REPO / "tiny_all_versions"  # version N computes relu(x @ W) + N
 X = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
@@ -134,18 +135,7 @@ class Load:
                 time.sleep(0.01)
 
     def _http_sender(self, model: str) -> Callable[[], Result]:
-        body = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "INPUT0",
-                        "shape": [1, 64],
-                        "datatype": "FP32",
-                        "data": X.ravel().tolist(),
-                    }
-                ]
-            }
-        ).encode()
+        body = tiny_body(X)
         conn: list[http.client.HTTPConnection | None] = [None]
 
         def send() -> Result:
