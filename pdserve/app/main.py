@@ -339,6 +339,18 @@ def build_tracer(settings: Settings) -> TraceManager:
     return tracer
 
 
+def _log_listening(settings: Settings, sock: socket.socket | None, transport: str) -> None:
+    """Say that HTTP listens; a front-end worker (``sock`` given) says it at DEBUG, as
+    the main process says it once, with its worker count (:func:`start_http_workers`)."""
+    log.log(
+        logging.INFO if sock is None else logging.DEBUG,
+        "HTTP (KServe V2) listening on http://%s:%d (%s transport)",
+        settings.host,
+        settings.http_port,
+        transport,
+    )
+
+
 async def start_http(
     settings: Settings,
     server: InferenceCore,
@@ -399,14 +411,7 @@ async def start_http(
     if task.done():
         task.result()  # raises the StartError
         raise StartError("the HTTP listener stopped while starting")
-    # a front-end worker (``sock`` given) logs at DEBUG: the main process says once
-    # that HTTP listens, with its worker count
-    log.log(
-        logging.INFO if sock is None else logging.DEBUG,
-        "HTTP (KServe V2) listening on http://%s:%d (asgi transport)",
-        settings.host,
-        settings.http_port,
-    )
+    _log_listening(settings, sock, "asgi")
 
     async def stop() -> None:
         if not task.done():
@@ -456,14 +461,7 @@ async def start_native_http(
             f"could not listen for HTTP on {settings.host}:{settings.http_port}: {e.strerror or e}"
         ) from None
     task = asyncio.create_task(http.wait_stopped(), name="pdserve-http")
-    # a front-end worker (``sock`` given) logs at DEBUG: the main process says once
-    # that HTTP listens, with its worker count
-    log.log(
-        logging.INFO if sock is None else logging.DEBUG,
-        "HTTP (KServe V2) listening on http://%s:%d (native transport)",
-        settings.host,
-        settings.http_port,
-    )
+    _log_listening(settings, sock, "native")
 
     async def stop() -> None:
         if not task.done():
