@@ -72,7 +72,7 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
 _FINAL_PARAM = "triton_final_response"
 #: ``ModelStreamInfer``: responses that may wait for the client before a decoupled
 #: request takes its model's next one (what waits beyond is bounded by the core:
-#: :data:`pdserve.core.streaming.MAX_PENDING_RESPONSES`).
+#: :data:`pdserve.core.streaming.MAX_PENDING_RESPONSES` and the bounds beside it).
 STREAM_BACKLOG = 64
 
 
@@ -435,7 +435,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         # set while fewer than STREAM_BACKLOG responses wait for the client: a decoupled
         # request takes its model's next response only then, so a client that stops
         # reading leaves the backlog in the core's ResponseStream, which cancels the
-        # request past its bound (pdserve.core.streaming.MAX_PENDING_RESPONSES)
+        # request past its bounds (pdserve.core.streaming.MAX_PENDING_RESPONSES)
         room = asyncio.Event()
         room.set()
         traceparent = _traceparent(context)
@@ -554,7 +554,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         request_id: str,
         done: asyncio.Queue[service_pb2.ModelStreamInferResponse | None],
         enable_empty: bool,
-        room: asyncio.Event | None = None,
+        room: asyncio.Event,
     ) -> None:
         """Send the responses of one request to a decoupled model on the stream, as
         Triton's stream handler does: each response as it comes, an error as an
@@ -587,7 +587,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if enable_empty:
                     infer_response.parameters[_FINAL_PARAM].bool_param = item.final
                 await done.put(msg)
-                if room is not None and done.qsize() >= STREAM_BACKLOG:
+                if done.qsize() >= STREAM_BACKLOG:
                     room.clear()
                     await room.wait()  # the client reads again (or the call ends)
 
