@@ -2,16 +2,17 @@
 ONNX model, in call order, leaving out code that also runs on an idle server (timers,
 pollers), and the re-entries among them (a file entered, left and entered again).
 
-How: a real ``pdserve serve`` (default transports, 127.0.0.1, free ports) on a copy of
-the example ``tiny`` model runs in a child process that installs a profile hook
-(``sys.setprofile`` and ``threading.setprofile``) before pdserve's own entry point
+How: a real ``pdserve serve`` (native transports unless told; 127.0.0.1, free ports)
+on a copy of the example ``tiny`` model runs in a child process that installs a profile
+hook (``sys.setprofile`` and ``threading.setprofile``) before pdserve's own entry point
 starts; pdserve's code is not changed. After warm-up requests the parent opens a
 recording window through a control pipe, sends one request (a V2 JSON infer over a
 kept-alive HTTP connection, or a ``tritonclient.grpc`` ModelInfer on a warm channel),
 waits for its answer and a short grace, and closes the window; an idle window of the
-same length follows. A file counts when a function of it is entered (called, or a
-generator or coroutine resumed) in every request window of the run and in no idle
-window; files are listed in the order they were first entered.
+same length follows, and the pair repeats (``--rounds``). A function counts when it is
+entered (called, or a generator or coroutine resumed) in every request window and in
+no idle window; a file counts when one of its functions counts, or when its code calls
+one that does. Files are listed in the order they were first entered.
 
 Re-entry is a cycle in the request's cross-file call graph: an edge A -> B when code
 in file A calls code in file B. The caller of a frame is the nearest pdserve frame
@@ -24,6 +25,7 @@ Usage::
 
     .venv/bin/python benchmarks/request_path.py
     .venv/bin/python benchmarks/request_path.py --json --rounds 3
+    .venv/bin/python benchmarks/request_path.py --http-server asgi --grpc-server aio
 
 Paths are relative to ``pdserve/``. ``tests/integration/test_request_path.py`` keeps
 the counts and cycles from growing back.
@@ -141,10 +143,10 @@ runpy.run_module("pdserve", run_name="__main__", alter_sys=True)
 class Child:
     """The hooked server process and its control pipe."""
 
-    def __init__(self, repo: Path, log: Path) -> None:
+    def __init__(self, repo: Path, log: Path, *args: str) -> None:
         self.http_port, self.grpc_port = free_port(), free_port()
         cmd = pdserve_command(
-            repo, self.http_port, self.grpc_port, free_port(), "--host", "127.0.0.1"
+            repo, self.http_port, self.grpc_port, free_port(), "--host", "127.0.0.1", *args
         )
         cmd_r, self._cmd_w = os.pipe()
         self._reply_r, reply_w = os.pipe()
@@ -356,6 +358,18 @@ def main() -> int:
     parser = cli_parser(__doc__, __file__)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
+        "--http-server",
+        choices=("native", "asgi"),
+        default="native",
+        help="the server's HTTP transport (default native, the server's own default)",
+    )
+    parser.add_argument(
+        "--grpc-server",
+        choices=("native", "threads", "aio"),
+        default="native",
+        help="the server's gRPC server (default native, the server's own default)",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=5, help="request windows per protocol (default 5)"
     )
     parser.add_argument(
@@ -371,7 +385,8 @@ def main() -> int:
     if args.rounds < 1 or args.warmup < 0 or args.grace < 0:
         parser.error("--rounds must be at least 1, --warmup and --grace not negative")
     with tempfile.TemporaryDirectory(prefix="pdserve-request-path-") as tmp:
-        child = Child(tiny_repo(Path(tmp)), Path(tmp) / "server.log")
+        transports = ("--http-server", args.http_server, "--grpc-server", args.grpc_server)
+        child = Child(tiny_repo(Path(tmp)), Path(tmp) / "server.log", *transports)
         try:
             child.wait_ready()
             results = {}
@@ -386,8 +401,8 @@ def main() -> int:
     if args.json:
         print(json.dumps(results, indent=1))
     else:
-        print(report("HTTP infer (V2 JSON, default transport)", results["http"]))
-        print(report("gRPC ModelInfer (tritonclient.grpc, default transport)", results["grpc"]))
+        print(report(f"HTTP infer (V2 JSON, {args.http_server})", results["http"]))
+        print(report(f"gRPC ModelInfer (tritonclient.grpc, {args.grpc_server})", results["grpc"]))
     return 0
 
 
