@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "pdserve"
 TESTS = ROOT / "tests"
@@ -364,3 +366,16 @@ def test_the_checks_see_what_they_check() -> None:
     assert not HISTORY.search("issues") and not HISTORY.search("tissue 4")
     assert module_name("app/__init__.py") == "pdserve.app"
     assert module_name("server.py") == "pdserve.server"
+
+
+def test_a_ratchet_fails_on_new_offenders_and_on_stale_entries() -> None:
+    ratchet({"a.py"}, {"a.py"}, "long")
+    with pytest.raises(AssertionError, match=r"long: \['b.py'\]"):
+        ratchet({"a.py", "b.py"}, {"a.py"}, "long")
+    with pytest.raises(AssertionError, match="delete from the allowlist"):
+        ratchet(set(), {"a.py"}, "long")
+    ratchet_counts({"a.py": 1}, {"a.py": 2}, "notes")
+    with pytest.raises(AssertionError, match="notes"):
+        ratchet_counts({"a.py": 3}, {"a.py": 2}, "notes")
+    with pytest.raises(AssertionError, match="delete from the allowlist"):
+        ratchet_counts({}, {"a.py": 2}, "notes")
