@@ -29,8 +29,6 @@ an argparse error (exit code 2) naming the flag, before anything starts.
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 from collections.abc import Callable
 
 # first: grpc reads GRPC_EXPERIMENTS once, when it is imported (engine's docstring)
@@ -40,6 +38,7 @@ from pdserve.frontends.grpc import engine  # noqa: F401
 from pdserve import __version__
 from pdserve.app import check, rollback, top
 from pdserve.app.analyze import cli as analyze_cli
+from pdserve.app.logging_setup import setup_logging, setup_serve_logging
 from pdserve.app.perf import cli as perf_cli
 from pdserve.app.settings import ServeHelpFormatter, Settings, SettingsError, add_arguments
 
@@ -85,31 +84,6 @@ def build_parser() -> argparse.ArgumentParser:
     analyze_cli.add_parser(sub)
     top.add_parser(sub)
     return parser
-
-
-def setup_logging(verbose: int) -> None:
-    """Log to stderr: INFO, or DEBUG with ``verbose`` > 0."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose > 0 else logging.INFO,
-        format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
-def setup_serve_logging(settings: Settings) -> None:
-    """Log to stderr as the ``--log-*`` flags say (:mod:`pdserve.observability.logs`):
-    levels, format, and request/trace ids on the lines of a request."""
-    from pdserve.observability import logs
-
-    logs.configure(
-        logs.state_from_flags(
-            info=settings.log_info,
-            warning=settings.log_warning,
-            error=settings.log_error,
-            verbose=settings.log_verbose,
-            fmt=settings.log_format,
-        )
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

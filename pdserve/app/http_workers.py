@@ -5,7 +5,7 @@ listener, gRPC) does not serve HTTP itself: :class:`HttpWorkers` starts N worker
 processes (``python -m pdserve.app.http_workers``), each of which binds
 ``--host``:``--http-port`` with ``SO_REUSEPORT`` (the kernel spreads new connections
 over them) and runs the same HTTP front end as a single process
-(:func:`pdserve.app.main.start_http`: the same transport, limits and app) over a
+(:func:`pdserve.app.start.start_http`: the same transport, limits and app) over a
 proxy of the core (:mod:`pdserve.frontends.workers.proxy`). Each worker decodes and
 encodes HTTP on its own core and hands tensors to the main process through the
 python backend's shared-memory channel (:mod:`pdserve.frontends.workers.channel`).
@@ -54,14 +54,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import pdserve
+from pdserve.app.build import StartError
+from pdserve.app.logging_setup import setup_serve_logging
+from pdserve.app.settings import Settings
+from pdserve.app.start import Stop, http_listen_error, start_http
+from pdserve.core.api import InferenceCore
+from pdserve.frontends.shared_memory import SharedMemoryRegistry
+from pdserve.frontends.traffic.gate import TrafficGate
 from pdserve.frontends.workers import channel as ch
 from pdserve.frontends.workers.hub import FrontendHub, WorkerLink
 
 if TYPE_CHECKING:
-    from pdserve.app.settings import Settings
-    from pdserve.core.api import InferenceCore
-    from pdserve.frontends.shared_memory import SharedMemoryRegistry
-    from pdserve.frontends.traffic.gate import TrafficGate
+    from pdserve.server import InferenceServer
 
 log = logging.getLogger("pdserve.workers")
 
@@ -74,7 +78,7 @@ MAX_RESTART_DELAY_SECS = 10.0
 #: A worker that lived this long before dying is restarted after the first delay again.
 STABLE_SECS = 30.0
 #: Seconds a worker has to finish after SIGTERM (its listener's accept wait, settle
-#: and grace: see :func:`pdserve.app.main.start_http`) before it is killed.
+#: and grace: see :func:`pdserve.app.start.start_http`) before it is killed.
 STOP_TIMEOUT_SECS = 15.0
 #: How often the main process pings each worker (the liveness check).
 PING_INTERVAL_SECS = 1.0
@@ -338,14 +342,57 @@ class HttpWorkers:
             self._reserve = None
 
 
+async def start_http_workers(
+    settings: Settings,
+    server: InferenceServer,
+    draining: Callable[[], bool] = lambda: False,
+    gate: TrafficGate | None = None,
+    shm: SharedMemoryRegistry | None = None,
+) -> tuple[asyncio.Task[Any], Stop]:
+    """Step 3 with ``--http-workers N`` (N > 1): N front-end worker processes on the
+    HTTP port (:mod:`pdserve.app.http_workers`); returns once each listens.
+
+    Returns:
+        a task that ends only if the workers' supervision fails, and the stopper (each
+        worker closes its listener as :func:`start_http`'s does, then exits).
+
+    Raises:
+        StartError: the port is taken or a worker did not start.
+    """
+    workers = HttpWorkers(
+        settings, server, shm if shm is not None else SharedMemoryRegistry(), gate, draining
+    )
+    try:
+        await workers.start()
+    except OSError as e:
+        raise http_listen_error(settings, e) from None
+    except RuntimeError as e:
+        raise StartError(str(e)) from None
+    logging.getLogger("pdserve").info(
+        "HTTP (KServe V2) listening on http://%s:%d (%d worker processes)",
+        settings.host,
+        workers.port,
+        workers.count,
+    )
+
+    async def supervise() -> None:
+        await workers.failed
+
+    task = asyncio.create_task(supervise(), name="pdserve-http-workers")
+
+    async def stop() -> None:
+        await workers.stop()
+        task.cancel()
+
+    return task, stop
+
+
 # --------------------------------------------------------------------------- worker
 
 
 async def _serve_worker(fd: int) -> int:
     """A worker's life: take the settings, listen, serve until SIGTERM or until the
     main process is gone."""
-    from pdserve.app.cli import setup_serve_logging
-    from pdserve.app.main import start_http
     from pdserve.frontends.workers.proxy import (
         ProxyCore,
         ProxyGate,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.app.main import StartError, build_server, import_feature
+from pdserve.app.build import StartError, build_server, import_feature
 from pdserve.app.settings import Settings
 from pdserve.cache import ResponseCache
 from pdserve.server import InferenceServer
