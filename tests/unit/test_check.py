@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from pdserve.app.check import CheckOptions, Report, check_repository
+from pdserve.app.check import CheckOptions, check_repository
 from pdserve.app.check_output import render
+from pdserve.app.check_report import Report
 from pdserve.app.check_rules import RulesError, load_rules, parse_rules
 from pdserve.app.cli import main
 from tests.conftest import EXAMPLE_REPO, require_examples
