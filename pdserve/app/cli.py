@@ -38,9 +38,10 @@ from pdserve.frontends.grpc import engine  # noqa: F401
 from pdserve import __version__
 from pdserve.app import check, rollback, top
 from pdserve.app.analyze import cli as analyze_cli
+from pdserve.app.flag_syntax import ServeHelpFormatter
 from pdserve.app.logging_setup import setup_logging, setup_serve_logging
 from pdserve.app.perf import cli as perf_cli
-from pdserve.app.settings import ServeHelpFormatter, Settings, SettingsError, add_arguments
+from pdserve.app.settings import Settings, SettingsError, add_arguments
 
 Command = Callable[[argparse.Namespace], int]
 
