@@ -98,6 +98,21 @@ async def _run(
     return result
 
 
+def _validate_as_written(
+    mdir: layout.ModelDir, mr: ModelReport, errors: list[cfgmod.ConfigError]
+) -> None:
+    """Validate the model's configuration as written (no auto-complete: the checks it
+    could satisfy are skipped) into ``errors``."""
+    assert mr.config is not None
+    cfgmod.validate_config(
+        copy.deepcopy(mr.config),
+        mdir.config_path,
+        model_dir=mdir.path,
+        complete=False,
+        errors=errors,
+    )
+
+
 class Checker:
     """Checks one repository (:meth:`run`); see the module docstring for the checks."""
 
@@ -325,13 +340,7 @@ class Checker:
             # auto-complete failed, so validation did not run: report what it finds in
             # the configuration as written too (checks auto-complete could satisfy skipped;
             # a field auto-complete already complained about is not repeated)
-            cfgmod.validate_config(
-                copy.deepcopy(mr.config),
-                mdir.config_path,
-                model_dir=mdir.path,
-                complete=False,
-                errors=errors,
-            )
+            _validate_as_written(mdir, mr, errors)
             if isinstance(exc, cfgmod.ConfigError):
                 r.add(exc.message, exc.path, exc.field)
             else:  # the backend could not open the model file (ONNX Runtime's error)
@@ -432,14 +441,7 @@ class Checker:
                     # the wiring cannot be validated without every step; the rest of the
                     # configuration can (as when auto-complete fails)
                     errors: list[cfgmod.ConfigError] = []
-                    assert mr.config is not None
-                    cfgmod.validate_config(
-                        copy.deepcopy(mr.config),
-                        mdir.config_path,
-                        model_dir=mdir.path,
-                        complete=False,
-                        errors=errors,
-                    )
+                    _validate_as_written(mdir, mr, errors)
                     for e in errors:
                         r.add(e.message, e.path, e.field)
                     return

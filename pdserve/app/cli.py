@@ -1,26 +1,11 @@
 """Command line: ``pdserve SUBCOMMAND`` (and ``python -m pdserve SUBCOMMAND``).
 
-Subcommands, listed here and nowhere else (:func:`build_parser`):
-
-``serve``
-    serve a model repository: every flag is a field of
-    :class:`~pdserve.app.settings.Settings`; the parts start in the order
-    :mod:`pdserve.app.main` documents.
-``rollback``
-    pin a model to an earlier version on a running server
-    (:mod:`pdserve.app.rollback`).
-``check``
-    lint a model repository for CI, serving nothing (:mod:`pdserve.app.check`).
-``perf``
-    load-test a model on any KServe V2 server, perf_analyzer's role
-    (:mod:`pdserve.app.perf`).
-``analyze``
-    search a model's instance counts and batching for the best throughput under
-    a latency SLO and a memory budget, model_analyzer's role
-    (:mod:`pdserve.app.analyze`).
-``top``
-    live per-model QPS, errors, p50/p99 and queue of a running server, from its
-    metrics endpoint (:mod:`pdserve.app.top`).
+The subcommands, listed here and nowhere else (:func:`build_parser`): ``serve`` (a
+model repository; every flag is a field of :class:`~pdserve.app.settings.Settings`),
+``rollback`` (pin a model to an earlier version on a running server), ``check`` (lint
+a repository for CI), ``perf`` (load-test a model, perf_analyzer's role), ``analyze``
+(search instance counts and batching under a latency SLO, model_analyzer's role) and
+``top`` (live per-model figures of a running server).
 
 A flag with a bad value, or flags that do not go together, end the process with
 an argparse error (exit code 2) naming the flag, before anything starts.

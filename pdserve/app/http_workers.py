@@ -10,32 +10,9 @@ proxy of the core (:mod:`pdserve.frontends.workers.proxy`). Each worker decodes 
 encodes HTTP on its own core and hands tensors to the main process through the
 python backend's shared-memory channel (:mod:`pdserve.frontends.workers.channel`).
 
-Why the main process does not serve as one of the N: it already runs the core, the
-batcher, gRPC and the metrics listener on one event loop; N workers decoding on N
-cores keep it free for that, and a front end that crashes never takes a model down.
-
-- **Port**: the main process checks that the port is free (a plain bind, so a port
-  taken by anything fails the start as in one process), then keeps a bound,
-  non-listening ``SO_REUSEPORT`` socket on it for its lifetime so that the port stays
-  pdserve's while a worker restarts. Port 0 picks a free port for all workers.
-- **Crash**: a worker that dies (even SIGKILL) is restarted (after
-  :data:`RESTART_DELAY_SECS`, doubling while it keeps dying within
-  :data:`STABLE_SECS`, at most :data:`MAX_RESTART_DELAY_SECS`); only its own
-  connections are lost (its requests in the main process are cancelled as if their
-  clients had gone); the other workers keep serving.
-- **Hang**: a worker that stops answering (SIGSTOPped, or its event loop stuck)
-  would keep the connections the kernel hands it waiting forever. The main process
-  sends each worker a ``PING`` every :data:`PING_INTERVAL_SECS`; a worker whose event
-  loop has not answered (``PONG``) for :data:`LIVENESS_TIMEOUT_SECS` is SIGKILLed and
-  restarted as after a crash (its own connections are lost; the others are not).
-- **Shutdown**: the main process tells the workers when the shutdown begins (their
-  responses then say ``Connection: close``); after the models stopped, each worker
-  gets SIGTERM and closes its listener as one process does
-  (:mod:`pdserve.app.listeners`: the accept queue is served, in-flight requests
-  finish), then exits. Workers ignore SIGINT (a terminal's Ctrl-C reaches the whole
-  process group; the main process leads the shutdown) and exit when the main process
-  is gone (end of file on their channel).
-- **Health, statistics, metrics**: answered by the main process: counted once.
+The main process is not one of the N: it runs the core, the batcher, gRPC and the
+metrics listener, and a front end that crashes never takes a model down. Port, crash,
+hang and shutdown handling: :class:`HttpWorkers`.
 """
 
 from __future__ import annotations
@@ -51,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import pdserve
 from pdserve.app.build import StartError
@@ -155,6 +132,29 @@ class _Worker:
 
 class HttpWorkers:
     """The supervisor of the N front-end workers, in the main process.
+
+    - **Port**: the main process checks that the port is free (a plain bind, so a port
+      taken by anything fails the start as in one process), then keeps a bound,
+      non-listening ``SO_REUSEPORT`` socket on it for its lifetime so that the port stays
+      pdserve's while a worker restarts. Port 0 picks a free port for all workers.
+    - **Crash**: a worker that dies (even SIGKILL) is restarted (after
+      :data:`RESTART_DELAY_SECS`, doubling while it keeps dying within
+      :data:`STABLE_SECS`, at most :data:`MAX_RESTART_DELAY_SECS`); only its own
+      connections are lost (its requests in the main process are cancelled as if their
+      clients had gone); the other workers keep serving.
+    - **Hang**: a worker that stops answering (SIGSTOPped, or its event loop stuck)
+      would keep the connections the kernel hands it waiting forever. The main process
+      sends each worker a ``PING`` every :data:`PING_INTERVAL_SECS`; a worker whose event
+      loop has not answered (``PONG``) for :data:`LIVENESS_TIMEOUT_SECS` is SIGKILLed and
+      restarted as after a crash (its own connections are lost; the others are not).
+    - **Shutdown**: the main process tells the workers when the shutdown begins (their
+      responses then say ``Connection: close``); after the models stopped, each worker
+      gets SIGTERM and closes its listener as one process does
+      (:mod:`pdserve.app.listeners`: the accept queue is served, in-flight requests
+      finish), then exits. Workers ignore SIGINT (a terminal's Ctrl-C reaches the whole
+      process group; the main process leads the shutdown) and exit when the main process
+      is gone (end of file on their channel).
+    - **Health, statistics, metrics**: answered by the main process: counted once.
 
     Args:
         settings: the server's settings (each worker gets them, with the port
@@ -348,7 +348,7 @@ async def start_http_workers(
     draining: Callable[[], bool] = lambda: False,
     gate: TrafficGate | None = None,
     shm: SharedMemoryRegistry | None = None,
-) -> tuple[asyncio.Task[Any], Stop]:
+) -> tuple[asyncio.Task[None], Stop]:
     """Step 3 with ``--http-workers N`` (N > 1): N front-end worker processes on the
     HTTP port (:mod:`pdserve.app.http_workers`); returns once each listens.
 
@@ -415,7 +415,7 @@ async def _serve_worker(fd: int) -> int:
         return 1
     setup_serve_logging(settings)
     core = ProxyCore(client)
-    gate: Any = None if gate_headers is None else ProxyGate(client, gate_headers)
+    gate: TrafficGate | None = None if gate_headers is None else ProxyGate(client, gate_headers)
     shm = ProxySharedMemory(client, core, shm_enabled)
     stop_event = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop_event.set)

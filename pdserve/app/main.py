@@ -194,7 +194,7 @@ class _Serving:
 
     async def start(
         self, features: Features, remote: RemoteRepository | None
-    ) -> asyncio.Task[object]:
+    ) -> asyncio.Task[None]:
         """Steps 2-6; the task serving HTTP (it ends if the listener dies).
 
         Raises:
@@ -239,7 +239,7 @@ class _Serving:
         self.stops.append(("models", stop_models))
         return http_task
 
-    async def run(self, http_task: asyncio.Task[object]) -> int:
+    async def run(self, http_task: asyncio.Task[None]) -> int:
         """Step 7, then serve until a signal or until HTTP dies; the exit code."""
         # The initial load runs as a task: a signal (or HTTP dying) is acted on at
         # once, even while a model's initialize() blocks.

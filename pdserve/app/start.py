@@ -12,7 +12,6 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 from types import ModuleType
-from typing import Any
 
 from pdserve.app import listeners
 from pdserve.app.build import StartError
@@ -66,7 +65,7 @@ async def start_http(
     gate: TrafficGate | None = None,
     shm: SharedMemoryRegistry | None = None,
     sock: socket.socket | None = None,
-) -> tuple[asyncio.Task[Any], Stop]:
+) -> tuple[asyncio.Task[None], Stop]:
     """Step 3: the HTTP listener; returns once it listens.
 
     Args:
@@ -140,7 +139,7 @@ async def start_native_http(
     app: HttpApp,
     draining: Callable[[], bool],
     sock: socket.socket | None = None,
-) -> tuple[asyncio.Task[Any], Stop]:
+) -> tuple[asyncio.Task[None], Stop]:
     """Step 3 with ``--http-server native``: :class:`NativeHttpServer` serving ``app``.
 
     The stopper refuses new connections and lets the accept queue drain
