@@ -1,10 +1,10 @@
 """The composition root: build every part of a serving process from :class:`Settings`,
 start the parts in one explicit order and stop them in the reverse order.
 
-Start (:func:`serve`), each step once the one before it succeeded: the optional
-features' imports, the core (:mod:`pdserve.app.build`), metrics hooks, the HTTP
-listener (live, not ready), gRPC, the metrics listener, the repository poller, then
-the initial model load (ready). A step that fails stops those already started and
+Start (:func:`serve`), each step once the one before it succeeded: 0 the optional
+features' imports, 1 the core (:mod:`pdserve.app.build`), 2 metrics hooks, 3 the HTTP
+listener (live, not ready), 4 gRPC, 5 the metrics listener, 6 the repository poller,
+7 the initial model load (ready). A step that fails stops those already started and
 :func:`serve` returns 1.
 
 Stop, on SIGTERM/SIGINT (or when the HTTP listener dies), in reverse: the models

@@ -1,7 +1,7 @@
-"""Start each part of a serving process and hand back its stopper: the HTTP listener
-(native or ASGI transport), gRPC, the metrics listener, the repository poller, and the
-initial model load. Each stopper closes its listener without failing a request that
-reached it (:mod:`pdserve.app.listeners`).
+"""Start each part of a serving process (steps 3-7 of :mod:`pdserve.app.main`) and hand
+back its stopper: the HTTP listener (native or ASGI transport), gRPC, the metrics
+listener, the repository poller, and the initial model load. Each stopper closes its
+listener without failing a request that reached it (:mod:`pdserve.app.listeners`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def http_listen_error(settings: Settings, reason: object = None) -> StartError:
 
 def _log_listening(settings: Settings, sock: socket.socket | None, transport: str) -> None:
     """Say that HTTP listens; a front-end worker (``sock`` given) says it at DEBUG, as
-    the main process says it once, with its worker count (:func:`start_http_workers`)."""
+    the main process says it once, with its worker count
+    (:func:`pdserve.app.http_workers.start_http_workers`)."""
     log.log(
         logging.INFO if sock is None else logging.DEBUG,
         "HTTP (KServe V2) listening on http://%s:%d (%s transport)",
