@@ -10,9 +10,8 @@ proxy of the core (:mod:`pdserve.frontends.workers.proxy`). Each worker decodes 
 encodes HTTP on its own core and hands tensors to the main process through the
 python backend's shared-memory channel (:mod:`pdserve.frontends.workers.channel`).
 
-The main process is not one of the N: it runs the core, the batcher, gRPC and the
-metrics listener, and a front end that crashes never takes a model down. Port, crash,
-hang and shutdown handling: :class:`HttpWorkers`.
+The main process (core, batcher, gRPC, metrics) is not one of the N: a front end that
+crashes never takes a model down. Port, crash, hang and shutdown: :class:`HttpWorkers`.
 """
 
 from __future__ import annotations

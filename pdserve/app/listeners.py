@@ -1,6 +1,7 @@
 """Closing the HTTP and gRPC listeners at the end of a shutdown without failing a
 request that reached them (after SIGTERM they stay open for the drain and answer 503
-/ ``UNAVAILABLE``; then they close). Closing naively loses requests in four places:
+/ ``UNAVAILABLE``; then they close). Closing naively loses requests in four places
+(the remedies of 1 and 4 are Linux only; elsewhere the listeners simply close):
 
 1. connections the kernel accepted but the server has not (the listen queue):
    :func:`drain_accept_queues` drops new SYNs first, then waits for the queue to empty;
@@ -10,9 +11,6 @@ request that reached them (after SIGTERM they stay open for the drain and answer
 4. gRPC calls grpc core has not handed to the application, which its shutdown fails
    as ``CANCELLED`` (grpc/grpc#41785): :func:`end_tcp_connections` ends the
    connections at the TCP level first, so they fail as ``UNAVAILABLE``.
-
-Linux only for the socket filter, the listen-queue length and the file-descriptor
-scan; elsewhere the listeners simply close.
 """
 
 from __future__ import annotations

@@ -9,10 +9,9 @@ listener (live, not ready), 4 gRPC, 5 the metrics listener, 6 the repository pol
 
 Stop, on SIGTERM/SIGINT (or when the HTTP listener dies), in reverse: the models
 drain (``--exit-timeout-secs``) and unload, then the poller, metrics, gRPC and HTTP
-close without failing a request that reached them (:mod:`pdserve.app.listeners`). From
-the signal on, HTTP responses say ``Connection: close``. The whole shutdown is bounded
-by an :class:`ExitDeadline`; no worker process outlives the server
-(:mod:`pdserve.backends.python.lifetime`).
+close without failing a request that reached them (:mod:`pdserve.app.listeners`); HTTP
+responses say ``Connection: close`` from the signal on. An :class:`ExitDeadline` bounds
+the whole shutdown; no worker process outlives the server.
 """
 
 from __future__ import annotations
