@@ -13,9 +13,10 @@ configuration)::
 
 Modules: :mod:`.options` (what to measure, range syntax), :mod:`.inputs` (input
 data and request bytes), :mod:`.control` (metadata, statistics), :mod:`.worker`
-(load processes), :mod:`.runner` (windows, stability, the sweep), :mod:`.stats`
-(percentiles, stability, results), :mod:`.report` (display, CSV, JSON, plot),
-:mod:`.cli` (the subcommand).
+(a load process), :mod:`.load` / :mod:`.http_load` / :mod:`.grpc_load` (its loads;
+:mod:`.h2grpc` the raw HTTP/2 client), :mod:`.runner` (windows, stability, the
+sweep), :mod:`.stats` (percentiles, results), :mod:`.report` (display, CSV, JSON,
+plot), :mod:`.cli` (the subcommand).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, TypeVar
 
 from pdserve.app.perf.options import (
@@ -52,13 +52,33 @@ windows.
 """
 
 
-def _range(
-    parser: argparse.ArgumentParser, fn: Callable[[str], list[T]], text: str, flag: str
-) -> list[T]:
+def parsed(parser: argparse.ArgumentParser, parse: Callable[[str], T], text: str, flag: str) -> T:
+    """``parse(text)``; a ValueError exits 2 through ``parser.error``, naming ``flag``."""
     try:
-        return fn(text)
+        return parse(text)
     except ValueError as e:
         parser.error(f"{flag}: {e}")  # exits 2
+
+
+def parsed_or_none(
+    parser: argparse.ArgumentParser, parse: Callable[[str], T], text: str | None, flag: str
+) -> T | None:
+    """:func:`parsed`, or None when the flag was not given (or given empty)."""
+    return parsed(parser, parse, text, flag) if text else None
+
+
+def parse_shapes(parser: argparse.ArgumentParser, texts: Sequence[str]) -> dict[str, list[int]]:
+    """The ``--shape NAME:D1,D2`` flags: input name -> dims (exits 2 on a bad one)."""
+    shapes = {}
+    for text in texts:
+        name, dims = parsed(parser, parse_shape, text, "--shape")
+        shapes[name] = dims
+    return shapes
+
+
+def progress_stream(quiet: bool) -> IO[str]:
+    """Where live progress goes: stderr, or (``--quiet``) a null stream."""
+    return open(os.devnull, "w") if quiet else sys.stderr  # noqa: SIM115 - process-long
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -73,6 +93,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_target_flags(p)
+    _add_load_flags(p)
+    _add_input_flags(p)
+    _add_measurement_flags(p)
+    _add_output_flags(p)
+    p.set_defaults(run=lambda args: run(args, p))
+    return p
+
+
+def _add_target_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("target")
     g.add_argument("-m", dest="model", required=True, metavar="MODEL", help="model name")
     g.add_argument("-x", dest="model_version", default="", metavar="VERSION", help="model version")
@@ -90,6 +120,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         default="http",
         help="protocol (default http)",
     )
+
+
+def _add_load_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("load")
     g.add_argument("-b", dest="batch_size", type=int, default=1, help="batch size (default 1)")
     g.add_argument(
@@ -122,6 +155,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         help="load-generating processes (default 0: one per request in flight, at most 4 "
         "per CPU this process may use and 8 in all)",
     )
+
+
+def _add_input_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("input data")
     g.add_argument(
         "--input-data",
@@ -139,18 +175,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     g.add_argument(
         "--string-length", type=int, default=128, help="length of random BYTES elements (128)"
     )
-    g.add_argument(
-        "--input-tensor-format",
-        choices=("binary", "json"),
-        default="binary",
-        help="HTTP: inputs as the binary tensor extension (default) or JSON",
-    )
-    g.add_argument(
-        "--output-tensor-format",
-        choices=("binary", "json"),
-        default="binary",
-        help="HTTP: ask for outputs as binary (default) or JSON",
-    )
+    for side, what in (
+        ("input", "inputs as the binary tensor extension (default) or JSON"),
+        ("output", "ask for outputs as binary (default) or JSON"),
+    ):
+        g.add_argument(
+            f"--{side}-tensor-format",
+            choices=("binary", "json"),
+            default="binary",
+            help=f"HTTP: {what}",
+        )
+
+
+def _add_measurement_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("measurement")
     g.add_argument(
         "-p",
@@ -218,13 +255,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         default="raw",
         help="gRPC load client: raw HTTP/2 frames (default, lean) or grpcio's grpc.aio",
     )
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("-f", dest="csv", metavar="FILE.csv", help="write results as CSV")
     g.add_argument("--json", metavar="FILE.json", help="write results as JSON")
     g.add_argument("--plot", metavar="FILE.png", help="plot latency against throughput (PNG)")
     g.add_argument("-q", "--quiet", action="store_true", help="no live progress")
-    p.set_defaults(run=lambda args: run(args, p))
-    return p
 
 
 def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> PerfOptions:
@@ -232,28 +270,18 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
     bad range, shape or combination)."""
     if args.concurrency_range and args.request_rate_range:
         parser.error("give --concurrency-range or --request-rate-range, not both")
-    shapes = {}
-    for text in args.shape:
-        try:
-            name, dims = parse_shape(text)
-        except ValueError as e:
-            parser.error(f"--shape: {e}")
-        shapes[name] = dims
+    shapes = parse_shapes(parser, args.shape)
     opts = PerfOptions(
         model=args.model,
         url=args.url,
         protocol=args.protocol,
         model_version=args.model_version,
         batch_size=args.batch_size,
-        concurrency=(
-            _range(parser, parse_concurrency_range, args.concurrency_range, "--concurrency-range")
-            if args.concurrency_range
-            else None
+        concurrency=parsed_or_none(
+            parser, parse_concurrency_range, args.concurrency_range, "--concurrency-range"
         ),
-        request_rates=(
-            _range(parser, parse_rate_range, args.request_rate_range, "--request-rate-range")
-            if args.request_rate_range
-            else None
+        request_rates=parsed_or_none(
+            parser, parse_rate_range, args.request_rate_range, "--request-rate-range"
         ),
         distribution=args.request_distribution,
         input_data=args.input_data,
@@ -284,7 +312,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``pdserve perf``; the process exit code (see the module docstring)."""
     opts = options_from_args(args, parser)
-    progress = TerminalProgress(open_devnull() if args.quiet else sys.stderr)
+    progress = TerminalProgress(progress_stream(args.quiet))
     progress.max_trials = opts.max_trials
     results: list[PointResult] = []
     error: str | None = None
@@ -315,8 +343,3 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if failed:
         return 1
     return 0
-
-
-def open_devnull() -> IO[str]:
-    """A writable null stream (for ``--quiet``)."""
-    return open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process

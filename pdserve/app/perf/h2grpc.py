@@ -125,7 +125,9 @@ def grpc_message(message: bytes) -> bytes:
     return b"\x00" + struct.pack(">I", len(message)) + message
 
 
-class _Stream:
+class Stream:
+    """One call in flight on an :class:`H2Connection` (``t0``: when it was sent)."""
+
     __slots__ = ("sid", "t0", "status", "pending", "window", "done")
 
     def __init__(self, sid: int, t0: int, window: int) -> None:
@@ -138,7 +140,7 @@ class _Stream:
 
 
 #: What a finished call reports: (stream, error key or None on success, message).
-Finished = Callable[["_Stream", str | None, str], None]
+Finished = Callable[[Stream, str | None, str], None]
 
 
 class H2Connection(asyncio.Protocol):
@@ -171,7 +173,7 @@ class H2Connection(asyncio.Protocol):
         self.status_cache: dict[bytes, int] = {}
         self.buf = b""
         self.next_sid = 1
-        self.streams: dict[int, _Stream] = {}
+        self.streams: dict[int, Stream] = {}
         self.peer_max_streams = 2**31
         self.peer_window = 65535  # initial stream window the server grants
         self.conn_window = 65535  # connection send window
@@ -179,7 +181,7 @@ class H2Connection(asyncio.Protocol):
         self.received = 0
         self.closed = False
         self.goaway = False
-        self.blocked: list[_Stream] = []
+        self.blocked: list[Stream] = []
         self._cont: tuple[int, int, bytearray] | None = None  # (stream, flags, block)
 
     # -- connection
@@ -216,13 +218,13 @@ class H2Connection(asyncio.Protocol):
         return self.peer_max_streams - len(self.streams)
 
     # -- calls
-    def call(self, payload: bytes) -> _Stream:
+    def call(self, payload: bytes) -> Stream:
         """Start a call; ``payload`` is the request as :func:`grpc_message` frames it
         (built once per distinct request). Returns the call's stream."""
         assert self.tr is not None
         sid = self.next_sid
         self.next_sid += 2
-        st = _Stream(sid, self.clock(), self.peer_window)
+        st = Stream(sid, self.clock(), self.peer_window)
         self.streams[sid] = st
         out = frame(HEADERS, END_HEADERS, sid, self.headers_block)
         n = len(payload)
@@ -237,7 +239,7 @@ class H2Connection(asyncio.Protocol):
             self._send_pending(st)
         return st
 
-    def _send_pending(self, st: _Stream) -> None:
+    def _send_pending(self, st: Stream) -> None:
         assert self.tr is not None
         chunks = []
         while st.pending:
@@ -253,14 +255,14 @@ class H2Connection(asyncio.Protocol):
         if chunks:
             self.tr.write(b"".join(chunks))
 
-    def cancel(self, st: _Stream) -> None:
+    def cancel(self, st: Stream) -> None:
         """Give up on a call (RST_STREAM CANCEL); it reports nothing more."""
         if self.streams.pop(st.sid, None) is not None and self.tr is not None:
             st.done = True
             if not self.tr.is_closing():
                 self.tr.write(frame(RST_STREAM, 0, st.sid, struct.pack(">I", 0x8)))
 
-    def _finish(self, st: _Stream, error: str | None, message: str) -> None:
+    def _finish(self, st: Stream, error: str | None, message: str) -> None:
         if st.done:
             return
         st.done = True
