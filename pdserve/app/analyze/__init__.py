@@ -20,6 +20,7 @@ quick and grid search), :mod:`.report` (terminal, JSON, CSV, plots, HTML),
 
 from __future__ import annotations
 
-from pdserve.app.analyze.runner import AnalyzeOptions, AnalyzeResult, run_analyze
+from pdserve.app.analyze.options import AnalyzeOptions
+from pdserve.app.analyze.runner import AnalyzeResult, run_analyze
 
 __all__ = ["AnalyzeOptions", "AnalyzeResult", "run_analyze"]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import TypeVar
 
+from pdserve.app.analyze.options import DEFAULT_CONCURRENCY, AnalyzeOptions
 from pdserve.app.analyze.report import (
     TerminalProgress,
     format_bytes,
@@ -19,7 +20,7 @@ from pdserve.app.analyze.report import (
     summary_table,
     write_reports,
 )
-from pdserve.app.analyze.runner import DEFAULT_CONCURRENCY, AnalyzeOptions, run_analyze
+from pdserve.app.analyze.runner import run_analyze
 from pdserve.app.analyze.server import AnalyzeError, parse_cpus
 from pdserve.app.analyze.space import OFF, check_preferred_token
 from pdserve.app.perf.cli import parse_shapes, parsed, parsed_or_none, progress_stream
