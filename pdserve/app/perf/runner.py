@@ -1,21 +1,17 @@
 """The coordinator of ``pdserve perf``: :func:`run_sweep` measures each load level
 in windows until stable, with the server-side breakdown of each window.
 
-Per level (perf_analyzer's ``InferenceProfiler::ProfileHelper``):
-
-1. the workers switch to the level's load (connections kept from the level
-   before);
-2. windows of ``measurement_interval_ms`` follow back to back; at each boundary the
-   coordinator reads the statistics extension and collects from every worker what
-   completed in the window;
-3. the level ends when the last 3 windows are stable, after ``max_trials``
-   windows (reported with ``stable: false``), or when a window has no successful
-   response (reported with ``aborted`` set; the sweep stops there).
+Per level (perf_analyzer's ``InferenceProfiler::ProfileHelper``): the workers switch
+to the level's load (connections kept from the level before); windows of
+``measurement_interval_ms`` follow back to back, and at each boundary the statistics
+extension is read and every worker says what completed in the window. The level
+ends when the last 3 windows are stable, after ``max_trials`` windows (``stable:
+false``), or at a window without a successful response (``aborted``; the sweep
+stops there).
 
 Everything is bounded: each level by ``max_trials`` windows, each request by
 ``request_timeout_s``, each control call and worker answer by a timeout. Ctrl-C
-stops the sweep and keeps the levels measured so far (and the current level's
-windows).
+stops the sweep and keeps what was measured so far.
 """
 
 from __future__ import annotations
@@ -113,7 +109,7 @@ def auto_workers(opts: PerfOptions) -> int:
     Several processes rather than one event loop: on a CPU shared with other
     processes each of them gets its own share of the scheduler (as perf_analyzer's
     thread per request does), which keeps the client's own queueing out of the
-    latencies; each worker costs about 0.1 s of CPU to start.
+    latencies.
     """
     mode, levels = opts.levels()
     peak = int(max(levels)) if mode == "concurrency" else MAX_AUTO_WORKERS
