@@ -119,7 +119,7 @@ class _RemoteStep:
     """A step model of an ensemble that another deployment serves: what the ensemble
     scheduler reads of a :class:`ModelVersion` (``name``, ``config``)."""
 
-    def __init__(self, name: str, config: Any) -> None:
+    def __init__(self, name: str, config: cfgmod.ModelConfig) -> None:
         self.name = name
         self.config = config
 

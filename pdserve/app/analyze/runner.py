@@ -21,8 +21,10 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from pdserve import config as cfgmod
@@ -48,6 +50,10 @@ from pdserve.app.analyze.space import (
 )
 from pdserve.app.analyze.sweep import SweepWatcher, bisect, sweep
 from pdserve.app.perf import PerfOptions
+from pdserve.config import ModelConfig
+
+#: What ``signal.signal`` returns and takes: a handler, SIG_DFL / SIG_IGN, or None.
+SigintHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 #: Seconds an empty server waits after starting (or the models' unload) before
 #: the memory is read.
@@ -66,9 +72,9 @@ class AnalyzeResult:
     recommended: ConfigResult | None
     shipped: ConfigResult | None
     #: model -> the shipped configuration (as written, or as served with ``-u``).
-    base_configs: dict[str, Any]
+    base_configs: dict[str, ModelConfig]
     #: model -> the recommended configuration (None without a recommendation).
-    recommended_configs: dict[str, Any] | None
+    recommended_configs: dict[str, ModelConfig] | None
     info: dict[str, Any]
     elapsed_s: float
     gain_search: float | None = None
@@ -94,7 +100,7 @@ class Analyzer:
         self.tmp: Path | None = None
         self.order: list[str] = []
         self.steps: list[str] = []
-        self.base: dict[str, Any] = {}
+        self.base: dict[str, ModelConfig] = {}
         self.shipped: dict[str, Knobs] = {}
         self.kinds: dict[str, int] = {}
         self.ensemble_mbs = 0
@@ -208,7 +214,7 @@ class Analyzer:
 
     # ---------------------------------------------------------------- measuring
 
-    def configs_for(self, point: Point) -> dict[str, Any]:
+    def configs_for(self, point: Point) -> dict[str, ModelConfig]:
         """model -> the configuration (``ModelConfig``) of ``point``."""
         return {
             m: apply_knobs(self.base[m], point[m], self.shipped[m], self.kinds.get(m))
@@ -464,14 +470,14 @@ class Analyzer:
             unconfirmed=choice.unconfirmed,
         )
 
-    def _catch_sigint(self) -> Any:
+    def _catch_sigint(self) -> SigintHandler:
         """Ctrl-C sets :attr:`interrupted` as well as raising KeyboardInterrupt
         (``pdserve perf`` keeps a sweep's levels on Ctrl-C and returns; the search
         must stop too). Returns the previous handler (None off the main thread)."""
         if threading.current_thread() is not threading.main_thread():
             return None
 
-        def on_sigint(signum: int, frame: Any) -> None:
+        def on_sigint(signum: int, frame: FrameType | None) -> None:
             self.interrupted = True
             raise KeyboardInterrupt
 

@@ -6,10 +6,9 @@ a ``measure`` function, so they are tested with a synthetic one."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from pdserve.app.analyze.recommend import ConfigResult, Constraints, best, better
-from pdserve.app.analyze.space import Point, Space, point_key
+from pdserve.app.analyze.space import Point, PointKey, Space, point_key
 
 #: The quick search's widest neighbourhood (steps; model_analyzer's radius is 2).
 MAX_RADIUS = 2
@@ -29,7 +28,7 @@ def grid_search(
 ) -> str:
     """Every configuration of the lattice (:meth:`Space.grid`: the shipped one
     first), each once, while ``budget`` allows; returns why it stopped."""
-    seen: set[Any] = set()
+    seen: set[PointKey] = set()
     for index in space.grid():
         point = space.knobs(index)
         if point is None or point_key(point) in seen:
@@ -58,7 +57,7 @@ def quick_search(
     none does, measure the ones :data:`MAX_RADIUS` steps away and go on from the
     best; stop when those do not beat it either, or ``budget`` says so. Returns
     why it stopped."""
-    seen: dict[Any, tuple[int, ...]] = {}
+    seen: dict[PointKey, tuple[int, ...]] = {}
     start = space.shipped_point()
     seen[point_key(start)] = space.start
     current = measure(start, True)

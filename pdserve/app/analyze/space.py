@@ -101,7 +101,11 @@ class Knobs:
 Point = dict[str, Knobs]
 
 
-def point_key(point: Mapping[str, Knobs]) -> tuple[tuple[str, Knobs], ...]:
+#: A configuration's hashable identity (:func:`point_key`).
+PointKey = tuple[tuple[str, Knobs], ...]
+
+
+def point_key(point: Mapping[str, Knobs]) -> PointKey:
     """A hashable identity of a configuration (models in name order)."""
     return tuple(sorted(point.items()))
 
