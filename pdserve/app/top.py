@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from pdserve.app.subcommands import Subparsers
+
 #: Where ``--url`` points by default: pdserve's (and Triton's) metrics port on loopback.
 DEFAULT_URL = "127.0.0.1:8002"
 
@@ -262,7 +264,7 @@ def top(
     return 0
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     """Add ``pdserve top`` to the CLI's subcommands; its defaults set ``run``."""
     p = sub.add_parser(
         "top",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TypeVar
 
 from pdserve.app.analyze.options import DEFAULT_CONCURRENCY, AnalyzeOptions
 from pdserve.app.analyze.report import (
@@ -23,10 +22,15 @@ from pdserve.app.analyze.report import (
 from pdserve.app.analyze.runner import run_analyze
 from pdserve.app.analyze.server import AnalyzeError, parse_cpus
 from pdserve.app.analyze.space import OFF, check_preferred_token
-from pdserve.app.perf.cli import parse_shapes, parsed, parsed_or_none, progress_stream
+from pdserve.app.perf.cli import parse_shapes
+from pdserve.app.subcommands import (
+    Subparsers,
+    add_subcommand,
+    parsed,
+    parsed_or_none,
+    progress_stream,
+)
 from pdserve.core.procmem import parse_size
-
-T = TypeVar("T")
 
 EPILOG = """\
 examples:
@@ -122,9 +126,10 @@ def parse_memory(text: str) -> int:
     return parse_size(text)
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     """Add ``pdserve analyze`` to the CLI's subcommands; its defaults set ``run``."""
-    p = sub.add_parser(
+    return add_subcommand(
+        sub,
         "analyze",
         help="find the best instance count and batching of a model (model_analyzer's role)",
         description="Search instance counts, max_batch_size, preferred batch sizes and queue\n"
@@ -132,15 +137,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         "configuration with pdserve perf and its resident memory, and recommend the one\n"
         "with the highest throughput under a p99 latency SLO and a memory budget.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        flags=(
+            _add_target_flags,
+            _add_objective_flags,
+            _add_search_flags,
+            _add_load_flags,
+            _add_output_flags,
+        ),
+        run=run,
     )
-    _add_target_flags(p)
-    _add_objective_flags(p)
-    _add_search_flags(p)
-    _add_load_flags(p)
-    _add_output_flags(p)
-    p.set_defaults(run=lambda args: run(args, p))
-    return p
 
 
 def _add_target_flags(p: argparse.ArgumentParser) -> None:

@@ -11,10 +11,8 @@ requests failed, a level was aborted, or the run was interrupted; 2 bad flags.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import IO, TypeVar
+from collections.abc import Sequence
 
 from pdserve.app.perf.options import (
     PerfError,
@@ -32,8 +30,13 @@ from pdserve.app.perf.report import (
 )
 from pdserve.app.perf.runner import run_sweep
 from pdserve.app.perf.stats import PointResult
-
-T = TypeVar("T")
+from pdserve.app.subcommands import (
+    Subparsers,
+    add_subcommand,
+    parsed,
+    parsed_or_none,
+    progress_stream,
+)
 
 EPILOG = """\
 examples:
@@ -52,21 +55,6 @@ windows.
 """
 
 
-def parsed(parser: argparse.ArgumentParser, parse: Callable[[str], T], text: str, flag: str) -> T:
-    """``parse(text)``; a ValueError exits 2 through ``parser.error``, naming ``flag``."""
-    try:
-        return parse(text)
-    except ValueError as e:
-        parser.error(f"{flag}: {e}")  # exits 2
-
-
-def parsed_or_none(
-    parser: argparse.ArgumentParser, parse: Callable[[str], T], text: str | None, flag: str
-) -> T | None:
-    """:func:`parsed`, or None when the flag was not given (or given empty)."""
-    return parsed(parser, parse, text, flag) if text else None
-
-
 def parse_shapes(parser: argparse.ArgumentParser, texts: Sequence[str]) -> dict[str, list[int]]:
     """The ``--shape NAME:D1,D2`` flags: input name -> dims (exits 2 on a bad one)."""
     shapes = {}
@@ -76,14 +64,10 @@ def parse_shapes(parser: argparse.ArgumentParser, texts: Sequence[str]) -> dict[
     return shapes
 
 
-def progress_stream(quiet: bool) -> IO[str]:
-    """Where live progress goes: stderr, or (``--quiet``) a null stream."""
-    return open(os.devnull, "w") if quiet else sys.stderr  # noqa: SIM115 - process-long
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     """Add ``pdserve perf`` to the CLI's subcommands; its defaults set ``run``."""
-    p = sub.add_parser(
+    return add_subcommand(
+        sub,
         "perf",
         help="load-test a model on any KServe V2 server (perf_analyzer's role)",
         description="Measure throughput and latency of MODEL on a running KServe V2 server\n"
@@ -91,15 +75,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         "server-side breakdown from the statistics extension. Flags follow Triton's\n"
         "perf_analyzer.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        flags=(
+            _add_target_flags,
+            _add_load_flags,
+            _add_input_flags,
+            _add_measurement_flags,
+            _add_output_flags,
+        ),
+        run=run,
     )
-    _add_target_flags(p)
-    _add_load_flags(p)
-    _add_input_flags(p)
-    _add_measurement_flags(p)
-    _add_output_flags(p)
-    p.set_defaults(run=lambda args: run(args, p))
-    return p
 
 
 def _add_target_flags(p: argparse.ArgumentParser) -> None:
