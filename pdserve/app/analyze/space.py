@@ -29,9 +29,6 @@ from tritonclient.grpc import model_config_pb2
 
 from pdserve.config import ENSEMBLE_PLATFORM, ModelConfig
 
-#: Knob names, in display order.
-KNOBS = ("instances", "max_batch_size", "preferred", "delay_us")
-
 #: What a value of the ``delay_us`` knob is when dynamic batching is off.
 OFF = "off"
 
