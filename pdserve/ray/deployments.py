@@ -9,10 +9,8 @@ ensemble scheduler, each step a call through the step model's handle
 (:class:`StepServer`), so each step scales on its own nodes and replicas.
 
 Errors cross replicas as :class:`Failure` values, raised again at the ingress with
-pdserve's own status; a replica that dies under a request is ``UNAVAILABLE``.
-
-Entry points: :func:`build_app` (for ``serve run`` / ``serve deploy``, see
-``examples/ray/serve_config.yaml``) and :func:`application` for Python callers.
+pdserve's own status; a replica that dies under a request is ``UNAVAILABLE``. Entry
+points: :func:`build_app` (``serve run`` / ``serve deploy``), :func:`application`.
 """
 
 from __future__ import annotations

@@ -10,9 +10,7 @@ index per dimension. Points that configure the same thing are one configuration
 (:meth:`Space.knobs` canonicalizes): without dynamic batching the batching knobs are
 the shipped ones; a preferred size equal to ``max_batch_size`` is no preferred size;
 a point whose preferred sizes exceed its ``max_batch_size`` is invalid. The search
-orders that walk it are in :mod:`.search`.
-
-Pure functions and data only (no I/O).
+orders that walk it are in :mod:`.search`. Pure functions and data only (no I/O).
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ Modules: :mod:`.options` (what to measure, range syntax), :mod:`.inputs` (input
 data and request bytes), :mod:`.control` (metadata, statistics), :mod:`.worker`
 (a load process), :mod:`.load` / :mod:`.http_load` / :mod:`.grpc_load` (its loads;
 :mod:`.h2grpc` the raw HTTP/2 client), :mod:`.runner` (windows, stability, the
-sweep), :mod:`.stats` (percentiles, results), :mod:`.report` (display, CSV, JSON,
-plot), :mod:`.cli` (the subcommand).
+sweep), :mod:`.stats` (results), :mod:`.report` (display, files), :mod:`.cli`.
 """
 
 from __future__ import annotations

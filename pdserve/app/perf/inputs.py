@@ -10,9 +10,8 @@ per input, generated once: floats in [0, 1), integers in [0, 100), booleans, BYT
 strings of ``--string-length`` random letters; repeated for each row of a batch),
 ``zero`` (BYTES: strings of ``"0"``), or a JSON file (:func:`load_input_file`).
 
-Request bytes are built once, before the load starts: HTTP JSON or the binary
-tensor extension (``Inference-Header-Content-Length``), or a serialized gRPC
-``ModelInferRequest`` (``raw_input_contents``).
+Request bytes are built once, before the load starts: HTTP JSON or the binary tensor
+extension, or a serialized gRPC ``ModelInferRequest`` (``raw_input_contents``).
 """
 
 from __future__ import annotations

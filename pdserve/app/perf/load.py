@@ -71,7 +71,8 @@ class WindowRecord(TypedDict):
 
 
 class Recorder:
-    """Completed requests (end time and latency, ns), failures by kind, counters.
+    """Completed requests (end time and latency, ns), failures by kind, counters. A
+    latency runs from just before the request is written to the end of its answer.
 
     End times are appended as requests complete on one event loop with a
     monotonic clock, so each list is in ascending order and a window is found by

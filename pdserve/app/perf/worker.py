@@ -11,8 +11,6 @@ one event loop, so the load is not capped by one interpreter; it imports little
 - ``("collect", t0_ns, t1_ns)``: answer ``("window", record)`` with what completed in
   ``[t0, t1)`` (:meth:`~pdserve.app.perf.load.Recorder.collect`);
 - ``("exit",)``: close everything and end.
-
-Latency is from just before a request is written to the end of its response.
 """
 
 from __future__ import annotations
