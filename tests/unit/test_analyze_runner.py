@@ -1,5 +1,5 @@
-"""``pdserve analyze``'s search orders and sweep rules
-(:mod:`pdserve.app.analyze.runner`), driven by a synthetic measurement: a known
+"""``pdserve analyze``'s search orders and sweep rules (:mod:`pdserve.app.analyze.search`,
+:mod:`pdserve.app.analyze.sweep`), driven by a synthetic measurement: a known
 throughput surface over the knobs, so the hill climbing's path, its stop and its
 budget are checked exactly."""
 
