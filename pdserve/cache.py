@@ -19,7 +19,7 @@ Triton's response cache (docs/user_guide/response_cache.md), ``local`` flavour:
   a pickle-free value format (:func:`encode_outputs`) in a Redis shared by replicas;
   Redis down means requests run uncached.
 - Hits skip the scheduler. Statistics (``cache_hit`` / ``cache_miss`` counts and
-  lookup durations) go to the model's :class:`~pdserve.observability.stats.ModelStats`;
+  lookup durations) go to the model's :class:`~pdserve.core.stats.ModelStats`;
   a hit also counts as a success with no queue or compute time, as in Triton.
 """
 

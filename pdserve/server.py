@@ -21,9 +21,9 @@ from pdserve.config import ENSEMBLE_PLATFORM, ConfigError, parse_config_override
 from pdserve.core import tracing
 from pdserve.core.cancel import CANCELED, arm_cancellation, run_cancellable, token_of
 from pdserve.core.errors import ErrorCode, InferError, client_gone, internal, unavailable
+from pdserve.core.stats import NOT_QUEUED
 from pdserve.core.streaming import ResponseStream, StreamItem, StreamRequired, StreamResponse
 from pdserve.core.types import InferRequest, InferResponse
-from pdserve.observability.stats import NOT_QUEUED
 from pdserve.repository.breaker import BreakerBoard, CircuitBreaker, is_failure
 from pdserve.repository.control import EXPLICIT_MODES, MODES
 from pdserve.repository.manager import ModelManager, check_model_name
@@ -34,9 +34,10 @@ from pdserve.repository.warmup import warmup as run_warmup
 if TYPE_CHECKING:
     from pdserve.backends.base import ExecRequest
     from pdserve.cache import AnyResponseCache
-    from pdserve.core.api import InferenceCore, MetricsSource, ModelHost, RepositoryHost
+    from pdserve.core.api import InferenceCore, ModelHost
+    from pdserve.core.stats import ModelStats
     from pdserve.core.tracing import RequestTracer, TraceRef
-    from pdserve.observability.stats import ModelStats
+    from pdserve.repository.control import RepositoryHost
 
 log = logging.getLogger("pdserve.server")
 
@@ -58,9 +59,10 @@ EXTENSIONS = [
 class InferenceServer:
     """The server core: health, metadata, inference, statistics, repository.
 
-    Implements every protocol of :mod:`pdserve.core.api`: :class:`InferenceCore`
-    (frontends, app), :class:`MetricsSource`, :class:`RepositoryHost` (the poller),
-    :class:`ModelRunner` / :class:`ModelHost` (ensembles, BLS, the model manager).
+    Implements every protocol of :mod:`pdserve.core.api` (:class:`InferenceCore` for
+    the frontends and the app, :class:`ModelRunner` / :class:`ModelHost` for ensembles,
+    BLS and the model manager), the poller's ``RepositoryHost`` and the metrics'
+    ``MetricsSource``.
 
     Args:
         model_repository: the model repository root.
@@ -393,12 +395,12 @@ class InferenceServer:
                 cache = self.response_cache
                 if cache is not None and cache.enabled_for(mv):
                     outputs = await self._infer_cached(cache, mv, exec_req)
-                elif mv.scheduler.follows_token:  # type: ignore[union-attr]
-                    outputs = await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
+                elif mv.scheduler.follows_token:
+                    outputs = await mv.scheduler.submit(exec_req)
                 else:
                     outputs = await run_cancellable(
                         token_of(request),
-                        mv.scheduler.submit(exec_req),  # type: ignore[union-attr]
+                        mv.scheduler.submit(exec_req),
                     )
                 outputs = mv.finish_outputs(request, outputs)
             except InferError as e:
@@ -492,7 +494,7 @@ class InferenceServer:
         mv.begin()
         try:
             try:
-                await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
+                await mv.scheduler.submit(exec_req)
                 await asyncio.shield(stream.finished)
             except InferError as e:
                 if e.reason != NOT_QUEUED:
@@ -588,7 +590,7 @@ class InferenceServer:
                 "cache_lookup", ref.span_id, start, end, {"pdserve.cache_hit": outputs is not None}
             )
         if outputs is None:
-            outputs = await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
+            outputs = await mv.scheduler.submit(exec_req)
             await cache.put(key, outputs)
         return outputs
 
@@ -766,5 +768,5 @@ if TYPE_CHECKING:  # mypy checks that InferenceServer implements every core prot
 
     def _implements(
         server: InferenceServer,
-    ) -> tuple[InferenceCore, MetricsSource, RepositoryHost, ModelHost]:
-        return (server, server, server, server)
+    ) -> tuple[InferenceCore, RepositoryHost, ModelHost[ModelVersion]]:
+        return (server, server, server)

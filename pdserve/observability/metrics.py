@@ -73,7 +73,7 @@ Tracing (issue 17), from :meth:`pdserve.observability.tracing.TraceManager.sampl
 (``queue_full``, ``export_failed``).
 
 Cost on the inference path: the counters are read from
-:class:`~pdserve.observability.stats.ModelStats` at scrape time; only the
+:class:`~pdserve.core.stats.ModelStats` at scrape time; only the
 histograms are fed per request, through ``ModelStats.success_hooks`` / ``hooks``, by a lock-free
 bucket array (the event loop is single-threaded). The exposition is written by
 this module in the Prometheus text format 0.0.4 (``prometheus_client`` would add
@@ -89,15 +89,11 @@ import math
 import os
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
-from pdserve.cache import RedisResponseCache
-from pdserve.core.api import MetricsSource
-from pdserve.observability import stats as stats_mod
-from pdserve.observability.stats import LATENCY_BUCKETS, ModelStats
-
-if TYPE_CHECKING:
-    from pdserve.cache import AnyResponseCache
+from pdserve.cache import AnyResponseCache, RedisResponseCache
+from pdserve.core import stats as stats_mod
+from pdserve.core.stats import LATENCY_BUCKETS, ModelStats
 
 log = logging.getLogger("pdserve.metrics")
 
@@ -105,6 +101,28 @@ log = logging.getLogger("pdserve.metrics")
 BATCH_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@runtime_checkable
+class MetricsSource(Protocol):
+    """What the Prometheus metrics read from the core at scrape time
+    (:class:`pdserve.server.InferenceServer` implements it). The families of traffic
+    control, worker processes and readiness read ``traffic``, ``manager`` and
+    ``repository_index`` where the core has them."""
+
+    @property
+    def response_cache(self) -> AnyResponseCache | None:
+        """The response cache, or None when the server has none."""
+        ...
+
+    def served_model_stats(self) -> list[ModelStats]:
+        """Statistics of every served model version, by model name then version."""
+        ...
+
+    def memory_report(self) -> dict[str, Any]:
+        """The model memory budget: ``budget_bytes`` (None: none), ``used_bytes`` and
+        ``models``: name -> counters with ``loads``, ``evictions``, ``misses``."""
+        ...
 
 
 class Histogram:
@@ -403,7 +421,7 @@ TRAFFIC_METRICS: dict[str, tuple[str, str]] = {
 }  # fmt: skip
 
 
-def traffic_families(server: Any) -> list[Family]:
+def traffic_families(server: MetricsSource) -> list[Family]:
     """Traffic control's families (split, shadow, rollout), when the server has it."""
     control = getattr(server, "traffic", None)
     if control is None:
@@ -500,7 +518,7 @@ def read_process(pid: int) -> tuple[float, int] | None:
         return None
 
 
-def worker_processes(server: Any) -> list[tuple[dict[str, str], int]]:
+def worker_processes(server: MetricsSource) -> list[tuple[dict[str, str], int]]:
     """``[(labels {model, version, instance}, pid)]`` of every python-backend worker
     process of the served model versions.
 
@@ -524,7 +542,7 @@ def worker_processes(server: Any) -> list[tuple[dict[str, str], int]]:
     return out
 
 
-def worker_families(server: Any) -> list[Family]:
+def worker_families(server: MetricsSource) -> list[Family]:
     """Per python-backend worker process: ``pdserve_worker_cpu_seconds_total`` (counter)
     and ``pdserve_worker_resident_memory_bytes`` (gauge), labels model, version,
     instance. Sum them ``by (model)`` for a model's CPU and RSS."""
@@ -543,7 +561,7 @@ def worker_families(server: Any) -> list[Family]:
     return [cpu, rss]
 
 
-def readiness_families(server: Any) -> list[Family]:
+def readiness_families(server: MetricsSource) -> list[Family]:
     """``pdserve_model_ready{model, version}``: 1 for a READY version, 0 for a version
     that is loading, failed or unavailable -- every row of the repository index that
     has a version, except versions unloaded on request (reason ``unloaded``)."""
@@ -658,7 +676,7 @@ class MetricsExporter:
     """Renders every metric of a server.
 
     Args:
-        server: the core (:class:`~pdserve.core.api.MetricsSource`): its served model
+        server: the core (:class:`MetricsSource`): its served model
             versions' statistics and its response cache, read at each scrape.
         cpu: include CPU / memory metrics.
         gpu: try NVML GPU metrics.

@@ -58,21 +58,18 @@ import heapq
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from pdserve.backends.base import ExecRequest, ExecResult
 from pdserve.core.cancel import CancelToken, queue_owns_timeout, token_of
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
-from pdserve.observability.stats import NOT_QUEUED, ModelStats
-from pdserve.scheduling.base import InstancePool, Scheduler, run_batch
+from pdserve.core.stats import NOT_QUEUED, ModelStats
+from pdserve.scheduling.base import InstancePool, Scheduler, SchedulerSpec, run_batch
 from pdserve.scheduling.padding import PaddingPolicy, policy_of
 from pdserve.scheduling.queue_policy import PriorityLevels
 from pdserve.scheduling.shapes import OutputCheck
-
-if TYPE_CHECKING:
-    from pdserve.repository.model import ModelVersion
 
 log = logging.getLogger("pdserve.batcher")
 
@@ -182,7 +179,7 @@ class DynamicBatcher(Scheduler):
         self,
         pool: InstancePool,
         stats: ModelStats,
-        model: ModelVersion,
+        model: SchedulerSpec,
         check: OutputCheck | None = None,
     ) -> None:
         super().__init__(pool, stats, check)

@@ -52,17 +52,15 @@ import numpy as np
 
 from pdserve import config as cfgmod
 from pdserve.backends.base import Backend, ExecRequest, ModelInstance, ModelSpec
+from pdserve.core.api import ModelRef
 from pdserve.core.cancel import CancelToken, token_of
+from pdserve.core.datatypes import WILDCARD_DIM
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.core.types import InferRequest, RequestedOutput
-from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled
+from pdserve.scheduling.base import InstancePool, ScheduledModel, Scheduler, is_cancelled
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2
-
-    from pdserve.repository.model import ModelVersion
-
-WILDCARD = -1
 
 
 @dataclass(slots=True)
@@ -128,11 +126,13 @@ class EnsemblePlan:
 
 
 def _full_shape(cfg: model_config_pb2.ModelConfig, dims: Any) -> list[int]:
-    return ([WILDCARD] if cfg.max_batch_size > 0 else []) + [int(d) for d in dims]
+    return ([WILDCARD_DIM] if cfg.max_batch_size > 0 else []) + [int(d) for d in dims]
 
 
 def _shapes_agree(a: list[int], b: list[int]) -> bool:
-    return len(a) == len(b) and all(x == y or WILDCARD in (x, y) for x, y in zip(a, b, strict=True))
+    return len(a) == len(b) and all(
+        x == y or WILDCARD_DIM in (x, y) for x, y in zip(a, b, strict=True)
+    )
 
 
 def _shape_str(shape: list[int]) -> str:
@@ -415,7 +415,7 @@ class EnsembleScheduler(Scheduler):
             comes from :class:`EnsembleBackend`; its ``spec.server`` runs the steps.
     """
 
-    def __init__(self, model: ModelVersion) -> None:
+    def __init__(self, model: ScheduledModel) -> None:
         super().__init__(InstancePool([]), model.stats)
         self.model = model
         self.plan: EnsemblePlan = model.spec.extra["ensemble_plan"]
@@ -545,7 +545,7 @@ class EnsembleScheduler(Scheduler):
         if server is None:  # unreachable: an ensemble loads only when its steps were found
             raise internal(f"ensemble '{self.plan.name}' has no server to run its steps")
         try:
-            mv = server.model_version(step.model_name, step.model_version)
+            mv: ModelRef = server.model_version(step.model_name, step.model_version)
         except InferError as e:
             raise unavailable(
                 f"ensemble '{self.plan.name}': step model '{step.model_name}' is not "
@@ -603,7 +603,7 @@ class EnsembleScheduler(Scheduler):
         if server is None:  # unreachable: an ensemble loads only when its steps were found
             raise internal(f"ensemble '{self.plan.name}' has no server to run its steps")
         try:
-            mv = server.model_version(step.model_name, step.model_version)
+            mv: ModelRef = server.model_version(step.model_name, step.model_version)
         except InferError as e:
             raise unavailable(
                 f"ensemble '{self.plan.name}': step model '{step.model_name}' is not "

@@ -57,7 +57,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -65,13 +65,10 @@ from pdserve import config as cfgmod
 from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance
 from pdserve.core.datatypes import V2_TO_NUMPY
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
+from pdserve.core.stats import ModelStats
 from pdserve.core.types import InferRequest
-from pdserve.observability.stats import ModelStats
-from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled, run_batch
+from pdserve.scheduling.base import InstancePool, Scheduler, SchedulerSpec, is_cancelled, run_batch
 from pdserve.scheduling.shapes import OutputCheck
-
-if TYPE_CHECKING:
-    from pdserve.repository.model import ModelVersion
 
 log = logging.getLogger("pdserve.sequence")
 
@@ -217,7 +214,7 @@ class SequenceBatcher(Scheduler):
         self,
         pool: InstancePool,
         stats: ModelStats,
-        model: ModelVersion,
+        model: SchedulerSpec,
         check: OutputCheck | None = None,
     ) -> None:
         super().__init__(pool, stats, check)

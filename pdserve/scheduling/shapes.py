@@ -47,9 +47,6 @@ from pdserve.core.errors import InferError, internal
 if TYPE_CHECKING:
     from pdserve.backends.base import ExecRequest, ExecResult
 
-#: a variable-size dimension in ``dims`` / ``reshape.shape``
-WILDCARD = WILDCARD_DIM
-
 
 def reshape_dims(
     shape: Sequence[int], from_dims: Sequence[int], to_dims: Sequence[int]
@@ -74,20 +71,20 @@ def reshape_dims(
         raise ValueError(
             f"shape {shape_str(shape)} does not have the rank of {shape_str(from_dims)}"
         )
-    values = [int(s) for s, d in zip(shape, from_dims, strict=True) if d == WILDCARD]
-    if sum(1 for d in to_dims if d == WILDCARD) > len(values):
+    values = [int(s) for s, d in zip(shape, from_dims, strict=True) if d == WILDCARD_DIM]
+    if sum(1 for d in to_dims if d == WILDCARD_DIM) > len(values):
         raise ValueError(
             f"reshape from {shape_str(from_dims)} to {shape_str(to_dims)}: more variable "
             "dimensions in the target"
         )
     it = iter(values)
-    return tuple(next(it) if d == WILDCARD else int(d) for d in to_dims)
+    return tuple(next(it) if d == WILDCARD_DIM else int(d) for d in to_dims)
 
 
 def shape_matches(shape: Sequence[int], dims: Sequence[int]) -> bool:
     """True when ``shape`` has the rank of ``dims`` and equals it wherever ``dims`` is not -1."""
     return len(shape) == len(dims) and all(
-        d == WILDCARD or d == s for s, d in zip(shape, dims, strict=True)
+        d == WILDCARD_DIM or d == s for s, d in zip(shape, dims, strict=True)
     )
 
 
@@ -105,12 +102,12 @@ class _Output:
         )
         #: served dims (batch dim excluded), as a tuple to compare with ``shape[1:]``
         self.dims: tuple[int, ...] = tuple(int(d) for d in io.dims)
-        self.variable = WILDCARD in self.dims
+        self.variable = WILDCARD_DIM in self.dims
         #: ``reshape.shape`` when configured: what the model is declared to produce
         self.model_dims: tuple[int, ...] | None = (
             tuple(int(d) for d in io.reshape.shape) if io.HasField("reshape") else None
         )
-        self.model_variable = self.model_dims is not None and WILDCARD in self.model_dims
+        self.model_variable = self.model_dims is not None and WILDCARD_DIM in self.model_dims
 
     def dtype_ok(self, dtype: np.dtype) -> bool:
         if self.dtype is None:
