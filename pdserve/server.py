@@ -384,8 +384,6 @@ class InferenceServer:
         """:meth:`_infer_on` past the circuit breaker: prepare, schedule, finish."""
         if mv.decoupled:
             return await self._infer_decoupled(mv, request, stats)
-        # Triton counts a failure once a request has passed its checks and was queued
-        # (see record_failure); a request refused before that counts nowhere.
         exec_req = mv.prepare(request)
         if request.trace is not None:
             request.trace.batch_size = exec_req.batch_size
@@ -403,20 +401,11 @@ class InferenceServer:
                         mv.scheduler.submit(exec_req),
                     )
                 outputs = mv.finish_outputs(request, outputs)
-            except InferError as e:
-                if e.reason != NOT_QUEUED:
-                    reason = e.reason
-                    if mv.platform == ENSEMBLE_PLATFORM and reason != CANCELED:
-                        reason = "OTHER"
-                    stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason)
-                raise
-            except asyncio.CancelledError:
-                stats.record_failure(time.monotonic_ns() - request.arrival_ns, "CANCELED")
-                raise
-            except Exception as e:
-                log.exception("request to %s failed", mv.name)
-                stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
-                raise internal(f"{type(e).__name__}: {e}") from e
+            except BaseException as e:
+                replacement = _record_failure(mv, request, stats, e)
+                if replacement is None:
+                    raise
+                raise replacement from e
             stats.record_success(
                 exec_req.batch_size,
                 time.monotonic_ns() - request.arrival_ns,
@@ -496,17 +485,11 @@ class InferenceServer:
             try:
                 await mv.scheduler.submit(exec_req)
                 await asyncio.shield(stream.finished)
-            except InferError as e:
-                if e.reason != NOT_QUEUED:
-                    stats.record_failure(time.monotonic_ns() - request.arrival_ns, e.reason)
-                raise
-            except asyncio.CancelledError:
-                stats.record_failure(time.monotonic_ns() - request.arrival_ns, "CANCELED")
-                raise
-            except Exception as e:
-                log.exception("request to %s failed", mv.name)
-                stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
-                raise internal(f"{type(e).__name__}: {e}") from e
+            except BaseException as e:
+                replacement = _record_failure(mv, request, stats, e)
+                if replacement is None:
+                    raise
+                raise replacement from e
             stats.record_success(
                 exec_req.batch_size,
                 time.monotonic_ns() - request.arrival_ns,
@@ -747,6 +730,37 @@ class InferenceServer:
             WarmupError: a configured sample failed; the version does not serve.
         """
         await run_warmup(mv)
+
+
+def _record_failure(
+    mv: ModelVersion, request: InferRequest, stats: ModelStats, error: BaseException
+) -> InferError | None:
+    """Count a failed request in ``stats`` (both paths of :meth:`InferenceServer._run_on`).
+
+    As Triton, a request counts once it passed its checks and was queued: an error with
+    reason :data:`NOT_QUEUED` counts nowhere. The reason is the error's, ``OTHER`` for
+    every failure of an ensemble except a cancellation, ``CANCELED`` for a cancelled
+    task, ``OTHER`` for an unexpected exception (logged).
+
+    Returns:
+        the error to raise instead of ``error`` (``INTERNAL`` for an unexpected
+        exception), or None to raise ``error`` itself.
+    """
+    if isinstance(error, InferError):
+        if error.reason != NOT_QUEUED:
+            reason = error.reason
+            if mv.platform == ENSEMBLE_PLATFORM and reason != CANCELED:
+                reason = "OTHER"
+            stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason)
+        return None
+    if isinstance(error, asyncio.CancelledError):
+        stats.record_failure(time.monotonic_ns() - request.arrival_ns, CANCELED)
+        return None
+    if isinstance(error, Exception):
+        log.exception("request to %s failed", mv.name)
+        stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
+        return internal(f"{type(error).__name__}: {error}")
+    return None
 
 
 #: The running ``infer`` tasks of :meth:`InferenceServer.infer_stream` (kept alive until done:
