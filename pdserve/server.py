@@ -247,7 +247,7 @@ class InferenceServer:
     # the next step and return its coroutine (a tail call) rather than coroutines that
     # await it: every coroutine level of the chain is walked twice per request (when it
     # suspends on the batcher's future and when it resumes), so the common path keeps
-    # infer -> _run_on -> run_cancellable -> submit (issue 11 point 2).
+    # infer -> _run_on -> run_cancellable -> submit.
 
     def _infer_entry(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
         """:meth:`infer` once the request's cancellation token is armed."""
@@ -381,26 +381,36 @@ class InferenceServer:
     async def _run_on(
         self, mv: ModelVersion, request: InferRequest, stats: ModelStats
     ) -> InferResponse:
-        """:meth:`_infer_on` past the circuit breaker: prepare, schedule, finish."""
-        if mv.decoupled:
-            return await self._infer_decoupled(mv, request, stats)
-        exec_req = mv.prepare(request)
-        if request.trace is not None:
-            request.trace.batch_size = exec_req.batch_size
+        """:meth:`_infer_on` past the circuit breaker: prepare, schedule, finish, count.
+
+        A decoupled model's responses go into ``request.stream`` (:meth:`_open_stream`);
+        its response here is empty, returned once the final one is in.
+        """
+        decoupled = mv.decoupled
+        if decoupled:
+            exec_req, finished = self._open_stream(mv, request)
+        else:
+            exec_req = mv.prepare(request)
+            if request.trace is not None:
+                request.trace.batch_size = exec_req.batch_size
         mv.begin()
         try:
             try:
-                cache = self.response_cache
-                if cache is not None and cache.enabled_for(mv):
-                    outputs = await self._infer_cached(cache, mv, exec_req)
-                elif mv.scheduler.follows_token:
-                    outputs = await mv.scheduler.submit(exec_req)
+                if decoupled:
+                    await mv.scheduler.submit(exec_req)
+                    await asyncio.shield(finished)
+                    outputs = {}
                 else:
-                    outputs = await run_cancellable(
-                        token_of(request),
-                        mv.scheduler.submit(exec_req),
-                    )
-                outputs = mv.finish_outputs(request, outputs)
+                    cache = self.response_cache
+                    if cache is not None and cache.enabled_for(mv):
+                        outputs = await self._infer_cached(cache, mv, exec_req)
+                    elif mv.scheduler.follows_token:
+                        outputs = await mv.scheduler.submit(exec_req)
+                    else:
+                        outputs = await run_cancellable(
+                            token_of(request), mv.scheduler.submit(exec_req)
+                        )
+                    outputs = mv.finish_outputs(request, outputs)
             except BaseException as e:
                 replacement = _record_failure(mv, request, stats, e)
                 if replacement is None:
@@ -446,16 +456,20 @@ class InferenceServer:
             )
         return response
 
-    async def _infer_decoupled(
-        self, mv: ModelVersion, request: InferRequest, stats: ModelStats
-    ) -> InferResponse:
-        """A request to a decoupled model: its responses go into ``request.stream``;
-        returns (an empty response) once the final one is in.
+    def _open_stream(
+        self, mv: ModelVersion, request: InferRequest
+    ) -> tuple[ExecRequest, asyncio.Future[None]]:
+        """Check a request to a decoupled model and point its ``request.stream`` at the
+        model (each response checked and finished as a whole result would be).
+
+        Returns:
+            the request to submit, and the future the stream resolves once its final
+            response is in (an exception: the final one was an error).
 
         Raises:
             InferError(UNSUPPORTED): the request has no stream (``/infer``, ``ModelInfer``,
                 a non-decoupled BLS call), as Triton refuses it.
-            InferError: as :meth:`infer_on`, or the stream's final error.
+            InferError(INVALID_ARG): as :meth:`ModelVersion.prepare`.
         """
         from pdserve.backends.base import ExecRequest
 
@@ -480,25 +494,7 @@ class InferenceServer:
 
         stream.convert = convert
         stream.model = (mv.name, mv.version_str)
-        mv.begin()
-        try:
-            try:
-                await mv.scheduler.submit(exec_req)
-                await asyncio.shield(stream.finished)
-            except BaseException as e:
-                replacement = _record_failure(mv, request, stats, e)
-                if replacement is None:
-                    raise
-                raise replacement from e
-            stats.record_success(
-                exec_req.batch_size,
-                time.monotonic_ns() - request.arrival_ns,
-                exec_req.queue_ns,
-                exec_req.compute_ns,
-            )
-        finally:
-            mv.end()
-        return InferResponse(mv.name, mv.version_str, {}, request.id)
+        return exec_req, stream.finished
 
     async def infer_stream(self, request: InferRequest) -> AsyncGenerator[StreamResponse, None]:
         """Run one request and yield its responses as they come (Triton's decoupled

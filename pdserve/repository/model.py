@@ -161,6 +161,7 @@ class ModelVersion:
 
     # -- request checks -------------------------------------------------------
 
+    # measured hot path (every request): one function, as a split adds a call per request
     def prepare(self, request: InferRequest) -> ExecRequest:
         """Check ``request`` against the configuration and build its ExecRequest.
 

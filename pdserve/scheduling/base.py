@@ -275,6 +275,39 @@ class Scheduler(abc.ABC):
         """Fail (``UNAVAILABLE``) what the scheduler still runs; the instances are stopping."""
 
 
+class BatchingScheduler(Scheduler):
+    """A scheduler that runs each batch as its own task (the dynamic and sequence
+    batchers): it keeps the running tasks in ``_tasks`` until they are done."""
+
+    def __init__(
+        self, pool: InstancePool, stats: ModelStats, check: OutputCheck | None = None
+    ) -> None:
+        super().__init__(pool, stats, check)
+        #: the running batches (a task adds ``_tasks.discard`` as its done callback)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _wait_batches(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` s (``None``: no limit) for the running batches.
+
+        Returns:
+            True when none is running any more.
+        """
+        if not self._tasks:
+            return True
+        if timeout is not None and timeout <= 0:
+            return False
+        _, pending = await asyncio.wait(list(self._tasks), timeout=timeout)
+        return not pending
+
+    async def cancel_running(self) -> None:
+        """Cancel the batches still running: their requests get ``UNAVAILABLE`` at once."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+
+
 def is_cancelled(request: ExecRequest) -> bool:
     """True when the client that sent ``request`` has gone away."""
     cancelled = request.request.cancelled

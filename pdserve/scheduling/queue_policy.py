@@ -1,21 +1,8 @@
 """Queue policies and priority levels of the dynamic batcher.
 
-Follows Triton's ``ModelDynamicBatching`` / ``ModelQueuePolicy`` messages
-(model_config.proto) and the schedule-policy protocol extension
-(docs/protocol/extension_schedule_policy.md):
-
-- ``priority_levels`` N (0: one level) and ``default_priority_level``; a request's
-  ``priority`` parameter picks a level, 1 being the highest; 0, a missing
-  parameter, or a value above N means the default level.
-- ``default_queue_policy`` applies to every level without an entry in
-  ``priority_queue_policy``.
-- ``max_queue_size``: requests queued at that level (0: unbounded); a request that
-  does not fit is rejected at once.
-- ``default_timeout_microseconds`` (0: none) with ``timeout_action`` ``REJECT``
-  (the request fails) or ``DELAY`` (it is moved behind the requests of its level
-  that have not timed out); ``allow_timeout_override`` lets a request's
-  ``timeout`` parameter (µs) *shorten* the default (any value, when the default
-  is 0 = no timeout).
+:class:`PriorityLevels` reads Triton's ``ModelDynamicBatching`` / ``ModelQueuePolicy``
+(model_config.proto; docs/protocol/extension_schedule_policy.md) into one
+:class:`QueuePolicy` per priority level: queue bound, timeout and timeout action.
 """
 
 from __future__ import annotations
@@ -89,6 +76,23 @@ def _uint_param(name: str, value: Any) -> int:
 @dataclass(frozen=True, slots=True)
 class PriorityLevels:
     """Priority levels of one model and their queue policies.
+
+    Follows Triton's ``ModelDynamicBatching`` / ``ModelQueuePolicy`` messages
+    (model_config.proto) and the schedule-policy protocol extension
+    (docs/protocol/extension_schedule_policy.md):
+
+    - ``priority_levels`` N (0: one level) and ``default_priority_level``; a request's
+      ``priority`` parameter picks a level, 1 being the highest; 0, a missing
+      parameter, or a value above N means the default level.
+    - ``default_queue_policy`` applies to every level without an entry in
+      ``priority_queue_policy``.
+    - ``max_queue_size``: requests queued at that level (0: unbounded); a request that
+      does not fit is rejected at once.
+    - ``default_timeout_microseconds`` (0: none) with ``timeout_action`` ``REJECT``
+      (the request fails) or ``DELAY`` (it is moved behind the requests of its level
+      that have not timed out); ``allow_timeout_override`` lets a request's
+      ``timeout`` parameter (µs) *shorten* the default (any value, when the default
+      is 0 = no timeout).
 
     Attributes:
         count: number of levels (>= 1; config ``priority_levels`` 0 means 1).

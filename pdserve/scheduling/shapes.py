@@ -1,36 +1,10 @@
 """Triton's ``reshape`` and the check of every model output against its configuration.
 
-**Reshape** (``model_config.proto`` ``ModelTensorReshape``): ``dims`` is the shape a
-client sends / receives, ``reshape.shape`` the shape the model itself takes /
-produces; the batch dimension (``max_batch_size > 0``) stays first and is not part of
-either. Variable-size (``-1``) dimensions keep their values, in order: Triton core
-takes the sizes at the ``-1`` positions of the shape it converts from and puts them,
-in the same order, at the ``-1`` positions of the shape it converts to
-(``InferenceRequest::Normalize`` for inputs, ``InferenceResponse::Output::Reshape``
-for outputs). :func:`reshape_dims` does this once for every backend: inputs are
-reshaped when a request is checked (``ModelVersion.prepare``), outputs by
-:class:`OutputCheck`.
-
-**Output check** (:class:`OutputCheck`, run by the schedulers on every result of
-every backend, ensemble steps included — the steps run on their models' schedulers —
-and on an ensemble's own outputs): each requested output must be present, have the
-configured datatype, and have the shape ``[rows] + dims`` (``rows``: the request's
-batch size, when the model batches; ``-1`` dims accept any size). An output whose
-model configuration has a ``reshape`` may come back shaped as ``reshape.shape`` (what
-the model is declared to produce; it is then reshaped to ``dims``) or already as
-``dims``. Anything else fails that request with ``INTERNAL`` (HTTP 500, gRPC
-INTERNAL) naming the model, the output, the expected and the actual shape or
-datatype; the other requests of the batch and the server carry on.
-
-Triton is looser here, and pdserve deliberately stricter (a wrong output is never a
-200 — DESIGN.md): Triton's python backend sends whatever shape and datatype the
-model returned (the response then contradicts the model metadata), and its
-ONNX Runtime backend fails a request only when the batch output has *fewer* rows
-than the batch (``UNSUPPORTED``, "failed to split the output tensor"), silently
-cutting off extra rows. Triton converts no datatype, so neither does pdserve.
-
-Cost: a few tuple and dtype comparisons per output of each request; no work per
-element (a reshape is a numpy view).
+:func:`reshape_dims` maps a shape between ``dims`` (what a client sends / receives)
+and ``reshape.shape`` (what the model takes / produces), once for every backend:
+inputs are reshaped when a request is checked (``ModelVersion.prepare``), outputs by
+:class:`OutputCheck`, which the schedulers run on every result (ensemble steps and an
+ensemble's own outputs included): a wrong output is ``INTERNAL``, never a 200.
 """
 
 from __future__ import annotations
@@ -121,7 +95,39 @@ class _Output:
 
 
 class OutputCheck:
-    """Checks (and reshapes) the outputs of one model's requests (see the module docstring).
+    """Checks (and reshapes) the outputs of one model's requests.
+
+    **Reshape** (``model_config.proto`` ``ModelTensorReshape``): ``dims`` is the shape a
+    client sends / receives, ``reshape.shape`` the shape the model itself takes /
+    produces; the batch dimension (``max_batch_size > 0``) stays first and is not part of
+    either. Variable-size (``-1``) dimensions keep their values, in order: Triton core
+    takes the sizes at the ``-1`` positions of the shape it converts from and puts them,
+    in the same order, at the ``-1`` positions of the shape it converts to
+    (``InferenceRequest::Normalize`` for inputs, ``InferenceResponse::Output::Reshape``
+    for outputs). :func:`reshape_dims` does this once for every backend: inputs are
+    reshaped when a request is checked (``ModelVersion.prepare``), outputs by
+    :class:`OutputCheck`.
+
+    **Output check** (:class:`OutputCheck`, run by the schedulers on every result of
+    every backend, ensemble steps included — the steps run on their models' schedulers —
+    and on an ensemble's own outputs): each requested output must be present, have the
+    configured datatype, and have the shape ``[rows] + dims`` (``rows``: the request's
+    batch size, when the model batches; ``-1`` dims accept any size). An output whose
+    model configuration has a ``reshape`` may come back shaped as ``reshape.shape`` (what
+    the model is declared to produce; it is then reshaped to ``dims``) or already as
+    ``dims``. Anything else fails that request with ``INTERNAL`` (HTTP 500, gRPC
+    INTERNAL) naming the model, the output, the expected and the actual shape or
+    datatype; the other requests of the batch and the server carry on.
+
+    Triton is looser here, and pdserve deliberately stricter (a wrong output is never a
+    200 — DESIGN.md): Triton's python backend sends whatever shape and datatype the
+    model returned (the response then contradicts the model metadata), and its
+    ONNX Runtime backend fails a request only when the batch output has *fewer* rows
+    than the batch (``UNSUPPORTED``, "failed to split the output tensor"), silently
+    cutting off extra rows. Triton converts no datatype, so neither does pdserve.
+
+    Cost: a few tuple and dtype comparisons per output of each request; no work per
+    element (a reshape is a numpy view).
 
     Args:
         config: the model's (auto-completed) ``ModelConfig``.
