@@ -32,6 +32,8 @@ from pdserve.repository.rollout import TrafficControl
 from pdserve.repository.warmup import warmup as run_warmup
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from pdserve.backends.base import ExecRequest
     from pdserve.cache import AnyResponseCache
     from pdserve.core.api import InferenceCore, ModelHost
@@ -488,7 +490,7 @@ class InferenceServer:
         check = mv.output_check.check
         finish = mv.finish_outputs
 
-        def convert(outputs: dict[str, Any]) -> Any:
+        def convert(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | InferError:
             result = check(checked, outputs)
             return result if isinstance(result, InferError) else finish(request, result)
 
@@ -552,7 +554,7 @@ class InferenceServer:
 
     async def _infer_cached(
         self, cache: AnyResponseCache, mv: ModelVersion, exec_req: ExecRequest
-    ) -> Any:
+    ) -> dict[str, np.ndarray]:
         """Response cache lookup; on a miss run the request and store its outputs.
 
         A hit skips the scheduler (no queue or compute time, as in Triton). The

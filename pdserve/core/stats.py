@@ -50,7 +50,7 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 
 #: Callables ``listener(stats)`` run when a :class:`ModelStats` is created — the
 #: Prometheus exporter uses this to add its hooks to every model version.
-LISTENERS: list[Any] = []
+LISTENERS: list[Callable[[ModelStats], object]] = []
 
 _STAT_NAMES = (
     "success",
@@ -239,7 +239,7 @@ class ModelStats:
         self.batches: dict[int, BatchStats] = {}
         self.pending = 0
         self.recent = RecentWindow()
-        self.hooks: list[Any] = []
+        self.hooks: list[Callable[..., None]] = []
         #: callables ``(rows, request_ns, queue_ns, compute_ns)`` called on every success.
         self.success_hooks: list[Callable[[int, int, int, int], None]] = []
         self._success = self.durations["success"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +58,7 @@ class IOSpec:
     reshape: tuple[int, ...] | None = None
 
 
-def _shape_str(shape: Any) -> str:
+def _shape_str(shape: Iterable[int]) -> str:
     return "[" + ",".join(str(int(d)) for d in shape) + "]"
 
 
@@ -255,7 +256,7 @@ class ModelVersion:
             inputs = dict(request.inputs)
         return ExecRequest(inputs, output_names, request, batch_size)
 
-    def _reshape_input(self, spec: IOSpec, arr: np.ndarray, rest: Any) -> np.ndarray:
+    def _reshape_input(self, spec: IOSpec, arr: np.ndarray, rest: tuple[int, ...]) -> np.ndarray:
         """``arr`` (shape ``[batch] + rest``) as the model gets it: ``rest`` reshaped from
         ``dims`` to ``reshape.shape`` (:func:`~pdserve.scheduling.shapes.reshape_dims`),
         a view, as Triton's ``InferenceRequest::Normalize`` does for every backend.
@@ -274,7 +275,7 @@ class ModelVersion:
             raise InferError(
                 f"input '{spec.name}' of shape {_shape_str(arr.shape)} for model '{self.name}' "
                 f"cannot be reshaped from dims {_shape_str(spec.dims)} to reshape.shape "
-                f"{_shape_str(spec.reshape)}: {e}"
+                f"{_shape_str(spec.reshape or ())}: {e}"
             ) from None
 
     def _missing_inputs_message(self, request: InferRequest, missing: list[str]) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pdserve.backends.base import ExecRequest, ExecResult
+from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance
 from pdserve.core.cancel import CancelToken, queue_owns_timeout, token_of
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.core.stats import NOT_QUEUED, ModelStats
@@ -564,7 +564,7 @@ class DynamicBatcher(BatchingScheduler):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _execute(self, instance: Any, items: list[_Item]) -> list[ExecResult]:
+    async def _execute(self, instance: ModelInstance, items: list[_Item]) -> list[ExecResult]:
         """Run one batch on ``instance`` (released afterwards); one result per item.
 
         Requests whose client went away since the batch was formed are answered ``CLIENT_GONE``
@@ -590,7 +590,7 @@ class DynamicBatcher(BatchingScheduler):
         finally:
             self.pool.release(instance)
 
-    async def _run_batch(self, instance: Any, items: list[_Item]) -> list[ExecResult]:
+    async def _run_batch(self, instance: ModelInstance, items: list[_Item]) -> list[ExecResult]:
         """:func:`run_batch` on the items' requests; under a padding policy, the padded
         inputs are padded to the batch's target length first and the listed outputs
         cut back to each request's own length afterwards."""
@@ -609,13 +609,13 @@ class DynamicBatcher(BatchingScheduler):
         cut = padding.cut
         return [cut(self.name, res, n, target) for res, n in zip(results, lengths, strict=True)]
 
-    async def _run(self, instance: Any, items: list[_Item]) -> None:
+    async def _run(self, instance: ModelInstance, items: list[_Item]) -> None:
         results = await self._execute(instance, items)
         _deliver(items, results)
         if self._queued:
             self._schedule()
 
-    async def _run_ordered(self, instance: Any, batch: _Batch) -> None:
+    async def _run_ordered(self, instance: ModelInstance, batch: _Batch) -> None:
         try:
             batch.results = await self._execute(instance, batch.items)
         finally:

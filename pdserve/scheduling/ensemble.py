@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -98,7 +98,7 @@ class EnsemblePlan:
         return sorted(needed)
 
 
-def _full_shape(cfg: model_config_pb2.ModelConfig, dims: Any) -> list[int]:
+def _full_shape(cfg: model_config_pb2.ModelConfig, dims: Iterable[int]) -> list[int]:
     return ([WILDCARD_DIM] if cfg.max_batch_size > 0 else []) + [int(d) for d in dims]
 
 
@@ -370,7 +370,7 @@ class EnsembleBackend(Backend):
         """
         server = spec.server
 
-        def loaded(model_name: str, version: str) -> Any:
+        def loaded(model_name: str, version: str) -> model_config_pb2.ModelConfig | None:
             if server is None:
                 return None
             try:
@@ -639,7 +639,7 @@ def _cancel_error(request: InferRequest, ensemble: str) -> InferError:
     )
 
 
-def _step_timeout_ns(config: Any) -> int:
+def _step_timeout_ns(config: model_config_pb2.ModelConfig) -> int:
     """The ensemble's ``step_timeout_us`` parameter in ns (0: none or not a positive
     integer)."""
     param = config.parameters.get("step_timeout_us")

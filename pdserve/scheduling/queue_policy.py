@@ -8,9 +8,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdserve.core.errors import InferError
+
+if TYPE_CHECKING:
+    from tritonclient.grpc import model_config_pb2
 
 #: ``ModelQueuePolicy.TimeoutAction`` values (model_config.proto).
 REJECT = 0
@@ -34,7 +37,7 @@ class QueuePolicy:
     max_queue_size: int = 0
 
     @classmethod
-    def from_proto(cls, p: Any) -> QueuePolicy:
+    def from_proto(cls, p: model_config_pb2.ModelQueuePolicy) -> QueuePolicy:
         """From a ``ModelQueuePolicy`` message."""
         return cls(
             timeout_ns=int(p.default_timeout_microseconds) * 1000,
@@ -105,7 +108,7 @@ class PriorityLevels:
     policies: tuple[QueuePolicy, ...]
 
     @classmethod
-    def from_config(cls, db: Any) -> PriorityLevels:
+    def from_config(cls, db: model_config_pb2.ModelDynamicBatching) -> PriorityLevels:
         """From a ``ModelDynamicBatching`` message."""
         count = max(1, int(db.priority_levels))
         default = int(db.default_priority_level) if db.priority_levels else 1

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from pdserve.scheduling.base import (
     run_batch,
 )
 from pdserve.scheduling.shapes import OutputCheck
+
+if TYPE_CHECKING:
+    from tritonclient.grpc import model_config_pb2
 
 log = logging.getLogger("pdserve.sequence")
 
@@ -105,7 +108,7 @@ class _ControlSpec:
 
     __slots__ = ("name", "kind", "dtype", "false", "true", "string")
 
-    def __init__(self, name: str, control: Any) -> None:
+    def __init__(self, name: str, control: model_config_pb2.ModelSequenceBatching.Control) -> None:
         self.name = name
         self.kind = control.kind
         self.string = False
@@ -130,7 +133,7 @@ class _ControlSpec:
 class _StateSpec:
     __slots__ = ("input_name", "output_name", "dtype", "shape")
 
-    def __init__(self, state: Any, batching: bool) -> None:
+    def __init__(self, state: model_config_pb2.ModelSequenceBatching.State, batching: bool) -> None:
         self.input_name = state.input_name
         self.output_name = state.output_name
         dt = cfgmod.model_config_pb2.DataType.Name(state.data_type)[len("TYPE_") :]
