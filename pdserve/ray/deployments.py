@@ -444,7 +444,9 @@ def build_app(args: dict[str, Any]) -> Any:
         ValueError: no ``model_repository``, or see :func:`application`.
     """
     if "model_repository" not in args:
-        raise ValueError("pdserve.ray:build_app needs model_repository=<folder>")
+        raise ValueError(
+            "build_app (import_path pdserve.ray:build_app) needs model_repository=<folder>"
+        )
     models = args.get("models")
     if isinstance(models, str):
         models = [m for m in models.split(",") if m]

@@ -70,8 +70,6 @@ ALLOWED: dict[tuple[str, str], str] = {}
 #: connected component of the import graph) -> who cuts it. The test fails on any
 #: other cycle, and on an entry here that no longer occurs exactly.
 ALLOWED_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"pdserve.app.check", "pdserve.app.check_output"}): "appa",
-    frozenset({"pdserve.app.cli", "pdserve.app.main", "pdserve.app.http_workers"}): "appa",
     frozenset(
         {
             "pdserve.repository.manager",
@@ -81,9 +79,6 @@ ALLOWED_CYCLES: dict[frozenset[str], str] = {
     ): (
         "repo: manager imports control.snapshot and rollout.RolloutPolicy, which type "
         "their manager with ModelManager"
-    ),
-    frozenset({"pdserve.ray", "pdserve.ray.deployments"}): (
-        "appb: pdserve/ray/__init__.py imports deployments, which imports pdserve.ray"
     ),
 }
 
