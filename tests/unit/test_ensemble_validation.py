@@ -1,4 +1,4 @@
-"""Load-time validation of ensembles (pdserve.scheduling.ensemble.validate_ensemble)."""
+"""Load-time validation of ensembles (pdserve.config.ensemble.validate_ensemble)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from pdserve.config import ConfigError
-from pdserve.scheduling.ensemble import validate_ensemble
+from pdserve.config import ConfigError, validate_ensemble
 
 
 def _cfg(text: str) -> model_config_pb2.ModelConfig:
