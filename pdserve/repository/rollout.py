@@ -62,7 +62,8 @@ from pdserve.repository.traffic import (
 
 if TYPE_CHECKING:
     from pdserve.core.api import ModelRunner
-    from pdserve.repository.manager import ModelEntry, ModelManager
+    from pdserve.repository.entry import ModelEntry
+    from pdserve.repository.manager import ModelManager
 
 log = logging.getLogger("pdserve.rollout")
 
