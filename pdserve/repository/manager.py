@@ -44,7 +44,7 @@ from pdserve.repository.entry import (
 from pdserve.repository.memory import MemoryMeter
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.prepare import backend_for, complete_config, read_config
-from pdserve.repository.rollout import RolloutPolicy
+from pdserve.repository.rollout_policy import RolloutPolicy
 from pdserve.repository.staging import (
     OVERRIDE_WHERE,
     Staged,

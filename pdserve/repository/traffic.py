@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,17 @@ class TrafficSpec:
         return named
 
 
+def check_keys(raw: dict[str, Any], allowed: Collection[str], where: str) -> None:
+    """Refuse the keys of ``raw`` that are not in ``allowed``.
+
+    Raises:
+        TrafficError: "unknown key(s) [...]; use [...]".
+    """
+    unknown = set(raw) - set(allowed)
+    if unknown:
+        raise TrafficError(f"{where}: unknown key(s) {sorted(unknown)}; use {sorted(allowed)}")
+
+
 def _version(value: Any, where: str) -> int:
     if isinstance(value, bool):
         raise TrafficError(f"{where}: version {value!r} is not a version number")
@@ -197,11 +209,7 @@ def parse_weights(raw: Any, where: str = "weights") -> dict[int, float]:
 def _parse_tolerance(raw: Any, where: str) -> Tolerance:
     if not isinstance(raw, dict):
         raise TrafficError(f"{where}: must be a mapping with atol/rtol, exact or top_k")
-    unknown = set(raw) - _COMPARE_KEYS
-    if unknown:
-        raise TrafficError(
-            f"{where}: unknown key(s) {sorted(unknown)}; use {sorted(_COMPARE_KEYS)}"
-        )
+    check_keys(raw, _COMPARE_KEYS, where)
     exact = raw.get("exact", False)
     if not isinstance(exact, bool):
         raise TrafficError(f"{where}.exact: must be true or false")
@@ -225,9 +233,7 @@ def parse_shadow(raw: Any, where: str = "shadow") -> ShadowSpec:
     """
     if not isinstance(raw, dict):
         raise TrafficError(f"{where}: must be a mapping with 'version'")
-    unknown = set(raw) - _SHADOW_KEYS
-    if unknown:
-        raise TrafficError(f"{where}: unknown key(s) {sorted(unknown)}; use {sorted(_SHADOW_KEYS)}")
+    check_keys(raw, _SHADOW_KEYS, where)
     if "version" not in raw:
         raise TrafficError(f"{where}: 'version' (the candidate to mirror to) is required")
     queue = raw.get("queue_size", DEFAULT_SHADOW_QUEUE)
@@ -261,9 +267,7 @@ def parse_traffic(doc: Any, where: str = TRAFFIC_FILENAME) -> TrafficSpec:
         return TrafficSpec()
     if not isinstance(doc, dict):
         raise TrafficError(f"{where}: must be a mapping with 'weights', 'shadow' or 'rollout'")
-    unknown = set(doc) - _TOP_KEYS
-    if unknown:
-        raise TrafficError(f"{where}: unknown key(s) {sorted(unknown)}; use {sorted(_TOP_KEYS)}")
+    check_keys(doc, _TOP_KEYS, where)
     weights = parse_weights(doc["weights"], f"{where}: weights") if "weights" in doc else {}
     shadow = parse_shadow(doc["shadow"], f"{where}: shadow") if doc.get("shadow") else None
     rollout = doc.get("rollout")
