@@ -130,7 +130,7 @@ async def complete_config(
             raise error
         errors.append(error)
 
-    validate_padding(cfg, fail)  # the ``padding`` parameter (issue 16)
+    validate_padding(cfg, fail)  # the ``padding`` parameter
     if host_policies is not None:
         try:
             host_policy.check_instance_groups(spec.name, cfg, host_policies)

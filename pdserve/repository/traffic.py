@@ -1,40 +1,18 @@
-"""Traffic between the versions of one model: the traffic file, routing, output comparison.
+"""Traffic between the versions of one model: the traffic file, the split, output comparison.
 
-A model folder may hold ``traffic.yaml`` (:data:`TRAFFIC_FILENAME`) beside
-``config.pbtxt``. It is read with the model (a load, a reload, a poll that saw it
-change) and says how requests that name **no version** are spread over the versions
-the version policy loaded::
+A model folder may hold ``traffic.yaml`` (:data:`TRAFFIC_FILENAME`), read with the model,
+saying how requests that name **no version** are spread over the served versions::
 
     weights: {1: 90, 2: 10}      # percent per version; must sum to 100
-    shadow:                      # optional: mirror a share of requests to a candidate
-      version: 3
-      percent: 100               # share of split requests mirrored (0-100)
-      queue_size: 64             # bounded; a full queue sheds the mirror, never the caller
-      max_inflight: 8            # shed mirrors while the caller's version has more in flight
-      compare:                   # per output; outputs not named use the defaults below
-        OUTPUT0: {atol: 1.0e-5, rtol: 1.0e-3}
-        top5_labels: {exact: true}
-        logits: {top_k: 5}
-    rollout: {...}               # optional: see pdserve.repository.rollout.RolloutPolicy
+    shadow: {version: 3, percent: 100, queue_size: 64, max_inflight: 8,
+             compare: {OUTPUT0: {atol: 1.0e-5, rtol: 1.0e-3}, labels: {exact: true}}}
+    rollout: {...}               # see pdserve.repository.rollout_policy.RolloutPolicy
 
-Rules (pdserve's own; Triton has no traffic split):
-
-- A request that names a version (URL ``/versions/N``, gRPC ``model_version``) is
-  served by that version and never split, mirrored or counted by a rollout.
-- ``x-pdserve-model-version: N`` (HTTP header or gRPC metadata) pins a request to
-  version N the same way (404 when N is not served).
-- ``x-pdserve-route-key: K`` makes the split sticky: the key is hashed onto 10,000
-  buckets and the buckets are cut by the weights, newest version first, so one key
-  sees one version, and raising a canary's weight only moves keys *onto* it.
-  Without a key each request is drawn at random with the weights.
-- A version the file names that the version policy did not load (or that failed to
-  load) is ignored with a warning: its share goes to the served versions in
-  proportion to their weights; ``GET /v2/models/{m}/traffic`` lists it under
-  ``unserved``. A file that is malformed (weights that do not sum to 100, negative or
-  non-numeric weights, unknown keys) is a load error, as a bad ``config.pbtxt`` is:
-  on a reload the versions and traffic that served before keep serving.
-- Without a traffic file (or with ``weights`` absent) the default version serves
-  (the highest ready one, as without this module).
+A request naming a version, or pinned with ``x-pdserve-model-version``, is never split.
+``x-pdserve-route-key`` makes the split sticky (the key hashed onto 10,000 buckets cut by
+the weights, newest version first). A named version that is not served gives its share
+to the served ones, with a warning. A malformed file is a load error, as a bad
+``config.pbtxt`` is; without a file the default version serves.
 """
 
 from __future__ import annotations
@@ -131,7 +109,7 @@ class TrafficSpec:
         weights: version -> percent (sum 100); empty: the default version serves.
         shadow: the mirror, or None.
         rollout: the raw ``rollout`` section (parsed by
-            :class:`pdserve.repository.rollout.RolloutPolicy`), or None.
+            :class:`pdserve.repository.rollout_policy.RolloutPolicy`), or None.
     """
 
     weights: dict[int, float] = field(default_factory=dict)
