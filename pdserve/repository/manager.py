@@ -23,7 +23,6 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pdserve import config as cfgmod
 from pdserve.backends.base import ModelSpec
@@ -31,7 +30,7 @@ from pdserve.core import procmem
 from pdserve.core.api import ModelHost
 from pdserve.core.errors import ErrorCode, InferError, internal, unavailable
 from pdserve.repository import dependencies, layout
-from pdserve.repository.control import snapshot
+from pdserve.repository.control import Snapshot, snapshot
 from pdserve.repository.entry import (
     LOADING,
     READY,
@@ -121,7 +120,7 @@ class ModelManager(ServedModels):
         #: measures each loaded version's memory.
         self._meter = MemoryMeter()
         #: model name -> its folder's fingerprints when its size was last measured.
-        self._known_folder: dict[str, Any] = {}
+        self._known_folder: dict[str, Snapshot | None] = {}
         #: model name -> the on-demand load in progress, shared by every request
         #: waiting for that model.
         self._demand: dict[str, asyncio.Task[ModelEntry]] = {}
@@ -159,7 +158,7 @@ class ModelManager(ServedModels):
     async def load_model(
         self,
         name: str,
-        config_override: Any = None,
+        config_override: cfgmod.ModelConfig | None = None,
         files: dict[str, bytes] | None = None,
         *,
         explicit: bool = True,
@@ -213,7 +212,7 @@ class ModelManager(ServedModels):
     async def _load_model(
         self,
         name: str,
-        config_override: Any,
+        config_override: cfgmod.ModelConfig | None,
         files: dict[str, bytes] | None,
         explicit: bool,
         chain: tuple[str, ...],
@@ -239,7 +238,7 @@ class ModelManager(ServedModels):
         ensemble_cfg = self.ensemble_config(name, config_override)
         if ensemble_cfg is not None:
 
-            async def load_step(step: str) -> Any:
+            async def load_step(step: str) -> ModelEntry:
                 if step in chain or step == name:
                     cycle = " -> ".join((*chain, name, step))
                     raise InferError(f"circular dependency between ensembles: {cycle}")
@@ -258,7 +257,7 @@ class ModelManager(ServedModels):
                 entry.explicit = True
 
     async def _load_task(
-        self, name: str, config_override: Any, files: dict[str, bytes] | None
+        self, name: str, config_override: cfgmod.ModelConfig | None, files: dict[str, bytes] | None
     ) -> ModelEntry:
         """Run the load of ``name`` as a task :meth:`close` may abandon."""
         # The load runs as its own task so that close() can abandon it (a python
@@ -276,7 +275,9 @@ class ModelManager(ServedModels):
                 ) from None
             raise
 
-    def ensemble_config(self, name: str, config_override: Any = None) -> Any:
+    def ensemble_config(
+        self, name: str, config_override: cfgmod.ModelConfig | None = None
+    ) -> cfgmod.ModelConfig | None:
         """The configuration ``name`` would load with when it is an ensemble (the
         override, else ``config.pbtxt``); None: not an ensemble, or unreadable (the
         load itself reports that)."""
@@ -292,7 +293,7 @@ class ModelManager(ServedModels):
     step_names = staticmethod(dependencies.step_names)
 
     async def _load_steps(
-        self, name: str, cfg: Any, load_step: Callable[[str], Awaitable[Any]]
+        self, name: str, cfg: cfgmod.ModelConfig, load_step: Callable[[str], Awaitable[ModelEntry]]
     ) -> None:
         """Load the steps of ensemble ``name`` (configuration ``cfg``) that serve no
         version, concurrently, with ``load_step`` (explicit loads and on-demand loads
@@ -333,7 +334,7 @@ class ModelManager(ServedModels):
             entry.states[v] = VersionState(READY, f"reload failed: {reason}")
 
     async def _load_budgeted(
-        self, name: str, config_override: Any, files: dict[str, bytes] | None
+        self, name: str, config_override: cfgmod.ModelConfig | None, files: dict[str, bytes] | None
     ) -> ModelEntry:
         """:meth:`load_model` within the memory budget (when there is one): room is
         made before the load and checked again with the measured size after it."""
@@ -379,7 +380,7 @@ class ModelManager(ServedModels):
                 raise failed
             return entry
 
-    def _folder_snapshot(self, name: str) -> Any:
+    def _folder_snapshot(self, name: str) -> Snapshot | None:
         """Fingerprints of the model folder (config and files, as poll mode compares
         them), or None when it cannot be read: a remembered size is used only while
         the folder is unchanged."""
@@ -390,7 +391,7 @@ class ModelManager(ServedModels):
             return None
 
     async def _load_named(
-        self, name: str, config_override: Any, files: dict[str, bytes] | None
+        self, name: str, config_override: cfgmod.ModelConfig | None, files: dict[str, bytes] | None
     ) -> ModelEntry:
         """:meth:`load_model` once its arguments are checked (the model's lock held)."""
         async with self._lock(name):
@@ -417,7 +418,7 @@ class ModelManager(ServedModels):
         return public_message(message, self.repository, override_dir)
 
     async def _load_locked(
-        self, name: str, config_override: Any, staged: Staged | None
+        self, name: str, config_override: cfgmod.ModelConfig | None, staged: Staged | None
     ) -> ModelEntry:
         """Load ``name`` (its lock held): read its configuration, load the selected
         versions beside the serving ones, then switch to them at once."""
@@ -586,7 +587,7 @@ class ModelManager(ServedModels):
                     entry.states[v] = VersionState(UNLOADING)
                 self._retire(entry, v, mv, forget=gone)
 
-    def _check_no_cycle(self, name: str, cfg: Any) -> None:
+    def _check_no_cycle(self, name: str, cfg: cfgmod.ModelConfig) -> None:
         """Ensemble ``name`` about to serve configuration ``cfg`` must not reach itself
         through the steps of the ensembles that serve now (each request would recurse
         until its client leaves), as Triton refuses it.
@@ -602,7 +603,7 @@ class ModelManager(ServedModels):
             )
 
     async def _load_version(
-        self, name: str, version: int, base_cfg: Any, model_dir: Path, where: str
+        self, name: str, version: int, base_cfg: cfgmod.ModelConfig, model_dir: Path, where: str
     ) -> ModelVersion:
         cfg = copy.deepcopy(base_cfg)
         spec = ModelSpec(
