@@ -86,7 +86,7 @@ def _is_repeated(field: FieldDescriptor) -> bool:
     return bool(is_repeated() if callable(is_repeated) else is_repeated)
 
 
-def config_from_json(d: Any, path: str | Path = OVERRIDE_PATH) -> ModelConfig:
+def config_from_json(d: object, path: str | Path = OVERRIDE_PATH) -> ModelConfig:
     """Parse a JSON configuration (the repository API's ``config`` override).
 
     Accepts what :func:`config_to_json` produces (numbers or strings for 64-bit
@@ -152,7 +152,7 @@ def parse_config_override(
     return config_from_json(value)
 
 
-def _json_kind(value: Any) -> str:
+def _json_kind(value: object) -> str:
     """What a JSON value is, in JSON's words (``a JSON array``...)."""
     if isinstance(value, bool):
         return "a JSON boolean"

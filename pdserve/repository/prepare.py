@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Mapping
-from typing import Any
 
 from pdserve import config as cfgmod
 from pdserve.backends import host_policy
@@ -30,7 +29,9 @@ ENSEMBLE_BACKEND = EnsembleBackend()
 
 
 def read_config(
-    mdir: layout.ModelDir, config_override: Any = None, where: str | None = None
+    mdir: layout.ModelDir,
+    config_override: cfgmod.ModelConfig | None = None,
+    where: str | None = None,
 ) -> cfgmod.ModelConfig:
     """A model's configuration with its platform and backend filled in.
 

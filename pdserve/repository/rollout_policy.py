@@ -60,7 +60,7 @@ class RolloutPolicy:
     interval_secs: float = 0.5
 
     @classmethod
-    def parse(cls, raw: Any, where: str = "rollout") -> RolloutPolicy:
+    def parse(cls, raw: object, where: str = "rollout") -> RolloutPolicy:
         """Parse and check a ``rollout`` mapping.
 
         Raises:

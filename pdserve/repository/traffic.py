@@ -135,7 +135,7 @@ def check_keys(raw: dict[str, Any], allowed: Collection[str], where: str) -> Non
         raise TrafficError(f"{where}: unknown key(s) {sorted(unknown)}; use {sorted(allowed)}")
 
 
-def _version(value: Any, where: str) -> int:
+def _version(value: object, where: str) -> int:
     if isinstance(value, bool):
         raise TrafficError(f"{where}: version {value!r} is not a version number")
     if isinstance(value, int):
@@ -149,7 +149,7 @@ def _version(value: Any, where: str) -> int:
     return v
 
 
-def _number(value: Any, where: str, low: float, high: float) -> float:
+def _number(value: object, where: str, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TrafficError(f"{where}: {value!r} is not a number")
     f = float(value)
@@ -158,7 +158,7 @@ def _number(value: Any, where: str, low: float, high: float) -> float:
     return f
 
 
-def parse_weights(raw: Any, where: str = "weights") -> dict[int, float]:
+def parse_weights(raw: object, where: str = "weights") -> dict[int, float]:
     """``{version: percent}`` from a mapping; the percents must sum to 100.
 
     Raises:
@@ -184,7 +184,7 @@ def parse_weights(raw: Any, where: str = "weights") -> dict[int, float]:
     return weights
 
 
-def _parse_tolerance(raw: Any, where: str) -> Tolerance:
+def _parse_tolerance(raw: object, where: str) -> Tolerance:
     if not isinstance(raw, dict):
         raise TrafficError(f"{where}: must be a mapping with atol/rtol, exact or top_k")
     check_keys(raw, _COMPARE_KEYS, where)
@@ -202,7 +202,7 @@ def _parse_tolerance(raw: Any, where: str) -> Tolerance:
     )
 
 
-def parse_shadow(raw: Any, where: str = "shadow") -> ShadowSpec:
+def parse_shadow(raw: object, where: str = "shadow") -> ShadowSpec:
     """The ``shadow`` section.
 
     Raises:
@@ -235,7 +235,7 @@ def parse_shadow(raw: Any, where: str = "shadow") -> ShadowSpec:
     )
 
 
-def parse_traffic(doc: Any, where: str = TRAFFIC_FILENAME) -> TrafficSpec:
+def parse_traffic(doc: object, where: str = TRAFFIC_FILENAME) -> TrafficSpec:
     """A :class:`TrafficSpec` from a decoded traffic file or admin request body.
 
     Raises:
@@ -324,7 +324,7 @@ class Split:
         return self.versions[-1]
 
 
-def _as_array(value: Any) -> np.ndarray:
+def _as_array(value: object) -> np.ndarray:
     return value if isinstance(value, np.ndarray) else np.asarray(value)
 
 
@@ -337,7 +337,7 @@ def _top_k_sets(arr: np.ndarray, k: int) -> list[frozenset[Any]]:
     return [frozenset(r.tolist()) for r in idx]
 
 
-def outputs_agree(primary: Any, shadow: Any, tol: Tolerance) -> tuple[bool, str]:
+def outputs_agree(primary: object, shadow: object, tol: Tolerance) -> tuple[bool, str]:
     """Compare one output of the caller's response with the shadow's.
 
     Returns:
