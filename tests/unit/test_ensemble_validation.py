@@ -6,7 +6,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from pdserve.config import ConfigError, validate_ensemble
+from pdserve.config.ensemble import validate_ensemble
+from pdserve.config.schema import ConfigError
 
 
 def _cfg(text: str) -> model_config_pb2.ModelConfig:
