@@ -11,6 +11,7 @@ from pdserve.core.types import InferRequest, InferResponse
 from pdserve.repository.entry import ModelEntry
 from pdserve.repository.memory import ENSEMBLE_SOURCE, MemoryMeter
 from pdserve.repository.model_traffic import ModelTraffic
+from pdserve.repository.rollout import TrafficControl
 from pdserve.repository.rollout_policy import Rollout, RolloutPolicy
 from pdserve.repository.shadow import ShadowMirror
 from pdserve.repository.traffic import ShadowSpec, TrafficSpec
@@ -59,3 +60,33 @@ def test_memory_meter_ensemble() -> None:
     mv: Any = SimpleNamespace(stats=stats, instances=[], name="e", version=1)
     MemoryMeter().measure(mv, in_process=False, ensemble=True, rss_before=None, gpu_before=None)
     assert (stats.memory_bytes, stats.memory_source) == (0, ENSEMBLE_SOURCE)
+
+
+def test_route_is_a_decision() -> None:
+    """TrafficControl.route picks the version and runs nothing; observe records the run."""
+    mv1: Any = SimpleNamespace(version=1, version_str="1")
+    mv2: Any = SimpleNamespace(version=2, version_str="2")
+    entry = ModelEntry("m")
+    entry.serving = {1: mv1, 2: mv2}
+
+    class Manager:
+        models = {"m": entry}
+
+        def get(self, name: str, version: str = "") -> Any:
+            return entry.serving[int(version)] if version else mv2
+
+    runner: Any = SimpleNamespace()
+    manager: Any = Manager()
+    traffic = TrafficControl(runner, manager)
+    mv, routed = traffic.route(InferRequest("m"))
+    assert mv is mv2 and routed is None  # no traffic settings: the default version
+    mv, routed = traffic.route(InferRequest("m", pinned_version="1"))
+    assert mv is mv1 and routed is not None and routed.route == "pinned"
+
+    async def answer() -> InferResponse:
+        return InferResponse("m", "1", {})
+
+    response = asyncio.run(traffic.observe(routed, InferRequest("m"), answer()))
+    assert response.model_version == "1"
+    assert routed.st.window(1).summary(60)["requests"] == 1
+    assert routed.st.routed[("1", "pinned")] == 1
