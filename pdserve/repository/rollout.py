@@ -277,21 +277,9 @@ class TrafficControl:
         if entry is None or p.canary not in entry.serving:
             return None
         win = st.window(p.canary).summary(p.window_secs)
-        breach = []
-        if win["requests"] >= p.min_requests:
-            if win["error_rate"] > p.max_error_rate:
-                breach.append(
-                    f"error rate {win['error_rate']:.3f} > {p.max_error_rate:g} "
-                    f"({win['errors']}/{win['requests']} in {p.window_secs:g}s)"
-                )
-            if p.max_p99_ms is not None and (win["p99_ms"] or 0) > p.max_p99_ms:
-                breach.append(f"p99 {win['p99_ms']:.1f} ms > {p.max_p99_ms:g} ms")
-        if p.max_divergence_rate is not None:
-            n, rate = st.divergence_rate_for(p.canary, p.window_secs)
-            if n >= p.min_requests and rate > p.max_divergence_rate:
-                breach.append(
-                    f"shadow divergence {rate:.3f} > {p.max_divergence_rate:g} ({n} compared)"
-                )
+        checked = p.max_divergence_rate is not None
+        divergence = st.divergence_rate_for(p.canary, p.window_secs) if checked else (0, 0.0)
+        breach = p.breaches(win, divergence)
         if breach:
             r.state = "rolled_back"
             self._decide(st, "rollback", "; ".join(breach), window=win)

@@ -118,6 +118,32 @@ class RolloutPolicy:
             interval_secs=number("interval_secs", 0.5, 0.05, 60.0),
         )
 
+    def breaches(self, win: dict[str, Any], divergence: tuple[int, float]) -> list[str]:
+        """The bounds the canary's window breaks, in words (empty: none).
+
+        Args:
+            win: the canary's :meth:`Window.summary <pdserve.repository.windows.Window.summary>`
+                over :attr:`window_secs`.
+            divergence: ``(requests compared, share that diverged)`` of the shadow
+                mirroring to the canary over the same window.
+        """
+        breach = []
+        if win["requests"] >= self.min_requests:
+            if win["error_rate"] > self.max_error_rate:
+                breach.append(
+                    f"error rate {win['error_rate']:.3f} > {self.max_error_rate:g} "
+                    f"({win['errors']}/{win['requests']} in {self.window_secs:g}s)"
+                )
+            if self.max_p99_ms is not None and (win["p99_ms"] or 0) > self.max_p99_ms:
+                breach.append(f"p99 {win['p99_ms']:.1f} ms > {self.max_p99_ms:g} ms")
+        if self.max_divergence_rate is not None:
+            n, rate = divergence
+            if n >= self.min_requests and rate > self.max_divergence_rate:
+                breach.append(
+                    f"shadow divergence {rate:.3f} > {self.max_divergence_rate:g} ({n} compared)"
+                )
+        return breach
+
     def as_dict(self) -> dict[str, Any]:
         """The JSON form."""
         d = dict(self.__dict__)
