@@ -10,9 +10,8 @@ saying how requests that name **no version** are spread over the served versions
 
 A request naming a version, or pinned with ``x-pdserve-model-version``, is never split.
 ``x-pdserve-route-key`` makes the split sticky (the key hashed onto 10,000 buckets cut by
-the weights, newest version first). A named version that is not served gives its share
-to the served ones, with a warning. A malformed file is a load error, as a bad
-``config.pbtxt`` is; without a file the default version serves.
+the weights, newest first). A named version that is not served gives its share to the
+served ones. A malformed file is a load error; without one the default version serves.
 """
 
 from __future__ import annotations
