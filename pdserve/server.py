@@ -26,9 +26,10 @@ from pdserve.core.streaming import ResponseStream, StreamItem, StreamRequired, S
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.repository.breaker import BreakerBoard, CircuitBreaker, is_failure
 from pdserve.repository.control import EXPLICIT_MODES, MODES
-from pdserve.repository.manager import ModelManager, check_model_name
+from pdserve.repository.manager import ModelManager
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.rollout import TrafficControl
+from pdserve.repository.staging import check_model_name
 from pdserve.repository.warmup import warmup as run_warmup
 
 if TYPE_CHECKING:

@@ -1,34 +1,16 @@
-"""Circuit breaker per model version (issue 12, item 3).
+"""Circuit breaker per model version: a version whose requests keep failing is cut off
+for a while.
 
-A model version whose requests keep failing is cut off for a while: requests get a
-fast ``UNAVAILABLE`` (HTTP 503 with ``Retry-After``, gRPC ``UNAVAILABLE``) instead of
-queueing behind a broken model, then a few probe requests test it again.
-
-States (the classic three; ``pdserve_circuit_state`` reports them as 0 / 1 / 2):
-
-- **closed** (0): requests run; outcomes are counted. The circuit opens when
-  ``consecutive_failures`` requests in a row failed, or when, over the last
-  ``window_secs`` seconds, at least ``min_requests`` requests ran and the share
-  that failed is at least ``failure_rate``.
-- **open** (1): every request is refused at once for ``open_secs`` seconds.
-- **half-open** (2): up to ``half_open_probes`` requests run at the same time; the
-  others are refused. ``half_open_probes`` successes close the circuit, one failure
-  opens it again for ``open_secs``.
-
-A failure is an outcome the model version is to blame for: an error whose code is
-``INTERNAL``, ``UNKNOWN`` or ``UNAVAILABLE`` (a model that raised, a crashed
-worker, a timeout or a full queue) or any unexpected exception. A bad request
-(``INVALID_ARG``...), a cancelled request or a client that went away counts as
-neither failure nor success.
-
-Every transition is logged (``circuit breaker <model> version <v>: closed -> open
-(...)``) and counted (``pdserve_circuit_transitions_total``). Policies come from
-``--circuit-breaker`` (every model) and a model's config.pbtxt parameter
-``circuit_breaker`` (that model; ``off`` turns it off), both in the form
-``consecutive_failures=5,failure_rate=0.5,window_secs=10,min_requests=20,open_secs=5,half_open_probes=1``.
-
-The breaker is called on the event loop only (no locks); its cost per request is a
-few attribute reads and one time read.
+**closed**: requests run and outcomes are counted; the circuit opens after
+``consecutive_failures`` failures in a row, or when at least ``min_requests`` ran in the
+last ``window_secs`` and the failed share reaches ``failure_rate``. **open**: every
+request gets a fast ``UNAVAILABLE`` (HTTP 503 with ``Retry-After``) for ``open_secs``.
+**half-open**: up to ``half_open_probes`` requests run; that many successes close the
+circuit, one failure opens it again. A failure is ``INTERNAL``, ``UNKNOWN`` or
+``UNAVAILABLE`` or an unexpected exception; a bad, cancelled or abandoned request counts
+as neither. Policies come from ``--circuit-breaker`` and a model's ``circuit_breaker``
+parameter (``key=value,...`` or ``off``). Every transition is logged and counted. The
+breaker runs on the event loop only (no locks).
 """
 
 from __future__ import annotations

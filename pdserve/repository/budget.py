@@ -1,28 +1,13 @@
 """The model memory budget: which loaded models to unload (LRU) so that a load fits.
 
-``--model-memory-budget`` bounds the summed ``memory_bytes`` of the loaded model
-versions (host memory: the server's Rss delta at load for in-process backends, the
-worker processes' Rss for python models; see :mod:`pdserve.repository.manager`).
-A load that would go over it first unloads ("evicts") the least recently used
-models that are *evictable*:
-
-- not pinned (``--pin-model``: pinned models never leave);
-- idle: no request in flight or queued for any of its versions, and no request
-  holding it (a request holds its model from arrival, through an on-demand load,
-  to its response: :meth:`MemoryBudget.hold` / :meth:`MemoryBudget.release`);
-- not a step of a loaded ensemble (evict the ensemble first; it then frees its
-  steps for a later round).
-
-If the evictable models cannot make room, the load is refused: with
-:class:`BudgetExceeded` ``alone=True`` when the model by itself is larger than the
-budget (it can never load: INVALID_ARG, HTTP 400), else ``alone=False`` (the rest
-is held by pinned or busy models: UNAVAILABLE, HTTP 503, retry later).
-Ray Serve's model multiplexing evicts the same way (LRU, per replica); Triton has
-no budget (its explicit mode loads and unloads on request only).
-
-This module is pure bookkeeping (no I/O, no event loop), so its rules are unit-tested
-on their own; :class:`~pdserve.repository.manager.ModelManager` does the loading and
-unloading.
+``--model-memory-budget`` bounds the summed ``memory_bytes`` of the loaded model versions
+(:mod:`pdserve.repository.memory`). A load that would go over it first evicts the least
+recently used *evictable* models: not pinned (``--pin-model``), idle (nothing in flight,
+queued or holding the model: :meth:`MemoryBudget.hold`), and not a step of a loaded
+ensemble. If that cannot make room the load is refused with :class:`BudgetExceeded`:
+``alone=True`` when the model by itself exceeds the budget (INVALID_ARG), else
+``alone=False`` (UNAVAILABLE, retry later). This module is pure bookkeeping (no I/O, no
+event loop); the model manager loads and unloads.
 """
 
 from __future__ import annotations

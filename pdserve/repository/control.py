@@ -1,56 +1,23 @@
 """Model control modes (``none`` / ``poll`` / ``explicit`` / ``on_demand``) and repository
 polling.
 
-Triton's three model control modes (``--model-control-mode``):
-
-``none`` (default)
-    Every model in the model repository is loaded at start. Changes on disk are
-    ignored; repository load / unload requests answer 503 / ``UNAVAILABLE``
-    ("explicit model load / unload is not allowed ..."), as Triton does.
-``poll``
-    Every model is loaded at start, then the repository is scanned every
-    ``--repository-poll-secs`` seconds. A model folder that appears is loaded, one
-    that disappears is unloaded, and a model whose ``config.pbtxt``, other
-    top-level files (labels...) or version folders changed (a version folder added,
-    removed, or a file in it changed: name, size or modification time) is reloaded.
-    Reloading is the manager's zero-downtime path: new and changed versions load
-    and warm up beside the serving ones and traffic switches when they are ready;
-    a version that fails leaves what was serving in place and is reported in the
-    repository index; a later fix (any change to the model folder) is picked up
-    on the next poll. A change is acted on once the folder has stopped changing
-    for a moment (:data:`SETTLE_SECS`), so a version folder being copied is not
-    loaded half-written; renaming a finished folder into place is still the safe
-    way to publish one. Load / unload requests answer ``UNAVAILABLE``.
-``explicit``
-    Only the models named by ``--load-model`` (repeatable; ``*`` means all) are
-    loaded at start; afterwards models load and unload through the repository API
-    (``POST /v2/repository/models/{m}/load`` / ``unload``, gRPC
-    ``RepositoryModelLoad`` / ``RepositoryModelUnload``). A load of a loaded model
-    reloads what changed, with the same zero-downtime swap.
-``on_demand`` (pdserve's, not Triton's)
-    ``explicit``, plus: an inference request for a model of the repository that is
-    not loaded loads it (Ray Serve's model multiplexing does the same). The request
-    waits for the load, at most its ``timeout`` parameter or ``--model-load-wait-secs``;
-    concurrent requests for that model share one load. With ``--model-memory-budget``
-    the least recently used idle models are unloaded to make room
-    (:mod:`pdserve.repository.budget`); ``--pin-model`` models load at start and
-    never leave. Only inference loads on demand: metadata, configuration and
-    readiness of a model that is not loaded answer as in ``explicit`` mode.
-
-Rollback (pin a model to an earlier version that is still in the repository):
-in ``explicit`` mode, load the model with a configuration override whose
-``version_policy`` is ``specific { versions: [N] }``; ``pdserve rollback MODEL N
---url HOST:PORT`` (:mod:`pdserve.app.rollback`) does exactly that over HTTP, and
-``pdserve rollback MODEL --unpin`` reloads config.pbtxt from disk. In ``poll`` mode,
-write the same ``version_policy`` into config.pbtxt (or remove the bad version
-folder): the next poll swaps back.
+``none`` (Triton's default) loads every model at start and ignores the disk afterwards;
+repository load / unload requests answer ``UNAVAILABLE``. ``poll`` also scans the
+repository every ``--repository-poll-secs``: a model folder that appears is loaded, one
+that disappears is unloaded, and one whose ``config.pbtxt``, top-level files or version
+folders changed is reloaded with the manager's zero-downtime swap, once the folder has
+stopped changing for :data:`SETTLE_SECS`. ``explicit`` loads the ``--load-model`` models
+at start, then models load and unload through the repository API. ``on_demand``
+(pdserve's) is ``explicit`` plus: an inference request for a model of the repository that
+is not loaded loads it and waits (``--model-load-wait-secs``), within the memory budget.
+A rollback pins a model to an earlier version with a ``version_policy { specific }``
+override (``pdserve rollback``), or, in ``poll`` mode, the same policy in config.pbtxt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -68,7 +35,6 @@ __all__ = [
     "SETTLE_SECS",
     "RepositoryHost",
     "RepositoryPoller",
-    "snapshot",
 ]
 
 #: The model control modes.
@@ -78,9 +44,6 @@ EXPLICIT_MODES = ("explicit", "on_demand")
 
 #: A changed model folder must look the same this long before poll mode acts on it.
 SETTLE_SECS = 0.25
-
-#: What poll mode compares: (model-level fingerprint, ((version, fingerprint), ...)).
-Snapshot = tuple[str, tuple[tuple[int, str], ...]]
 
 
 @runtime_checkable
@@ -100,21 +63,6 @@ class RepositoryHost(Protocol):
     def live(self) -> bool:
         """False once the server shuts down: polling stops."""
         ...
-
-
-def snapshot(mdir: layout.ModelDir) -> Snapshot:
-    """Fingerprints of a model folder: its configuration and top-level files (the
-    traffic file included), and each version folder's files (see
-    :func:`pdserve.repository.layout.fingerprint`)."""
-    try:
-        st = os.stat(mdir.path / layout.TRAFFIC_FILENAME)
-        traffic = f"{st.st_size}:{st.st_mtime_ns}"
-    except OSError:
-        traffic = "-"
-    return (
-        layout.fingerprint(mdir) + traffic,
-        tuple((v, layout.fingerprint(mdir, v)) for v in mdir.versions),
-    )
 
 
 class RepositoryPoller:
@@ -140,7 +88,7 @@ class RepositoryPoller:
         self.server = server
         self.manager = server.manager
         self.interval = interval
-        self.seen: dict[str, Snapshot] = {}
+        self.seen: dict[str, layout.Snapshot] = {}
         self.scans = 0
 
     def _scan(self) -> dict[str, layout.ModelDir]:
@@ -152,7 +100,7 @@ class RepositoryPoller:
 
     def baseline(self) -> None:
         """Record what is on disk now (call before the initial load)."""
-        self.seen = {name: snapshot(mdir) for name, mdir in self._scan().items()}
+        self.seen = {name: layout.snapshot(mdir) for name, mdir in self._scan().items()}
 
     async def poll_once(self) -> list[str]:
         """One scan: load new, reload changed and unload removed models.
@@ -169,9 +117,9 @@ class RepositoryPoller:
                 log.debug("repository sync failed, poll skipped: %s", e)
                 return []
         on_disk = self._scan()
-        changed: dict[str, Snapshot] = {}
+        changed: dict[str, layout.Snapshot] = {}
         for name, mdir in on_disk.items():
-            snap = snapshot(mdir)
+            snap = layout.snapshot(mdir)
             if self.seen.get(name) != snap:
                 changed[name] = snap
         removed = [n for n in self.seen if n not in on_disk]
@@ -182,7 +130,7 @@ class RepositoryPoller:
                 mdir = layout.ModelDir(
                     name, on_disk[name].path, layout.list_versions(on_disk[name].path)
                 )
-                if snapshot(mdir) == snap:
+                if layout.snapshot(mdir) == snap:
                     stable[name] = snap
                 else:
                     log.debug("model %s is still changing; next poll", name)

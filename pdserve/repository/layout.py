@@ -243,3 +243,22 @@ def fingerprint(model_dir: ModelDir, version: int | None = None) -> str:
                     continue
                 h.update(f"{rel}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
+
+
+#: What poll mode compares: (model-level fingerprint, ((version, fingerprint), ...)).
+Snapshot = tuple[str, tuple[tuple[int, str], ...]]
+
+
+def snapshot(mdir: ModelDir) -> Snapshot:
+    """Fingerprints of a model folder: its configuration and top-level files (the
+    traffic file included), and each version folder's files (see
+    :func:`pdserve.repository.fingerprint`)."""
+    try:
+        st = os.stat(mdir.path / TRAFFIC_FILENAME)
+        traffic = f"{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        traffic = "-"
+    return (
+        fingerprint(mdir) + traffic,
+        tuple((v, fingerprint(mdir, v)) for v in mdir.versions),
+    )

@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Mapping
-from typing import Any
 
 from pdserve import config as cfgmod
 from pdserve.backends import host_policy
@@ -30,7 +29,9 @@ ENSEMBLE_BACKEND = EnsembleBackend()
 
 
 def read_config(
-    mdir: layout.ModelDir, config_override: Any = None, where: str | None = None
+    mdir: layout.ModelDir,
+    config_override: cfgmod.ModelConfig | None = None,
+    where: str | None = None,
 ) -> cfgmod.ModelConfig:
     """A model's configuration with its platform and backend filled in.
 
@@ -130,7 +131,7 @@ async def complete_config(
             raise error
         errors.append(error)
 
-    validate_padding(cfg, fail)  # the ``padding`` parameter (issue 16)
+    validate_padding(cfg, fail)  # the ``padding`` parameter
     if host_policies is not None:
         try:
             host_policy.check_instance_groups(spec.name, cfg, host_policies)

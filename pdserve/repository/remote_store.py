@@ -1,44 +1,17 @@
 """Model repositories on object storage: mirror an fsspec URL into a local cache folder.
 
-``--model-repository s3://bucket/prefix`` (or any fsspec URL: ``gs://``, ``az://``,
-``file://``...) is served from a local copy, ``--model-repository-cache DIR``
-(default ``$XDG_CACHE_HOME/pdserve/repositories/<hash of the URL>``, i.e.
-``~/.cache/pdserve/...``). The rest of pdserve (layout, manager, poller) reads the copy,
-``DIR/repository``, as an ordinary model repository.
-
-Sync (:meth:`RemoteRepository.sync`), at start and, in poll mode, before every scan:
-
-- The store is listed once (``fs.find(root, detail=True)``); each file's token is its
-  size plus its ETag (S3), ``md5Hash`` (GCS) or modification time. Only files whose
-  token changed since the last sync are downloaded (the tokens are kept in
-  ``DIR/state.json``).
-- A **version folder** (``model/<digits>/...``) is published whole: it is assembled in
-  ``DIR/staging`` (unchanged files hard-linked from the cache, changed ones
-  downloaded), then renamed into place; the previous folder is removed after. So a
-  version appears in the cache only when all its files are complete. A version whose
-  listing changed while it was downloaded (an upload in progress) waits for the next
-  sync; with ``--version-ready-marker NAME`` a version is not published until its
-  ``NAME`` file is in the store (upload it last: the guarantee for multi-file uploads).
-- Model-level files (``config.pbtxt``, labels, ``traffic.yaml``) are downloaded to a
-  temporary name and renamed over the old ones. Files, versions and models gone from
-  the store are removed from the cache.
-- **Integrity**: every download's size must match the listing; when the store gives an
-  MD5 (an S3 ETag of a single-part upload is the object's MD5; GCS's ``md5Hash``) the
-  file's MD5 must match too (multi-part S3 ETags, ``...-N``, are checked by size only).
-  A file that fails twice leaves its version (or model files) as they were; it is
-  retried on the next sync.
-- **Store unreachable** (listing or download fails with a connection/permission
-  error, or the listing is empty: a missing prefix or an emptied store never unloads
-  every model): nothing in the cache changes, serving continues from it, one warning is
-  logged per outage and one info line on recovery. At start, an unreachable store
-  with an existing cache serves the cache; with no cache the server does not start.
-
-Credentials and endpoints come from each store's standard configuration: for S3
-(s3fs/botocore) ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_PROFILE`` /
-``~/.aws``, and a custom endpoint (MinIO, moto...) with ``AWS_ENDPOINT_URL_S3`` or
-``AWS_ENDPOINT_URL`` (botocore) or ``FSSPEC_S3_ENDPOINT_URL`` (fsspec's config); GCS
-(gcsfs) application default credentials. Needs the ``remote-repo`` extra (fsspec +
-s3fs); other stores need their fsspec package (gcsfs, adlfs).
+``--model-repository s3://bucket/prefix`` (or ``gs://``, ``az://``, ``file://``...) is
+served from a local copy in ``--model-repository-cache DIR`` (default under
+``$XDG_CACHE_HOME/pdserve/repositories``); the rest of pdserve reads ``DIR/repository``
+as an ordinary model repository. :meth:`RemoteRepository.sync` (at start and before every
+poll) lists the store once and downloads only files whose size + ETag / ``md5Hash`` /
+mtime token changed. A version folder is assembled in ``DIR/staging`` and renamed into
+place whole (with ``--version-ready-marker NAME``, only once ``NAME`` is in the store);
+model-level files are replaced by rename; every download's size (and MD5 where the store
+gives one) is checked. An unreachable or empty store changes nothing in the cache, so
+serving continues. Credentials and endpoints come from each store's own configuration
+(``AWS_*``, ``AWS_ENDPOINT_URL_S3``, GCS default credentials). Needs the ``remote-repo``
+extra (fsspec + s3fs).
 """
 
 from __future__ import annotations

@@ -1,86 +1,44 @@
-"""Traffic control at run time: canary split, shadow traffic, SLO-driven rollouts.
+"""Traffic control at run time: canary split, pinned versions, shadow traffic and
+SLO-driven rollouts of requests that name no version.
 
-:class:`TrafficControl` sits between :meth:`InferenceServer.infer
-<pdserve.server.InferenceServer.infer>` and the model versions for every request that
-names no version (see :mod:`pdserve.repository.traffic` for the traffic file and the
-routing rules). Per model it keeps:
-
-- the **effective traffic**: the model's ``traffic.yaml`` (re-read with every load),
-  or what ``POST /v2/models/{m}/traffic`` set since (until the file changes), or a
-  rollout's current step;
-- **windows** of outcomes per version (arrival to answer latency, error or not), the
-  server's own data, so that a rollout needs no Prometheus;
-- the **shadow**: a bounded queue and a worker task that mirror a share of the
-  split requests to a candidate version after the caller's answer is ready, compare
-  each output with the configured tolerance, and count divergences (a rolling rate
-  per output over the last :data:`DIVERGENCE_WINDOW_S` seconds, and a sample of
-  divergent requests in the log and in ``GET /v2/models/{m}/traffic``). The caller's
-  answer never waits for it: a full queue, a caller's version with more than the
-  shadow's ``max_inflight`` requests in flight (load), or a shadow version that
-  refuses more work sheds the mirror (``shed``); a shadow that fails counts
-  ``error``. One worker runs a model's mirrors, one at a time;
-- the **rollout**: :class:`RolloutPolicy` (the ``rollout`` section of the traffic
-  file) moves a canary through its steps (percent of traffic) while its error rate,
-  p99 latency and shadow divergence over ``window_secs`` stay within bounds, and sets
-  it to 0 % (the baseline version takes all traffic) on the first breach. Every
-  decision is a log line (``pdserve.rollout``), a metric
-  (``pdserve_rollout_decisions_total``) and an entry of ``GET
-  /v2/models/{m}/rollout``. Switching weights is one assignment; requests already on
-  the canary finish there, so a rollback fails no request by itself.
-
-Errors that count against a version: every failure except the caller's own (bad
-input ``INVALID_ARG``, ``NOT_FOUND``) and a caller that went away (``CANCELLED``).
+:meth:`TrafficControl.route` decides which served version takes a request (the model's
+``traffic.yaml``, re-read with every load, or what ``POST /v2/models/{m}/traffic`` set
+since, or a rollout's current step; see :mod:`pdserve.repository.traffic` for the rules);
+the server runs it there and hands the run to :meth:`TrafficControl.observe`, which records
+its outcome in the version's window (:mod:`pdserve.repository.windows`) and offers a mirror
+to the shadow (:mod:`pdserve.repository.shadow`). A rollout
+(:mod:`pdserve.repository.rollout_policy`) moves a canary through its steps while its
+error rate, p99 latency and shadow divergence stay within bounds, and sets it to 0 % on
+the first breach; every decision is a log line, a metric and an entry of
+``GET /v2/models/{m}/rollout``. Errors that count against a version: every failure except
+the caller's own (``INVALID_ARG``, ``NOT_FOUND``) and a caller that went away.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
-import math
 import random
 import time
-from bisect import bisect_left
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pdserve.core.errors import ErrorCode, InferError, not_found
 from pdserve.core.types import InferRequest, InferResponse
-from pdserve.repository.traffic import (
-    ShadowSpec,
-    Split,
-    TrafficError,
-    TrafficSpec,
-    outputs_agree,
-    parse_shadow,
-    parse_traffic,
-    parse_weights,
-    tolerance_for,
-)
+from pdserve.repository.model_traffic import ModelTraffic
+from pdserve.repository.rollout_policy import Rollout, RolloutPolicy
+from pdserve.repository.shadow import ShadowMirror
+from pdserve.repository.traffic import TrafficError, TrafficSpec, parse_traffic
 
 if TYPE_CHECKING:
     from pdserve.core.api import ModelRunner
-    from pdserve.repository.manager import ModelEntry, ModelManager
+    from pdserve.repository.entry import ModelEntry
+    from pdserve.repository.manager import ModelManager
+    from pdserve.repository.model import ModelVersion
 
 log = logging.getLogger("pdserve.rollout")
-
-#: The longest window, in seconds (``window_secs``): one-second buckets are kept
-#: this long per version.
-MAX_WINDOW_S = 3600
-#: Seconds over which the rolling shadow divergence rate is computed.
-DIVERGENCE_WINDOW_S = 60.0
-#: Divergent requests kept per model for ``GET /v2/models/{m}/traffic``.
-DIVERGENT_SAMPLES = 10
-#: At most one divergence log line per output per this many seconds.
-DIVERGENCE_LOG_EVERY_S = 5.0
-#: Worker tasks that run one model's shadow requests: one, so that a shadow never
-#: has more than one request in flight per model (it costs the callers at most what
-#: one more closed-loop client would).
-SHADOW_WORKERS = 1
-#: Decisions kept per model for ``GET /v2/models/{m}/rollout``.
-MAX_DECISIONS = 100
 
 #: Error codes that are the caller's doing and do not count against a version.
 _NOT_THE_VERSIONS_FAULT = {
@@ -90,336 +48,20 @@ _NOT_THE_VERSIONS_FAULT = {
     ErrorCode.CLIENT_GONE,
 }
 
-_ROLLOUT_KEYS = {
-    "canary",
-    "baseline",
-    "steps",
-    "step_secs",
-    "window_secs",
-    "min_requests",
-    "max_error_rate",
-    "max_p99_ms",
-    "max_divergence_rate",
-    "interval_secs",
-}
 
-
-# -------------------------------------------------------------------- rollout policy
-
-
-@dataclass(frozen=True)
-class RolloutPolicy:
-    """The ``rollout`` section of a traffic file.
+@dataclass(slots=True)
+class Routed:
+    """Where :meth:`TrafficControl.route` sent a request, for :meth:`TrafficControl.observe`.
 
     Attributes:
-        canary: the version being rolled out.
-        baseline: the version it replaces (default: the highest served version below
-            ``canary``); takes ``100 - step`` percent, and everything after a rollback.
-        steps: the canary's percent at each step, ascending, ending at 100.
-        step_secs: seconds the canary stays at least at one step before promotion.
-        window_secs: the window error rate, p99 and divergence are computed over,
-            1 to :data:`MAX_WINDOW_S` seconds (counted in whole seconds; the p99 is
-            read from latency bins 15 % wide).
-        min_requests: the canary needs this many requests in the window before a
-            promotion, and before a breach counts (a breach of the error rate or p99
-            with fewer requests is not acted on).
-        max_error_rate: errors / requests of the canary in the window (0-1).
-        max_p99_ms: the canary's p99 latency in the window, milliseconds.
-        max_divergence_rate: shadow divergences / comparisons for the canary in the
-            window (only when the shadow mirrors to the canary); None: not checked.
-        interval_secs: how often the policy is evaluated.
+        st: the model's traffic state.
+        mv: the version that serves the request.
+        route: how it was chosen: ``pinned``, ``default``, ``split`` or ``sticky``.
     """
 
-    canary: int
-    baseline: int | None = None
-    steps: tuple[float, ...] = (10.0, 25.0, 50.0, 100.0)
-    step_secs: float = 30.0
-    window_secs: float = 30.0
-    min_requests: int = 50
-    max_error_rate: float = 0.01
-    max_p99_ms: float | None = None
-    max_divergence_rate: float | None = None
-    interval_secs: float = 0.5
-
-    @classmethod
-    def parse(cls, raw: Any, where: str = "rollout") -> RolloutPolicy:
-        """Parse and check a ``rollout`` mapping.
-
-        Raises:
-            TrafficError: unknown keys, a missing ``canary``, steps that are not
-                ascending percents ending at 100, a non-positive duration, rates
-                outside [0, 1].
-        """
-        if not isinstance(raw, dict):
-            raise TrafficError(f"{where}: must be a mapping with 'canary'")
-        unknown = set(raw) - _ROLLOUT_KEYS
-        if unknown:
-            raise TrafficError(
-                f"{where}: unknown key(s) {sorted(unknown)}; use {sorted(_ROLLOUT_KEYS)}"
-            )
-        if "canary" not in raw:
-            raise TrafficError(f"{where}: 'canary' (the version to roll out) is required")
-
-        def version(key: str) -> int:
-            v = raw[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise TrafficError(f"{where}.{key}: {v!r} is not a version number")
-            return v
-
-        def number(key: str, default: Any, low: float, high: float = math.inf) -> Any:
-            v = raw.get(key, default)
-            if v is None:
-                return None
-            if isinstance(v, bool) or not isinstance(v, int | float) or not low <= v <= high:
-                raise TrafficError(f"{where}.{key}: {v!r} must be a number in [{low:g}, {high:g}]")
-            return float(v)
-
-        steps_raw = raw.get("steps", [10, 25, 50, 100])
-        if not isinstance(steps_raw, list) or not steps_raw:
-            raise TrafficError(f"{where}.steps: must be a list of percents ending at 100")
-        steps = []
-        for s in steps_raw:
-            if isinstance(s, bool) or not isinstance(s, int | float) or not 0 < s <= 100:
-                raise TrafficError(f"{where}.steps: {s!r} is not a percent in (0, 100]")
-            steps.append(float(s))
-        if steps != sorted(set(steps)) or steps[-1] != 100:
-            raise TrafficError(f"{where}.steps: must be ascending percents ending at 100")
-        min_req = raw.get("min_requests", 50)
-        if isinstance(min_req, bool) or not isinstance(min_req, int) or min_req < 1:
-            raise TrafficError(f"{where}.min_requests: must be a positive integer")
-        canary = version("canary")
-        baseline = version("baseline") if raw.get("baseline") is not None else None
-        if baseline == canary:
-            raise TrafficError(f"{where}: baseline and canary are the same version {canary}")
-        return cls(
-            canary=canary,
-            baseline=baseline,
-            steps=tuple(steps),
-            step_secs=number("step_secs", 30.0, 0.0),
-            window_secs=number("window_secs", 30.0, 1.0, MAX_WINDOW_S),
-            min_requests=min_req,
-            max_error_rate=number("max_error_rate", 0.01, 0.0, 1.0),
-            max_p99_ms=number("max_p99_ms", None, 0.0),
-            max_divergence_rate=number("max_divergence_rate", None, 0.0, 1.0),
-            interval_secs=number("interval_secs", 0.5, 0.05, 60.0),
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON form."""
-        d = dict(self.__dict__)
-        d["steps"] = list(self.steps)
-        return d
-
-
-# -------------------------------------------------------------------- windows
-
-
-#: Upper bounds (seconds) of the latency bins a window counts in: 0.1 ms to 100 s, 16
-#: per decade (each 15 % wider than the one before), so a p99 is read within 15 %.
-LATENCY_BINS: tuple[float, ...] = tuple(1e-4 * 10 ** (i / 16) for i in range(97))
-
-
-class Window:
-    """Recent outcomes of one version, in one-second buckets of ``[second, requests,
-    errors, latency histogram]`` (:data:`LATENCY_BINS`): recording is O(1) and a
-    summary reads at most :data:`MAX_WINDOW_S` buckets, whatever the request rate."""
-
-    __slots__ = ("buckets",)
-
-    def __init__(self) -> None:
-        self.buckets: collections.deque[list[Any]] = collections.deque(maxlen=MAX_WINDOW_S)
-
-    def add(self, latency_s: float, error: bool) -> None:
-        """Record one answered request that took ``latency_s`` seconds."""
-        sec = int(time.monotonic())
-        b = self.buckets[-1] if self.buckets else None
-        if b is None or b[0] != sec:
-            b = [sec, 0, 0, [0] * (len(LATENCY_BINS) + 1)]
-            self.buckets.append(b)
-        b[1] += 1
-        b[2] += error
-        b[3][bisect_left(LATENCY_BINS, latency_s)] += 1
-
-    def summary(self, window_s: float) -> dict[str, Any]:
-        """``{requests, errors, error_rate, p99_ms}`` over the last ``window_s``
-        seconds (whole seconds); ``p99_ms`` is the upper bound of the bin holding the
-        99th percentile (None without requests)."""
-        first = int(time.monotonic()) - max(0, math.ceil(window_s) - 1)
-        n = errors = 0
-        hist = [0] * (len(LATENCY_BINS) + 1)
-        for sec, count, errs, h in reversed(self.buckets):
-            if sec < first:
-                break
-            n += count
-            errors += errs
-            for i, c in enumerate(h):
-                if c:
-                    hist[i] += c
-        p99 = None
-        if n:
-            rank, acc = math.ceil(0.99 * n), 0
-            for i, c in enumerate(hist):
-                acc += c
-                if acc >= rank:
-                    p99 = LATENCY_BINS[min(i, len(LATENCY_BINS) - 1)] * 1000.0
-                    break
-        return {
-            "requests": n,
-            "errors": errors,
-            "error_rate": errors / n if n else 0.0,
-            "p99_ms": p99,
-        }
-
-
-class Tally:
-    """Counts in one-second buckets (``[second, Counter]``), summed over a window."""
-
-    __slots__ = ("buckets",)
-
-    def __init__(self) -> None:
-        self.buckets: collections.deque[tuple[int, collections.Counter[Any]]] = collections.deque(
-            maxlen=MAX_WINDOW_S
-        )
-
-    def add(self, key: Any, n: int = 1) -> None:
-        """Count ``n`` of ``key`` now."""
-        sec = int(time.monotonic())
-        if not self.buckets or self.buckets[-1][0] != sec:
-            self.buckets.append((sec, collections.Counter()))
-        self.buckets[-1][1][key] += n
-
-    def total(self, window_s: float) -> collections.Counter[Any]:
-        """The counts of the last ``window_s`` seconds (whole seconds)."""
-        first = int(time.monotonic()) - max(0, math.ceil(window_s) - 1)
-        out: collections.Counter[Any] = collections.Counter()
-        for sec, counts in reversed(self.buckets):
-            if sec < first:
-                break
-            out.update(counts)
-        return out
-
-
-# -------------------------------------------------------------------- per-model state
-
-
-@dataclass
-class Rollout:
-    """A rollout in progress or finished."""
-
-    policy: RolloutPolicy
-    baseline: int
-    state: str = "running"  # running | promoted | rolled_back | aborted
-    step: int = 0
-    step_since: float = field(default_factory=time.monotonic)
-    started: float = field(default_factory=time.time)
-
-    def weights(self) -> dict[int, float]:
-        """The weights this rollout's state asks for."""
-        if self.state == "promoted":
-            return {self.policy.canary: 100.0}
-        if self.state in ("rolled_back", "aborted"):
-            return {self.baseline: 100.0}
-        pct = self.policy.steps[self.step]
-        return {self.policy.canary: pct, self.baseline: 100.0 - pct}
-
-
-class ModelTraffic:
-    """Everything traffic control keeps for one model."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.file_spec: TrafficSpec | None = None
-        self.file_gen = -1
-        self.override: TrafficSpec | None = None
-        self.rollout: Rollout | None = None
-        self.windows: dict[int, Window] = {}
-        self.routed: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.decisions: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_DECISIONS)
-        self.decision_counts: collections.Counter[str] = collections.Counter()
-        self._split: Split | None = None
-        self._split_for: tuple[Any, ...] | None = None
-        self.unserved: list[int] = []
-        # shadow
-        self.queue: asyncio.Queue[tuple[ShadowSpec, InferRequest, InferResponse]] | None = None
-        self.workers: list[asyncio.Task[None]] = []
-        self.shadow_results: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.divergence: collections.Counter[str] = collections.Counter()
-        self.compared: collections.Counter[str] = collections.Counter()
-        #: recent comparisons: ("out", output, diverged) and ("ver", version, diverged)
-        self.recent = Tally()
-        self.samples: collections.deque[dict[str, Any]] = collections.deque(
-            maxlen=DIVERGENT_SAMPLES
-        )
-        self._last_log: dict[str, float] = {}
-
-    # effective configuration -------------------------------------------------
-
-    def spec(self) -> TrafficSpec | None:
-        """The traffic in force (admin override, else the file)."""
-        return self.override if self.override is not None else self.file_spec
-
-    def weights(self) -> dict[int, float]:
-        """The weights in force: the rollout's, else the spec's (may be empty)."""
-        if self.rollout is not None:
-            return self.rollout.weights()
-        spec = self.spec()
-        return dict(spec.weights) if spec is not None else {}
-
-    def source(self) -> str:
-        """Where the weights in force come from."""
-        if self.rollout is not None:
-            return "rollout"
-        if self.override is not None:
-            return "admin"
-        return "file" if self.file_spec is not None else "default"
-
-    def split(self, entry: ModelEntry) -> Split | None:
-        """The split over the served versions (cached until weights or versions change)."""
-        weights = self.weights()
-        key = (entry.serving, tuple(sorted(weights.items())))
-        if self._split_for is not None and self._split_for[0] is key[0]:
-            if self._split_for[1] == key[1]:
-                return self._split
-        served = {v: w for v, w in weights.items() if v in entry.serving}
-        unserved = sorted(v for v, w in weights.items() if v not in entry.serving and w > 0)
-        if unserved != self.unserved and unserved:
-            log.warning(
-                "model %s: traffic names version(s) %s that are not served; their share goes "
-                "to the served versions %s",
-                self.name,
-                unserved,
-                sorted(served),
-            )
-        self.unserved = unserved
-        self._split = Split(served) if served and any(w > 0 for w in served.values()) else None
-        self._split_for = key
-        return self._split
-
-    def window(self, version: int) -> Window:
-        w = self.windows.get(version)
-        if w is None:
-            w = self.windows[version] = Window()
-        return w
-
-    def divergence_rates(self, window_s: float = DIVERGENCE_WINDOW_S) -> dict[str, float]:
-        """Output -> divergent / compared over the last ``window_s`` seconds."""
-        t = self.recent.total(window_s)
-        seen: collections.Counter[str] = collections.Counter()
-        for (kind, output, _), n in t.items():
-            if kind == "out":
-                seen[output] += n
-        return {o: t[("out", o, True)] / n for o, n in seen.items() if n}
-
-    def divergence_rate_for(self, version: int, window_s: float) -> tuple[int, float]:
-        """``(requests compared, share that diverged in any output)`` for shadow
-        ``version`` over the last ``window_s`` seconds."""
-        t = self.recent.total(window_s)
-        bad, good = t[("ver", version, True)], t[("ver", version, False)]
-        n = bad + good
-        return n, (bad / n if n else 0.0)
-
-
-# -------------------------------------------------------------------- the controller
+    st: ModelTraffic
+    mv: ModelVersion
+    route: str
 
 
 class TrafficControl:
@@ -435,12 +77,14 @@ class TrafficControl:
         self.runner = runner
         self.manager = manager
         self.models: dict[str, ModelTraffic] = {}
+        self.shadow = ShadowMirror(runner, manager)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
     # -- the request path ------------------------------------------------------
 
     def _state(self, name: str, entry: ModelEntry) -> ModelTraffic:
+        """The traffic state of model ``name``, up to date with its last load."""
         st = self.models.get(name)
         if st is None or entry.traffic_gen != st.file_gen:
             st = self._reloaded(name, entry, st)
@@ -471,6 +115,11 @@ class TrafficControl:
         return st
 
     def _adopt_rollout(self, st: ModelTraffic, raw: dict[str, Any] | None, why: str) -> None:
+        """Start, keep or stop ``st``'s rollout as the ``rollout`` section ``raw`` asks.
+
+        Raises:
+            TrafficError: the section is malformed, or no baseline version is served.
+        """
         if raw is None:
             if st.rollout is not None and st.rollout.state == "running":
                 self._decide(st, "stopped", f"{why} has no rollout section")
@@ -493,39 +142,29 @@ class TrafficControl:
         self._decide(st, "start", f"rollout of version {policy.canary} over {baseline} ({why})")
         self.ensure_running()
 
-    def infer(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
-        """Serve a request that names no version (see the module docstring):
-        ``await traffic.infer(request)``. A model without traffic settings goes
-        straight to the default version (the runner's coroutine, no extra level).
+    def route(self, request: InferRequest) -> tuple[ModelVersion, Routed | None]:
+        """The version that serves a request naming no version.
+
+        Returns:
+            ``(version, routed)``; ``routed`` is None for a model without traffic
+            settings (the default version, nothing to observe), else what
+            :meth:`observe` takes.
 
         Raises:
-            InferError: as :meth:`InferenceServer.infer`; 404 when the pinned version
-                (``x-pdserve-model-version``) is not served; an unknown model at once.
+            InferError: an unknown model, no ready version, or (404) a pinned version
+                (``x-pdserve-model-version``) that is not served.
         """
         name = request.model_name
         manager = self.manager
         entry = manager.models.get(name)
         if entry is None:
-            return self.runner.infer_on(manager.get(name, ""), request)
+            return manager.get(name, ""), None
         st = self._state(name, entry)
-        if (
-            not request.pinned_version
-            and st.file_spec is None
-            and st.override is None
-            and st.rollout is None
-        ):
-            return self.runner.infer_on(manager.get(name, ""), request)  # no traffic
-        return self._infer_routed(request, entry, st)
-
-    async def _infer_routed(
-        self, request: InferRequest, entry: ModelEntry, st: ModelTraffic
-    ) -> InferResponse:
-        """:meth:`infer` for a pinned request or a model with traffic settings."""
-        name = request.model_name
-        manager = self.manager
         if request.pinned_version:
             mv = manager.get(name, request.pinned_version)
             route = "pinned"
+        elif st.file_spec is None and st.override is None and st.rollout is None:
+            return manager.get(name, ""), None  # no traffic settings
         else:
             split = st.split(entry)
             v = split.pick(request.route_key) if split is not None else None
@@ -536,9 +175,17 @@ class TrafficControl:
                 mv = entry.serving[v]
                 route = "sticky" if request.route_key else "split"
         st.routed[(mv.version_str, route)] += 1
+        return mv, Routed(st, mv, route)
+
+    async def observe(
+        self, routed: Routed, request: InferRequest, running: Awaitable[InferResponse]
+    ) -> InferResponse:
+        """Await ``running`` (``request`` on ``routed.mv``): its outcome goes into the
+        version's window, and a routed (not pinned) answer is offered to the shadow."""
+        st, mv = routed.st, routed.mv
         start = time.monotonic_ns()
         try:
-            response = await self.runner.infer_on(mv, request)
+            response = await running
         except InferError as e:
             if e.code not in _NOT_THE_VERSIONS_FAULT:
                 st.window(mv.version).add((time.monotonic_ns() - start) / 1e9, True)
@@ -549,131 +196,27 @@ class TrafficControl:
             st.window(mv.version).add((time.monotonic_ns() - start) / 1e9, True)
             raise
         st.window(mv.version).add((time.monotonic_ns() - start) / 1e9, False)
-        if route != "pinned":
+        if routed.route != "pinned":
             spec = st.spec()
             shadow = spec.shadow if spec is not None else None
             if shadow is not None and shadow.version != mv.version:
                 if shadow.percent >= 100 or random.random() * 100 < shadow.percent:
-                    self._offer(st, shadow, request, response)
+                    self.shadow.offer(st, shadow, request, response)
         return response
 
-    # -- shadow ------------------------------------------------------------------
+    def infer(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
+        """Serve a request that names no version: :meth:`route`, run it on the chosen
+        version with the runner, :meth:`observe`. A model without traffic settings goes
+        straight to the default version (the runner's coroutine, no extra level).
 
-    def _offer(
-        self, st: ModelTraffic, shadow: ShadowSpec, request: InferRequest, response: InferResponse
-    ) -> None:
-        """Queue a mirror of ``request`` (never waits; a full queue sheds it)."""
-        if self._closing:
-            return
-        if st.queue is None or st.queue.maxsize != shadow.queue_size:
-            self._stop_shadow(st)
-            st.queue = asyncio.Queue(shadow.queue_size)
-            loop = asyncio.get_running_loop()
-            st.workers = [
-                loop.create_task(
-                    self._shadow_worker(st, st.queue), name=f"pdserve-shadow-{st.name}"
-                )
-                for _ in range(SHADOW_WORKERS)
-            ]
-        try:
-            st.queue.put_nowait((shadow, request, response))
-        except asyncio.QueueFull:
-            st.shadow_results[(str(shadow.version), "shed")] += 1
-
-    def _stop_shadow(self, st: ModelTraffic) -> None:
-        for t in st.workers:
-            t.cancel()
-        st.workers = []
-        st.queue = None
-
-    async def _shadow_worker(
-        self, st: ModelTraffic, queue: asyncio.Queue[tuple[ShadowSpec, InferRequest, InferResponse]]
-    ) -> None:
-        while True:
-            shadow, request, primary = await queue.get()
-            try:
-                await self._shadow_one(st, shadow, request, primary)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - a shadow never stops the worker
-                log.exception("model %s: shadow request failed unexpectedly", st.name)
-                st.shadow_results[(str(shadow.version), "error")] += 1
-
-    async def _shadow_one(
-        self, st: ModelTraffic, shadow: ShadowSpec, request: InferRequest, primary: InferResponse
-    ) -> None:
-        version = str(shadow.version)
-        entry = self.manager.models.get(st.name)
-        mv = entry.serving.get(shadow.version) if entry is not None else None
-        if mv is None:
-            st.shadow_results[(version, "missing")] += 1
-            self._log_every(
-                st, "missing", "shadow version %s of model %s is not served", version, st.name
-            )
-            return
-        primary_mv = entry.serving.get(int(primary.model_version)) if entry is not None else None
-        if primary_mv is not None and primary_mv.inflight > shadow.max_inflight:
-            st.shadow_results[(version, "shed")] += 1  # the callers are busy: shadow goes first
-            return
-        mirror = InferRequest(
-            request.model_name,
-            version,
-            request.inputs,
-            request.outputs,
-            request.id,
-            dict(request.parameters),
-        )
-        try:
-            result = await self.runner.infer_on(mv, mirror)
-        except InferError as e:
-            kind = "shed" if e.code is ErrorCode.UNAVAILABLE else "error"
-            st.shadow_results[(version, kind)] += 1
-            self._log_every(
-                st, "error", "model %s shadow version %s failed: %s", st.name, version, e
-            )
-            return
-        st.shadow_results[(version, "compared")] += 1
-        differences = {}
-        for output, value in primary.outputs.items():
-            other = result.outputs.get(output)
-            if other is None:
-                agree, detail = False, "missing from the shadow's response"
-            else:
-                agree, detail = outputs_agree(value, other, tolerance_for(shadow, output))
-            st.compared[output] += 1
-            st.recent.add(("out", output, not agree))
-            if not agree:
-                st.divergence[output] += 1
-                differences[output] = detail
-        st.recent.add(("ver", shadow.version, bool(differences)))
-        if differences:
-            sample = {
-                "time": time.time(),
-                "request_id": request.id,
-                "version": primary.model_version,
-                "shadow_version": version,
-                "outputs": differences,
-            }
-            st.samples.append(sample)
-            for output, detail in differences.items():
-                self._log_every(
-                    st,
-                    f"div:{output}",
-                    "model %s: shadow version %s diverges from version %s on output %s "
-                    "(request id %r): %s",
-                    st.name,
-                    version,
-                    primary.model_version,
-                    output,
-                    request.id,
-                    detail,
-                )
-
-    def _log_every(self, st: ModelTraffic, key: str, msg: str, *args: Any) -> None:
-        now = time.monotonic()
-        if now - st._last_log.get(key, -math.inf) >= DIVERGENCE_LOG_EVERY_S:
-            st._last_log[key] = now
-            log.warning(msg, *args)
+        Raises:
+            InferError: as :meth:`route`.
+        """
+        mv, routed = self.route(request)
+        running = self.runner.infer_on(mv, request)
+        if routed is None:
+            return running
+        return self.observe(routed, request, running)
 
     # -- rollout -----------------------------------------------------------------
 
@@ -706,6 +249,7 @@ class TrafficControl:
                 )
 
     async def _run(self) -> None:
+        """Evaluate every running rollout, at the shortest interval any asks for."""
         while not self._closing:
             interval = 1.0
             for st in list(self.models.values()):
@@ -733,21 +277,9 @@ class TrafficControl:
         if entry is None or p.canary not in entry.serving:
             return None
         win = st.window(p.canary).summary(p.window_secs)
-        breach = []
-        if win["requests"] >= p.min_requests:
-            if win["error_rate"] > p.max_error_rate:
-                breach.append(
-                    f"error rate {win['error_rate']:.3f} > {p.max_error_rate:g} "
-                    f"({win['errors']}/{win['requests']} in {p.window_secs:g}s)"
-                )
-            if p.max_p99_ms is not None and (win["p99_ms"] or 0) > p.max_p99_ms:
-                breach.append(f"p99 {win['p99_ms']:.1f} ms > {p.max_p99_ms:g} ms")
-        if p.max_divergence_rate is not None:
-            n, rate = st.divergence_rate_for(p.canary, p.window_secs)
-            if n >= p.min_requests and rate > p.max_divergence_rate:
-                breach.append(
-                    f"shadow divergence {rate:.3f} > {p.max_divergence_rate:g} ({n} compared)"
-                )
+        checked = p.max_divergence_rate is not None
+        divergence = st.divergence_rate_for(p.canary, p.window_secs) if checked else (0, 0.0)
+        breach = p.breaches(win, divergence)
         if breach:
             r.state = "rolled_back"
             self._decide(st, "rollback", "; ".join(breach), window=win)
@@ -772,6 +304,7 @@ class TrafficControl:
     # -- admin ---------------------------------------------------------------------
 
     def _entry(self, name: str) -> tuple[ModelEntry, ModelTraffic]:
+        """Model ``name``'s entry and traffic state; 404 when it serves nothing."""
         entry = self.manager.models.get(name)
         if entry is None or not entry.serving:
             raise not_found(f"Request for unknown model: '{name}' is not served")
@@ -849,7 +382,7 @@ class TrafficControl:
         except TrafficError as e:
             raise InferError(str(e)) from None
         log.info("model %s: traffic set by the admin endpoint: %s", name, st.weights())
-        st._split_for = None
+        st.forget_split()
         return self.describe_traffic(name)
 
     def describe_rollout(self, name: str) -> dict[str, Any]:
@@ -964,17 +497,9 @@ class TrafficControl:
         tasks = [t for st in self.models.values() for t in st.workers]
         if self._task is not None:
             tasks.append(self._task)
+        self.shadow.closing = True
         for st in self.models.values():
-            self._stop_shadow(st)
+            self.shadow.stop(st)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-__all__ = [
-    "RolloutPolicy",
-    "TrafficControl",
-    "Window",
-    "parse_shadow",
-    "parse_weights",
-]

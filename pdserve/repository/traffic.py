@@ -1,40 +1,17 @@
-"""Traffic between the versions of one model: the traffic file, routing, output comparison.
+"""Traffic between the versions of one model: the traffic file, the split, output comparison.
 
-A model folder may hold ``traffic.yaml`` (:data:`TRAFFIC_FILENAME`) beside
-``config.pbtxt``. It is read with the model (a load, a reload, a poll that saw it
-change) and says how requests that name **no version** are spread over the versions
-the version policy loaded::
+A model folder may hold ``traffic.yaml`` (:data:`TRAFFIC_FILENAME`), read with the model,
+saying how requests that name **no version** are spread over the served versions::
 
     weights: {1: 90, 2: 10}      # percent per version; must sum to 100
-    shadow:                      # optional: mirror a share of requests to a candidate
-      version: 3
-      percent: 100               # share of split requests mirrored (0-100)
-      queue_size: 64             # bounded; a full queue sheds the mirror, never the caller
-      max_inflight: 8            # shed mirrors while the caller's version has more in flight
-      compare:                   # per output; outputs not named use the defaults below
-        OUTPUT0: {atol: 1.0e-5, rtol: 1.0e-3}
-        top5_labels: {exact: true}
-        logits: {top_k: 5}
-    rollout: {...}               # optional: see pdserve.repository.rollout.RolloutPolicy
+    shadow: {version: 3, percent: 100, queue_size: 64, max_inflight: 8,
+             compare: {OUTPUT0: {atol: 1.0e-5, rtol: 1.0e-3}, labels: {exact: true}}}
+    rollout: {...}               # see pdserve.repository.rollout_policy.RolloutPolicy
 
-Rules (pdserve's own; Triton has no traffic split):
-
-- A request that names a version (URL ``/versions/N``, gRPC ``model_version``) is
-  served by that version and never split, mirrored or counted by a rollout.
-- ``x-pdserve-model-version: N`` (HTTP header or gRPC metadata) pins a request to
-  version N the same way (404 when N is not served).
-- ``x-pdserve-route-key: K`` makes the split sticky: the key is hashed onto 10,000
-  buckets and the buckets are cut by the weights, newest version first, so one key
-  sees one version, and raising a canary's weight only moves keys *onto* it.
-  Without a key each request is drawn at random with the weights.
-- A version the file names that the version policy did not load (or that failed to
-  load) is ignored with a warning: its share goes to the served versions in
-  proportion to their weights; ``GET /v2/models/{m}/traffic`` lists it under
-  ``unserved``. A file that is malformed (weights that do not sum to 100, negative or
-  non-numeric weights, unknown keys) is a load error, as a bad ``config.pbtxt`` is:
-  on a reload the versions and traffic that served before keep serving.
-- Without a traffic file (or with ``weights`` absent) the default version serves
-  (the highest ready one, as without this module).
+A request naming a version, or pinned with ``x-pdserve-model-version``, is never split.
+``x-pdserve-route-key`` makes the split sticky (the key hashed onto 10,000 buckets cut by
+the weights, newest first). A named version that is not served gives its share to the
+served ones. A malformed file is a load error; without one the default version serves.
 """
 
 from __future__ import annotations
@@ -42,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,7 +108,7 @@ class TrafficSpec:
         weights: version -> percent (sum 100); empty: the default version serves.
         shadow: the mirror, or None.
         rollout: the raw ``rollout`` section (parsed by
-            :class:`pdserve.repository.rollout.RolloutPolicy`), or None.
+            :class:`pdserve.repository.rollout_policy.RolloutPolicy`), or None.
     """
 
     weights: dict[int, float] = field(default_factory=dict)
@@ -145,7 +123,18 @@ class TrafficSpec:
         return named
 
 
-def _version(value: Any, where: str) -> int:
+def check_keys(raw: dict[str, Any], allowed: Collection[str], where: str) -> None:
+    """Refuse the keys of ``raw`` that are not in ``allowed``.
+
+    Raises:
+        TrafficError: "unknown key(s) [...]; use [...]".
+    """
+    unknown = set(raw) - set(allowed)
+    if unknown:
+        raise TrafficError(f"{where}: unknown key(s) {sorted(unknown)}; use {sorted(allowed)}")
+
+
+def _version(value: object, where: str) -> int:
     if isinstance(value, bool):
         raise TrafficError(f"{where}: version {value!r} is not a version number")
     if isinstance(value, int):
@@ -159,7 +148,7 @@ def _version(value: Any, where: str) -> int:
     return v
 
 
-def _number(value: Any, where: str, low: float, high: float) -> float:
+def _number(value: object, where: str, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TrafficError(f"{where}: {value!r} is not a number")
     f = float(value)
@@ -168,7 +157,7 @@ def _number(value: Any, where: str, low: float, high: float) -> float:
     return f
 
 
-def parse_weights(raw: Any, where: str = "weights") -> dict[int, float]:
+def parse_weights(raw: object, where: str = "weights") -> dict[int, float]:
     """``{version: percent}`` from a mapping; the percents must sum to 100.
 
     Raises:
@@ -194,14 +183,10 @@ def parse_weights(raw: Any, where: str = "weights") -> dict[int, float]:
     return weights
 
 
-def _parse_tolerance(raw: Any, where: str) -> Tolerance:
+def _parse_tolerance(raw: object, where: str) -> Tolerance:
     if not isinstance(raw, dict):
         raise TrafficError(f"{where}: must be a mapping with atol/rtol, exact or top_k")
-    unknown = set(raw) - _COMPARE_KEYS
-    if unknown:
-        raise TrafficError(
-            f"{where}: unknown key(s) {sorted(unknown)}; use {sorted(_COMPARE_KEYS)}"
-        )
+    check_keys(raw, _COMPARE_KEYS, where)
     exact = raw.get("exact", False)
     if not isinstance(exact, bool):
         raise TrafficError(f"{where}.exact: must be true or false")
@@ -216,7 +201,7 @@ def _parse_tolerance(raw: Any, where: str) -> Tolerance:
     )
 
 
-def parse_shadow(raw: Any, where: str = "shadow") -> ShadowSpec:
+def parse_shadow(raw: object, where: str = "shadow") -> ShadowSpec:
     """The ``shadow`` section.
 
     Raises:
@@ -225,9 +210,7 @@ def parse_shadow(raw: Any, where: str = "shadow") -> ShadowSpec:
     """
     if not isinstance(raw, dict):
         raise TrafficError(f"{where}: must be a mapping with 'version'")
-    unknown = set(raw) - _SHADOW_KEYS
-    if unknown:
-        raise TrafficError(f"{where}: unknown key(s) {sorted(unknown)}; use {sorted(_SHADOW_KEYS)}")
+    check_keys(raw, _SHADOW_KEYS, where)
     if "version" not in raw:
         raise TrafficError(f"{where}: 'version' (the candidate to mirror to) is required")
     queue = raw.get("queue_size", DEFAULT_SHADOW_QUEUE)
@@ -251,7 +234,7 @@ def parse_shadow(raw: Any, where: str = "shadow") -> ShadowSpec:
     )
 
 
-def parse_traffic(doc: Any, where: str = TRAFFIC_FILENAME) -> TrafficSpec:
+def parse_traffic(doc: object, where: str = TRAFFIC_FILENAME) -> TrafficSpec:
     """A :class:`TrafficSpec` from a decoded traffic file or admin request body.
 
     Raises:
@@ -261,9 +244,7 @@ def parse_traffic(doc: Any, where: str = TRAFFIC_FILENAME) -> TrafficSpec:
         return TrafficSpec()
     if not isinstance(doc, dict):
         raise TrafficError(f"{where}: must be a mapping with 'weights', 'shadow' or 'rollout'")
-    unknown = set(doc) - _TOP_KEYS
-    if unknown:
-        raise TrafficError(f"{where}: unknown key(s) {sorted(unknown)}; use {sorted(_TOP_KEYS)}")
+    check_keys(doc, _TOP_KEYS, where)
     weights = parse_weights(doc["weights"], f"{where}: weights") if "weights" in doc else {}
     shadow = parse_shadow(doc["shadow"], f"{where}: shadow") if doc.get("shadow") else None
     rollout = doc.get("rollout")
@@ -342,7 +323,7 @@ class Split:
         return self.versions[-1]
 
 
-def _as_array(value: Any) -> np.ndarray:
+def _as_array(value: object) -> np.ndarray:
     return value if isinstance(value, np.ndarray) else np.asarray(value)
 
 
@@ -355,7 +336,7 @@ def _top_k_sets(arr: np.ndarray, k: int) -> list[frozenset[Any]]:
     return [frozenset(r.tolist()) for r in idx]
 
 
-def outputs_agree(primary: Any, shadow: Any, tol: Tolerance) -> tuple[bool, str]:
+def outputs_agree(primary: object, shadow: object, tol: Tolerance) -> tuple[bool, str]:
     """Compare one output of the caller's response with the shadow's.
 
     Returns:

@@ -1,29 +1,13 @@
-"""Model warm-up: run sample requests on every instance of a version before it serves.
+"""Model warm-up: run sample requests on every instance of a version before it serves,
+so the first real requests after a swap do not pay for lazy initialisation.
 
-A new or changed version is loaded beside the serving one and only switched in
-once it is ready; warming it up first means the first real requests after the
-switch do not pay for lazy initialisation (ONNX Runtime's first-run allocations,
-a Python model's first call), so clients see no latency step at the swap.
-
-Samples come from the configuration's ``model_warmup`` (Triton's ``ModelWarmup``:
-``name``, ``batch_size``, ``count``, and per input ``data_type``, ``dims`` and one of
-``zero_data`` / ``random_data`` / ``input_data_file``, the file being read from
-``<model>/warmup/``). As in Triton, ``input_data_file`` is a path relative to the
-model's ``warmup`` folder: an absolute path, one that leaves the folder (``..``, a
-symlink pointing out) or a file that is not a regular file (FIFO, device) fails the
-load; only the bytes the input needs are read (a shorter file is an error, a longer
-one is cut), in a worker thread so a slow disk never stalls the event loop. As in Triton, each sample runs ``count`` times (at least
-once) on *each* model instance, directly, so warm-up never shows in statistics or
-metrics. A failing configured sample fails the load.
-
-A configuration without ``model_warmup`` gets no warm-up at all, as in Triton:
-no request the model did not ask for ever reaches it, so a model with side
-effects (counters, writes, calls to other services) sees only real requests,
-and a model that would reject an invented input logs no errors. (Load-time
-checks need no request: the configuration, the backend's own load and each
-python instance's ``initialize`` have passed before warm-up.) To warm a model
-up, give it ``model_warmup`` — ``zero_data: true`` with the input's dims is the
-smallest sample.
+Samples come from the configuration's ``model_warmup`` (Triton's ``ModelWarmup``: per
+input ``zero_data`` / ``random_data`` / ``input_data_file``, the file read from
+``<model>/warmup/``, never outside it, only the bytes the input needs, off the event
+loop). Each sample runs ``count`` times (at least once) on each model instance directly,
+so warm-up never shows in statistics; a failing sample fails the load. As in Triton, a
+configuration without ``model_warmup`` gets no warm-up: no request the model did not ask
+for ever reaches it.
 """
 
 from __future__ import annotations

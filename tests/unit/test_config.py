@@ -11,8 +11,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from pdserve import config as cfgmod
-from pdserve.config import ConfigError
+from pdserve.config import defaults, json_form, loading, schema, validation
+from pdserve.config.schema import ConfigError
 
 # --------------------------------------------------------------------------- helpers
 
@@ -46,32 +46,32 @@ def test_load_parses_config(tmp_path: Path) -> None:
         parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
         """,
     )
-    cfg = cfgmod.load_model_config(d)
+    cfg = loading.load_model_config(d)
     assert cfg.name == "simple"
     assert cfg.platform == "onnxruntime_onnx"
     assert cfg.max_batch_size == 8
     assert [i.name for i in cfg.input] == ["INPUT0"]
     assert list(cfg.input[0].dims) == [64]
-    assert cfgmod.get_parameter(cfg, "intra_op_thread_count") == "2"
-    assert cfgmod.get_parameter(cfg, "missing") is None
-    assert cfgmod.get_parameter(cfg, "missing", "x") == "x"
+    assert schema.get_parameter(cfg, "intra_op_thread_count") == "2"
+    assert schema.get_parameter(cfg, "missing") is None
+    assert schema.get_parameter(cfg, "missing", "x") == "x"
 
 
 def test_load_without_config_uses_folder_name(tmp_path: Path) -> None:
-    cfg = cfgmod.load_model_config(make_model_dir(tmp_path, "noconf", None))
+    cfg = loading.load_model_config(make_model_dir(tmp_path, "noconf", None))
     assert cfg.name == "noconf"
     assert cfg.platform == "" and len(cfg.input) == 0
 
 
 def test_load_empty_name_becomes_folder_name(tmp_path: Path) -> None:
-    cfg = cfgmod.load_model_config(make_model_dir(tmp_path, "m1", 'backend: "python"'))
+    cfg = loading.load_model_config(make_model_dir(tmp_path, "m1", 'backend: "python"'))
     assert cfg.name == "m1"
 
 
 def test_load_name_mismatch(tmp_path: Path) -> None:
     d = make_model_dir(tmp_path, "folder_name", 'name: "other"\nbackend: "python"')
     with pytest.raises(ConfigError) as e:
-        cfgmod.load_model_config(d)
+        loading.load_model_config(d)
     assert e.value.field == "name"
     assert e.value.path == str(d / "config.pbtxt")
     assert "folder_name" in e.value.message and "other" in e.value.message
@@ -80,7 +80,7 @@ def test_load_name_mismatch(tmp_path: Path) -> None:
 def test_load_parse_error_names_file_line_and_column(tmp_path: Path) -> None:
     d = make_model_dir(tmp_path, "bad", 'name: "bad"\nmax_batch_size: 8\nbogus_field: 3\n')
     with pytest.raises(ConfigError) as e:
-        cfgmod.load_model_config(d)
+        loading.load_model_config(d)
     assert e.value.path == str(d / "config.pbtxt")
     assert e.value.field == "3:1"
     assert "bogus_field" in e.value.message
@@ -115,7 +115,7 @@ def test_config_error_str() -> None:
 )
 def test_normalize_platform_pairs(pbtxt: str, platform: str, backend: str, filename: str) -> None:
     cfg = parse(pbtxt)
-    cfgmod.normalize_platform(cfg, "m/config.pbtxt")
+    loading.normalize_platform(cfg, "m/config.pbtxt")
     assert (cfg.platform, cfg.backend, cfg.default_model_filename) == (platform, backend, filename)
 
 
@@ -129,7 +129,7 @@ def test_normalize_platform_pairs(pbtxt: str, platform: str, backend: str, filen
 )
 def test_normalize_platform_guesses_from_files(files: list[str], backend: str) -> None:
     cfg = model_config_pb2.ModelConfig(name="m")
-    cfgmod.normalize_platform(cfg, "m/config.pbtxt", guess_from_files=files)
+    loading.normalize_platform(cfg, "m/config.pbtxt", guess_from_files=files)
     assert cfg.backend == backend
 
 
@@ -146,7 +146,7 @@ def test_normalize_platform_guesses_from_files(files: list[str], backend: str) -
 def test_normalize_platform_errors(pbtxt: str, field: str) -> None:
     cfg = parse(pbtxt)
     with pytest.raises(ConfigError) as e:
-        cfgmod.normalize_platform(cfg, "m/config.pbtxt", guess_from_files=["README.md"])
+        loading.normalize_platform(cfg, "m/config.pbtxt", guess_from_files=["README.md"])
     assert e.value.field == field
     assert e.value.path == "m/config.pbtxt"
 
@@ -167,7 +167,7 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
 
 
 def test_validate_accepts_valid(tmp_path: Path) -> None:
-    assert cfgmod.validate_config(parse(VALID), str(tmp_path / "config.pbtxt")) == []
+    assert validation.validate_config(parse(VALID), str(tmp_path / "config.pbtxt")) == []
 
 
 @pytest.mark.parametrize(
@@ -249,7 +249,7 @@ def test_validate_errors_name_file_and_field(
     text_format.Merge(edit, cfg)
     path = str(tmp_path / "m" / "config.pbtxt")
     with pytest.raises(ConfigError) as e:
-        cfgmod.validate_config(cfg, path)
+        validation.validate_config(cfg, path)
     assert e.value.path == path
     assert e.value.field == field
     assert words in e.value.message
@@ -266,9 +266,9 @@ def test_validate_collects_every_error_with_errors_list() -> None:
     )
     cfg.max_batch_size = -1
     with pytest.raises(ConfigError) as first:
-        cfgmod.validate_config(cfg, "m/config.pbtxt")
+        validation.validate_config(cfg, "m/config.pbtxt")
     errors: list[ConfigError] = []
-    assert cfgmod.validate_config(cfg, "m/config.pbtxt", errors=errors) == []
+    assert validation.validate_config(cfg, "m/config.pbtxt", errors=errors) == []
     assert [(e.field, e.message) for e in errors][0] == (first.value.field, first.value.message)
     assert [e.field for e in errors] == [
         "max_batch_size",
@@ -285,32 +285,32 @@ def test_validate_refuses_an_absurd_instance_count() -> None:
     in total (a KIND_GPU group counts once per GPU); the limit is configurable."""
     cfg = parse(VALID + "instance_group [ { kind: KIND_CPU count: 100000 } ]")
     with pytest.raises(ConfigError) as e:
-        cfgmod.validate_config(cfg, "m/config.pbtxt")
+        validation.validate_config(cfg, "m/config.pbtxt")
     assert e.value.field == "instance_group[0].count"
     assert e.value.message == (
         "count 100000 is more than the limit of 128 instances per model "
         "(serve's --max-instance-count)"
     )
     at_limit = parse(VALID + "instance_group [ { kind: KIND_CPU count: 128 } ]")
-    assert cfgmod.validate_config(at_limit, "m/config.pbtxt") == []
+    assert validation.validate_config(at_limit, "m/config.pbtxt") == []
     total = parse(
         VALID + "instance_group [ { kind: KIND_CPU count: 100 },"
         " { kind: KIND_GPU count: 20 gpus: [ 0, 1 ] } ]"
     )
     with pytest.raises(ConfigError) as e:
-        cfgmod.validate_config(total, "m/config.pbtxt")
+        validation.validate_config(total, "m/config.pbtxt")
     assert e.value.field == "instance_group"
     assert "ask for 140 instances, more than the limit of 128" in e.value.message
     try:
-        cfgmod.set_max_instance_count(200)
-        assert cfgmod.validate_config(total, "m/config.pbtxt") == []
-        cfgmod.set_max_instance_count(4)
+        defaults.set_max_instance_count(200)
+        assert validation.validate_config(total, "m/config.pbtxt") == []
+        defaults.set_max_instance_count(4)
         with pytest.raises(ConfigError, match="limit of 4 instances"):
-            cfgmod.validate_config(parse(VALID + "instance_group [ { count: 5 } ]"), "m")
+            validation.validate_config(parse(VALID + "instance_group [ { count: 5 } ]"), "m")
         with pytest.raises(ValueError):
-            cfgmod.set_max_instance_count(0)
+            defaults.set_max_instance_count(0)
     finally:
-        cfgmod.set_max_instance_count(cfgmod.DEFAULT_MAX_INSTANCE_COUNT)
+        defaults.set_max_instance_count(defaults.DEFAULT_MAX_INSTANCE_COUNT)
 
 
 def test_validate_label_file_present(tmp_path: Path) -> None:
@@ -318,14 +318,14 @@ def test_validate_label_file_present(tmp_path: Path) -> None:
     (d / "labels.txt").write_text("cat\ndog\n")
     cfg = parse(VALID)
     cfg.output[0].label_filename = "labels.txt"
-    assert cfgmod.validate_config(cfg, str(d / "config.pbtxt")) == []
+    assert validation.validate_config(cfg, str(d / "config.pbtxt")) == []
 
 
 def test_validate_preferred_batch_on_non_batching_model() -> None:
     cfg = parse(VALID + "dynamic_batching { preferred_batch_size: [ 2 ] }")
     cfg.max_batch_size = 0
     with pytest.raises(ConfigError) as e:
-        cfgmod.validate_config(cfg, "m/config.pbtxt")
+        validation.validate_config(cfg, "m/config.pbtxt")
     assert e.value.field == "dynamic_batching.preferred_batch_size"
     assert "cannot batch" in e.value.message
 
@@ -334,39 +334,39 @@ def test_validate_dynamic_batching_without_batch_size_warns() -> None:
     # Triton accepts it (the dynamic batcher then only queues), so a warning.
     cfg = parse(VALID + "dynamic_batching { }")
     cfg.max_batch_size = 0
-    warnings = cfgmod.validate_config(cfg, "m/config.pbtxt")
+    warnings = validation.validate_config(cfg, "m/config.pbtxt")
     assert len(warnings) == 1 and "never batched" in warnings[0]
 
 
 def test_validate_empty_reshape_needs_batching() -> None:
     cfg = parse(VALID + 'input [ { name: "s" data_type: TYPE_FP32 dims: [ 1 ] reshape { } } ]')
-    assert cfgmod.validate_config(cfg, "m/config.pbtxt") == []  # batching: a scalar per item
+    assert validation.validate_config(cfg, "m/config.pbtxt") == []  # batching: a scalar per item
     cfg.max_batch_size = 0
     with pytest.raises(ConfigError) as e:
-        cfgmod.validate_config(cfg, "m/config.pbtxt")
+        validation.validate_config(cfg, "m/config.pbtxt")
     assert e.value.field == "input[2].reshape"
 
 
 def test_validate_incomplete_io_allowed_before_autocomplete() -> None:
     cfg = parse('name: "m" backend: "python" input [ { name: "a" } ]')
-    assert cfgmod.validate_config(cfg, "m/config.pbtxt", complete=False) == []
+    assert validation.validate_config(cfg, "m/config.pbtxt", complete=False) == []
     with pytest.raises(ConfigError):
-        cfgmod.validate_config(cfg, "m/config.pbtxt")
+        validation.validate_config(cfg, "m/config.pbtxt")
 
 
 def test_validate_ensemble_needs_steps() -> None:
     cfg = parse('name: "e" platform: "ensemble"')
     with pytest.raises(ConfigError) as e:
-        cfgmod.validate_config(cfg, "e/config.pbtxt")
+        validation.validate_config(cfg, "e/config.pbtxt")
     assert e.value.field == "ensemble_scheduling.step"
     cfg = parse(
         'name: "e" platform: "ensemble" ensemble_scheduling { step [ { model_name: "x" '
         'input_map { key: "a" value: "b" } output_map { key: "c" value: "d" } } ] }'
     )
-    assert cfgmod.validate_config(cfg, "e/config.pbtxt") == []
+    assert validation.validate_config(cfg, "e/config.pbtxt") == []
     cfg.instance_group.add(count=1)
     with pytest.raises(ConfigError) as e:
-        cfgmod.validate_config(cfg, "e/config.pbtxt")
+        validation.validate_config(cfg, "e/config.pbtxt")
     assert e.value.field == "instance_group"
 
 
@@ -375,7 +375,7 @@ def test_validate_ensemble_needs_steps() -> None:
 
 def test_apply_defaults() -> None:
     cfg = parse(VALID + "dynamic_batching { }")
-    cfgmod.apply_defaults(cfg)
+    defaults.apply_defaults(cfg)
     assert cfg.version_policy.WhichOneof("policy_choice") == "latest"
     assert cfg.version_policy.latest.num_versions == 1
     assert list(cfg.dynamic_batching.preferred_batch_size) == [8]
@@ -386,7 +386,7 @@ def test_apply_defaults() -> None:
     assert group.count == 2  # Triton's default for onnxruntime on CPU
     assert cfg.optimization.input_pinned_memory.enable
     gpu = parse('name: "p" backend: "python" instance_group [ { }, { kind: KIND_GPU count: 3 } ]')
-    cfgmod.apply_defaults(gpu, gpus=[0, 1])
+    defaults.apply_defaults(gpu, gpus=[0, 1])
     kinds = [model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind) for g in gpu.instance_group]
     assert kinds == ["KIND_GPU", "KIND_GPU"]
     assert [g.name for g in gpu.instance_group] == ["p_0", "p_1"]
@@ -413,7 +413,7 @@ def test_config_to_json_numbers_and_enums() -> None:
         instance_group [ { kind: KIND_CPU count: 2 } ]
         """
     )
-    d = cfgmod.config_to_json(cfg)
+    d = json_form.config_to_json(cfg)
     json.dumps(d)  # plain JSON
     assert d["max_batch_size"] == 8
     assert d["input"][0]["dims"] == [4]
@@ -437,38 +437,38 @@ def test_config_to_json_numbers_and_enums() -> None:
 
 def test_config_json_round_trip() -> None:
     cfg = parse(VALID + "version_policy { all { } } dynamic_batching { preferred_batch_size: 4 }")
-    d = cfgmod.config_to_json(cfg)
-    back = cfgmod.config_from_json(json.loads(json.dumps(d)))
+    d = json_form.config_to_json(cfg)
+    back = json_form.config_from_json(json.loads(json.dumps(d)))
     assert back == cfg
 
 
 def test_config_from_json_error() -> None:
     with pytest.raises(ConfigError) as e:
-        cfgmod.config_from_json({"name": "m", "max_batch_size": "lots"})
+        json_form.config_from_json({"name": "m", "max_batch_size": "lots"})
     assert e.value.field == "config"
     with pytest.raises(ConfigError):
-        cfgmod.config_from_json({"no_such_field": 1})
+        json_form.config_from_json({"no_such_field": 1})
 
 
 def test_datatype_of() -> None:
     io = model_config_pb2.ModelInput(name="s", data_type=model_config_pb2.TYPE_STRING)
-    assert cfgmod.datatype_of(io) == "BYTES"
+    assert schema.datatype_of(io) == "BYTES"
     io.data_type = model_config_pb2.TYPE_BF16
-    assert cfgmod.datatype_of(io) == "BF16"
+    assert schema.datatype_of(io) == "BF16"
     with pytest.raises(ValueError):
-        cfgmod.datatype_of(model_config_pb2.ModelInput(name="x"))
+        schema.datatype_of(model_config_pb2.ModelInput(name="x"))
 
 
 def test_validate_decoupled_false_is_fine() -> None:
     cfg = parse(VALID + "model_transaction_policy { decoupled: false }")
-    assert cfgmod.validate_config(cfg, "m/config.pbtxt") == []
+    assert validation.validate_config(cfg, "m/config.pbtxt") == []
 
 
 def test_label_file_error_names_no_absolute_path(tmp_path: Path) -> None:
     cfg = parse(VALID)
     cfg.output[0].label_filename = "nope.txt"
     with pytest.raises(ConfigError) as e:
-        cfgmod.validate_config(cfg, "m/config.pbtxt", model_dir=tmp_path)
+        validation.validate_config(cfg, "m/config.pbtxt", model_dir=tmp_path)
     assert str(tmp_path) not in str(e.value) and "nope.txt" in str(e.value)
 
 
@@ -491,17 +491,17 @@ def test_label_file_error_names_no_absolute_path(tmp_path: Path) -> None:
 )
 def test_parse_config_override_errors(value: str | bytes, words: str) -> None:
     with pytest.raises(ConfigError) as e:
-        cfgmod.parse_config_override(value)
-    assert e.value.path == cfgmod.OVERRIDE_PATH and e.value.field == "config"
+        json_form.parse_config_override(value)
+    assert e.value.path == schema.OVERRIDE_PATH and e.value.field == "config"
     assert words in e.value.message
 
 
 def test_parse_config_override_values() -> None:
-    assert cfgmod.parse_config_override(None) is None
-    cfg = cfgmod.parse_config_override('{"name": "m", "max_batch_size": 4}')
+    assert json_form.parse_config_override(None) is None
+    cfg = json_form.parse_config_override('{"name": "m", "max_batch_size": 4}')
     assert cfg is not None and cfg.name == "m" and cfg.max_batch_size == 4
-    assert cfgmod.parse_config_override(b'{"name": "m"}').name == "m"
-    assert cfgmod.parse_config_override({"name": "m"}).name == "m"
-    assert cfgmod.parse_config_override(cfg) is cfg
+    assert json_form.parse_config_override(b'{"name": "m"}').name == "m"
+    assert json_form.parse_config_override({"name": "m"}).name == "m"
+    assert json_form.parse_config_override(cfg) is cfg
     # what GET .../config serves parses back to the same message
-    assert cfgmod.parse_config_override(json.dumps(cfgmod.config_to_json(cfg))) == cfg
+    assert json_form.parse_config_override(json.dumps(json_form.config_to_json(cfg))) == cfg

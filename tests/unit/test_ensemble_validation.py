@@ -1,13 +1,17 @@
-"""Load-time validation of ensembles (pdserve.scheduling.ensemble.validate_ensemble)."""
+"""Load-time validation of ensembles (pdserve.config.ensemble.validate_ensemble)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from pdserve.config import ConfigError
-from pdserve.scheduling.ensemble import validate_ensemble
+from pdserve.backends.base import ModelSpec
+from pdserve.config.ensemble import validate_ensemble
+from pdserve.config.schema import ConfigError
+from pdserve.scheduling.ensemble import EnsembleBackend
 
 
 def _cfg(text: str) -> model_config_pb2.ModelConfig:
@@ -223,3 +227,17 @@ def test_a_batching_ensemble_needs_batching_steps() -> None:
     head = HEAD.replace("max_batch_size: 8", "max_batch_size: 16")
     text = _error(_ensemble(PRE, CLS, POST, head=head))
     assert "the ensemble allows batches of 16" in text and "max_batch_size 8" in text
+
+
+def test_the_ensemble_backend_validates_at_load(tmp_path: Path) -> None:
+    """The scheduler's backend keeps the plan validate_ensemble builds."""
+    spec = ModelSpec(
+        name="pipe",
+        version=1,
+        config=_ensemble(PRE, CLS, POST),
+        model_dir=tmp_path / "pipe",
+        version_dir=tmp_path / "pipe" / "1",
+        repository=tmp_path,
+    )
+    EnsembleBackend(lookup).auto_complete(spec)
+    assert spec.extra["ensemble_plan"].producer == {"t": 0, "logits": 1, "LABELS": 2, "SCORES": 2}

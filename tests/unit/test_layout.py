@@ -9,7 +9,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from pdserve import config as cfgmod
+from pdserve.config import model_file
 from pdserve.repository import layout
 
 
@@ -107,33 +107,34 @@ def test_model_file_path(repo: Path) -> None:
     alpha = layout.scan_repository(repo)["alpha"]
     onnx_cfg = cfg('backend: "onnxruntime"')
     assert (
-        cfgmod.model_file_path(onnx_cfg, layout.version_path(alpha, 1))
+        model_file.model_file_path(onnx_cfg, layout.version_path(alpha, 1))
         == repo / "alpha" / "1" / "model.onnx"
     )
     named = cfg('backend: "onnxruntime" default_model_filename: "net.onnx"')
     assert (
-        cfgmod.model_file_path(named, layout.version_path(alpha, 1))
+        model_file.model_file_path(named, layout.version_path(alpha, 1))
         == repo / "alpha" / "1" / "net.onnx"
     )
-    assert cfgmod.model_file_path(cfg('backend: "python"'), repo / "beta" / "3") == (
+    assert model_file.model_file_path(cfg('backend: "python"'), repo / "beta" / "3") == (
         repo / "beta" / "3" / "model.py"
     )
     assert (
-        cfgmod.model_file_path(cfg('backend: "pytorch"'), layout.version_path(alpha, 1)).name
+        model_file.model_file_path(cfg('backend: "pytorch"'), layout.version_path(alpha, 1)).name
         == "model.pt"
     )
     assert (
-        cfgmod.model_file_path(cfg('platform: "ensemble"'), layout.version_path(alpha, 1)) is None
+        model_file.model_file_path(cfg('platform: "ensemble"'), layout.version_path(alpha, 1))
+        is None
     )
     # A large ONNX model: the "file" is a folder holding model.onnx.
     (repo / "alpha" / "2" / "big.onnx").mkdir()
     big = cfg('backend: "onnxruntime" default_model_filename: "big.onnx"')
     assert (
-        cfgmod.model_file_path(big, layout.version_path(alpha, 2))
+        model_file.model_file_path(big, layout.version_path(alpha, 2))
         == repo / "alpha" / "2" / "big.onnx" / "model.onnx"
     )
     with pytest.raises(ValueError):
-        cfgmod.model_file_path(cfg(), layout.version_path(alpha, 1))
+        model_file.model_file_path(cfg(), layout.version_path(alpha, 1))
 
 
 def test_find_model_file(repo: Path) -> None:
@@ -143,26 +144,29 @@ def test_find_model_file(repo: Path) -> None:
     assert layout.version_path(repo / "beta", 3) == repo / "beta" / "3"
     onnx_cfg = cfg('backend: "onnxruntime"')
     assert (
-        cfgmod.find_model_file(onnx_cfg, layout.version_path(alpha, 2))
+        model_file.find_model_file(onnx_cfg, layout.version_path(alpha, 2))
         == repo / "alpha" / "2" / "model.onnx"
     )
     python_cfg = cfg('backend: "python"')
     assert (
-        cfgmod.find_model_file(python_cfg, repo / "beta" / "3") == repo / "beta" / "3" / "model.py"
+        model_file.find_model_file(python_cfg, repo / "beta" / "3")
+        == repo / "beta" / "3" / "model.py"
     )
     missing = repo / "alpha" / "1" / "model.py"
     with pytest.raises(FileNotFoundError) as e:
-        cfgmod.find_model_file(python_cfg, layout.version_path(alpha, 1))
+        model_file.find_model_file(python_cfg, layout.version_path(alpha, 1))
     assert str(e.value) == f"model file {missing} does not exist"
     # a folder is not a model file (except an ONNX folder holding model.onnx)
     (repo / "alpha" / "1" / "dir.onnx").mkdir()
     with pytest.raises(FileNotFoundError, match="dir.onnx/model.onnx does not exist"):
-        cfgmod.find_model_file(
+        model_file.find_model_file(
             cfg('backend: "onnxruntime" default_model_filename: "dir.onnx"'),
             layout.version_path(alpha, 1),
         )
     with pytest.raises(ValueError, match="ensemble"):
-        cfgmod.find_model_file(cfg('name: "e" platform: "ensemble"'), layout.version_path(alpha, 1))
+        model_file.find_model_file(
+            cfg('name: "e" platform: "ensemble"'), layout.version_path(alpha, 1)
+        )
 
 
 def _touch_later(path: Path) -> None:

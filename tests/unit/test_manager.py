@@ -12,11 +12,12 @@ import pytest
 from pdserve.config import ModelConfig
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.repository import manager as mgr
+from pdserve.repository import staging
 
 
 @pytest.mark.parametrize("name", ["tiny", "a b", "ü" * 127, "x" * 255, "model-1.onnx_v2"])
 def test_model_names_accepted(name: str) -> None:
-    mgr.check_model_name(name)
+    staging.check_model_name(name)
 
 
 @pytest.mark.parametrize(
@@ -37,14 +38,14 @@ def test_model_names_accepted(name: str) -> None:
 )
 def test_model_names_refused(name: str, words: str) -> None:
     with pytest.raises(InferError) as e:
-        mgr.check_model_name(name)
+        staging.check_model_name(name)
     assert e.value.code is ErrorCode.INVALID_ARG
     assert words in e.value.message
     assert len(e.value.message) < 300  # a long name is cut, not echoed whole
 
 
 def test_file_paths_accepted() -> None:
-    mgr.check_file_paths(["1/model.onnx", "labels.txt", "2/sub/dir/weights.bin", "1/.hidden"])
+    staging.check_file_paths(["1/model.onnx", "labels.txt", "2/sub/dir/weights.bin", "1/.hidden"])
 
 
 @pytest.mark.parametrize(
@@ -67,7 +68,7 @@ def test_file_paths_accepted() -> None:
 )
 def test_file_paths_refused(paths: list[str], words: str) -> None:
     with pytest.raises(InferError) as e:
-        mgr.check_file_paths(paths)
+        staging.check_file_paths(paths)
     assert e.value.code is ErrorCode.INVALID_ARG
     assert words in e.value.message
 
@@ -76,7 +77,7 @@ def test_public_messages_hold_no_absolute_path(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
     m = mgr.ModelManager(repo)
-    staged = os.path.join(tempfile.gettempdir(), mgr.STAGING_PREFIX + "ab12cd")
+    staged = os.path.join(tempfile.gettempdir(), staging.STAGING_PREFIX + "ab12cd")
     said = m._public(
         f"model file {repo}/tiny/1/model.onnx does not exist; "
         f"'{repo}' is the repository; Load model from {staged}/tiny/3/model.onnx failed; "

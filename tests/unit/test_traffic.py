@@ -8,7 +8,7 @@ import collections
 import numpy as np
 import pytest
 
-from pdserve.repository.rollout import RolloutPolicy, Window
+from pdserve.repository.rollout_policy import RolloutPolicy
 from pdserve.repository.traffic import (
     Split,
     Tolerance,
@@ -16,6 +16,7 @@ from pdserve.repository.traffic import (
     outputs_agree,
     parse_traffic,
 )
+from pdserve.repository.windows import Window
 
 
 def test_weights_must_sum_to_100() -> None:

@@ -1,0 +1,61 @@
+"""Where a model version's model file is (``<repository>/<model>/<version>/<file>``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pdserve.config.schema import (
+    DEFAULT_MODEL_FILENAMES,
+    ENSEMBLE_PLATFORM,
+    ONNXRUNTIME_BACKEND,
+    PYTORCH_BACKEND,
+    ModelConfig,
+)
+
+
+def model_file_path(cfg: ModelConfig, version_dir: Path) -> Path | None:
+    """Where the model file of a version is: ``<version_dir>/<filename>``
+    (``version_dir`` is ``<repository>/<model>/<version>``).
+
+    The one model-file lookup: the model manager and every backend find a version's
+    model file here. The file name is ``default_model_filename`` or the backend's
+    default (``model.onnx``, ``model.pt``, ``model.py``:
+    :data:`pdserve.config.DEFAULT_MODEL_FILENAMES`). An ensemble has no model file
+    (None). As in Triton's onnxruntime backend, an ONNX "file" that is a folder
+    means ``<folder>/model.onnx``. A PyTorch model with ``runtime: "model.py"``
+    (Triton's PyTorch 2 form) and no ``default_model_filename`` is its ``model.py``. The path is not checked for existence
+    (:func:`find_model_file` checks).
+
+    Raises:
+        ValueError: no file name can be determined (no backend).
+    """
+    if cfg.platform == ENSEMBLE_PLATFORM:
+        return None
+    filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAMES.get(cfg.backend, "")
+    if (
+        not cfg.default_model_filename
+        and cfg.backend == PYTORCH_BACKEND
+        and cfg.runtime == "model.py"
+    ):
+        filename = cfg.runtime  # Triton's PyTorch 2 form: model.py (+ optional model.pt weights)
+    if not filename:
+        raise ValueError(f"model '{cfg.name}': no default_model_filename and no known backend")
+    path = version_dir / filename
+    if cfg.backend == ONNXRUNTIME_BACKEND and path.is_dir():
+        path = path / DEFAULT_MODEL_FILENAMES[ONNXRUNTIME_BACKEND]
+    return path
+
+
+def find_model_file(cfg: ModelConfig, version_dir: Path) -> Path:
+    """:func:`model_file_path`, which must be an existing file.
+
+    Raises:
+        FileNotFoundError: the file does not exist (the message names the path).
+        ValueError: no file name can be determined, or an ensemble (no model file).
+    """
+    path = model_file_path(cfg, version_dir)
+    if path is None:
+        raise ValueError(f"model '{cfg.name}': an ensemble has no model file")
+    if not path.is_file():
+        raise FileNotFoundError(f"model file {path} does not exist")
+    return path
