@@ -89,6 +89,7 @@ import grpc
 import hpack
 from h2.errors import ErrorCodes
 
+from pdserve.frontends.admission import header_text
 from pdserve.frontends.grpc.engine import GrpcKeepalive
 from pdserve.frontends.grpc.service import MalformedMessage, direct_unary
 from pdserve.frontends.grpc.sync_bridge import BridgedAbort
@@ -231,8 +232,8 @@ class _Head:
                 pass
             elif name.endswith(b"-bin"):
                 metadata.append((name.decode("latin-1"), value))
-            else:
-                metadata.append((name.decode("latin-1"), value.decode("latin-1")))
+            else:  # read as grpcio reads metadata, so both servers see the same text
+                metadata.append((name.decode("latin-1"), header_text(value)))
         self.metadata = tuple(metadata)
 
 
