@@ -32,6 +32,7 @@ from pdserve.frontends.grpc.codec import (
     encode_off_loop,
     metadata_response,
     param_value,
+    set_param,
 )
 from pdserve.frontends.shared_memory import (
     SharedMemoryRegistry,
@@ -275,13 +276,7 @@ def log_settings_response(settings: dict[str, Any]) -> service_pb2.LogSettingsRe
     ``bool_param``, ``log_verbose_level`` as ``uint32_param``, strings as ``string_param``)."""
     msg = service_pb2.LogSettingsResponse()
     for name, value in settings.items():
-        slot = msg.settings[name]
-        if isinstance(value, bool):
-            slot.bool_param = value
-        elif isinstance(value, int):
-            slot.uint32_param = value
-        else:
-            slot.string_param = str(value)
+        set_param(msg.settings[name], value, "uint32_param")
     return msg
 
 
