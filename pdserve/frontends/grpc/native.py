@@ -160,33 +160,28 @@ class GrpcConnection(CallDispatch, asyncio.Protocol):
             return
         self.reads += 1
         buf = self.buf
-        if self.preface and not buf:
-            # the common case: frames parsed from ``data`` itself (a payload is one copy
-            # of it, not a copy into the buffer and two out); what is left is buffered
-            try:
-                self._frames(data)
-            except H2ConnectionError as e:
-                self._connection_error(e)
-                return
-            self._flush()
-            return
-        buf += data
-        if not self.preface:
-            if len(buf) < len(PREFACE):
-                if PREFACE.startswith(bytes(buf)):
-                    return
-            elif buf.startswith(PREFACE):
-                del buf[: len(PREFACE)]
-                self.preface = True
-                self.out.append(SERVER_PREFACE)
+        frames: bytes | bytearray = data
+        if not self.preface or buf:
+            # else the common case: frames parsed from ``data`` itself (a payload is one
+            # copy of it, not a copy into the buffer and two out); what is left is buffered
+            buf += data
+            frames = buf
             if not self.preface:
-                if bytes(buf[:4]) in HTTP1_METHODS:
-                    assert self.transport is not None
-                    self.transport.write(http1_refusal())
-                self._close()
-                return
+                if len(buf) < len(PREFACE):
+                    if PREFACE.startswith(bytes(buf)):
+                        return
+                elif buf.startswith(PREFACE):
+                    del buf[: len(PREFACE)]
+                    self.preface = True
+                    self.out.append(SERVER_PREFACE)
+                if not self.preface:
+                    if bytes(buf[:4]) in HTTP1_METHODS:
+                        assert self.transport is not None
+                        self.transport.write(http1_refusal())
+                    self._close()
+                    return
         try:
-            self._frames(buf)
+            self._frames(frames)
         except H2ConnectionError as e:
             self._connection_error(e)
             return

@@ -69,8 +69,8 @@ async def serve_grpc(
         shared_memory: the system shared-memory registry (shared with HTTP); None: a
             disabled one.
         kind: ``"threads"``: grpcio's synchronous server, each RPC's handler run on
-            this event loop (:mod:`~pdserve.frontends.grpc.sync_bridge`; ~15%
-            less server CPU per call than ``grpc.aio``, benchmarks/RESULTS.md issue 11);
+            this event loop (:mod:`~pdserve.frontends.grpc.sync_bridge`; less server
+            CPU per call than ``grpc.aio``);
             ``"aio"``: ``grpc.aio``; ``"native"``: pdserve's own HTTP/2 transport on
             the event loop (:mod:`~pdserve.frontends.grpc.native`). Same service,
             status codes and behaviour.
