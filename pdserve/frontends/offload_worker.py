@@ -83,7 +83,7 @@ def _read_exact(stream: IO[bytes], size: int) -> bytearray:
     view = memoryview(buf)
     got = 0
     while got < size:
-        n = stream.readinto(view[got:])  # type: ignore[attr-defined]
+        n = stream.readinto(view[got:])  # type: ignore[attr-defined]  # a buffered pipe; IO lacks it
         if not n:
             raise EOFError(f"the stream ended after {got} of {size} bytes")
         got += n

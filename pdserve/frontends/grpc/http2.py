@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import grpc
 import hpack
 
 from pdserve.frontends.admission import header_text
+
+#: One header field as sent or received: ``(name, value)`` bytes.
+Header = tuple[bytes, bytes]
+#: gRPC metadata as handlers see it: ``(key, value)``, ``str`` values (``-bin`` keys: bytes).
+Metadata = tuple[tuple[str, str | bytes], ...]
+#: Trailing metadata a handler sets: ``(key, value)`` pairs, values converted to text.
+TrailingMetadata = Sequence[tuple[str | bytes, object]]
 
 #: Most streams a client may have open on one connection (SETTINGS_MAX_CONCURRENT_STREAMS).
 MAX_CONCURRENT_STREAMS = 1024
@@ -68,7 +76,7 @@ def data_frame_header(length: int, flags: int, sid: int) -> bytes:
     return FRAME_HEADER.pack(length << 8, flags, sid)
 
 
-def encode_block(headers: list[Any]) -> bytes:
+def encode_block(headers: list[Header]) -> bytes:
     """A header block encoded without the dynamic table (never-indexed literals or
     static-table indexes), so blocks can be precomputed and sent in any order."""
     return hpack.Encoder().encode([(k, v, True) for k, v in headers])
@@ -102,14 +110,14 @@ class RequestHead:
 
     __slots__ = ("content_type", "encoding", "metadata", "method", "path", "route", "timeout")
 
-    def __init__(self, headers: Any) -> None:
+    def __init__(self, headers: Iterable[Header]) -> None:
         #: (handler, direct unary method) of the path, once looked up (a head is cached
         #: with its header block, so a repeated block skips the lookup)
-        self.route: tuple[Any, Any] | None = None
+        self.route: tuple[Any, Any] | None = None  # grpc.RpcMethodHandler, its method
         self.path = self.method = self.content_type = b""
         self.encoding = b"identity"
         self.timeout: bytes | None = None
-        metadata: list[tuple[str, Any]] = []
+        metadata: list[tuple[str, str | bytes]] = []
         for name, value in headers:
             if name[:1] == b":":
                 if name == b":path":
@@ -159,9 +167,11 @@ def parse_timeout(value: bytes) -> float | None:
     return None if unit is None else int(value[:-1]) * unit
 
 
-def status_trailers(code: grpc.StatusCode, details: str, extra: Any = ()) -> list[Any]:
+def status_trailers(
+    code: grpc.StatusCode, details: str, extra: TrailingMetadata = ()
+) -> list[Header]:
     """Trailers (or the tail of a Trailers-Only response) for a status."""
-    out: list[Any] = [(b"grpc-status", str(code.value[0]).encode())]
+    out: list[Header] = [(b"grpc-status", str(code.value[0]).encode())]
     if details:
         out.append((b"grpc-message", percent_encode(details)))
     for key, value in extra or ():

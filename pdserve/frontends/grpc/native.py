@@ -124,10 +124,10 @@ class GrpcConnection(CallDispatch, asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
-        self.transport = transport  # type: ignore[assignment]  # a TCP transport
+        self.transport = cast(asyncio.Transport, transport)  # a TCP transport
         server = self.server
         if len(server.connections) >= server.max_connections:
-            self.transport.abort()  # type: ignore[union-attr]
+            self.transport.abort()
             self.closed = True
             return
         server.connections.add(self)

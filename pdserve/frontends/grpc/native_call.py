@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import grpc
 
 from pdserve.frontends.grpc.engine import GrpcKeepalive
+from pdserve.frontends.grpc.http2 import Header, Metadata, TrailingMetadata
 from pdserve.frontends.grpc.sync_bridge import BridgedAbort
 
 log = logging.getLogger("pdserve.grpc")
@@ -79,7 +80,7 @@ class NativeContext:
     def __init__(
         self,
         call: NativeCall,
-        metadata: tuple[tuple[str, Any], ...],
+        metadata: Metadata,
         peer: str,
         deadline: float | None,
         loop: asyncio.AbstractEventLoop | None = None,
@@ -92,14 +93,14 @@ class NativeContext:
         self.deadline = deadline
         self.code: grpc.StatusCode | None = None
         self.details = ""
-        self.trailers: Any = ()
+        self.trailers: TrailingMetadata = ()
 
-    def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
+    def invocation_metadata(self) -> Metadata:
         """The call's metadata ``(key, value)`` pairs."""
         return self._metadata
 
     async def abort(
-        self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()
+        self, code: grpc.StatusCode, details: str = "", trailing_metadata: TrailingMetadata = ()
     ) -> None:
         """End the call with ``code`` / ``details`` (raises
         :class:`~pdserve.frontends.grpc.sync_bridge.BridgedAbort`, a ``grpc.aio.AbortError``)."""
@@ -115,7 +116,7 @@ class NativeContext:
         """The status message to end the call with."""
         self.details = details
 
-    def set_trailing_metadata(self, trailing_metadata: Any) -> None:
+    def set_trailing_metadata(self, trailing_metadata: TrailingMetadata) -> None:
         """Trailing metadata sent with the status."""
         self.trailers = trailing_metadata
 
@@ -193,7 +194,7 @@ class NativeCall:
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.out: collections.deque[bytes] = collections.deque()
-        self.trailers: list[Any] | None = None  # not None: the trailers wait to go out
+        self.trailers: list[Header] | None = None  # not None: the trailers wait to go out
         self.trailers_block = b""
         self.send_window = 65535
         self.received = 0
@@ -212,6 +213,6 @@ class NativeCall:
 class Refused(Exception):
     """A call ended before its handler runs: its status."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, extra: Any = ()) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, extra: TrailingMetadata = ()) -> None:
         super().__init__(details)
         self.code, self.details, self.extra = code, details, extra

@@ -32,6 +32,7 @@ from pdserve.frontends.grpc.http2 import (
     U32,
     Decompressor,
     RequestHead,
+    TrailingMetadata,
     data_frame_header,
     encode_block,
     frame,
@@ -347,7 +348,8 @@ class CallDispatch:
             handler = call.handler
             limit = self.server.max_message_bytes
             headers_sent = False
-            code, details, extra = grpc.StatusCode.OK, "", ()
+            code, details = grpc.StatusCode.OK, ""
+            extra: TrailingMetadata = ()
             try:
                 async for response in handler.stream_stream(self._requests(call), ctx):
                     if call.finished or call.cancelled:
@@ -447,7 +449,7 @@ class CallDispatch:
         self._maybe_idle()
 
     def _finish(
-        self, call: NativeCall, code: grpc.StatusCode, details: str, extra: Any = ()
+        self, call: NativeCall, code: grpc.StatusCode, details: str, extra: TrailingMetadata = ()
     ) -> None:
         """End a call that has sent nothing with a Trailers-Only response."""
         if call.finished or call.cancelled:

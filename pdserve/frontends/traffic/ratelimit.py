@@ -197,7 +197,7 @@ class RateLimiter:
             "fixed-window": strategies.FixedWindowRateLimiter,
         }[strategy]
         self.limiter = (
-            None if self.bucket is not None else cls(storage)  # type: ignore[abstract]
+            None if self.bucket is not None else cls(storage)  # type: ignore[abstract]  # the dict joins the concrete classes
         )
         self._item_cache: dict[str, Any] = {}
         #: limit item -> (capacity, tokens per second), for the token bucket
