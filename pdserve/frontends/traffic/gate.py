@@ -18,10 +18,9 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
 
 from pdserve.core.errors import InferError
 from pdserve.frontends.traffic.apis import (
@@ -288,7 +287,9 @@ def header_getter(headers: list[tuple[bytes, bytes]]) -> Callable[[str], str | N
     return get
 
 
-def metadata_getter(metadata: Any) -> Callable[[str], str | None]:
+def metadata_getter(
+    metadata: Iterable[tuple[str, str | bytes]] | None,
+) -> Callable[[str], str | None]:
     """A header lookup over gRPC invocation metadata (``(key, value)`` pairs)."""
 
     def get(name: str) -> str | None:
