@@ -20,7 +20,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pdserve.core.api import InferenceCore
 from pdserve.core.cancel import CancelToken
@@ -31,11 +31,9 @@ from pdserve.frontends.shared_memory import (
     infer_with_shm,
     shm_output_names,
 )
+from pdserve.frontends.traffic.gate import TrafficGate, principal_name
 from pdserve.frontends.workers import channel as ch
 from pdserve.observability import logs
-
-if TYPE_CHECKING:
-    from pdserve.frontends.traffic.gate import TrafficGate
 
 log = logging.getLogger("pdserve.workers")
 
@@ -270,8 +268,6 @@ class FrontendHub:
         if method == "gate.check":
             if self.gate is None:
                 raise not_found("this server has no gate")
-            from pdserve.frontends.traffic.gate import principal_name
-
             protocol, category, model, headers = args
             await self.gate.check(protocol, category, model, headers.get)
             return principal_name.get()
