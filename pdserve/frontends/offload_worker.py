@@ -19,6 +19,8 @@ import sys
 from collections.abc import Callable
 from typing import IO, Any
 
+from pdserve.core.errors import InferError
+
 #: How much lower than the server this process runs (``os.nice`` increment).
 NICE = 5
 
@@ -92,8 +94,6 @@ def _read_exact(stream: IO[bytes], size: int) -> bytearray:
 
 def run_call(call: tuple[Callable[..., Any], tuple[Any, ...]]) -> tuple[Any, ...]:
     """Run one ``(function, args)`` call; its result tuple (see the module docstring)."""
-    from pdserve.core.errors import InferError
-
     func, args = call
     try:
         return ("ok", func(*args))

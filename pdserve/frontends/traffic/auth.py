@@ -19,6 +19,7 @@ from typing import Any
 
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.frontends.traffic.apis import CATEGORIES, INFERENCE, METADATA
+from pdserve.frontends.traffic.ratelimit import RateLimitConfigError, parse_rate
 
 #: Reason words of authentication failures (metric label ``reason``).
 REASONS = (
@@ -208,8 +209,6 @@ def _rate(value: Any, where: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise AuthConfigError(f"{where} must be a string such as '100/second'")
-    from pdserve.frontends.traffic.ratelimit import RateLimitConfigError, parse_rate
-
     try:
         parse_rate(value)
     except RateLimitConfigError as e:
