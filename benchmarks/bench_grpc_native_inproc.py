@@ -49,7 +49,8 @@ from common import cli_parser
 from tritonclient.grpc import service_pb2
 
 from pdserve.core.types import InferResponse
-from pdserve.frontends.grpc.native import _OK_TRAILERS_BLOCK, GrpcConnection, NativeGrpcServer
+from pdserve.frontends.grpc.http2 import OK_TRAILERS_BLOCK
+from pdserve.frontends.grpc.native import GrpcConnection, NativeGrpcServer
 from pdserve.frontends.grpc.service import SERVICE_NAME, GrpcService, method_handlers
 from pdserve.server import InferenceServer
 
@@ -99,7 +100,7 @@ class _Transport(asyncio.Transport):
     def write(self, data: Any) -> None:
         st = self.state
         st["writes"] += 1
-        st["ok"] += bytes(data).count(_OK_TRAILERS_BLOCK)  # grpc-status 0 trailers
+        st["ok"] += bytes(data).count(OK_TRAILERS_BLOCK)  # grpc-status 0 trailers
         waiter = st["waiter"]
         if self.conn is not None and not self.conn.calls and waiter is not None:
             st["waiter"] = None
@@ -128,7 +129,7 @@ class _ClientTransport(_Transport):
         self.client = client
 
     def write(self, data: Any) -> None:
-        n = bytes(data).count(_OK_TRAILERS_BLOCK)
+        n = bytes(data).count(OK_TRAILERS_BLOCK)
         st = self.state
         st["writes"] += 1
         st["ok"] += n

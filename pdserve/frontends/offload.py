@@ -1,24 +1,17 @@
 """Work the frontends keep off the event loop: worker threads and decode processes.
 
 - :func:`off_loop` runs a function on a two-thread pool: decompressing, decoding
-  binary tensor data and encoding large responses. Those calls are mostly copies
-  (``memcpy``, zlib) and give the event loop its turn often enough.
-- :func:`off_process` runs a function in a separate process: parsing large JSON
-  request bodies, and writing large response outputs as JSON
-  (:func:`pdserve.frontends.http.app.encode_json_off_loop`; ``orjson.dumps`` holds
-  the GIL for a whole array too). A thread is not enough there: ``orjson.loads`` and numpy's
-  list-to-array conversion hold the GIL for the whole of one C call (about 2 s for a
-  50 MB body of numbers on a slow core), which stalls the event loop, health probes
-  included, however many threads the work is spread over. A JSON body also expands
-  to 5-20 times its size while it is parsed (a Python object per number); in a
-  decode process that memory is freed back to the system after the call, and the
-  server keeps only the decoded arrays.
+  binary tensor data and encoding large responses (mostly copies, which give the
+  event loop its turn often enough).
+- :func:`off_process` runs a function in a decode process: parsing large JSON bodies
+  and writing large outputs as JSON. ``orjson`` and numpy's list-to-array conversion
+  hold the GIL for a whole C call, which would stall the event loop from any thread;
+  and the memory a JSON body expands to while parsed goes back to the system after.
 
 The decode processes (:data:`DECODE_PROCESSES`, each ``python -m
-pdserve.frontends.offload_worker``; the protocol is in that module) start on first
-use, run at a lower priority than the server, exit when the server closes their
-pipe or dies, and are restarted after one is killed (the call it was running fails
-with UNAVAILABLE).
+pdserve.frontends.offload_worker``, which holds the protocol) start on first use, run at
+a lower priority than the server, exit when the server closes their pipe or dies, and
+are restarted after one is killed (the call it was running fails with UNAVAILABLE).
 """
 
 from __future__ import annotations
@@ -46,23 +39,29 @@ DECODE_PROCESSES = 2
 #: ``bytes`` arguments of :func:`off_process` this large or larger are sent out of band.
 _OUT_OF_BAND_BYTES = 64 * 1024
 
-_codec_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_decode_pool: concurrent.futures.ThreadPoolExecutor | None = None
+#: thread name prefix -> the pool (:func:`codec_pool`, :func:`_decode_threads`)
+_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
 _pool_lock = threading.Lock()
 _local = threading.local()
 _workers: set[subprocess.Popen[bytes]] = set()
 
 
+def _pool(prefix: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    """The thread pool named ``prefix``, created on first use."""
+    pool = _pools.get(prefix)
+    if pool is None:
+        with _pool_lock:
+            pool = _pools.get(prefix)
+            if pool is None:
+                pool = _pools[prefix] = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=threads, thread_name_prefix=prefix
+                )
+    return pool
+
+
 def codec_pool() -> concurrent.futures.ThreadPoolExecutor:
     """The shared two-thread pool, created on first use."""
-    global _codec_pool
-    if _codec_pool is None:
-        with _pool_lock:
-            if _codec_pool is None:
-                _codec_pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=CODEC_THREADS, thread_name_prefix="pdserve-codec"
-                )
-    return _codec_pool
+    return _pool("pdserve-codec", CODEC_THREADS)
 
 
 async def off_loop(func: Callable[..., Any], *args: Any) -> Any:
@@ -71,14 +70,8 @@ async def off_loop(func: Callable[..., Any], *args: Any) -> Any:
 
 
 def _decode_threads() -> concurrent.futures.ThreadPoolExecutor:
-    global _decode_pool
-    if _decode_pool is None:
-        with _pool_lock:
-            if _decode_pool is None:
-                _decode_pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=DECODE_PROCESSES, thread_name_prefix="pdserve-decode"
-                )
-    return _decode_pool
+    """The threads that feed the decode processes, one each."""
+    return _pool("pdserve-decode", DECODE_PROCESSES)
 
 
 async def off_process(func: Callable[..., Any], *args: Any) -> Any:
@@ -207,10 +200,9 @@ def shutdown() -> None:
     Safe to call more than once; the next :func:`off_process` or :func:`off_loop`
     starts them again.
     """
-    global _codec_pool, _decode_pool
     with _pool_lock:
-        pools = [p for p in (_codec_pool, _decode_pool) if p is not None]
-        _codec_pool = _decode_pool = None
+        pools = list(_pools.values())
+        _pools.clear()
     for pool in pools:
         pool.shutdown(wait=True)
     for proc in list(_workers):

@@ -1,21 +1,13 @@
-"""The decode process that :func:`pdserve.frontends.offload.off_process` runs work in.
+"""The decode process that :func:`pdserve.frontends.offload.off_process` runs work in
+(``python -m pdserve.frontends.offload_worker``, one per decode thread).
 
-Started as ``python -m pdserve.frontends.offload_worker`` by the server (one per
-thread of the decode pool). It reads calls from stdin and writes results to the
-stdout it was started with, one message each way per call:
-
-- a message is a pickle with its out-of-band buffers (:func:`write_message`);
-- a call is ``(function, args)`` (the function pickled by reference: module and name);
-- a result is ``("ok", value)``, ``("infer_error", message, code, reason)`` for an
-  :class:`~pdserve.core.errors.InferError` (whose code a plain pickle would lose), or
-  ``("error", exception)`` for anything else (a ``RuntimeError`` carrying its text
-  when the exception itself cannot be pickled).
-
-The process exits when stdin reaches its end (the server closed the pipe or died).
-What the work prints goes to stderr: fd 1 is pointed there so that it cannot
-corrupt the messages. The process lowers its own priority (:data:`NICE`) so that the
-server's event loop and its small requests get the CPU first, and hands memory
-freed by a large call back to the system (``malloc_trim``).
+It reads calls from stdin and writes one result each to the stdout it was started with:
+a message is a pickle with its out-of-band buffers (:func:`write_message`); a call is
+``(function, args)``; a result is ``("ok", value)``, ``("infer_error", message, code,
+reason)`` for an :class:`~pdserve.core.errors.InferError`, or ``("error", exception)``.
+It exits when stdin ends (the server closed the pipe or died); fd 1 points to stderr so
+that what the work prints cannot corrupt the messages; it runs at a lower priority
+(:data:`NICE`) and hands memory freed by a large call back to the system.
 """
 
 from __future__ import annotations
@@ -26,6 +18,8 @@ import struct
 import sys
 from collections.abc import Callable
 from typing import IO, Any
+
+from pdserve.core.errors import InferError
 
 #: How much lower than the server this process runs (``os.nice`` increment).
 NICE = 5
@@ -91,7 +85,7 @@ def _read_exact(stream: IO[bytes], size: int) -> bytearray:
     view = memoryview(buf)
     got = 0
     while got < size:
-        n = stream.readinto(view[got:])  # type: ignore[attr-defined]
+        n = stream.readinto(view[got:])  # type: ignore[attr-defined]  # a buffered pipe; IO lacks it
         if not n:
             raise EOFError(f"the stream ended after {got} of {size} bytes")
         got += n
@@ -100,8 +94,6 @@ def _read_exact(stream: IO[bytes], size: int) -> bytearray:
 
 def run_call(call: tuple[Callable[..., Any], tuple[Any, ...]]) -> tuple[Any, ...]:
     """Run one ``(function, args)`` call; its result tuple (see the module docstring)."""
-    from pdserve.core.errors import InferError
-
     func, args = call
     try:
         return ("ok", func(*args))

@@ -1,22 +1,13 @@
 """The request-level ``parameters`` rules both frontends apply.
 
-Sources:
-
-- [V2] Open Inference Protocol: ``$parameters`` is an object whose values are a
-  string, a number or a boolean (REST); gRPC's ``InferParameter`` is a oneof of
-  ``bool_param``, ``int64_param``, ``string_param``, ``double_param`` and
-  ``uint64_param``.
-- [TRITON] Triton's HTTP and gRPC frontends (``src/http_server.cc``
-  ``ParseJsonTritonParams``, ``src/grpc/infer_handler.cc``
-  ``SetInferenceRequestMetadata``) read these keys and refuse a value of the wrong
-  type with an error naming the key: ``priority`` and ``timeout`` (µs) unsigned
-  integers, ``sequence_id`` an unsigned integer or a string, ``sequence_start`` /
-  ``sequence_end`` booleans, ``binary_data_output`` a boolean (HTTP); keys starting
-  with ``triton_`` are reserved for Triton (gRPC allows
-  ``triton_enable_empty_final_response``, a boolean).
-
-Every check here runs only when a request has parameters, and costs one dict lookup
-per key.
+Values are a string, a number or a boolean ([V2] REST ``$parameters``; gRPC's
+``InferParameter`` oneof). As Triton's frontends (``src/http_server.cc``
+``ParseJsonTritonParams``, ``src/grpc/infer_handler.cc``), these keys are checked and a
+value of the wrong type is an error naming the key: ``priority`` and ``timeout`` (µs)
+unsigned integers, ``sequence_id`` an unsigned integer or a string, ``sequence_start`` /
+``sequence_end`` booleans, ``binary_data_output`` a boolean (HTTP); keys starting with
+``triton_`` are reserved (gRPC allows ``triton_enable_empty_final_response``, a
+boolean). The checks run only when a request has parameters.
 """
 
 from __future__ import annotations

@@ -1,49 +1,6 @@
-"""Triton's system shared-memory extension: the registry of client regions, and the
-reading of inputs from / writing of outputs into them. Both frontends use it.
-
-Protocol source: Triton's ``docs/protocol/extension_shared_memory.md`` and
-``src/shared_memory_manager.cc``. A client creates a POSIX shared-memory object
-(``shm_open("/name")``, i.e. the file ``/dev/shm/name``), registers a window of it
-under a region name (``key``, ``offset``, ``byte_size``), and then names the region in
-an input's or an output's parameters: ``shared_memory_region``,
-``shared_memory_byte_size`` and optionally ``shared_memory_offset`` (bytes from the
-start of the registered window). An input is then read from the region instead of
-the request; an output is written into it and the response carries its name,
-datatype and shape but no data.
-
-Rules (where Triton is silent or looser, pdserve's choice, documented in the README):
-
-- Off unless the server runs with ``--allow-client-shm`` (Triton's flag, off by
-  default since 26.04). Off: every endpoint and every request naming a region is
-  answered UNSUPPORTED ("start pdserve with --allow-client-shm").
-- Keys: ``/name`` exactly as ``shm_open`` takes it: one leading ``/``, no other
-  ``/``, not ``/.`` or ``/..``, no NUL, at most 255 bytes; not starting with
-  ``triton_`` (reserved by Triton) or ``sem.`` (POSIX named semaphores). The file is
-  ``/dev/shm/name``, opened with ``O_NOFOLLOW`` (a symlink is refused), it must be a
-  regular file owned by the server's user (another user's object is refused even
-  when its mode would let the server read it).
-- Bounds: ``offset >= 0``, ``byte_size > 0``, ``offset + byte_size`` within the file
-  at registration; each use checks ``shared_memory_offset + shared_memory_byte_size``
-  within the registered window, and the file's size again (a client may shrink it).
-- Reading and writing use ``pread``/``pwrite`` on a descriptor held open while the
-  region is registered, not ``mmap``: a client that truncates the file under an
-  ``mmap`` makes the server's next access die of SIGBUS (Triton maps the region and
-  has that failure); a short ``pread`` is an error answer instead.
-- Inputs are **copied** out of the region before the request is queued (Triton reads
-  in place): a client that rewrites the region while the request runs cannot change
-  the tensor a model sees half-way. One copy of a 602 KB tensor costs tens of µs.
-- Outputs are written after the model has answered, with ``pwrite``; an output
-  larger than its ``shared_memory_byte_size`` is an error (Triton's message). Two
-  outputs of one request whose byte ranges in the same file overlap are refused
-  (the result would depend on write order); an output overlapping an input of the
-  same request is allowed (inputs were copied first).
-- Unregistering a region that a request is using does not wait and is not refused:
-  the name is gone at once (new requests naming it get an error), and the
-  descriptor is closed when the last request using it finishes, as Triton keeps a
-  region's mapping alive (a ``shared_ptr``) until its users are done.
-- A region opened read-only (the file is not writable by the server's user) serves
-  inputs; an output into it is refused.
-- At most :data:`MAX_REGIONS` regions at once (each holds a descriptor).
+"""Triton's system shared-memory extension: the registry of client regions
+(:class:`SharedMemoryRegistry`), and the reading of inputs from / writing of outputs
+into them. Both frontends use it.
 """
 
 from __future__ import annotations
@@ -254,7 +211,51 @@ def _check_key(name: str, key: Any) -> str:
 
 
 class SharedMemoryRegistry:
-    """The system shared-memory regions clients registered (see the module docstring).
+    """The system shared-memory regions clients registered.
+
+    Protocol source: Triton's ``docs/protocol/extension_shared_memory.md`` and
+    ``src/shared_memory_manager.cc``. A client creates a POSIX shared-memory object
+    (``shm_open("/name")``, i.e. the file ``/dev/shm/name``), registers a window of it
+    under a region name (``key``, ``offset``, ``byte_size``), and then names the region in
+    an input's or an output's parameters: ``shared_memory_region``,
+    ``shared_memory_byte_size`` and optionally ``shared_memory_offset`` (bytes from the
+    start of the registered window). An input is then read from the region instead of
+    the request; an output is written into it and the response carries its name,
+    datatype and shape but no data.
+
+    Rules (where Triton is silent or looser, pdserve's choice, documented in the README):
+
+    - Off unless the server runs with ``--allow-client-shm`` (Triton's flag, off by
+      default since 26.04). Off: every endpoint and every request naming a region is
+      answered UNSUPPORTED ("start pdserve with --allow-client-shm").
+    - Keys: ``/name`` exactly as ``shm_open`` takes it: one leading ``/``, no other
+      ``/``, not ``/.`` or ``/..``, no NUL, at most 255 bytes; not starting with
+      ``triton_`` (reserved by Triton) or ``sem.`` (POSIX named semaphores). The file is
+      ``/dev/shm/name``, opened with ``O_NOFOLLOW`` (a symlink is refused), it must be a
+      regular file owned by the server's user (another user's object is refused even
+      when its mode would let the server read it).
+    - Bounds: ``offset >= 0``, ``byte_size > 0``, ``offset + byte_size`` within the file
+      at registration; each use checks ``shared_memory_offset + shared_memory_byte_size``
+      within the registered window, and the file's size again (a client may shrink it).
+    - Reading and writing use ``pread``/``pwrite`` on a descriptor held open while the
+      region is registered, not ``mmap``: a client that truncates the file under an
+      ``mmap`` makes the server's next access die of SIGBUS (Triton maps the region and
+      has that failure); a short ``pread`` is an error answer instead.
+    - Inputs are **copied** out of the region before the request is queued (Triton reads
+      in place): a client that rewrites the region while the request runs cannot change
+      the tensor a model sees half-way.
+    - Outputs are written after the model has answered, with ``pwrite``; an output
+      larger than its ``shared_memory_byte_size`` is an error (Triton's message). Two
+      outputs of one request whose byte ranges in the same file overlap are refused
+      (the result would depend on write order); an output overlapping an input of the
+      same request is allowed (inputs were copied first).
+    - Unregistering a region that a request is using does not wait and is not refused:
+      the name is gone at once (new requests naming it get an error), and the
+      descriptor is closed when the last request using it finishes, as Triton keeps a
+      region's mapping alive (a ``shared_ptr``) until its users are done.
+    - A region opened read-only (the file is not writable by the server's user) serves
+      inputs; an output into it is refused.
+    - At most :data:`MAX_REGIONS` regions at once (each holds a descriptor).
 
     Thread-safe: the frontends call it from the event loop and from codec threads.
 

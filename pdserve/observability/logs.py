@@ -42,6 +42,7 @@ from typing import Any
 
 from pdserve.core import context
 from pdserve.core.errors import InferError
+from pdserve.core.tracing import parse_traceparent
 
 #: The values ``log_format`` / ``--log-format`` take: Triton's two, and ``json``.
 FORMATS = ("default", "ISO8601", "json")
@@ -57,10 +58,6 @@ SETTING_NAMES = (
 )
 
 _UINT32_MAX = 2**32 - 1
-
-#: A W3C ``traceparent``: version-traceid-parentid-flags, lowercase hex
-#: (https://www.w3.org/TR/trace-context/#traceparent-header).
-_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
 _SECRET = re.compile(
     r"(?i)\b(authorization\s*[:=]\s*(?:(?:bearer|basic|digest)\s+)?|bearer\s+"
@@ -81,28 +78,6 @@ class LogState:
 
 #: The settings in force in this process.
 STATE = LogState()
-
-
-def parse_traceparent(value: str | bytes | None) -> str | None:
-    """The trace id of a valid W3C ``traceparent`` value, else None.
-
-    Invalid: not four dash-separated lowercase hex fields of 2-32-16-2 digits,
-    version ``ff``, or an all-zero trace id or parent id (the W3C rules).
-    """
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        try:
-            value = value.decode("ascii")
-        except UnicodeDecodeError:
-            return None
-    m = _TRACEPARENT.match(value.strip())
-    if m is None:
-        return None
-    version, trace, parent, _ = m.groups()
-    if version == "ff" or trace == "0" * 32 or parent == "0" * 16:
-        return None
-    return trace
 
 
 _ID_PREFIX = uuid.uuid4().hex[:16]
@@ -128,9 +103,9 @@ def begin_request(request_id: str | None, traceparent: str | bytes | None = None
     rid = request_id or new_request_id()
     context.request_id.set(rid)
     if traceparent is not None and context.trace_id.get() is None:
-        trace = parse_traceparent(traceparent)
-        if trace is not None:
-            context.trace_id.set(trace)
+        parsed = parse_traceparent(traceparent)
+        if parsed is not None:
+            context.trace_id.set(parsed[0])
     return rid
 
 

@@ -28,10 +28,6 @@ import numpy as np
 
 from pdserve.repository.layout import TRAFFIC_FILENAME
 
-#: HTTP header / gRPC metadata key whose value makes the split sticky.
-ROUTE_KEY_HEADER = "x-pdserve-route-key"
-#: HTTP header / gRPC metadata key that pins a request to one version.
-PIN_HEADER = "x-pdserve-model-version"
 #: Buckets a route key is hashed onto (a weight of 0.01 % is one bucket).
 BUCKETS = 10_000
 #: Default bound of a shadow queue (requests waiting to be mirrored).

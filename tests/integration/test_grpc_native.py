@@ -42,11 +42,9 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from pdserve.core.streaming import HARD_PENDING_RESPONSES, MAX_PENDING_RESPONSES, STALL_SECS
-from pdserve.frontends.grpc.native import (
-    MAX_CONCURRENT_STREAMS,
-    RESET_BURST,
-    STREAM_MAX_UNANSWERED,
-)
+from pdserve.frontends.grpc.http2 import MAX_CONCURRENT_STREAMS
+from pdserve.frontends.grpc.native import RESET_BURST
+from pdserve.frontends.grpc.native_call import STREAM_MAX_UNANSWERED
 from pdserve.frontends.grpc.service import STREAM_BACKLOG
 from tests.conftest import ServerProcess, copy_models, start_server
 

@@ -158,6 +158,29 @@ def test_a_log_line_inside_a_request_has_both_ids(server: ServerProcess) -> None
     assert "trace_id" not in last
 
 
+def test_a_future_version_traceparent_names_the_log_lines_http_and_grpc(
+    server: ServerProcess,
+) -> None:
+    """A ``traceparent`` of a later version with more fields (W3C: read the first four)
+    joins the client's trace, and the request's log lines carry that trace id: one
+    parser decides both (HTTP and gRPC)."""
+    future = f"01-{TRACE_ID}-00f067aa0ba902b7-01-more"
+    _infer_tiny(server, "req-future-http", {"traceparent": future})
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inp = grpcclient.InferInput("INPUT0", [1, 64], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 64), dtype=np.float32))
+    client.infer("tiny", [inp], request_id="req-future-grpc", headers={"traceparent": future})
+    for rid in ("req-future-http", "req-future-grpc"):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            mine = [d for d in _json_lines(server) if d.get("request_id") == rid]
+            if mine:
+                break
+            time.sleep(0.1)
+        assert mine, server.log()[-2000:]
+        assert all(d.get("trace_id") == TRACE_ID for d in mine), mine
+
+
 BAD = [
     ({"log_info": "true"}, "log_info", "boolean"),
     ({"log_warning": 1}, "log_warning", "boolean"),

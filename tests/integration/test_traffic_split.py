@@ -7,12 +7,21 @@ from __future__ import annotations
 
 import collections
 import shutil
+import socket
+import struct
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import unquote
 
+import h2.config
+import h2.connection
+import h2.events
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException
 
 from tests.conftest import EXAMPLE_REPO, ServerProcess, require_examples, start_server
 from tests.traffic_helpers import (
@@ -123,6 +132,99 @@ def test_pin_header_and_explicit_version_are_never_split(server: ServerProcess) 
     r = client.infer(MODEL, [inp], headers={"x-pdserve-model-version": "2"})
     assert r.get_response().model_version == "2"
     assert np.allclose(r.as_numpy("OUTPUT0") - 2, base_output())
+
+
+def _raw_grpc_infer(
+    server: ServerProcess, metadata: list[tuple[bytes, bytes]]
+) -> tuple[dict[bytes, bytes], service_pb2.ModelInferResponse | None]:
+    """A ModelInfer of X sent with raw HTTP/2 (grpcio clients refuse metadata values
+    that are not printable ASCII; the bytes on the wire are what the server reads):
+    the response headers and trailers merged, and the response message (None on an
+    error)."""
+    request = service_pb2.ModelInferRequest(model_name=MODEL)
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 64])
+    request.raw_input_contents.append(X.tobytes())
+    msg = request.SerializeToString()
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
+    conn.initiate_connection()
+    sock = socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10)
+    try:
+        sid = conn.get_next_available_stream_id()
+        head = [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
+            (b":authority", b"localhost"),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+            *metadata,
+        ]
+        conn.send_headers(sid, head)
+        conn.send_data(sid, struct.pack(">BI", 0, len(msg)) + msg, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        got: dict[bytes, bytes] = {}
+        body = b""
+        while True:
+            data = sock.recv(65536)
+            assert data, "connection closed"
+            for ev in conn.receive_data(data):
+                if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    got.update(dict(ev.headers))  # type: ignore[arg-type]  # bytes pairs
+                elif isinstance(ev, h2.events.DataReceived):
+                    body += ev.data
+                    conn.acknowledge_received_data(ev.flow_controlled_length, sid)
+                elif isinstance(ev, h2.events.StreamEnded):
+                    if not body:
+                        return got, None
+                    return got, service_pb2.ModelInferResponse.FromString(body[5:])
+            sock.sendall(conn.data_to_send())
+    finally:
+        sock.close()
+
+
+def _http_client_infer(server: ServerProcess, headers: dict[str, str]) -> str:
+    """The version that answered a tritonclient HTTP inference of X with ``headers``
+    (tritonclient sends a header value as its latin-1 bytes)."""
+    client = httpclient.InferenceServerClient(server.http_url)
+    inp = httpclient.InferInput("INPUT0", [1, 64], "FP32")
+    inp.set_data_from_numpy(X)
+    return str(client.infer(MODEL, [inp], headers=headers).get_response()["model_version"])
+
+
+def _as_utf8_on_the_wire(text: str) -> str:
+    """The header value a latin-1-encoding client (tritonclient HTTP) must be given to
+    put ``text``'s UTF-8 bytes on the wire (as curl or a Go client sends it)."""
+    return text.encode().decode("latin-1")
+
+
+def test_a_pinned_version_reads_the_same_on_http_and_grpc(server: ServerProcess) -> None:
+    """Header values are bytes on the wire; both protocols read them as grpcio reads
+    metadata (UTF-8, else latin-1), so a pinned version that is not a number is named
+    as the client wrote it, whatever the protocol or the client's encoding."""
+    for value in (_as_utf8_on_the_wire("v\u00fc"), "v\u00fc"):  # UTF-8, then latin-1 bytes
+        with pytest.raises(InferenceServerException, match="model version 'v\u00fc' is not"):
+            _http_client_infer(server, {"x-pdserve-model-version": value})
+    for raw in ("v\u00fc".encode(), "v\u00fc".encode("latin-1")):
+        got, response = _raw_grpc_infer(server, [(b"x-pdserve-model-version", raw)])
+        assert response is None
+        assert got[b"grpc-status"] == b"3"  # INVALID_ARGUMENT
+        assert "model version 'v\u00fc' is not" in unquote(got[b"grpc-message"].decode())
+    # a version that is served: the same over both
+    assert _http_client_infer(server, {"x-pdserve-model-version": "2"}) == "2"
+    got, response = _raw_grpc_infer(server, [(b"x-pdserve-model-version", b"2")])
+    assert response is not None and response.model_version == "2", got
+
+
+def test_a_route_key_routes_the_same_however_it_is_sent(server: ServerProcess) -> None:
+    """One sticky key, one version: over HTTP as UTF-8 or latin-1 bytes, and as the
+    UTF-8 bytes of gRPC metadata."""
+    for i in range(16):
+        key = f"k\u00e4y-{i}"
+        latin1 = _http_client_infer(server, {"x-pdserve-route-key": key})
+        utf8 = _http_client_infer(server, {"x-pdserve-route-key": _as_utf8_on_the_wire(key)})
+        _, response = _raw_grpc_infer(server, [(b"x-pdserve-route-key", key.encode())])
+        assert response is not None
+        assert latin1 == utf8 == response.model_version, (key, latin1, utf8)
 
 
 def test_weights_that_do_not_sum_are_a_clear_load_error(server: ServerProcess) -> None:

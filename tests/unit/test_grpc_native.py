@@ -15,12 +15,8 @@ import h2.settings
 import pytest
 from tritonclient.grpc import service_pb2
 
-from pdserve.frontends.grpc.native import (
-    GrpcConnection,
-    NativeGrpcServer,
-    parse_timeout,
-    percent_encode,
-)
+from pdserve.frontends.grpc.http2 import parse_timeout, percent_encode
+from pdserve.frontends.grpc.native import GrpcConnection, NativeGrpcServer
 
 
 def test_percent_encode_and_timeouts() -> None:

@@ -12,6 +12,7 @@ import pytest
 from pdserve.app.cli import build_parser
 from pdserve.core import context
 from pdserve.core.errors import ErrorCode, InferError
+from pdserve.core.tracing import parse_traceparent
 from pdserve.observability import logs
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -47,7 +48,8 @@ def stream() -> Iterator[io.StringIO]:
     ],
 )
 def test_parse_traceparent(value: str | bytes | None, want: str | None) -> None:
-    assert logs.parse_traceparent(value) == want
+    parsed = parse_traceparent(value)
+    assert (parsed[0] if parsed is not None else None) == want
 
 
 def test_json_lines_carry_ids_inside_a_request_only(stream: io.StringIO) -> None:

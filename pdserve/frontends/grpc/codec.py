@@ -1,6 +1,10 @@
 """V2 gRPC codec: ``ModelInferRequest`` <-> InferRequest, InferResponse -> ``ModelInferResponse``.
 
-Tensor data, as Triton's gRPC frontend accepts and sends it: see :mod:`pdserve.frontends.grpc`.
+Tensor data as Triton's gRPC frontend accepts and sends it: inputs come either all in
+``raw_input_contents`` (one little-endian, row-major buffer per input, in input order; a
+BYTES element is a uint32 little-endian length and its bytes; fixed-size ones become
+zero-copy read-only ``np.frombuffer`` views) or each in its typed ``contents`` (FP16 has
+no typed field and must be raw). Outputs are always sent in ``raw_output_contents``.
 """
 
 from __future__ import annotations
@@ -80,16 +84,17 @@ def param_value(p: Any) -> Any:
 def _params(pmap: Any) -> dict[str, Any]:
     """A protobuf ``map<string, InferParameter>`` as a dict of Python values. Keys are
     iterated and looked up: the upb map's ``items()`` goes through
-    ``collections.abc.Mapping``'s ``ItemsView`` (about 1 µs more per map)."""
+    ``collections.abc.Mapping``'s slower ``ItemsView``."""
     return {k: param_value(pmap[k]) for k in pmap}
 
 
-def _set_param(p: Any, value: Any) -> None:
-    """Store a Python value in an ``InferParameter``."""
+def set_param(p: Any, value: Any, int_field: str = "int64_param") -> None:
+    """Store a Python value in an ``InferParameter`` (or a message of the same oneof
+    shape: ``LogSettingsResponse.SettingValue`` with ``int_field="uint32_param"``)."""
     if isinstance(value, bool):
         p.bool_param = value
     elif isinstance(value, int):
-        p.int64_param = value
+        setattr(p, int_field, value)
     elif isinstance(value, float):
         p.double_param = value
     else:
@@ -132,6 +137,61 @@ def _any_shm(inputs_msg: Any) -> bool:
     return any("shared_memory_region" in t.parameters for t in inputs_msg)
 
 
+def _shm_input(tensor: Any, tparams: dict[str, Any], shape: list[int], count: int) -> ShmInput:
+    """An input that names a shared-memory region (its checked parameters ``tparams``)."""
+    name, datatype = tensor.name, tensor.datatype
+    if tensor.HasField("contents"):
+        raise InferError(
+            f"input '{name}' has both contents and 'shared_memory_region'; send one of them"
+        )
+    if datatype not in _LE_DTYPE and datatype != "BYTES":
+        raise InferError(f"input '{name}' has unknown datatype '{datatype}'")
+    region, size, offset = shm_params(tparams, f"input '{name}'")
+    return ShmInput(datatype, shape, count, region, size, offset)
+
+
+def _contents_array(tensor: Any, shape: list[int], count: int) -> np.ndarray:
+    """An input sent as typed ``contents`` (not ``raw_input_contents``), shaped."""
+    name, datatype = tensor.name, tensor.datatype
+    field = _CONTENTS_FIELD.get(datatype)
+    if field is None:
+        if datatype in _LE_DTYPE:
+            raise InferError(
+                f"input '{name}' of datatype {datatype} must be sent in "
+                "raw_input_contents (it has no typed contents field)"
+            )
+        raise InferError(f"input '{name}' has unknown datatype '{datatype}'")
+    values = getattr(tensor.contents, field)
+    if len(values) != count:
+        raise InferError(
+            f"unexpected number of elements {len(values)} in the contents of input "
+            f"'{name}', expecting {count} for shape {shape}"
+        )
+    if datatype == "BYTES":
+        arr = np.empty(count, dtype=object)
+        arr[:] = list(values)
+        return arr.reshape(shape)
+    return _typed_contents_array(values, datatype, name).reshape(shape)
+
+
+def _requested_output(out: Any) -> RequestedOutput:
+    """A requested output that has parameters (checked)."""
+    params = _params(out.parameters)
+    check_scalar_parameters(params, f"output '{out.name}'")
+    if "shared_memory_region" in params:
+        shm_params(params, f"output '{out.name}'")  # checks the types
+    cls = params.pop("classification", 0)
+    if type(cls) is not int or cls < 0:
+        raise InferError(
+            f"output '{out.name}' parameter 'classification' must be an int64_param "
+            f">= 0 or a uint64_param, got {cls!r}"
+        )
+    binary = params.pop("binary_data", None)
+    if binary is not None and type(binary) is not bool:
+        raise InferError(f"output '{out.name}' parameter 'binary_data' must be a bool_param")
+    return RequestedOutput(out.name, None, cls, params)
+
+
 def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) -> InferRequest:
     """Turn a ``ModelInferRequest`` into an :class:`InferRequest`.
 
@@ -162,7 +222,7 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
     for tensor in inputs_msg:
         name = tensor.name
         datatype = tensor.datatype
-        shape = tensor.shape[:]  # a list (upb: 4x faster than list(...))
+        shape = tensor.shape[:]  # a list (upb: faster than list(...))
         count = shape_element_count(shape, name)
         if tensor.parameters:
             tparams = _params(tensor.parameters)
@@ -170,17 +230,9 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
             if "shared_memory_region" in tparams:
                 if name in inputs:
                     raise InferError(f"input '{name}' is given more than once")
-                if tensor.HasField("contents"):
-                    raise InferError(
-                        f"input '{name}' has both contents and 'shared_memory_region'; send "
-                        "one of them"
-                    )
-                if datatype not in _LE_DTYPE and datatype != "BYTES":
-                    raise InferError(f"input '{name}' has unknown datatype '{datatype}'")
-                region, size, offset = shm_params(tparams, f"input '{name}'")
                 if shm_inputs is None:
                     shm_inputs = {}
-                shm_inputs[name] = ShmInput(datatype, shape, count, region, size, offset)
+                shm_inputs[name] = _shm_input(tensor, tparams, shape, count)
                 inputs[name] = _SHM_PLACEHOLDER
                 continue
         if name in inputs:
@@ -198,26 +250,7 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
             arr = array_from_raw(raw[ri], datatype, shape, count, f"input '{name}'")
             ri += 1
         else:
-            field = _CONTENTS_FIELD.get(datatype)
-            if field is None:
-                if datatype in _LE_DTYPE:
-                    raise InferError(
-                        f"input '{name}' of datatype {datatype} must be sent in "
-                        "raw_input_contents (it has no typed contents field)"
-                    )
-                raise InferError(f"input '{name}' has unknown datatype '{datatype}'")
-            values = getattr(tensor.contents, field)
-            if len(values) != count:
-                raise InferError(
-                    f"unexpected number of elements {len(values)} in the contents of input "
-                    f"'{name}', expecting {count} for shape {shape}"
-                )
-            if datatype == "BYTES":
-                arr = np.empty(count, dtype=object)
-                arr[:] = list(values)
-                arr = arr.reshape(shape)
-            else:
-                arr = _typed_contents_array(values, datatype, name).reshape(shape)
+            arr = _contents_array(tensor, shape, count)
         inputs[name] = arr
     if ri != n_raw:
         raise InferError(
@@ -227,25 +260,7 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
     if msg.outputs:
         outputs = []
         for out in msg.outputs:
-            if not out.parameters:
-                outputs.append(RequestedOutput(out.name))
-                continue
-            params = _params(out.parameters)
-            check_scalar_parameters(params, f"output '{out.name}'")
-            if "shared_memory_region" in params:
-                shm_params(params, f"output '{out.name}'")  # checks the types
-            cls = params.pop("classification", 0)
-            if type(cls) is not int or cls < 0:
-                raise InferError(
-                    f"output '{out.name}' parameter 'classification' must be an int64_param "
-                    f">= 0 or a uint64_param, got {cls!r}"
-                )
-            binary = params.pop("binary_data", None)
-            if binary is not None and type(binary) is not bool:
-                raise InferError(
-                    f"output '{out.name}' parameter 'binary_data' must be a bool_param"
-                )
-            outputs.append(RequestedOutput(out.name, None, cls, params))
+            outputs.append(_requested_output(out) if out.parameters else RequestedOutput(out.name))
     parameters: dict[str, Any] = {}
     if msg.parameters:
         parameters = _request_parameters(msg.parameters)
@@ -296,7 +311,7 @@ def encode_infer_response(
             raise internal(f"output '{name}': {e.message}") from None
         raw.append(data)
     for k, v in response.parameters.items():
-        _set_param(msg.parameters[k], v)
+        set_param(msg.parameters[k], v)
     return msg
 
 

@@ -1,14 +1,11 @@
 """grpcio settings that must be in place before grpc's core starts.
 
-Importing this module sets ``GRPC_EXPERIMENTS`` (unless the environment already
-sets it, even to an empty value) to turn off grpc core's EventEngine listener and
-endpoints, :data:`GRPC_EXPERIMENTS`: grpc then uses its classic (iomgr) TCP
-code, which costs the synchronous server about a quarter less CPU per unary call
-on a one-core server (benchmarks/RESULTS.md, "Issue 11 point 3: gRPC"; no
-difference for ``grpc.aio``). grpc reads the variable once, when it is first
-imported, so ``pdserve.app.cli`` imports this module before anything else: a
-process that imported ``grpc`` earlier (an embedding application, a test run)
-keeps grpc's defaults, which work the same, only slower.
+Importing this module sets ``GRPC_EXPERIMENTS`` (unless the environment already sets
+it, even to an empty value) to turn off grpc core's EventEngine listener and endpoints
+(:data:`GRPC_EXPERIMENTS`): grpc then uses its classic (iomgr) TCP code, which costs the
+synchronous server less CPU per call. grpc reads the variable once, when it is first
+imported, so ``pdserve.app.cli`` imports this module before anything else: a process
+that imported ``grpc`` earlier keeps grpc's defaults, which work the same, only slower.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import grpc
 from pdserve.core.api import InferenceCore
 from pdserve.frontends.grpc.codec import DEFAULT_MAX_MESSAGE_BYTES
 from pdserve.frontends.grpc.engine import GRPC_SERVERS, GrpcKeepalive
+from pdserve.frontends.grpc.native import serve_native
 from pdserve.frontends.grpc.service import SERVICE_NAME, GrpcService, method_handlers
 from pdserve.frontends.grpc.sync_bridge import Bridge, SyncServer, bridge_handlers
 from pdserve.frontends.shared_memory import SharedMemoryRegistry
@@ -69,8 +70,8 @@ async def serve_grpc(
         shared_memory: the system shared-memory registry (shared with HTTP); None: a
             disabled one.
         kind: ``"threads"``: grpcio's synchronous server, each RPC's handler run on
-            this event loop (:mod:`~pdserve.frontends.grpc.sync_bridge`; ~15%
-            less server CPU per call than ``grpc.aio``, benchmarks/RESULTS.md issue 11);
+            this event loop (:mod:`~pdserve.frontends.grpc.sync_bridge`; less server
+            CPU per call than ``grpc.aio``);
             ``"aio"``: ``grpc.aio``; ``"native"``: pdserve's own HTTP/2 transport on
             the event loop (:mod:`~pdserve.frontends.grpc.native`). Same service,
             status codes and behaviour.
@@ -103,8 +104,6 @@ async def serve_grpc(
     handlers = method_handlers(GrpcService(server, max_message_bytes, gate, shared_memory))
     address = _address(host, port)
     if kind == "native":
-        from pdserve.frontends.grpc.native import serve_native
-
         return await serve_native(
             handlers,
             SERVICE_NAME,

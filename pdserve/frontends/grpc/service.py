@@ -22,6 +22,7 @@ from pdserve.core.cancel import CancelToken
 from pdserve.core.errors import ErrorCode, InferError, client_gone, unavailable
 from pdserve.core.streaming import StreamRequired
 from pdserve.core.types import InferRequest
+from pdserve.frontends.admission import admit, metadata_admission
 from pdserve.frontends.grpc.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
     decode_inline,
@@ -31,6 +32,7 @@ from pdserve.frontends.grpc.codec import (
     encode_off_loop,
     metadata_response,
     param_value,
+    set_param,
 )
 from pdserve.frontends.shared_memory import (
     SharedMemoryRegistry,
@@ -40,13 +42,10 @@ from pdserve.frontends.shared_memory import (
     with_shm_extension,
 )
 from pdserve.frontends.traffic.apis import INFERENCE, classify_grpc
-from pdserve.frontends.traffic.gate import TrafficGate, metadata_getter, principal_name
+from pdserve.frontends.traffic.gate import TrafficGate, metadata_getter
 from pdserve.observability import logs
-from pdserve.repository.traffic import PIN_HEADER, ROUTE_KEY_HEADER
 
 log = logging.getLogger("pdserve.grpc")
-#: One DEBUG line per inference request (``--log-verbose 1``): model and version only.
-request_log = logging.getLogger("pdserve.request")
 
 #: ErrorCode -> gRPC status: the one table of the gRPC frontend. Triton's codes as
 #: Triton's gRPC frontend maps them (triton-inference-server/server
@@ -87,14 +86,6 @@ async def _call(func: Callable[..., Any], *args: Any) -> Any:
     if inspect.isawaitable(result):
         result = await result
     return result
-
-
-def _traceparent(context: grpc.aio.ServicerContext) -> str | None:
-    """The call's ``traceparent`` metadata value (W3C trace context), if any."""
-    for key, value in context.invocation_metadata() or ():
-        if key == "traceparent":
-            return value if isinstance(value, str) else None
-    return None
 
 
 SERVICE_NAME = "inference.GRPCInferenceService"
@@ -285,26 +276,8 @@ def log_settings_response(settings: dict[str, Any]) -> service_pb2.LogSettingsRe
     ``bool_param``, ``log_verbose_level`` as ``uint32_param``, strings as ``string_param``)."""
     msg = service_pb2.LogSettingsResponse()
     for name, value in settings.items():
-        slot = msg.settings[name]
-        if isinstance(value, bool):
-            slot.bool_param = value
-        elif isinstance(value, int):
-            slot.uint32_param = value
-        else:
-            slot.string_param = str(value)
+        set_param(msg.settings[name], value, "uint32_param")
     return msg
-
-
-def _traffic_metadata(req: InferRequest, context: grpc.aio.ServicerContext) -> None:
-    """Copy the traffic-control metadata (``x-pdserve-route-key``,
-    ``x-pdserve-model-version``; :mod:`pdserve.repository.traffic`) onto ``req``."""
-    for key, value in context.invocation_metadata() or ():
-        if key == ROUTE_KEY_HEADER:
-            req.route_key = value if isinstance(value, str) else value.decode("latin-1")
-        elif key == PIN_HEADER:
-            req.pinned_version = (value if isinstance(value, str) else value.decode()).strip()
-    if not req.route_key:  # sticky by the authenticated key (set by the gate) when no header
-        req.route_key = principal_name.get() or ""
 
 
 class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -399,14 +372,12 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             req = decode_inline(request, arrival_ns)
             if req is None:
                 req = await decode_off_loop(request, arrival_ns)
-            req.cancelled = grpc_cancel_token(context)
-            req.traceparent = _traceparent(context)
-            logs.begin_request(req.id, req.traceparent)
-            if request_log.isEnabledFor(logging.DEBUG):
-                request_log.debug(
-                    "gRPC infer model=%s version=%s", req.model_name, req.model_version or "-"
-                )
-            _traffic_metadata(req, context)
+            admit(
+                req,
+                "gRPC",
+                grpc_cancel_token(context),
+                *metadata_admission(context.invocation_metadata()),
+            )
             shm_outputs = shm_output_names(req) if req.outputs else None
             if req.shm_inputs is None and shm_outputs is None:
                 result = await self.server.infer(req)
@@ -438,7 +409,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         # request past its bounds (pdserve.core.streaming.MAX_PENDING_RESPONSES)
         room = asyncio.Event()
         room.set()
-        traceparent = _traceparent(context)
+        traceparent, route_key, pinned = metadata_admission(context.invocation_metadata())
         running: set[asyncio.Task[None]] = set()
         gate = self.gate
         headers = metadata_getter(context.invocation_metadata()) if gate is not None else None
@@ -448,9 +419,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if gate is not None and headers is not None:  # this model's grant and limits
                     await gate.check("grpc", INFERENCE, request.model_name, headers)
                 req = await decode_off_loop(request, arrival_ns)
-                logs.begin_request(req.id, traceparent)
-                _traffic_metadata(req, context)
-                req.traceparent = traceparent
+                admit(req, "gRPC", req.cancelled, traceparent, route_key, pinned)
                 shm_outputs = shm_output_names(req) if req.outputs else None
                 try:
                     if req.shm_inputs is None and shm_outputs is None:

@@ -1,23 +1,15 @@
-"""Serve the (``grpc.aio``-style) V2 servicer on grpcio's synchronous server.
-
-grpcio's synchronous server (``grpc.server`` with a thread pool) costs less CPU
-per unary call than ``grpc.aio`` (issue 11: RESULTS.md, "Issue 11 point 3: gRPC").
-The servicer stays written against the ``grpc.aio`` API and runs on the asyncio
-loop that runs the rest of the server; each RPC is bridged:
+"""Serve the (``grpc.aio``-style) V2 servicer on grpcio's synchronous server, which costs
+less CPU per unary call than ``grpc.aio``; the servicer runs on the server's event loop.
 
 - unary: the grpc worker thread submits the handler's coroutine to the loop
   (``asyncio.run_coroutine_threadsafe``) and blocks on its result;
-- stream-stream (``ModelStreamInfer``): the request iterator is read on a thread
-  and fed to the loop, the servicer's responses come back through a thread-safe
-  queue that the grpc thread yields from.
+- stream-stream (``ModelStreamInfer``): the request iterator is read on a thread and
+  fed to the loop; the responses come back through a thread-safe queue.
 
-The handlers see a :class:`BridgedContext`, which offers the subset of
-``grpc.aio.ServicerContext`` the servicer uses (``abort``, ``invocation_metadata``,
-``set_trailing_metadata``, ``cancelled``, ``add_done_callback``, ``peer``...) on
-top of the synchronous ``grpc.ServicerContext``. ``await context.abort(code,
-details)`` raises :class:`BridgedAbort` (a ``grpc.aio.AbortError``, so the
-servicer's ``except grpc.aio.AbortError: raise`` clauses let it through); the grpc
-thread then aborts the real call with that status.
+The handlers see a :class:`BridgedContext` (the ``grpc.aio.ServicerContext`` subset the
+servicer uses, over the synchronous context); ``await context.abort(code, details)``
+raises :class:`BridgedAbort` (a ``grpc.aio.AbortError``), and the grpc thread aborts the
+real call with that status.
 """
 
 from __future__ import annotations

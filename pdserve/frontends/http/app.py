@@ -19,6 +19,7 @@ from pdserve.core.api import InferenceCore
 from pdserve.core.cancel import CancelToken
 from pdserve.core.errors import InferError, client_gone, not_found
 from pdserve.core.types import InferRequest, InferResponse
+from pdserve.frontends.admission import PIN_HEADER, ROUTE_KEY_HEADER, admit
 from pdserve.frontends.http.codec import (
     decode_infer_request,
     encode_error,
@@ -44,16 +45,13 @@ from pdserve.frontends.shared_memory import (
     with_shm_extension,
 )
 from pdserve.frontends.traffic.apis import classify_http
-from pdserve.frontends.traffic.gate import header_getter, principal_name
+from pdserve.frontends.traffic.gate import header_getter
 from pdserve.observability import logs
-from pdserve.repository.traffic import PIN_HEADER, ROUTE_KEY_HEADER
 
 if TYPE_CHECKING:
     from pdserve.frontends.traffic.gate import TrafficGate
 
 logger = logging.getLogger("pdserve.http")
-#: One DEBUG line per inference request (``--log-verbose 1``): model and version only.
-request_log = logging.getLogger("pdserve.request")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -326,7 +324,7 @@ class HttpApp:
                 request = await off_loop(
                     decode_infer_request, body, header_length, model, version, arrival_ns
                 )
-            self._begin(request, head, cancel_token)
+            admit(request, "HTTP", cancel_token(), head[3], head[4], head[5])
         response = await self.run_decoded(request)
         encoded = self.encode_inline(response, request)
         if encoded is None:
@@ -358,28 +356,8 @@ class HttpApp:
         if json_size > PROCESS_JSON_BYTES or len(body) > OFFLOAD_BYTES:
             return None
         request = decode_infer_request(body, header_length, model, version, arrival_ns)
-        self._begin(request, head, cancel_token)
+        admit(request, "HTTP", cancel_token(), head[3], head[4], head[5])
         return request
-
-    def _begin(
-        self, request: InferRequest, head: InferHeaders, cancel_token: Callable[[], CancelToken]
-    ) -> None:
-        """A decoded request's cancellation token, log ids and traffic/trace headers."""
-        traceparent, route_key, pinned = head[3], head[4], head[5]
-        request.cancelled = cancel_token()
-        logs.begin_request(request.id, traceparent)  # ids on this request's log lines
-        if request_log.isEnabledFor(logging.DEBUG):
-            request_log.debug(
-                "HTTP infer model=%s version=%s", request.model_name, request.model_version or "-"
-            )
-        if route_key:
-            request.route_key = route_key.decode("latin-1")
-        elif self.gate is not None:  # sticky by the authenticated key when no header
-            request.route_key = principal_name.get() or ""
-        if pinned:
-            request.pinned_version = pinned.decode("latin-1").strip()
-        if traceparent is not None:
-            request.traceparent = traceparent
 
     def run_decoded(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
         """The server's coroutine for a decoded request (with the shared-memory
@@ -845,7 +823,7 @@ def parse_infer_headers(headers: list[tuple[bytes, bytes]]) -> InferHeaders:
             continue
         if kind == b"content-length":
             content_length = _int_header(value, -1)
-        elif kind == _ROUTE_KEY:  # traffic control (repository.traffic)
+        elif kind == _ROUTE_KEY:  # traffic control (frontends.admission)
             route_key = value
         elif kind == _PIN:
             pinned = value

@@ -1,4 +1,5 @@
-"""Traffic control in the server (issue 12): API categories and Triton's restricted-API
-flags (``apis``), API keys and JWT (``auth``), rate limits (``ratelimit``), and the gate
-both frontends call at a request's entry (``gate``). ``auth`` and ``ratelimit`` import
-their libraries (PyJWT, PyYAML, limits, redis: the ``traffic`` extra) only when used."""
+"""Traffic control in the server: API categories and Triton's restricted-API flags
+(``apis``), API keys and JWT (``auth``), rate limits (``ratelimit``), and the gate both
+frontends call at a request's entry (``gate``). ``auth`` and ``ratelimit`` import their
+libraries (PyJWT, PyYAML, limits, redis: the ``traffic`` extra) only when used.
+"""

@@ -1,28 +1,5 @@
-"""API categories (Triton's "Limit endpoint access") and the restricted-API flags.
-
-Every request falls into one of Triton's API categories, classified by its HTTP
-path or its gRPC method name, so routes added later are covered by the rule of
-their prefix:
-
-=================  =========================================================  ==========================
-category           HTTP                                                       gRPC
-=================  =========================================================  ==========================
-health             ``/v2/health/*``, ``/v2/models/{m}[/versions/{v}]/ready``  ServerLive, ServerReady,
-                                                                              ModelReady
-metadata           ``/v2``, ``/v2/models/{m}[/versions/{v}]``, openapi.json   ServerMetadata,
-                                                                              ModelMetadata
-inference          ``.../infer``, ``.../generate``, ``.../generate_stream``   ModelInfer, ModelStreamInfer
-model-config       ``.../config``                                             ModelConfig
-statistics         ``/v2/models/stats``, ``.../stats``                        ModelStatistics
-model-repository   ``/v2/repository/...``, ``/v2/models/{m}/traffic``,        Repository*
-                   ``/v2/models/{m}/rollout``, any other path
-shared-memory      ``/v2/systemsharedmemory/...``, ``/v2/cudasharedmemory/...``  *SharedMemory*
-trace              ``/v2/trace/setting``, ``/v2/models/{m}/trace/setting``    TraceSetting
-logging            ``/v2/logging``                                            LogSettings
-=================  =========================================================  ==========================
-
-A path or method not in the table is ``model-repository`` (the admin category):
-an unknown route is refused unless the caller may use the admin APIs.
+"""API categories (Triton's "Limit endpoint access": :func:`classify_http`,
+:func:`classify_grpc`) and the restricted-API flags (:func:`parse_restricted`).
 
 ``--http-restricted-api`` / ``--grpc-restricted-protocol`` take Triton's syntax,
 ``<api-1>,<api-2>,...:<key>=<value>`` (repeatable; an API in at most one group):
@@ -37,6 +14,29 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
+# Every request falls into one of Triton's API categories, classified by its HTTP
+# path or its gRPC method name, so routes added later are covered by the rule of
+# their prefix:
+#
+# =================  =========================================================  ==========================
+# category           HTTP                                                       gRPC
+# =================  =========================================================  ==========================
+# health             ``/v2/health/*``, ``/v2/models/{m}[/versions/{v}]/ready``  ServerLive, ServerReady,
+#                                                                               ModelReady
+# metadata           ``/v2``, ``/v2/models/{m}[/versions/{v}]``, openapi.json   ServerMetadata,
+#                                                                               ModelMetadata
+# inference          ``.../infer``, ``.../generate``, ``.../generate_stream``   ModelInfer, ModelStreamInfer
+# model-config       ``.../config``                                             ModelConfig
+# statistics         ``/v2/models/stats``, ``.../stats``                        ModelStatistics
+# model-repository   ``/v2/repository/...``, ``/v2/models/{m}/traffic``,        Repository*
+#                    ``/v2/models/{m}/rollout``, any other path
+# shared-memory      ``/v2/systemsharedmemory/...``, ``/v2/cudasharedmemory/...``  *SharedMemory*
+# trace              ``/v2/trace/setting``, ``/v2/models/{m}/trace/setting``    TraceSetting
+# logging            ``/v2/logging``                                            LogSettings
+# =================  =========================================================  ==========================
+#
+# A path or method not in the table is ``model-repository`` (the admin category):
+# an unknown route is refused unless the caller may use the admin APIs.
 HEALTH = "health"
 METADATA = "metadata"
 INFERENCE = "inference"

@@ -1,41 +1,5 @@
-"""API keys and JWT: the auth config file (``--auth-config``), credentials, grants.
-
-The file (YAML or JSON, chosen by its content; ``.json`` files are JSON) holds::
-
-    keys:                          # API keys, never in plain text
-      - name: team-a               # the name logs and metrics show (never the key)
-        hash: sha256:<64 hex>      # sha256 of the key, or
-                                   # scrypt:<salt hex>:<n>:<r>:<p>:<hash hex>
-        models: ["resnet*", bert]  # fnmatch patterns of the models it may use (default ["*"])
-        apis: [inference, metadata]  # API categories it may use (default: these two)
-        rate_limit: 100/second     # optional, per key ("N/second|minute|hour|day", "N per M s")
-      - name: ops
-        env: PDSERVE_OPS_KEY       # or: the key is the value of this environment variable
-        apis: [inference, metadata, model-config, model-repository, statistics,
-               trace, logging, shared-memory]
-    jwt:                           # JSON Web Tokens, checked with PyJWT
-      jwks_file: jwks.json         # the public keys (a JWKS document), relative to this file
-      audience: pdserve            # required "aud" (optional)
-      issuer: https://idp.example/ # required "iss" (optional)
-      leeway_secs: 30              # clock skew allowed on exp / nbf / iat (default 0)
-      algorithms: [RS256]          # accepted algorithms (default RS256, ES256, EdDSA)
-      name_claim: sub              # the name logs and metrics show (default sub)
-      models_claim: pdserve_models # claim: list of model patterns (absent: none)
-      apis_claim: pdserve_apis     # claim: list of API categories (absent: inference, metadata)
-      rate_limit: 50/second        # optional, per token name
-    anonymous:                     # what a request without credential may do
-      models: []                   # (default: nothing; health is always open)
-      apis: []
-    rate_limits:                   # see pdserve.frontends.traffic.ratelimit
-      global: 1000/second
-      models: {"resnet*": 200/second}
-
-A credential comes in ``Authorization: Bearer <token>`` or ``triton-access-token:
-<token>`` (HTTP headers; the gRPC metadata of the same names, or
-``triton-grpc-protocol-triton-access-token``). A token with two dots is a JWT when
-``jwt`` is configured, else an API key. Keys are compared as sha256 digests with
-:func:`hmac.compare_digest` against every configured key (no early exit); scrypt
-keys are verified once per distinct token and the result remembered (bounded).
+"""API keys and JWT: the auth config file (``--auth-config``, :func:`load_auth_config`),
+credentials (:class:`Authenticator`) and the grants of a principal.
 
 Nothing here logs or returns a key or token: failures carry a reason word
 (:data:`REASONS`) and, when known, the key's configured name.
@@ -55,6 +19,7 @@ from typing import Any
 
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.frontends.traffic.apis import CATEGORIES, INFERENCE, METADATA
+from pdserve.frontends.traffic.ratelimit import RateLimitConfigError, parse_rate
 
 #: Reason words of authentication failures (metric label ``reason``).
 REASONS = (
@@ -244,8 +209,6 @@ def _rate(value: Any, where: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise AuthConfigError(f"{where} must be a string such as '100/second'")
-    from pdserve.frontends.traffic.ratelimit import RateLimitConfigError, parse_rate
-
     try:
         parse_rate(value)
     except RateLimitConfigError as e:
@@ -381,6 +344,36 @@ def _jwt(section: Any, base: Path) -> JwtSettings:
 def load_auth_config(path: Path | str, env: dict[str, str] | None = None) -> AuthConfig:
     """Read and check an auth config file (and its JWKS file).
 
+    The file (YAML or JSON, chosen by its content; ``.json`` files are JSON) holds::
+
+        keys:                          # API keys, never in plain text
+          - name: team-a               # the name logs and metrics show (never the key)
+            hash: sha256:<64 hex>      # sha256 of the key, or
+                                       # scrypt:<salt hex>:<n>:<r>:<p>:<hash hex>
+            models: ["resnet*", bert]  # fnmatch patterns of the models it may use (default ["*"])
+            apis: [inference, metadata]  # API categories it may use (default: these two)
+            rate_limit: 100/second     # optional, per key ("N/second|minute|hour|day", "N per M s")
+          - name: ops
+            env: PDSERVE_OPS_KEY       # or: the key is the value of this environment variable
+            apis: [inference, metadata, model-config, model-repository, statistics,
+                   trace, logging, shared-memory]
+        jwt:                           # JSON Web Tokens, checked with PyJWT
+          jwks_file: jwks.json         # the public keys (a JWKS document), relative to this file
+          audience: pdserve            # required "aud" (optional)
+          issuer: https://idp.example/ # required "iss" (optional)
+          leeway_secs: 30              # clock skew allowed on exp / nbf / iat (default 0)
+          algorithms: [RS256]          # accepted algorithms (default RS256, ES256, EdDSA)
+          name_claim: sub              # the name logs and metrics show (default sub)
+          models_claim: pdserve_models # claim: list of model patterns (absent: none)
+          apis_claim: pdserve_apis     # claim: list of API categories (absent: inference, metadata)
+          rate_limit: 50/second        # optional, per token name
+        anonymous:                     # what a request without credential may do
+          models: []                   # (default: nothing; health is always open)
+          apis: []
+        rate_limits:                   # see pdserve.frontends.traffic.ratelimit
+          global: 1000/second
+          models: {"resnet*": 200/second}
+
     Args:
         env: environment for ``env:`` keys (default ``os.environ``).
 
@@ -447,7 +440,15 @@ def bearer_token(authorization: str | None, access_token: str | None) -> str | N
 
 
 class Authenticator:
-    """Checks credentials against one :class:`AuthConfig` (replaced on reload)."""
+    """Checks credentials against one :class:`AuthConfig` (replaced on reload).
+
+    A credential comes in ``Authorization: Bearer <token>`` or ``triton-access-token:
+    <token>`` (HTTP headers; the gRPC metadata of the same names, or
+    ``triton-grpc-protocol-triton-access-token``). A token with two dots is a JWT when
+    ``jwt`` is configured, else an API key. Keys are compared as sha256 digests with
+    :func:`hmac.compare_digest` against every configured key (no early exit); scrypt
+    keys are verified once per distinct token and the result remembered (bounded).
+    """
 
     def __init__(self, config: AuthConfig) -> None:
         self.config = config

@@ -1,26 +1,15 @@
-"""The traffic gate both frontends call at a request's entry: restricted APIs
-(Triton's flags), authentication and authorisation (API keys / JWT), rate limits.
+"""The traffic gate both frontends call at a request's entry (:class:`TrafficGate`), so HTTP
+and gRPC follow the same rules, in order: the request's API category
+(:mod:`pdserve.frontends.traffic.apis`); Triton's restricted-API flags (the category's
+header must be present with its value: 403 / ``PERMISSION_DENIED``); a valid credential
+for every category but ``health`` when auth is configured (401 / ``UNAUTHENTICATED``),
+whose grants include the category and, for model-scoped ones, the model (403); and for
+inference, the key's, the model's and the global rate limit (429 /
+``RESOURCE_EXHAUSTED``).
 
-One :class:`TrafficGate` serves HTTP and gRPC, so both follow the same rules:
-
-1. the request's API category (:mod:`pdserve.frontends.traffic.apis`);
-2. ``--http-restricted-api`` / ``--grpc-restricted-protocol``: the category's
-   header must be present with its value (403 / ``PERMISSION_DENIED``);
-3. ``health`` is always open to authentication; other categories need a valid
-   credential when the auth config has keys or ``jwt`` (401 / ``UNAUTHENTICATED``),
-   whose grants must include the category and, for inference, metadata and
-   model-config, the model (403 / ``PERMISSION_DENIED``);
-4. inference requests count against the key's, the model's and the global rate
-   limit (429 / ``RESOURCE_EXHAUSTED``).
-
-The auth config is re-read when its file (or its JWKS file) changes — checked every
-:attr:`TrafficGate.reload_secs` — and on SIGHUP. A file that is missing or broken
-at a reload is logged and counted, and the last good configuration stays.
-
-Counters for ``/metrics`` (never a key or token as a label; the key's name):
-``pdserve_auth_failures_total{protocol,reason}``, ``pdserve_rate_limited_total
-{scope,model,key}``, ``pdserve_rate_limit_storage_errors_total``,
-``pdserve_auth_config_reloads_total{result}``.
+The auth config is re-read when its files change and on SIGHUP; a broken one is logged
+and counted, and the last good one stays. Counters for ``/metrics`` name a key by its
+configured name, never the key or token (:meth:`TrafficGate.samples`).
 """
 
 from __future__ import annotations
@@ -29,10 +18,9 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
 
 from pdserve.core.errors import InferError
 from pdserve.frontends.traffic.apis import (
@@ -299,7 +287,9 @@ def header_getter(headers: list[tuple[bytes, bytes]]) -> Callable[[str], str | N
     return get
 
 
-def metadata_getter(metadata: Any) -> Callable[[str], str | None]:
+def metadata_getter(
+    metadata: Iterable[tuple[str, str | bytes]] | None,
+) -> Callable[[str], str | None]:
     """A header lookup over gRPC invocation metadata (``(key, value)`` pairs)."""
 
     def get(name: str) -> str | None:

@@ -1,42 +1,5 @@
-"""Rate limits per key, per model and global, on the ``limits`` library.
-
-Configured in the auth config file's ``rate_limits`` section (and each key's
-``rate_limit``)::
-
-    rate_limits:
-      global: 1000/second          # every inference request of this server (or of all
-                                   # replicas sharing one Redis)
-      models:                      # fnmatch pattern -> limit, each model counted apart;
-        "resnet*": 200/second      # the first pattern that matches applies
-        bert: 50 per 10 seconds
-
-Limits are ``limits`` strings (``N/second``, ``N per M minutes``...). Only inference
-requests are counted. A request is checked against its key's limit, then its
-model's, then the global one; the first used up answers HTTP 429 with
-``Retry-After`` (seconds until the window frees a slot, at least 1) or gRPC
-``RESOURCE_EXHAUSTED`` with ``retry-after`` trailing metadata.
-
-Storage (``--rate-limit-storage``): ``memory://`` (default; per process) or
-``redis://host:port[/db]`` (``rediss://`` for TLS): replicas sharing a Redis share
-one budget. Strategy (``--rate-limit-strategy``): ``auto`` (default) is a token
-bucket in memory and ``limits``' moving window in Redis; ``token-bucket`` (memory
-only), ``moving-window``, ``sliding-window-counter`` and ``fixed-window`` (the
-``limits`` strategies) choose one.
-
-Why pdserve's own token bucket in memory: ``limits``' in-memory strategies cost
-15-40 µs per check here (an ``asyncio.Lock`` and several coroutines per hit; measured
-on this machine kind), three checks per request more than the 10 % the issue allows
-on the tiny model (~250 µs per request); the bucket costs well under 1 µs. A limit
-``N per P seconds`` is a bucket of N tokens refilled at N/P per second: bursts up
-to N, N per P on average. Against Redis the network round trip dominates, and the
-shared state is what ``limits`` is for.
-
-When the storage fails (Redis down at start, or going away), the request is let
-through (``--rate-limit-fail-mode open``, the default: a limiter outage must not
-become a serving outage) or refused with 503 / ``UNAVAILABLE`` (``closed``). Either
-way the failure is logged once per outage, counted
-(``pdserve_rate_limit_storage_errors_total``), and the storage is not asked again
-for :data:`RETRY_SECS` seconds (so a dead Redis costs no time per request).
+"""Rate limits per key, per model and global (:class:`RateLimiter`), on the ``limits``
+library and, in memory, pdserve's own :class:`TokenBucket`.
 """
 
 from __future__ import annotations
@@ -140,6 +103,42 @@ class RateLimitExceededError(InferError):
 class RateLimiter:
     """Checks inference requests against their limits.
 
+    Configured in the auth config file's ``rate_limits`` section (and each key's
+    ``rate_limit``)::
+
+        rate_limits:
+          global: 1000/second          # every inference request of this server (or of all
+                                       # replicas sharing one Redis)
+          models:                      # fnmatch pattern -> limit, each model counted apart;
+            "resnet*": 200/second      # the first pattern that matches applies
+            bert: 50 per 10 seconds
+
+    Limits are ``limits`` strings (``N/second``, ``N per M minutes``...). Only inference
+    requests are counted. A request is checked against its key's limit, then its
+    model's, then the global one; the first used up answers HTTP 429 with
+    ``Retry-After`` (seconds until the window frees a slot, at least 1) or gRPC
+    ``RESOURCE_EXHAUSTED`` with ``retry-after`` trailing metadata.
+
+    Storage (``--rate-limit-storage``): ``memory://`` (default; per process) or
+    ``redis://host:port[/db]`` (``rediss://`` for TLS): replicas sharing a Redis share
+    one budget. Strategy (``--rate-limit-strategy``): ``auto`` (default) is a token
+    bucket in memory and ``limits``' moving window in Redis; ``token-bucket`` (memory
+    only), ``moving-window``, ``sliding-window-counter`` and ``fixed-window`` (the
+    ``limits`` strategies) choose one.
+
+    In memory (``auto``, ``token-bucket``) pdserve uses its own :class:`TokenBucket`: the
+    ``limits`` in-memory strategies take an ``asyncio.Lock`` and several coroutines per
+    check, too much per request. A limit ``N per P seconds`` is a bucket of N tokens refilled
+    at N/P per second: bursts up to N, N per P on average. Against Redis the network round
+    trip dominates, and the shared state is what ``limits`` is for.
+
+    When the storage fails (Redis down at start, or going away), the request is let
+    through (``--rate-limit-fail-mode open``, the default: a limiter outage must not
+    become a serving outage) or refused with 503 / ``UNAVAILABLE`` (``closed``). Either
+    way the failure is logged once per outage, counted
+    (``pdserve_rate_limit_storage_errors_total``), and the storage is not asked again
+    for :data:`RETRY_SECS` seconds (so a dead Redis costs no time per request).
+
     Args:
         section: the ``rate_limits`` section (``global``, ``models``).
         storage_uri: ``memory://`` or ``redis://...``.
@@ -198,7 +197,7 @@ class RateLimiter:
             "fixed-window": strategies.FixedWindowRateLimiter,
         }[strategy]
         self.limiter = (
-            None if self.bucket is not None else cls(storage)  # type: ignore[abstract]
+            None if self.bucket is not None else cls(storage)  # type: ignore[abstract]  # the dict joins the concrete classes
         )
         self._item_cache: dict[str, Any] = {}
         #: limit item -> (capacity, tokens per second), for the token bucket

@@ -9,42 +9,10 @@ its own :class:`~pdserve.backends.python.shm.ArenaPool` (one copy), announces ne
 arenas by passing their descriptors over the socket (``SCM_RIGHTS``), and the reader
 makes numpy views of them (no copy); a block goes back to its writer when the reader's
 last view is garbage-collected, the release riding on the reader's next frame.
-Tensors under :data:`SHM_MIN_BYTES` travel inside the frame instead. Measured in one
-process (write, pickle, unpickle, read, release; the socket's two extra copies of an
-inline tensor not counted): 256 B ~5 µs inline vs ~10 µs through an arena (allocation,
-the view's finalizer, the release), 4 KiB 5 vs 21 µs, 16 KiB 13 vs 29 µs, 64 KiB about
-equal, 256 KiB ~0.7 ms inline vs 27 µs.
+Tensors under :data:`SHM_MIN_BYTES` travel inside the frame instead.
 
-What one turn of the event loop sends is one frame of
-:func:`pdserve.backends.python.shm.encode_payload` (4-byte length + one pickle): the
-plain tuple ``(control, [(kind, body), ...])``: ``control`` the arena bookkeeping (new
-arenas, whose descriptors ride with the frame's first byte, and released blocks) or
-None, then the turn's messages in order, each ``kind`` one of the constants below and
-``body`` a tuple of plain values (requests, responses and errors in the wire forms of
-:func:`request_to_wire`, :func:`response_to_wire`, :func:`error_to_wire`).
-
-=========  =============  ===================================================
-kind       direction      body
-=========  =============  ===================================================
-INIT       main->worker   ``(index, settings, gate_headers, shm_enabled)``
-READY      worker->main   ``(pid,)``: the worker listens
-CALL       worker->main   ``(call_id, method, args)``: a core method (:data:`CALLS`)
-RESULT     main->worker   ``(call_id, value)``
-ERROR      main->worker   ``(call_id, error)``
-INFER      worker->main   ``(call_id, request)``
-RESPONSE   main->worker   ``(call_id, response)``
-STREAM     worker->main   ``(call_id, request)``: ``infer_stream``
-ITEM       main->worker   ``(call_id, response | None, error | None, final, model)``
-CANCEL     worker->main   ``(call_id,)``: the client went away
-LOGS       main->worker   ``(changes,)``: apply these log settings
-DRAIN      main->worker   ``()``: the server is shutting down (``Connection: close``)
-PING       main->worker   ``(seq,)``: the liveness check (every second)
-PONG       worker->main   ``(seq,)``: the answer, from the worker's event loop
-=========  =============  ===================================================
-
-Writes are coalesced: messages queued during one turn of the event loop go out in one
-frame and one ``send`` at its end, so under load one pickle and one system call carry
-many requests.
+Messages queued during one turn of the event loop go out as one frame in one ``send``
+(:meth:`Channel.send`; the frame format is described above the message kinds below).
 """
 
 from __future__ import annotations
@@ -63,6 +31,32 @@ from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
 
 log = logging.getLogger("pdserve.workers")
 
+# What one turn of the event loop sends is one frame of
+# :func:`pdserve.backends.python.shm.encode_payload` (4-byte length + one pickle): the
+# plain tuple ``(control, [(kind, body), ...])``: ``control`` the arena bookkeeping (new
+# arenas, whose descriptors ride with the frame's first byte, and released blocks) or
+# None, then the turn's messages in order, each ``kind`` one of the constants below and
+# ``body`` a tuple of plain values (requests, responses and errors in the wire forms of
+# :func:`request_to_wire`, :func:`response_to_wire`, :func:`error_to_wire`).
+#
+# =========  =============  ===================================================
+# kind       direction      body
+# =========  =============  ===================================================
+# INIT       main->worker   ``(index, settings, gate_headers, shm_enabled)``
+# READY      worker->main   ``(pid,)``: the worker listens
+# CALL       worker->main   ``(call_id, method, args)``: a core method (:data:`CALLS`)
+# RESULT     main->worker   ``(call_id, value)``
+# ERROR      main->worker   ``(call_id, error)``
+# INFER      worker->main   ``(call_id, request)``
+# RESPONSE   main->worker   ``(call_id, response)``
+# STREAM     worker->main   ``(call_id, request)``: ``infer_stream``
+# ITEM       main->worker   ``(call_id, response | None, error | None, final, model)``
+# CANCEL     worker->main   ``(call_id,)``: the client went away
+# LOGS       main->worker   ``(changes,)``: apply these log settings
+# DRAIN      main->worker   ``()``: the server is shutting down (``Connection: close``)
+# PING       main->worker   ``(seq,)``: the liveness check (every second)
+# PONG       worker->main   ``(seq,)``: the answer, from the worker's event loop
+# =========  =============  ===================================================
 (
     INIT,
     READY,

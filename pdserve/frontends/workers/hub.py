@@ -1,23 +1,14 @@
-"""The main process's side of the HTTP front-end workers' channels.
+"""The main process's side of the HTTP front-end workers' channels (:class:`FrontendHub`):
+every worker's frames (:mod:`.channel`) are answered against the one core, so models,
+batching, statistics, metrics, the response cache, the shared-memory registry, traffic
+control and the gate stay in one place and count each request once.
 
-:class:`FrontendHub` answers every worker's frames (:mod:`.channel`) against the one
-core of the main process, so models, dynamic batching, statistics, Prometheus metrics,
-the response cache, the system shared-memory registry, traffic control and the
-auth/rate-limit gate all stay in one place and count each request once, whichever
-worker decoded it:
-
-- ``INFER``: the request is rebuilt (its inputs are views of the worker's arena),
-  given a :class:`~pdserve.core.cancel.CancelToken` that a ``CANCEL`` from the worker
-  (its client went away) cancels with ``CLIENT_GONE``, and run through
-  ``server.infer``, or through the system shared-memory registry when it names
-  regions (:func:`~pdserve.frontends.shared_memory.infer_with_shm`): the regions are
-  registered here, so registering through one worker and inferring through another
-  works.
-- ``STREAM``: ``server.infer_stream`` (generate_stream, decoupled models); each item
-  goes back as ``ITEM``; ``CANCEL`` closes the generator.
-- ``CALL``: one of :data:`~.channel.CALLS` (health, metadata, statistics, repository,
-  trace, traffic admin, shared-memory registry, log settings, the gate's check).
-  A change of log settings is applied here and sent to every worker (``LOGS``).
+- ``INFER``: the request (inputs are views of the worker's arena) runs through
+  ``server.infer`` (or the shared-memory registry), with a cancel token that the
+  worker's ``CANCEL`` fires.
+- ``STREAM``: ``server.infer_stream``, each item sent back as ``ITEM``.
+- ``CALL``: one of :data:`~.channel.CALLS`; a log-settings change is applied here and
+  sent to every worker (``LOGS``).
 """
 
 from __future__ import annotations
@@ -29,7 +20,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pdserve.core.api import InferenceCore
 from pdserve.core.cancel import CancelToken
@@ -40,11 +31,9 @@ from pdserve.frontends.shared_memory import (
     infer_with_shm,
     shm_output_names,
 )
+from pdserve.frontends.traffic.gate import TrafficGate, principal_name
 from pdserve.frontends.workers import channel as ch
 from pdserve.observability import logs
-
-if TYPE_CHECKING:
-    from pdserve.frontends.traffic.gate import TrafficGate
 
 log = logging.getLogger("pdserve.workers")
 
@@ -279,8 +268,6 @@ class FrontendHub:
         if method == "gate.check":
             if self.gate is None:
                 raise not_found("this server has no gate")
-            from pdserve.frontends.traffic.gate import principal_name
-
             protocol, category, model, headers = args
             await self.gate.check(protocol, category, model, headers.get)
             return principal_name.get()

@@ -1,26 +1,14 @@
-"""The worker process's stand-ins for the core, the gate and the shared-memory registry.
+"""The HTTP front-end worker process's stand-ins for the core, the gate and the
+shared-memory registry, so the worker runs the same
+:class:`~pdserve.frontends.http.app.HttpApp` as a single-process server:
 
-An HTTP front-end worker (``--http-workers N``, :mod:`pdserve.app.http_workers`) runs
-the same :class:`~pdserve.frontends.http.app.HttpApp` as the single-process server,
-on whichever transport the server uses, over:
-
-- :class:`ProxyCore`: every :class:`~pdserve.core.api.InferenceCore` method, forwarded
-  to the main process over the worker's channel (:mod:`.channel`): ``infer`` (tensors
-  through shared memory, one copy each way), ``infer_stream``, health, metadata,
-  statistics, repository, trace settings, traffic admin, and the log settings (applied
-  in the main process and sent to every worker). A request's
-  :class:`~pdserve.core.cancel.CancelToken` cancelling (the client went away) sends
-  ``CANCEL``: the main process cancels the request as its own frontend would.
-- :class:`ProxyGate`: auth, restricted APIs and rate limits are checked **in the main
-  process** (one round trip per request, only when a gate is configured), so a key's
-  rate limit counts every worker's requests exactly as one process would (rather than
-  dividing the limits by N, which is wrong whenever the kernel spreads a key's
-  connections unevenly).
-- :class:`ProxySharedMemory`: the system shared-memory registry lives in the main
-  process; registering, unregistering and status are forwarded, and a request that
-  names a region is run there (:func:`~pdserve.frontends.shared_memory.infer_with_shm`
-  on the main registry), so a region registered through one worker serves requests
-  that arrive through another.
+- :class:`ProxyCore`: every :class:`~pdserve.core.api.InferenceCore` method, forwarded to
+  the main process over the worker's channel (:mod:`.channel`); a request's cancel token
+  firing sends ``CANCEL``.
+- :class:`ProxyGate`: auth, restricted APIs and rate limits are checked in the main
+  process, so a key's rate limit counts every worker's requests as one process would.
+- :class:`ProxySharedMemory`: the registry lives in the main process; a request that
+  names a region runs there, whichever worker registered it.
 """
 
 from __future__ import annotations
