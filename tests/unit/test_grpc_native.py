@@ -17,6 +17,7 @@ from tritonclient.grpc import service_pb2
 
 from pdserve.frontends.grpc.http2 import parse_timeout, percent_encode
 from pdserve.frontends.grpc.native import GrpcConnection, NativeGrpcServer
+from pdserve.frontends.grpc.native_dispatch import CallDispatch
 
 
 def test_percent_encode_and_timeouts() -> None:
@@ -75,6 +76,38 @@ async def _pair(handler: Any, window: int) -> tuple[GrpcConnection, _Transport, 
     client.receive_data(transport.take())
     proto.data_received(client.data_to_send())
     return proto, transport, client
+
+
+def test_each_call_runs_in_its_own_named_task() -> None:
+    """CallDispatch starts every call's handler in a task of its own (named, so a
+    stack dump tells gRPC calls apart), not on the connection's data_received."""
+    names: list[str] = []
+
+    async def infer(request: Any, context: Any) -> Any:
+        task = asyncio.current_task()
+        names.append(task.get_name() if task is not None else "")
+        return service_pb2.ModelInferResponse(model_name=request.model_name)
+
+    handler = grpc.unary_unary_rpc_method_handler(
+        infer,
+        request_deserializer=service_pb2.ModelInferRequest.FromString,
+        response_serializer=service_pb2.ModelInferResponse.SerializeToString,
+    )
+
+    async def run() -> None:
+        proto, _, client = await _pair(handler, 65_535)
+        assert isinstance(proto, CallDispatch)
+        for _ in range(2):
+            sid = client.get_next_available_stream_id()
+            client.send_headers(sid, _headers(b"ModelInfer"))
+            body = service_pb2.ModelInferRequest(model_name="m").SerializeToString()
+            client.send_data(sid, struct.pack(">BI", 0, len(body)) + body, end_stream=True)
+            proto.data_received(client.data_to_send())
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    asyncio.run(run())
+    assert names == ["pdserve-grpc-call", "pdserve-grpc-call"]
 
 
 def test_large_answers_respect_the_peer_windows() -> None:
