@@ -47,6 +47,7 @@ PACKAGE = ROOT / "pdserve"
 #: Layers, lowest first: (name, module prefixes, exact module names).
 LAYERS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("core", ("pdserve.core", "pdserve.observability.stats"), ("pdserve",)),
+    ("shm", ("pdserve.shm",), ()),
     ("config", ("pdserve.config",), ()),
     ("backends", ("pdserve.backends",), ()),
     ("scheduling", ("pdserve.scheduling",), ()),
@@ -65,7 +66,12 @@ RULE = " <- ".join(name for name, _, _ in LAYERS)
 WORKER = "pdserve.backends.python.worker"
 WORKER_MAY_IMPORT = (
     "pdserve.backends.python.worker",
-    "pdserve.backends.python.shm",
+    "pdserve.shm",
+    "pdserve.shm.records",
+    "pdserve.shm.arenas",
+    "pdserve.shm.tensors",
+    "pdserve.shm.pools",
+    "pdserve.shm.framing",
     "pdserve.backends.python.messages",
     "pdserve.backends.python.triton_python_backend_utils",
     "pdserve.backends.python.lifetime",
@@ -350,9 +356,9 @@ def test_checker_names_the_module_the_import_and_the_arrow(
             "pdserve/backends/__init__.py": "REG = {'e': 'pdserve.scheduling.x:E'}\n",
             "pdserve/backends/python/__init__.py": "",
             "pdserve/backends/python/worker.py": (
-                "from pdserve.backends.python import shm\nimport pdserve.config\n"
+                "from pdserve import shm\nimport pdserve.config\n"
             ),
-            "pdserve/backends/python/shm.py": "import pdserve.core.errors\n",
+            "pdserve/shm/__init__.py": "import pdserve.core.errors\n",
             "pdserve/core/errors.py": "",
             "pdserve/scheduling/__init__.py": "",
             "pdserve/scheduling/x.py": "",
@@ -368,7 +374,8 @@ def test_checker_names_the_module_the_import_and_the_arrow(
         "pdserve/server.py:2: pdserve.server imports pdserve.cli: pdserve.cli does not exist "
         "(no module pdserve/cli.py)",
         "pdserve/backends/python/worker.py:2: pdserve.backends.python.worker imports "
-        "pdserve.config: the python worker imports only pdserve.backends.python.shm, "
+        "pdserve.config: the python worker imports only pdserve.shm, pdserve.shm.records, "
+        "pdserve.shm.arenas, pdserve.shm.tensors, pdserve.shm.pools, pdserve.shm.framing, "
         "pdserve.backends.python.messages, pdserve.backends.python.triton_python_backend_utils, "
         "pdserve.backends.python.lifetime and core; it reaches pdserve.config",
     ]

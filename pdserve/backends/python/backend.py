@@ -14,7 +14,7 @@ Process model (DESIGN.md, "Passing a tensor to a worker process"):
   ``PDSERVE_PYTHON_PRELOAD`` (comma-separated, e.g. ``cv2,PIL.Image``);
 * each worker has one ``AF_UNIX`` socketpair to the server for small control
   frames (the records of :mod:`~pdserve.backends.python.messages`); tensors travel
-  through memfd shared-memory arenas (:mod:`~pdserve.backends.python.shm`), copied
+  through memfd shared-memory arenas (:mod:`pdserve.shm`), copied
   once each way;
 * the scheduler hands an instance a batch of requests; the worker gets them as one
   list in one ``execute`` call, as in Triton (requests are never merged), and
@@ -80,14 +80,13 @@ from typing import Any
 import numpy as np
 
 from pdserve import config as cfgmod
+from pdserve import shm
 from pdserve.backends import host_policy
 from pdserve.backends.base import Backend, ExecRequest, ExecResult, ModelInstance, ModelSpec
 from pdserve.backends.devices import check_gpu_ids, cuda_visible_devices_for
 from pdserve.backends.host_policy import instance_cores
-from pdserve.backends.python import shm
 from pdserve.backends.python.messages import (
     AutoCompleteResult,
-    Block,
     Bls,
     BlsResult,
     Cancel,
@@ -102,8 +101,8 @@ from pdserve.backends.python.messages import (
     Respond,
     Result,
     Stop,
-    TensorDesc,
     WorkerInit,
+    encode_frame,
     from_wire,
 )
 from pdserve.core import tracing
@@ -113,6 +112,7 @@ from pdserve.core.errors import ErrorCode, InferError, internal, unavailable
 from pdserve.core.streaming import ResponseStream
 from pdserve.core.tracing import TraceRef
 from pdserve.core.types import InferRequest, RequestedOutput
+from pdserve.shm import Block, TensorDesc
 
 log = logging.getLogger("pdserve.python")
 
@@ -299,7 +299,7 @@ class WorkerConnection:
         """Queue one message; new arenas and released worker blocks ride along."""
         if self.died.done():
             return
-        self.link.send(lambda control: shm.encode_frame(message, control))
+        self.link.send(lambda control: encode_frame(message, control))
 
     # -- receiving --------------------------------------------------------------
 

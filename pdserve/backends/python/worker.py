@@ -2,7 +2,7 @@
 
 Started by :mod:`pdserve.backends.python.backend` (``multiprocessing`` forkserver
 with numpy and this module preloaded), it talks to the server over one
-``AF_UNIX`` stream socket with the frames of :mod:`~pdserve.backends.python.shm`.
+``AF_UNIX`` stream socket with the frames of :mod:`pdserve.shm`.
 Tensors live in shared-memory arenas; the frames carry descriptors.
 
 Life of a worker (``mode == "serve"``):
@@ -60,11 +60,11 @@ from concurrent.futures import Future
 from types import ModuleType
 from typing import Any
 
-from pdserve.backends.python import lifetime, shm
+from pdserve import shm
+from pdserve.backends.python import lifetime
 from pdserve.backends.python import triton_python_backend_utils as pb
 from pdserve.backends.python.messages import (
     AutoCompleteResult,
-    Block,
     Bls,
     BlsResult,
     Cancel,
@@ -78,9 +78,11 @@ from pdserve.backends.python.messages import (
     Respond,
     Result,
     Stop,
-    TensorDesc,
     WorkerInit,
+    read_frames,
+    send_frame,
 )
+from pdserve.shm import Block, TensorDesc
 
 log = logging.getLogger("pdserve.python_worker")
 
@@ -147,7 +149,7 @@ class Worker:
         """Send one message; new arenas and released peer blocks ride along."""
         with self.send_lock:
             control, arenas = shm.outgoing_control(self.pool, self.peer)
-            shm.send_frame(self.sock, message, control, [a.fd for a in arenas])
+            send_frame(self.sock, message, control, [a.fd for a in arenas])
             self.pool.sent(arenas)
 
     def write(self, array: Any) -> TensorDesc:
@@ -217,7 +219,7 @@ class Worker:
             self.inbox.append(None)
             return
         self.frames.feed(data, ancdata)
-        for frame in self.frames.frames():
+        for frame in read_frames(self.frames):
             self._dispatch(frame)
 
     def _dispatch(self, frame: Frame) -> None:
