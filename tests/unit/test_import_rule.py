@@ -74,6 +74,7 @@ WORKER_MAY_IMPORT = (
     "pdserve.shm.framing",
     "pdserve.backends.python.messages",
     "pdserve.backends.python.triton_python_backend_utils",
+    "pdserve.backends.python.model_config",
     "pdserve.backends.python.lifetime",
 )
 
@@ -377,5 +378,6 @@ def test_checker_names_the_module_the_import_and_the_arrow(
         "pdserve.config: the python worker imports only pdserve.shm, pdserve.shm.records, "
         "pdserve.shm.arenas, pdserve.shm.tensors, pdserve.shm.pools, pdserve.shm.framing, "
         "pdserve.backends.python.messages, pdserve.backends.python.triton_python_backend_utils, "
-        "pdserve.backends.python.lifetime and core; it reaches pdserve.config",
+        "pdserve.backends.python.model_config, pdserve.backends.python.lifetime and core; "
+        "it reaches pdserve.config",
     ]

@@ -98,6 +98,7 @@ from pdserve.backends.base import (
 from pdserve.backends.devices import visible_gpu_count, visible_gpus
 from pdserve.backends.host_policy import instance_cores, name_current_thread, pin_current_thread
 from pdserve.backends.pytorch.naming import InputPlan, plan_inputs, plan_outputs
+from pdserve.core import datatypes
 from pdserve.core.errors import InferError, internal, unavailable
 
 log = logging.getLogger("pdserve.pytorch")
@@ -110,17 +111,10 @@ PYTHON_RUNTIME = "model.py"
 WEIGHTS_FILENAME = "model.pt"
 
 #: configuration ``data_type`` -> torch dtype attribute (Triton's PyTorch backend's set,
-#: strings aside).
+#: strings aside); torch names these dtypes as numpy does.
 TORCH_DTYPES: dict[str, str] = {
-    "TYPE_BOOL": "bool",
-    "TYPE_UINT8": "uint8",
-    "TYPE_INT8": "int8",
-    "TYPE_INT16": "int16",
-    "TYPE_INT32": "int32",
-    "TYPE_INT64": "int64",
-    "TYPE_FP16": "float16",
-    "TYPE_FP32": "float32",
-    "TYPE_FP64": "float64",
+    datatypes.V2_TO_CONFIG[v2]: datatypes.V2_TO_NUMPY[v2].name
+    for v2 in ("BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64")
 }
 
 #: Boolean parameters and their defaults.
