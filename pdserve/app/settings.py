@@ -56,7 +56,7 @@ from pdserve.frontends.http.server import (
 )
 from pdserve.frontends.traffic.apis import RestrictedApiError, parse_restricted
 from pdserve.observability.logs import FORMATS as LOG_FORMATS
-from pdserve.observability.tracing import TraceConfig, TraceConfigError, parse_trace_config
+from pdserve.observability.trace_config import TraceConfig, TraceConfigError, parse_trace_config
 from pdserve.repository.control import EXPLICIT_MODES, MODES
 from pdserve.repository.remote_store import default_cache_dir, is_remote_url
 

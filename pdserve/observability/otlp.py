@@ -1,6 +1,6 @@
 """OpenTelemetry side of tracing: span records -> OTLP protobuf -> OTLP/HTTP (issue 17).
 
-Imported only when tracing is on (:func:`pdserve.observability.tracing._import_otel`);
+Imported only when tracing is on (:func:`pdserve.observability.span_export.import_otel`);
 it needs the ``tracing`` extra (``opentelemetry-proto``, ``opentelemetry-api``,
 ``requests``). Runs on the export thread, never on the event loop.
 

@@ -12,13 +12,8 @@ from pdserve.core import tracing as core_tracing
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.tracing import Trace, parse_traceparent
 from pdserve.core.types import InferRequest
-from pdserve.observability.tracing import (
-    TraceConfig,
-    TraceConfigError,
-    TraceManager,
-    parse_setting_update,
-    parse_trace_config,
-)
+from pdserve.observability.trace_config import TraceConfig, TraceConfigError, parse_trace_config
+from pdserve.observability.tracing import TraceManager, parse_setting_update
 
 
 @pytest.fixture(autouse=True)

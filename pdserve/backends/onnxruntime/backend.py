@@ -55,11 +55,14 @@ from pdserve.backends.base import (
     Backend,
     ExecRequest,
     ExecResult,
+    InstanceClosed,
     ModelInstance,
     ModelSpec,
     batch_input_tensors,
     merge_batch,
+    run_on_thread,
     split_batch,
+    unloading,
 )
 from pdserve.backends.devices import check_gpu_ids, visible_gpus
 from pdserve.backends.host_policy import (
@@ -70,7 +73,7 @@ from pdserve.backends.host_policy import (
 )
 from pdserve.backends.onnxruntime.autocomplete import complete_from_session
 from pdserve.core.datatypes import to_bytes_object_array
-from pdserve.core.errors import InferError, internal, unavailable
+from pdserve.core.errors import InferError, internal
 from pdserve.core.tracing import mark_input_end, mark_output_start
 
 log = logging.getLogger("pdserve.onnxruntime")
@@ -84,10 +87,6 @@ INLINE_RUN_MAX_S = 0.0002
 #: runs only), switch the instance to its thread for good.
 INLINE_STICKY_LIMIT_S = 0.002
 INLINE_STICKY_RUNS = 2
-
-
-class _Closed(Exception):
-    """The instance was closed before a batch could start on its thread."""
 
 
 _LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
@@ -228,20 +227,17 @@ class OnnxRuntimeBackend(Backend):
 
         await asyncio.to_thread(complete)
 
-    async def load(self, spec: ModelSpec) -> list[ModelInstance]:
-        """Create one ORT session per instance in ``instance_group``.
+    def _instance_plans(
+        self, spec: ModelSpec, available: list[str]
+    ) -> list[tuple[str, list[Any], frozenset[int] | None]]:
+        """(kind, execution providers, host policy cores or None) of each instance of
+        ``instance_group``, in order.
 
         Raises:
-            RuntimeError: KIND_GPU asked but no CUDAExecutionProvider is available,
-                or on a GPU this process cannot see
-                (:func:`pdserve.backends.devices.check_gpu_ids`).
-            ValueError: bad session option parameters.
+            RuntimeError: KIND_GPU without a CUDAExecutionProvider, a GPU this process
+                cannot see, or a kind onnxruntime does not run.
         """
-        ort = _ort()
-        path = self._model_path(spec)
-        available = ort.get_available_providers()
         groups = list(spec.config.instance_group) or [None]
-        #: (kind, providers, host policy cores or None) per instance
         plans: list[tuple[str, list[Any], frozenset[int] | None]] = []
         for group in groups:
             count = group.count if group is not None and group.count > 0 else 1
@@ -284,6 +280,20 @@ class OnnxRuntimeBackend(Backend):
                 raise RuntimeError(
                     f"instance_group kind {kind_name} is not supported by onnxruntime"
                 )
+        return plans
+
+    async def load(self, spec: ModelSpec) -> list[ModelInstance]:
+        """Create one ORT session per instance in ``instance_group``.
+
+        Raises:
+            RuntimeError: KIND_GPU asked but no CUDAExecutionProvider is available,
+                or on a GPU this process cannot see
+                (:func:`pdserve.backends.devices.check_gpu_ids`).
+            ValueError: bad session option parameters.
+        """
+        ort = _ort()
+        path = self._model_path(spec)
+        plans = self._instance_plans(spec, ort.get_available_providers())
         configured = cfgmod.get_parameter(spec.config, "intra_op_thread_count")
         loop = asyncio.get_running_loop()
         executors: list[concurrent.futures.ThreadPoolExecutor | None] = []
@@ -545,21 +555,11 @@ class OnnxRuntimeInstance(ModelInstance):
                                 took * 1e3,
                             )
             else:
-                if self._closed:
-                    raise _Closed
-                loop = asyncio.get_running_loop()
-                try:
-                    outputs = await loop.run_in_executor(
-                        self._executor, self._timed_run, feeds, wanted
-                    )
-                except RuntimeError as e:
-                    if "shutdown" in str(e) and self._executor._shutdown:
-                        raise _Closed from None
-                    raise
-        except _Closed:
-            raise unavailable(
-                f"model instance '{self.name}' is unloading: the request did not run"
-            ) from None
+                outputs = await run_on_thread(
+                    self._executor, self._closed, self._timed_run, feeds, wanted
+                )
+        except InstanceClosed:
+            raise unloading(self.name) from None
         except Exception as e:  # ORT raises its own exception types
             raise internal(f"onnxruntime execution failed: {e}") from e
         mark_output_start()

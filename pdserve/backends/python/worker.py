@@ -1,40 +1,18 @@
 """The python worker process: runs one instance of a Triton python model.
 
-Started by :mod:`pdserve.backends.python.backend` (``multiprocessing`` forkserver
-with numpy and this module preloaded), it talks to the server over one
-``AF_UNIX`` stream socket with the frames of :mod:`pdserve.shm`.
-Tensors live in shared-memory arenas; the frames carry descriptors.
+Started by :mod:`pdserve.backends.python.launch`, it talks to the server over one
+``AF_UNIX`` socket with the frames of :mod:`pdserve.backends.python.messages`; tensors
+live in shared-memory arenas (:mod:`pdserve.shm`). In ``"serve"`` mode it imports
+``model.py``, runs ``initialize``, then ``execute`` on each batch (the whole list at
+once, as Triton does) and ``finalize`` at :class:`~messages.Stop`; end of file on the
+socket (the server is gone) exits at once. ``"autocomplete"`` mode runs the static
+``auto_complete_config`` and answers :class:`~messages.AutoCompleteResult`.
 
-Life of a worker (``mode == "serve"``):
-
-1. register ``triton_python_backend_utils``, put the version folder and the model
-   folder first on ``sys.path``, import ``model.py`` (as module ``model``), build
-   ``TritonPythonModel()`` and call ``initialize(args)`` if it has one; answer
-   :class:`~messages.Ready` or :class:`~messages.InitError`.
-2. For each :class:`~messages.Exec` call ``execute(requests)`` — the whole list at
-   once, as Triton's python backend does (a coroutine ``execute`` is run on this
-   process's event loop) — and answer a :class:`~messages.Result` with one entry per
-   request: its outputs, or its ``TritonError``. An exception out of ``execute``
-   fails every request of the call.
-3. :class:`~messages.Stop`: call ``finalize()`` and exit. End of file on the socket
-   (the server is gone): exit at once.
-
-The messages are the records of :mod:`pdserve.backends.python.messages`.
-
-Reading the socket: there is no reader thread. Whichever thread is waiting reads
-(:meth:`Worker.wait_until`): the idle main thread waiting for the next ``exec``, or
-a thread blocked in a BLS ``exec()``; the event loop of an ``async def execute``
-reads while it runs. So a batch reaches the model without a thread switch.
-
-BLS: ``pb_utils.InferenceRequest(...).exec()`` sends a :class:`~messages.Bls` and
-waits for the matching :class:`~messages.BlsResult`; it works from ``execute``,
-``initialize`` and any thread the model starts; ``async_exec()`` from
-``async def execute``.
-
-``mode == "autocomplete"`` imports the model, calls the static
-``TritonPythonModel.auto_complete_config(pb_utils.ModelConfig)`` and answers
-:class:`~messages.AutoCompleteResult` (its ``stage`` says what raised: ``"import"`` or
-``"auto_complete_config"``).
+There is no reader thread: whichever thread waits reads the socket
+(:meth:`Worker.wait_until`): the idle main thread, a thread blocked in a BLS
+``exec()``, or the event loop of an ``async def execute``. BLS calls
+(``exec``/``async_exec``) send a :class:`~messages.Bls` and wait for its
+:class:`~messages.BlsResult`.
 """
 
 from __future__ import annotations
@@ -243,29 +221,34 @@ class Worker:
 
     # -- BLS ----------------------------------------------------------------------
 
+    def _send_bls(self, call_id: int, request: pb.InferenceRequest, decoupled: bool) -> None:
+        """Send a BLS request's :class:`Bls` (a decoupled call carries no trace context)."""
+        arrays = {t.name(): t.as_numpy() for t in request.inputs()}  # the last of a name
+        params = dict(request._parameters)
+        if request.timeout():
+            params.setdefault("timeout", request.timeout())
+        version = "" if request.model_version in (-1, None, "") else str(request.model_version)
+        self.send(
+            Bls(
+                call_id=call_id,
+                model_name=request.model_name,
+                version=version,
+                request_id=request.request_id(),
+                parameters=params,
+                inputs={name: self.write(array) for name, array in arrays.items()},
+                output_names=list(request.requested_output_names()),
+                trace="" if decoupled else pb.traceparent_of(request),
+                decoupled=decoupled,
+            )
+        )
+
     def submit_bls(self, request: pb.InferenceRequest) -> Future[pb.InferenceResponse]:
         """Send a BLS request to the server; the future resolves with its response."""
         future: Future[pb.InferenceResponse] = Future()
         call_id = next(self.calls)
         self.bls_pending[call_id] = future
         try:
-            arrays = {t.name(): t.as_numpy() for t in request.inputs()}  # the last of a name
-            params = dict(request._parameters)
-            if request.timeout():
-                params.setdefault("timeout", request.timeout())
-            version = "" if request.model_version in (-1, None, "") else str(request.model_version)
-            self.send(
-                Bls(
-                    call_id=call_id,
-                    model_name=request.model_name,
-                    version=version,
-                    request_id=request.request_id(),
-                    parameters=params,
-                    inputs={name: self.write(array) for name, array in arrays.items()},
-                    output_names=list(request.requested_output_names()),
-                    trace=pb.traceparent_of(request),
-                )
-            )
+            self._send_bls(call_id, request, decoupled=False)
         except BaseException:
             self.bls_pending.pop(call_id, None)
             raise
@@ -278,23 +261,7 @@ class Worker:
         responses = BlsResponses(self)
         self.bls_streams[call_id] = responses
         try:
-            arrays = {t.name(): t.as_numpy() for t in request.inputs()}
-            params = dict(request._parameters)
-            if request.timeout():
-                params.setdefault("timeout", request.timeout())
-            version = "" if request.model_version in (-1, None, "") else str(request.model_version)
-            self.send(
-                Bls(
-                    call_id=call_id,
-                    model_name=request.model_name,
-                    version=version,
-                    request_id=request.request_id(),
-                    parameters=params,
-                    inputs={name: self.write(array) for name, array in arrays.items()},
-                    output_names=list(request.requested_output_names()),
-                    decoupled=True,
-                )
-            )
+            self._send_bls(call_id, request, decoupled=True)
         except BaseException:
             self.bls_streams.pop(call_id, None)
             raise
