@@ -246,6 +246,11 @@ def batch_input_tensors(batch_inputs: Any, batch: list[ExecRequest]) -> dict[str
     return out
 
 
+def wanted_outputs(batch: list[ExecRequest]) -> list[str]:
+    """Every output some request of ``batch`` asks for, once each, in order of first ask."""
+    return list(dict.fromkeys(n for r in batch for n in r.output_names))
+
+
 def split_batch(batch: list[ExecRequest], outputs: dict[str, np.ndarray]) -> list[ExecResult]:
     """Split merged outputs ``[sum(rows_i), ...]`` back per request (views, no copy).
 

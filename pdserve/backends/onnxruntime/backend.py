@@ -63,6 +63,7 @@ from pdserve.backends.base import (
     run_on_thread,
     split_batch,
     unloading,
+    wanted_outputs,
 )
 from pdserve.backends.devices import check_gpu_ids, visible_gpus
 from pdserve.backends.host_policy import (
@@ -519,11 +520,7 @@ class OnnxRuntimeInstance(ModelInstance):
                     else arr
                 )
             feeds[name] = arr
-        wanted: list[str] = []
-        for r in batch:
-            for n in r.output_names:
-                if n not in wanted:
-                    wanted.append(n)
+        wanted = wanted_outputs(batch)
         mark_input_end()
         try:
             if self._mode == "loop" or (

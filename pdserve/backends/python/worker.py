@@ -347,17 +347,10 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the server
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            log.error(
-                "execute() of %s failed:\n%s", self.instance_name, traceback.format_exc().rstrip()
-            )
-            code = exc.code() if isinstance(exc, pb.TritonError) else pb.TritonError.INTERNAL
-            message = (
-                f"Failed to process the request(s) for model instance '{self.instance_name}', "
-                f"message: {_format_exception(exc)}"
-            )
+            error = self._execute_failed(exc)
             del requests
             exec_ns = (exec_start, time.monotonic_ns())
-            self.send(Result(batch.batch_id, None, Error(message, code), exec_ns))
+            self.send(Result(batch.batch_id, None, error, exec_ns))
             self._forget_cancelled(batch)
             return
         exec_ns = (exec_start, time.monotonic_ns())
@@ -368,6 +361,19 @@ class Worker:
         del requests, responses
         self.send(Result(batch.batch_id, results, None, exec_ns))
         self._forget_cancelled(batch)
+
+    def _execute_failed(self, exc: BaseException) -> Error:
+        """Log an exception out of ``execute`` and make the error every request of the
+        call gets (the code of a raised ``TritonError``, else INTERNAL)."""
+        log.error(
+            "execute() of %s failed:\n%s", self.instance_name, traceback.format_exc().rstrip()
+        )
+        code = exc.code() if isinstance(exc, pb.TritonError) else pb.TritonError.INTERNAL
+        return Error(
+            f"Failed to process the request(s) for model instance '{self.instance_name}', "
+            f"message: {_format_exception(exc)}",
+            code,
+        )
 
     def _forget_cancelled(self, batch: Exec) -> None:
         """Drop the marks of this batch and of earlier ones (batch ids only grow; a
@@ -432,15 +438,7 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the server
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            log.error(
-                "execute() of %s failed:\n%s", self.instance_name, traceback.format_exc().rstrip()
-            )
-            code = exc.code() if isinstance(exc, pb.TritonError) else pb.TritonError.INTERNAL
-            error = Error(
-                f"Failed to process the request(s) for model instance '{self.instance_name}', "
-                f"message: {_format_exception(exc)}",
-                code,
-            )
+            error = self._execute_failed(exc)
         if error is not None:
             response = pb.InferenceResponse([], error=pb.TritonError(error.message, error.code))
             for sender in senders:

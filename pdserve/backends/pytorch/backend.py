@@ -42,6 +42,7 @@ from pdserve.backends.base import (
     run_on_thread,
     split_batch,
     unloading,
+    wanted_outputs,
 )
 from pdserve.backends.devices import visible_gpu_count, visible_gpus
 from pdserve.backends.host_policy import instance_cores, name_current_thread, pin_current_thread
@@ -565,11 +566,7 @@ class PyTorchInstance(ModelInstance):
         in the model a 500 naming the model.
         """
         inputs = merge_batch(batch)
-        wanted: list[str] = []
-        for r in batch:
-            for n in r.output_names:
-                if n not in wanted:
-                    wanted.append(n)
+        wanted = wanted_outputs(batch)
         try:
             outputs = await run_on_thread(self._executor, self._closed, self._run, inputs, wanted)
         except InstanceClosed:

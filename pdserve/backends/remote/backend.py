@@ -66,6 +66,7 @@ from pdserve.backends.base import (
     ModelSpec,
     merge_batch,
     split_batch,
+    wanted_outputs,
 )
 from pdserve.backends.remote.client import Endpoint, RemoteClient, RemoteError, make_client
 from pdserve.backends.remote.stats import TargetStats, stats_for
@@ -464,11 +465,7 @@ class RemoteInstance(ModelInstance):
                 (the target answers one request for all of it).
         """
         inputs = merge_batch(batch)
-        wanted: list[str] = []
-        for r in batch:
-            for n in r.output_names:
-                if n not in wanted:
-                    wanted.append(n)
+        wanted = wanted_outputs(batch)
         request_id = batch[0].request.id if len(batch) == 1 else ""
         outputs = await self.target.infer(inputs, wanted, request_id)
         return split_batch(batch, outputs)
