@@ -2,11 +2,10 @@
 
 Tensors cross a process boundary through *arenas*: anonymous shared memory made with
 ``memfd_create`` and handed to the other process as a file descriptor over an
-``AF_UNIX`` socketpair (``SCM_RIGHTS``). A memfd has no name that can be left behind:
-the kernel frees it when the last descriptor and mapping are gone.
+``AF_UNIX`` socketpair (``SCM_RIGHTS``); the kernel frees a memfd when the last
+descriptor and mapping are gone, so nothing is left behind.
 
-- :mod:`.records`: the arena records that ride with a frame (tensor descriptor, new
-  arena, released block, the control that carries them).
+- :mod:`.records`: the records that ride with a frame (tensor, arena, block, control).
 - :mod:`.arenas`: one arena and its first-fit allocator.
 - :mod:`.tensors`: copy a tensor into an arena once; read it back as a view.
 - :mod:`.pools`: the arenas one side writes (:class:`~.pools.ArenaPool`) and the
@@ -14,8 +13,7 @@ the kernel frees it when the last descriptor and mapping are gone.
 - :mod:`.framing`: length-prefixed pickle frames, descriptors with them, and
   :class:`~.framing.FramedSocket` (one end on an event loop).
 
-Used by the python backend and its worker, and by the HTTP front-end workers' channel,
-through this package's names (``from pdserve import shm``; ``shm.write_tensor``).
+Used (``from pdserve import shm``) by the python backend and the HTTP front-end workers.
 """
 
 from pdserve.shm.arenas import Arena, FreeListAllocator

@@ -1,41 +1,18 @@
 """ONNX Runtime backend (``platform: "onnxruntime_onnx"`` / ``backend: "onnxruntime"``).
 
-Each model instance is one ``onnxruntime.InferenceSession``. ORT releases the GIL
-while it runs, so an instance executes on its own thread and several instances
-run concurrently (DESIGN.md). ``instance_group`` gives the count and kind:
+Each model instance is one ``onnxruntime.InferenceSession``, run on its own thread
+(ORT releases the GIL) or, for a sub-millisecond model, on the event loop. Instance
+kinds: ``KIND_CPU``, ``KIND_GPU`` (``CUDAExecutionProvider`` on the listed GPUs; no
+CUDA provider or a GPU not visible fails the load, never falls back to CPU) and
+``KIND_AUTO``. Session options come from Triton's onnxruntime-backend keys:
+``intra_op_thread_count`` (default: the CPUs, or the host policy's cores, shared among
+the model's instances), ``inter_op_thread_count``, ``execution_mode`` and the graph
+optimization level (:func:`session_options`).
 
-- ``KIND_CPU``: ``CPUExecutionProvider``.
-- ``KIND_GPU``: ``CUDAExecutionProvider`` on the listed ``gpus`` (default GPU 0).
-  When this onnxruntime build or machine has no CUDA provider, or a listed GPU is
-  not visible (:mod:`pdserve.backends.devices`), the model fails to load with
-  that reason (no silent fallback to CPU).
-- ``KIND_AUTO``: GPU when the CUDA provider is there and a GPU is visible, else CPU.
-
-Session options come from the model configuration, with Triton's onnxruntime
-backend keys:
-
-- ``parameters { key: "intra_op_thread_count" value { string_value: "1" } }``
-  (absent: the process's CPUs — or the host policy's cores — shared among the
-  model's instances, at least 1; see :func:`default_intra_op_threads`),
-- ``parameters { key: "inter_op_thread_count" ... }``,
-- ``parameters { key: "execution_mode" ... }`` ``0`` sequential (default) / ``1`` parallel,
-- ``optimization { graph { level: N } }``: ``-1`` basic, ``0`` (default) all,
-  ``1`` extended — or the parameter ``graph_optimization_level`` with
-  ``disable`` / ``basic`` / ``extended`` / ``all``.
-
-Host policies (``--host-policy``, :mod:`pdserve.backends.host_policy`): an instance whose
-group's policy has cores runs its session only on its own thread, which pins
-itself to those cores (``os.sched_setaffinity(0, cores)``) before it creates the
-session; ``execution_thread`` ``auto`` and ``loop`` are overridden (``loop`` with
-a warning at load: the event loop thread is shared and cannot be pinned for one
-instance). ORT's intra-op pool threads stay inside the policy's cores too: the
-thread count is always set explicitly (ORT 1.32 pins its pool threads to cores of
-its own choosing when the count is left at 0, which escapes any mask — checked on
-Linux through ``/proc/<pid>/task/*/status``), the threads inherit the creating
-thread's mask, and the session config entry ``session.intra_op_thread_affinities``
-gives each pool thread the policy's cores explicitly (:func:`intra_op_affinities`).
-The default thread count divides the policy's cores, not the process's, among the
-model's instances that share them.
+An instance with a host policy runs only on its own thread, pinned to the policy's
+cores before it creates the session; its intra-op threads stay inside those cores
+(:func:`intra_op_affinities`; ORT would pin a pool of 0 threads to cores of its own
+choosing, so the count is always set).
 """
 
 from __future__ import annotations

@@ -291,7 +291,7 @@ class WorkerConnection:
             self.pool.free_many(blocks)
             # a failed future's exception has a traceback through this frame:
             # future -> exception -> traceback -> frame -> future would be a cycle
-            future = None  # type: ignore[assignment]
+            future = None  # type: ignore[assignment]  # dropped to break the cycle
 
     def _tell_cancellations(
         self, batch_id: int, batch: list[ExecRequest]
