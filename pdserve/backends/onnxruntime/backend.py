@@ -50,6 +50,7 @@ from pdserve.backends.host_policy import (
     pin_current_thread,
 )
 from pdserve.backends.onnxruntime.autocomplete import complete_from_session
+from pdserve.config import ModelConfig
 from pdserve.core.datatypes import to_bytes_object_array
 from pdserve.core.errors import InferError, internal
 from pdserve.core.tracing import mark_input_end, mark_output_start
@@ -76,7 +77,7 @@ def _ort() -> Any:
     return onnxruntime
 
 
-def session_options(config: Any) -> Any:
+def session_options(config: ModelConfig) -> Any:
     """Build ``onnxruntime.SessionOptions`` from a model configuration.
 
     Raises:

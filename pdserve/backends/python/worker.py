@@ -38,6 +38,8 @@ from concurrent.futures import Future
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from pdserve import shm
 from pdserve.backends.python import lifetime
 from pdserve.backends.python import triton_python_backend_utils as pb
@@ -130,7 +132,7 @@ class Worker:
             send_frame(self.sock, message, control, [a.fd for a in arenas])
             self.pool.sent(arenas)
 
-    def write(self, array: Any) -> TensorDesc:
+    def write(self, array: np.ndarray) -> TensorDesc:
         """Copy an output / BLS input into this worker's pool (one copy)."""
         return shm.write_tensor(array, self.pool.alloc)
 
@@ -383,7 +385,9 @@ class Worker:
 
     # -- decoupled ------------------------------------------------------------------
 
-    def _sender(self, batch_id: int, index: int, request: pb.InferenceRequest) -> Any:
+    def _sender(
+        self, batch_id: int, index: int, request: pb.InferenceRequest
+    ) -> pb.InferenceResponseSender:
         """The response sender of one request of a decoupled model."""
         key = (batch_id, index)
         streams = self.streams
@@ -448,7 +452,7 @@ class Worker:
         self.send(Result(batch_id, [], None))
 
     def _encode_response(
-        self, request: pb.InferenceRequest, response: Any
+        self, request: pb.InferenceRequest, response: object
     ) -> dict[str, TensorDesc] | Error:
         """One request's entry of a :class:`Result`: its outputs, written into this
         worker's arenas, or its error."""

@@ -55,6 +55,7 @@ from pdserve.backends.pytorch.options import (
     parse_count,
     parse_flag,
 )
+from pdserve.config import ModelConfig
 from pdserve.core import datatypes
 from pdserve.core.errors import InferError, internal
 
@@ -77,7 +78,7 @@ TORCH_DTYPES: dict[str, str] = {
 # --------------------------------------------------------------------------- checks
 
 
-def check_config(cfg: Any, where: str | Path) -> None:
+def check_config(cfg: ModelConfig, where: str | Path) -> None:
     """Triton's rules for a PyTorch model's configuration.
 
     Raises:
@@ -381,7 +382,9 @@ class PyTorchBackend(Backend):
                 futures.append(shared[device])
                 continue
 
-            def make(device: str | None = device, cores: Any = cores, name: str = name) -> _Loaded:
+            def make(
+                device: str | None = device, cores: frozenset[int] | None = cores, name: str = name
+            ) -> _Loaded:
                 if cores:
                     pin_current_thread(cores)
                     name_current_thread(name)
@@ -407,7 +410,7 @@ class PyTorchBackend(Backend):
 
 def run_on_cpu(
     model: str,
-    cfg: Any,
+    cfg: ModelConfig,
     version_dir: Path,
     inputs: dict[str, np.ndarray],
     outputs: list[str],

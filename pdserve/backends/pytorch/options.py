@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdserve import config as cfgmod
+from pdserve.config import ModelConfig
 
 log = logging.getLogger("pdserve.pytorch")
 
@@ -58,7 +59,7 @@ def import_torch() -> Any:
 _WARNINGS_FILTERED = False
 
 
-def parse_flag(cfg: Any, key: str, default: bool) -> bool:
+def parse_flag(cfg: ModelConfig, key: str, default: bool) -> bool:
     """A boolean model parameter (``true``/``false``, also ``1``/``0``, ``yes``/``no``).
 
     Raises:
@@ -75,7 +76,7 @@ def parse_flag(cfg: Any, key: str, default: bool) -> bool:
     raise ValueError(f"parameter {key} must be 'true' or 'false', got '{raw}'")
 
 
-def parse_count(cfg: Any, key: str) -> int | None:
+def parse_count(cfg: ModelConfig, key: str) -> int | None:
     """A positive integer model parameter, or None when absent.
 
     Raises:
@@ -105,7 +106,7 @@ class Options:
     output_pinned: bool = True
 
     @classmethod
-    def from_config(cls, cfg: Any) -> Options:
+    def from_config(cls, cfg: ModelConfig) -> Options:
         """Read them; raises ValueError on a malformed parameter."""
         opt = cfg.optimization
         return cls(
@@ -125,16 +126,16 @@ class _ProcessSettings:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         #: parameter -> (value, model that set it)
-        self.applied: dict[str, tuple[Any, str]] = {}
+        self.applied: dict[str, tuple[int | bool, str]] = {}
 
-    def apply(self, model: str, cfg: Any) -> None:
+    def apply(self, model: str, cfg: ModelConfig) -> None:
         """Apply the model's thread counts, JIT switches and TF32 choice.
 
         Raises:
             ValueError: a malformed value.
         """
         torch = import_torch()
-        wanted: dict[str, Any] = {}
+        wanted: dict[str, int | bool] = {}
         for key in ("INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT"):
             count = parse_count(cfg, key)
             if count is not None:
