@@ -1,15 +1,13 @@
 """Shared memory between two processes of one server: memfd arenas and a framed socket.
 
-Tensors cross a process boundary through *arenas*: anonymous shared memory made with
-``memfd_create`` and handed to the other process as a file descriptor over an
-``AF_UNIX`` socketpair (``SCM_RIGHTS``); the kernel frees a memfd when the last
-descriptor and mapping are gone, so nothing is left behind.
+Tensors cross a process boundary through *arenas*: ``memfd_create`` memory handed to
+the other process as a descriptor over an ``AF_UNIX`` socketpair (``SCM_RIGHTS``); the
+kernel frees it with the last descriptor and mapping, so nothing is left behind.
 
 - :mod:`.records`: the records that ride with a frame (tensor, arena, block, control).
 - :mod:`.arenas`: one arena and its first-fit allocator.
 - :mod:`.tensors`: copy a tensor into an arena once; read it back as a view.
-- :mod:`.pools`: the arenas one side writes (:class:`~.pools.ArenaPool`) and the
-  peer's arenas it reads (:class:`~.pools.PeerArenas`).
+- :mod:`.pools`: the arenas one side writes and the peer's arenas it reads.
 - :mod:`.framing`: length-prefixed pickle frames, descriptors with them, and
   :class:`~.framing.FramedSocket` (one end on an event loop).
 

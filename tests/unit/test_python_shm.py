@@ -16,7 +16,7 @@ from pdserve.backends.python.messages import Ready, read_frames, send_frame
 from pdserve.core.datatypes import serialize_bytes_tensor
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.frontends.http.status import http_status
-from pdserve.shm import ArenaControl, NewArena
+from pdserve.shm import ArenaControl, NewArena, arenas, framing, pools, records, tensors
 
 
 def test_free_list_allocator_reuses_and_coalesces() -> None:
@@ -70,7 +70,7 @@ def test_tensors_round_trip_through_arenas() -> None:
 
 def test_a_full_pool_grows_with_a_new_arena() -> None:
     pool = shm.ArenaPool("grow", max_bytes=64 * 1024 * 1024)
-    first = pool.alloc(shm.arenas.DEFAULT_ARENA_BYTES - 64)
+    first = pool.alloc(arenas.DEFAULT_ARENA_BYTES - 64)
     second = pool.alloc(20 * 1024 * 1024)
     assert first is not None and second is not None
     assert first[0].id != second[0].id and second[0].size >= 20 * 1024 * 1024
@@ -216,3 +216,13 @@ def test_framed_socket_queues_what_the_socket_does_not_take_and_passes_descripto
         b.close()
 
     asyncio.run(run())
+
+
+def test_the_package_names_are_its_modules_names() -> None:
+    """``from pdserve import shm`` gives each module's public names."""
+    assert shm.Arena is arenas.Arena and shm.FreeListAllocator is arenas.FreeListAllocator
+    assert shm.write_tensor is tensors.write_tensor and shm.read_tensor is tensors.read_tensor
+    assert shm.ArenaPool is pools.ArenaPool and shm.PeerArenas is pools.PeerArenas
+    assert shm.FramedSocket is framing.FramedSocket and shm.FrameReader is framing.FrameReader
+    assert shm.TensorDesc is records.TensorDesc and shm.ArenaControl is records.ArenaControl
+    assert sorted(shm.__all__) == sorted(set(shm.__all__))

@@ -9,10 +9,9 @@ CUDA provider or a GPU not visible fails the load, never falls back to CPU) and
 the model's instances), ``inter_op_thread_count``, ``execution_mode`` and the graph
 optimization level (:func:`session_options`).
 
-An instance with a host policy runs only on its own thread, pinned to the policy's
-cores before it creates the session; its intra-op threads stay inside those cores
-(:func:`intra_op_affinities`; ORT would pin a pool of 0 threads to cores of its own
-choosing, so the count is always set).
+An instance with a host policy runs on its own thread, pinned to the policy's cores
+before it creates the session; its intra-op threads stay inside them
+(:func:`intra_op_affinities`; the count is always set, as ORT pins a 0-count pool itself).
 """
 
 from __future__ import annotations

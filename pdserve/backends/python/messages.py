@@ -5,10 +5,9 @@
 crosses the worker's socket. Every frame (:func:`encode_frame`) carries one message
 and the :class:`~pdserve.shm.records.ArenaControl` that rides along with it.
 
-Server -> worker: :class:`Exec`, :class:`BlsResult`, :class:`CancelStream`,
-:class:`Stop`. Worker -> server: :class:`Ready` or :class:`InitError`, :class:`Result`,
-:class:`Bls`, :class:`AutoCompleteResult`, :class:`Respond`. :class:`WorkerInit` is the
-worker's start-up data, passed as the process's argument.
+Server -> worker: :class:`Exec`, :class:`BlsResult`, :class:`CancelStream`, :class:`Stop`.
+Worker -> server: :class:`Ready`, :class:`InitError`, :class:`Result`, :class:`Bls`,
+:class:`AutoCompleteResult`, :class:`Respond`. :class:`WorkerInit`: start-up data.
 
 Records are ``NamedTuple`` s; on the wire they are plain tuples (:func:`to_wire`,
 :func:`from_wire`), which pickle and load in C. Error codes are Triton's

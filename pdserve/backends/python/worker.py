@@ -9,10 +9,9 @@ socket (the server is gone) exits at once. ``"autocomplete"`` mode runs the stat
 ``auto_complete_config`` and answers :class:`~messages.AutoCompleteResult`.
 
 There is no reader thread: whichever thread waits reads the socket
-(:meth:`Worker.wait_until`): the idle main thread, a thread blocked in a BLS
-``exec()``, or the event loop of an ``async def execute``. BLS calls
-(``exec``/``async_exec``) send a :class:`~messages.Bls` and wait for its
-:class:`~messages.BlsResult`.
+(:meth:`Worker.wait_until`): the idle main thread, a thread blocked in a BLS ``exec()``,
+or the event loop of an ``async def execute``. A BLS call sends a
+:class:`~messages.Bls` and waits for its :class:`~messages.BlsResult`.
 """
 
 from __future__ import annotations

@@ -8,11 +8,10 @@ The configuration lists every input and output (no auto-complete); tensors meet
 ``forward``'s arguments by Triton's naming (:mod:`~pdserve.backends.pytorch.naming`);
 string tensors are refused at load. ``parameters``: :mod:`~pdserve.backends.pytorch.options`.
 
-``instance_group``: ``KIND_CPU`` on ``cpu``; ``KIND_GPU`` one instance per listed GPU on
-``cuda:<id>`` with its own stream and pinned host buffers (a GPU this process cannot
-see fails the load; no fallback to CPU); ``KIND_AUTO`` GPU when one is usable;
-``KIND_MODEL`` where the file put the module. Each instance runs batches on its own
-thread (pinned to its host policy's cores), under ``torch.inference_mode()``.
+``instance_group``: ``KIND_CPU``; ``KIND_GPU`` one instance per listed GPU on ``cuda:<id>``
+with its own stream and pinned host buffers (a GPU not visible fails the load);
+``KIND_AUTO``; ``KIND_MODEL`` where the file put the module. Each instance runs batches
+on its own thread (pinned to its host policy's cores) under ``torch.inference_mode()``.
 """
 
 from __future__ import annotations
