@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 async def run(args: argparse.Namespace) -> None:
     from bench_frontend import build_repo
 
-    from pdserve.app.main import build_server
+    from pdserve.app.build import build_server
     from pdserve.app.settings import Settings, add_arguments
     from pdserve.frontends.http.codec import decode_infer_request, encode_infer_response_parts
     from pdserve.observability import logs, metrics

@@ -1,26 +1,11 @@
 """Response cache: answers repeated identical requests without running the model.
 
-Triton's response cache (docs/user_guide/response_cache.md), ``local`` flavour:
-
-- A model opts in with ``response_cache { enable: true }`` in its config.pbtxt;
-  the server gives the cache a size with ``--response-cache-byte-size N`` (or
-  Triton's ``--cache-config local,size=N``). Without a size there is no cache.
-- The key is a 128-bit BLAKE2b digest of the model name, the version, and for
-  every input (sorted by name) its name, dtype, shape and exact bytes (BYTES
-  elements with their lengths), plus the names of the requested outputs. The
-  classification extension and the binary/JSON choice are applied after the
-  cache, so they are not part of the key.
-- Entries are the model's outputs (copied, read-only); their size is the sum of
-  the arrays' bytes (BYTES: the element lengths). The least recently used entries
-  are evicted until a new entry fits; an entry larger than the whole cache is not
-  stored.
-- ``redis`` flavour (Triton's redis cache, ``--cache-config redis,host=H``
-  ``--cache-config redis,port=P`` ...): :class:`RedisResponseCache`, the same keys and
-  a pickle-free value format (:func:`encode_outputs`) in a Redis shared by replicas;
-  Redis down means requests run uncached.
-- Hits skip the scheduler. Statistics (``cache_hit`` / ``cache_miss`` counts and
-  lookup durations) go to the model's :class:`~pdserve.observability.stats.ModelStats`;
-  a hit also counts as a success with no queue or compute time, as in Triton.
+Triton's response cache (docs/user_guide/response_cache.md): :class:`ResponseCache`
+(the ``local`` flavour, an LRU in this process) and :class:`RedisResponseCache` (the
+``redis`` flavour, shared by replicas), with the same keys (:meth:`ResponseCache.key`)
+and value format (:func:`encode_outputs`). A model opts in with
+``response_cache { enable: true }``; the server consults the cache before the
+scheduler (:meth:`pdserve.server.InferenceServer.infer_on`).
 """
 
 from __future__ import annotations
@@ -60,6 +45,28 @@ def _frozen_copy(arr: np.ndarray) -> np.ndarray:
 
 class ResponseCache:
     """An LRU cache of model outputs bounded in bytes (``--cache-config local,size=N``).
+
+    Triton's response cache (docs/user_guide/response_cache.md), ``local`` flavour:
+
+    - A model opts in with ``response_cache { enable: true }`` in its config.pbtxt;
+      the server gives the cache a size with ``--response-cache-byte-size N`` (or
+      Triton's ``--cache-config local,size=N``). Without a size there is no cache.
+    - The key is a 128-bit BLAKE2b digest of the model name, the version, and for
+      every input (sorted by name) its name, dtype, shape and exact bytes (BYTES
+      elements with their lengths), plus the names of the requested outputs. The
+      classification extension and the binary/JSON choice are applied after the
+      cache, so they are not part of the key.
+    - Entries are the model's outputs (copied, read-only); their size is the sum of
+      the arrays' bytes (BYTES: the element lengths). The least recently used entries
+      are evicted until a new entry fits; an entry larger than the whole cache is not
+      stored.
+    - ``redis`` flavour (Triton's redis cache, ``--cache-config redis,host=H``
+      ``--cache-config redis,port=P`` ...): :class:`RedisResponseCache`, the same keys and
+      a pickle-free value format (:func:`encode_outputs`) in a Redis shared by replicas;
+      Redis down means requests run uncached.
+    - Hits skip the scheduler. Statistics (``cache_hit`` / ``cache_miss`` counts and
+      lookup durations) go to the model's :class:`~pdserve.core.stats.ModelStats`;
+      a hit also counts as a success with no queue or compute time, as in Triton.
 
     Args:
         capacity_bytes: the most bytes of outputs held (> 0).

@@ -21,9 +21,9 @@ from pdserve.config import ENSEMBLE_PLATFORM, ConfigError, parse_config_override
 from pdserve.core import tracing
 from pdserve.core.cancel import CANCELED, arm_cancellation, run_cancellable, token_of
 from pdserve.core.errors import ErrorCode, InferError, client_gone, internal, unavailable
+from pdserve.core.stats import NOT_QUEUED
 from pdserve.core.streaming import ResponseStream, StreamItem, StreamRequired, StreamResponse
 from pdserve.core.types import InferRequest, InferResponse
-from pdserve.observability.stats import NOT_QUEUED
 from pdserve.repository.breaker import BreakerBoard, CircuitBreaker, is_failure
 from pdserve.repository.control import EXPLICIT_MODES, MODES
 from pdserve.repository.manager import ModelManager, check_model_name
@@ -32,11 +32,14 @@ from pdserve.repository.rollout import TrafficControl
 from pdserve.repository.warmup import warmup as run_warmup
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from pdserve.backends.base import ExecRequest
     from pdserve.cache import AnyResponseCache
-    from pdserve.core.api import InferenceCore, MetricsSource, ModelHost, RepositoryHost
+    from pdserve.core.api import InferenceCore, ModelHost
+    from pdserve.core.stats import ModelStats
     from pdserve.core.tracing import RequestTracer, TraceRef
-    from pdserve.observability.stats import ModelStats
+    from pdserve.repository.control import RepositoryHost
 
 log = logging.getLogger("pdserve.server")
 
@@ -58,9 +61,10 @@ EXTENSIONS = [
 class InferenceServer:
     """The server core: health, metadata, inference, statistics, repository.
 
-    Implements every protocol of :mod:`pdserve.core.api`: :class:`InferenceCore`
-    (frontends, app), :class:`MetricsSource`, :class:`RepositoryHost` (the poller),
-    :class:`ModelRunner` / :class:`ModelHost` (ensembles, BLS, the model manager).
+    Implements every protocol of :mod:`pdserve.core.api` (:class:`InferenceCore` for
+    the frontends and the app, :class:`ModelRunner` / :class:`ModelHost` for ensembles,
+    BLS and the model manager), the poller's ``RepositoryHost`` and the metrics'
+    ``MetricsSource``.
 
     Args:
         model_repository: the model repository root.
@@ -245,7 +249,7 @@ class InferenceServer:
     # the next step and return its coroutine (a tail call) rather than coroutines that
     # await it: every coroutine level of the chain is walked twice per request (when it
     # suspends on the batcher's future and when it resumes), so the common path keeps
-    # infer -> _run_on -> run_cancellable -> submit (issue 11 point 2).
+    # infer -> _run_on -> run_cancellable -> submit.
 
     def _infer_entry(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
         """:meth:`infer` once the request's cancellation token is armed."""
@@ -379,42 +383,41 @@ class InferenceServer:
     async def _run_on(
         self, mv: ModelVersion, request: InferRequest, stats: ModelStats
     ) -> InferResponse:
-        """:meth:`_infer_on` past the circuit breaker: prepare, schedule, finish."""
-        if mv.decoupled:
-            return await self._infer_decoupled(mv, request, stats)
-        # Triton counts a failure once a request has passed its checks and was queued
-        # (see record_failure); a request refused before that counts nowhere.
-        exec_req = mv.prepare(request)
-        if request.trace is not None:
-            request.trace.batch_size = exec_req.batch_size
+        """:meth:`_infer_on` past the circuit breaker: prepare, schedule, finish, count.
+
+        A decoupled model's responses go into ``request.stream`` (:meth:`_open_stream`);
+        its response here is empty, returned once the final one is in.
+        """
+        decoupled = mv.decoupled
+        if decoupled:
+            exec_req, finished = self._open_stream(mv, request)
+        else:
+            exec_req = mv.prepare(request)
+            if request.trace is not None:
+                request.trace.batch_size = exec_req.batch_size
         mv.begin()
         try:
             try:
-                cache = self.response_cache
-                if cache is not None and cache.enabled_for(mv):
-                    outputs = await self._infer_cached(cache, mv, exec_req)
-                elif mv.scheduler.follows_token:  # type: ignore[union-attr]
-                    outputs = await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
+                if decoupled:
+                    await mv.scheduler.submit(exec_req)
+                    await asyncio.shield(finished)
+                    outputs = {}
                 else:
-                    outputs = await run_cancellable(
-                        token_of(request),
-                        mv.scheduler.submit(exec_req),  # type: ignore[union-attr]
-                    )
-                outputs = mv.finish_outputs(request, outputs)
-            except InferError as e:
-                if e.reason != NOT_QUEUED:
-                    reason = e.reason
-                    if mv.platform == ENSEMBLE_PLATFORM and reason != CANCELED:
-                        reason = "OTHER"
-                    stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason)
-                raise
-            except asyncio.CancelledError:
-                stats.record_failure(time.monotonic_ns() - request.arrival_ns, "CANCELED")
-                raise
-            except Exception as e:
-                log.exception("request to %s failed", mv.name)
-                stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
-                raise internal(f"{type(e).__name__}: {e}") from e
+                    cache = self.response_cache
+                    if cache is not None and cache.enabled_for(mv):
+                        outputs = await self._infer_cached(cache, mv, exec_req)
+                    elif mv.scheduler.follows_token:
+                        outputs = await mv.scheduler.submit(exec_req)
+                    else:
+                        outputs = await run_cancellable(
+                            token_of(request), mv.scheduler.submit(exec_req)
+                        )
+                    outputs = mv.finish_outputs(request, outputs)
+            except BaseException as e:
+                replacement = _record_failure(mv, request, stats, e)
+                if replacement is None:
+                    raise
+                raise replacement from e
             stats.record_success(
                 exec_req.batch_size,
                 time.monotonic_ns() - request.arrival_ns,
@@ -455,16 +458,20 @@ class InferenceServer:
             )
         return response
 
-    async def _infer_decoupled(
-        self, mv: ModelVersion, request: InferRequest, stats: ModelStats
-    ) -> InferResponse:
-        """A request to a decoupled model: its responses go into ``request.stream``;
-        returns (an empty response) once the final one is in.
+    def _open_stream(
+        self, mv: ModelVersion, request: InferRequest
+    ) -> tuple[ExecRequest, asyncio.Future[None]]:
+        """Check a request to a decoupled model and point its ``request.stream`` at the
+        model (each response checked and finished as a whole result would be).
+
+        Returns:
+            the request to submit, and the future the stream resolves once its final
+            response is in (an exception: the final one was an error).
 
         Raises:
             InferError(UNSUPPORTED): the request has no stream (``/infer``, ``ModelInfer``,
                 a non-decoupled BLS call), as Triton refuses it.
-            InferError: as :meth:`infer_on`, or the stream's final error.
+            InferError(INVALID_ARG): as :meth:`ModelVersion.prepare`.
         """
         from pdserve.backends.base import ExecRequest
 
@@ -483,37 +490,13 @@ class InferenceServer:
         check = mv.output_check.check
         finish = mv.finish_outputs
 
-        def convert(outputs: dict[str, Any]) -> Any:
+        def convert(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | InferError:
             result = check(checked, outputs)
             return result if isinstance(result, InferError) else finish(request, result)
 
         stream.convert = convert
         stream.model = (mv.name, mv.version_str)
-        mv.begin()
-        try:
-            try:
-                await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
-                await asyncio.shield(stream.finished)
-            except InferError as e:
-                if e.reason != NOT_QUEUED:
-                    stats.record_failure(time.monotonic_ns() - request.arrival_ns, e.reason)
-                raise
-            except asyncio.CancelledError:
-                stats.record_failure(time.monotonic_ns() - request.arrival_ns, "CANCELED")
-                raise
-            except Exception as e:
-                log.exception("request to %s failed", mv.name)
-                stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
-                raise internal(f"{type(e).__name__}: {e}") from e
-            stats.record_success(
-                exec_req.batch_size,
-                time.monotonic_ns() - request.arrival_ns,
-                exec_req.queue_ns,
-                exec_req.compute_ns,
-            )
-        finally:
-            mv.end()
-        return InferResponse(mv.name, mv.version_str, {}, request.id)
+        return exec_req, stream.finished
 
     async def infer_stream(self, request: InferRequest) -> AsyncGenerator[StreamResponse, None]:
         """Run one request and yield its responses as they come (Triton's decoupled
@@ -571,7 +554,7 @@ class InferenceServer:
 
     async def _infer_cached(
         self, cache: AnyResponseCache, mv: ModelVersion, exec_req: ExecRequest
-    ) -> Any:
+    ) -> dict[str, np.ndarray]:
         """Response cache lookup; on a miss run the request and store its outputs.
 
         A hit skips the scheduler (no queue or compute time, as in Triton). The
@@ -588,7 +571,7 @@ class InferenceServer:
                 "cache_lookup", ref.span_id, start, end, {"pdserve.cache_hit": outputs is not None}
             )
         if outputs is None:
-            outputs = await mv.scheduler.submit(exec_req)  # type: ignore[union-attr]
+            outputs = await mv.scheduler.submit(exec_req)
             await cache.put(key, outputs)
         return outputs
 
@@ -747,6 +730,37 @@ class InferenceServer:
         await run_warmup(mv)
 
 
+def _record_failure(
+    mv: ModelVersion, request: InferRequest, stats: ModelStats, error: BaseException
+) -> InferError | None:
+    """Count a failed request in ``stats`` (both paths of :meth:`InferenceServer._run_on`).
+
+    As Triton, a request counts once it passed its checks and was queued: an error with
+    reason :data:`NOT_QUEUED` counts nowhere. The reason is the error's, ``OTHER`` for
+    every failure of an ensemble except a cancellation, ``CANCELED`` for a cancelled
+    task, ``OTHER`` for an unexpected exception (logged).
+
+    Returns:
+        the error to raise instead of ``error`` (``INTERNAL`` for an unexpected
+        exception), or None to raise ``error`` itself.
+    """
+    if isinstance(error, InferError):
+        if error.reason != NOT_QUEUED:
+            reason = error.reason
+            if mv.platform == ENSEMBLE_PLATFORM and reason != CANCELED:
+                reason = "OTHER"
+            stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason)
+        return None
+    if isinstance(error, asyncio.CancelledError):
+        stats.record_failure(time.monotonic_ns() - request.arrival_ns, CANCELED)
+        return None
+    if isinstance(error, Exception):
+        log.exception("request to %s failed", mv.name)
+        stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
+        return internal(f"{type(error).__name__}: {error}")
+    return None
+
+
 #: The running ``infer`` tasks of :meth:`InferenceServer.infer_stream` (kept alive until done:
 #: a request's task may outlive the iterator that started it).
 _STREAM_TASKS: set[asyncio.Task[InferResponse]] = set()
@@ -766,5 +780,5 @@ if TYPE_CHECKING:  # mypy checks that InferenceServer implements every core prot
 
     def _implements(
         server: InferenceServer,
-    ) -> tuple[InferenceCore, MetricsSource, RepositoryHost, ModelHost]:
-        return (server, server, server, server)
+    ) -> tuple[InferenceCore, RepositoryHost, ModelHost[ModelVersion]]:
+        return (server, server, server)

@@ -1,69 +1,16 @@
 """``pdserve check REPO``: lint a model repository for CI, serving nothing.
 
-Every model of the repository goes through the checks below; a check that fails
-never stops the others, so one run reports every problem. Nothing is loaded into a
-server: ONNX models are opened with ONNX Runtime on the CPU (as auto-complete does
-at load), python models are imported in a worker process that only imports them.
-
-Checks, in order, per model (``version`` is a version folder):
-
-``config``
-    ``config.pbtxt`` parses, its name equals the folder's, platform/backend are
-    known and runnable here, there is a version folder and the version policy
-    selects one: :func:`pdserve.repository.prepare.read_config`, the code and
-    messages of ``serve``.
-``model-file`` (per version)
-    the model file exists (``default_model_filename`` or the backend's default).
-``onnx-checker`` (per version, ONNX models)
-    ``onnx.checker.check_model(full_check=True)``: the graph is valid ONNX. Needs
-    the ``onnx`` package (``pip install 'pdserve[check]'``); without it the check is
-    skipped with a warning saying so.
-``onnx-config`` / ``python-import`` / ``ensemble`` (per version)
-    what ``serve`` does before a backend loads the version
-    (:func:`pdserve.repository.prepare.complete_config`): the backend's
-    auto-complete (ONNX: the graph's inputs and outputs agree with the configuration;
-    python: ``model.py`` imports and its ``auto_complete_config`` runs, in a worker
-    process, within ``--timeout``; ensemble: every step model exists, every tensor is
-    produced once, every input is read, no cycles, datatypes and shapes agree,
-    :func:`pdserve.scheduling.ensemble.validate_ensemble`), Triton's defaults, the
-    generic validation, and the host-policy names (``--host-policy``). Ensembles
-    that step into each other (A -> B -> A, or A into itself) are reported on every
-    ensemble of the cycle, with Triton's message (``circular dependency between
-    ensembles: A -> B -> A``, its ``CircularDependencyCheck``), on each step that
-    leads back; every step naming a missing model is reported, and the rest of the
-    configuration is still validated as written. An ensemble whose step model has
-    problems of its own (a cycle included) is skipped, naming every such step.
-``warmup`` (per version, models with ``model_warmup``)
-    the warm-up samples as ``serve`` checks them before it runs them
-    (:func:`pdserve.repository.warmup.check_samples`, serve's messages): every input
-    named exists, dims are concrete, ``data_type`` is supported, an
-    ``input_data_file`` stays inside ``<model>/warmup/``, exists, is a regular file
-    and holds the bytes the shape needs; each sample fits the model's inputs
-    (datatype, dims, ``batch_size`` <= ``max_batch_size``, required inputs). Every
-    problem is reported (serve stops at the first); the field names the sample and
-    input (``model_warmup[0].inputs[INPUT0].input_data_file``).
-``identity`` (per version holding ``MODEL_IDENTITY.json``)
-    the JSON parses; its ``model`` / ``version`` match the folder; its
-    ``model_file`` is the file the configuration loads; the file's sha256 (and
-    ``size_bytes``) are the recorded ones.
-``golden`` (per version whose identity has a ``golden`` entry)
-    the stored inputs, run through the model file with ONNX Runtime (PyTorch
-    models: torch on the CPU, through the backend's loader and naming conventions) in
-    this process, give the stored outputs within the stored tolerance
-    (``|got - want| <= atol + rtol * |want|``; other datatypes exactly). Golden
-    outputs of python models are skipped (they would need the model's workers).
-``rule:<name>``
-    each rule of ``--rules`` (:mod:`pdserve.app.check_rules`) on the completed
-    configuration of the version ``serve`` would serve by default.
-
-By default every version folder is checked, also those the policy does not
-serve today (``pdserve rollback`` may pin them); ``--served-only`` checks only
-those the policy selects. A GPU instance group passes on a machine without GPUs
-(the check loads nothing onto a device).
+Every model goes through the checks ``serve`` would make before loading it, with
+serve's code and messages: ``config``, ``model-file``, ``onnx-checker``, the backend's
+auto-complete (``onnx-config`` / ``python-import`` / ``pytorch-config`` / ``ensemble``),
+``warmup``, ``identity``, ``golden`` and each ``rule:<name>`` of ``--rules`` (the
+README's "Checking a repository" says what each proves). A failing check never stops
+the others, so one run reports every problem. Nothing is loaded into a server: ONNX
+models are opened with ONNX Runtime on the CPU, python models are imported in a
+worker process.
 
 Exit code: 0 no errors (warnings allowed), 1 errors, 2 usage (bad arguments, no
-such repository, a bad rules file). Output: human-readable (default), ``--format
-json`` or ``--format junit`` (:mod:`pdserve.app.check_output`).
+such repository, a bad rules file).
 """
 
 from __future__ import annotations
@@ -71,21 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
-import hashlib
-import importlib.util
 import inspect
-import json
-import math
 import os
 import sys
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from pdserve import config as cfgmod
 from pdserve.backends.base import Backend, ModelSpec
@@ -96,202 +35,21 @@ from pdserve.repository.traffic import TRAFFIC_FILENAME, TrafficError, read_traf
 from pdserve.repository.warmup import check_samples
 from pdserve.scheduling.ensemble import EnsembleBackend
 
+from .check_ensembles import Cycles, ensemble_cycles, ensemble_order
+from .check_files import (
+    IDENTITY_FILENAME,
+    check_identity,
+    check_onnx_file,
+    guess_model_file,
+    read_identity,
+)
+from .check_golden import check_golden, check_torch_golden
+from .check_output import render
+from .check_report import WARNING, CheckResult, ModelReport, Report
 from .check_rules import Rule, RulesError, load_rules
 
-#: The file in a version folder that records the model file's identity and goldens.
-IDENTITY_FILENAME = "MODEL_IDENTITY.json"
 #: Seconds a python model may take to import and run ``auto_complete_config``.
 DEFAULT_TIMEOUT_S = 60.0
-#: The pdserve extra that installs the ``onnx`` package for ``onnx-checker``.
-ONNX_EXTRA = "check"
-
-ERROR = "error"
-WARNING = "warning"
-
-
-@dataclass
-class Problem:
-    """One thing wrong (or, as a warning, worth a look) in the repository.
-
-    Attributes:
-        check: the check that found it (``config``, ``golden``, ``rule:<name>``...).
-        message: what is wrong, in words.
-        model / version: where (``""`` / None: the repository / the whole model).
-        path: the file concerned (config.pbtxt, model.onnx, MODEL_IDENTITY.json).
-        field: the field in it (``input[0].dims``, ``line:column``, ``sha256``).
-        severity: ``"error"`` (fails the check) or ``"warning"``.
-    """
-
-    check: str
-    message: str
-    model: str = ""
-    version: int | None = None
-    path: str = ""
-    field: str = ""
-    severity: str = ERROR
-
-    def to_json(self) -> dict[str, Any]:
-        """The problem as a JSON object (the ``--format json`` schema)."""
-        return {
-            "model": self.model,
-            "version": self.version,
-            "check": self.check,
-            "severity": self.severity,
-            "path": self.path,
-            "field": self.field,
-            "message": self.message,
-        }
-
-
-@dataclass
-class CheckResult:
-    """One check run on one model (or version): a JUnit test case.
-
-    Attributes:
-        status (property): ``"failed"`` (an error), ``"skipped"`` (``skipped`` says
-            why) or ``"passed"`` (possibly with warnings).
-    """
-
-    model: str
-    check: str
-    version: int | None = None
-    problems: list[Problem] = field(default_factory=list)
-    skipped: str = ""
-    seconds: float = 0.0
-
-    def add(
-        self, message: str, path: str | Path = "", field: str = "", severity: str = ERROR
-    ) -> None:
-        """Record a problem found by this check."""
-        self.problems.append(
-            Problem(self.check, message, self.model, self.version, str(path), field, severity)
-        )
-
-    def skip(self, reason: str) -> None:
-        """Mark the check as not run, saying why."""
-        self.skipped = reason
-
-    @property
-    def status(self) -> str:
-        if any(p.severity == ERROR for p in self.problems):
-            return "failed"
-        return "skipped" if self.skipped else "passed"
-
-    def to_json(self) -> dict[str, Any]:
-        """The result as a JSON object (the ``--format json`` schema)."""
-        return {
-            "check": self.check,
-            "version": self.version,
-            "status": self.status,
-            "skipped": self.skipped,
-            "seconds": round(self.seconds, 4),
-            "problems": [p.to_json() for p in self.problems],
-        }
-
-
-@dataclass
-class ModelReport:
-    """Everything checked for one model folder.
-
-    Attributes:
-        versions: the version folders on disk; ``served_versions`` those the policy
-            selects (what ``serve`` would load).
-        config: the configuration after :func:`read_config` (None: it failed).
-        completed: version -> configuration after auto-complete, defaults and
-            validation (versions that passed them).
-    """
-
-    name: str
-    platform: str = ""
-    backend: str = ""
-    versions: list[int] = field(default_factory=list)
-    served_versions: list[int] = field(default_factory=list)
-    results: list[CheckResult] = field(default_factory=list)
-    config: cfgmod.ModelConfig | None = None
-    completed: dict[int, cfgmod.ModelConfig] = field(default_factory=dict)
-
-    @property
-    def problems(self) -> list[Problem]:
-        return [p for r in self.results for p in r.problems]
-
-    @property
-    def errors(self) -> int:
-        return sum(p.severity == ERROR for p in self.problems)
-
-    @property
-    def ok(self) -> bool:
-        return self.errors == 0
-
-    def default_config(self) -> tuple[int, cfgmod.ModelConfig] | None:
-        """The version ``serve`` would serve by default and its completed configuration."""
-        for v in sorted(self.served_versions, reverse=True):
-            if v in self.completed:
-                return v, self.completed[v]
-        return None
-
-    def to_json(self) -> dict[str, Any]:
-        """The model's report as a JSON object (the ``--format json`` schema)."""
-        return {
-            "name": self.name,
-            "platform": self.platform,
-            "backend": self.backend,
-            "versions": self.versions,
-            "served_versions": self.served_versions,
-            "ok": self.ok,
-            "checks": [r.to_json() for r in self.results],
-        }
-
-
-@dataclass
-class Report:
-    """The result of checking a repository."""
-
-    repository: str
-    models: list[ModelReport] = field(default_factory=list)
-    results: list[CheckResult] = field(default_factory=list)  # repository-wide
-    seconds: float = 0.0
-
-    @property
-    def all_results(self) -> list[CheckResult]:
-        return self.results + [r for m in self.models for r in m.results]
-
-    @property
-    def problems(self) -> list[Problem]:
-        return [p for r in self.all_results for p in r.problems]
-
-    @property
-    def errors(self) -> int:
-        return sum(p.severity == ERROR for p in self.problems)
-
-    @property
-    def warnings(self) -> int:
-        return sum(p.severity == WARNING for p in self.problems)
-
-    @property
-    def ok(self) -> bool:
-        return self.errors == 0
-
-    @property
-    def exit_code(self) -> int:
-        """0 when nothing is an error, else 1."""
-        return 0 if self.ok else 1
-
-    def to_json(self) -> dict[str, Any]:
-        """The whole report (``--format json``)."""
-        return {
-            "repository": self.repository,
-            "ok": self.ok,
-            "seconds": round(self.seconds, 3),
-            "summary": {
-                "models": len(self.models),
-                "versions": sum(len(m.versions) for m in self.models),
-                "checks": len(self.all_results),
-                "errors": self.errors,
-                "warnings": self.warnings,
-            },
-            "models": [m.to_json() for m in self.models],
-            "problems": [p.to_json() for p in self.problems],
-        }
 
 
 @dataclass
@@ -322,7 +80,7 @@ async def _run(
     model: str,
     check: str,
     version: int | None,
-    body: Callable[[CheckResult], Any],
+    body: Callable[[CheckResult], Awaitable[None] | None],
 ) -> CheckResult:
     """Run one check; whatever it raises becomes a problem of that check."""
     result = CheckResult(model, check, version)
@@ -340,31 +98,19 @@ async def _run(
     return result
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _guess_model_file(version_dir: Path, identity: dict[str, Any] | None) -> Path | None:
-    """The model file when the configuration is unusable: the identity's, or a default name."""
-    if identity and isinstance(identity.get("model_file"), str):
-        return version_dir / identity["model_file"]
-    for name in cfgmod.DEFAULT_MODEL_FILENAMES.values():
-        if (version_dir / name).exists():
-            return version_dir / name
-    return None
-
-
-def _read_identity(path: Path) -> dict[str, Any] | None:
-    """MODEL_IDENTITY.json as a dict, None when it is unusable (the identity check says why)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+def _validate_as_written(
+    mdir: layout.ModelDir, mr: ModelReport, errors: list[cfgmod.ConfigError]
+) -> None:
+    """Validate the model's configuration as written (no auto-complete: the checks it
+    could satisfy are skipped) into ``errors``."""
+    assert mr.config is not None
+    cfgmod.validate_config(
+        copy.deepcopy(mr.config),
+        mdir.config_path,
+        model_dir=mdir.path,
+        complete=False,
+        errors=errors,
+    )
 
 
 class Checker:
@@ -376,8 +122,8 @@ class Checker:
         self.report = Report(str(repository))
         self.models: dict[str, ModelReport] = {}
         self._python: Backend | None = None
-        #: ensemble -> its steps that lead back to it (:meth:`_ensemble_cycles`)
-        self._cycles: dict[str, list[tuple[int, list[str]]]] = {}
+        #: ensemble -> its steps that lead back to it
+        self._cycles: Cycles = {}
 
     async def run(self) -> Report:
         """Check every model; the report.
@@ -407,8 +153,9 @@ class Checker:
                 ensembles.append(mdir)
             else:
                 await self._check_versions(mdir, mr)
-        self._cycles = self._ensemble_cycles(self._ensemble_steps(ensembles))
-        for mdir in self._ensemble_order(ensembles):
+        steps = self._ensemble_steps(ensembles)
+        self._cycles = ensemble_cycles(steps)
+        for mdir in ensemble_order(ensembles, steps, self._cycles):
             await self._check_ensemble(mdir, self.models[mdir.name])
         for mr in self.report.models:
             await self._check_rules(mr)
@@ -485,10 +232,10 @@ class Checker:
         cfg = mr.config
         vdir = mdir.version_path(v)
         identity_path = vdir / IDENTITY_FILENAME
-        identity = _read_identity(identity_path) if identity_path.is_file() else None
+        identity = read_identity(identity_path) if identity_path.is_file() else None
         model_path: Path | None = None
         if cfg is None:
-            model_path = _guess_model_file(vdir, identity)
+            model_path = guess_model_file(vdir, identity)
         else:
             try:
                 model_path = cfgmod.model_file_path(cfg, vdir)
@@ -517,7 +264,7 @@ class Checker:
         if is_onnx and present and model_path is not None:
             onnx_file = model_path
             await _run(
-                mr.results, mr.name, "onnx-checker", v, lambda r: _onnx_checker(r, onnx_file)
+                mr.results, mr.name, "onnx-checker", v, lambda r: check_onnx_file(r, onnx_file)
             )
         if cfg is not None:
 
@@ -541,7 +288,7 @@ class Checker:
                 mr.name,
                 "identity",
                 v,
-                lambda r: _identity(r, identity_path, mdir, v, model_path),
+                lambda r: check_identity(r, identity_path, mdir, v, model_path),
             )
             golden = identity.get("golden") if identity is not None else None
             if golden is not None and self.options.goldens:
@@ -554,7 +301,7 @@ class Checker:
                         mr.name,
                         "golden",
                         v,
-                        lambda r: _torch_golden(r, golden, vdir, runnable, torch_cfg, mr.name),
+                        lambda r: check_torch_golden(r, golden, vdir, runnable, torch_cfg, mr.name),
                     )
                 else:
                     await _run(
@@ -562,7 +309,7 @@ class Checker:
                         mr.name,
                         "golden",
                         v,
-                        lambda r: _golden(r, golden, vdir, runnable, is_onnx),
+                        lambda r: check_golden(r, golden, vdir, runnable, is_onnx),
                     )
 
     async def _complete(
@@ -593,13 +340,7 @@ class Checker:
             # auto-complete failed, so validation did not run: report what it finds in
             # the configuration as written too (checks auto-complete could satisfy skipped;
             # a field auto-complete already complained about is not repeated)
-            cfgmod.validate_config(
-                copy.deepcopy(mr.config),
-                mdir.config_path,
-                model_dir=mdir.path,
-                complete=False,
-                errors=errors,
-            )
+            _validate_as_written(mdir, mr, errors)
             if isinstance(exc, cfgmod.ConfigError):
                 r.add(exc.message, exc.path, exc.field)
             else:  # the backend could not open the model file (ONNX Runtime's error)
@@ -637,7 +378,6 @@ class Checker:
             r.add(str(problem), mdir.config_path, problem.field)
 
     # -- ensembles ------------------------------------------------------------------
-
     def _ensemble_steps(self, ensembles: list[layout.ModelDir]) -> dict[str, list[str]]:
         """Ensemble name -> the model name of each of its steps, in order."""
         steps: dict[str, list[str]] = {}
@@ -645,58 +385,6 @@ class Checker:
             cfg = self.models[m.name].config
             steps[m.name] = [s.model_name for s in cfg.ensemble_scheduling.step] if cfg else []
         return steps
-
-    @staticmethod
-    def _ensemble_cycles(steps: dict[str, list[str]]) -> dict[str, list[tuple[int, list[str]]]]:
-        """Circular dependencies between ensembles (A steps into B, which steps into A).
-
-        Returns:
-            ensemble -> ``(step index, cycle)`` for each of its steps that leads back to
-            it, ``cycle`` the shortest path of ensemble names from it back to it
-            (``[A, B, A]``). Every ensemble of a cycle is in the map, each with its own
-            steps: Triton's ``CircularDependencyCheck`` marks every node of the cycle.
-        """
-        found: dict[str, list[tuple[int, list[str]]]] = {}
-        for start, models in steps.items():
-            for index, first in enumerate(models):
-                if first not in steps:
-                    continue
-                # breadth first from the step's ensemble until ``start`` is reached
-                parent: dict[str, str | None] = {first: None}
-                queue = deque([first])
-                while queue and start not in parent:
-                    node = queue.popleft()
-                    for nxt in steps[node]:
-                        if nxt in steps and nxt not in parent:
-                            parent[nxt] = node
-                            queue.append(nxt)
-                if start not in parent:
-                    continue
-                chain: list[str] = []
-                at: str | None = start
-                while at is not None:
-                    chain.append(at)
-                    at = parent[at]
-                found.setdefault(start, []).append((index, [start, *chain[::-1]]))
-        return found
-
-    def _ensemble_order(self, ensembles: list[layout.ModelDir]) -> list[layout.ModelDir]:
-        """Ensembles whose steps are ensembles come after those; a step into a cycle
-        (reported as such, never validated) does not order."""
-        names = {m.name for m in ensembles}
-        steps = {n: set(models) & names for n, models in self._ensemble_steps(ensembles).items()}
-        for name, cycles in self._cycles.items():
-            steps[name] -= {cycle[1] for _, cycle in cycles}
-        done: set[str] = set()
-        order: list[layout.ModelDir] = []
-        todo = list(ensembles)
-        while todo:
-            ready = [m for m in todo if not steps[m.name] - done] or todo[:1]
-            for m in ready:
-                todo.remove(m)
-                done.add(m.name)
-                order.append(m)
-        return order
 
     def _step_lookup(self, model_name: str, version: str) -> cfgmod.ModelConfig | None:
         other = self.models.get(model_name)
@@ -753,14 +441,7 @@ class Checker:
                     # the wiring cannot be validated without every step; the rest of the
                     # configuration can (as when auto-complete fails)
                     errors: list[cfgmod.ConfigError] = []
-                    assert mr.config is not None
-                    cfgmod.validate_config(
-                        copy.deepcopy(mr.config),
-                        mdir.config_path,
-                        model_dir=mdir.path,
-                        complete=False,
-                        errors=errors,
-                    )
+                    _validate_as_written(mdir, mr, errors)
                     for e in errors:
                         r.add(e.message, e.path, e.field)
                     return
@@ -794,322 +475,6 @@ class Checker:
                     )
 
             await _run(mr.results, mr.name, f"rule:{rule.name}", found[0] if found else None, body)
-
-
-# --------------------------------------------------------------------------- file checks
-
-
-def _onnx_checker(r: CheckResult, path: Path) -> None:
-    """``onnx.checker.check_model(full_check=True)`` on a model file."""
-    if importlib.util.find_spec("onnx") is None:
-        reason = (
-            f"the onnx package is not installed: pip install 'pdserve[{ONNX_EXTRA}]' "
-            "to run onnx.checker"
-        )
-        r.skip(reason)
-        r.add(reason, path, severity=WARNING)
-        return
-    import onnx
-
-    try:
-        onnx.checker.check_model(str(path), full_check=True)
-    except onnx.checker.ValidationError as e:
-        r.add(f"onnx.checker: {str(e).strip()}", path)
-    except Exception as e:  # not even a protobuf: DecodeError, shape inference errors
-        r.add(f"not a valid ONNX model: {type(e).__name__}: {str(e).strip()}", path)
-
-
-def _identity(
-    r: CheckResult, path: Path, mdir: layout.ModelDir, version: int, model_path: Path | None
-) -> None:
-    """MODEL_IDENTITY.json: parses, names this model and version and the file served,
-    and the file's sha256 and size are the recorded ones."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        r.add(f"not valid JSON: {e}", path)
-        return
-    if not isinstance(data, dict):
-        r.add("must hold a JSON object", path)
-        return
-    if "model" in data and data["model"] != mdir.name:
-        r.add(
-            f"records model {data['model']!r}, but it is in the folder of '{mdir.name}'",
-            path,
-            "model",
-        )
-    if "version" in data and data["version"] != version:
-        r.add(
-            f"records version {data['version']!r}, but it is in version folder {version}",
-            path,
-            "version",
-        )
-    recorded = data.get("model_file")
-    if recorded is not None and not isinstance(recorded, str):
-        r.add("must be a file name", path, "model_file")
-        return
-    vdir = mdir.version_path(version)
-    if recorded and not _inside(vdir, vdir / recorded):
-        r.add(f"'{recorded}' is not a file of the version folder {vdir}", path, "model_file")
-        return
-    target = vdir / recorded if recorded else model_path
-    if target is None:
-        r.skip("no model file to verify (no model_file and an unusable configuration)")
-        return
-    if recorded and model_path is not None and target.resolve() != model_path.resolve():
-        r.add(
-            f"describes '{recorded}', but the configuration loads '{model_path.name}'",
-            path,
-            "model_file",
-        )
-    if not target.is_file():
-        r.add(f"model file {target} does not exist", path, "model_file")
-        return
-    sha = data.get("sha256")
-    if sha is None:
-        r.add("records no sha256: the model file cannot be verified", path, "sha256", WARNING)
-    elif not isinstance(sha, str):
-        r.add("must be a hex string", path, "sha256")
-    else:
-        actual = _sha256(target)
-        if actual != sha.lower():
-            r.add(
-                f"{target.name} has sha256 {actual}, but {path.name} records {sha}: the model "
-                "file is not the one recorded",
-                path,
-                "sha256",
-            )
-    size = data.get("size_bytes")
-    if isinstance(size, int) and not isinstance(size, bool):
-        actual_size = target.stat().st_size
-        if actual_size != size:
-            r.add(
-                f"{target.name} has {actual_size} bytes, {path.name} records {size}",
-                path,
-                "size_bytes",
-            )
-
-
-def _golden_arrays(
-    r: CheckResult, golden: Any, vdir: Path
-) -> tuple[dict[str, str], dict[str, str], float, float, dict[str, np.ndarray], Path] | None:
-    """Read and check a golden entry and its npz; None (problem recorded) when unusable."""
-    where = vdir / IDENTITY_FILENAME
-    if not isinstance(golden, dict) or not isinstance(golden.get("file"), str):
-        r.add("must be an object {file, inputs, outputs, atol, rtol}", where, "golden")
-        return None
-    inputs, outputs = golden.get("inputs"), golden.get("outputs")
-    atol, rtol = golden.get("atol", 0.0), golden.get("rtol", 0.0)
-    if not (_str_map(inputs) and _str_map(outputs) and outputs and _tolerance(atol)) or not (
-        _tolerance(rtol) and isinstance(inputs, dict) and isinstance(outputs, dict)
-    ):
-        r.add("malformed golden entry (want file, inputs, outputs, atol, rtol)", where, "golden")
-        return None
-    npz_path = vdir / golden["file"]
-    if not _inside(vdir, npz_path):
-        r.add(f"'{golden['file']}' is not a file of the version folder {vdir}", where)
-        return None
-    try:
-        with np.load(npz_path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except Exception as e:
-        r.add(f"cannot read {npz_path.name}: {type(e).__name__}: {e}", npz_path)
-        return None
-    missing = [k for k in (*inputs.values(), *outputs.values()) if k not in arrays]
-    if missing:
-        r.add(f"{npz_path.name} has no array(s) {', '.join(missing)}", npz_path)
-        return None
-    return inputs, outputs, float(atol), float(rtol), arrays, npz_path
-
-
-def _torch_golden(
-    r: CheckResult,
-    golden: Any,
-    vdir: Path,
-    model_path: Path | None,
-    cfg: cfgmod.ModelConfig,
-    model: str,
-) -> None:
-    """The golden check of a PyTorch model: the stored inputs through the model on the
-    CPU (the backend's own loading and naming conventions), compared like ONNX's."""
-    read = _golden_arrays(r, golden, vdir)
-    if read is None:
-        return
-    inputs, outputs, atol, rtol, arrays, npz_path = read
-    if model_path is None:
-        r.skip("no model file")
-        return
-    from pdserve.backends.registry import unavailable_reason
-
-    reason = unavailable_reason(cfgmod.PYTORCH_BACKEND)
-    if reason:
-        r.skip(reason)
-        return
-    from pdserve.backends.pytorch.backend import run_on_cpu
-
-    try:
-        got = run_on_cpu(
-            model, cfg, vdir, {name: arrays[key] for name, key in inputs.items()}, list(outputs)
-        )
-    except Exception as e:
-        r.add(f"running the golden inputs failed: {type(e).__name__}: {e}", npz_path)
-        return
-    for name, key in outputs.items():
-        problem = _compare(np.asarray(got[name]), arrays[key], atol, rtol)
-        if problem:
-            r.add(f"output '{name}': {problem}", npz_path, name)
-
-
-def _golden(
-    r: CheckResult, golden: Any, vdir: Path, model_path: Path | None, is_onnx: bool
-) -> None:
-    """Run the stored golden inputs through the model file; compare with the stored outputs.
-
-    Args:
-        golden: MODEL_IDENTITY.json's ``golden`` entry.
-        model_path: the ONNX model file (None: missing).
-        is_onnx: whether the model is an ONNX model (others are skipped).
-    """
-    where = vdir / IDENTITY_FILENAME
-    if not isinstance(golden, dict):
-        r.add("must be an object {file, inputs, outputs, atol, rtol}", where, "golden")
-        return
-    file_name = golden.get("file")
-    inputs, outputs = golden.get("inputs"), golden.get("outputs")
-    atol, rtol = golden.get("atol", 0.0), golden.get("rtol", 0.0)
-    bad = [
-        f"golden.{k}"
-        for k, ok in (
-            ("file", isinstance(file_name, str) and file_name),
-            ("inputs", _str_map(inputs)),
-            ("outputs", _str_map(outputs) and outputs),
-            ("atol", _tolerance(atol)),
-            ("rtol", _tolerance(rtol)),
-        )
-        if not ok
-    ]
-    if (
-        bad
-        or not isinstance(file_name, str)
-        or not isinstance(inputs, dict)
-        or not isinstance(outputs, dict)
-    ):
-        r.add(
-            f"malformed golden entry: {', '.join(bad)} (want file: name, inputs/outputs: "
-            "{tensor: npz key}, atol/rtol: numbers >= 0)",
-            where,
-            bad[0] if bad else "golden",
-        )
-        return
-    if not _inside(vdir, vdir / file_name):
-        r.add(f"'{file_name}' is not a file of the version folder {vdir}", where, "golden.file")
-        return
-    if not is_onnx:
-        r.skip("golden outputs are run for ONNX models only (a python model's need its workers)")
-        return
-    if model_path is None:
-        r.skip("no model file")
-        return
-    npz_path = vdir / file_name
-    try:
-        with np.load(npz_path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except Exception as e:
-        r.add(f"cannot read {npz_path.name}: {type(e).__name__}: {e}", npz_path)
-        return
-    missing = [k for k in (*inputs.values(), *outputs.values()) if k not in arrays]
-    if missing:
-        r.add(f"{npz_path.name} has no array(s) {', '.join(missing)}", npz_path)
-        return
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    try:
-        session = ort.InferenceSession(
-            str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
-    except Exception as e:
-        r.skip(f"ONNX Runtime cannot open the model ({type(e).__name__})")
-        return
-    types = {i.name: i.type for i in session.get_inputs()}
-    unknown = [n for n in inputs if n not in types]
-    known_out = {o.name for o in session.get_outputs()}
-    unknown += [n for n in outputs if n not in known_out]
-    if unknown:
-        r.add(
-            f"golden names tensor(s) {', '.join(unknown)} the model does not have "
-            f"(inputs {sorted(types)}, outputs {sorted(known_out)})",
-            where,
-            "golden",
-        )
-        return
-    feeds = {}
-    for name, key in inputs.items():
-        array = arrays[key]
-        if types[name] == "tensor(string)":
-            array = array.astype(object)
-        feeds[name] = array
-    try:
-        got = session.run(list(outputs), feeds)
-    except Exception as e:
-        r.add(f"running the golden inputs failed: {type(e).__name__}: {e}", npz_path)
-        return
-    for (name, key), value in zip(outputs.items(), got, strict=True):
-        problem = _compare(np.asarray(value), arrays[key], float(atol), float(rtol))
-        if problem:
-            r.add(f"output '{name}': {problem}", npz_path, name)
-
-
-def _inside(folder: Path, path: Path) -> bool:
-    """Whether ``path`` names something in ``folder`` (lexically: a symlink there counts)."""
-    rel = os.path.normpath(os.path.relpath(path, folder))
-    return not os.path.isabs(rel) and rel != ".." and not rel.startswith(".." + os.sep)
-
-
-def _str_map(value: Any) -> bool:
-    return isinstance(value, dict) and all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    )
-
-
-def _tolerance(value: Any) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= 0
-    )
-
-
-def _compare(got: np.ndarray, want: np.ndarray, atol: float, rtol: float) -> str | None:
-    """Why ``got`` does not reproduce ``want``, or None when it does."""
-    if want.dtype.kind in "US":
-        if got.shape != want.shape:
-            return f"shape {list(got.shape)}, golden {list(want.shape)}"
-        same = np.array_equal(got.astype(str), want.astype(str))
-        return None if same else "strings differ from the golden ones"
-    if got.dtype != want.dtype:
-        return f"datatype {got.dtype}, golden {want.dtype}"
-    if got.shape != want.shape:
-        return f"shape {list(got.shape)}, golden {list(want.shape)}"
-    if want.dtype.kind in "fc":
-        g, w = got.astype(np.float64), want.astype(np.float64)
-        close = np.isclose(g, w, atol=atol, rtol=rtol, equal_nan=True)
-        if close.all():
-            return None
-        diff = np.abs(g - w)
-        diff[np.isnan(diff)] = np.inf
-        worst = np.unravel_index(int(np.argmax(diff)), diff.shape)
-        return (
-            f"{int((~close).sum())} of {close.size} values differ by more than atol {atol:g} + "
-            f"rtol {rtol:g} * |golden|; the largest: {g[worst]:.6g} vs golden {w[worst]:.6g} "
-            f"at {list(int(i) for i in worst)}"
-        )
-    if np.array_equal(got, want):
-        return None
-    wrong = int((got != want).sum())
-    return f"{wrong} of {want.size} values differ from the golden ones (exact match required)"
 
 
 # --------------------------------------------------------------------------- entry points
@@ -1232,8 +597,6 @@ def run(args: argparse.Namespace) -> int:
                 return 2
             args.repository = remote.local_path
             return run(args)
-    from .check_output import render
-
     if not args.timeout > 0:
         print("pdserve check: --timeout must be a positive number of seconds", file=sys.stderr)
         return 2

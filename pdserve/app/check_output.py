@@ -3,11 +3,8 @@
 * ``human`` (default): one line per model (``ok`` / ``warn`` / ``FAIL``, backend,
   versions), each problem under its model as ``severity: path: field: message
   [check vN]``, then a summary line.
-* ``json``: :meth:`pdserve.app.check.Report.to_json`: ``repository``, ``ok``,
-  ``seconds``, ``summary`` (models, versions, checks, errors, warnings), ``models``
-  (each with its ``checks``: check, version, status passed/failed/skipped, problems)
-  and the flat list of ``problems`` (model, version, check, severity, path, field,
-  message).
+* ``json``: :meth:`pdserve.app.check_report.Report.to_json` (a ``summary``, each
+  model's ``checks`` with status and problems, and the flat list of ``problems``).
 * ``junit``: JUnit XML as CI systems read it (GitLab ``artifacts:reports:junit``,
   GitHub test-report actions, Jenkins): one ``<testsuite>`` per model, one
   ``<testcase>`` per check run (``classname`` ``pdserve.check.<model>``, name
@@ -21,7 +18,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from .check import ERROR, CheckResult, ModelReport, Problem, Report
+from .check_report import ERROR, CheckResult, ModelReport, Problem, Report
 
 _RED, _YELLOW, _GREEN, _DIM, _RESET = "\033[31m", "\033[33m", "\033[32m", "\033[2m", "\033[0m"
 

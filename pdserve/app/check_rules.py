@@ -10,45 +10,7 @@ form ``GET /v2/models/{m}/config`` returns (field names as in config.pbtxt)::
     field = "max_batch_size"            # dotted path; "[*]" walks every list element
     max = 64                            # every value found must be <= 64
 
-    [[rule]]
-    name = "dynamic-batching"
-    field = "dynamic_batching"
-    required = true                     # the section must be present
-    exclude_backends = ["ensemble"]     # ensembles have no batcher of their own
-
-    [[rule]]
-    name = "instances"
-    field = "instance_group[*].count"   # after defaults: ONNX CPU groups have 2
-    min = 1
-    max = 4
-
-    [[rule]]
-    name = "allowed-backends"
-    field = "backend"
-    one_of = ["onnxruntime", "python"]
-    exclude_backends = ["ensemble"]     # an ensemble's backend is ""
-
-Keys of a rule:
-
-``field`` (required)
-    ``a.b.c``; ``name[*]`` takes every element of a list, ``name[2]`` one of them;
-    a list value at the end is tested element by element (``input[*].dims``).
-Tests (at least one; all given must hold for every value found):
-    ``min`` / ``max`` (numbers, inclusive), ``one_of`` / ``none_of`` (lists of
-    allowed / forbidden values), ``equals``, ``required = true`` (at least one value
-    is found: a section such as ``dynamic_batching`` is present) and ``forbidden =
-    true`` (none is found). Scalars are always present (protobuf prints defaults:
-    ``max_batch_size`` 0), so ``required`` / ``forbidden`` are for sections and lists.
-Filters (which models the rule applies to; default every model):
-    ``models`` / ``exclude_models`` (glob patterns of model names),
-    ``backends`` / ``exclude_backends`` (backend names; ``"ensemble"`` for ensembles).
-Reporting:
-    ``name`` (default: ``rule<index>``), ``severity`` (``"error"``, the default,
-    fails the check; ``"warning"`` is reported only), ``message`` (appended to each
-    report, e.g. why the team has the rule).
-
-An unknown key, a wrong type or a rule with no test is a usage error (exit code 2)
-naming the rule, so a typo never silently disables a rule.
+The keys of a rule are listed in :class:`Rule`; the README has more examples.
 """
 
 from __future__ import annotations
@@ -74,7 +36,30 @@ class RulesError(Exception):
 
 @dataclass(frozen=True)
 class Rule:
-    """One ``[[rule]]`` of a rules file (see the module docstring for the keys)."""
+    """One ``[[rule]]`` of a rules file.
+
+    Keys of a rule:
+
+    ``field`` (required)
+        ``a.b.c``; ``name[*]`` takes every element of a list, ``name[2]`` one of them;
+        a list value at the end is tested element by element (``input[*].dims``).
+    Tests (at least one; all given must hold for every value found):
+        ``min`` / ``max`` (numbers, inclusive), ``one_of`` / ``none_of`` (lists of
+        allowed / forbidden values), ``equals``, ``required = true`` (at least one value
+        is found: a section such as ``dynamic_batching`` is present) and ``forbidden =
+        true`` (none is found). Scalars are always present (protobuf prints defaults:
+        ``max_batch_size`` 0), so ``required`` / ``forbidden`` are for sections and lists.
+    Filters (which models the rule applies to; default every model):
+        ``models`` / ``exclude_models`` (glob patterns of model names),
+        ``backends`` / ``exclude_backends`` (backend names; ``"ensemble"`` for ensembles).
+    Reporting:
+        ``name`` (default: ``rule<index>``), ``severity`` (``"error"``, the default,
+        fails the check; ``"warning"`` is reported only), ``message`` (appended to each
+        report, e.g. why the team has the rule).
+
+    An unknown key, a wrong type or a rule with no test is a usage error (exit code 2)
+    naming the rule, so a typo never silently disables a rule.
+    """
 
     name: str
     field: str

@@ -1,26 +1,11 @@
 """Command line: ``pdserve SUBCOMMAND`` (and ``python -m pdserve SUBCOMMAND``).
 
-Subcommands, listed here and nowhere else (:func:`build_parser`):
-
-``serve``
-    serve a model repository: every flag is a field of
-    :class:`~pdserve.app.settings.Settings`; the parts start in the order
-    :mod:`pdserve.app.main` documents.
-``rollback``
-    pin a model to an earlier version on a running server
-    (:mod:`pdserve.app.rollback`).
-``check``
-    lint a model repository for CI, serving nothing (:mod:`pdserve.app.check`).
-``perf``
-    load-test a model on any KServe V2 server, perf_analyzer's role
-    (:mod:`pdserve.app.perf`).
-``analyze``
-    search a model's instance counts and batching for the best throughput under
-    a latency SLO and a memory budget, model_analyzer's role
-    (:mod:`pdserve.app.analyze`).
-``top``
-    live per-model QPS, errors, p50/p99 and queue of a running server, from its
-    metrics endpoint (:mod:`pdserve.app.top`).
+The subcommands, listed here and nowhere else (:func:`build_parser`): ``serve`` (a
+model repository; every flag is a field of :class:`~pdserve.app.settings.Settings`),
+``rollback`` (pin a model to an earlier version on a running server), ``check`` (lint
+a repository for CI), ``perf`` (load-test a model, perf_analyzer's role), ``analyze``
+(search instance counts and batching under a latency SLO, model_analyzer's role) and
+``top`` (live per-model figures of a running server).
 
 A flag with a bad value, or flags that do not go together, end the process with
 an argparse error (exit code 2) naming the flag, before anything starts.
@@ -29,8 +14,6 @@ an argparse error (exit code 2) naming the flag, before anything starts.
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 from collections.abc import Callable
 
 # first: grpc reads GRPC_EXPERIMENTS once, when it is imported (engine's docstring)
@@ -40,8 +23,10 @@ from pdserve.frontends.grpc import engine  # noqa: F401
 from pdserve import __version__
 from pdserve.app import check, rollback, top
 from pdserve.app.analyze import cli as analyze_cli
+from pdserve.app.flag_syntax import ServeHelpFormatter
+from pdserve.app.logging_setup import setup_logging, setup_serve_logging
 from pdserve.app.perf import cli as perf_cli
-from pdserve.app.settings import ServeHelpFormatter, Settings, SettingsError, add_arguments
+from pdserve.app.settings import Settings, SettingsError, add_arguments
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -85,31 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
     analyze_cli.add_parser(sub)
     top.add_parser(sub)
     return parser
-
-
-def setup_logging(verbose: int) -> None:
-    """Log to stderr: INFO, or DEBUG with ``verbose`` > 0."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose > 0 else logging.INFO,
-        format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
-def setup_serve_logging(settings: Settings) -> None:
-    """Log to stderr as the ``--log-*`` flags say (:mod:`pdserve.observability.logs`):
-    levels, format, and request/trace ids on the lines of a request."""
-    from pdserve.observability import logs
-
-    logs.configure(
-        logs.state_from_flags(
-            info=settings.log_info,
-            warning=settings.log_warning,
-            error=settings.log_error,
-            verbose=settings.log_verbose,
-            fmt=settings.log_format,
-        )
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,37 +5,13 @@ listener, gRPC) does not serve HTTP itself: :class:`HttpWorkers` starts N worker
 processes (``python -m pdserve.app.http_workers``), each of which binds
 ``--host``:``--http-port`` with ``SO_REUSEPORT`` (the kernel spreads new connections
 over them) and runs the same HTTP front end as a single process
-(:func:`pdserve.app.main.start_http`: the same transport, limits and app) over a
+(:func:`pdserve.app.start.start_http`: the same transport, limits and app) over a
 proxy of the core (:mod:`pdserve.frontends.workers.proxy`). Each worker decodes and
 encodes HTTP on its own core and hands tensors to the main process through the
 python backend's shared-memory channel (:mod:`pdserve.frontends.workers.channel`).
 
-Why the main process does not serve as one of the N: it already runs the core, the
-batcher, gRPC and the metrics listener on one event loop; N workers decoding on N
-cores keep it free for that, and a front end that crashes never takes a model down.
-
-- **Port**: the main process checks that the port is free (a plain bind, so a port
-  taken by anything fails the start as in one process), then keeps a bound,
-  non-listening ``SO_REUSEPORT`` socket on it for its lifetime so that the port stays
-  pdserve's while a worker restarts. Port 0 picks a free port for all workers.
-- **Crash**: a worker that dies (even SIGKILL) is restarted (after
-  :data:`RESTART_DELAY_SECS`, doubling while it keeps dying within
-  :data:`STABLE_SECS`, at most :data:`MAX_RESTART_DELAY_SECS`); only its own
-  connections are lost (its requests in the main process are cancelled as if their
-  clients had gone); the other workers keep serving.
-- **Hang**: a worker that stops answering (SIGSTOPped, or its event loop stuck)
-  would keep the connections the kernel hands it waiting forever. The main process
-  sends each worker a ``PING`` every :data:`PING_INTERVAL_SECS`; a worker whose event
-  loop has not answered (``PONG``) for :data:`LIVENESS_TIMEOUT_SECS` is SIGKILLed and
-  restarted as after a crash (its own connections are lost; the others are not).
-- **Shutdown**: the main process tells the workers when the shutdown begins (their
-  responses then say ``Connection: close``); after the models stopped, each worker
-  gets SIGTERM and closes its listener as one process does
-  (:mod:`pdserve.app.listeners`: the accept queue is served, in-flight requests
-  finish), then exits. Workers ignore SIGINT (a terminal's Ctrl-C reaches the whole
-  process group; the main process leads the shutdown) and exit when the main process
-  is gone (end of file on their channel).
-- **Health, statistics, metrics**: answered by the main process: counted once.
+The main process (core, batcher, gRPC, metrics) is not one of the N: a front end that
+crashes never takes a model down. Port, crash, hang and shutdown: :class:`HttpWorkers`.
 """
 
 from __future__ import annotations
@@ -51,17 +27,21 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import pdserve
+from pdserve.app.build import StartError
+from pdserve.app.logging_setup import setup_serve_logging
+from pdserve.app.settings import Settings
+from pdserve.app.start import Stop, http_listen_error, start_http
+from pdserve.core.api import InferenceCore
+from pdserve.frontends.shared_memory import SharedMemoryRegistry
+from pdserve.frontends.traffic.gate import TrafficGate
 from pdserve.frontends.workers import channel as ch
 from pdserve.frontends.workers.hub import FrontendHub, WorkerLink
 
 if TYPE_CHECKING:
-    from pdserve.app.settings import Settings
-    from pdserve.core.api import InferenceCore
-    from pdserve.frontends.shared_memory import SharedMemoryRegistry
-    from pdserve.frontends.traffic.gate import TrafficGate
+    from pdserve.server import InferenceServer
 
 log = logging.getLogger("pdserve.workers")
 
@@ -74,7 +54,7 @@ MAX_RESTART_DELAY_SECS = 10.0
 #: A worker that lived this long before dying is restarted after the first delay again.
 STABLE_SECS = 30.0
 #: Seconds a worker has to finish after SIGTERM (its listener's accept wait, settle
-#: and grace: see :func:`pdserve.app.main.start_http`) before it is killed.
+#: and grace: see :func:`pdserve.app.start.start_http`) before it is killed.
 STOP_TIMEOUT_SECS = 15.0
 #: How often the main process pings each worker (the liveness check).
 PING_INTERVAL_SECS = 1.0
@@ -151,6 +131,29 @@ class _Worker:
 
 class HttpWorkers:
     """The supervisor of the N front-end workers, in the main process.
+
+    - **Port**: the main process checks that the port is free (a plain bind, so a port
+      taken by anything fails the start as in one process), then keeps a bound,
+      non-listening ``SO_REUSEPORT`` socket on it for its lifetime so that the port stays
+      pdserve's while a worker restarts. Port 0 picks a free port for all workers.
+    - **Crash**: a worker that dies (even SIGKILL) is restarted (after
+      :data:`RESTART_DELAY_SECS`, doubling while it keeps dying within
+      :data:`STABLE_SECS`, at most :data:`MAX_RESTART_DELAY_SECS`); only its own
+      connections are lost (its requests in the main process are cancelled as if their
+      clients had gone); the other workers keep serving.
+    - **Hang**: a worker that stops answering (SIGSTOPped, or its event loop stuck)
+      would keep the connections the kernel hands it waiting forever. The main process
+      sends each worker a ``PING`` every :data:`PING_INTERVAL_SECS`; a worker whose event
+      loop has not answered (``PONG``) for :data:`LIVENESS_TIMEOUT_SECS` is SIGKILLed and
+      restarted as after a crash (its own connections are lost; the others are not).
+    - **Shutdown**: the main process tells the workers when the shutdown begins (their
+      responses then say ``Connection: close``); after the models stopped, each worker
+      gets SIGTERM and closes its listener as one process does
+      (:mod:`pdserve.app.listeners`: the accept queue is served, in-flight requests
+      finish), then exits. Workers ignore SIGINT (a terminal's Ctrl-C reaches the whole
+      process group; the main process leads the shutdown) and exit when the main process
+      is gone (end of file on their channel).
+    - **Health, statistics, metrics**: answered by the main process: counted once.
 
     Args:
         settings: the server's settings (each worker gets them, with the port
@@ -338,14 +341,57 @@ class HttpWorkers:
             self._reserve = None
 
 
+async def start_http_workers(
+    settings: Settings,
+    server: InferenceServer,
+    draining: Callable[[], bool] = lambda: False,
+    gate: TrafficGate | None = None,
+    shm: SharedMemoryRegistry | None = None,
+) -> tuple[asyncio.Task[None], Stop]:
+    """Step 3 with ``--http-workers N`` (N > 1): N front-end worker processes on the
+    HTTP port (:mod:`pdserve.app.http_workers`); returns once each listens.
+
+    Returns:
+        a task that ends only if the workers' supervision fails, and the stopper (each
+        worker closes its listener as :func:`start_http`'s does, then exits).
+
+    Raises:
+        StartError: the port is taken or a worker did not start.
+    """
+    workers = HttpWorkers(
+        settings, server, shm if shm is not None else SharedMemoryRegistry(), gate, draining
+    )
+    try:
+        await workers.start()
+    except OSError as e:
+        raise http_listen_error(settings, e) from None
+    except RuntimeError as e:
+        raise StartError(str(e)) from None
+    logging.getLogger("pdserve").info(
+        "HTTP (KServe V2) listening on http://%s:%d (%d worker processes)",
+        settings.host,
+        workers.port,
+        workers.count,
+    )
+
+    async def supervise() -> None:
+        await workers.failed
+
+    task = asyncio.create_task(supervise(), name="pdserve-http-workers")
+
+    async def stop() -> None:
+        await workers.stop()
+        task.cancel()
+
+    return task, stop
+
+
 # --------------------------------------------------------------------------- worker
 
 
 async def _serve_worker(fd: int) -> int:
     """A worker's life: take the settings, listen, serve until SIGTERM or until the
     main process is gone."""
-    from pdserve.app.cli import setup_serve_logging
-    from pdserve.app.main import start_http
     from pdserve.frontends.workers.proxy import (
         ProxyCore,
         ProxyGate,
@@ -368,7 +414,7 @@ async def _serve_worker(fd: int) -> int:
         return 1
     setup_serve_logging(settings)
     core = ProxyCore(client)
-    gate: Any = None if gate_headers is None else ProxyGate(client, gate_headers)
+    gate: TrafficGate | None = None if gate_headers is None else ProxyGate(client, gate_headers)
     shm = ProxySharedMemory(client, core, shm_enabled)
     stop_event = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop_event.set)

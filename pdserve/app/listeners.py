@@ -1,33 +1,16 @@
 """Closing the HTTP and gRPC listeners at the end of a shutdown without failing a
-request that reached them.
+request that reached them (after SIGTERM they stay open for the drain and answer 503
+/ ``UNAVAILABLE``; then they close). Closing naively loses requests in four places
+(the remedies of 1 and 4 are Linux only; elsewhere the listeners simply close):
 
-After SIGTERM the listeners stay open for the drain and answer 503 / ``UNAVAILABLE``
-(:mod:`pdserve.app.main`); then they close. Closing naively loses requests that
-are already on their way, in four places, each handled here:
-
-1. **Connections the kernel has accepted but the server has not** (the listen
-   queue): closing a listening socket resets them. :func:`drain_accept_queues`
-   first makes the socket drop new SYNs (a classic BPF socket filter; a client
-   then retries its SYN and finds the port closed: connection refused), waits
-   until the server has accepted everything queued, and only then is the socket
-   closed. The accepted connections are served like any other.
-2. **HTTP keep-alive**: a client may send its next request on an idle
-   connection just as the server closes it (RFC 9112, 9.6) and gets a reset.
-   :func:`close_connections_while` puts ``Connection: close`` on every response
-   sent after SIGTERM, so the clients of the drain open a new connection per
-   request and no idle connection is left for them when the listener closes.
-3. **HTTP requests being read**: :func:`wait_http_settled` waits until no
-   connection has a request in progress or unread bytes before uvicorn's own
-   shutdown closes the idle ones.
-4. **gRPC calls the gRPC library has not handed to the application**: grpc core's
-   shutdown fails them with ``CANCELLED`` (grpc/grpc#41785), as it does calls that
-   arrive before the client has read its GOAWAY. :func:`end_tcp_connections`
-   ends the gRPC connections at the TCP level first (the listener refusing new
-   ones), so such calls fail on the client as ``UNAVAILABLE`` (a lost transport),
-   like any other call refused after SIGTERM.
-
-Linux only for the socket filter, the listen-queue length and the file-descriptor
-scan; elsewhere the listeners simply close.
+1. connections the kernel accepted but the server has not (the listen queue):
+   :func:`drain_accept_queues` drops new SYNs first, then waits for the queue to empty;
+2. a request sent on an idle keep-alive connection as it closes (RFC 9112, 9.6):
+   :func:`close_connections_while` says ``Connection: close`` from SIGTERM on;
+3. HTTP requests still being read: :func:`wait_http_settled`;
+4. gRPC calls grpc core has not handed to the application, which its shutdown fails
+   as ``CANCELLED`` (grpc/grpc#41785): :func:`end_tcp_connections` ends the
+   connections at the TCP level first, so they fail as ``UNAVAILABLE``.
 """
 
 from __future__ import annotations
@@ -42,7 +25,7 @@ import socket
 import struct
 import termios
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger("pdserve")
 
@@ -76,16 +59,26 @@ _TCPI_UNACKED = 24
 #: Seconds between two looks at a queue or at the connections.
 _POLL_S = 0.005
 
-ASGIApp = Callable[[MutableMapping[str, Any], Any, Any], Awaitable[None]]
+#: An ASGI message or scope.
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Message, Receive, Send], Awaitable[None]]
 
 
-def _dup(sock: Any) -> socket.socket:
+class HasFileno(Protocol):
+    """A socket, or anything with the descriptor of one."""
+
+    def fileno(self) -> int: ...
+
+
+def _dup(sock: HasFileno) -> socket.socket:
     """A real socket object on a duplicate of ``sock``'s descriptor (options set on
     it apply to ``sock``; closing it does not close ``sock``)."""
     return socket.socket(fileno=os.dup(sock.fileno()))
 
 
-def refuse_new_connections(sock: Any) -> bool:
+def refuse_new_connections(sock: HasFileno) -> bool:
     """Make a listening TCP socket drop new connection attempts (SYNs) from now on.
 
     Connections already queued or half-open still complete. A dropped client
@@ -106,7 +99,7 @@ def refuse_new_connections(sock: Any) -> bool:
     return True
 
 
-def accept_queue_length(sock: Any) -> int | None:
+def accept_queue_length(sock: HasFileno) -> int | None:
     """Connections waiting in a listening socket's accept queue (Linux
     ``TCP_INFO``); None when it cannot be told."""
     try:
@@ -119,7 +112,7 @@ def accept_queue_length(sock: Any) -> int | None:
     return int(struct.unpack_from("I", info, _TCPI_UNACKED)[0])
 
 
-async def drain_accept_queues(listeners: Iterable[Any], timeout: float = 1.0) -> None:
+async def drain_accept_queues(listeners: Iterable[HasFileno], timeout: float = 1.0) -> None:
     """Refuse new connections on ``listeners`` and wait (``timeout`` s at most) until
     the server has accepted every connection already queued on them.
 
@@ -217,12 +210,12 @@ def close_connections_while(draining: Callable[[], bool], app: ASGIApp) -> ASGIA
     """Wrap an ASGI app: while ``draining()`` is true, each response says
     ``Connection: close`` (the server closes the connection after it)."""
 
-    async def wrapped(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+    async def wrapped(scope: Message, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http":
             await app(scope, receive, send)
             return
 
-        async def send_closing(message: MutableMapping[str, Any]) -> None:
+        async def send_closing(message: Message) -> None:
             if message.get("type") == "http.response.start" and draining():
                 headers = [
                     (k, v) for k, v in message.get("headers", ()) if k.lower() != b"connection"
@@ -249,7 +242,7 @@ def _unread_bytes(transport: Any) -> int:
     return int(struct.unpack("i", bytes(buf))[0])
 
 
-def _settled(connection: Any) -> bool:
+def _settled(connection: object) -> bool:
     """A uvicorn HTTP connection with no request in progress and nothing unread."""
     cycle = getattr(connection, "cycle", None)
     if cycle is not None and not getattr(cycle, "response_complete", True):
@@ -265,7 +258,7 @@ def _settled(connection: Any) -> bool:
     return _unread_bytes(transport) == 0
 
 
-async def wait_http_settled(http: Any, timeout: float) -> None:
+async def wait_http_settled(http: object, timeout: float) -> None:
     """Wait (``timeout`` s at most) until every connection of the uvicorn server
     ``http`` has answered what it received (its listeners already closed)."""
     state = getattr(http, "server_state", None)

@@ -22,6 +22,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from pdserve.app.subcommands import Subparsers
+
 #: Seconds to wait for one HTTP answer (a load may warm a big model up).
 HTTP_TIMEOUT_SECS = 600
 
@@ -91,7 +93,7 @@ def rollback(url: str, model: str, version: int | None) -> list[str]:
     return list(meta.get("versions", []))
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     """Add ``pdserve rollback`` to the CLI's subcommands; its defaults set ``run``."""
     p = sub.add_parser(
         "rollback",

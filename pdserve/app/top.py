@@ -3,25 +3,14 @@
 For the engineer who has only a shell on the box. Every ``--interval`` seconds
 (default 1) it scrapes the Prometheus endpoint (``--metrics-port``, default 8002;
 works against Triton too, less the pdserve-only columns) and prints one row per
-model, all versions together:
-
-==========  ==========================================================================
-QPS         requests finished per second (successes + failures) since the last scrape
-ERR/S       failures per second (``nv_inference_request_failure``, every reason)
-ERR%        failures / requests over the interval
-P50 / P99   request latency of the interval's successes, ms, from the
-            ``pdserve_request_duration_seconds`` histogram (as ``histogram_quantile``:
-            interpolated within the bucket); ``-`` when no request finished
-QUEUE       requests waiting now (``nv_inference_pending_request_count``)
-QP99        p99 queue time of the interval, ms (``pdserve_queue_duration_seconds``)
-==========  ==========================================================================
+model, all versions together (the columns: :class:`Row`).
 
 On a terminal the screen is redrawn in place (ANSI home + clear, no curses); piped,
 each refresh is a block of plain lines headed by a timestamp. ``--once`` scrapes
 twice, one interval apart, prints one table and exits (for scripts and tests);
-``--count N`` stops after N refreshes. Memory is bounded: only the previous scrape
-is kept. A server that cannot be reached is a clear one-line message: ``--once``
-exits 1, the live view keeps trying each interval. Ctrl-C exits 0.
+``--count N`` stops after N refreshes. Only the previous scrape is kept. A server
+that cannot be reached is a clear one-line message: ``--once`` exits 1, the live
+view keeps trying each interval. Ctrl-C exits 0.
 """
 
 from __future__ import annotations
@@ -37,6 +26,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
+
+from pdserve.app.subcommands import Subparsers
 
 #: Where ``--url`` points by default: pdserve's (and Triton's) metrics port on loopback.
 DEFAULT_URL = "127.0.0.1:8002"
@@ -154,7 +145,19 @@ def quantile(q: float, before: dict[float, float], after: dict[float, float]) ->
 
 @dataclass
 class Row:
-    """One model's line of the table."""
+    """One model's line of the table:
+
+    ==========  ==========================================================================
+    QPS         requests finished per second (successes + failures) since the last scrape
+    ERR/S       failures per second (``nv_inference_request_failure``, every reason)
+    ERR%        failures / requests over the interval
+    P50 / P99   request latency of the interval's successes, ms, from the
+                ``pdserve_request_duration_seconds`` histogram (as ``histogram_quantile``:
+                interpolated within the bucket); ``-`` when no request finished
+    QUEUE       requests waiting now (``nv_inference_pending_request_count``)
+    QP99        p99 queue time of the interval, ms (``pdserve_queue_duration_seconds``)
+    ==========  ==========================================================================
+    """
 
     model: str
     qps: float
@@ -261,7 +264,7 @@ def top(
     return 0
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     """Add ``pdserve top`` to the CLI's subcommands; its defaults set ``run``."""
     p = sub.add_parser(
         "top",

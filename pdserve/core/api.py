@@ -1,43 +1,57 @@
 """The typed API of the core: what each part of pdserve may call on the server.
 
 :class:`pdserve.server.InferenceServer` implements every protocol here; each consumer
-is typed with the narrowest one it needs, so that go-to-definition and mypy follow
-every call from a frontend, an ensemble step or a BLS call into the core:
+is typed with the narrowest one it needs:
 
-================================  ==================================================
-protocol                          used by
-================================  ==================================================
-:class:`InferenceCore`            the HTTP and gRPC frontends, the app (health,
-                                  metadata, inference, statistics, repository)
-:class:`MetricsSource`            :mod:`pdserve.observability.metrics`
-:class:`RepositoryHost`           the repository poller (poll model control mode)
-:class:`ModelRunner`              ensemble steps and BLS calls, through
-                                  ``ModelSpec.server``
-:class:`ModelHost`                :class:`~pdserve.repository.manager.ModelManager`
-                                  (a :class:`ModelRunner` plus the warm-up hook)
-================================  ==================================================
+- :class:`InferenceCore`: the HTTP and gRPC frontends and the app.
+- :class:`ModelRunner`: ensemble steps, BLS calls and traffic control run a request
+  on a resolved model version (a :class:`ModelRef`).
+- :class:`ModelHost`: the model manager (a :class:`ModelRunner` plus the warm-up hook).
 
-The protocols are ``runtime_checkable`` (``isinstance`` checks member names only;
-mypy checks the signatures). Types from the layers above the core
-(``ModelVersion``, ``ModelManager``, ``ModelStats``, ``ResponseCache``) are imported
-for type checking only: at run time this module imports nothing but
-:mod:`pdserve.core.types`, as the import rule asks (see
-``tests/unit/test_import_rule.py``).
+The protocols speak core types only: a model version is a :class:`ModelRef` (the
+runner's own type, which the runner hands out and takes back). Protocols that one
+layer alone uses live with that layer (``MetricsSource`` in
+:mod:`pdserve.observability.metrics`, ``RepositoryHost`` in :mod:`pdserve.repository.control`).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from pdserve.core.streaming import StreamResponse
 from pdserve.core.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
-    from pdserve.cache import AnyResponseCache
-    from pdserve.core.streaming import StreamResponse
-    from pdserve.observability.stats import ModelStats
-    from pdserve.repository.manager import ModelManager
-    from pdserve.repository.model import ModelVersion
+    from tritonclient.grpc import model_config_pb2
+
+
+class ModelRef(Protocol):
+    """A loaded model version as the core's callers see it (ensemble steps, BLS)."""
+
+    @property
+    def name(self) -> str:
+        """The model's name."""
+        ...
+
+    @property
+    def version_str(self) -> str:
+        """The version number as text."""
+        ...
+
+    @property
+    def decoupled(self) -> bool:
+        """``model_transaction_policy { decoupled: true }``: streamed responses only."""
+        ...
+
+    @property
+    def config(self) -> model_config_pb2.ModelConfig:
+        """The version's (auto-completed) model configuration."""
+        ...
+
+
+#: The model version type of one :class:`ModelRunner` (the server's ``ModelVersion``).
+ModelT = TypeVar("ModelT", bound=ModelRef)
 
 
 @runtime_checkable
@@ -149,52 +163,14 @@ class InferenceCore(Protocol):
 
 
 @runtime_checkable
-class MetricsSource(Protocol):
-    """What the Prometheus metrics read from the core at scrape time."""
-
-    @property
-    def response_cache(self) -> AnyResponseCache | None:
-        """The response cache, or None when the server has none."""
-        ...
-
-    def served_model_stats(self) -> list[ModelStats]:
-        """Statistics of every served model version, by model name then version."""
-        ...
-
-    def memory_report(self) -> dict[str, Any]:
-        """The model memory budget: ``budget_bytes`` (None: none), ``used_bytes`` and
-        ``models``: name -> counters with ``loads``, ``evictions``, ``misses``."""
-        ...
-
-
-@runtime_checkable
-class RepositoryHost(Protocol):
-    """What the repository poller (poll model control mode) needs from the core."""
-
-    @property
-    def started(self) -> bool:
-        """True once the initial models were loaded: polling starts after that."""
-        ...
-
-    @property
-    def manager(self) -> ModelManager:
-        """The model manager the poller loads and unloads through (no control-mode check)."""
-        ...
-
-    def live(self) -> bool:
-        """False once the server shuts down: polling stops."""
-        ...
-
-
-@runtime_checkable
-class ModelRunner(Protocol):
+class ModelRunner(Protocol[ModelT]):
     """What ensemble steps and BLS calls reach the core through (``ModelSpec.server``).
 
     A step or BLS request runs through the step model's own scheduler, statistics and
     response cache, exactly as a client's request to that model would.
     """
 
-    def model_version(self, name: str, version: str = "") -> ModelVersion:
+    def model_version(self, name: str, version: str = "") -> ModelT:
         """The ready model version ``name`` / ``version`` (``""``: the version policy's).
 
         Raises:
@@ -203,9 +179,7 @@ class ModelRunner(Protocol):
         """
         ...
 
-    def infer_on(
-        self, mv: ModelVersion, request: InferRequest
-    ) -> Coroutine[Any, Any, InferResponse]:
+    def infer_on(self, mv: ModelT, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
         """Run ``request`` on an already resolved model version: ``await
         runner.infer_on(mv, request)``.
 
@@ -226,11 +200,11 @@ class ModelRunner(Protocol):
 
 
 @runtime_checkable
-class ModelHost(ModelRunner, Protocol):
+class ModelHost(ModelRunner[ModelT], Protocol[ModelT]):
     """The manager's back-reference: a :class:`ModelRunner` handed to backends in
     ``ModelSpec.server``, and the warm-up hook run on each freshly loaded version."""
 
-    async def warmup(self, mv: ModelVersion) -> None:
+    async def warmup(self, mv: ModelT) -> None:
         """Warm ``mv`` up before it serves.
 
         Raises:

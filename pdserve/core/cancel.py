@@ -1,28 +1,13 @@
 """Request cancellation: one token per request, pushed to wherever the request is.
 
 A :class:`CancelToken` is what ``InferRequest.cancelled`` holds once the server has
-seen the request (a frontend may set one; :func:`ensure_token` wraps any other
-"has the client gone?" callable). It turns cancelled once, with an
-:class:`~pdserve.core.errors.InferError` saying why:
-
-- the HTTP client disconnected (the HTTP frontend pushes uvicorn's disconnect) or
-  the gRPC call was cancelled or passed its deadline (``context.add_done_callback``):
-  ``CLIENT_GONE`` (HTTP 499, gRPC ``CANCELLED``), metrics reason ``CANCELED``;
-- the request's ``timeout`` parameter (µs, KServe V2 / Triton) expired
-  (:meth:`CancelToken.set_deadline`): ``UNAVAILABLE`` "Request timeout expired"
-  (HTTP 503, as Triton's queue timeout), metrics reason ``CANCELED``.
-
-Whoever holds the request registers a callback (:meth:`CancelToken.add_callback`)
-for as long as it holds it: the dynamic batcher takes a queued request out of its
-queue (its ``max_queue_size`` slot is free at once), the ensemble scheduler starts
-no further step and cancels the steps in flight, the python backend tells the worker
-(``request.is_cancelled()`` turns True) and BLS children share a linked token
-(:meth:`CancelToken.child`). The token is still a plain callable returning a bool,
-so code that polls (``is_cancelled(request)``) keeps working.
-
-Triton: ``TRITONSERVER_InferenceRequestCancel`` / ``InferenceRequest::Cancel``
-(core ``infer_request.cc``); the python backend's ``request.is_cancelled()``
-(python_backend ``README.md`` "Request Cancellation Handling").
+seen the request (:func:`ensure_token` wraps any other "has the client gone?"
+callable). It turns cancelled once, with an :class:`~pdserve.core.errors.InferError`
+saying why: the client went away or the gRPC call was cancelled / passed its deadline
+(``CLIENT_GONE``), or the request's ``timeout`` parameter expired
+(:func:`timeout_error`: ``UNAVAILABLE`` "Request timeout expired"); the metrics reason
+is ``CANCELED`` either way. Whoever holds the request registers a callback for as long
+as it holds it (see :class:`CancelToken`).
 """
 
 from __future__ import annotations
@@ -50,7 +35,26 @@ def timeout_error() -> InferError:
 
 
 class CancelToken:
-    """One request's cancellation state (see the module docstring).
+    """One request's cancellation state. It cancels once, when:
+
+    - the HTTP client disconnected (the HTTP frontend pushes uvicorn's disconnect) or
+      the gRPC call was cancelled or passed its deadline (``context.add_done_callback``):
+      ``CLIENT_GONE`` (HTTP 499, gRPC ``CANCELLED``), metrics reason ``CANCELED``;
+    - the request's ``timeout`` parameter (µs, KServe V2 / Triton) expired
+      (:meth:`CancelToken.set_deadline`): ``UNAVAILABLE`` "Request timeout expired"
+      (HTTP 503, as Triton's queue timeout), metrics reason ``CANCELED``.
+
+    Whoever holds the request registers a callback (:meth:`CancelToken.add_callback`)
+    for as long as it holds it: the dynamic batcher takes a queued request out of its
+    queue (its ``max_queue_size`` slot is free at once), the ensemble scheduler starts
+    no further step and cancels the steps in flight, the python backend tells the worker
+    (``request.is_cancelled()`` turns True) and BLS children share a linked token
+    (:meth:`CancelToken.child`). The token is still a plain callable returning a bool,
+    so code that polls (``is_cancelled(request)``) keeps working.
+
+    Triton: ``TRITONSERVER_InferenceRequestCancel`` / ``InferenceRequest::Cancel``
+    (core ``infer_request.cc``); the python backend's ``request.is_cancelled()``
+    (python_backend ``README.md`` "Request Cancellation Handling").
 
     Args:
         probe: a callable polled by :meth:`__call__` (e.g. the HTTP frontend's

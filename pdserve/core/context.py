@@ -1,19 +1,17 @@
-"""Per-request context for log lines and traces (issue 17).
+"""Per-request context for log lines and traces.
 
 Two :class:`contextvars.ContextVar` values that a frontend sets when it starts
-handling a request and that log formatting, tracing and error paths read. They
-live in ``core`` so that every layer (scheduling, backends, frontends) may read
-them without importing a higher layer.
+handling a request and that log formatting, tracing and error paths read (they live
+in ``core`` so that every layer may read them):
 
 - ``request_id``: the V2 request ``id`` when the client gave one, otherwise an id
   the frontend generated; ``None`` outside a request.
-- ``trace_id``: the W3C trace id (32 lowercase hex digits, the ``trace-id`` field of
-  ``traceparent``, https://www.w3.org/TR/trace-context/) of the request's trace when
-  it is traced or the client sent a valid ``traceparent``; ``None`` otherwise.
+- ``trace_id``: the W3C trace id (32 lowercase hex digits) of the request's trace
+  when it is traced or the client sent a valid ``traceparent``; ``None`` otherwise.
 
-Context variables follow asyncio tasks (a task copies the context at creation),
-so a value set in a request handler is seen by the coroutines it awaits, but not
-by a batch that joins several requests nor by a python-backend worker process.
+Context variables follow asyncio tasks, so a value set in a request handler is seen
+by the coroutines it awaits, but not by a batch that joins several requests nor by a
+python-backend worker process.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def gpu_memory_by_pid() -> dict[int, int] | None:
     """GPU memory used by each process, summed over the GPUs NVML sees, in bytes;
     None without ``pynvml`` or a GPU (never raises)."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml  # type: ignore[import-not-found]  # optional, ships no stubs
     except ImportError:
         return None
     try:
@@ -181,10 +181,9 @@ def release_free_memory() -> None:
 #: Generation 0 is collected each time tracked allocations exceed deallocations by the
 #: first number; 32-128 requests in flight, each holding a few dozen containers
 #: (coroutines, frames, dicts, futures), pass 700 at every batch, so the default walks
-#: the young objects several times per batch. Measured on the tiny model (native HTTP,
-#: wrk c=32, one core): 52-57 CPU-us per request at 700, 48-50 at 10,000, 47-48 at
-#: 50,000 and 200,000. The cost: cyclic garbage waits for up to 50,000 more allocations
-#: (a few MB at most) before it is freed; reference-counted objects are freed at once.
+#: the young objects several times per batch (benchmarks/RESULTS.md has the figures).
+#: The cost: cyclic garbage waits for up to 50,000 more allocations (a few MB at most)
+#: before it is freed; reference-counted objects are freed at once.
 SERVING_GC_THRESHOLDS = (50_000, 20, 20)
 
 
@@ -195,8 +194,7 @@ def settle_gc() -> None:
     Freezing moves every object alive at start-up (the imported modules of numpy,
     onnxruntime, protobuf...: hundreds of thousands of objects, never garbage) out of
     the generations, so that a full collection walks only what was allocated since
-    (measured: 50 ms of stalled event loop per full collection before, a few ms
-    after). Idempotent; call it once the server is loaded and before it takes traffic.
+    and stalls the event loop far less. Idempotent; call it once the server is loaded and before it takes traffic.
     """
     import gc
 

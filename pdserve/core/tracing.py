@@ -1,28 +1,17 @@
-"""The tracing seam of the core (issue 17): span records every layer may write.
+"""The tracing seam of the core: span records every layer may write.
 
 Tracing is decided and exported above the core (:mod:`pdserve.observability.tracing`,
 OpenTelemetry), but the spans are opened below it: the server (model span, response
 cache lookup), the schedulers (queue, compute and its input / infer / output parts),
 ensembles (one model span per step) and the backends (the python worker hop and its
 ``execute``, BLS calls). Those layers may not import ``observability``, so this module
-holds what they share, with no OpenTelemetry import:
+holds what they share, with no OpenTelemetry import.
 
-- :class:`Trace`: one traced request's span records (W3C ids: a 32-hex trace id,
-  16-hex span ids, generated here so that a ``traceparent`` can be handed to a python
-  worker or a BLS call before the span it names has ended);
-- :class:`TraceRef`: what an :class:`~pdserve.core.types.InferRequest` carries when it is
-  traced: the trace, the span its model span hangs under, and (once the server opened
-  it) its model span;
-- :class:`ComputeMarks`: set by the scheduler around one batch's ``execute`` when a
-  request of it is traced; a backend calls :func:`mark_input_end` /
-  :func:`mark_output_start` to split compute into Triton's input / infer / output.
-
-Cost when nothing is traced: ``InferRequest.trace`` is None, and a scheduler checks the
-module flag :data:`state` ``.enabled`` once per batch; the two ``mark_*`` calls are one
-``ContextVar.get`` each.
-
-Times are ``time.monotonic_ns()`` (one clock for the server and its python workers,
-CLOCK_MONOTONIC); the exporter converts them to wall-clock time once per trace.
+:class:`Trace` holds one traced request's span records, :class:`TraceRef` is what a
+traced :class:`~pdserve.core.types.InferRequest` carries, and :class:`ComputeMarks`
+splits a batch's compute into Triton's input / infer / output. When nothing is traced,
+``InferRequest.trace`` is None and a scheduler checks :data:`state` once per batch.
+Times are ``time.monotonic_ns()``; the exporter converts them to wall-clock time.
 """
 
 from __future__ import annotations

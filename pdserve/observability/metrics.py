@@ -1,85 +1,15 @@
 """Prometheus metrics on ``--metrics-port`` (default 8002) at ``/metrics``.
 
 Names, types and labels follow Triton's metrics (docs/user_guide/metrics.md), so
-dashboards and alerts written for Triton work unchanged. Per model version,
-labels ``model`` and ``version``:
+dashboards and alerts written for Triton work unchanged; pdserve adds latency
+histograms, model memory, traffic control, worker processes and readiness. The
+families are listed on :class:`MetricsExporter`.
 
-=============================================  =======  ==========================================
-``nv_inference_request_success``               counter  successful requests (cache hits included)
-``nv_inference_request_failure``               counter  failed requests, label ``reason``:
-                                                        REJECTED, CANCELED, BACKEND, OTHER
-``nv_inference_count``                         counter  inferences (batch rows) of successes
-``nv_inference_exec_count``                    counter  batches executed by model instances
-``nv_inference_pending_request_count``         gauge    requests queued, not yet executing
-``nv_inference_request_duration_us``           counter  cumulative request duration, µs
-``nv_inference_queue_duration_us``             counter  cumulative queue duration, µs
-``nv_inference_compute_input_duration_us``     counter  cumulative compute-input duration, µs
-``nv_inference_compute_infer_duration_us``     counter  cumulative compute-infer duration, µs
-``nv_inference_compute_output_duration_us``    counter  cumulative compute-output duration, µs
-``nv_cache_num_hits_per_model``                counter  response cache hits
-``nv_cache_num_misses_per_model``              counter  response cache misses
-``nv_cache_hit_duration_per_model``            counter  cumulative cache-hit lookup duration, µs
-``nv_cache_miss_duration_per_model``           counter  cumulative cache-miss lookup duration, µs
-=============================================  =======  ==========================================
-
-Latency histograms (pdserve's own; Triton only has summaries for these, behind
-``--metrics-config summary_latencies=true``), so ``histogram_quantile`` gives
-p50/p90/p99 per model:
-
-- ``pdserve_request_duration_seconds`` — arrival to response, successes only;
-- ``pdserve_queue_duration_seconds`` — queued until an instance took the batch;
-- ``pdserve_compute_duration_seconds`` — the executed batch's compute time;
-- ``pdserve_batch_size`` — rows per executed batch (label-free of ``reason``).
-
-Model memory (pdserve's; :mod:`pdserve.repository.budget`):
-``pdserve_model_memory_bytes{model,version}`` (gauge: what the version cost at load,
-label ``source``: rss_delta / worker_rss / ensemble), ``pdserve_model_loads_total``,
-``pdserve_model_evictions_total`` and ``pdserve_model_load_misses_total`` (counters,
-label ``model``: loads, unloads by the memory budget, requests that found the model
-not loaded in on_demand mode), ``pdserve_model_memory_used_bytes`` and, with a budget,
-``pdserve_model_memory_budget_bytes``.
-Traffic control (:mod:`pdserve.repository.rollout`; see :data:`TRAFFIC_METRICS`):
-``pdserve_traffic_weight`` and ``pdserve_traffic_requests_total`` (labels ``model``,
-``version``, ``route``), ``pdserve_shadow_requests_total`` (``result``),
-``pdserve_shadow_compared_total`` / ``pdserve_shadow_divergence_total`` /
-``pdserve_shadow_divergence_rate`` (label ``output``), ``pdserve_shadow_queue_size``,
-``pdserve_rollout_decisions_total`` (``action``) and ``pdserve_rollout_state``.
-
-Server-wide: ``nv_cache_num_entries``, ``nv_cache_num_lookups``,
-``nv_cache_num_hits``, ``nv_cache_num_misses``, ``nv_cache_num_evictions``,
-``nv_cache_util`` (response cache); ``nv_cpu_utilization`` (0-1, since the last
-scrape), ``nv_cpu_memory_total_bytes``, ``nv_cpu_memory_used_bytes`` (system,
-from /proc); ``process_*`` from ``prometheus_client``'s ``ProcessCollector``
-(CPU seconds, resident memory...) of the server process;
-``pdserve_worker_cpu_seconds_total`` and ``pdserve_worker_resident_memory_bytes``
-(labels ``model``, ``version``, ``instance``) of each python-backend worker process
-(models run by ONNX Runtime share the server process's figures);
-``pdserve_remote_*{target, model}`` of remote models (:func:`remote_families`);
-``pdserve_model_ready{model, version}`` (1 ready, 0 loading/failed/unavailable); and, only when ``pynvml`` imports and NVML
-finds a GPU, ``nv_gpu_utilization``, ``nv_gpu_memory_total_bytes``,
-``nv_gpu_memory_used_bytes``, ``nv_gpu_power_usage``, ``nv_gpu_power_limit``,
-``nv_energy_consumption`` (label ``gpu_uuid``). Without a GPU there are no GPU
-series and no error.
-
-Traffic control (issue 12), from the sources :mod:`pdserve.app.main` registers in
-:attr:`MetricsExporter.sources`: ``pdserve_circuit_state`` (gauge: 0 closed, 1 open,
-2 half-open), ``pdserve_circuit_transitions_total{to}``,
-``pdserve_circuit_rejected_total`` per model version; ``pdserve_auth_failures_total
-{protocol,reason}``, ``pdserve_auth_config_reloads_total{result}``,
-``pdserve_rate_limited_total{scope,model,key}`` (``key`` is the key's configured name,
-never the key), ``pdserve_rate_limit_storage_errors_total``.
-Tracing (issue 17), from :meth:`pdserve.observability.tracing.TraceManager.samples`:
-``pdserve_trace_spans_exported_total`` and ``pdserve_trace_spans_dropped_total{reason}``
-(``queue_full``, ``export_failed``).
-
-Cost on the inference path: the counters are read from
-:class:`~pdserve.observability.stats.ModelStats` at scrape time; only the
-histograms are fed per request, through ``ModelStats.success_hooks`` / ``hooks``, by a lock-free
-bucket array (the event loop is single-threaded). The exposition is written by
-this module in the Prometheus text format 0.0.4 (``prometheus_client`` would add
-``_total`` to Triton's counter names); the HTTP listener
-(:mod:`pdserve.frontends.metrics_http`) is a tiny asyncio server on the main loop, so
-a scrape reads consistent numbers.
+Counters are read from :class:`~pdserve.core.stats.ModelStats` at scrape time; only
+the histograms are fed per request (``ModelStats.success_hooks`` / ``hooks``, a
+lock-free bucket array on the event loop). The exposition is written here in the
+Prometheus text format 0.0.4 (``prometheus_client`` would add ``_total`` to Triton's
+counter names).
 """
 
 from __future__ import annotations
@@ -89,15 +19,11 @@ import math
 import os
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
-from pdserve.cache import RedisResponseCache
-from pdserve.core.api import MetricsSource
-from pdserve.observability import stats as stats_mod
-from pdserve.observability.stats import LATENCY_BUCKETS, ModelStats
-
-if TYPE_CHECKING:
-    from pdserve.cache import AnyResponseCache
+from pdserve.cache import AnyResponseCache, RedisResponseCache
+from pdserve.core import stats as stats_mod
+from pdserve.core.stats import LATENCY_BUCKETS, ModelStats
 
 log = logging.getLogger("pdserve.metrics")
 
@@ -105,6 +31,28 @@ log = logging.getLogger("pdserve.metrics")
 BATCH_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@runtime_checkable
+class MetricsSource(Protocol):
+    """What the Prometheus metrics read from the core at scrape time
+    (:class:`pdserve.server.InferenceServer` implements it). The families of traffic
+    control, worker processes and readiness read ``traffic``, ``manager`` and
+    ``repository_index`` where the core has them."""
+
+    @property
+    def response_cache(self) -> AnyResponseCache | None:
+        """The response cache, or None when the server has none."""
+        ...
+
+    def served_model_stats(self) -> list[ModelStats]:
+        """Statistics of every served model version, by model name then version."""
+        ...
+
+    def memory_report(self) -> dict[str, Any]:
+        """The model memory budget: ``budget_bytes`` (None: none), ``used_bytes`` and
+        ``models``: name -> counters with ``loads``, ``evictions``, ``misses``."""
+        ...
 
 
 class Histogram:
@@ -185,7 +133,7 @@ def attach(stats: ModelStats) -> ModelMetrics:
     mm = getattr(stats, "_pdserve_metrics", None)
     if mm is None:
         mm = ModelMetrics()
-        stats._pdserve_metrics = mm  # type: ignore[attr-defined]
+        stats._pdserve_metrics = mm  # type: ignore[attr-defined]  # the exporter's own slot on it
         stats.hooks.append(mm.hook)
         stats.success_hooks.append(mm.success)
     return mm
@@ -403,7 +351,7 @@ TRAFFIC_METRICS: dict[str, tuple[str, str]] = {
 }  # fmt: skip
 
 
-def traffic_families(server: Any) -> list[Family]:
+def traffic_families(server: MetricsSource) -> list[Family]:
     """Traffic control's families (split, shadow, rollout), when the server has it."""
     control = getattr(server, "traffic", None)
     if control is None:
@@ -500,7 +448,7 @@ def read_process(pid: int) -> tuple[float, int] | None:
         return None
 
 
-def worker_processes(server: Any) -> list[tuple[dict[str, str], int]]:
+def worker_processes(server: MetricsSource) -> list[tuple[dict[str, str], int]]:
     """``[(labels {model, version, instance}, pid)]`` of every python-backend worker
     process of the served model versions.
 
@@ -524,7 +472,7 @@ def worker_processes(server: Any) -> list[tuple[dict[str, str], int]]:
     return out
 
 
-def worker_families(server: Any) -> list[Family]:
+def worker_families(server: MetricsSource) -> list[Family]:
     """Per python-backend worker process: ``pdserve_worker_cpu_seconds_total`` (counter)
     and ``pdserve_worker_resident_memory_bytes`` (gauge), labels model, version,
     instance. Sum them ``by (model)`` for a model's CPU and RSS."""
@@ -543,7 +491,7 @@ def worker_families(server: Any) -> list[Family]:
     return [cpu, rss]
 
 
-def readiness_families(server: Any) -> list[Family]:
+def readiness_families(server: MetricsSource) -> list[Family]:
     """``pdserve_model_ready{model, version}``: 1 for a READY version, 0 for a version
     that is loading, failed or unavailable -- every row of the repository index that
     has a version, except versions unloaded on request (reason ``unloaded``)."""
@@ -609,7 +557,7 @@ class GpuSampler:
     def create(cls) -> GpuSampler | None:
         """Initialise NVML; None (silently) when it or a GPU is absent."""
         try:
-            import pynvml  # type: ignore[import-not-found]
+            import pynvml  # type: ignore[import-not-found]  # optional, ships no stubs
         except ImportError:
             return None
         try:
@@ -657,8 +605,80 @@ class GpuSampler:
 class MetricsExporter:
     """Renders every metric of a server.
 
+    Names, types and labels follow Triton's metrics (docs/user_guide/metrics.md), so
+    dashboards and alerts written for Triton work unchanged. Per model version,
+    labels ``model`` and ``version``:
+
+    =============================================  =======  ==========================================
+    ``nv_inference_request_success``               counter  successful requests (cache hits included)
+    ``nv_inference_request_failure``               counter  failed requests, label ``reason``:
+                                                            REJECTED, CANCELED, BACKEND, OTHER
+    ``nv_inference_count``                         counter  inferences (batch rows) of successes
+    ``nv_inference_exec_count``                    counter  batches executed by model instances
+    ``nv_inference_pending_request_count``         gauge    requests queued, not yet executing
+    ``nv_inference_request_duration_us``           counter  cumulative request duration, µs
+    ``nv_inference_queue_duration_us``             counter  cumulative queue duration, µs
+    ``nv_inference_compute_input_duration_us``     counter  cumulative compute-input duration, µs
+    ``nv_inference_compute_infer_duration_us``     counter  cumulative compute-infer duration, µs
+    ``nv_inference_compute_output_duration_us``    counter  cumulative compute-output duration, µs
+    ``nv_cache_num_hits_per_model``                counter  response cache hits
+    ``nv_cache_num_misses_per_model``              counter  response cache misses
+    ``nv_cache_hit_duration_per_model``            counter  cumulative cache-hit lookup duration, µs
+    ``nv_cache_miss_duration_per_model``           counter  cumulative cache-miss lookup duration, µs
+    =============================================  =======  ==========================================
+
+    Latency histograms (pdserve's own; Triton only has summaries for these, behind
+    ``--metrics-config summary_latencies=true``), so ``histogram_quantile`` gives
+    p50/p90/p99 per model:
+
+    - ``pdserve_request_duration_seconds`` — arrival to response, successes only;
+    - ``pdserve_queue_duration_seconds`` — queued until an instance took the batch;
+    - ``pdserve_compute_duration_seconds`` — the executed batch's compute time;
+    - ``pdserve_batch_size`` — rows per executed batch (label-free of ``reason``).
+
+    Model memory (pdserve's; :mod:`pdserve.repository.budget`):
+    ``pdserve_model_memory_bytes{model,version}`` (gauge: what the version cost at load,
+    label ``source``: rss_delta / worker_rss / ensemble), ``pdserve_model_loads_total``,
+    ``pdserve_model_evictions_total`` and ``pdserve_model_load_misses_total`` (counters,
+    label ``model``: loads, unloads by the memory budget, requests that found the model
+    not loaded in on_demand mode), ``pdserve_model_memory_used_bytes`` and, with a budget,
+    ``pdserve_model_memory_budget_bytes``.
+    Traffic control (:mod:`pdserve.repository.rollout`; see :data:`TRAFFIC_METRICS`):
+    ``pdserve_traffic_weight`` and ``pdserve_traffic_requests_total`` (labels ``model``,
+    ``version``, ``route``), ``pdserve_shadow_requests_total`` (``result``),
+    ``pdserve_shadow_compared_total`` / ``pdserve_shadow_divergence_total`` /
+    ``pdserve_shadow_divergence_rate`` (label ``output``), ``pdserve_shadow_queue_size``,
+    ``pdserve_rollout_decisions_total`` (``action``) and ``pdserve_rollout_state``.
+
+    Server-wide: ``nv_cache_num_entries``, ``nv_cache_num_lookups``,
+    ``nv_cache_num_hits``, ``nv_cache_num_misses``, ``nv_cache_num_evictions``,
+    ``nv_cache_util`` (response cache); ``nv_cpu_utilization`` (0-1, since the last
+    scrape), ``nv_cpu_memory_total_bytes``, ``nv_cpu_memory_used_bytes`` (system,
+    from /proc); ``process_*`` from ``prometheus_client``'s ``ProcessCollector``
+    (CPU seconds, resident memory...) of the server process;
+    ``pdserve_worker_cpu_seconds_total`` and ``pdserve_worker_resident_memory_bytes``
+    (labels ``model``, ``version``, ``instance``) of each python-backend worker process
+    (models run by ONNX Runtime share the server process's figures);
+    ``pdserve_remote_*{target, model}`` of remote models (:func:`remote_families`);
+    ``pdserve_model_ready{model, version}`` (1 ready, 0 loading/failed/unavailable); and, only when ``pynvml`` imports and NVML
+    finds a GPU, ``nv_gpu_utilization``, ``nv_gpu_memory_total_bytes``,
+    ``nv_gpu_memory_used_bytes``, ``nv_gpu_power_usage``, ``nv_gpu_power_limit``,
+    ``nv_energy_consumption`` (label ``gpu_uuid``). Without a GPU there are no GPU
+    series and no error.
+
+    Traffic control, from the sources :mod:`pdserve.app.main` registers in
+    :attr:`MetricsExporter.sources`: ``pdserve_circuit_state`` (gauge: 0 closed, 1 open,
+    2 half-open), ``pdserve_circuit_transitions_total{to}``,
+    ``pdserve_circuit_rejected_total`` per model version; ``pdserve_auth_failures_total
+    {protocol,reason}``, ``pdserve_auth_config_reloads_total{result}``,
+    ``pdserve_rate_limited_total{scope,model,key}`` (``key`` is the key's configured name,
+    never the key), ``pdserve_rate_limit_storage_errors_total``.
+    Tracing, from :meth:`pdserve.observability.tracing.TraceManager.samples`:
+    ``pdserve_trace_spans_exported_total`` and ``pdserve_trace_spans_dropped_total{reason}``
+    (``queue_full``, ``export_failed``).
+
     Args:
-        server: the core (:class:`~pdserve.core.api.MetricsSource`): its served model
+        server: the core (:class:`MetricsSource`): its served model
             versions' statistics and its response cache, read at each scrape.
         cpu: include CPU / memory metrics.
         gpu: try NVML GPU metrics.

@@ -3,25 +3,14 @@
 One Serve deployment per model (:class:`ModelReplica`: an
 :class:`~pdserve.server.InferenceServer` with only that model loaded, model control
 ``explicit``), plus the ingress (:class:`V2Ingress`): pdserve's own V2 HTTP ASGI app
-(:func:`pdserve.frontends.http.app.create_http_app`) over :class:`RayCore`, an
-:class:`~pdserve.core.api.InferenceCore` whose ``infer`` and metadata calls go to the
-model's ``DeploymentHandle``. An ensemble's deployment validates and runs its
-pipeline with pdserve's own ensemble scheduler, but each step is a call through the
-step model's handle (:class:`StepServer`), so a preprocess deployment scales on CPU
-nodes and the predictor on GPU nodes, each with its own replicas and batching.
+over :class:`RayCore`, whose ``infer`` and metadata calls go to the model's
+``DeploymentHandle``. An ensemble's deployment runs its pipeline with pdserve's own
+ensemble scheduler, each step a call through the step model's handle
+(:class:`StepServer`), so each step scales on its own nodes and replicas.
 
-Tensors cross between replicas as numpy arrays in Ray's object serialization
-(pickle 5 out-of-band buffers: a large array is read in place from the node's object
-store). Errors cross as :class:`Failure` values (message and
-:class:`~pdserve.core.errors.ErrorCode`) and are raised again at the ingress, so the
-client gets the status pdserve itself would give. A replica that dies under a
-request (process killed, node lost) is ``UNAVAILABLE`` (HTTP 503): the request may be
-retried; Serve replaces the replica.
-
-Entry points: :func:`build_app` (an application builder: ``serve run
-pdserve.ray:build_app model_repository=DIR``, or ``import_path: pdserve.ray:build_app``
-with ``args`` in a ``serve deploy`` config file, see ``examples/ray/serve_config.yaml``)
-and :func:`application` for Python callers (``serve.run(application(...))``).
+Errors cross replicas as :class:`Failure` values, raised again at the ingress with
+pdserve's own status; a replica that dies under a request is ``UNAVAILABLE``. Entry
+points: :func:`build_app` (``serve run`` / ``serve deploy``), :func:`application`.
 """
 
 from __future__ import annotations
@@ -128,7 +117,7 @@ class _RemoteStep:
     """A step model of an ensemble that another deployment serves: what the ensemble
     scheduler reads of a :class:`ModelVersion` (``name``, ``config``)."""
 
-    def __init__(self, name: str, config: Any) -> None:
+    def __init__(self, name: str, config: cfgmod.ModelConfig) -> None:
         self.name = name
         self.config = config
 
@@ -455,7 +444,9 @@ def build_app(args: dict[str, Any]) -> Any:
         ValueError: no ``model_repository``, or see :func:`application`.
     """
     if "model_repository" not in args:
-        raise ValueError("pdserve.ray:build_app needs model_repository=<folder>")
+        raise ValueError(
+            "build_app (import_path pdserve.ray:build_app) needs model_repository=<folder>"
+        )
     models = args.get("models")
     if isinstance(models, str):
         models = [m for m in models.split(",") if m]

@@ -6,25 +6,10 @@ an ensemble, the step models it calls through ``DeploymentHandle``\\ s. Everythi
 is plain data so that it is tested without Ray and can be printed
 (``python -m pdserve.ray.plan REPO``).
 
-Resources from the instance groups (``ray_actor_options``), as a replica hosts one
-copy of every instance of its model:
-
-=====================================  ===========================================
-instance groups                        ``ray_actor_options``
-=====================================  ===========================================
-``KIND_CPU`` / ``KIND_AUTO``, count N  ``num_cpus``: the sum of the counts (a
-                                       group without ``count`` counts 1)
-``KIND_GPU`` with ``gpus [a, b]``      ``num_gpus``: the number of distinct GPUs
-                                       named (1 when none is named); ``num_cpus``
-                                       1 for the host side
-none                                   ``num_cpus`` 1
-``platform: "ensemble"``               ``num_cpus`` 0.25: it only routes tensors
-=====================================  ===========================================
-
-Per-model overrides (``options[model]``) replace any of ``num_replicas``,
-``autoscaling_config``, ``ray_actor_options``, ``max_ongoing_requests``,
-``max_replicas_per_node``; ``autoscaling_config`` and ``num_replicas`` exclude each
-other (Serve's rule).
+Resources come from the instance groups (:func:`actor_options`). Per-model overrides
+(``options[model]``) replace any of ``num_replicas``, ``autoscaling_config``,
+``ray_actor_options``, ``max_ongoing_requests``, ``max_replicas_per_node``;
+``autoscaling_config`` and ``num_replicas`` exclude each other (Serve's rule).
 """
 
 from __future__ import annotations
@@ -35,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve import config as cfgmod
+from pdserve.config import ModelConfig
 from pdserve.repository import layout
 
 #: Options a model's deployment takes from ``options[model]`` (Serve's names).
@@ -78,9 +64,21 @@ class DeploymentPlan:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def actor_options(cfg: Any) -> dict[str, Any]:
-    """``ray_actor_options`` for a replica of the model ``cfg`` (a ``ModelConfig``):
-    see the module docstring's table.
+def actor_options(cfg: ModelConfig) -> dict[str, Any]:
+    """``ray_actor_options`` for a replica of the model ``cfg``, which hosts one copy of
+    every instance of the model:
+
+    =====================================  ===========================================
+    instance groups                        ``ray_actor_options``
+    =====================================  ===========================================
+    ``KIND_CPU`` / ``KIND_AUTO``, count N  ``num_cpus``: the sum of the counts (a
+                                           group without ``count`` counts 1)
+    ``KIND_GPU`` with ``gpus [a, b]``      ``num_gpus``: the number of distinct GPUs
+                                           named (1 when none is named); ``num_cpus``
+                                           1 for the host side
+    none                                   ``num_cpus`` 1
+    ``platform: "ensemble"``               ``num_cpus`` 0.25: it only routes tensors
+    =====================================  ===========================================
 
     Returns:
         ``{"num_cpus": float}`` plus ``"num_gpus": int`` for a GPU model.
@@ -123,7 +121,7 @@ def plan_application(
     on_disk = layout.scan_repository(root)
     wanted = sorted(on_disk) if models is None else list(models)
     options = dict(options or {})
-    configs: dict[str, Any] = {}
+    configs: dict[str, ModelConfig] = {}
     order: list[str] = []
 
     def visit(name: str, chain: tuple[str, ...]) -> None:

@@ -53,9 +53,12 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from pdserve.core.api import RepositoryHost
 from pdserve.repository import layout
+
+if TYPE_CHECKING:
+    from pdserve.repository.manager import ModelManager
 
 log = logging.getLogger("pdserve.control")
 
@@ -63,6 +66,7 @@ __all__ = [
     "EXPLICIT_MODES",
     "MODES",
     "SETTLE_SECS",
+    "RepositoryHost",
     "RepositoryPoller",
     "snapshot",
 ]
@@ -77,6 +81,25 @@ SETTLE_SECS = 0.25
 
 #: What poll mode compares: (model-level fingerprint, ((version, fingerprint), ...)).
 Snapshot = tuple[str, tuple[tuple[int, str], ...]]
+
+
+@runtime_checkable
+class RepositoryHost(Protocol):
+    """What the repository poller needs from the core (:class:`pdserve.server.InferenceServer`)."""
+
+    @property
+    def started(self) -> bool:
+        """True once the initial models were loaded: polling starts after that."""
+        ...
+
+    @property
+    def manager(self) -> ModelManager:
+        """The model manager the poller loads and unloads through (no control-mode check)."""
+        ...
+
+    def live(self) -> bool:
+        """False once the server shuts down: polling stops."""
+        ...
 
 
 def snapshot(mdir: layout.ModelDir) -> Snapshot:
@@ -98,7 +121,7 @@ class RepositoryPoller:
     """Poll mode: reconcile the loaded models with the model repository on disk.
 
     Args:
-        server: the core (:class:`~pdserve.core.api.RepositoryHost`): its ``manager``
+        server: the core (:class:`RepositoryHost`): its ``manager``
             loads and unloads; polling starts once it has ``started`` and stops when it
             is no longer ``live``.
         interval: seconds between scans.

@@ -10,18 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from pdserve import config as cfgmod
 from pdserve.backends.base import ExecRequest, ModelInstance, ModelSpec
-from pdserve.core.datatypes import NUMPY_TO_V2, bytes_array, numpy_to_v2
+from pdserve.core.datatypes import NUMPY_TO_V2, WILDCARD_DIM, bytes_array, numpy_to_v2
 from pdserve.core.errors import InferError
+from pdserve.core.stats import ModelStats
 from pdserve.core.types import InferRequest, RequestedOutput
-from pdserve.observability.stats import ModelStats
-from pdserve.scheduling.shapes import WILDCARD, OutputCheck, reshape_dims
+from pdserve.scheduling.base import Scheduler, Unloaded
+from pdserve.scheduling.shapes import OutputCheck, reshape_dims
 
 log = logging.getLogger("pdserve.model")
 
@@ -30,9 +32,6 @@ log = logging.getLogger("pdserve.model")
 ABORT_GRACE_S = 1.0
 #: Seconds to wait, after aborting the instances, for the requests they held to fail.
 ABORT_WAIT_S = 5.0
-
-if TYPE_CHECKING:
-    from pdserve.scheduling.base import Scheduler
 
 
 @dataclass(slots=True)
@@ -59,7 +58,7 @@ class IOSpec:
     reshape: tuple[int, ...] | None = None
 
 
-def _shape_str(shape: Any) -> str:
+def _shape_str(shape: Iterable[int]) -> str:
     return "[" + ",".join(str(int(d)) for d in shape) + "]"
 
 
@@ -72,7 +71,8 @@ class ModelVersion:
         max_batch_size: 0 when the model does not batch.
         inputs / outputs: :class:`IOSpec` by name, in config order.
         instances: the model instances.
-        scheduler: runs requests (set by the manager once instances exist).
+        scheduler: runs requests (set by the manager once instances exist; until then
+            one that refuses every request).
         stats: statistics extension counters.
         inflight: requests accepted and not yet answered.
     """
@@ -119,8 +119,9 @@ class ModelVersion:
         #: checks (and reshapes) every result the scheduler gets back (datatype, rows, dims)
         self.output_check = OutputCheck(cfg)
         self.instances: list[ModelInstance] = []
-        self.scheduler: Scheduler | None = None
         self.stats = ModelStats(self.name, self.version_str)
+        #: replaced by the model manager once the instances are loaded
+        self.scheduler: Scheduler = Unloaded(self.stats)
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -161,6 +162,7 @@ class ModelVersion:
 
     # -- request checks -------------------------------------------------------
 
+    # measured hot path (every request): one function, as a split adds a call per request
     def prepare(self, request: InferRequest) -> ExecRequest:
         """Check ``request`` against the configuration and build its ExecRequest.
 
@@ -254,7 +256,7 @@ class ModelVersion:
             inputs = dict(request.inputs)
         return ExecRequest(inputs, output_names, request, batch_size)
 
-    def _reshape_input(self, spec: IOSpec, arr: np.ndarray, rest: Any) -> np.ndarray:
+    def _reshape_input(self, spec: IOSpec, arr: np.ndarray, rest: tuple[int, ...]) -> np.ndarray:
         """``arr`` (shape ``[batch] + rest``) as the model gets it: ``rest`` reshaped from
         ``dims`` to ``reshape.shape`` (:func:`~pdserve.scheduling.shapes.reshape_dims`),
         a view, as Triton's ``InferenceRequest::Normalize`` does for every backend.
@@ -266,14 +268,14 @@ class ModelVersion:
         target = spec.reshape
         assert target is not None
         try:
-            if WILDCARD in target:
+            if WILDCARD_DIM in target:
                 target = reshape_dims(rest, spec.dims, target)
             return arr.reshape((arr.shape[0], *target) if self.max_batch_size > 0 else target)
         except ValueError as e:
             raise InferError(
                 f"input '{spec.name}' of shape {_shape_str(arr.shape)} for model '{self.name}' "
                 f"cannot be reshaped from dims {_shape_str(spec.dims)} to reshape.shape "
-                f"{_shape_str(spec.reshape)}: {e}"
+                f"{_shape_str(spec.reshape or ())}: {e}"
             ) from None
 
     def _missing_inputs_message(self, request: InferRequest, missing: list[str]) -> str:
@@ -372,9 +374,7 @@ class ModelVersion:
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - loop.time())
 
-        finished = True
-        if self.scheduler is not None:
-            finished = await self.scheduler.close(left())
+        finished = await self.scheduler.close(left())
         if finished and self.inflight and self.platform != cfgmod.ENSEMBLE_PLATFORM:
             finished = await self.drain(left())
         if not finished:
@@ -388,7 +388,7 @@ class ModelVersion:
             await asyncio.gather(
                 *(i.abort(ABORT_GRACE_S) for i in self.instances), return_exceptions=True
             )
-            if not await self.drain(ABORT_WAIT_S) and self.scheduler is not None:
+            if not await self.drain(ABORT_WAIT_S):
                 await self.scheduler.cancel_running()
         await asyncio.gather(*(i.close() for i in self.instances), return_exceptions=True)
         self.instances = []

@@ -9,16 +9,11 @@ model configuration (:mod:`pdserve.scheduling.shapes`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pdserve.config import ENSEMBLE_PLATFORM
-from pdserve.scheduling.base import DirectScheduler, InstancePool, Scheduler
-
-if TYPE_CHECKING:
-    from pdserve.repository.model import ModelVersion
+from pdserve.scheduling.base import DirectScheduler, InstancePool, ScheduledModel, Scheduler
 
 
-def create_scheduler(model: ModelVersion) -> Scheduler:
+def create_scheduler(model: ScheduledModel) -> Scheduler:
     """Build the scheduler for a loaded model version (instances already created)."""
     # an ensemble has no instances: its steps' schedulers do the work
     if model.config.platform == ENSEMBLE_PLATFORM:
@@ -32,9 +27,7 @@ def create_scheduler(model: ModelVersion) -> Scheduler:
 
         return SequenceBatcher(pool, model.stats, model, model.output_check)
     if cfg.HasField("dynamic_batching"):  # max_batch_size 0: queued (policies), not batched
-        try:
-            from pdserve.scheduling.dynamic_batcher import DynamicBatcher
-        except ImportError:  # pragma: no cover - until the batcher lands
-            return DirectScheduler(pool, model.stats, model.output_check)
+        from pdserve.scheduling.dynamic_batcher import DynamicBatcher
+
         return DynamicBatcher(pool, model.stats, model, model.output_check)
     return DirectScheduler(pool, model.stats, model.output_check)

@@ -11,15 +11,84 @@ import abc
 import asyncio
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance
+from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance, ModelSpec
 from pdserve.core import tracing
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
-from pdserve.observability.stats import ModelStats
+from pdserve.core.stats import NOT_QUEUED, ModelStats
 from pdserve.scheduling.shapes import OutputCheck
+
+if TYPE_CHECKING:
+    from tritonclient.grpc import model_config_pb2
+
+
+class InputDims(Protocol):
+    """What a batcher reads of one configured input."""
+
+    @property
+    def dims(self) -> list[int]:
+        """Configured dims without the batch dim; -1 is variable."""
+        ...
+
+    @property
+    def optional(self) -> bool:
+        """The request may omit it."""
+        ...
+
+    @property
+    def ragged(self) -> bool:
+        """``allow_ragged_batch``."""
+        ...
+
+
+class SchedulerSpec(Protocol):
+    """What a batcher reads of the model version it serves (the repository's
+    ``ModelVersion`` is one)."""
+
+    @property
+    def name(self) -> str:
+        """The model's name."""
+        ...
+
+    @property
+    def config(self) -> model_config_pb2.ModelConfig:
+        """The (auto-completed) model configuration: batching, queue policies, sequences."""
+        ...
+
+    @property
+    def inputs(self) -> Mapping[str, InputDims]:
+        """The configured inputs by name."""
+        ...
+
+
+class ScheduledModel(SchedulerSpec, Protocol):
+    """What :func:`pdserve.scheduling.create_scheduler` and the ensemble scheduler read:
+    a :class:`SchedulerSpec` with its loaded instances, statistics recorder, output
+    check and load spec (an ensemble's plan in ``spec.extra``, the core in ``spec.server``)."""
+
+    @property
+    def instances(self) -> list[ModelInstance]:
+        """The loaded model instances (none for an ensemble)."""
+        ...
+
+    @property
+    def stats(self) -> ModelStats:
+        """Where the version's statistics are recorded."""
+        ...
+
+    @property
+    def output_check(self) -> OutputCheck:
+        """Checks every result against the configuration."""
+        ...
+
+    @property
+    def spec(self) -> ModelSpec:
+        """What the version was loaded from."""
+        ...
 
 
 class InstancePool:
@@ -206,10 +275,58 @@ class Scheduler(abc.ABC):
         """Fail (``UNAVAILABLE``) what the scheduler still runs; the instances are stopping."""
 
 
+class BatchingScheduler(Scheduler):
+    """A scheduler that runs each batch as its own task (the dynamic and sequence
+    batchers): it keeps the running tasks in ``_tasks`` until they are done."""
+
+    def __init__(
+        self, pool: InstancePool, stats: ModelStats, check: OutputCheck | None = None
+    ) -> None:
+        super().__init__(pool, stats, check)
+        #: the running batches (a task adds ``_tasks.discard`` as its done callback)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _wait_batches(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` s (``None``: no limit) for the running batches.
+
+        Returns:
+            True when none is running any more.
+        """
+        if not self._tasks:
+            return True
+        if timeout is not None and timeout <= 0:
+            return False
+        _, pending = await asyncio.wait(list(self._tasks), timeout=timeout)
+        return not pending
+
+    async def cancel_running(self) -> None:
+        """Cancel the batches still running: their requests get ``UNAVAILABLE`` at once."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+
+
 def is_cancelled(request: ExecRequest) -> bool:
     """True when the client that sent ``request`` has gone away."""
     cancelled = request.request.cancelled
     return bool(cancelled is not None and cancelled())
+
+
+class Unloaded(Scheduler):
+    """The scheduler of a model version whose instances are not loaded yet: refuses
+    every request (``UNAVAILABLE``, not queued)."""
+
+    def __init__(self, stats: ModelStats) -> None:
+        super().__init__(InstancePool([]), stats)
+
+    async def submit(self, request: ExecRequest) -> dict[str, np.ndarray]:
+        """Refuse ``request``."""
+        raise unavailable(
+            f"model '{self.stats.name}' has no loaded instances: request not accepted",
+            reason=NOT_QUEUED,
+        )
 
 
 class DirectScheduler(Scheduler):

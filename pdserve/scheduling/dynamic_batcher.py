@@ -1,54 +1,14 @@
 """The dynamic batcher (``dynamic_batching { }`` in config.pbtxt).
 
-Triton semantics (docs/user_guide/batcher.md, model_config.proto
-``ModelDynamicBatching``; batch formation follows Triton core's
-``DynamicBatchScheduler::GetDynamicBatch``):
+:class:`DynamicBatcher` queues a model's requests by priority level and merges them
+along the batch dimension into batches for the next free instance, as Triton's
+``DynamicBatchScheduler`` does (docs/user_guide/batcher.md): preferred batch sizes,
+``max_queue_delay_microseconds``, queue policies (:mod:`pdserve.scheduling.queue_policy`),
+``preserve_ordering`` and, beyond Triton, the ``padding`` policy
+(:mod:`pdserve.scheduling.padding`). Its docstring states the rules.
 
-- Queued requests are merged along the batch dimension, in queue order (highest
-  priority level first, FIFO within a level, requests delayed by a ``DELAY``
-  timeout after the others of their level), into batches of at most the largest
-  preferred batch size (``max_batch_size`` when none is configured) rows. A batch
-  is a *contiguous* run of that order: requests are never reordered to fill one.
-- A batch is sent as soon as an instance is free and any of: it cannot grow (the
-  next request would exceed the limit, or has a different shape), it has reached
-  the largest preferred size, the largest preferred size it can reach is found
-  (the batch is cut there), its oldest request has waited
-  ``max_queue_delay_microseconds``, or that delay is 0. Otherwise the batcher
-  waits for more requests or for the delay to expire.
-- Requests whose non-batch dims differ (variable ``-1`` dims, or optional inputs
-  present in one and not the other) never share a batch; inputs marked
-  ``allow_ragged_batch`` are exempt from that check (the backend concatenates
-  them).
-- Beyond Triton: a model with a ``padding`` parameter
-  (:mod:`pdserve.scheduling.padding`) has its padded dimension left out of that
-  check; instead requests are grouped by their padding group (bucket): a batch
-  holds one group, and requests of other groups queued between them are skipped
-  (they stay queued, in order, for the next batch) rather than ending the batch.
-  When the batch runs, its padded inputs are padded to the group's bucket (or the
-  batch's longest request: ``pad_to=max``, ``bucket_pad=longest``) and the listed
-  outputs cut back to each request's own length. Statistics count the batch as it
-  ran (its rows, one execution).
-- ``preserve_ordering``: responses are released in the order the requests were
-  dispatched, even when a later batch finishes first on another instance.
-- Queue policies, priorities, ``max_queue_size`` and timeouts: see
-  :mod:`pdserve.scheduling.queue_policy`. A full queue rejects at once with 503
-  "exceeds maximum queue size"; a ``REJECT`` timeout fails the request with 503
-  "Request timeout expired".
-- A request whose client went away is dropped when its batch is formed, before it
-  reaches an instance; a cancelled request (:mod:`pdserve.core.cancel`) leaves the
-  queue at once (the batcher follows its token and answers the token's error),
-  freeing its ``max_queue_size`` slot.
-  A level with ``allow_timeout_override`` applies the request's ``timeout`` itself.
-- Batches only form when an instance is free, so at most one batch runs per
-  instance and batches in flight never exceed the instance count; while every
-  instance is busy, the queue grows and the next batch is larger.
-
-Cost model: no task or thread per request. ``submit`` appends to a deque and
-awaits a future; batch formation resumes an incremental scan where it stopped
-(no rescan per arrival); one task per *batch* runs it; futures are resolved in
-bulk when it returns; waiting uses ``loop.call_later`` timers, never polling.
-uvloop timers have a 1 ms granularity and may fire early: the batcher re-checks
-``time.monotonic_ns()`` and re-arms, so the delay is never cut short.
+No task or thread per request: ``submit`` appends to a deque and awaits a future; one
+task per batch runs it; timers, never polling, wait for the queue delay.
 """
 
 from __future__ import annotations
@@ -58,21 +18,23 @@ import heapq
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from pdserve.backends.base import ExecRequest, ExecResult
+from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance
 from pdserve.core.cancel import CancelToken, queue_owns_timeout, token_of
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
-from pdserve.observability.stats import NOT_QUEUED, ModelStats
-from pdserve.scheduling.base import InstancePool, Scheduler, run_batch
+from pdserve.core.stats import NOT_QUEUED, ModelStats
+from pdserve.scheduling.base import (
+    BatchingScheduler,
+    InstancePool,
+    SchedulerSpec,
+    run_batch,
+)
 from pdserve.scheduling.padding import PaddingPolicy, policy_of
 from pdserve.scheduling.queue_policy import PriorityLevels
 from pdserve.scheduling.shapes import OutputCheck
-
-if TYPE_CHECKING:
-    from pdserve.repository.model import ModelVersion
 
 log = logging.getLogger("pdserve.batcher")
 
@@ -159,14 +121,64 @@ def _cancel_gone(items: list[_Item]) -> None:
             it.fut.set_exception(_gone_error())
 
 
-class DynamicBatcher(Scheduler):
+class DynamicBatcher(BatchingScheduler):
     """Per-model dynamic batcher with priorities and queue policies.
+
+    Triton semantics (docs/user_guide/batcher.md, model_config.proto
+    ``ModelDynamicBatching``; batch formation follows Triton core's
+    ``DynamicBatchScheduler::GetDynamicBatch``):
+
+    - Queued requests are merged along the batch dimension, in queue order (highest
+      priority level first, FIFO within a level, requests delayed by a ``DELAY``
+      timeout after the others of their level), into batches of at most the largest
+      preferred batch size (``max_batch_size`` when none is configured) rows. A batch
+      is a *contiguous* run of that order: requests are never reordered to fill one.
+    - A batch is sent as soon as an instance is free and any of: it cannot grow (the
+      next request would exceed the limit, or has a different shape), it has reached
+      the largest preferred size, the largest preferred size it can reach is found
+      (the batch is cut there), its oldest request has waited
+      ``max_queue_delay_microseconds``, or that delay is 0. Otherwise the batcher
+      waits for more requests or for the delay to expire.
+    - Requests whose non-batch dims differ (variable ``-1`` dims, or optional inputs
+      present in one and not the other) never share a batch; inputs marked
+      ``allow_ragged_batch`` are exempt from that check (the backend concatenates
+      them).
+    - Beyond Triton: a model with a ``padding`` parameter
+      (:mod:`pdserve.scheduling.padding`) has its padded dimension left out of that
+      check; instead requests are grouped by their padding group (bucket): a batch
+      holds one group, and requests of other groups queued between them are skipped
+      (they stay queued, in order, for the next batch) rather than ending the batch.
+      When the batch runs, its padded inputs are padded to the group's bucket (or the
+      batch's longest request: ``pad_to=max``, ``bucket_pad=longest``) and the listed
+      outputs cut back to each request's own length. Statistics count the batch as it
+      ran (its rows, one execution).
+    - ``preserve_ordering``: responses are released in the order the requests were
+      dispatched, even when a later batch finishes first on another instance.
+    - Queue policies, priorities, ``max_queue_size`` and timeouts: see
+      :mod:`pdserve.scheduling.queue_policy`. A full queue rejects at once with 503
+      "exceeds maximum queue size"; a ``REJECT`` timeout fails the request with 503
+      "Request timeout expired".
+    - A request whose client went away is dropped when its batch is formed, before it
+      reaches an instance; a cancelled request (:mod:`pdserve.core.cancel`) leaves the
+      queue at once (the batcher follows its token and answers the token's error),
+      freeing its ``max_queue_size`` slot.
+      A level with ``allow_timeout_override`` applies the request's ``timeout`` itself.
+    - Batches only form when an instance is free, so at most one batch runs per
+      instance and batches in flight never exceed the instance count; while every
+      instance is busy, the queue grows and the next batch is larger.
+
+    Cost model: no task or thread per request. ``submit`` appends to a deque and
+    awaits a future; batch formation resumes an incremental scan where it stopped
+    (no rescan per arrival); one task per *batch* runs it; futures are resolved in
+    bulk when it returns; waiting uses ``loop.call_later`` timers, never polling.
+    uvloop timers have a 1 ms granularity and may fire early: the batcher re-checks
+    ``time.monotonic_ns()`` and re-arms, so the delay is never cut short.
 
     Args:
         pool: the model's instances.
         stats: the model version's statistics (execution stats recorded per batch
             by :func:`run_batch`; ``pending`` kept equal to the queued requests).
-        model: the loaded model version (configuration, inputs).
+        model: the model version's name, configuration and inputs.
         check: the model's output check (:class:`~pdserve.scheduling.shapes.OutputCheck`)
             run on every batch's results; None: unchecked.
     """
@@ -182,7 +194,7 @@ class DynamicBatcher(Scheduler):
         self,
         pool: InstancePool,
         stats: ModelStats,
-        model: ModelVersion,
+        model: SchedulerSpec,
         check: OutputCheck | None = None,
     ) -> None:
         super().__init__(pool, stats, check)
@@ -233,7 +245,6 @@ class DynamicBatcher(Scheduler):
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._expiry_at = 0
         self._inorder: deque[_Batch] = deque()
-        self._tasks: set[asyncio.Task[None]] = set()
         self._kicked = False
         self._reset_scan()
 
@@ -271,6 +282,7 @@ class DynamicBatcher(Scheduler):
             key.append(shape)
         return tuple(key)
 
+    # measured hot path (every request): one function, as a split adds a call per request
     async def submit(self, request: ExecRequest) -> dict[str, np.ndarray]:
         """Queue ``request`` and wait for its outputs.
 
@@ -376,7 +388,7 @@ class DynamicBatcher(Scheduler):
             # A failed future's exception carries a traceback through this frame: without
             # this, future -> exception -> traceback -> frame -> future would be a cycle
             # keeping the request's tensors until a full garbage collection.
-            fut = item = interrupt = None  # type: ignore[assignment]
+            fut = item = interrupt = None  # type: ignore[assignment]  # no future -> traceback -> frame cycle
 
     def _kick(self) -> None:
         self._kicked = False
@@ -552,7 +564,7 @@ class DynamicBatcher(Scheduler):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _execute(self, instance: Any, items: list[_Item]) -> list[ExecResult]:
+    async def _execute(self, instance: ModelInstance, items: list[_Item]) -> list[ExecResult]:
         """Run one batch on ``instance`` (released afterwards); one result per item.
 
         Requests whose client went away since the batch was formed are answered ``CLIENT_GONE``
@@ -578,7 +590,7 @@ class DynamicBatcher(Scheduler):
         finally:
             self.pool.release(instance)
 
-    async def _run_batch(self, instance: Any, items: list[_Item]) -> list[ExecResult]:
+    async def _run_batch(self, instance: ModelInstance, items: list[_Item]) -> list[ExecResult]:
         """:func:`run_batch` on the items' requests; under a padding policy, the padded
         inputs are padded to the batch's target length first and the listed outputs
         cut back to each request's own length afterwards."""
@@ -597,13 +609,13 @@ class DynamicBatcher(Scheduler):
         cut = padding.cut
         return [cut(self.name, res, n, target) for res, n in zip(results, lengths, strict=True)]
 
-    async def _run(self, instance: Any, items: list[_Item]) -> None:
+    async def _run(self, instance: ModelInstance, items: list[_Item]) -> None:
         results = await self._execute(instance, items)
         _deliver(items, results)
         if self._queued:
             self._schedule()
 
-    async def _run_ordered(self, instance: Any, batch: _Batch) -> None:
+    async def _run_ordered(self, instance: ModelInstance, batch: _Batch) -> None:
         try:
             batch.results = await self._execute(instance, batch.items)
         finally:
@@ -612,7 +624,7 @@ class DynamicBatcher(Scheduler):
             order = self._inorder
             while order and order[0].results is not None:
                 done = order.popleft()
-                _deliver(done.items, done.results)  # type: ignore[arg-type]
+                _deliver(done.items, done.results)  # type: ignore[arg-type]  # not None: the loop checked it
         if self._queued:
             self._schedule()
 
@@ -689,17 +701,4 @@ class DynamicBatcher(Scheduler):
                     if not it.fut.done():
                         it.fut.set_exception(unavailable(message))
         self._reset_scan()
-        if self._tasks:
-            if timeout is not None and timeout <= 0:
-                return False
-            _, pending = await asyncio.wait(list(self._tasks), timeout=timeout)
-            return not pending
-        return True
-
-    async def cancel_running(self) -> None:
-        """Cancel the batches still running: their requests get a 503 at once."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=1.0)
+        return await self._wait_batches(timeout)

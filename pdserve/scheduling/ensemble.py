@@ -8,35 +8,8 @@ outputs to ensemble tensors (``output_map { key: "<model output>" value:
 "<ensemble tensor>" }``). Ensemble tensors are the ensemble's inputs, its outputs
 and any intermediate names the steps agree on.
 
-Validation at load (:func:`validate_ensemble`, Triton's ``ValidateEnsembleConfig``
-in ``ensemble_utils.cc``): every step model is loaded; every key of a map is an
-input / output of that model; every required model input is mapped; every tensor a
-step reads is an ensemble input or produced by exactly one step; no step writes an
-ensemble input; every ensemble output is produced; every ensemble input is read by
-some step; the steps form no cycle; and wherever a tensor passes between the
-ensemble and a step or between two steps, datatypes are equal and shapes agree
-(a ``-1`` matches any size; batching models contribute a leading ``-1``). An
-ensemble that batches (``max_batch_size > 0``) needs steps whose
-``max_batch_size`` is at least its own. Every error is a
-:class:`~pdserve.config.ConfigError` naming the ensemble, the step and the tensor.
-
-Execution (:class:`EnsembleScheduler`): event-driven. A step starts as soon as all
-the tensors it reads exist, so independent steps run concurrently; each step's
-request goes through that step model's own scheduler
-(``InferenceServer.infer_on``), so the predictor step batches across concurrent
-pipeline requests and shows in that model's statistics. Only the steps needed for
-the requested outputs run. When the request is cancelled (client gone, gRPC cancel or
-deadline, ``timeout`` parameter: :mod:`pdserve.core.cancel`), no further step starts
-and the steps in flight are cancelled with it (their requests share its token); steps
-get the request's remaining ``timeout``. ``ensemble_scheduling { max_inflight_requests }``
-(Triton's; 0: unlimited) bounds the requests in flight at each step: one beyond it
-waits in the ensemble. pdserve's ensemble parameter ``step_timeout_us`` cancels a step
-that runs longer (503 "Request timeout expired"). An error in a step fails that
-ensemble request with the step's error (message and code) unchanged; other requests
-are untouched. Each step's outputs are checked against its model's configuration by
-that model's scheduler, and the ensemble's outputs against the ensemble's
-(:mod:`pdserve.scheduling.shapes`): a wrong shape or datatype is ``INTERNAL``. The
-ensemble itself has no instances and no instance limit.
+:class:`EnsembleBackend` validates an ensemble at load; :class:`EnsembleScheduler`
+runs its requests, each step through that step model's own scheduler.
 """
 
 from __future__ import annotations
@@ -44,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,17 +25,15 @@ import numpy as np
 
 from pdserve import config as cfgmod
 from pdserve.backends.base import Backend, ExecRequest, ModelInstance, ModelSpec
+from pdserve.core.api import ModelRef, ModelRunner
 from pdserve.core.cancel import CancelToken, token_of
+from pdserve.core.datatypes import WILDCARD_DIM
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.core.types import InferRequest, RequestedOutput
-from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled
+from pdserve.scheduling.base import InstancePool, ScheduledModel, Scheduler, is_cancelled
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2
-
-    from pdserve.repository.model import ModelVersion
-
-WILDCARD = -1
 
 
 @dataclass(slots=True)
@@ -127,12 +98,14 @@ class EnsemblePlan:
         return sorted(needed)
 
 
-def _full_shape(cfg: model_config_pb2.ModelConfig, dims: Any) -> list[int]:
-    return ([WILDCARD] if cfg.max_batch_size > 0 else []) + [int(d) for d in dims]
+def _full_shape(cfg: model_config_pb2.ModelConfig, dims: Iterable[int]) -> list[int]:
+    return ([WILDCARD_DIM] if cfg.max_batch_size > 0 else []) + [int(d) for d in dims]
 
 
 def _shapes_agree(a: list[int], b: list[int]) -> bool:
-    return len(a) == len(b) and all(x == y or WILDCARD in (x, y) for x, y in zip(a, b, strict=True))
+    return len(a) == len(b) and all(
+        x == y or WILDCARD_DIM in (x, y) for x, y in zip(a, b, strict=True)
+    )
 
 
 def _shape_str(shape: list[int]) -> str:
@@ -364,6 +337,18 @@ StepLookup = Callable[[str, str], "model_config_pb2.ModelConfig | None"]
 class EnsembleBackend(Backend):
     """``platform: "ensemble"``: validates the steps at load; no model instances.
 
+    Validation at load (:func:`validate_ensemble`, Triton's ``ValidateEnsembleConfig``
+    in ``ensemble_utils.cc``): every step model is loaded; every key of a map is an
+    input / output of that model; every required model input is mapped; every tensor a
+    step reads is an ensemble input or produced by exactly one step; no step writes an
+    ensemble input; every ensemble output is produced; every ensemble input is read by
+    some step; the steps form no cycle; and wherever a tensor passes between the
+    ensemble and a step or between two steps, datatypes are equal and shapes agree
+    (a ``-1`` matches any size; batching models contribute a leading ``-1``). An
+    ensemble that batches (``max_batch_size > 0``) needs steps whose
+    ``max_batch_size`` is at least its own. Every error is a
+    :class:`~pdserve.config.ConfigError` naming the ensemble, the step and the tensor.
+
     Args:
         lookup: where the step models' configurations come from. None (the model
             manager's): the models the server (``spec.server``) has loaded.
@@ -385,7 +370,7 @@ class EnsembleBackend(Backend):
         """
         server = spec.server
 
-        def loaded(model_name: str, version: str) -> Any:
+        def loaded(model_name: str, version: str) -> model_config_pb2.ModelConfig | None:
             if server is None:
                 return None
             try:
@@ -410,12 +395,30 @@ class EnsembleBackend(Backend):
 class EnsembleScheduler(Scheduler):
     """Runs an ensemble request step by step as the step inputs become available.
 
+    Execution (:class:`EnsembleScheduler`): event-driven. A step starts as soon as all
+    the tensors it reads exist, so independent steps run concurrently; each step's
+    request goes through that step model's own scheduler
+    (``InferenceServer.infer_on``), so the predictor step batches across concurrent
+    pipeline requests and shows in that model's statistics. Only the steps needed for
+    the requested outputs run. When the request is cancelled (client gone, gRPC cancel or
+    deadline, ``timeout`` parameter: :mod:`pdserve.core.cancel`), no further step starts
+    and the steps in flight are cancelled with it (their requests share its token); steps
+    get the request's remaining ``timeout``. ``ensemble_scheduling { max_inflight_requests }``
+    (Triton's; 0: unlimited) bounds the requests in flight at each step: one beyond it
+    waits in the ensemble. pdserve's ensemble parameter ``step_timeout_us`` cancels a step
+    that runs longer (503 "Request timeout expired"). An error in a step fails that
+    ensemble request with the step's error (message and code) unchanged; other requests
+    are untouched. Each step's outputs are checked against its model's configuration by
+    that model's scheduler, and the ensemble's outputs against the ensemble's
+    (:mod:`pdserve.scheduling.shapes`): a wrong shape or datatype is ``INTERNAL``. The
+    ensemble itself has no instances and no instance limit.
+
     Args:
         model: the ensemble's loaded version; its ``spec.extra["ensemble_plan"]``
             comes from :class:`EnsembleBackend`; its ``spec.server`` runs the steps.
     """
 
-    def __init__(self, model: ModelVersion) -> None:
+    def __init__(self, model: ScheduledModel) -> None:
         super().__init__(InstancePool([]), model.stats)
         self.model = model
         self.plan: EnsemblePlan = model.spec.extra["ensemble_plan"]
@@ -478,7 +481,7 @@ class EnsembleScheduler(Scheduler):
             # a failed step's error has a traceback through this frame, and the tasks
             # hold that error: drop them here so that no cycle keeps the tensors alive
             running.clear()
-            done = task = None  # type: ignore[assignment]
+            done = task = None  # type: ignore[assignment]  # no task -> error -> frame cycle
         missing = [n for n in wanted if n not in tensors]
         if missing or todo:
             raise internal(f"ensemble '{plan.name}' could not produce {missing or sorted(todo)}")
@@ -536,21 +539,29 @@ class EnsembleScheduler(Scheduler):
         stream.put(None, final=True)
         return {}
 
-    async def _step_responses(
-        self, step: EnsembleStep, tensors: dict[str, np.ndarray], parent: ExecRequest
-    ) -> AsyncIterator[dict[str, np.ndarray]]:
-        """The outputs of each response of one step: one for a step model that is not
-        decoupled, each non-empty one of a decoupled step model."""
+    def _step_model(self, step: EnsembleStep) -> tuple[ModelRunner, ModelRef]:
+        """The core and the ready version of ``step``'s model.
+
+        Raises:
+            InferError(UNAVAILABLE): the step model is not available any more.
+        """
         server = self.server
         if server is None:  # unreachable: an ensemble loads only when its steps were found
             raise internal(f"ensemble '{self.plan.name}' has no server to run its steps")
         try:
-            mv = server.model_version(step.model_name, step.model_version)
+            return server, server.model_version(step.model_name, step.model_version)
         except InferError as e:
             raise unavailable(
                 f"ensemble '{self.plan.name}': step model '{step.model_name}' is not "
                 f"available: {e.message}"
             ) from None
+
+    async def _step_responses(
+        self, step: EnsembleStep, tensors: dict[str, np.ndarray], parent: ExecRequest
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """The outputs of each response of one step: one for a step model that is not
+        decoupled, each non-empty one of a decoupled step model."""
+        server, mv = self._step_model(step)
         if not mv.decoupled:
             yield await self._run_step(step, tensors, parent)
             return
@@ -599,16 +610,7 @@ class EnsembleScheduler(Scheduler):
             sub.trace = origin.trace.child(
                 {"pdserve.ensemble": self.plan.name, "pdserve.ensemble_step": step.index}
             )
-        server = self.server
-        if server is None:  # unreachable: an ensemble loads only when its steps were found
-            raise internal(f"ensemble '{self.plan.name}' has no server to run its steps")
-        try:
-            mv = server.model_version(step.model_name, step.model_version)
-        except InferError as e:
-            raise unavailable(
-                f"ensemble '{self.plan.name}': step model '{step.model_name}' is not "
-                f"available: {e.message}"
-            ) from None
+        server, mv = self._step_model(step)
         slot = self._step_slots.get(step.index)
         try:
             if slot is None:
@@ -637,7 +639,7 @@ def _cancel_error(request: InferRequest, ensemble: str) -> InferError:
     )
 
 
-def _step_timeout_ns(config: Any) -> int:
+def _step_timeout_ns(config: model_config_pb2.ModelConfig) -> int:
     """The ensemble's ``step_timeout_us`` parameter in ns (0: none or not a positive
     integer)."""
     param = config.parameters.get("step_timeout_us")

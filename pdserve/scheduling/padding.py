@@ -1,54 +1,11 @@
 """Batching requests of different lengths: the ``padding`` policy of a model.
 
-Triton's dynamic batcher only batches requests whose shapes are identical (or inputs
-marked ``allow_ragged_batch``, for a model written for ragged input). A transformer
-fed token ids of each request's own length therefore gets batches of one. This
-policy, set per model in config.pbtxt ``parameters``, pads one variable dimension of
-chosen inputs so that requests of different lengths run as one batch, and cuts the
-outputs that carry that dimension back to each request's own length::
-
-    parameters {
-      key: "padding"
-      value: { string_value: "inputs=input_ids:0:0,attention_mask:0:0,token_type_ids:0:0; outputs=token_embeddings:0; pad_to=16,32,64,128,256" }
-    }
-
-Clauses, separated by ``;`` (spaces are ignored):
-
-- ``inputs=NAME:DIM:VALUE,...`` (required): each input to pad, the index ``DIM`` of
-  its variable dimension in the configured ``dims`` (the batch dimension is not
-  counted; ``dims: [ -1 ]`` -> ``0``), and the value padded positions get, which must
-  be exactly representable in the input's datatype (``0`` for token ids and for an
-  attention mask, so that padded positions are masked out).
-- ``outputs=NAME:DIM,...`` (optional): outputs that carry the padded dimension at
-  index ``DIM`` of their ``dims``; they are cut back to each request's own length.
-  Outputs without it (a pooled sentence embedding) are not listed.
-- ``pad_to=max`` pads each batch to its longest request; ``pad_to=16,32,64`` (strictly
-  increasing) pads to the smallest bucket that holds the request, and the dynamic
-  batcher only puts requests of one bucket in a batch, so a long request does not
-  make short ones pay for its padding.
-- ``bucket_pad=full|longest`` (optional, buckets only): ``full`` (default) pads a
-  bucket's batch to the bucket's length (few distinct shapes, what static-shape
-  engines want); ``longest`` pads it to its longest request (fewer padded positions:
-  cheaper where the cost grows with every position, as ONNX Runtime on CPU).
-
-The padded dimensions of one request must have the same length (the *request's
-length*); a request where they differ is refused (``INVALID_ARG``, 400). A request
-longer than the largest bucket is **served unpadded**: it is batched only with
-requests of exactly its length, as without the policy. The model's ``dims`` accept
-any length there, so a policy that only exists to speed up batching does not turn
-away a request the model serves; truncating long inputs is the model's (or its
-tokenizer's) business.
-
-The configuration is checked at load (:func:`validate_padding`, every problem
-reported, as the rest of the configuration check): an input or output that does not
-exist, a dimension that is not variable (``-1``), an input that is
-``allow_ragged_batch`` or has a ``reshape``, a BYTES input, a pad value the input's
-datatype cannot hold, buckets that are not positive and increasing, a model without
-``dynamic_batching`` or with ``max_batch_size: 0``.
-
-There is no Triton equivalent (Triton needs identical shapes or a ragged-input model);
-the names follow ``model_config.proto``'s conventions (``dims`` without the batch
-dimension).
+Triton's dynamic batcher only batches requests whose shapes are identical. This
+policy, set per model in config.pbtxt ``parameters`` (key ``padding``), pads one
+variable dimension of chosen inputs so that requests of different lengths run as one
+batch, and cuts the outputs that carry that dimension back to each request's own
+length. :func:`policy_of` parses it (syntax: :class:`PaddingPolicy`),
+:func:`validate_padding` checks it at load, and the dynamic batcher applies it.
 """
 
 from __future__ import annotations
@@ -105,7 +62,57 @@ class CutOutput:
 
 @dataclass(frozen=True, slots=True)
 class PaddingPolicy:
-    """A parsed ``padding`` parameter (see the module docstring).
+    """A parsed ``padding`` parameter.
+
+    Triton's dynamic batcher only batches requests whose shapes are identical (or inputs
+    marked ``allow_ragged_batch``, for a model written for ragged input). A transformer
+    fed token ids of each request's own length therefore gets batches of one. This
+    policy, set per model in config.pbtxt ``parameters``, pads one variable dimension of
+    chosen inputs so that requests of different lengths run as one batch, and cuts the
+    outputs that carry that dimension back to each request's own length::
+
+        parameters {
+          key: "padding"
+          value: { string_value: "inputs=input_ids:0:0,attention_mask:0:0,token_type_ids:0:0; outputs=token_embeddings:0; pad_to=16,32,64,128,256" }
+        }
+
+    Clauses, separated by ``;`` (spaces are ignored):
+
+    - ``inputs=NAME:DIM:VALUE,...`` (required): each input to pad, the index ``DIM`` of
+      its variable dimension in the configured ``dims`` (the batch dimension is not
+      counted; ``dims: [ -1 ]`` -> ``0``), and the value padded positions get, which must
+      be exactly representable in the input's datatype (``0`` for token ids and for an
+      attention mask, so that padded positions are masked out).
+    - ``outputs=NAME:DIM,...`` (optional): outputs that carry the padded dimension at
+      index ``DIM`` of their ``dims``; they are cut back to each request's own length.
+      Outputs without it (a pooled sentence embedding) are not listed.
+    - ``pad_to=max`` pads each batch to its longest request; ``pad_to=16,32,64`` (strictly
+      increasing) pads to the smallest bucket that holds the request, and the dynamic
+      batcher only puts requests of one bucket in a batch, so a long request does not
+      make short ones pay for its padding.
+    - ``bucket_pad=full|longest`` (optional, buckets only): ``full`` (default) pads a
+      bucket's batch to the bucket's length (few distinct shapes, what static-shape
+      engines want); ``longest`` pads it to its longest request (fewer padded positions:
+      cheaper where the cost grows with every position, as ONNX Runtime on CPU).
+
+    The padded dimensions of one request must have the same length (the *request's
+    length*); a request where they differ is refused (``INVALID_ARG``, 400). A request
+    longer than the largest bucket is **served unpadded**: it is batched only with
+    requests of exactly its length, as without the policy. The model's ``dims`` accept
+    any length there, so a policy that only exists to speed up batching does not turn
+    away a request the model serves; truncating long inputs is the model's (or its
+    tokenizer's) business.
+
+    The configuration is checked at load (:func:`validate_padding`, every problem
+    reported, as the rest of the configuration check): an input or output that does not
+    exist, a dimension that is not variable (``-1``), an input that is
+    ``allow_ragged_batch`` or has a ``reshape``, a BYTES input, a pad value the input's
+    datatype cannot hold, buckets that are not positive and increasing, a model without
+    ``dynamic_batching`` or with ``max_batch_size: 0``.
+
+    There is no Triton equivalent (Triton needs identical shapes or a ragged-input model);
+    the names follow ``model_config.proto``'s conventions (``dims`` without the batch
+    dimension).
 
     Attributes:
         inputs: the padded inputs.
@@ -412,7 +419,7 @@ def policy_of(config: Any) -> PaddingPolicy | None:
 def validate_padding(config: Any, fail: Callable[[str, str], None]) -> None:
     """Check the model's ``padding`` parameter; call ``fail(FIELD, message)`` per problem.
 
-    Nothing happens when the model has no such parameter. See the module docstring for
+    Nothing happens when the model has no such parameter. See :class:`PaddingPolicy` for
     the rules.
     """
     text = cfgmod.get_parameter(config, PARAMETER)

@@ -1,29 +1,19 @@
 """Queue policies and priority levels of the dynamic batcher.
 
-Follows Triton's ``ModelDynamicBatching`` / ``ModelQueuePolicy`` messages
-(model_config.proto) and the schedule-policy protocol extension
-(docs/protocol/extension_schedule_policy.md):
-
-- ``priority_levels`` N (0: one level) and ``default_priority_level``; a request's
-  ``priority`` parameter picks a level, 1 being the highest; 0, a missing
-  parameter, or a value above N means the default level.
-- ``default_queue_policy`` applies to every level without an entry in
-  ``priority_queue_policy``.
-- ``max_queue_size``: requests queued at that level (0: unbounded); a request that
-  does not fit is rejected at once.
-- ``default_timeout_microseconds`` (0: none) with ``timeout_action`` ``REJECT``
-  (the request fails) or ``DELAY`` (it is moved behind the requests of its level
-  that have not timed out); ``allow_timeout_override`` lets a request's
-  ``timeout`` parameter (µs) *shorten* the default (any value, when the default
-  is 0 = no timeout).
+:class:`PriorityLevels` reads Triton's ``ModelDynamicBatching`` / ``ModelQueuePolicy``
+(model_config.proto; docs/protocol/extension_schedule_policy.md) into one
+:class:`QueuePolicy` per priority level: queue bound, timeout and timeout action.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdserve.core.errors import InferError
+
+if TYPE_CHECKING:
+    from tritonclient.grpc import model_config_pb2
 
 #: ``ModelQueuePolicy.TimeoutAction`` values (model_config.proto).
 REJECT = 0
@@ -47,7 +37,7 @@ class QueuePolicy:
     max_queue_size: int = 0
 
     @classmethod
-    def from_proto(cls, p: Any) -> QueuePolicy:
+    def from_proto(cls, p: model_config_pb2.ModelQueuePolicy) -> QueuePolicy:
         """From a ``ModelQueuePolicy`` message."""
         return cls(
             timeout_ns=int(p.default_timeout_microseconds) * 1000,
@@ -90,6 +80,23 @@ def _uint_param(name: str, value: Any) -> int:
 class PriorityLevels:
     """Priority levels of one model and their queue policies.
 
+    Follows Triton's ``ModelDynamicBatching`` / ``ModelQueuePolicy`` messages
+    (model_config.proto) and the schedule-policy protocol extension
+    (docs/protocol/extension_schedule_policy.md):
+
+    - ``priority_levels`` N (0: one level) and ``default_priority_level``; a request's
+      ``priority`` parameter picks a level, 1 being the highest; 0, a missing
+      parameter, or a value above N means the default level.
+    - ``default_queue_policy`` applies to every level without an entry in
+      ``priority_queue_policy``.
+    - ``max_queue_size``: requests queued at that level (0: unbounded); a request that
+      does not fit is rejected at once.
+    - ``default_timeout_microseconds`` (0: none) with ``timeout_action`` ``REJECT``
+      (the request fails) or ``DELAY`` (it is moved behind the requests of its level
+      that have not timed out); ``allow_timeout_override`` lets a request's
+      ``timeout`` parameter (µs) *shorten* the default (any value, when the default
+      is 0 = no timeout).
+
     Attributes:
         count: number of levels (>= 1; config ``priority_levels`` 0 means 1).
         default: the default level (1-based).
@@ -101,7 +108,7 @@ class PriorityLevels:
     policies: tuple[QueuePolicy, ...]
 
     @classmethod
-    def from_config(cls, db: Any) -> PriorityLevels:
+    def from_config(cls, db: model_config_pb2.ModelDynamicBatching) -> PriorityLevels:
         """From a ``ModelDynamicBatching`` message."""
         count = max(1, int(db.priority_levels))
         default = int(db.default_priority_level) if db.priority_levels else 1

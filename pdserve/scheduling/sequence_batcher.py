@@ -1,54 +1,9 @@
 """The sequence batcher (``sequence_batching { }`` in config.pbtxt): stateful models.
 
-Triton semantics (docs/user_guide/architecture.md "Stateful Models", model_config.proto
-``ModelSequenceBatching``, core ``src/sequence_batch_scheduler``):
-
-- A request belongs to the sequence named by its correlation id: the V2 request
-  parameter ``sequence_id`` (an unsigned 64-bit integer or a string, as tritonclient
-  sends it over HTTP and gRPC); ``sequence_start`` / ``sequence_end`` (booleans) mark
-  its first and last request. A missing, ``0`` or ``""`` id is refused
-  (``INVALID_ARG``, "must specify a non-zero or non-empty correlation ID"), and so is a
-  request of more than one row ("must specify batch-size 1 due to requirements of
-  sequence batcher").
-- A sequence is bound, on its START request, to one *sequence slot* of one model
-  instance and every request of it runs there, in arrival order, one at a time. Slots
-  per instance: ``max_batch_size`` (at least 1) for the ``direct`` strategy,
-  ``oldest.max_candidate_sequences`` for ``oldest`` (0 -> ``max_batch_size``). A START
-  that finds every slot taken waits in a FIFO *backlog* until a sequence ends.
-- A request that is not a START and whose id has no sequence is refused
-  (``INVALID_ARG``, Triton's message "inference request for sequence N to model 'M'
-  must specify the START flag on the first request of the sequence"; when the id was
-  released by the idle timeout the message says so too). A START for an id whose
-  sequence has not ended (a reused id) is accepted as Triton does: the previous
-  sequence is terminated early (its queued requests still run, then the new sequence
-  starts in the same slot; implicit state is reset) and a warning is logged.
-- ``max_sequence_idle_microseconds`` (default 1 s): a sequence with nothing queued or
-  running whose last request arrived longer ago is released (slot freed, state
-  dropped); its next request is refused as above.
-- Control tensors (``control_input``) are added to every request the model gets:
-  ``CONTROL_SEQUENCE_START`` / ``END`` / ``READY`` with the configured false/true
-  values (``int32_false_true``, ``fp32_false_true``, ``bool_false_true``) and
-  ``CONTROL_SEQUENCE_CORRID`` with the id in its ``data_type``; shape ``[1]``, or
-  ``[1, 1]`` when the model batches.
-- ``direct``: a batch holds at most one request per slot of the instance, the slot
-  number being the request's position in the batch; slots without a request below
-  the highest one in use get a *null request* (inputs zero, READY false) whose result
-  is discarded, as Triton does. ``max_queue_delay_microseconds`` with
-  ``minimum_slot_utilization`` wait for more slots to be ready.
-- ``oldest``: the instance's candidate sequences are batched dynamically, the oldest
-  head requests first, at most one request per sequence, up to the largest
-  ``preferred_batch_size`` (or ``max_batch_size``), waiting up to
-  ``max_queue_delay_microseconds`` for a fuller batch.
-- Implicit state (``state``): the batcher keeps each sequence's state tensors. The
-  model gets ``input_name`` (the START request: the ``initial_state``, zeros by
-  default) and must return ``output_name`` (``[1] + dims`` when batching, else
-  ``dims``, of the state's ``data_type``), which is fed back as ``input_name`` on the
-  sequence's next request and never sent to the client. A request whose model result
-  lacks the state or has it wrong fails with ``INTERNAL``; the state then stays as it
-  was.
-
-Every accepted request gets exactly one outcome; a model fault fails only its batch;
-closing the model fails what is still queued with ``UNAVAILABLE``.
+:class:`SequenceBatcher` binds each sequence (its correlation id) to a sequence slot
+of one model instance, runs its requests there in order, adds the control tensors
+and keeps its implicit state, with Triton's ``direct`` and ``oldest`` strategies
+(docs/user_guide/architecture.md "Stateful Models"). Its docstring states the rules.
 """
 
 from __future__ import annotations
@@ -65,13 +20,19 @@ from pdserve import config as cfgmod
 from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance
 from pdserve.core.datatypes import V2_TO_NUMPY
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
+from pdserve.core.stats import ModelStats
 from pdserve.core.types import InferRequest
-from pdserve.observability.stats import ModelStats
-from pdserve.scheduling.base import InstancePool, Scheduler, is_cancelled, run_batch
+from pdserve.scheduling.base import (
+    BatchingScheduler,
+    InstancePool,
+    SchedulerSpec,
+    is_cancelled,
+    run_batch,
+)
 from pdserve.scheduling.shapes import OutputCheck
 
 if TYPE_CHECKING:
-    from pdserve.repository.model import ModelVersion
+    from tritonclient.grpc import model_config_pb2
 
 log = logging.getLogger("pdserve.sequence")
 
@@ -147,7 +108,7 @@ class _ControlSpec:
 
     __slots__ = ("name", "kind", "dtype", "false", "true", "string")
 
-    def __init__(self, name: str, control: Any) -> None:
+    def __init__(self, name: str, control: model_config_pb2.ModelSequenceBatching.Control) -> None:
         self.name = name
         self.kind = control.kind
         self.string = False
@@ -172,7 +133,7 @@ class _ControlSpec:
 class _StateSpec:
     __slots__ = ("input_name", "output_name", "dtype", "shape")
 
-    def __init__(self, state: Any, batching: bool) -> None:
+    def __init__(self, state: model_config_pb2.ModelSequenceBatching.State, batching: bool) -> None:
         self.input_name = state.input_name
         self.output_name = state.output_name
         dt = cfgmod.model_config_pb2.DataType.Name(state.data_type)[len("TYPE_") :]
@@ -202,14 +163,64 @@ def sequence_flags(request: InferRequest, model: str) -> tuple[int | str, bool, 
     return cid, bool(params.get("sequence_start", False)), bool(params.get("sequence_end", False))
 
 
-class SequenceBatcher(Scheduler):
-    """Per-model sequence batcher (``direct`` or ``oldest``), see the module docstring.
+class SequenceBatcher(BatchingScheduler):
+    """Per-model sequence batcher (``direct`` or ``oldest``).
+
+    Triton semantics (docs/user_guide/architecture.md "Stateful Models", model_config.proto
+    ``ModelSequenceBatching``, core ``src/sequence_batch_scheduler``):
+
+    - A request belongs to the sequence named by its correlation id: the V2 request
+      parameter ``sequence_id`` (an unsigned 64-bit integer or a string, as tritonclient
+      sends it over HTTP and gRPC); ``sequence_start`` / ``sequence_end`` (booleans) mark
+      its first and last request. A missing, ``0`` or ``""`` id is refused
+      (``INVALID_ARG``, "must specify a non-zero or non-empty correlation ID"), and so is a
+      request of more than one row ("must specify batch-size 1 due to requirements of
+      sequence batcher").
+    - A sequence is bound, on its START request, to one *sequence slot* of one model
+      instance and every request of it runs there, in arrival order, one at a time. Slots
+      per instance: ``max_batch_size`` (at least 1) for the ``direct`` strategy,
+      ``oldest.max_candidate_sequences`` for ``oldest`` (0 -> ``max_batch_size``). A START
+      that finds every slot taken waits in a FIFO *backlog* until a sequence ends.
+    - A request that is not a START and whose id has no sequence is refused
+      (``INVALID_ARG``, Triton's message "inference request for sequence N to model 'M'
+      must specify the START flag on the first request of the sequence"; when the id was
+      released by the idle timeout the message says so too). A START for an id whose
+      sequence has not ended (a reused id) is accepted as Triton does: the previous
+      sequence is terminated early (its queued requests still run, then the new sequence
+      starts in the same slot; implicit state is reset) and a warning is logged.
+    - ``max_sequence_idle_microseconds`` (default 1 s): a sequence with nothing queued or
+      running whose last request arrived longer ago is released (slot freed, state
+      dropped); its next request is refused as above.
+    - Control tensors (``control_input``) are added to every request the model gets:
+      ``CONTROL_SEQUENCE_START`` / ``END`` / ``READY`` with the configured false/true
+      values (``int32_false_true``, ``fp32_false_true``, ``bool_false_true``) and
+      ``CONTROL_SEQUENCE_CORRID`` with the id in its ``data_type``; shape ``[1]``, or
+      ``[1, 1]`` when the model batches.
+    - ``direct``: a batch holds at most one request per slot of the instance, the slot
+      number being the request's position in the batch; slots without a request below
+      the highest one in use get a *null request* (inputs zero, READY false) whose result
+      is discarded, as Triton does. ``max_queue_delay_microseconds`` with
+      ``minimum_slot_utilization`` wait for more slots to be ready.
+    - ``oldest``: the instance's candidate sequences are batched dynamically, the oldest
+      head requests first, at most one request per sequence, up to the largest
+      ``preferred_batch_size`` (or ``max_batch_size``), waiting up to
+      ``max_queue_delay_microseconds`` for a fuller batch.
+    - Implicit state (``state``): the batcher keeps each sequence's state tensors. The
+      model gets ``input_name`` (the START request: the ``initial_state``, zeros by
+      default) and must return ``output_name`` (``[1] + dims`` when batching, else
+      ``dims``, of the state's ``data_type``), which is fed back as ``input_name`` on the
+      sequence's next request and never sent to the client. A request whose model result
+      lacks the state or has it wrong fails with ``INTERNAL``; the state then stays as it
+      was.
+
+    Every accepted request gets exactly one outcome; a model fault fails only its batch;
+    closing the model fails what is still queued with ``UNAVAILABLE``.
 
     Args:
         pool: the model's instances (each becomes one lane of sequence slots).
         stats: the model version's statistics (executions recorded per batch by
             :func:`run_batch`; null requests count no rows).
-        model: the loaded model version.
+        model: the model version's name and configuration.
         check: the model's output check, run on every result.
     """
 
@@ -217,7 +228,7 @@ class SequenceBatcher(Scheduler):
         self,
         pool: InstancePool,
         stats: ModelStats,
-        model: ModelVersion,
+        model: SchedulerSpec,
         check: OutputCheck | None = None,
     ) -> None:
         super().__init__(pool, stats, check)
@@ -253,7 +264,6 @@ class SequenceBatcher(Scheduler):
         self._backlog: deque[_Seq] = deque()
         self._expired: OrderedDict[int | str, None] = OrderedDict()
         self._reaper: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -642,17 +652,4 @@ class SequenceBatcher(Scheduler):
                     it.fut.set_exception(unavailable(message))
         self._active.clear()
         self._backlog.clear()
-        if self._tasks:
-            if timeout is not None and timeout <= 0:
-                return False
-            _, pending = await asyncio.wait(list(self._tasks), timeout=timeout)
-            return not pending
-        return True
-
-    async def cancel_running(self) -> None:
-        """Cancel the batches still running: their requests get ``UNAVAILABLE`` at once."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=1.0)
+        return await self._wait_batches(timeout)

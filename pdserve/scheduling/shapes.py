@@ -1,36 +1,10 @@
 """Triton's ``reshape`` and the check of every model output against its configuration.
 
-**Reshape** (``model_config.proto`` ``ModelTensorReshape``): ``dims`` is the shape a
-client sends / receives, ``reshape.shape`` the shape the model itself takes /
-produces; the batch dimension (``max_batch_size > 0``) stays first and is not part of
-either. Variable-size (``-1``) dimensions keep their values, in order: Triton core
-takes the sizes at the ``-1`` positions of the shape it converts from and puts them,
-in the same order, at the ``-1`` positions of the shape it converts to
-(``InferenceRequest::Normalize`` for inputs, ``InferenceResponse::Output::Reshape``
-for outputs). :func:`reshape_dims` does this once for every backend: inputs are
-reshaped when a request is checked (``ModelVersion.prepare``), outputs by
-:class:`OutputCheck`.
-
-**Output check** (:class:`OutputCheck`, run by the schedulers on every result of
-every backend, ensemble steps included — the steps run on their models' schedulers —
-and on an ensemble's own outputs): each requested output must be present, have the
-configured datatype, and have the shape ``[rows] + dims`` (``rows``: the request's
-batch size, when the model batches; ``-1`` dims accept any size). An output whose
-model configuration has a ``reshape`` may come back shaped as ``reshape.shape`` (what
-the model is declared to produce; it is then reshaped to ``dims``) or already as
-``dims``. Anything else fails that request with ``INTERNAL`` (HTTP 500, gRPC
-INTERNAL) naming the model, the output, the expected and the actual shape or
-datatype; the other requests of the batch and the server carry on.
-
-Triton is looser here, and pdserve deliberately stricter (a wrong output is never a
-200 — DESIGN.md): Triton's python backend sends whatever shape and datatype the
-model returned (the response then contradicts the model metadata), and its
-ONNX Runtime backend fails a request only when the batch output has *fewer* rows
-than the batch (``UNSUPPORTED``, "failed to split the output tensor"), silently
-cutting off extra rows. Triton converts no datatype, so neither does pdserve.
-
-Cost: a few tuple and dtype comparisons per output of each request; no work per
-element (a reshape is a numpy view).
+:func:`reshape_dims` maps a shape between ``dims`` (what a client sends / receives)
+and ``reshape.shape`` (what the model takes / produces), once for every backend:
+inputs are reshaped when a request is checked (``ModelVersion.prepare``), outputs by
+:class:`OutputCheck`, which the schedulers run on every result (ensemble steps and an
+ensemble's own outputs included): a wrong output is ``INTERNAL``, never a 200.
 """
 
 from __future__ import annotations
@@ -46,9 +20,6 @@ from pdserve.core.errors import InferError, internal
 
 if TYPE_CHECKING:
     from pdserve.backends.base import ExecRequest, ExecResult
-
-#: a variable-size dimension in ``dims`` / ``reshape.shape``
-WILDCARD = WILDCARD_DIM
 
 
 def reshape_dims(
@@ -74,20 +45,20 @@ def reshape_dims(
         raise ValueError(
             f"shape {shape_str(shape)} does not have the rank of {shape_str(from_dims)}"
         )
-    values = [int(s) for s, d in zip(shape, from_dims, strict=True) if d == WILDCARD]
-    if sum(1 for d in to_dims if d == WILDCARD) > len(values):
+    values = [int(s) for s, d in zip(shape, from_dims, strict=True) if d == WILDCARD_DIM]
+    if sum(1 for d in to_dims if d == WILDCARD_DIM) > len(values):
         raise ValueError(
             f"reshape from {shape_str(from_dims)} to {shape_str(to_dims)}: more variable "
             "dimensions in the target"
         )
     it = iter(values)
-    return tuple(next(it) if d == WILDCARD else int(d) for d in to_dims)
+    return tuple(next(it) if d == WILDCARD_DIM else int(d) for d in to_dims)
 
 
 def shape_matches(shape: Sequence[int], dims: Sequence[int]) -> bool:
     """True when ``shape`` has the rank of ``dims`` and equals it wherever ``dims`` is not -1."""
     return len(shape) == len(dims) and all(
-        d == WILDCARD or d == s for s, d in zip(shape, dims, strict=True)
+        d == WILDCARD_DIM or d == s for s, d in zip(shape, dims, strict=True)
     )
 
 
@@ -105,12 +76,12 @@ class _Output:
         )
         #: served dims (batch dim excluded), as a tuple to compare with ``shape[1:]``
         self.dims: tuple[int, ...] = tuple(int(d) for d in io.dims)
-        self.variable = WILDCARD in self.dims
+        self.variable = WILDCARD_DIM in self.dims
         #: ``reshape.shape`` when configured: what the model is declared to produce
         self.model_dims: tuple[int, ...] | None = (
             tuple(int(d) for d in io.reshape.shape) if io.HasField("reshape") else None
         )
-        self.model_variable = self.model_dims is not None and WILDCARD in self.model_dims
+        self.model_variable = self.model_dims is not None and WILDCARD_DIM in self.model_dims
 
     def dtype_ok(self, dtype: np.dtype) -> bool:
         if self.dtype is None:
@@ -124,7 +95,39 @@ class _Output:
 
 
 class OutputCheck:
-    """Checks (and reshapes) the outputs of one model's requests (see the module docstring).
+    """Checks (and reshapes) the outputs of one model's requests.
+
+    **Reshape** (``model_config.proto`` ``ModelTensorReshape``): ``dims`` is the shape a
+    client sends / receives, ``reshape.shape`` the shape the model itself takes /
+    produces; the batch dimension (``max_batch_size > 0``) stays first and is not part of
+    either. Variable-size (``-1``) dimensions keep their values, in order: Triton core
+    takes the sizes at the ``-1`` positions of the shape it converts from and puts them,
+    in the same order, at the ``-1`` positions of the shape it converts to
+    (``InferenceRequest::Normalize`` for inputs, ``InferenceResponse::Output::Reshape``
+    for outputs). :func:`reshape_dims` does this once for every backend: inputs are
+    reshaped when a request is checked (``ModelVersion.prepare``), outputs by
+    :class:`OutputCheck`.
+
+    **Output check** (:class:`OutputCheck`, run by the schedulers on every result of
+    every backend, ensemble steps included — the steps run on their models' schedulers —
+    and on an ensemble's own outputs): each requested output must be present, have the
+    configured datatype, and have the shape ``[rows] + dims`` (``rows``: the request's
+    batch size, when the model batches; ``-1`` dims accept any size). An output whose
+    model configuration has a ``reshape`` may come back shaped as ``reshape.shape`` (what
+    the model is declared to produce; it is then reshaped to ``dims``) or already as
+    ``dims``. Anything else fails that request with ``INTERNAL`` (HTTP 500, gRPC
+    INTERNAL) naming the model, the output, the expected and the actual shape or
+    datatype; the other requests of the batch and the server carry on.
+
+    Triton is looser here, and pdserve deliberately stricter (a wrong output is never a
+    200 — DESIGN.md): Triton's python backend sends whatever shape and datatype the
+    model returned (the response then contradicts the model metadata), and its
+    ONNX Runtime backend fails a request only when the batch output has *fewer* rows
+    than the batch (``UNSUPPORTED``, "failed to split the output tensor"), silently
+    cutting off extra rows. Triton converts no datatype, so neither does pdserve.
+
+    Cost: a few tuple and dtype comparisons per output of each request; no work per
+    element (a reshape is a numpy view).
 
     Args:
         config: the model's (auto-completed) ``ModelConfig``.

@@ -14,6 +14,7 @@ import queue
 import shutil
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -368,6 +369,36 @@ def test_decoupled_ensemble_step_error_ends_the_stream(server: ServerProcess) ->
     events = _events(resp)
     assert [e["Y"] for e in events[:2]] == [2, 4]
     assert "boom after 2 responses" in events[2]["error"] and len(events) == 3
+
+
+def _failures(server: ServerProcess, model: str, reason: str) -> float:
+    """``nv_inference_request_failure`` of ``model`` with ``reason`` (0 when absent)."""
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("nv_inference_request_failure{")
+        and f'model="{model}"' in line
+        and f'reason="{reason}"' in line
+    )
+
+
+def test_a_failed_decoupled_ensemble_request_counts_as_any_ensemble_failure(
+    server: ServerProcess,
+) -> None:
+    """Every failure of an ensemble counts with reason OTHER (pdserve.core.stats), on the
+    decoupled path as on the normal one: a step's BACKEND error is not the ensemble's."""
+    before = _failures(server, "decoupled_ens", "OTHER")
+    resp = _post(
+        server,
+        "/v2/models/decoupled_ens/generate_stream",
+        {"IN": [1, 2], "parameters": {"mode": "raise_after"}},
+    )
+    assert "boom after 2 responses" in _events(resp)[-1]["error"]
+    assert _failures(server, "decoupled_ens", "OTHER") == before + 1
+    assert _failures(server, "decoupled_ens", "BACKEND") == 0
 
 
 # --------------------------------------------------------------------------- the example

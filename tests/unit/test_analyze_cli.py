@@ -17,7 +17,7 @@ from pdserve.app.analyze.cli import (
     parse_int_list,
     parse_memory,
 )
-from pdserve.app.analyze.runner import AnalyzeOptions
+from pdserve.app.analyze.options import AnalyzeOptions
 from tests.conftest import ROOT
 
 

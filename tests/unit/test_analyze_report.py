@@ -11,6 +11,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
+from pdserve.app.analyze.options import AnalyzeOptions
 from pdserve.app.analyze.recommend import MIB, ConfigResult, LevelResult
 from pdserve.app.analyze.report import (
     TerminalProgress,
@@ -18,7 +19,7 @@ from pdserve.app.analyze.report import (
     summary_table,
     write_reports,
 )
-from pdserve.app.analyze.runner import AnalyzeOptions, AnalyzeResult
+from pdserve.app.analyze.runner import AnalyzeResult
 from pdserve.app.analyze.space import Knobs, apply_knobs, build_space
 from pdserve.config import ModelConfig
 

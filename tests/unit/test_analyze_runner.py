@@ -1,18 +1,14 @@
-"""``pdserve analyze``'s search orders and sweep rules
-(:mod:`pdserve.app.analyze.runner`), driven by a synthetic measurement: a known
+"""``pdserve analyze``'s search orders and sweep rules (:mod:`pdserve.app.analyze.search`,
+:mod:`pdserve.app.analyze.sweep`), driven by a synthetic measurement: a known
 throughput surface over the knobs, so the hill climbing's path, its stop and its
 budget are checked exactly."""
 
 from __future__ import annotations
 
 from pdserve.app.analyze.recommend import ConfigResult, Constraints, LevelResult
-from pdserve.app.analyze.runner import (
-    bisect_bounds,
-    grid_search,
-    quick_search,
-    sweep_stop_reason,
-)
+from pdserve.app.analyze.search import grid_search, quick_search
 from pdserve.app.analyze.space import Knobs, Point, build_space, point_key
+from pdserve.app.analyze.sweep import bisect_bounds, sweep_stop_reason
 
 SHIPPED = Knobs(instances=2, max_batch_size=32, preferred=(), delay_us=None)
 

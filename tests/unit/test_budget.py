@@ -140,7 +140,7 @@ def test_format_size() -> None:
 
 
 def test_stats_memory_usage_is_tritons_shape() -> None:
-    from pdserve.observability.stats import ModelStats
+    from pdserve.core.stats import ModelStats
 
     s = ModelStats("m", "1")
     assert s.as_dict()["memory_usage"] == []
@@ -155,8 +155,8 @@ def test_stats_memory_usage_is_tritons_shape() -> None:
 
 
 def test_memory_metric_families() -> None:
+    from pdserve.core.stats import ModelStats
     from pdserve.observability.metrics import memory_families
-    from pdserve.observability.stats import ModelStats
     from pdserve.repository.budget import ModelCounters
 
     a, b = ModelStats("a", "1"), ModelStats("b", "2")

@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from pdserve.backends.base import ExecRequest, batch_input_tensors, merge_batch
 from pdserve.cache import ResponseCache, parse_cache_config
 from pdserve.core.errors import InferError
+from pdserve.core.stats import ModelStats
 from pdserve.core.types import InferRequest
 from pdserve.observability.metrics import (
     Histogram,
@@ -23,7 +24,6 @@ from pdserve.observability.metrics import (
     cache_families,
     model_families,
 )
-from pdserve.observability.stats import ModelStats
 from pdserve.scheduling.queue_policy import PriorityLevels, QueuePolicy
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from pdserve.app.check import CheckOptions, Report, check_repository
+from pdserve.app.check import CheckOptions, check_repository
 from pdserve.app.check_output import render
+from pdserve.app.check_report import Report
 from pdserve.app.check_rules import RulesError, load_rules, parse_rules
 from pdserve.app.cli import main
 from tests.conftest import EXAMPLE_REPO, require_examples
@@ -1118,3 +1119,40 @@ def test_a_malformed_traffic_file_is_reported(tmp_path: Path) -> None:
     assert any("weights sum to 60" in p.message for p in problems), problems
     (tmp_path / "m" / "traffic.yaml").write_text("weights: {1: 100}\n")
     assert check(tmp_path).exit_code == 0
+
+
+def test_ensemble_cycles_and_order() -> None:
+    from pdserve.app.check_ensembles import ensemble_cycles, ensemble_order
+    from pdserve.repository.layout import ModelDir
+
+    steps = {"a": ["b", "m"], "b": ["a"], "c": ["a", "m"], "d": ["m"]}
+    cycles = ensemble_cycles(steps)
+    assert cycles == {"a": [(0, ["a", "b", "a"])], "b": [(0, ["b", "a", "b"])]}
+    dirs = [ModelDir(name, Path(name)) for name in ("c", "a", "b", "d")]
+    order = [m.name for m in ensemble_order(dirs, steps, cycles)]
+    assert order.index("c") > order.index("a")  # c steps into a: checked after it
+
+
+def test_golden_compare_says_what_differs() -> None:
+    from pdserve.app.check_golden import compare
+
+    want = np.array([1.0, 2.0, 3.0], np.float32)
+    assert compare(want.copy(), want, 0.0, 0.0) is None
+    assert compare(want + 1e-6, want, 1e-3, 0.0) is None
+    off = want + np.array([0, 0, 1], np.float32)
+    assert "1 of 3 values differ" in (compare(off, want, 1e-3, 0.0) or "")
+    assert compare(want.astype(np.float64), want, 0, 0) == "datatype float64, golden float32"
+    assert compare(np.array([1, 2]), np.array([1, 3]), 0, 0) == (
+        "1 of 2 values differ from the golden ones (exact match required)"
+    )
+
+
+def test_identity_file_guess_and_inside(tmp_path: Path) -> None:
+    from pdserve.app.check_files import guess_model_file, inside, read_identity
+
+    (tmp_path / "model.onnx").write_bytes(b"")
+    assert guess_model_file(tmp_path, None) == tmp_path / "model.onnx"
+    assert guess_model_file(tmp_path, {"model_file": "other.onnx"}) == tmp_path / "other.onnx"
+    (tmp_path / "MODEL_IDENTITY.json").write_text("[1]")
+    assert read_identity(tmp_path / "MODEL_IDENTITY.json") is None
+    assert inside(tmp_path, tmp_path / "a" / "b") and not inside(tmp_path, tmp_path / "..")

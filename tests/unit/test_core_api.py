@@ -14,16 +14,16 @@ import pytest
 
 from pdserve.core import api
 from pdserve.core.types import InferRequest
-from pdserve.observability.metrics import MetricsExporter
-from pdserve.repository.control import RepositoryPoller
+from pdserve.observability.metrics import MetricsExporter, MetricsSource
+from pdserve.repository.control import RepositoryHost, RepositoryPoller
 from pdserve.repository.model import ModelVersion
 from pdserve.server import InferenceServer
 from tests.batching_models import rowwise_expected, rowwise_model
 
 PROTOCOLS = [
     api.InferenceCore,
-    api.MetricsSource,
-    api.RepositoryHost,
+    MetricsSource,
+    RepositoryHost,
     api.ModelRunner,
     api.ModelHost,
 ]
@@ -72,12 +72,12 @@ def test_methods_have_the_protocols_signatures(protocol: type) -> None:
 def test_protocol_members() -> None:
     assert _members(api.ModelRunner) == ["infer_on", "infer_stream", "model_version"]
     assert _members(api.ModelHost) == ["infer_on", "infer_stream", "model_version", "warmup"]
-    assert _members(api.MetricsSource) == [
+    assert _members(MetricsSource) == [
         "memory_report",
         "response_cache",
         "served_model_stats",
     ]
-    assert _members(api.RepositoryHost) == ["live", "manager", "started"]
+    assert _members(RepositoryHost) == ["live", "manager", "started"]
     assert "started" in _members(api.InferenceCore)
     assert "infer_stream" in _members(api.InferenceCore)
     assert "manager" not in _members(api.InferenceCore)

@@ -18,9 +18,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance, merge_batch, split_batch
 from pdserve.core.errors import ErrorCode, InferError
+from pdserve.core.stats import ModelStats
 from pdserve.core.types import InferRequest
 from pdserve.frontends.http.status import http_status
-from pdserve.observability.stats import ModelStats
 from pdserve.repository.model import IOSpec
 from pdserve.scheduling.base import InstancePool
 from pdserve.scheduling.dynamic_batcher import DynamicBatcher

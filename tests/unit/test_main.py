@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.app.main import StartError, build_server, import_feature
+from pdserve.app.build import StartError, build_server, import_feature
 from pdserve.app.settings import Settings
 from pdserve.cache import ResponseCache
 from pdserve.server import InferenceServer
@@ -78,3 +78,47 @@ def test_feature_import_failure_names_the_flag(monkeypatch: pytest.MonkeyPatch) 
         e.value
     )
     assert "start with --no-allow-grpc" in str(e.value)
+
+
+def test_optional_features_follow_their_flags(tmp_path: Path) -> None:
+    from pdserve.app.main import import_features
+
+    off = import_features(
+        Settings(model_repository=tmp_path, allow_grpc=False, allow_metrics=False)
+    )
+    assert off == (None, None, None)
+    on = import_features(Settings(model_repository=tmp_path))
+    assert on.grpc_server is not None and on.grpc_server.__name__ == "pdserve.frontends.grpc.server"
+    assert on.metrics is not None and on.metrics_http is not None
+
+
+def test_http_listen_error_names_the_address() -> None:
+    from pdserve.app.start import http_listen_error
+
+    settings = Settings(host="127.0.0.1", http_port=8123)
+    assert str(http_listen_error(settings)) == "could not listen for HTTP on 127.0.0.1:8123"
+    assert str(http_listen_error(settings, "Address already in use")) == (
+        "could not listen for HTTP on 127.0.0.1:8123: Address already in use"
+    )
+
+
+def test_serve_logging_follows_the_log_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pdserve.app.logging_setup import setup_serve_logging
+    from pdserve.observability import logs
+
+    states: list[logs.LogState] = []
+    monkeypatch.setattr(logs, "configure", states.append)
+    setup_serve_logging(
+        Settings(model_repository=tmp_path, log_verbose=1, log_info=False, log_format="json")
+    )
+    assert states == [
+        logs.LogState(
+            log_info=False,
+            log_warning=True,
+            log_error=True,
+            log_verbose_level=1,
+            log_format="json",
+        )
+    ]

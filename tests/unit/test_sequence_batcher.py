@@ -21,8 +21,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from pdserve import config as cfgmod
 from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance
 from pdserve.core.errors import ErrorCode, InferError
+from pdserve.core.stats import ModelStats
 from pdserve.core.types import InferRequest
-from pdserve.observability.stats import ModelStats
 from pdserve.scheduling.base import InstancePool
 from pdserve.scheduling.sequence_batcher import SequenceBatcher
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from pdserve.app import cli
+from pdserve.app.flag_syntax import show_default
 from pdserve.app.settings import (
     EXAMPLE_REPOSITORY,
     Settings,
     SettingsError,
-    show_default,
 )
 from pdserve.frontends.http.server import HttpLimits
 
@@ -570,7 +570,7 @@ def test_grpc_server_default_follows_the_environment(monkeypatch: pytest.MonkeyP
 def test_http_server_defaults_to_native_or_the_environment_variable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pdserve.app import settings as settings_module
+    from pdserve.app import serve_flags as settings_module
 
     monkeypatch.delenv("PDSERVE_HTTP_SERVER", raising=False)
     assert settings_module.default_http_server() == "native"

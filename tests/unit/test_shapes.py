@@ -11,8 +11,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance, ModelSpec
 from pdserve.core.errors import ErrorCode, InferError
+from pdserve.core.stats import ModelStats
 from pdserve.core.types import InferRequest
-from pdserve.observability.stats import ModelStats
 from pdserve.repository.model import ModelVersion
 from pdserve.scheduling.base import DirectScheduler, InstancePool, run_batch
 from pdserve.scheduling.shapes import OutputCheck, reshape_dims, shape_matches

@@ -1,11 +1,11 @@
-"""pdserve.observability.stats.RecentWindow: the ``pdserve_recent`` stats extra (issue 17)."""
+"""pdserve.core.stats.RecentWindow: the ``pdserve_recent`` stats extra (issue 17)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pdserve.observability.stats import ModelStats, RecentWindow
+from pdserve.core.stats import ModelStats, RecentWindow
 
 
 def test_quantiles_error_rate_and_qps() -> None:

@@ -2,24 +2,21 @@
 ensemble's steps) it searches instance counts, ``max_batch_size``, preferred
 batch sizes and queue delays, measures each configuration with ``pdserve perf``
 and its resident memory, and recommends the one with the highest throughput under
-a p99 latency SLO and a memory budget, with its ``config.pbtxt`` diff.
-
-Python API::
-
-    from pdserve.app.analyze import AnalyzeOptions, run_analyze
+a p99 latency SLO and a memory budget, with its ``config.pbtxt`` diff::
 
     res = run_analyze(AnalyzeOptions(model="tiny", p99_ms=20, max_minutes=2))
-    print(res.recommended.description if res.recommended else "none")
 
-Modules: :mod:`.space` (the lattice, the search orders' neighbours, configs and
-diffs), :mod:`.recommend` (results, constraints, ranking), :mod:`.memory` (from
-``/proc``), :mod:`.server` (own server, repository API), :mod:`.runner` (the run,
-quick and grid search), :mod:`.report` (terminal, JSON, CSV, plots, HTML),
+Modules: :mod:`.options` (what to run), :mod:`.space` (the lattice, configs and
+diffs), :mod:`.search` (quick and grid search), :mod:`.sweep` (one configuration's
+concurrency sweep), :mod:`.recommend` (results, constraints, ranking),
+:mod:`.memory` (from ``/proc``), :mod:`.server` (own server, repository API),
+:mod:`.runner` (the run), :mod:`.report` (terminal, JSON, CSV, plots, HTML),
 :mod:`.cli` (the subcommand).
 """
 
 from __future__ import annotations
 
-from pdserve.app.analyze.runner import AnalyzeOptions, AnalyzeResult, run_analyze
+from pdserve.app.analyze.options import AnalyzeOptions
+from pdserve.app.analyze.runner import AnalyzeResult, run_analyze
 
 __all__ = ["AnalyzeOptions", "AnalyzeResult", "run_analyze"]

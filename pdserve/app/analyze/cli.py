@@ -8,12 +8,10 @@ server not in explicit model control mode...) or was interrupted; 2 bad flags.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
+from pdserve.app.analyze.options import DEFAULT_CONCURRENCY, AnalyzeOptions
 from pdserve.app.analyze.report import (
     TerminalProgress,
     format_bytes,
@@ -21,13 +19,18 @@ from pdserve.app.analyze.report import (
     summary_table,
     write_reports,
 )
-from pdserve.app.analyze.runner import DEFAULT_CONCURRENCY, AnalyzeOptions, run_analyze
+from pdserve.app.analyze.runner import run_analyze
 from pdserve.app.analyze.server import AnalyzeError, parse_cpus
 from pdserve.app.analyze.space import OFF, check_preferred_token
-from pdserve.app.perf.options import parse_shape
+from pdserve.app.perf.cli import parse_shapes
+from pdserve.app.subcommands import (
+    Subparsers,
+    add_subcommand,
+    parsed,
+    parsed_or_none,
+    progress_stream,
+)
 from pdserve.core.procmem import parse_size
-
-T = TypeVar("T")
 
 EPILOG = """\
 examples:
@@ -123,16 +126,10 @@ def parse_memory(text: str) -> int:
     return parse_size(text)
 
 
-def _parsed(parser: argparse.ArgumentParser, fn: Callable[[str], T], text: str, flag: str) -> T:
-    try:
-        return fn(text)
-    except ValueError as e:
-        parser.error(f"{flag}: {e}")  # exits 2
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     """Add ``pdserve analyze`` to the CLI's subcommands; its defaults set ``run``."""
-    p = sub.add_parser(
+    return add_subcommand(
+        sub,
         "analyze",
         help="find the best instance count and batching of a model (model_analyzer's role)",
         description="Search instance counts, max_batch_size, preferred batch sizes and queue\n"
@@ -140,8 +137,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         "configuration with pdserve perf and its resident memory, and recommend the one\n"
         "with the highest throughput under a p99 latency SLO and a memory budget.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        flags=(
+            _add_target_flags,
+            _add_objective_flags,
+            _add_search_flags,
+            _add_load_flags,
+            _add_output_flags,
+        ),
+        run=run,
     )
+
+
+def _add_target_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("target")
     g.add_argument("-m", dest="model", required=True, metavar="MODEL", help="model or ensemble")
     g.add_argument(
@@ -197,6 +204,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         metavar="ARG",
         help="extra flag for the own 'pdserve serve' (repeatable, e.g. --server-arg=--log-verbose=1)",
     )
+
+
+def _add_objective_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("objective")
     g.add_argument("--p99-ms", type=float, default=None, help="latency SLO: p99 at most this (ms)")
     g.add_argument(
@@ -205,6 +215,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         metavar="SIZE",
         help="resident memory the configuration may add, e.g. 2GiB, 512MiB",
     )
+
+
+def _add_search_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("search")
     g.add_argument("--search", choices=("quick", "grid"), default="quick", help="(default quick)")
     g.add_argument(
@@ -252,6 +265,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         help="measure the shipped and the recommended configuration again this many "
         "times each at the end, for the gain (default 1; 0: no)",
     )
+
+
+def _add_load_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("load (pdserve perf)")
     g.add_argument(
         "--concurrency",
@@ -286,6 +302,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         help="with --p99-ms: concurrencies tried between the last level within the SLO "
         "and the first above it (binary search; default 2)",
     )
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument(
         "-o",
@@ -295,8 +314,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         help="folder of the reports (default analyze-MODEL)",
     )
     g.add_argument("-q", "--quiet", action="store_true", help="no progress")
-    p.set_defaults(run=lambda args: run(args, p))
-    return p
 
 
 def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> AnalyzeOptions:
@@ -315,14 +332,11 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         parser.error("--min-gain and --bisect-steps must be 0 or more")
     if args.batch_size < 1 or args.measurement_interval < 10 or args.max_trials < 1:
         parser.error("-b and -r must be at least 1, -p at least 10 ms")
-    shapes = {}
-    for text in args.shape:
-        name, dims = _parsed(parser, parse_shape, text, "--shape")
-        shapes[name] = dims
+    shapes = parse_shapes(parser, args.shape)
     preferred = None
     if args.preferred_batch_sizes:
         preferred = [
-            _parsed(parser, check_preferred_token, t, "--preferred-batch-sizes")
+            parsed(parser, check_preferred_token, t, "--preferred-batch-sizes")
             for t in args.preferred_batch_sizes.split(",")
         ]
     return AnalyzeOptions(
@@ -332,33 +346,27 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         protocol=args.protocol,
         grpc_url=args.grpc_url,
         server_pid=args.server_pid,
-        server_cpus=_parsed(parser, parse_cpus, args.server_cpus, "--server-cpus")
-        if args.server_cpus
-        else None,
-        client_cpus=_parsed(parser, parse_cpus, args.client_cpus, "--client-cpus")
-        if args.client_cpus
-        else None,
+        server_cpus=parsed_or_none(parser, parse_cpus, args.server_cpus, "--server-cpus"),
+        client_cpus=parsed_or_none(parser, parse_cpus, args.client_cpus, "--client-cpus"),
         server_mode=args.server_mode,
         server_args=list(args.server_arg),
         p99_ms=args.p99_ms,
-        memory_budget=_parsed(parser, parse_memory, args.memory_budget, "--memory-budget")
-        if args.memory_budget
-        else None,
+        memory_budget=parsed_or_none(parser, parse_memory, args.memory_budget, "--memory-budget"),
         search=args.search,
-        instance_counts=_parsed(parser, parse_int_list, args.instance_counts, "--instance-counts")
-        if args.instance_counts
-        else None,
-        max_batch_sizes=_parsed(parser, parse_int_list, args.max_batch_sizes, "--max-batch-sizes")
-        if args.max_batch_sizes
-        else None,
+        instance_counts=parsed_or_none(
+            parser, parse_int_list, args.instance_counts, "--instance-counts"
+        ),
+        max_batch_sizes=parsed_or_none(
+            parser, parse_int_list, args.max_batch_sizes, "--max-batch-sizes"
+        ),
         preferred=preferred,
-        queue_delays_us=_parsed(parser, parse_delays, args.queue_delays_us, "--queue-delays-us")
-        if args.queue_delays_us
-        else None,
+        queue_delays_us=parsed_or_none(
+            parser, parse_delays, args.queue_delays_us, "--queue-delays-us"
+        ),
         max_configs=args.max_configs,
         max_minutes=args.max_minutes,
         min_gain=args.min_gain / 100.0,
-        concurrency=_parsed(parser, parse_int_list, args.concurrency, "--concurrency"),
+        concurrency=parsed(parser, parse_int_list, args.concurrency, "--concurrency"),
         batch_size=args.batch_size,
         input_data=args.input_data,
         shapes=shapes,
@@ -375,8 +383,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``pdserve analyze``; the exit code (see the module docstring)."""
     opts = options_from_args(args, parser)
-    stream = open(os.devnull, "w") if args.quiet else sys.stderr  # noqa: SIM115 - process-long
-    progress = TerminalProgress(stream, p99_ms=opts.p99_ms)
+    progress = TerminalProgress(progress_stream(args.quiet), p99_ms=opts.p99_ms)
     try:
         res = run_analyze(opts, progress)
     except AnalyzeError as e:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pdserve import __version__
+from pdserve.app.analyze.options import Progress
 from pdserve.app.analyze.recommend import (
     MIB,
     ConfigResult,
@@ -37,7 +38,7 @@ from pdserve.app.analyze.recommend import (
     rank_key,
     violations,
 )
-from pdserve.app.analyze.runner import AnalyzeResult, Progress
+from pdserve.app.analyze.runner import AnalyzeResult
 from pdserve.app.analyze.space import Point, config_diff, render
 from pdserve.app.perf.stats import Window
 
@@ -466,105 +467,42 @@ def _img(path: Path, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
+_HTML_STYLE = (
+    "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+    "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
+    "padding:3px 6px;text-align:right}td.l,th.l{text-align:left}tr.rec{background:#dfd}"
+    "tr.ship{background:#eee}pre{background:#f6f6f6;padding:8px;overflow:auto}"
+    "img{max-width:100%}.add{color:#070}.del{color:#a00}"
+)
+
+_HTML_COLUMNS = (
+    "config",
+    "knobs",
+    "status",
+    "best infer/s",
+    "conc",
+    "p99 ms",
+    "MiB",
+    "MiB/inst",
+    "feasible",
+    "levels (concurrency: infer/s @ p99 ms)",
+)
+
+
 def html_report(res: AnalyzeResult, plots: Sequence[tuple[Path, str]]) -> str:
     """The HTML report (one self-contained page)."""
-    c = res.options.constraints
     e = html.escape
-    info = res.info
-    rec = res.recommended
     out = io.StringIO()
     w = out.write
     w("<!doctype html><html><head><meta charset='utf-8'>")
-    w(f"<title>pdserve analyze: {e(res.target)}</title><style>")
-    w(
-        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
-        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
-        "padding:3px 6px;text-align:right}td.l,th.l{text-align:left}tr.rec{background:#dfd}"
-        "tr.ship{background:#eee}pre{background:#f6f6f6;padding:8px;overflow:auto}"
-        "img{max-width:100%}.add{color:#070}.del{color:#a00}"
-    )
-    w("</style></head><body>")
+    w(f"<title>pdserve analyze: {e(res.target)}</title><style>{_HTML_STYLE}</style></head><body>")
     w(f"<h1>pdserve analyze: {e(res.target)}</h1>")
-    w("<ul>")
-    if info.get("pipeline"):
-        w(f"<li>pipeline steps tuned: {e(', '.join(res.steps))}</li>")
-    w(f"<li>server: {e(str(info.get('server', '')))}; machine CPUs: {info.get('cpus')}</li>")
-    w(f"<li>objective: {e(objective_text(c.p99_ms, c.memory_bytes))}</li>")
-    w(
-        f"<li>search: {e(res.options.search)}, {len(info.get('dims', []))} dimensions "
-        f"({info.get('points')} points); {sum(1 for r in res.results if r.repeat == 0)} "
-        f"configurations measured in {res.elapsed_s / 60:.1f} min (budget "
-        f"{res.options.max_minutes:g} min); stopped: {e(res.stop_reason)}</li>"
-    )
-    o = res.options
-    w(
-        f"<li>load: pdserve perf, {o.protocol.upper()}, batch {o.batch_size}, concurrency "
-        f"{e(','.join(map(str, o.concurrency)))} (a sweep stops at the SLO or when throughput "
-        f"stops growing), windows of {o.measurement_interval_ms} ms, stability "
-        f"{o.stability_percentage:g}%, input data {e(o.input_data)}</li>"
-    )
-    w("</ul><h3>Dimensions (shipped value in brackets)</h3><ul>")
-    for line in info.get("dims", []):
-        w(f"<li><code>{e(line)}</code></li>")
-    w("</ul><h2>Recommendation</h2>")
-    if rec is None:
-        w(f"<p>{e(recommendation_text(res))}</p>")
-    else:
-        w(f"<p><b>{e(rec.label)}</b>: {e(rec.description)}<br>{e(result_line(rec, c))}<br>")
-        if res.unconfirmed is not None:
-            w(f"{e(unconfirmed_text(res))}</p>")
-        elif rec is res.shipped:
-            w("The shipped configuration is the best one measured.</p>")
-        else:
-            w(f"{e(gain_text(res))}</p>")
-        diff = recommendation_diff(res)
-        if diff:
-            w("<h3>config.pbtxt diff</h3><pre>")
-            for line in diff.splitlines():
-                cls = (
-                    "add"
-                    if line.startswith("+") and not line.startswith("+++")
-                    else "del"
-                    if line.startswith("-") and not line.startswith("---")
-                    else ""
-                )
-                w(f"<span class='{cls}'>{e(line)}</span>\n" if cls else f"{e(line)}\n")
-            w("</pre>")
-    if memory_fit_text(res):
-        w(f"<p>{e(memory_fit_text(res))}</p>")
+    w(_html_overview(res))
+    w(_html_recommendation(res))
     w("<h2>Plots</h2>")
     for path, alt in plots:
         w(f"<p>{_img(path, alt)}</p>")
-    w("<h2>Configurations</h2><table><tr>")
-    for h in (
-        "config",
-        "knobs",
-        "status",
-        "best infer/s",
-        "conc",
-        "p99 ms",
-        "MiB",
-        "MiB/inst",
-        "feasible",
-        "levels (concurrency: infer/s @ p99 ms)",
-    ):
-        w(f"<th class='l'>{h}</th>")
-    w("</tr>")
-    for r in res.results:
-        lv = r.best_level(c.p99_ms)
-        cls = "rec" if r is rec else ("ship" if r.shipped else "")
-        levels = "; ".join(
-            f"{x.concurrency}: {x.infer_per_sec:,.1f} @ {x.p99_ms:.1f}" for x in r.levels
-        )
-        why = ", ".join(violations(r, c))
-        label = r.label + (f" (again {r.repeat})" if r.repeat else "")
-        w(f"<tr class='{cls}'><td class='l'>{e(label)}</td><td class='l'>{e(r.description)}</td>")
-        w(f"<td class='l'>{e(r.status)}</td>")
-        w(f"<td>{lv.infer_per_sec:,.1f}</td><td>{lv.concurrency}</td>" if lv else "<td>-</td>" * 2)
-        w(f"<td>{lv.p99_ms:.1f}</td>" if lv else "<td>-</td>")
-        w(f"<td>{_mib(r.memory_bytes)}</td><td>{_mib(r.memory_per_instance())}</td>")
-        w(f"<td class='l'>{'yes' if not why else e(why)}</td><td class='l'>{e(levels)}</td></tr>")
-    w("</table>")
+    w(_html_table(res))
     w(
         "<h2>Method</h2><p>Each configuration is loaded through the repository API with a "
         "<code>config</code> override (explicit model control mode); with pdserve's own "
@@ -574,11 +512,109 @@ def html_report(res: AnalyzeResult, plots: Sequence[tuple[Path, str]]) -> str:
         "costs once (libraries), divided by the instances for the per-instance figure. "
         "Throughput: the best concurrency level without errors whose p99 meets the SLO. "
         "Quick search: hill climbing from the shipped configuration, one step along one "
-        f"dimension at a time, moving when throughput gains at least {o.min_gain:.0%}."
+        f"dimension at a time, moving when throughput gains at least {res.options.min_gain:.0%}."
         "</p>"
     )
     w(f"<p><small>pdserve {e(__version__)}</small></p></body></html>\n")
     return out.getvalue()
+
+
+def _html_overview(res: AnalyzeResult) -> str:
+    """The run at a glance: server, objective, search, load, and the dimensions."""
+    e = html.escape
+    c = res.options.constraints
+    info = res.info
+    o = res.options
+    out = ["<ul>"]
+    if info.get("pipeline"):
+        out.append(f"<li>pipeline steps tuned: {e(', '.join(res.steps))}</li>")
+    out.append(
+        f"<li>server: {e(str(info.get('server', '')))}; machine CPUs: {info.get('cpus')}</li>"
+    )
+    out.append(f"<li>objective: {e(objective_text(c.p99_ms, c.memory_bytes))}</li>")
+    out.append(
+        f"<li>search: {e(o.search)}, {len(info.get('dims', []))} dimensions "
+        f"({info.get('points')} points); {sum(1 for r in res.results if r.repeat == 0)} "
+        f"configurations measured in {res.elapsed_s / 60:.1f} min (budget "
+        f"{o.max_minutes:g} min); stopped: {e(res.stop_reason)}</li>"
+    )
+    out.append(
+        f"<li>load: pdserve perf, {o.protocol.upper()}, batch {o.batch_size}, concurrency "
+        f"{e(','.join(map(str, o.concurrency)))} (a sweep stops at the SLO or when throughput "
+        f"stops growing), windows of {o.measurement_interval_ms} ms, stability "
+        f"{o.stability_percentage:g}%, input data {e(o.input_data)}</li>"
+    )
+    out.append("</ul><h3>Dimensions (shipped value in brackets)</h3><ul>")
+    out.extend(f"<li><code>{e(line)}</code></li>" for line in info.get("dims", []))
+    out.append("</ul>")
+    return "".join(out)
+
+
+def _html_recommendation(res: AnalyzeResult) -> str:
+    """The recommendation, its gain, its config.pbtxt diff and the memory fit."""
+    e = html.escape
+    c = res.options.constraints
+    rec = res.recommended
+    out = ["<h2>Recommendation</h2>"]
+    if rec is None:
+        out.append(f"<p>{e(recommendation_text(res))}</p>")
+    else:
+        out.append(f"<p><b>{e(rec.label)}</b>: {e(rec.description)}<br>")
+        out.append(f"{e(result_line(rec, c))}<br>")
+        if res.unconfirmed is not None:
+            out.append(f"{e(unconfirmed_text(res))}</p>")
+        elif rec is res.shipped:
+            out.append("The shipped configuration is the best one measured.</p>")
+        else:
+            out.append(f"{e(gain_text(res))}</p>")
+        diff = recommendation_diff(res)
+        if diff:
+            out.append("<h3>config.pbtxt diff</h3><pre>")
+            out.extend(_html_diff_line(line) for line in diff.splitlines())
+            out.append("</pre>")
+    if memory_fit_text(res):
+        out.append(f"<p>{e(memory_fit_text(res))}</p>")
+    return "".join(out)
+
+
+def _html_diff_line(line: str) -> str:
+    """One line of a unified diff, added lines green and removed ones red."""
+    if line.startswith("+") and not line.startswith("+++"):
+        return f"<span class='add'>{html.escape(line)}</span>\n"
+    if line.startswith("-") and not line.startswith("---"):
+        return f"<span class='del'>{html.escape(line)}</span>\n"
+    return f"{html.escape(line)}\n"
+
+
+def _html_table(res: AnalyzeResult) -> str:
+    """Every measurement, one row each (recommended and shipped rows shaded)."""
+    e = html.escape
+    c = res.options.constraints
+    out = ["<h2>Configurations</h2><table><tr>"]
+    out.extend(f"<th class='l'>{h}</th>" for h in _HTML_COLUMNS)
+    out.append("</tr>")
+    for r in res.results:
+        lv = r.best_level(c.p99_ms)
+        cls = "rec" if r is res.recommended else ("ship" if r.shipped else "")
+        levels = "; ".join(
+            f"{x.concurrency}: {x.infer_per_sec:,.1f} @ {x.p99_ms:.1f}" for x in r.levels
+        )
+        why = ", ".join(violations(r, c))
+        label = r.label + (f" (again {r.repeat})" if r.repeat else "")
+        out.append(
+            f"<tr class='{cls}'><td class='l'>{e(label)}</td><td class='l'>{e(r.description)}</td>"
+        )
+        out.append(f"<td class='l'>{e(r.status)}</td>")
+        out.append(
+            f"<td>{lv.infer_per_sec:,.1f}</td><td>{lv.concurrency}</td>" if lv else "<td>-</td>" * 2
+        )
+        out.append(f"<td>{lv.p99_ms:.1f}</td>" if lv else "<td>-</td>")
+        out.append(f"<td>{_mib(r.memory_bytes)}</td><td>{_mib(r.memory_per_instance())}</td>")
+        out.append(
+            f"<td class='l'>{'yes' if not why else e(why)}</td><td class='l'>{e(levels)}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
 
 
 def write_reports(res: AnalyzeResult, out_dir: Path) -> dict[str, Path]:

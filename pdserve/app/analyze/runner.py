@@ -1,34 +1,16 @@
-"""The run of ``pdserve analyze``: set up the server, search the configurations
-(:mod:`.space`), measure each with ``pdserve perf`` and the memory from ``/proc``,
-and pick the recommendation (:mod:`.recommend`).
-
-Measuring one configuration (:meth:`Analyzer.measure`):
-
-1. own server, ``restart`` mode (default): a fresh ``pdserve serve`` with no
-   model loaded, so the memory before the load is that of an empty server and
-   nothing freed by an earlier configuration is reused; ``reload`` mode (and a
-   running server, ``-u``): the models are unloaded and the unload waited for;
-2. the tuned models are loaded through the repository API with the
-   configuration as a ``config`` override, then the ensemble (if any) as it is;
-3. ``pdserve perf`` (:func:`pdserve.app.perf.run_sweep`) drives the target at the
-   concurrency levels in order, while the memory of the server's processes is
-   sampled; the sweep stops at the first level whose p99 exceeds the SLO, when
-   two levels in a row gain less than :data:`PLATEAU_GAIN` throughput over the
-   best before them (model_analyzer stops its concurrency sweep the same way),
-   at a level with errors, or when the time budget is out. When it stopped at
-   the SLO, up to ``bisect_steps`` concurrencies between the last level within it
-   and the first above are measured (binary search), so that the score does not
-   jump by a factor 2 with the concurrency.
+"""The run of ``pdserve analyze``: set up the server (its own or a running one),
+search the configurations (:mod:`.search`), measure each (:mod:`.sweep`, and the
+memory from ``/proc``) and pick the recommendation (:mod:`.recommend`).
 
 Time (``--max-minutes``): a configuration starts only while the time left covers
-the mean time a configuration took so far (plus the confirmation runs); one
-under way when the budget ends is stopped and kept (``partial``).
+the mean time a configuration took so far (plus the confirmation runs); one under
+way when the budget ends is stopped and kept (``partial``).
 
-Confirmation: after the search, the shipped and the recommended configurations
-are measured again, alternately (``--confirm`` times each); the confirmed gain
-is the ratio of the medians of those measurements. When it is below ``1 +
-min_gain`` (and the shipped configuration met the objective), the search's best
-was picked by noise: the shipped configuration is recommended instead.
+Confirmation: after the search, the shipped and the recommended configurations are
+measured again, alternately (``--confirm`` times each); the confirmed gain is the
+ratio of their medians. Below ``1 + min_gain`` (with the shipped configuration
+meeting the objective) the search's best was picked by noise, and the shipped
+configuration is recommended instead.
 """
 
 from __future__ import annotations
@@ -39,28 +21,24 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from types import FrameType
+from typing import Any
 
 from pdserve import config as cfgmod
 from pdserve.app.analyze import memory
-from pdserve.app.analyze.recommend import (
-    ConfigResult,
-    Constraints,
-    LevelResult,
-    best,
-    better,
-    decide,
-    recommend,
-)
+from pdserve.app.analyze.options import AnalyzeOptions, Progress
+from pdserve.app.analyze.recommend import ConfigResult, LevelResult, decide, recommend
+from pdserve.app.analyze.search import grid_search, quick_search
 from pdserve.app.analyze.server import (
     AnalyzeError,
     OwnServer,
     RepositoryClient,
     copy_repository,
     models_needed,
+    walk_models,
 )
 from pdserve.app.analyze.space import (
     Knobs,
@@ -68,202 +46,18 @@ from pdserve.app.analyze.space import (
     Space,
     apply_knobs,
     build_space,
-    ensemble_steps,
-    is_ensemble,
-    point_key,
     shipped_knobs,
 )
-from pdserve.app.perf import PerfError, PerfOptions, run_sweep
-from pdserve.app.perf.stats import PointResult, Window
+from pdserve.app.analyze.sweep import SweepWatcher, bisect, sweep
+from pdserve.app.perf import PerfOptions
+from pdserve.config import ModelConfig
 
-#: A concurrency sweep stops once two levels in a row gain less than this
-#: fraction of throughput over the best level before them.
-PLATEAU_GAIN = 0.05
-
-#: The quick search's widest neighbourhood (steps; model_analyzer's radius is 2).
-MAX_RADIUS = 2
-
-#: Default concurrency levels (model_analyzer doubles from 1).
-DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+#: What ``signal.signal`` returns and takes: a handler, SIG_DFL / SIG_IGN, or None.
+SigintHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 #: Seconds an empty server waits after starting (or the models' unload) before
 #: the memory is read.
 SETTLE_S = 0.3
-
-
-@dataclass
-class AnalyzeOptions:
-    """One ``pdserve analyze`` run (its flags; see ``pdserve analyze --help``)."""
-
-    model: str
-    #: Own server on a copy of this repository (None with ``url``: the example one).
-    repository: Path | None = None
-    #: A running server's HTTP address (``host:port``): no own server.
-    url: str | None = None
-    protocol: Literal["http", "grpc"] = "http"
-    #: With ``url`` and gRPC: the server's gRPC address.
-    grpc_url: str | None = None
-    #: With ``url``: the server's process (memory); None: found from the port.
-    server_pid: int | None = None
-    server_cpus: list[int] | None = None
-    client_cpus: list[int] | None = None
-    server_mode: Literal["restart", "reload"] = "restart"
-    server_args: list[str] = field(default_factory=list)
-    p99_ms: float | None = None
-    memory_budget: int | None = None
-    search: Literal["quick", "grid"] = "quick"
-    instance_counts: list[int] | None = None
-    max_batch_sizes: list[int] | None = None
-    preferred: list[str] | None = None
-    queue_delays_us: list[int | None] | None = None
-    max_configs: int = 40
-    max_minutes: float = 10.0
-    #: A move of the quick search needs this much more throughput (fraction).
-    min_gain: float = 0.02
-    concurrency: list[int] = field(default_factory=lambda: list(DEFAULT_CONCURRENCY))
-    batch_size: int = 1
-    input_data: str = "random"
-    shapes: dict[str, list[int]] = field(default_factory=dict)
-    measurement_interval_ms: int = 1000
-    stability_percentage: float = 15.0
-    max_trials: int = 6
-    perf_workers: int = 0
-    #: Concurrencies bisected between the last level within the SLO and the first
-    #: above it.
-    bisect_steps: int = 2
-    confirm: int = 1
-    output_dir: Path = Path("analyze")
-
-    @property
-    def constraints(self) -> Constraints:
-        """The SLO and the memory budget."""
-        return Constraints(self.p99_ms, self.memory_budget)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain JSON values."""
-        d = dict(self.__dict__)
-        for k in ("repository", "output_dir"):
-            d[k] = None if d[k] is None else str(d[k])
-        return d
-
-
-class Progress:
-    """Receives what happens (the CLI's terminal display); the methods do nothing
-    here."""
-
-    def start(self, info: dict[str, Any]) -> None:
-        """Before the first configuration: ``model``, ``steps``, ``server``,
-        ``dims`` (lines), ``points``, ``search``, ``constraints``..."""
-
-    def config_start(self, n: int, point: Point, shipped: bool, repeat: int, t: float) -> None:
-        """A configuration's measurement begins (``n`` from 0; ``t`` seconds since
-        the start)."""
-
-    def loaded(self, load_s: float, memory_bytes: float | None) -> None:
-        """The configuration loaded."""
-
-    def window(self, level: int, trial: int, window: Window, batch_size: int) -> None:
-        """A perf window ended."""
-
-    def level(self, level: LevelResult) -> None:
-        """A concurrency level ended."""
-
-    def config_done(self, result: ConfigResult) -> None:
-        """The configuration's result."""
-
-    def note(self, text: str) -> None:
-        """A remark for the user."""
-
-
-class _StopSweep(Exception):
-    """Raised from the perf progress hooks to end a concurrency sweep early."""
-
-
-class _SweepWatcher:
-    """A :class:`pdserve.app.perf.Progress` that forwards to analyze's progress,
-    keeps the levels, and stops the sweep (SLO, plateau, deadline)."""
-
-    def __init__(
-        self, progress: Progress, p99_ms: float | None, deadline: float, batch_size: int
-    ) -> None:
-        self.progress = progress
-        self.p99_ms = p99_ms
-        self.deadline = deadline
-        self.batch_size = batch_size
-        self.levels: list[LevelResult] = []
-        self.reason = ""
-        self.timed_out = False
-
-    def start(self, info: dict[str, Any]) -> None:
-        """Nothing."""
-
-    def window(
-        self, mode: str, level: float, trial: int, window: Window, stable: bool, batch_size: int
-    ) -> None:
-        """Forward; stop when the time budget is out."""
-        self.progress.window(int(level), trial, window, batch_size)
-        if time.monotonic() > self.deadline:
-            self.timed_out = True
-            self.reason = "time budget"
-            raise _StopSweep
-
-    def level_done(self, point: PointResult) -> None:
-        """Keep the level; stop on SLO, plateau or errors."""
-        lv = level_from_point(point)
-        self.levels.append(lv)
-        self.progress.level(lv)
-        reason = sweep_stop_reason(self.levels, self.p99_ms)
-        if point.aborted:
-            self.reason = point.aborted
-        elif reason:
-            self.reason = reason
-            raise _StopSweep
-
-    def note(self, text: str) -> None:
-        """Forward."""
-        self.progress.note(text)
-
-
-def level_from_point(point: PointResult) -> LevelResult:
-    """A perf level's result as analyze keeps it."""
-    lat = point.latency_us
-    return LevelResult(
-        concurrency=int(point.level),
-        infer_per_sec=point.infer_per_sec,
-        p50_ms=lat.get("p50", 0.0) / 1000.0,
-        p99_ms=lat.get("p99", 0.0) / 1000.0,
-        errors=point.error_count,
-        stable=point.stable,
-        avg_batch=(point.server or {}).get("avg_batch_size", 0.0),
-        requests=point.request_count,
-        aborted=point.aborted,
-    )
-
-
-def sweep_stop_reason(levels: Sequence[LevelResult], p99_ms: float | None) -> str:
-    """Why a concurrency sweep ends after ``levels`` ("" when it goes on): errors,
-    the last p99 above the SLO, or two levels without :data:`PLATEAU_GAIN` more
-    throughput than the best before them."""
-    last = levels[-1]
-    if last.errors or last.aborted:
-        return "errors"
-    if p99_ms is not None and last.p99_ms > p99_ms:
-        return "p99 above the SLO"
-    if len(levels) >= 3:
-        before = max(lv.infer_per_sec for lv in levels[:-2])
-        if max(lv.infer_per_sec for lv in levels[-2:]) < before * (1.0 + PLATEAU_GAIN):
-            return "throughput stopped growing"
-    return ""
-
-
-def bisect_bounds(levels: Sequence[LevelResult], p99_ms: float) -> tuple[int, int] | None:
-    """(highest concurrency within the SLO without errors, lowest one above it),
-    the interval the SLO bisection searches; None when either is missing."""
-    ok = [lv.concurrency for lv in levels if lv.usable and lv.p99_ms <= p99_ms]
-    if not ok:
-        return None
-    above = [lv.concurrency for lv in levels if lv.concurrency > max(ok)]
-    return (max(ok), min(above)) if above else None
 
 
 @dataclass
@@ -278,9 +72,9 @@ class AnalyzeResult:
     recommended: ConfigResult | None
     shipped: ConfigResult | None
     #: model -> the shipped configuration (as written, or as served with ``-u``).
-    base_configs: dict[str, Any]
+    base_configs: dict[str, ModelConfig]
     #: model -> the recommended configuration (None without a recommendation).
-    recommended_configs: dict[str, Any] | None
+    recommended_configs: dict[str, ModelConfig] | None
     info: dict[str, Any]
     elapsed_s: float
     gain_search: float | None = None
@@ -306,7 +100,7 @@ class Analyzer:
         self.tmp: Path | None = None
         self.order: list[str] = []
         self.steps: list[str] = []
-        self.base: dict[str, Any] = {}
+        self.base: dict[str, ModelConfig] = {}
         self.shipped: dict[str, Knobs] = {}
         self.kinds: dict[str, int] = {}
         self.ensemble_mbs = 0
@@ -385,26 +179,17 @@ class Analyzer:
             )
 
     def _served_models(self, model: str) -> tuple[list[str], list[str]]:
-        assert self.client is not None
-        order: list[str] = []
-        leaves: list[str] = []
+        """(models in load order, steps to tune) as the server serves them; a model
+        not loaded yet is loaded from its repository."""
+        client = self.client
+        assert client is not None
 
-        def visit(name: str, chain: tuple[str, ...]) -> None:
-            if name in chain or name in order:
-                return
-            assert self.client is not None
-            if not self.client.is_ready(name):
-                self.client.load(name)
-            cfg = cfgmod.config_from_json(self.client.config(name), name)
-            if is_ensemble(cfg):
-                for step in ensemble_steps(cfg):
-                    visit(step, (*chain, name))
-            elif name not in leaves:
-                leaves.append(name)
-            order.append(name)
+        def config_of(name: str) -> cfgmod.ModelConfig:
+            if not client.is_ready(name):
+                client.load(name)
+            return cfgmod.config_from_json(client.config(name), name)
 
-        visit(model, ())
-        return order, leaves
+        return walk_models(model, config_of)
 
     def _load_plain(self) -> None:
         assert self.client is not None
@@ -429,7 +214,7 @@ class Analyzer:
 
     # ---------------------------------------------------------------- measuring
 
-    def configs_for(self, point: Point) -> dict[str, Any]:
+    def configs_for(self, point: Point) -> dict[str, ModelConfig]:
         """model -> the configuration (``ModelConfig``) of ``point``."""
         return {
             m: apply_knobs(self.base[m], point[m], self.shipped[m], self.kinds.get(m))
@@ -471,7 +256,13 @@ class Analyzer:
         time.sleep(SETTLE_S)
 
     def measure(self, point: Point, shipped: bool = False, repeat: int = 0) -> ConfigResult:
-        """Load ``point`` and measure it (see the module docstring)."""
+        """Load ``point`` and measure it. Own server in ``restart`` mode (default): on
+        a fresh server with no model loaded, so the memory before the load is that of
+        an empty server; ``reload`` mode and a running server: after the models'
+        unload. The tuned models load through the repository API with their
+        configuration as a ``config`` override (the ensemble, if any, as it is), then
+        the concurrency sweep (:mod:`.sweep`) runs while the server's memory is
+        sampled. A failure is recorded in the result (``failed``)."""
         n = len(self.results)
         result = ConfigResult(index=n, point=point, shipped=shipped, repeat=repeat)
         self.progress.config_start(n, point, shipped, repeat, time.monotonic() - self.t0)
@@ -512,15 +303,13 @@ class Analyzer:
         if before is not None and after_load is not None:
             result.memory_loaded_bytes = float(after_load.rss - before.rss)
         self.progress.loaded(result.load_s, result.memory_loaded_bytes)
-        watcher = _SweepWatcher(
-            self.progress, self.opts.p99_ms, self.deadline, self.opts.batch_size
-        )
+        watcher = self._watcher()
         sampler = memory.PeakSampler(pid) if pid else None
         timed_out = False
         try:
             if sampler is not None:
                 sampler.__enter__()
-            self._sweep(watcher, self.opts.concurrency)
+            sweep(self._perf_options(), watcher, self.opts.concurrency)
             if watcher.reason == "p99 above the SLO":
                 timed_out = self._bisect(watcher.levels)
         finally:
@@ -535,51 +324,19 @@ class Analyzer:
             if sampler.peak_pss is not None and before.pss is not None:
                 result.memory_pss_bytes = float(sampler.peak_pss - before.pss)
 
-    def _sweep(self, watcher: _SweepWatcher, levels: Sequence[int]) -> None:
-        """``pdserve perf`` at ``levels`` in order; the levels land in ``watcher``.
-
-        Raises:
-            AnalyzeError: perf failed before any level (e.g. the request is refused).
-        """
-        opts = self._perf_options()
-        opts.concurrency = list(levels)
-        try:
-            run_sweep(opts, watcher)
-        except _StopSweep:
-            pass
-        except PerfError as e:
-            if not watcher.levels:
-                raise AnalyzeError(str(e)) from None
-            watcher.reason = str(e)
+    def _watcher(self) -> SweepWatcher:
+        return SweepWatcher(self.progress, self.opts.p99_ms, self.deadline, self.opts.batch_size)
 
     def _bisect(self, levels: list[LevelResult]) -> bool:
-        """The doubling sweep crossed the SLO between two levels: measure up to
-        ``bisect_steps`` concurrencies between them (binary search, as
-        model_analyzer searches concurrency against its latency budget), adding
-        them to ``levels``. Returns whether the time budget cut it."""
-        slo = self.opts.p99_ms
-        assert slo is not None
-        bounds = bisect_bounds(levels, slo)
-        if bounds is None:
-            return False
-        lo, hi = bounds
-        for _ in range(self.opts.bisect_steps):
-            mid = (lo + hi) // 2
-            if mid <= lo:
-                break
-            step = _SweepWatcher(self.progress, slo, self.deadline, self.opts.batch_size)
-            self._sweep(step, [mid])
-            levels.extend(step.levels)
-            if step.timed_out:
-                return True
-            if not step.levels:
-                break
-            lv = step.levels[-1]
-            if lv.usable and lv.p99_ms <= slo:
-                lo = mid
-            else:
-                hi = mid
-        return False
+        """Bisect between the levels around the SLO (:func:`.sweep.bisect`)."""
+        assert self.opts.p99_ms is not None
+
+        def measure(concurrency: int) -> SweepWatcher:
+            watcher = self._watcher()
+            sweep(self._perf_options(), watcher, [concurrency])
+            return watcher
+
+        return bisect(levels, self.opts.p99_ms, self.opts.bisect_steps, measure)
 
     # ------------------------------------------------------------------ search
 
@@ -713,14 +470,14 @@ class Analyzer:
             unconfirmed=choice.unconfirmed,
         )
 
-    def _catch_sigint(self) -> Any:
+    def _catch_sigint(self) -> SigintHandler:
         """Ctrl-C sets :attr:`interrupted` as well as raising KeyboardInterrupt
         (``pdserve perf`` keeps a sweep's levels on Ctrl-C and returns; the search
         must stop too). Returns the previous handler (None off the main thread)."""
         if threading.current_thread() is not threading.main_thread():
             return None
 
-        def on_sigint(signum: int, frame: Any) -> None:
+        def on_sigint(signum: int, frame: FrameType | None) -> None:
             self.interrupted = True
             raise KeyboardInterrupt
 
@@ -768,81 +525,3 @@ class Analyzer:
 def run_analyze(opts: AnalyzeOptions, progress: Progress | None = None) -> AnalyzeResult:
     """Run ``pdserve analyze`` (see :class:`Analyzer`)."""
     return Analyzer(opts, progress).run()
-
-
-#: ``measure(point, shipped) -> result`` (the search's view of measuring).
-MeasureFn = Callable[[Point, bool], ConfigResult]
-#: ``budget() -> (may measure one more, why not)``.
-BudgetFn = Callable[[], tuple[bool, str]]
-
-
-def grid_search(
-    space: Space,
-    measure: MeasureFn,
-    budget: BudgetFn,
-    c: Constraints,
-    min_gain: float = 0.0,
-    note: Callable[[str], None] = lambda _: None,
-) -> str:
-    """Every configuration of the lattice (:meth:`Space.grid`: the shipped one
-    first), each once, while ``budget`` allows; returns why it stopped."""
-    seen: set[Any] = set()
-    for index in space.grid():
-        point = space.knobs(index)
-        if point is None or point_key(point) in seen:
-            continue
-        if seen:
-            ok, why = budget()
-            if not ok:
-                return why
-        seen.add(point_key(point))
-        measure(point, index == space.start)
-    return "every configuration measured"
-
-
-def quick_search(
-    space: Space,
-    measure: MeasureFn,
-    budget: BudgetFn,
-    c: Constraints,
-    min_gain: float = 0.02,
-    note: Callable[[str], None] = lambda _: None,
-) -> str:
-    """Hill climbing from the shipped configuration (model_analyzer's quick search
-    on this lattice): measure every unmeasured configuration one step from the
-    current one (:meth:`Space.neighbours`), move to the best configuration measured
-    so far if it :func:`~.recommend.better` the current one by ``min_gain``; when
-    none does, measure the ones :data:`MAX_RADIUS` steps away and go on from the
-    best; stop when those do not beat it either, or ``budget`` says so. Returns
-    why it stopped."""
-    seen: dict[Any, tuple[int, ...]] = {}
-    start = space.shipped_point()
-    seen[point_key(start)] = space.start
-    current = measure(start, True)
-    measured = [current]
-    index = space.start
-    radius = 1
-    while True:
-        fresh = []
-        for nb in space.neighbours(index, radius):
-            point = space.knobs(nb)
-            if point is None or point_key(point) in seen:
-                continue
-            seen[point_key(point)] = nb
-            fresh.append(point)
-        for point in fresh:
-            ok, why = budget()
-            if not ok:
-                return why
-            measured.append(measure(point, False))
-        top = best(measured, c)
-        if top is not None and top is not current and better(top, current, c, min_gain):
-            current = top
-            index = seen[point_key(top.point)]
-            radius = 1
-            note(f"moving to {top.label}: {top.description}")
-        elif radius < MAX_RADIUS:
-            radius += 1
-            note(f"no better neighbour of {current.label}: looking {radius} steps away")
-        else:
-            return f"no configuration within {MAX_RADIUS} steps of the best is better"

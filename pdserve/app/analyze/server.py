@@ -21,12 +21,14 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pdserve
 from pdserve import config as cfgmod
+from pdserve.app.analyze.space import ensemble_steps, is_ensemble
+from pdserve.config import ModelConfig
 
 
 class AnalyzeError(Exception):
@@ -199,10 +201,31 @@ def models_needed(repo: Path, model: str) -> tuple[list[str], list[str]]:
     non-ensemble steps.
 
     Raises:
-        AnalyzeError: a model is not in ``repo`` or its configuration does not parse.
+        AnalyzeError: a model is not in ``repo``, its configuration does not parse,
+            or ensembles step into each other in a cycle.
     """
-    from pdserve.app.analyze.space import ensemble_steps, is_ensemble
 
+    def config_of(name: str) -> ModelConfig:
+        folder = repo / name
+        if not folder.is_dir():
+            raise AnalyzeError(f"no model '{name}' in {repo}")
+        try:
+            return cfgmod.load_model_config(folder)
+        except cfgmod.ConfigError as e:
+            raise AnalyzeError(str(e)) from None
+
+    return walk_models(model, config_of)
+
+
+def walk_models(model: str, config_of: Callable[[str], ModelConfig]) -> tuple[list[str], list[str]]:
+    """(every model ``model`` needs, each after the steps it uses; the models that
+    are not ensembles), following ensemble steps depth first; ``config_of(name)``
+    gives a model's configuration.
+
+    Raises:
+        AnalyzeError: ensembles step into each other in a cycle (or ``config_of``
+            failed).
+    """
     order: list[str] = []
     leaves: list[str] = []
 
@@ -211,13 +234,7 @@ def models_needed(repo: Path, model: str) -> tuple[list[str], list[str]]:
             raise AnalyzeError(f"ensemble cycle: {' -> '.join((*chain, name))}")
         if name in order:
             return
-        folder = repo / name
-        if not folder.is_dir():
-            raise AnalyzeError(f"no model '{name}' in {repo}")
-        try:
-            cfg = cfgmod.load_model_config(folder)
-        except cfgmod.ConfigError as e:
-            raise AnalyzeError(str(e)) from None
+        cfg = config_of(name)
         if is_ensemble(cfg):
             for step in ensemble_steps(cfg):
                 visit(step, (*chain, name))

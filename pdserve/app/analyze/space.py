@@ -1,32 +1,16 @@
 """The search space of ``pdserve analyze``: which configurations of a model (or of
-an ensemble's steps) are tried, in which order, and how one becomes a
-``config.pbtxt``.
+an ensemble's steps) can be tried, and how one becomes a ``config.pbtxt``.
 
 A configuration sets four *knobs* per model (:class:`Knobs`): the instance count,
 ``max_batch_size``, ``dynamic_batching.preferred_batch_size`` and
 ``dynamic_batching.max_queue_delay_microseconds`` (``None``: no dynamic batching).
 The space is a lattice: each :class:`Dimension` is one knob of one model (or of
-several, see :func:`build_space`) with an ordered list of values, and a point is
-one index per dimension. Points that configure the same thing are one
-configuration (:meth:`Space.knobs` canonicalizes): without dynamic batching the
-batching knobs are those of the shipped configuration; a preferred size equal to
-``max_batch_size`` is no preferred size (Triton and pdserve then use
-``max_batch_size``); a point whose preferred sizes exceed its ``max_batch_size`` is
-invalid.
-
-Search orders (:mod:`pdserve.app.analyze.runner` measures them):
-
-- ``quick`` (default): hill climbing on the lattice, as model_analyzer's quick
-  search (``run_config_search_mode quick``) does on its own coordinates: start at
-  the shipped configuration, measure every *neighbour* (one step along one
-  dimension, :meth:`Space.neighbours`), move to the best configuration measured
-  when it beats the current one; when none does, widen the neighbourhood to
-  radius 2 (model_analyzer's radius) and go on from the best; stop when no
-  configuration within 2 steps beats it.
-- ``grid``: every point of the lattice (:meth:`Space.grid`), shipped first, as
-  model_analyzer's brute search; bounded by ``--max-configs`` and the time budget.
-
-Pure functions and data only (no I/O).
+several, see :func:`build_space`) with an ordered list of values, and a point is one
+index per dimension. Points that configure the same thing are one configuration
+(:meth:`Space.knobs` canonicalizes): without dynamic batching the batching knobs are
+the shipped ones; a preferred size equal to ``max_batch_size`` is no preferred size;
+a point whose preferred sizes exceed its ``max_batch_size`` is invalid. The search
+orders that walk it are in :mod:`.search`. Pure functions and data only (no I/O).
 """
 
 from __future__ import annotations
@@ -42,9 +26,6 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from pdserve.config import ENSEMBLE_PLATFORM, ModelConfig
-
-#: Knob names, in display order.
-KNOBS = ("instances", "max_batch_size", "preferred", "delay_us")
 
 #: What a value of the ``delay_us`` knob is when dynamic batching is off.
 OFF = "off"
@@ -115,7 +96,11 @@ class Knobs:
 Point = dict[str, Knobs]
 
 
-def point_key(point: Mapping[str, Knobs]) -> tuple[tuple[str, Knobs], ...]:
+#: A configuration's hashable identity (:func:`point_key`).
+PointKey = tuple[tuple[str, Knobs], ...]
+
+
+def point_key(point: Mapping[str, Knobs]) -> PointKey:
     """A hashable identity of a configuration (models in name order)."""
     return tuple(sorted(point.items()))
 

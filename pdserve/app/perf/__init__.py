@@ -1,21 +1,17 @@
 """``pdserve perf``: a load generator for any KServe V2 server (pdserve, Triton,
-KServe, MLServer), in perf_analyzer's role and with its flags.
+KServe, MLServer), in perf_analyzer's role and with its flags. Python API (used by
+the CLI, and by ``pdserve analyze`` to measure each configuration)::
 
-Python API (used by the CLI, and by ``pdserve analyze`` to measure each
-configuration)::
-
-    from pdserve.app.perf import PerfOptions, run_sweep, write_csv, write_json
+    from pdserve.app.perf import PerfOptions, run_sweep
 
     results = run_sweep(PerfOptions(model="tiny", url="127.0.0.1:8000",
                                     concurrency=[1, 4, 16]))
-    for r in results:
-        print(r.level, r.infer_per_sec, r.latency_us["p99"], r.server)
 
 Modules: :mod:`.options` (what to measure, range syntax), :mod:`.inputs` (input
 data and request bytes), :mod:`.control` (metadata, statistics), :mod:`.worker`
-(load processes), :mod:`.runner` (windows, stability, the sweep), :mod:`.stats`
-(percentiles, stability, results), :mod:`.report` (display, CSV, JSON, plot),
-:mod:`.cli` (the subcommand).
+(a load process), :mod:`.load` / :mod:`.http_load` / :mod:`.grpc_load` (its loads;
+:mod:`.h2grpc` the raw HTTP/2 client), :mod:`.runner` (windows, stability, the
+sweep), :mod:`.stats` (results), :mod:`.report` (display, files), :mod:`.cli`.
 """
 
 from __future__ import annotations

@@ -11,10 +11,8 @@ requests failed, a level was aborted, or the run was interrupted; 2 bad flags.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Callable
-from typing import IO, TypeVar
+from collections.abc import Sequence
 
 from pdserve.app.perf.options import (
     PerfError,
@@ -32,8 +30,13 @@ from pdserve.app.perf.report import (
 )
 from pdserve.app.perf.runner import run_sweep
 from pdserve.app.perf.stats import PointResult
-
-T = TypeVar("T")
+from pdserve.app.subcommands import (
+    Subparsers,
+    add_subcommand,
+    parsed,
+    parsed_or_none,
+    progress_stream,
+)
 
 EPILOG = """\
 examples:
@@ -52,18 +55,19 @@ windows.
 """
 
 
-def _range(
-    parser: argparse.ArgumentParser, fn: Callable[[str], list[T]], text: str, flag: str
-) -> list[T]:
-    try:
-        return fn(text)
-    except ValueError as e:
-        parser.error(f"{flag}: {e}")  # exits 2
+def parse_shapes(parser: argparse.ArgumentParser, texts: Sequence[str]) -> dict[str, list[int]]:
+    """The ``--shape NAME:D1,D2`` flags: input name -> dims (exits 2 on a bad one)."""
+    shapes = {}
+    for text in texts:
+        name, dims = parsed(parser, parse_shape, text, "--shape")
+        shapes[name] = dims
+    return shapes
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     """Add ``pdserve perf`` to the CLI's subcommands; its defaults set ``run``."""
-    p = sub.add_parser(
+    return add_subcommand(
+        sub,
         "perf",
         help="load-test a model on any KServe V2 server (perf_analyzer's role)",
         description="Measure throughput and latency of MODEL on a running KServe V2 server\n"
@@ -71,8 +75,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         "server-side breakdown from the statistics extension. Flags follow Triton's\n"
         "perf_analyzer.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        flags=(
+            _add_target_flags,
+            _add_load_flags,
+            _add_input_flags,
+            _add_measurement_flags,
+            _add_output_flags,
+        ),
+        run=run,
     )
+
+
+def _add_target_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("target")
     g.add_argument("-m", dest="model", required=True, metavar="MODEL", help="model name")
     g.add_argument("-x", dest="model_version", default="", metavar="VERSION", help="model version")
@@ -90,6 +104,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         default="http",
         help="protocol (default http)",
     )
+
+
+def _add_load_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("load")
     g.add_argument("-b", dest="batch_size", type=int, default=1, help="batch size (default 1)")
     g.add_argument(
@@ -122,6 +139,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         help="load-generating processes (default 0: one per request in flight, at most 4 "
         "per CPU this process may use and 8 in all)",
     )
+
+
+def _add_input_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("input data")
     g.add_argument(
         "--input-data",
@@ -139,18 +159,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     g.add_argument(
         "--string-length", type=int, default=128, help="length of random BYTES elements (128)"
     )
-    g.add_argument(
-        "--input-tensor-format",
-        choices=("binary", "json"),
-        default="binary",
-        help="HTTP: inputs as the binary tensor extension (default) or JSON",
-    )
-    g.add_argument(
-        "--output-tensor-format",
-        choices=("binary", "json"),
-        default="binary",
-        help="HTTP: ask for outputs as binary (default) or JSON",
-    )
+    for side, what in (
+        ("input", "inputs as the binary tensor extension (default) or JSON"),
+        ("output", "ask for outputs as binary (default) or JSON"),
+    ):
+        g.add_argument(
+            f"--{side}-tensor-format",
+            choices=("binary", "json"),
+            default="binary",
+            help=f"HTTP: {what}",
+        )
+
+
+def _add_measurement_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("measurement")
     g.add_argument(
         "-p",
@@ -218,13 +239,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         default="raw",
         help="gRPC load client: raw HTTP/2 frames (default, lean) or grpcio's grpc.aio",
     )
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("-f", dest="csv", metavar="FILE.csv", help="write results as CSV")
     g.add_argument("--json", metavar="FILE.json", help="write results as JSON")
     g.add_argument("--plot", metavar="FILE.png", help="plot latency against throughput (PNG)")
     g.add_argument("-q", "--quiet", action="store_true", help="no live progress")
-    p.set_defaults(run=lambda args: run(args, p))
-    return p
 
 
 def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> PerfOptions:
@@ -232,28 +254,18 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
     bad range, shape or combination)."""
     if args.concurrency_range and args.request_rate_range:
         parser.error("give --concurrency-range or --request-rate-range, not both")
-    shapes = {}
-    for text in args.shape:
-        try:
-            name, dims = parse_shape(text)
-        except ValueError as e:
-            parser.error(f"--shape: {e}")
-        shapes[name] = dims
+    shapes = parse_shapes(parser, args.shape)
     opts = PerfOptions(
         model=args.model,
         url=args.url,
         protocol=args.protocol,
         model_version=args.model_version,
         batch_size=args.batch_size,
-        concurrency=(
-            _range(parser, parse_concurrency_range, args.concurrency_range, "--concurrency-range")
-            if args.concurrency_range
-            else None
+        concurrency=parsed_or_none(
+            parser, parse_concurrency_range, args.concurrency_range, "--concurrency-range"
         ),
-        request_rates=(
-            _range(parser, parse_rate_range, args.request_rate_range, "--request-rate-range")
-            if args.request_rate_range
-            else None
+        request_rates=parsed_or_none(
+            parser, parse_rate_range, args.request_rate_range, "--request-rate-range"
         ),
         distribution=args.request_distribution,
         input_data=args.input_data,
@@ -284,7 +296,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``pdserve perf``; the process exit code (see the module docstring)."""
     opts = options_from_args(args, parser)
-    progress = TerminalProgress(open_devnull() if args.quiet else sys.stderr)
+    progress = TerminalProgress(progress_stream(args.quiet))
     progress.max_trials = opts.max_trials
     results: list[PointResult] = []
     error: str | None = None
@@ -315,8 +327,3 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if failed:
         return 1
     return 0
-
-
-def open_devnull() -> IO[str]:
-    """A writable null stream (for ``--quiet``)."""
-    return open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process

@@ -12,11 +12,14 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from pdserve.app.perf.inputs import HttpRequest
 from pdserve.app.perf.options import PerfError
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 
 def split_host_port(url: str, default_port: int) -> tuple[str, int]:
@@ -189,7 +192,7 @@ class GrpcControl:
             response_deserializer=None,
         )
 
-    def _fail(self, what: str, e: Any) -> PerfError:
+    def _fail(self, what: str, e: Exception) -> PerfError:
         code = e.code() if hasattr(e, "code") else None
         details = e.details() if hasattr(e, "details") else str(e)
         if code == self._grpc.StatusCode.UNAVAILABLE:
@@ -199,7 +202,7 @@ class GrpcControl:
         name = code.name if code is not None else "error"
         return PerfError(f"{what} on grpc://{self.url}: {name}: {details}")
 
-    def _dict(self, msg: Any) -> dict[str, Any]:
+    def _dict(self, msg: Message) -> dict[str, Any]:
         from google.protobuf.json_format import MessageToDict
 
         return dict(MessageToDict(msg, preserving_proto_field_name=True))

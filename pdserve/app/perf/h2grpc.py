@@ -1,31 +1,17 @@
 """A lean gRPC client for ``pdserve perf``: unary ``ModelInfer`` calls over raw
 HTTP/2 (RFC 9113) on an asyncio protocol, for load generation only.
 
-Why not ``grpcio``: its Python layer costs ~200-250 us of CPU and adds ~0.2 ms of
-latency per call, which makes the client, not the server, the thing measured on
-a fast model. Here a request is a few pre-encoded bytes (the HEADERS block is
-built once; per call only the stream id and the already-serialized
-``ModelInferRequest`` go out) and an answer is three frames walked in Python.
+Why not ``grpcio``: its Python layer costs enough CPU and latency per call that the
+client, not the server, becomes what is measured on a fast model. Here a request is
+a few pre-encoded bytes (the HEADERS block is built once; per call only the stream
+id and the serialized ``ModelInferRequest`` go out) and an answer is three frames.
 
-What it implements of HTTP/2 and gRPC:
-
-- the preface and SETTINGS (ours: no server push, a header table of 0 so the
-  server's HPACK blocks never refer to a dynamic table, the largest stream
-  window), SETTINGS/PING acknowledgements, WINDOW_UPDATE both ways (requests
-  bigger than the server's windows wait for them; our receive window is topped up
-  as data arrives), MAX_FRAME_SIZE splitting, GOAWAY (the connection is replaced),
-  RST_STREAM, CONTINUATION, padding;
-- request headers ``:method POST``, ``:scheme http``, ``:path
-  /inference.GRPCInferenceService/ModelInfer``, ``:authority``, ``content-type
-  application/grpc``, ``te trailers`` (literal, not Huffman-coded), the message
-  with gRPC's 5-byte length prefix;
-- the answer: success is ``grpc-status: 0`` in the trailers; any other status
-  counts as an error named by its code (``INVALID_ARGUMENT``...), with
-  ``grpc-message`` as the example; an HTTP status other than 200, a reset stream
-  or a lost connection too. Trailer blocks are decoded with ``hpack`` once per
-  distinct block (with no dynamic table the same bytes always mean the same
-  headers) and looked up afterwards; so are the response header blocks (for
-  ``:status``). Response messages are not decoded.
+Implemented: the preface, SETTINGS (no push, a header table of 0, the largest
+window), SETTINGS/PING acks, WINDOW_UPDATE both ways, MAX_FRAME_SIZE splitting,
+GOAWAY, RST_STREAM, CONTINUATION, padding. Success is ``grpc-status: 0`` in the
+trailers; another status is an error named by its code, with ``grpc-message`` as
+the example. Header blocks are decoded with ``hpack`` once per distinct block (with
+no dynamic table the same bytes always mean the same headers).
 """
 
 from __future__ import annotations
@@ -125,7 +111,9 @@ def grpc_message(message: bytes) -> bytes:
     return b"\x00" + struct.pack(">I", len(message)) + message
 
 
-class _Stream:
+class Stream:
+    """One call in flight on an :class:`H2Connection` (``t0``: when it was sent)."""
+
     __slots__ = ("sid", "t0", "status", "pending", "window", "done")
 
     def __init__(self, sid: int, t0: int, window: int) -> None:
@@ -138,7 +126,7 @@ class _Stream:
 
 
 #: What a finished call reports: (stream, error key or None on success, message).
-Finished = Callable[["_Stream", str | None, str], None]
+Finished = Callable[[Stream, str | None, str], None]
 
 
 class H2Connection(asyncio.Protocol):
@@ -171,7 +159,7 @@ class H2Connection(asyncio.Protocol):
         self.status_cache: dict[bytes, int] = {}
         self.buf = b""
         self.next_sid = 1
-        self.streams: dict[int, _Stream] = {}
+        self.streams: dict[int, Stream] = {}
         self.peer_max_streams = 2**31
         self.peer_window = 65535  # initial stream window the server grants
         self.conn_window = 65535  # connection send window
@@ -179,7 +167,7 @@ class H2Connection(asyncio.Protocol):
         self.received = 0
         self.closed = False
         self.goaway = False
-        self.blocked: list[_Stream] = []
+        self.blocked: list[Stream] = []
         self._cont: tuple[int, int, bytearray] | None = None  # (stream, flags, block)
 
     # -- connection
@@ -216,13 +204,13 @@ class H2Connection(asyncio.Protocol):
         return self.peer_max_streams - len(self.streams)
 
     # -- calls
-    def call(self, payload: bytes) -> _Stream:
+    def call(self, payload: bytes) -> Stream:
         """Start a call; ``payload`` is the request as :func:`grpc_message` frames it
         (built once per distinct request). Returns the call's stream."""
         assert self.tr is not None
         sid = self.next_sid
         self.next_sid += 2
-        st = _Stream(sid, self.clock(), self.peer_window)
+        st = Stream(sid, self.clock(), self.peer_window)
         self.streams[sid] = st
         out = frame(HEADERS, END_HEADERS, sid, self.headers_block)
         n = len(payload)
@@ -237,7 +225,7 @@ class H2Connection(asyncio.Protocol):
             self._send_pending(st)
         return st
 
-    def _send_pending(self, st: _Stream) -> None:
+    def _send_pending(self, st: Stream) -> None:
         assert self.tr is not None
         chunks = []
         while st.pending:
@@ -253,14 +241,14 @@ class H2Connection(asyncio.Protocol):
         if chunks:
             self.tr.write(b"".join(chunks))
 
-    def cancel(self, st: _Stream) -> None:
+    def cancel(self, st: Stream) -> None:
         """Give up on a call (RST_STREAM CANCEL); it reports nothing more."""
         if self.streams.pop(st.sid, None) is not None and self.tr is not None:
             st.done = True
             if not self.tr.is_closing():
                 self.tr.write(frame(RST_STREAM, 0, st.sid, struct.pack(">I", 0x8)))
 
-    def _finish(self, st: _Stream, error: str | None, message: str) -> None:
+    def _finish(self, st: Stream, error: str | None, message: str) -> None:
         if st.done:
             return
         st.done = True

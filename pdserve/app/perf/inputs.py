@@ -5,25 +5,13 @@ The model's inputs come from V2 model metadata (``GET /v2/models/{m}`` or gRPC
 (``/config``). A server without the configuration endpoint (KServe, MLServer) is
 taken to batch when an input's first metadata dim is ``-1``.
 
-Input data, as perf_analyzer's ``--input-data``:
+Input data, as perf_analyzer's ``--input-data``: ``random`` (default; one random row
+per input, generated once: floats in [0, 1), integers in [0, 100), booleans, BYTES
+strings of ``--string-length`` random letters; repeated for each row of a batch),
+``zero`` (BYTES: strings of ``"0"``), or a JSON file (:func:`load_input_file`).
 
-- ``random`` (default): one random row per input, generated once (floats uniform
-  in [0, 1), integers in [0, 100), booleans, BYTES strings of ``--string-length``
-  random letters), repeated for each row of a batch;
-- ``zero``: zeros (BYTES: strings of ``--string-length`` ``"0"`` characters);
-- a JSON file: ``{"data": [{"INPUT0": [...], ...}, ...]}``. Each entry holds every
-  input for one batch row: a flat (or nested) list in row-major order,
-  ``{"content": [...], "shape": [...]}``, ``{"b64": "..."}`` (little-endian bytes;
-  BYTES elements as 4-byte length + bytes) or ``{"content": {"b64": ...},
-  "shape": [...]}``. Requests go round-robin over the entries; a request of batch
-  ``b`` takes ``b`` consecutive entries, as perf_analyzer does. Where one dim is
-  variable and neither ``shape`` nor ``--shape`` gives it, the number of values
-  does (perf_analyzer asks for the shape). Sequence data
-  (a list of lists) is not supported yet; ``validation_data`` is ignored.
-
-Request bytes are built once, before the load starts: HTTP JSON or the binary
-tensor extension (``Inference-Header-Content-Length``), or a serialized gRPC
-``ModelInferRequest`` (``raw_input_contents``).
+Request bytes are built once, before the load starts: HTTP JSON or the binary tensor
+extension, or a serialized gRPC ``ModelInferRequest`` (``raw_input_contents``).
 """
 
 from __future__ import annotations
@@ -282,6 +270,16 @@ def load_input_file(
     path: str | Path, spec: ModelSpec, dims: Mapping[str, list[int]]
 ) -> list[dict[str, np.ndarray]]:
     """Read a perf_analyzer input-data JSON file: one dict of row arrays per entry.
+
+    The file is ``{"data": [{"INPUT0": [...], ...}, ...]}``. Each entry holds every
+    input for one batch row: a flat (or nested) list in row-major order,
+    ``{"content": [...], "shape": [...]}``, ``{"b64": "..."}`` (little-endian bytes;
+    BYTES elements as 4-byte length + bytes) or ``{"content": {"b64": ...},
+    "shape": [...]}``. Requests go round-robin over the entries; a request of batch
+    ``b`` takes ``b`` consecutive entries, as perf_analyzer does. Where one dim is
+    variable and neither ``shape`` nor ``--shape`` gives it, the number of values
+    does. Sequence data (a list of lists) is not supported; ``validation_data`` is
+    ignored.
 
     Raises:
         PerfError: unreadable or not JSON, no ``data`` list, sequence streams, an

@@ -1,21 +1,17 @@
 """The coordinator of ``pdserve perf``: :func:`run_sweep` measures each load level
 in windows until stable, with the server-side breakdown of each window.
 
-Per level (perf_analyzer's ``InferenceProfiler::ProfileHelper``):
-
-1. the workers switch to the level's load (connections kept from the level
-   before);
-2. windows of ``measurement_interval_ms`` follow back to back; at each boundary the
-   coordinator reads the statistics extension and collects from every worker what
-   completed in the window;
-3. the level ends when the last 3 windows are stable, after ``max_trials``
-   windows (reported with ``stable: false``), or when a window has no successful
-   response (reported with ``aborted`` set; the sweep stops there).
+Per level (perf_analyzer's ``InferenceProfiler::ProfileHelper``): the workers switch
+to the level's load (connections kept from the level before); windows of
+``measurement_interval_ms`` follow back to back, and at each boundary the statistics
+extension is read and every worker says what completed in the window. The level
+ends when the last 3 windows are stable, after ``max_trials`` windows (``stable:
+false``), or at a window without a successful response (``aborted``; the sweep
+stops there).
 
 Everything is bounded: each level by ``max_trials`` windows, each request by
 ``request_timeout_s``, each control call and worker answer by a timeout. Ctrl-C
-stops the sweep and keeps the levels measured so far (and the current level's
-windows).
+stops the sweep and keeps what was measured so far.
 """
 
 from __future__ import annotations
@@ -34,9 +30,9 @@ from typing import Any, Protocol
 import numpy as np
 
 import pdserve
-from pdserve.app.perf import worker
 from pdserve.app.perf.control import Control, HttpControl, connect, split_host_port
 from pdserve.app.perf.inputs import HttpRequest, ModelSpec, build_requests
+from pdserve.app.perf.load import WindowRecord, WorkerSpec
 from pdserve.app.perf.options import PerfError, PerfOptions
 from pdserve.app.perf.stats import (
     PointResult,
@@ -45,6 +41,7 @@ from pdserve.app.perf.stats import (
     is_stable,
     point_result,
 )
+from pdserve.app.perf.worker import Command
 
 #: Seconds a worker may take to start (spawn + imports) or to answer a collect.
 WORKER_START_TIMEOUT_S = 60.0
@@ -112,7 +109,7 @@ def auto_workers(opts: PerfOptions) -> int:
     Several processes rather than one event loop: on a CPU shared with other
     processes each of them gets its own share of the scheduler (as perf_analyzer's
     thread per request does), which keeps the client's own queueing out of the
-    latencies; each worker costs about 0.1 s of CPU to start.
+    latencies.
     """
     mode, levels = opts.levels()
     peak = int(max(levels)) if mode == "concurrency" else MAX_AUTO_WORKERS
@@ -128,7 +125,7 @@ def split(total: int, parts: int) -> list[int]:
 class WorkerPool:
     """The worker processes of one run and their pipes."""
 
-    def __init__(self, count: int, spec: worker.WorkerSpec) -> None:
+    def __init__(self, count: int, spec: WorkerSpec) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.pipes: list[Connection] = []
         env = dict(os.environ)
@@ -149,7 +146,7 @@ class WorkerPool:
                 pipe = Connection(mine.detach())
                 self.procs.append(proc)
                 self.pipes.append(pipe)
-                spec_i = worker.WorkerSpec(**{**spec.__dict__, "index": i})
+                spec_i = WorkerSpec(**{**spec.__dict__, "index": i})
                 pipe.send_bytes(pickle.dumps(spec_i))
             for i, pipe in enumerate(self.pipes):
                 msg = self._recv(i, pipe, WORKER_START_TIMEOUT_S, "start")
@@ -170,7 +167,7 @@ class WorkerPool:
             raise PerfError(f"load worker {i} failed:\n{msg[1]}")
         return tuple(msg)
 
-    def _send_all(self, msgs: Sequence[tuple[Any, ...]]) -> None:
+    def _send_all(self, msgs: Sequence[Command]) -> None:
         for i, (pipe, msg) in enumerate(zip(self.pipes, msgs, strict=True)):
             try:
                 pipe.send(msg)
@@ -196,8 +193,8 @@ class WorkerPool:
         """Stop sending new requests."""
         self._send_all([("idle",)] * len(self.pipes))
 
-    def collect(self, t0: int, t1: int) -> list[dict[str, Any]]:
-        """Every worker's record of ``[t0, t1)`` (see :mod:`~pdserve.app.perf.worker`)."""
+    def collect(self, t0: int, t1: int) -> list[WindowRecord]:
+        """Every worker's record of ``[t0, t1)``."""
         self._send_all([("collect", t0, t1)] * len(self.pipes))
         return [
             self._recv(i, pipe, WORKER_ANSWER_TIMEOUT_S, "answer")[1]
@@ -224,7 +221,7 @@ class WorkerPool:
 
 
 def window_from_parts(
-    parts: Sequence[dict[str, Any]], t0: int, t1: int, server: Reading | None
+    parts: Sequence[WindowRecord], t0: int, t1: int, server: Reading | None
 ) -> Window:
     """Merge the workers' records of one window (``server``: the statistics delta
     over it, the model's and its composing models')."""
@@ -411,69 +408,33 @@ def run_sweep(opts: PerfOptions, progress: Progress | None = None) -> list[Point
         count = opts.workers or auto_workers(opts)
         mode, levels = opts.levels()
         progress.start(
-            {
-                "model": spec.name,
-                "model_version": opts.model_version,
-                "platform": spec.platform,
-                "max_batch_size": spec.max_batch_size,
-                "composing_models": spec.composing,
-                "inputs": [
-                    {"name": t.name, "datatype": t.datatype, "dims": t.dims} for t in spec.inputs
-                ],
-                "url": f"{host}:{port}",
-                "protocol": opts.protocol,
-                "mode": mode,
-                "levels": levels,
-                "workers": count,
-                "server_stats": server_stats,
-                "batch_size": opts.batch_size,
-                "distinct_requests": len(wire),
-            }
+            sweep_info(
+                opts,
+                spec,
+                mode,
+                levels,
+                url=f"{host}:{port}",
+                workers=count,
+                server_stats=server_stats,
+                distinct_requests=len(wire),
+            )
         )
         pool = worker_pool(count, opts, host, port, wire)
+        stats = StatsReader(control, opts, spec) if server_stats else None
         for level in levels:
             windows: list[Window] = []
             try:
-                point = measure_level(
-                    pool,
-                    StatsReader(control, opts, spec) if server_stats else None,
-                    opts,
-                    mode,
-                    level,
-                    progress,
-                    windows,
-                )
+                point = measure_level(pool, stats, opts, mode, level, progress, windows)
             except KeyboardInterrupt:
                 if windows:
-                    good = [w for w in windows if w.requests > 0] or windows
-                    point = point_result(
-                        mode,
-                        level,
-                        opts.batch_size,
-                        good,
-                        False,
-                        opts.percentile,
-                        aborted="interrupted",
-                    )
+                    point = interrupted_point(opts, mode, level, windows)
                     results.append(point)
                     progress.level_done(point)
                 progress.note("interrupted: results so far are kept")
                 break
             results.append(point)
             progress.level_done(point)
-            if point.client_busy >= CLIENT_BUSY_WARNING:
-                progress.note(
-                    f"a load worker was busy {point.client_busy:.0%} of a CPU at {point.label}: "
-                    "the client may be the limit (give it more CPUs or --workers)"
-                )
-            if point.aborted:
-                break
-            limit = opts.latency_threshold_ms
-            if limit is not None and point.stabilizing_latency_us() >= limit * 1000:
-                progress.note(
-                    f"latency {point.stabilizing_latency_us() / 1000:.2f} ms reached the "
-                    f"limit of {limit:g} ms at {point.label}: sweep stopped"
-                )
+            if sweep_ends_at(point, opts, progress):
                 break
         pool.idle()
     finally:
@@ -483,11 +444,73 @@ def run_sweep(opts: PerfOptions, progress: Progress | None = None) -> list[Point
     return results
 
 
+def sweep_info(
+    opts: PerfOptions,
+    spec: ModelSpec,
+    mode: str,
+    levels: Sequence[float],
+    *,
+    url: str,
+    workers: int,
+    server_stats: bool,
+    distinct_requests: int,
+) -> dict[str, Any]:
+    """What :meth:`Progress.start` is told of the model and the load."""
+    return {
+        "model": spec.name,
+        "model_version": opts.model_version,
+        "platform": spec.platform,
+        "max_batch_size": spec.max_batch_size,
+        "composing_models": spec.composing,
+        "inputs": [{"name": t.name, "datatype": t.datatype, "dims": t.dims} for t in spec.inputs],
+        "url": url,
+        "protocol": opts.protocol,
+        "mode": mode,
+        "levels": levels,
+        "workers": workers,
+        "server_stats": server_stats,
+        "batch_size": opts.batch_size,
+        "distinct_requests": distinct_requests,
+    }
+
+
+def interrupted_point(
+    opts: PerfOptions, mode: str, level: float, windows: Sequence[Window]
+) -> PointResult:
+    """The result of a level stopped by Ctrl-C, from its windows so far (those with
+    responses, when there are any)."""
+    good = [w for w in windows if w.requests > 0] or list(windows)
+    return point_result(
+        mode, level, opts.batch_size, good, False, opts.percentile, aborted="interrupted"
+    )
+
+
+def sweep_ends_at(point: PointResult, opts: PerfOptions, progress: Progress) -> bool:
+    """Whether the sweep stops after ``point``: aborted, or its latency reached
+    ``latency_threshold_ms`` (said to ``progress``). A client busy enough to be the
+    limit is said too."""
+    if point.client_busy >= CLIENT_BUSY_WARNING:
+        progress.note(
+            f"a load worker was busy {point.client_busy:.0%} of a CPU at {point.label}: "
+            "the client may be the limit (give it more CPUs or --workers)"
+        )
+    if point.aborted:
+        return True
+    limit = opts.latency_threshold_ms
+    if limit is not None and point.stabilizing_latency_us() >= limit * 1000:
+        progress.note(
+            f"latency {point.stabilizing_latency_us() / 1000:.2f} ms reached the "
+            f"limit of {limit:g} ms at {point.label}: sweep stopped"
+        )
+        return True
+    return False
+
+
 def worker_pool(
     count: int, opts: PerfOptions, host: str, port: int, wire: Sequence[bytes]
 ) -> WorkerPool:
     """Start ``count`` workers sending ``wire`` requests to ``host:port``."""
-    spec = worker.WorkerSpec(
+    spec = WorkerSpec(
         index=0,
         protocol=opts.protocol,
         host=host,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from pdserve.observability.stats import LATENCY_BUCKETS
+from pdserve.core.stats import LATENCY_BUCKETS
 
 #: Upper bounds (seconds) of the remote request duration histogram (``+Inf`` implicit):
 #: the server's latency histograms' bounds.

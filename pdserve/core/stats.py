@@ -9,27 +9,6 @@ compute_input, compute_infer, compute_output, cache_hit, cache_miss and cancel
 expired; each also counts in ``fail``, reason ``CANCELED``);
 ``batch_stats`` holds the compute durations per executed batch size.
 All durations are nanoseconds.
-
-Which failures count (``fail`` here, ``nv_inference_request_failure`` in metrics),
-as in Triton's core: a request counts once it has passed the request checks and
-reached the model's scheduler. Then it fails with a reason: ``REJECTED`` (its queue
-timeout expired), ``CANCELED`` (the client went away), ``BACKEND`` (the model
-failed), ``OTHER`` (anything else; every failure of an ensemble). Requests refused
-before that count nowhere, as Triton returns them from
-``TRITONSERVER_ServerInferAsync`` without statistics: malformed requests (decoded by
-the frontends), unknown models or versions, inputs that do not match the
-configuration (``ModelVersion.prepare``; Triton's ``PrepareForInference``), and
-requests the scheduler refuses to queue (queue full, model unloading; Triton's
-``Enqueue`` errors), which carry the reason :data:`NOT_QUEUED`.
-
-pdserve adds one field to each model's entry, ``pdserve_recent`` (HTTP only: gRPC's
-``ModelStatistics`` message has no place for it; tritonclient keeps the JSON as is):
-the model version's health over the last :data:`WINDOW_SECS` seconds, from
-:class:`RecentWindow` --
-``{"window_s": 60, "success": int, "failure": int, "error_rate": float 0-1,
-"qps": float, "latency_us": {"p50": float, "p90": float, "p99": float} | null}``
-(latency of successes, arrival to response, interpolated within log-spaced buckets
-12% wide, so a quantile is within about 12% of the exact one).
 """
 
 from __future__ import annotations
@@ -41,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: The ``InferError.reason`` of a request a scheduler refused to queue (queue full,
-#: model unloading): not counted as a failure (see the module docstring).
+#: model unloading): not counted as a failure (see :class:`ModelStats`).
 NOT_QUEUED = "NOT_QUEUED"
 
 #: Upper bounds in seconds (``+Inf`` implicit) of every latency histogram the server
@@ -71,7 +50,7 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 
 #: Callables ``listener(stats)`` run when a :class:`ModelStats` is created — the
 #: Prometheus exporter uses this to add its hooks to every model version.
-LISTENERS: list[Any] = []
+LISTENERS: list[Callable[[ModelStats], object]] = []
 
 _STAT_NAMES = (
     "success",
@@ -99,6 +78,15 @@ _monotonic = time.monotonic
 
 class RecentWindow:
     """Successes, failures and success latencies of the last ``secs`` seconds.
+
+    pdserve adds one field to each model's entry, ``pdserve_recent`` (HTTP only: gRPC's
+    ``ModelStatistics`` message has no place for it; tritonclient keeps the JSON as is):
+    the model version's health over the last :data:`WINDOW_SECS` seconds, from
+    :class:`RecentWindow` --
+    ``{"window_s": 60, "success": int, "failure": int, "error_rate": float 0-1,
+    "qps": float, "latency_us": {"p50": float, "p90": float, "p99": float} | null}``
+    (latency of successes, arrival to response, interpolated within log-spaced buckets
+    12% wide, so a quantile is within about 12% of the exact one).
 
     A ring of one-second slots (each a success count, a failure count and a latency
     bucket array, allocated on first use), so recording is O(log buckets) and memory
@@ -139,7 +127,7 @@ class RecentWindow:
         counts[_bisect_left(_RECENT_BOUNDS, request_ns)] += 1
 
     def summary(self, now: float | None = None) -> dict[str, Any]:
-        """The window as ``pdserve_recent`` (see the module docstring)."""
+        """The window as ``pdserve_recent`` (see :class:`RecentWindow`)."""
         t = int(time.monotonic() if now is None else now)
         success = failure = 0
         merged = [0] * (len(_RECENT_BOUNDS) + 1)
@@ -211,6 +199,18 @@ class BatchStats:
 class ModelStats:
     """Counters for one model version.
 
+    Which failures count (``fail`` here, ``nv_inference_request_failure`` in metrics),
+    as in Triton's core: a request counts once it has passed the request checks and
+    reached the model's scheduler. Then it fails with a reason: ``REJECTED`` (its queue
+    timeout expired), ``CANCELED`` (the client went away), ``BACKEND`` (the model
+    failed), ``OTHER`` (anything else; every failure of an ensemble). Requests refused
+    before that count nowhere, as Triton returns them from
+    ``TRITONSERVER_ServerInferAsync`` without statistics: malformed requests (decoded by
+    the frontends), unknown models or versions, inputs that do not match the
+    configuration (``ModelVersion.prepare``; Triton's ``PrepareForInference``), and
+    requests the scheduler refuses to queue (queue full, model unloading; Triton's
+    ``Enqueue`` errors), which carry the reason :data:`NOT_QUEUED`.
+
     Attributes:
         inference_count: rows inferred (a batch-4 request counts 4), successes only.
         execution_count: batches executed by model instances.
@@ -239,7 +239,7 @@ class ModelStats:
         self.batches: dict[int, BatchStats] = {}
         self.pending = 0
         self.recent = RecentWindow()
-        self.hooks: list[Any] = []
+        self.hooks: list[Callable[..., None]] = []
         #: callables ``(rows, request_ns, queue_ns, compute_ns)`` called on every success.
         self.success_hooks: list[Callable[[int, int, int, int], None]] = []
         self._success = self.durations["success"]
@@ -273,7 +273,7 @@ class ModelStats:
 
     def record_failure(self, request_ns: int, reason: str = "BACKEND") -> None:
         """A request that reached the scheduler failed (``reason``: REJECTED,
-        CANCELED, BACKEND, OTHER; see the module docstring for what counts)."""
+        CANCELED, BACKEND, OTHER; see the class docstring for what counts)."""
         self.durations["fail"].add(request_ns)
         if reason == "CANCELED":  # Triton's ``cancel`` statistics (a failure too)
             self.durations["cancel"].add(request_ns)

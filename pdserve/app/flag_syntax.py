@@ -1,0 +1,183 @@
+"""How ``pdserve serve`` flags are spelled on the command line, tritonserver's way:
+on/off flags that take ``--allow-grpc=false`` as well as ``--no-allow-grpc``,
+repeatable ``--host-policy NAME,SETTING=VALUE``, sizes such as ``2GiB``, and the
+help formatter and help sections. :func:`flag` makes a dataclass field that is a
+flag; :func:`add_flags` declares such fields on an argparse parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pdserve.backends.host_policy import HostPolicyError, parse_option, resolve_policy
+from pdserve.core.procmem import parse_size
+
+#: Help sections of ``pdserve serve --help``, in order.
+GROUPS = (
+    "server",
+    "logging",
+    "HTTP",
+    "gRPC",
+    "metrics",
+    "model control",
+    "response cache",
+    "traffic control",
+    "tracing",
+)
+
+
+class HostPolicyAction(argparse.Action):
+    """``--host-policy NAME,SETTING=VALUE`` (repeatable): collect and check host policies.
+
+    The namespace attribute holds ``policy name -> {setting: value}``; options with
+    the same name merge (a later value of a setting wins), as in Triton. Each
+    option is checked as soon as it is read (its syntax, the setting, and the cores
+    of the merged policy: see :func:`pdserve.backends.host_policy.resolve_policy`), so a bad
+    one is an argparse error (exit code 2) naming the option.
+    """
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        policies: dict[str, dict[str, str]] = dict(getattr(namespace, self.dest, None) or {})
+        try:
+            name, setting, value = parse_option(str(values))
+            settings = {**policies.get(name, {}), setting: value}
+            resolve_policy(name, settings)
+        except HostPolicyError as e:
+            raise argparse.ArgumentError(self, str(e)) from None
+        policies[name] = settings
+        setattr(namespace, self.dest, policies)
+
+
+def parse_bool(text: str) -> bool:
+    """A boolean flag value as tritonserver reads one: true/false, 1/0, on/off, yes/no.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    value = text.strip().lower()
+    if value in ("true", "1", "on", "yes"):
+        return True
+    if value in ("false", "0", "off", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+class TritonBoolAction(argparse.BooleanOptionalAction):
+    """An on/off flag that takes both spellings: pdserve's ``--allow-grpc`` /
+    ``--no-allow-grpc`` and tritonserver's ``--allow-grpc=false`` (any value
+    :func:`parse_bool` reads; a value may also follow as the next argument).
+
+    Raises (through the parser, exit status 2): a value :func:`parse_bool` does not
+    read, or a value after the ``--no-`` form.
+    """
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("metavar", "BOOL")
+        super().__init__(option_strings, dest, **kwargs)
+        self.nargs = "?"  # the base class takes no value
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        negative = option_string is not None and option_string.startswith("--no-")
+        if values is None:
+            setattr(namespace, self.dest, not negative)
+            return
+        if negative:
+            parser.error(f"argument {option_string}: takes no value (got {values!r})")
+        try:
+            setattr(namespace, self.dest, parse_bool(values))
+        except argparse.ArgumentTypeError as e:
+            parser.error(f"argument {option_string}: {e}")
+
+
+class ServeHelpFormatter(argparse.HelpFormatter):
+    """``pdserve serve --help``: a :class:`TritonBoolAction` flag is listed as
+    ``--allow-grpc [BOOL], --no-allow-grpc`` (the negative form takes no value)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, TritonBoolAction):
+            return ", ".join(
+                o if o.startswith("--no-") else f"{o} [{action.metavar}]"
+                for o in action.option_strings
+            )
+        return super()._format_action_invocation(action)
+
+
+def size_arg(text: str) -> int:
+    """argparse type of a size flag: ``2GiB``, ``512MiB``, ``1.5GB``, bytes."""
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def flag(
+    name: str,
+    default: object,
+    group: str,
+    help: str,
+    factory: Callable[[], object] | None = None,
+    **argparse_options: Any,
+) -> Any:
+    """A dataclass field that is the flag ``name`` (typed Any, as ``dataclasses.field``:
+    it stands for a value of the field's type).
+
+    ``help`` may say ``{default}``: it is replaced by the default, written for people
+    (see :func:`show_default`). ``factory`` replaces ``default`` for mutable defaults.
+    """
+    assert group in GROUPS, group
+    metadata = {"flag": name, "group": group, "help": help, "argparse": argparse_options}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def switch(name: str, default: bool, group: str, help: str) -> Any:
+    """A :func:`flag` that is on or off, in both spellings (:class:`TritonBoolAction`)."""
+    return flag(name, default, group, help, action=TritonBoolAction)
+
+
+def show_default(value: object) -> str:
+    """A default as ``--help`` writes it: ``on`` / ``off``, ``30`` for 30.0, ``64 MiB``."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
+        return f"{value >> 20} MiB"
+    return str(value)
+
+
+def add_flags(parser: argparse.ArgumentParser, fields: Iterable[dataclasses.Field[Any]]) -> None:
+    """Declare each :func:`flag` field as a flag of ``parser``, in help sections
+    (:data:`GROUPS`).
+
+    Every flag's argparse default is ``argparse.SUPPRESS``: a flag not given leaves no
+    attribute, so the reader of the namespace keeps the field's default.
+    """
+    groups = {name: parser.add_argument_group(f"{name} options") for name in GROUPS}
+    for f in fields:
+        meta = f.metadata
+        default = None if f.default is dataclasses.MISSING else f.default
+        help_text = meta["help"].replace("{default}", show_default(default))
+        groups[meta["group"]].add_argument(
+            meta["flag"],
+            dest=f.name,
+            default=argparse.SUPPRESS,
+            help=help_text,
+            **meta["argparse"],
+        )
