@@ -39,11 +39,6 @@ class ArenaPool:
         self._total = 0
         self._lock = threading.Lock()
 
-    @property
-    def total_bytes(self) -> int:
-        """Bytes of all arenas."""
-        return self._total
-
     def alloc(self, nbytes: int) -> tuple[Arena, int] | None:
         """A block of ``nbytes``: ``(arena, offset)``; a new arena when none has room.
 
