@@ -21,7 +21,7 @@ from pdserve.cache import RedisCacheOptions, parse_cache_config, parse_redis_cac
 from pdserve.frontends.grpc.engine import GRPC_SERVERS, GrpcKeepalive
 from pdserve.frontends.http.server import HttpLimits
 from pdserve.frontends.traffic.apis import RestrictedApiError, parse_restricted
-from pdserve.observability.tracing import TraceConfig, TraceConfigError, parse_trace_config
+from pdserve.observability.trace_config import TraceConfig, TraceConfigError, parse_trace_config
 from pdserve.repository.control import EXPLICIT_MODES, MODES
 from pdserve.repository.remote_store import default_cache_dir
 

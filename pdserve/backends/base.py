@@ -10,15 +10,17 @@ list to ``TritonPythonModel.execute(requests)`` unchanged.
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Collection
+import asyncio
+from collections.abc import Awaitable, Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from pdserve.core.api import ModelRunner
-from pdserve.core.errors import InferError, internal
+from pdserve.core.errors import InferError, internal, unavailable
 from pdserve.core.types import InferRequest
 
 if TYPE_CHECKING:
@@ -244,6 +246,11 @@ def batch_input_tensors(batch_inputs: Any, batch: list[ExecRequest]) -> dict[str
     return out
 
 
+def wanted_outputs(batch: list[ExecRequest]) -> list[str]:
+    """Every output some request of ``batch`` asks for, once each, in order of first ask."""
+    return list(dict.fromkeys(n for r in batch for n in r.output_names))
+
+
 def split_batch(batch: list[ExecRequest], outputs: dict[str, np.ndarray]) -> list[ExecResult]:
     """Split merged outputs ``[sum(rows_i), ...]`` back per request (views, no copy).
 
@@ -283,3 +290,33 @@ def split_batch(batch: list[ExecRequest], outputs: dict[str, np.ndarray]) -> lis
         results.append(out)
         offset = end
     return results
+
+
+_T = TypeVar("_T")
+
+
+class InstanceClosed(Exception):
+    """The instance closed (its model is unloading) before a batch could run on it."""
+
+
+async def run_on_thread(
+    executor: ThreadPoolExecutor, closed: bool, fn: Callable[..., _T], *args: Any
+) -> _T:
+    """``fn(*args)`` on an instance's own thread (``executor``).
+
+    Raises:
+        InstanceClosed: ``closed``, or the executor was shut down meanwhile.
+    """
+    if closed:
+        raise InstanceClosed
+    try:
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+    except RuntimeError as e:
+        if "shutdown" in str(e) and executor._shutdown:  # ThreadPoolExecutor's own flag
+            raise InstanceClosed from None
+        raise
+
+
+def unloading(instance: str) -> InferError:
+    """The error of a batch that reached an instance already closed (UNAVAILABLE)."""
+    return unavailable(f"model instance '{instance}' is unloading: the request did not run")

@@ -1,40 +1,17 @@
 """Host policies: pin model instances to CPU cores (Triton's ``--host-policy``).
 
-``tritonserver --host-policy=<policy_name>,<setting>=<value>`` (repeatable) names a
-policy and gives it settings; an instance group joins a policy through its
-``host_policy`` field. The rules followed here are Triton core's:
+``--host-policy=<name>,<setting>=<value>`` (repeatable) gives a policy ``cpu-cores``
+(``0-3,5``; single ids too, where Triton wants ``5-5``) or ``numa-node`` (that node's
+CPUs; both: their intersection); a later value of a setting replaces an earlier one.
+An instance group joins a policy through its ``host_policy`` field, or uses its
+device's default name as in Triton (``cpu``, ``gpu_<id>``, ``model``), and the threads
+that run the instance are pinned to the policy's cores.
 
-* settings are ``cpu-cores`` (e.g. ``0-3,5``) and ``numa-node`` (e.g. ``0``); any
-  other is refused with Triton's message (``TritonServerOptions::SetHostPolicy``);
-* several ``--host-policy`` options with the same name add settings to one policy,
-  a later value of the same setting replacing the earlier one;
-* an instance group without ``host_policy`` uses its device's default policy name:
-  ``cpu`` for ``KIND_CPU``, ``gpu_<device id>`` for each GPU of a ``KIND_GPU``
-  group, ``model`` for ``KIND_MODEL`` (``TritonModel::PrepareInstances``), so
-  ``--host-policy cpu,cpu-cores=0`` pins every CPU instance without touching a
-  model configuration;
-* a policy applies to the thread(s) that run an instance
-  (``SetNumaThreadAffinity``: ``pthread_setaffinity_np`` to the policy's cores).
-
-Where pdserve differs, and why:
-
-* ``cpu-cores`` also takes single ids (``5``, ``0-3,5``); Triton's parser wants
-  every item as a ``<lower>-<upper>`` range (``5-5``). Ranges are accepted as Triton
-  writes them.
-* ``numa-node`` pins to that node's CPUs (``/sys/devices/system/node/node<N>/cpulist``).
-  Triton also binds the instance's *memory* to the node (``set_mempolicy(MPOL_BIND)``);
-  Python has no portable call for that, so pdserve does not bind memory — first
-  touch from the pinned threads usually places it on the node anyway. With both
-  settings a policy pins to their intersection.
-* Cores are checked when the server starts: a core the process may not use
-  (``os.sched_getaffinity(0)``), a NUMA node that does not exist, or an empty
-  intersection is a command-line error. (Triton finds a bad core only when an
-  instance loads.)
-* An instance group whose ``host_policy`` names a policy that was not given makes
-  the model fail to load, naming the model, the group and the policy. Triton
-  silently runs such an instance unpinned; a typo that quietly drops the pinning
-  is worse than a load error. A group that names its own default policy
-  (``cpu`` on a CPU group) is not an error when that policy is not given.
+Where pdserve differs from Triton: cores are checked when the server starts (a core
+the process may not use, a missing NUMA node or an empty intersection is a
+command-line error); memory is not bound to a NUMA node (Python has no portable
+call); a group that names a policy that was not given fails its model's load, where
+Triton would run it unpinned (its own default name is not an error).
 """
 
 from __future__ import annotations

@@ -1,31 +1,16 @@
-"""Log lines and Triton's logging extension (issue 17).
+"""Log lines and Triton's logging extension.
 
-One process-wide :class:`LogState` decides which lines are written and how:
+One process-wide :class:`LogState` decides which lines are written (``log_info``,
+``log_warning``, ``log_error``, ``log_verbose_level``) and how (``log_format``:
+Triton's ``default`` and ``ISO8601``, or pdserve's ``json``, one object a line). Every
+line written while a request is handled carries its request id and trace id
+(:mod:`pdserve.core.context`; the frontends call :func:`begin_request`).
 
-- ``log_info`` / ``log_warning`` / ``log_error`` (bool): write INFO / WARNING /
-  ERROR (and CRITICAL) lines; ``log_verbose_level`` (uint32): write DEBUG lines when
-  > 0 (Python's logging has one verbose level: every level >= 1 shows them all);
-- ``log_format``: ``default`` (pdserve's ``2026-12-01 05:43:55,123 I pdserve.http:
-  message``), ``ISO8601`` (``2026-12-01T05:43:55.123Z I pdserve.http: message``) --
-  Triton's two formats -- or ``json`` (pdserve's extension: one JSON object a line,
-  ``{"time", "level", "logger", "pid", "message", "request_id", "trace_id",
-  "exception"}``, the last three only when present).
-
-Every line written while a request is handled carries its request id and trace id
-(:mod:`pdserve.core.context`): ``json`` as fields, the text formats as a
-`` [request_id=... trace_id=...]`` suffix. The frontends call :func:`begin_request`
-when a request arrives.
-
-The same settings are read and changed at run time through Triton's logging
-extension (``GET/POST /v2/logging``, gRPC ``LogSettings``): :func:`settings_dict`
-and :func:`update_settings`, whose names, types and semantics are Triton's
-(server ``docs/protocol/extension_logging.md``). ``log_file`` is reported as ``""``
-and only ``""`` is accepted: pdserve always logs to stderr (Triton can write to a file).
-A name that is not one of these is refused (400), so a typo is not silently lost
-(Triton's document does not say what it does with one).
-
-Nothing here logs payloads; as a last line of defence :class:`RedactFilter` masks
-``Authorization``/``Bearer`` credentials that a message might carry.
+Triton's logging extension (``/v2/logging``, gRPC ``LogSettings``) reads and changes
+the same settings (:func:`settings_dict`, :func:`update_settings`) with Triton's names,
+types and semantics; pdserve logs to stderr only (``log_file`` is ``""``), and an
+unknown name is refused so a typo is not lost. :class:`RedactFilter` masks
+``Authorization``/``Bearer`` credentials a message might carry.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
-"""OpenTelemetry side of tracing: span records -> OTLP protobuf -> OTLP/HTTP (issue 17).
+"""OpenTelemetry side of tracing: span records -> OTLP protobuf -> OTLP/HTTP.
 
-Imported only when tracing is on (:func:`pdserve.observability.tracing._import_otel`);
-it needs the ``tracing`` extra (``opentelemetry-proto``, ``opentelemetry-api``,
-``requests``). Runs on the export thread, never on the event loop.
-
-The spans keep the ids pdserve generated (:mod:`pdserve.core.tracing`), so that a
-``traceparent`` handed to a python worker or a BLS call before its span ended names the
-exported span. They are built as opentelemetry-proto messages (``ExportTraceServiceRequest``,
-the generated classes of the OTLP protocol) and serialized by protobuf, rather than built
-as SDK ``ReadableSpan`` objects and encoded by the SDK's exporter: that path cost ~6x more
-CPU per span, and with one core that CPU is taken from serving requests.
-
-The request is posted as the OTLP/HTTP specification says (``POST``,
-``Content-Type: application/x-protobuf``, a 2xx answer is a success) with a
-``requests.Session``; the OpenTelemetry exporter environment variables it honours are
-listed in :class:`OtlpHttpSender`.
+Imported only when tracing is on (:func:`pdserve.observability.span_export.import_otel`);
+it needs the ``tracing`` extra. Runs on the export thread, never on the event loop.
+The spans keep the ids pdserve generated (:mod:`pdserve.core.tracing`), so a
+``traceparent`` handed to a python worker or a BLS call names the exported span. They
+are built directly as opentelemetry-proto messages (cheaper per span than the SDK's
+``ReadableSpan`` and exporter) and posted as the OTLP/HTTP specification says
+(:class:`OtlpHttpSender`, which lists the environment variables it honours).
 """
 
 from __future__ import annotations

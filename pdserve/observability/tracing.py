@@ -1,46 +1,17 @@
-"""Request tracing: Triton's trace settings and sampling, OpenTelemetry export (issue 17).
+"""Request tracing: Triton's trace settings, the trace extension, and sampling.
 
-What this module does, and what Triton does (``docs/user_guide/trace.md`` and
-``docs/protocol/extension_trace.md`` of triton-inference-server/server; the
-semantics below follow its ``src/tracer.cc`` and ``src/command_line_parser.cc``):
+:class:`TraceManager` holds the global and per-model trace settings (started from
+``--trace-config``, :mod:`~pdserve.observability.trace_config`) and serves the trace
+extension (``/v2/trace/setting``, ``/v2/models/{m}/trace/setting``, gRPC
+``TraceSetting``) with Triton's shapes, errors and update rules: a model's setting
+overrides the global one field by field, a ``null`` value clears a field, and each
+update restarts that setting's sampling counter. Sampling follows Triton's
+``TraceSetting::SampleTrace``; a request with a valid W3C ``traceparent`` is always
+traced while the level is not OFF, and its spans join the client's trace.
 
-- ``--trace-config`` (repeatable, Triton's form): global settings ``rate=N`` (every
-  N-th request is traced, default 1000), ``level=OFF|TIMESTAMPS|TENSORS`` (default
-  OFF: nothing is traced), ``count=N`` (traces left to take, -1 = no limit, the
-  default), ``mode=opentelemetry``; ``opentelemetry,url=...`` (the OTLP/HTTP traces
-  endpoint, default ``http://localhost:4318/v1/traces``), ``opentelemetry,resource=k=v``
-  (resource attributes, repeatable; default ``service.name=pdserve``),
-  ``opentelemetry,bsp_max_queue_size|bsp_schedule_delay|bsp_max_export_batch_size=N``
-  (the batch export: queue bound 2048 spans, delay 5000 ms, batch 512 spans);
-  ``triton,log-frequency=N`` sets ``log_frequency``. pdserve's own:
-  ``opentelemetry,export_timeout=MS`` (one export's time limit, default 10000).
-  pdserve exports OpenTelemetry only: ``mode`` defaults to ``opentelemetry`` and
-  ``mode=triton`` / ``triton,file=...`` (Triton's JSON trace file) are start errors.
-- The trace extension: ``GET/POST /v2/trace/setting`` and
-  ``/v2/models/{m}/trace/setting`` (HTTP) and ``TraceSetting`` (gRPC), with Triton's
-  shapes (every value a string, ``trace_level`` a list of strings), its errors and its
-  update rules (:meth:`TraceManager.update_setting`): a model's setting overrides the
-  global one field by field, a ``null`` value (gRPC: an empty value list) clears a field
-  so that it follows the global setting again (the startup value, for a global field),
-  and each update restarts that setting's sampling counter.
-- Sampling (Triton's ``TraceSetting::SampleTrace``): the setting of the requested
-  model decides; a request whose client sent a valid W3C ``traceparent`` is always
-  traced while the level is not OFF (with ``rate=0`` only those are), and its spans
-  join the client's trace. A malformed ``traceparent`` is ignored (W3C): the request is
-  sampled as one without.
-
-The spans of a traced request (a :class:`~pdserve.core.tracing.Trace` filled by the
-server, the schedulers and the backends) are handed to :class:`SpanExport` when the
-request ends: a bounded queue and one export thread that converts them to
-OTLP protobuf (opentelemetry-proto) and posts them over OTLP/HTTP
-(:mod:`pdserve.observability.otlp`). The request never waits for the export; a full
-queue or a failed export drops spans, and the drops are counted (:attr:`SpanExport.counts`,
-logged at most every 10 s and at shutdown, and exposed as Prometheus counters by
-:meth:`TraceManager.samples`).
-
-OpenTelemetry is the optional extra ``pdserve[tracing]``: it is imported only when a
-setting turns tracing on (at start, or by a trace-setting update); without it that
-start fails naming ``--trace-config``, and that update fails with UNAVAILABLE.
+Finished traces go to :class:`~pdserve.observability.span_export.SpanExport`.
+OpenTelemetry is the optional extra ``pdserve[tracing]``, imported only when a setting
+turns tracing on.
 """
 
 from __future__ import annotations
@@ -48,216 +19,33 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pdserve.core import context
 from pdserve.core import tracing as core_tracing
-from pdserve.core.errors import ErrorCode, InferError, unavailable
+from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.tracing import Trace, TraceRef, new_span_id, parse_traceparent
+from pdserve.observability.span_export import ExportCounts, SpanExport
+from pdserve.observability.trace_config import (
+    I32_MAX,
+    LEVELS,
+    MIN_TRACE_COUNT,
+    U32_MAX,
+    TraceConfig,
+)
 
 if TYPE_CHECKING:
     from pdserve.core.types import InferRequest
 
 log = logging.getLogger("pdserve.tracing")
 
-#: Trace levels (Triton's names). OFF must stand alone.
-LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 #: The fields of a trace setting the extension reads and updates.
 FIELDS = ("trace_level", "trace_rate", "trace_count", "log_frequency")
-#: Triton's smallest trace_count (-1: no limit).
-MIN_TRACE_COUNT = -1
-_U32 = 2**32 - 1
-_I32 = 2**31 - 1
-
-DEFAULT_URL = "http://localhost:4318/v1/traces"
-DEFAULT_RESOURCE = ("service.name=pdserve",)
 
 #: Name of the root span of every trace (Triton's).
 ROOT_SPAN = "InferRequest"
-
-
-class TraceConfigError(ValueError):
-    """A bad ``--trace-config`` option (the message is Triton's where it has one)."""
-
-
-# --------------------------------------------------------------------------- flags
-
-
-@dataclass(frozen=True)
-class TraceConfig:
-    """The ``--trace-config`` options, parsed.
-
-    Attributes:
-        level: trace levels (``("OFF",)`` or a subset of TIMESTAMPS / TENSORS).
-        rate: every ``rate``-th request is traced (0: only requests with a
-            ``traceparent``).
-        count: traces left to take (-1: no limit).
-        log_frequency: Triton's ``log_frequency`` (kept and reported; pdserve writes
-            no trace file, so it changes nothing).
-        url: the OTLP/HTTP traces endpoint.
-        resource: resource attributes ``key=value``.
-        bsp_max_queue_size / bsp_schedule_delay_ms / bsp_max_export_batch_size: the
-            export queue bound (spans), the delay between exports (ms), spans per export.
-        export_timeout_ms: the time limit of one export (retries included).
-    """
-
-    level: tuple[str, ...] = ("OFF",)
-    rate: int = 1000
-    count: int = -1
-    log_frequency: int = 0
-    url: str = DEFAULT_URL
-    resource: tuple[str, ...] = DEFAULT_RESOURCE
-    bsp_max_queue_size: int = 2048
-    bsp_schedule_delay_ms: int = 5000
-    bsp_max_export_batch_size: int = 512
-    export_timeout_ms: int = 10000
-
-    @property
-    def enabled(self) -> bool:
-        """True when the startup level traces requests (not OFF)."""
-        return self.level != ("OFF",)
-
-    def resource_attributes(self) -> dict[str, str]:
-        """``resource`` as a dict (a later key wins)."""
-        out: dict[str, str] = {}
-        for item in self.resource:
-            key, _, value = item.partition("=")
-            out[key] = value
-        return out
-
-
-def _int_option(setting: str, value: str, low: int, high: int) -> int:
-    try:
-        n = int(value, 10)
-    except ValueError:
-        raise TraceConfigError(f"'{setting}' must be an integer, got '{value}'") from None
-    if not low <= n <= high:
-        raise TraceConfigError(f"'{setting}' must be in [{low}, {high}], got '{value}'")
-    return n
-
-
-def _parse_level(value: str) -> str:
-    """Triton's ``ParseTraceLevelOption``: case-insensitive, with its synonyms."""
-    v = value.lower()
-    if v in ("false", "off"):
-        return "OFF"
-    if v in ("true", "on", "min", "max", "timestamps"):
-        return "TIMESTAMPS"
-    if v == "tensors":
-        return "TENSORS"
-    raise TraceConfigError(f"invalid value for trace level option: {value}")
-
-
-def parse_trace_config(options: Iterable[str]) -> TraceConfig:
-    """Parse ``--trace-config`` options (Triton's ``<mode>,<setting>=<value>`` or
-    ``<setting>=<value>``), later options winning.
-
-    Raises:
-        TraceConfigError: a malformed option, an unknown mode or setting, a bad value,
-            or a Triton file-trace option pdserve does not support.
-    """
-    level: set[str] = set()
-    explicit_off = False
-    values: dict[str, Any] = {}
-    resource: list[str] = []
-    for option in options:
-        mode, sep, rest = option.partition(",")
-        if not sep or "=" in mode:
-            mode, rest = "", option
-        elif not mode:
-            raise TraceConfigError(
-                "No trace mode specified. --trace-config option format is "
-                f"<trace mode>,<setting>=<value> or <setting>=<value>. Got {option}"
-            )
-        setting, eq, value = rest.partition("=")
-        if not eq or not setting or not value:
-            raise TraceConfigError(
-                f"--trace-config option format is '<trace mode>,<setting>=<value>'. Got {option}"
-            )
-        mode = mode.lower()
-        if mode == "":
-            if setting == "rate":
-                values["rate"] = _int_option("rate", value, 0, _U32)
-            elif setting == "level":
-                lv = _parse_level(value)
-                if lv == "OFF":
-                    explicit_off = True
-                else:
-                    level.add(lv)
-            elif setting == "count":
-                values["count"] = _int_option("count", value, MIN_TRACE_COUNT, _I32)
-            elif setting == "mode":
-                m = value.lower()
-                if m == "triton":
-                    raise TraceConfigError(
-                        "mode=triton (Triton's JSON trace file) is not supported: pdserve "
-                        "exports OpenTelemetry traces (mode=opentelemetry, the default)"
-                    )
-                if m != "opentelemetry":
-                    raise TraceConfigError(
-                        f"invalid value for trace mode option: {value}. Available options "
-                        'are "triton" and "opentelemetry"'
-                    )
-            else:
-                raise TraceConfigError(
-                    f"unknown global trace setting '{setting}' (known: rate, level, count, mode)"
-                )
-        elif mode == "triton":
-            if setting == "log-frequency":
-                values["log_frequency"] = _int_option("log-frequency", value, 0, _U32)
-            elif setting == "file":
-                raise TraceConfigError(
-                    "triton,file: Triton's JSON trace file is not supported: pdserve exports "
-                    "OpenTelemetry traces (opentelemetry,url=<OTLP/HTTP endpoint>)"
-                )
-            else:
-                raise TraceConfigError(
-                    f"unknown triton trace setting '{setting}' (known: log-frequency)"
-                )
-        elif mode == "opentelemetry":
-            if setting == "url":
-                values["url"] = value
-            elif setting == "resource":
-                if "=" not in value or value.startswith("="):
-                    raise TraceConfigError(
-                        f"opentelemetry,resource must be <key>=<value>, got '{value}'"
-                    )
-                resource.append(value)
-            elif setting == "bsp_max_queue_size":
-                values["bsp_max_queue_size"] = _int_option(setting, value, 1, _U32)
-            elif setting == "bsp_schedule_delay":
-                values["bsp_schedule_delay_ms"] = _int_option(setting, value, 0, _U32)
-            elif setting == "bsp_max_export_batch_size":
-                values["bsp_max_export_batch_size"] = _int_option(setting, value, 1, _U32)
-            elif setting == "export_timeout":
-                values["export_timeout_ms"] = _int_option(setting, value, 1, _U32)
-            else:
-                raise TraceConfigError(
-                    f"unknown opentelemetry trace setting '{setting}' (known: url, resource, "
-                    "bsp_max_queue_size, bsp_schedule_delay, bsp_max_export_batch_size, "
-                    "export_timeout)"
-                )
-        else:
-            raise TraceConfigError(
-                f"invalid value for trace mode option: {mode}. Available options are "
-                '"triton" and "opentelemetry"'
-            )
-    if level:
-        values["level"] = tuple(lv for lv in LEVELS if lv in level)
-    elif explicit_off:
-        values["level"] = ("OFF",)
-    if resource:
-        values["resource"] = DEFAULT_RESOURCE + tuple(resource)
-    config = TraceConfig(**values)
-    if config.bsp_max_export_batch_size > config.bsp_max_queue_size:
-        raise TraceConfigError(
-            "opentelemetry,bsp_max_export_batch_size must be <= bsp_max_queue_size, got "
-            f"{config.bsp_max_export_batch_size} > {config.bsp_max_queue_size}"
-        )
-    return config
 
 
 # --------------------------------------------------------------------------- settings
@@ -402,7 +190,7 @@ def parse_setting_update(changes: Mapping[str, Any]) -> dict[str, Any]:
         if len(values) != 1:
             raise InferError(f"expect only 1 value for '{name}'")
         text = values[0]
-        low, high = (MIN_TRACE_COUNT, _I32) if name == "trace_count" else (0, _U32)
+        low, high = (MIN_TRACE_COUNT, I32_MAX) if name == "trace_count" else (0, U32_MAX)
         try:
             n = int(text.strip(), 10)
         except ValueError:
@@ -645,221 +433,3 @@ class TraceManager:
         export = self._export
         if export is not None:
             export.stop(timeout)
-
-
-# --------------------------------------------------------------------------- export
-
-
-def _import_otel() -> Any:
-    """Import the OTLP export (:mod:`pdserve.observability.otlp`, the ``tracing`` extra).
-
-    Raises:
-        InferError(UNAVAILABLE): not installed.
-    """
-    try:
-        from pdserve.observability import otlp
-    except ImportError as e:
-        raise unavailable(
-            "tracing needs the 'tracing' extra (opentelemetry-proto, opentelemetry-api, "
-            f"requests), which cannot be imported ({e}): install it with pip install "
-            "'pdserve[tracing]', or leave --trace-config level at OFF"
-        ) from None
-    return otlp
-
-
-@dataclass
-class ExportCounts:
-    """What the export did since it started (spans).
-
-    Attributes:
-        exported: spans the endpoint accepted.
-        dropped_queue_full: spans dropped because the export queue was full (the
-            endpoint is down or slower than the traffic), or still queued when the
-            export stopped.
-        dropped_failed: spans of exports that failed (refused, timed out, an error status).
-        exports: posts made (successful or not).
-        failures: why the last (at most 10) failed posts failed.
-    """
-
-    exported: int = 0
-    dropped_queue_full: int = 0
-    dropped_failed: int = 0
-    exports: int = 0
-    failures: list[str] = field(default_factory=list)
-
-    @property
-    def dropped(self) -> int:
-        """Every span dropped."""
-        return self.dropped_queue_full + self.dropped_failed
-
-
-class SpanExport:
-    """A bounded span queue and one daemon thread exporting it over OTLP/HTTP.
-
-    :meth:`submit` (event loop) appends a finished trace's spans and returns at once.
-    The thread wakes every ``bsp_schedule_delay`` ms, or as soon as
-    ``bsp_max_export_batch_size`` spans wait, encodes up to that many as one OTLP
-    ``ExportTraceServiceRequest`` and posts it (one post, no retry; ``export_timeout``
-    ms to connect and to each read). Spans beyond ``bsp_max_queue_size`` are dropped, as
-    are those of a failed export; both are counted in :attr:`counts`.
-
-    Args:
-        config: the trace configuration (endpoint, resource, batch settings).
-        sender: what posts the serialized requests
-            (:class:`~pdserve.observability.otlp.OtlpHttpSender`: ``post(bytes) -> str``,
-            "" on success, and ``close()``); None: one to ``config.url``.
-
-    Raises:
-        InferError(UNAVAILABLE): OpenTelemetry (``pdserve[tracing]``) is not installed,
-            or an ``OTEL_EXPORTER_OTLP_*`` setting is invalid.
-    """
-
-    def __init__(self, config: TraceConfig, sender: Any = None) -> None:
-        self._otlp = _import_otel()
-        self.config = config
-        self._converter = self._otlp.SpanConverter(config.resource_attributes())
-        if sender is None:
-            try:
-                sender = self._otlp.OtlpHttpSender(config.url, config.export_timeout_ms / 1000)
-            except ValueError as e:
-                raise unavailable(f"tracing: {e}") from None
-        self._sender = sender
-        self.counts = ExportCounts()
-        self._queue: deque[tuple[Trace, int]] = deque()
-        self._queued = 0  # spans in _queue (under _lock: the loop adds, the thread takes)
-        self._lock = threading.Lock()
-        self._max_queue = config.bsp_max_queue_size
-        self._batch = config.bsp_max_export_batch_size
-        self._delay = config.bsp_schedule_delay_ms / 1000
-        self._wake = threading.Event()
-        self._stopping = False
-        self._flushing = False  # flush(): export what is queued, full batch or not
-        self._busy = False  # the thread holds taken spans not yet counted
-        self._last_drop_log = 0.0
-        self._logged_dropped = 0
-        self._thread = threading.Thread(target=self._run, name="pdserve-trace-export", daemon=True)
-        self._thread.start()
-        log.info(
-            "tracing: exporting OpenTelemetry spans to %s (queue %d spans, every %d ms)",
-            config.url,
-            config.bsp_max_queue_size,
-            config.bsp_schedule_delay_ms,
-        )
-
-    def submit(self, trace: Trace) -> None:
-        """Queue a finished trace's spans (all of them, or none when they do not fit)."""
-        n = len(trace.spans)
-        with self._lock:
-            full = self._stopping or self._queued + n > self._max_queue
-            if not full:
-                self._queue.append((trace, time.time_ns() - time.monotonic_ns()))
-                self._queued += n
-                wake = self._queued >= self._batch
-        if full:
-            self.counts.dropped_queue_full += n
-            self._note_drops()
-        elif wake:
-            self._wake.set()
-
-    def _note_drops(self) -> None:
-        now = time.monotonic()
-        if now - self._last_drop_log >= 10.0:
-            self._last_drop_log = now
-            new = self.counts.dropped - self._logged_dropped
-            self._logged_dropped = self.counts.dropped
-            failures = self.counts.failures
-            log.warning(
-                "tracing: %d spans dropped so far (%d queue full, %d failed exports; +%d "
-                "since the last report)%s",
-                self.counts.dropped,
-                self.counts.dropped_queue_full,
-                self.counts.dropped_failed,
-                new,
-                f"; an export failed: {failures[-1]}" if failures else "",
-            )
-
-    def _take(self) -> list[tuple[Trace, int]]:
-        """Up to one batch of traces (whole traces: a batch may run over)."""
-        taken: list[tuple[Trace, int]] = []
-        count = 0
-        with self._lock:
-            while self._queue and count < self._batch:
-                item = self._queue.popleft()
-                taken.append(item)
-                count += len(item[0].spans)
-            self._queued -= count
-            self._busy = bool(taken)
-        return taken
-
-    def _export_some(self, full_batches_only: bool = False) -> None:
-        """Export the queue (with ``full_batches_only``: while a whole batch waits)."""
-        while self._queue and (not full_batches_only or self._queued >= self._batch):
-            taken = self._take()
-            if taken:
-                self._post(taken)
-            self._busy = False
-
-    def _post(self, taken: list[tuple[Trace, int]]) -> None:
-        """Encode ``taken`` as one export request, post it, count the outcome."""
-        n = 0
-        try:
-            message, n = self._converter.request(taken)
-            if not n:
-                return
-            reason = self._sender.post(message.SerializeToString())
-        except Exception as e:  # noqa: BLE001 - the export thread must live on
-            reason = f"{type(e).__name__}: {e}"
-            n = n or sum(len(trace.spans) for trace, _ in taken)
-        self.counts.exports += 1
-        if not reason:
-            self.counts.exported += n
-        else:
-            self.counts.dropped_failed += n
-            failures = self.counts.failures
-            failures.append(reason)
-            del failures[:-10]  # the last 10
-            self._note_drops()
-
-    def _run(self) -> None:
-        # As the batch span processor: woken by a full batch, export full batches;
-        # when the delay has passed, export everything queued.
-        while not self._stopping:
-            woken = self._wake.wait(self._delay)
-            self._wake.clear()
-            flushing, self._flushing = self._flushing, False
-            self._export_some(full_batches_only=woken and not self._stopping and not flushing)
-        self._export_some()
-
-    def flush(self, timeout: float = 5.0) -> None:
-        """Export what is queued now, and wait (at most ``timeout`` s) until it was
-        posted (or dropped)."""
-        self._flushing = True
-        self._wake.set()
-        deadline = time.monotonic() + timeout
-        while (self._queue or self._busy or self._flushing) and time.monotonic() < deadline:
-            time.sleep(0.01)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Export what is queued (at most ``timeout`` s), stop the thread, log the counts."""
-        with self._lock:
-            self._stopping = True
-        self._wake.set()
-        self._thread.join(timeout)
-        with self._lock:  # what the thread could not export in time is lost
-            self.counts.dropped_queue_full += self._queued
-            self._queue.clear()
-            self._queued = 0
-        c = self.counts
-        log.info(
-            "tracing: %d spans exported in %d exports, %d dropped (%d queue full, %d failed "
-            "exports)",
-            c.exported,
-            c.exports,
-            c.dropped,
-            c.dropped_queue_full,
-            c.dropped_failed,
-        )
-        try:
-            self._sender.close()
-        except Exception:  # noqa: BLE001 - shutting down regardless
-            log.debug("OTLP sender close failed", exc_info=True)

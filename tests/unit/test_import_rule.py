@@ -38,6 +38,7 @@ PACKAGE = ROOT / "pdserve"
 #: Layers, lowest first: (name, module prefixes, exact module names).
 LAYERS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("core", ("pdserve.core",), ("pdserve",)),
+    ("shm", ("pdserve.shm",), ()),
     ("config", ("pdserve.config",), ()),
     ("backends", ("pdserve.backends",), ()),
     ("scheduling", ("pdserve.scheduling",), ()),
@@ -56,9 +57,15 @@ RULE = " <- ".join(name for name, _, _ in LAYERS)
 WORKER = "pdserve.backends.python.worker"
 WORKER_MAY_IMPORT = (
     "pdserve.backends.python.worker",
-    "pdserve.backends.python.shm",
+    "pdserve.shm",
+    "pdserve.shm.records",
+    "pdserve.shm.arenas",
+    "pdserve.shm.tensors",
+    "pdserve.shm.pools",
+    "pdserve.shm.framing",
     "pdserve.backends.python.messages",
     "pdserve.backends.python.triton_python_backend_utils",
+    "pdserve.backends.python.model_config",
     "pdserve.backends.python.lifetime",
 )
 
@@ -390,9 +397,9 @@ def test_checker_names_the_module_the_import_and_the_arrow(
             "pdserve/backends/__init__.py": "REG = {'e': 'pdserve.scheduling.x:E'}\n",
             "pdserve/backends/python/__init__.py": "",
             "pdserve/backends/python/worker.py": (
-                "from pdserve.backends.python import shm\nimport pdserve.config\n"
+                "from pdserve import shm\nimport pdserve.config\n"
             ),
-            "pdserve/backends/python/shm.py": "import pdserve.core.errors\n",
+            "pdserve/shm/__init__.py": "import pdserve.core.errors\n",
             "pdserve/core/errors.py": "",
             "pdserve/scheduling/__init__.py": "",
             "pdserve/scheduling/x.py": "",
@@ -410,18 +417,24 @@ def test_checker_names_the_module_the_import_and_the_arrow(
         "pdserve/server.py:2: pdserve.server imports pdserve.cli: pdserve.cli does not exist "
         "(no module pdserve/cli.py)",
         "pdserve/backends/python/worker.py:2: pdserve.backends.python.worker imports "
-        "pdserve.config: the python worker imports only pdserve.backends.python.shm, "
+        "pdserve.config: the python worker imports only pdserve.shm, pdserve.shm.records, "
+        "pdserve.shm.arenas, pdserve.shm.tensors, pdserve.shm.pools, pdserve.shm.framing, "
         "pdserve.backends.python.messages, pdserve.backends.python.triton_python_backend_utils, "
-        "pdserve.backends.python.lifetime and core; it reaches pdserve.config",
+        "pdserve.backends.python.model_config, pdserve.backends.python.lifetime and core; "
+        "it reaches pdserve.config",
         "pdserve/config.py:3: pdserve.backends.python.worker imports pdserve.server: "
-        "the python worker imports only pdserve.backends.python.shm, "
+        "the python worker imports only pdserve.shm, pdserve.shm.records, "
+        "pdserve.shm.arenas, pdserve.shm.tensors, pdserve.shm.pools, pdserve.shm.framing, "
         "pdserve.backends.python.messages, pdserve.backends.python.triton_python_backend_utils, "
-        "pdserve.backends.python.lifetime and core; it reaches pdserve.server "
+        "pdserve.backends.python.model_config, pdserve.backends.python.lifetime and core; "
+        "it reaches pdserve.server "
         "(through pdserve.config)",
         "pdserve/server.py:2: pdserve.backends.python.worker imports pdserve.cli: "
-        "the python worker imports only pdserve.backends.python.shm, "
+        "the python worker imports only pdserve.shm, pdserve.shm.records, "
+        "pdserve.shm.arenas, pdserve.shm.tensors, pdserve.shm.pools, pdserve.shm.framing, "
         "pdserve.backends.python.messages, pdserve.backends.python.triton_python_backend_utils, "
-        "pdserve.backends.python.lifetime and core; it reaches pdserve.cli "
+        "pdserve.backends.python.model_config, pdserve.backends.python.lifetime and core; "
+        "it reaches pdserve.cli "
         "(through pdserve.server)",
     ]
 

@@ -1,5 +1,5 @@
 """pdserve.backends.python.messages: every server <-> worker record round-trips through
-the frame codec of pdserve.backends.python.shm."""
+the frame codec of pdserve.backends.python.messages and pdserve.shm."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from pdserve import shm
 from pdserve.backends.python import messages as m
-from pdserve.backends.python import shm
 from pdserve.core.errors import ErrorCode
 
-IMAGE = m.TensorDesc("<f4", (1, 3, 224, 224), None, 2, 4096, 602112)
-SMALL = m.TensorDesc("<i8", (2,), b"\x01\x00\x00\x00\x00\x00\x00\x00" * 2)
-TEXT = m.TensorDesc("BYTES", (1,), b"\x02\x00\x00\x00hi")
+IMAGE = shm.TensorDesc("<f4", (1, 3, 224, 224), None, 2, 4096, 602112)
+SMALL = shm.TensorDesc("<i8", (2,), b"\x01\x00\x00\x00\x00\x00\x00\x00" * 2)
+TEXT = shm.TensorDesc("BYTES", (1,), b"\x02\x00\x00\x00hi")
 INVALID = m.Error("input 'X' is odd", ErrorCode.INVALID_ARG.value)
 
 #: One of each message kind, with every optional part present and absent.
@@ -51,8 +51,8 @@ MESSAGES: list[Any] = [
 
 CONTROLS = [
     None,
-    m.ArenaControl([m.NewArena(0, 8 << 20), m.NewArena(1, 16 << 20)], []),
-    m.ArenaControl([], [m.Block(0, 64), m.Block(1, 0)]),
+    shm.ArenaControl([shm.NewArena(0, 8 << 20), shm.NewArena(1, 16 << 20)], []),
+    shm.ArenaControl([], [shm.Block(0, 64), shm.Block(1, 0)]),
 ]
 
 
@@ -71,13 +71,13 @@ def _types(value: Any) -> Any:
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda msg: type(msg).__name__)
 @pytest.mark.parametrize("control", CONTROLS, ids=["no-control", "new-arenas", "releases"])
 def test_each_record_round_trips_through_the_frame_codec(message: Any, control: Any) -> None:
-    data = shm.encode_frame(message, control)
+    data = m.encode_frame(message, control)
     reader = shm.FrameReader()
     # fed in two pieces: the reader waits for the whole frame
     reader.feed(data[:5], [])
-    assert reader.frames() == []
+    assert m.read_frames(reader) == []
     reader.feed(data[5:], [])
-    (frame,) = reader.frames()
+    (frame,) = m.read_frames(reader)
     assert isinstance(frame, m.Frame)
     assert _types(frame.message) == _types(message)
     assert _types(frame.control) == _types(control)
@@ -87,7 +87,7 @@ def test_the_wire_form_is_plain_tuples() -> None:
     """Frames name no class: pickle builds them in C on both sides (and a frame
     cannot make the reader import anything)."""
     for message in MESSAGES:
-        payload = shm.encode_frame(message, CONTROLS[2])[4:]
+        payload = m.encode_frame(message, CONTROLS[2])[4:]
         assert b"pdserve" not in payload and b"messages" not in payload
         assert type(pickle.loads(payload)) is tuple
 
@@ -95,10 +95,10 @@ def test_the_wire_form_is_plain_tuples() -> None:
 def test_error_codes_cross_unchanged() -> None:
     for code in ErrorCode:
         value = code.triton_code.value
-        data = shm.encode_frame(m.Result(1, [m.Error("x", value)], None))
+        data = m.encode_frame(m.Result(1, [m.Error("x", value)], None))
         reader = shm.FrameReader()
         reader.feed(data, [])
-        (frame,) = reader.frames()
+        (frame,) = m.read_frames(reader)
         assert isinstance(frame.message, m.Result) and frame.message.responses is not None
         (error,) = frame.message.responses
         assert isinstance(error, m.Error)
@@ -109,13 +109,13 @@ def test_frames_on_a_socket_in_order() -> None:
     a, b = socket.socketpair()
     try:
         for message in MESSAGES:
-            shm.send_frame(a, message, CONTROLS[2])
+            m.send_frame(a, message, CONTROLS[2])
         reader = shm.FrameReader()
         frames: list[m.Frame] = []
         while len(frames) < len(MESSAGES):
             data, anc, _, _ = b.recvmsg(1 << 16, shm.ANCILLARY_SPACE)
             reader.feed(data, anc)
-            frames += reader.frames()
+            frames += m.read_frames(reader)
         assert [_types(f.message) for f in frames] == [_types(msg) for msg in MESSAGES]
     finally:
         a.close()
@@ -141,6 +141,6 @@ def test_worker_init_pickles_for_the_process_start() -> None:
 
 def test_what_is_not_a_message_is_refused() -> None:
     with pytest.raises(KeyError):
-        shm.encode_frame(("exec", 1, []))  # type: ignore[arg-type]  # the old tuple form
+        m.encode_frame(("exec", 1, []))  # type: ignore[arg-type]  # the old tuple form
     with pytest.raises(KeyError):
-        shm.encode_frame(m.TensorDesc("<f4", (), b""))  # type: ignore[arg-type]  # a part
+        m.encode_frame(shm.TensorDesc("<f4", (), b""))  # type: ignore[arg-type]  # a part

@@ -1,4 +1,4 @@
-"""Shared-memory arenas, tensor descriptors and framing of the python backend."""
+"""Shared-memory arenas, tensor descriptors and framing (pdserve.shm) as the python backend uses them."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import struct
 import numpy as np
 import pytest
 
-from pdserve.backends.python import shm
+from pdserve import shm
 from pdserve.backends.python import triton_python_backend_utils as pb
-from pdserve.backends.python.messages import ArenaControl, NewArena, Ready
+from pdserve.backends.python.messages import Ready, read_frames, send_frame
 from pdserve.core.datatypes import serialize_bytes_tensor
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.frontends.http.status import http_status
+from pdserve.shm import ArenaControl, NewArena, arenas, framing, pools, records, tensors
 
 
 def test_free_list_allocator_reuses_and_coalesces() -> None:
@@ -69,7 +70,7 @@ def test_tensors_round_trip_through_arenas() -> None:
 
 def test_a_full_pool_grows_with_a_new_arena() -> None:
     pool = shm.ArenaPool("grow", max_bytes=64 * 1024 * 1024)
-    first = pool.alloc(shm.DEFAULT_ARENA_BYTES - 64)
+    first = pool.alloc(arenas.DEFAULT_ARENA_BYTES - 64)
     second = pool.alloc(20 * 1024 * 1024)
     assert first is not None and second is not None
     assert first[0].id != second[0].id and second[0].size >= 20 * 1024 * 1024
@@ -84,14 +85,14 @@ def test_frames_carry_descriptors() -> None:
         arena = shm.Arena.create(0, 4096, "frame")
         arena.mm[:5] = b"hello"
         control = ArenaControl([NewArena(0, 4096)], [])
-        shm.send_frame(a, Ready(1), control, [arena.fd])
-        shm.send_frame(a, Ready(2))
+        send_frame(a, Ready(1), control, [arena.fd])
+        send_frame(a, Ready(2))
         reader = shm.FrameReader()
         frames: list = []
         while len(frames) < 2:
             data, anc, _, _ = b.recvmsg(1 << 16, shm.ANCILLARY_SPACE)
             reader.feed(data, anc)
-            frames += reader.frames()
+            frames += read_frames(reader)
         assert [f.message for f in frames] == [Ready(1), Ready(2)]
         assert [f.control for f in frames] == [control, None]
         (fd,) = reader.take_fds(1)
@@ -215,3 +216,13 @@ def test_framed_socket_queues_what_the_socket_does_not_take_and_passes_descripto
         b.close()
 
     asyncio.run(run())
+
+
+def test_the_package_names_are_its_modules_names() -> None:
+    """``from pdserve import shm`` gives each module's public names."""
+    assert shm.Arena is arenas.Arena and shm.FreeListAllocator is arenas.FreeListAllocator
+    assert shm.write_tensor is tensors.write_tensor and shm.read_tensor is tensors.read_tensor
+    assert shm.ArenaPool is pools.ArenaPool and shm.PeerArenas is pools.PeerArenas
+    assert shm.FramedSocket is framing.FramedSocket and shm.FrameReader is framing.FrameReader
+    assert shm.TensorDesc is records.TensorDesc and shm.ArenaControl is records.ArenaControl
+    assert sorted(shm.__all__) == sorted(set(shm.__all__))

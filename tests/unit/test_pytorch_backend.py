@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2
 from pdserve import config as cfgmod
 from pdserve.backends.base import ExecRequest, ModelSpec
 from pdserve.backends.pytorch import backend as ptb
+from pdserve.backends.pytorch import options as pto
 from pdserve.backends.pytorch.naming import indexed_position, plan_inputs, plan_outputs
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferRequest
@@ -140,7 +141,7 @@ def test_check_config_refuses(text: str, field: str, message: str) -> None:
 
 
 def test_options_follow_parameters_and_pinned_memory() -> None:
-    assert ptb.Options.from_config(cfg(IO)) == ptb.Options()
+    assert pto.Options.from_config(cfg(IO)) == pto.Options()
     text = (
         IO
         + 'parameters { key: "INFERENCE_MODE" value { string_value: "false" } }\n'
@@ -149,7 +150,7 @@ def test_options_follow_parameters_and_pinned_memory() -> None:
         + 'parameters { key: "ENABLE_WEIGHT_SHARING" value { string_value: "1" } }\n'
         + "optimization { input_pinned_memory { enable: false } }\n"
     )
-    assert ptb.Options.from_config(cfg(text)) == ptb.Options(
+    assert pto.Options.from_config(cfg(text)) == pto.Options(
         inference_mode=False,
         optimized_execution=False,
         cache_cleaning=True,
@@ -347,7 +348,7 @@ def test_gpu_id_beyond_the_visible_ones(monkeypatch: pytest.MonkeyPatch) -> None
 def test_thread_counts_are_process_wide_first_model_wins(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = ptb._ProcessSettings()
+    settings = pto._ProcessSettings()
     before = torch.get_num_threads()
     try:
         settings.apply(

@@ -12,13 +12,9 @@ from pdserve.core import tracing as core_tracing
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.tracing import Trace, parse_traceparent
 from pdserve.core.types import InferRequest
-from pdserve.observability.tracing import (
-    TraceConfig,
-    TraceConfigError,
-    TraceManager,
-    parse_setting_update,
-    parse_trace_config,
-)
+from pdserve.observability.span_export import ExportCounts
+from pdserve.observability.trace_config import TraceConfig, TraceConfigError, parse_trace_config
+from pdserve.observability.tracing import TraceManager, parse_setting_update
 
 
 @pytest.fixture(autouse=True)
@@ -410,6 +406,11 @@ def _metric_lines(m: TraceManager) -> set[str]:
 
     text = "".join(f.render() for f in sample_families(m.samples()))
     return {line for line in text.splitlines() if not line.startswith("#")}
+
+
+def test_export_counts_dropped_is_both_reasons() -> None:
+    assert ExportCounts(dropped_queue_full=4, dropped_failed=8).dropped == 12
+    assert ExportCounts().dropped == 0
 
 
 def test_export_counters_exported_failed_and_queue_full() -> None:

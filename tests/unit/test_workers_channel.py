@@ -14,22 +14,22 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pdserve.backends.python.messages import ArenaControl, Block, NewArena
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
 from pdserve.frontends.shared_memory import ShmInput
 from pdserve.frontends.workers import channel as ch
+from pdserve.shm import ArenaControl, Block, NewArena
 
 
 def _inline_write(arr: np.ndarray) -> Any:
-    from pdserve.backends.python import shm
+    from pdserve import shm
 
     return tuple(shm.write_tensor(arr, lambda n: None))
 
 
 def _inline_read(desc: Any) -> np.ndarray:
-    from pdserve.backends.python import shm
-    from pdserve.backends.python.messages import TensorDesc
+    from pdserve import shm
+    from pdserve.shm import TensorDesc
 
     return shm.read_tensor(TensorDesc(*desc), {})
 
@@ -309,7 +309,7 @@ def test_a_peer_dying_mid_frame_closes_the_channel_once_and_delivers_nothing() -
         end = ch.Channel(
             mine, "test.dying", lambda k, b: got.append((k, b)), lambda: closed.append(1)
         )
-        from pdserve.backends.python import shm
+        from pdserve import shm
 
         whole = shm.encode_payload((None, [(ch.RESULT, (1, "one")), (ch.RESULT, (2, "two"))]))
         half = shm.encode_payload((None, [(ch.RESULT, (3, "x" * 1000))]))[:500]

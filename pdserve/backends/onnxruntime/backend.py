@@ -1,41 +1,17 @@
 """ONNX Runtime backend (``platform: "onnxruntime_onnx"`` / ``backend: "onnxruntime"``).
 
-Each model instance is one ``onnxruntime.InferenceSession``. ORT releases the GIL
-while it runs, so an instance executes on its own thread and several instances
-run concurrently (DESIGN.md). ``instance_group`` gives the count and kind:
+Each model instance is one ``onnxruntime.InferenceSession``, run on its own thread
+(ORT releases the GIL) or, for a sub-millisecond model, on the event loop. Instance
+kinds: ``KIND_CPU``, ``KIND_GPU`` (``CUDAExecutionProvider`` on the listed GPUs; no
+CUDA provider or a GPU not visible fails the load, never falls back to CPU) and
+``KIND_AUTO``. Session options come from Triton's onnxruntime-backend keys:
+``intra_op_thread_count`` (default: the CPUs, or the host policy's cores, shared among
+the model's instances), ``inter_op_thread_count``, ``execution_mode`` and the graph
+optimization level (:func:`session_options`).
 
-- ``KIND_CPU``: ``CPUExecutionProvider``.
-- ``KIND_GPU``: ``CUDAExecutionProvider`` on the listed ``gpus`` (default GPU 0).
-  When this onnxruntime build or machine has no CUDA provider, or a listed GPU is
-  not visible (:mod:`pdserve.backends.devices`), the model fails to load with
-  that reason (no silent fallback to CPU).
-- ``KIND_AUTO``: GPU when the CUDA provider is there and a GPU is visible, else CPU.
-
-Session options come from the model configuration, with Triton's onnxruntime
-backend keys:
-
-- ``parameters { key: "intra_op_thread_count" value { string_value: "1" } }``
-  (absent: the process's CPUs — or the host policy's cores — shared among the
-  model's instances, at least 1; see :func:`default_intra_op_threads`),
-- ``parameters { key: "inter_op_thread_count" ... }``,
-- ``parameters { key: "execution_mode" ... }`` ``0`` sequential (default) / ``1`` parallel,
-- ``optimization { graph { level: N } }``: ``-1`` basic, ``0`` (default) all,
-  ``1`` extended — or the parameter ``graph_optimization_level`` with
-  ``disable`` / ``basic`` / ``extended`` / ``all``.
-
-Host policies (``--host-policy``, :mod:`pdserve.backends.host_policy`): an instance whose
-group's policy has cores runs its session only on its own thread, which pins
-itself to those cores (``os.sched_setaffinity(0, cores)``) before it creates the
-session; ``execution_thread`` ``auto`` and ``loop`` are overridden (``loop`` with
-a warning at load: the event loop thread is shared and cannot be pinned for one
-instance). ORT's intra-op pool threads stay inside the policy's cores too: the
-thread count is always set explicitly (ORT 1.32 pins its pool threads to cores of
-its own choosing when the count is left at 0, which escapes any mask — checked on
-Linux through ``/proc/<pid>/task/*/status``), the threads inherit the creating
-thread's mask, and the session config entry ``session.intra_op_thread_affinities``
-gives each pool thread the policy's cores explicitly (:func:`intra_op_affinities`).
-The default thread count divides the policy's cores, not the process's, among the
-model's instances that share them.
+An instance with a host policy runs on its own thread, pinned to the policy's cores
+before it creates the session; its intra-op threads stay inside them
+(:func:`intra_op_affinities`; the count is always set, as ORT pins a 0-count pool itself).
 """
 
 from __future__ import annotations
@@ -55,11 +31,15 @@ from pdserve.backends.base import (
     Backend,
     ExecRequest,
     ExecResult,
+    InstanceClosed,
     ModelInstance,
     ModelSpec,
     batch_input_tensors,
     merge_batch,
+    run_on_thread,
     split_batch,
+    unloading,
+    wanted_outputs,
 )
 from pdserve.backends.devices import check_gpu_ids, visible_gpus
 from pdserve.backends.host_policy import (
@@ -69,8 +49,9 @@ from pdserve.backends.host_policy import (
     pin_current_thread,
 )
 from pdserve.backends.onnxruntime.autocomplete import complete_from_session
+from pdserve.config import ModelConfig
 from pdserve.core.datatypes import to_bytes_object_array
-from pdserve.core.errors import InferError, internal, unavailable
+from pdserve.core.errors import InferError, internal
 from pdserve.core.tracing import mark_input_end, mark_output_start
 
 log = logging.getLogger("pdserve.onnxruntime")
@@ -86,10 +67,6 @@ INLINE_STICKY_LIMIT_S = 0.002
 INLINE_STICKY_RUNS = 2
 
 
-class _Closed(Exception):
-    """The instance was closed before a batch could start on its thread."""
-
-
 _LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
 
 
@@ -99,7 +76,7 @@ def _ort() -> Any:
     return onnxruntime
 
 
-def session_options(config: Any) -> Any:
+def session_options(config: ModelConfig) -> Any:
     """Build ``onnxruntime.SessionOptions`` from a model configuration.
 
     Raises:
@@ -228,20 +205,17 @@ class OnnxRuntimeBackend(Backend):
 
         await asyncio.to_thread(complete)
 
-    async def load(self, spec: ModelSpec) -> list[ModelInstance]:
-        """Create one ORT session per instance in ``instance_group``.
+    def _instance_plans(
+        self, spec: ModelSpec, available: list[str]
+    ) -> list[tuple[str, list[Any], frozenset[int] | None]]:
+        """(kind, execution providers, host policy cores or None) of each instance of
+        ``instance_group``, in order.
 
         Raises:
-            RuntimeError: KIND_GPU asked but no CUDAExecutionProvider is available,
-                or on a GPU this process cannot see
-                (:func:`pdserve.backends.devices.check_gpu_ids`).
-            ValueError: bad session option parameters.
+            RuntimeError: KIND_GPU without a CUDAExecutionProvider, a GPU this process
+                cannot see, or a kind onnxruntime does not run.
         """
-        ort = _ort()
-        path = self._model_path(spec)
-        available = ort.get_available_providers()
         groups = list(spec.config.instance_group) or [None]
-        #: (kind, providers, host policy cores or None) per instance
         plans: list[tuple[str, list[Any], frozenset[int] | None]] = []
         for group in groups:
             count = group.count if group is not None and group.count > 0 else 1
@@ -284,6 +258,20 @@ class OnnxRuntimeBackend(Backend):
                 raise RuntimeError(
                     f"instance_group kind {kind_name} is not supported by onnxruntime"
                 )
+        return plans
+
+    async def load(self, spec: ModelSpec) -> list[ModelInstance]:
+        """Create one ORT session per instance in ``instance_group``.
+
+        Raises:
+            RuntimeError: KIND_GPU asked but no CUDAExecutionProvider is available,
+                or on a GPU this process cannot see
+                (:func:`pdserve.backends.devices.check_gpu_ids`).
+            ValueError: bad session option parameters.
+        """
+        ort = _ort()
+        path = self._model_path(spec)
+        plans = self._instance_plans(spec, ort.get_available_providers())
         configured = cfgmod.get_parameter(spec.config, "intra_op_thread_count")
         loop = asyncio.get_running_loop()
         executors: list[concurrent.futures.ThreadPoolExecutor | None] = []
@@ -509,11 +497,7 @@ class OnnxRuntimeInstance(ModelInstance):
                     else arr
                 )
             feeds[name] = arr
-        wanted: list[str] = []
-        for r in batch:
-            for n in r.output_names:
-                if n not in wanted:
-                    wanted.append(n)
+        wanted = wanted_outputs(batch)
         mark_input_end()
         try:
             if self._mode == "loop" or (
@@ -545,21 +529,11 @@ class OnnxRuntimeInstance(ModelInstance):
                                 took * 1e3,
                             )
             else:
-                if self._closed:
-                    raise _Closed
-                loop = asyncio.get_running_loop()
-                try:
-                    outputs = await loop.run_in_executor(
-                        self._executor, self._timed_run, feeds, wanted
-                    )
-                except RuntimeError as e:
-                    if "shutdown" in str(e) and self._executor._shutdown:
-                        raise _Closed from None
-                    raise
-        except _Closed:
-            raise unavailable(
-                f"model instance '{self.name}' is unloading: the request did not run"
-            ) from None
+                outputs = await run_on_thread(
+                    self._executor, self._closed, self._timed_run, feeds, wanted
+                )
+        except InstanceClosed:
+            raise unloading(self.name) from None
         except Exception as e:  # ORT raises its own exception types
             raise internal(f"onnxruntime execution failed: {e}") from e
         mark_output_start()

@@ -1,32 +1,15 @@
 """No python-backend process outlives the server, even when the server is SIGKILLed.
 
-The processes below a server (:mod:`pdserve.backends.python.backend`):
+Below a server run the ``multiprocessing`` fork server, the workers it forks, and the
+resource tracker. A killed server runs no code, and a busy worker holds copies of the
+others' pipes, so: the fork server preloads this module and exits as soon as the
+server is gone (:func:`exit_when_gone`; it ignores the group's SIGTERM), each worker
+asks the kernel for SIGKILL when its parent exits (:func:`set_parent_death_signal`) and
+watches the server too, and the resource tracker then sees the end of its pipe.
 
-* the ``multiprocessing`` **fork server** (a child of the server), which forks
-* the **workers** (children of the fork server), and
-* the ``multiprocessing`` **resource tracker** (a child of the server).
-
-An orderly shutdown stops the workers first; the fork server and the resource
-tracker then see the end of their pipes and exit. When the server is killed
-(SIGKILL, OOM killer) no code of it runs, and each worker holds a copy of both
-pipes, so a worker that is busy (a long ``execute``, an ``initialize`` that
-blocks) would keep all three alive. Hence:
-
-* the fork server imports this module as a preload and, seeing that it runs in
-  the fork server, starts :func:`exit_when_gone` on its parent (the server): it
-  exits as soon as the server is gone, and only then (it ignores SIGTERM, which a
-  signal to the whole process group would send it; workers survive it too, see
-  :func:`pdserve.backends.python.worker.shield_from_group_signals`);
-* each worker calls :func:`set_parent_death_signal`: the kernel SIGKILLs it when
-  its parent (the fork server) exits, whatever the worker is doing (even holding
-  the GIL in native code), and :func:`exit_when_gone` on the server too (should it
-  have been started another way);
-* the resource tracker then sees the end of its pipe (every holder is gone) and
-  exits by itself.
-
-Linux only (``prctl``, ``pidfd_open``); elsewhere the functions fall back to
-polling (:func:`exit_when_gone`) or do nothing (:func:`set_parent_death_signal`).
-The worker imports this module, so it imports nothing of pdserve.
+Linux only (``prctl``, ``pidfd_open``); elsewhere :func:`exit_when_gone` polls and
+:func:`set_parent_death_signal` does nothing. The worker imports this module, so it
+imports nothing of pdserve.
 """
 
 from __future__ import annotations

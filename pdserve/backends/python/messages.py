@@ -2,89 +2,28 @@
 
 :mod:`~pdserve.backends.python.backend` (the server side) and
 :mod:`~pdserve.backends.python.worker` build and read these records; nothing else
-crosses the worker's socket. Every frame (:func:`pdserve.backends.python.shm.encode_frame`)
-carries one message and the :class:`ArenaControl` that rides along with it.
+crosses the worker's socket. Every frame (:func:`encode_frame`) carries one message
+and the :class:`~pdserve.shm.records.ArenaControl` that rides along with it.
 
-Server -> worker: :class:`Exec` (a batch to run), :class:`BlsResult` (the answer to a
-worker's :class:`Bls`), :class:`CancelStream`, :class:`Stop`. Worker -> server: :class:`Ready` or
-:class:`InitError` (after ``initialize``), :class:`Result` (the answer to an
-:class:`Exec`), :class:`Bls`, :class:`AutoCompleteResult`, :class:`Respond` (a decoupled model's
-responses). :class:`WorkerInit` is the
-worker's start-up data, passed as the process's argument.
+Server -> worker: :class:`Exec`, :class:`BlsResult`, :class:`CancelStream`, :class:`Stop`.
+Worker -> server: :class:`Ready`, :class:`InitError`, :class:`Result`, :class:`Bls`,
+:class:`AutoCompleteResult`, :class:`Respond`. :class:`WorkerInit`: start-up data.
 
-Records are ``NamedTuple`` s (attribute access, checked by mypy). On the wire they
-are plain tuples: :func:`to_wire` and :func:`from_wire` convert, one pair of
-functions per message kind, below. A ``NamedTuple`` that pickle saves itself costs
-an import-and-lookup of its class per kind per frame and a Python ``__new__`` per
-record; plain tuples pickle and load in C (measured on the development VM: a
-:class:`Result` of two outputs built, converted and round-tripped through pickle in
-~4.7 µs this way, ~8.2 µs pickled as ``NamedTuple`` s, ~2.8 µs as the positional
-tuples used before).
-
-Error codes are Triton's ``TRITONSERVER_Error_Code`` values (``pb_utils.TritonError``
-codes, :class:`pdserve.core.errors.ErrorCode` values), carried unchanged.
+Records are ``NamedTuple`` s; on the wire they are plain tuples (:func:`to_wire`,
+:func:`from_wire`), which pickle and load in C. Error codes are Triton's
+``TRITONSERVER_Error_Code`` values, carried unchanged.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from pdserve.shm.framing import FrameReader, encode_payload, send_payload
+from pdserve.shm.records import ArenaControl, Block, NewArena, TensorDesc
+
 # --------------------------------------------------------------------------- parts
-
-
-class TensorDesc(NamedTuple):
-    """One tensor in a message: its type, shape and where its bytes are.
-
-    Written by :func:`pdserve.backends.python.shm.write_tensor`, read by
-    :func:`~pdserve.backends.python.shm.read_tensor`.
-    """
-
-    #: numpy ``dtype.str`` (little-endian, e.g. ``"<f4"``), or ``"BYTES"``: then the
-    #: bytes are the length-prefixed elements of
-    #: :func:`pdserve.core.datatypes.serialize_bytes_tensor`.
-    dtype: str
-    #: The tensor's shape.
-    shape: tuple[int, ...]
-    #: The tensor's bytes when they ride inside the message (small tensors); None when
-    #: they are in the sender's shared-memory arena ``arena``.
-    inline: bytes | None
-    #: Id of the sender's arena that holds the bytes (-1: inline).
-    arena: int = -1
-    #: Byte offset of the block in that arena.
-    offset: int = 0
-    #: Bytes of the block that are the tensor's.
-    nbytes: int = 0
-
-
-class NewArena(NamedTuple):
-    """A shared-memory arena of the sender that the receiver has not mapped yet; its
-    file descriptor rides with the frame (``SCM_RIGHTS``)."""
-
-    #: The arena's id, as :attr:`TensorDesc.arena` names it.
-    arena: int
-    #: Its size in bytes.
-    size: int
-
-
-class Block(NamedTuple):
-    """A block of the receiver's arena that the sender has finished reading: the
-    receiver may reuse it."""
-
-    #: Id of the receiver's arena.
-    arena: int
-    #: Byte offset of the block (as in :attr:`TensorDesc.offset`).
-    offset: int
-
-
-class ArenaControl(NamedTuple):
-    """The arena bookkeeping that rides with a frame, in either direction (None in a
-    frame that has nothing to say)."""
-
-    #: The sender's new arenas; their descriptors come with the frame, in this order.
-    new_arenas: list[NewArena]
-    #: The receiver's blocks the sender has released.
-    releases: list[Block]
 
 
 class Error(NamedTuple):
@@ -302,8 +241,7 @@ Message = (
 
 
 class Frame(NamedTuple):
-    """A received frame (what :meth:`pdserve.backends.python.shm.FrameReader.frames`
-    returns)."""
+    """A received frame (what :func:`read_frames` returns)."""
 
     #: The message.
     message: Message
@@ -466,3 +404,33 @@ def from_wire(wire: tuple[Any, ...]) -> Frame:
         new_arenas = [_new(NewArena, a) for a in ctl[0]]
         control = _new(ArenaControl, (new_arenas, [_new(Block, b) for b in ctl[1]]))
     return _new(Frame, (_FROM[wire[0]](wire[1]), control))
+
+
+def encode_frame(message: Message, control: ArenaControl | None = None) -> bytes:
+    """A message and its arena control as one frame of
+    :func:`pdserve.shm.framing.encode_payload`.
+
+    Raises:
+        KeyError: ``message`` is not a :data:`Message`.
+    """
+    return encode_payload(to_wire(message, control))
+
+
+def read_frames(reader: FrameReader) -> list[Frame]:
+    """Every complete frame ``reader`` has received so far, in order.
+
+    Raises:
+        pickle.UnpicklingError, IndexError, TypeError, ValueError: bytes that are
+            not a frame of :func:`encode_frame`.
+    """
+    return [from_wire(wire) for wire in reader.payloads()]
+
+
+def send_frame(
+    sock: socket.socket,
+    message: Message,
+    control: ArenaControl | None = None,
+    fds: list[int] | None = None,
+) -> None:
+    """Send one frame on a *blocking* socket, with ``fds`` attached to its first byte."""
+    send_payload(sock, encode_frame(message, control), fds)

@@ -1,44 +1,14 @@
 """``triton_python_backend_utils`` for pdserve's python workers (``import ... as pb_utils``).
 
-A python model written for Triton's python backend imports this module by its
-Triton name; each worker registers it in ``sys.modules`` under that name before it
-imports ``model.py``. It provides what Triton's module provides to such models
-(triton-inference-server/python_backend: ``src/resources/triton_python_backend_utils.py``
-for the pure-Python helpers, ``src/pb_stub.cc`` / ``src/pb_tensor.cc`` for the
-classes Triton implements in C++):
-
-* tensors: :class:`Tensor` (``as_numpy``, ``name``, ``triton_dtype``, ``shape``,
-  ``is_cpu``, DLPack in and out);
-* requests and responses: :class:`InferenceRequest` (the ``requests`` handed to
-  ``execute``, and the BLS request a model builds: ``exec()`` / ``async_exec()``),
-  :class:`InferenceResponse` (``output_tensors=[...]``, ``error=TritonError``);
-* errors: :class:`TritonError` with Triton's codes, :class:`TritonModelException`;
-* helpers: ``get_input_tensor_by_name``, ``get_output_tensor_by_name``,
-  ``get_input_config_by_name``, ``get_output_config_by_name``,
-  ``triton_string_to_numpy``, ``numpy_to_triton_type``, ``triton_to_numpy_type``,
-  ``serialize_byte_tensor``, ``deserialize_bytes_tensor``,
-  ``using_decoupled_model_transaction_policy``;
-* auto-complete: :class:`ModelConfig` (``as_dict``, ``set_max_batch_size``,
-  ``set_dynamic_batching``, ``add_input``, ``add_output``,
-  ``set_model_transaction_policy``, ``add_model_warmup``);
-* :class:`Logger`.
-
-Error codes: ``TritonError``'s codes are Triton's ``TRITONSERVER_Error_Code`` values,
-the same as :class:`pdserve.core.errors.ErrorCode`'s, and reach the client unchanged:
-over gRPC as Triton's status (``INVALID_ARG`` -> ``INVALID_ARGUMENT``, ``UNSUPPORTED``
--> ``UNIMPLEMENTED``, the others by name); over HTTP as Triton's HTTP frontend does
-(``INVALID_ARG``, ``UNKNOWN``, ``ALREADY_EXISTS`` and ``CANCELLED`` are 400;
-``NOT_FOUND`` 404; ``UNAVAILABLE`` 503; ``UNSUPPORTED`` 501; ``INTERNAL`` — the default
-code of ``TritonError(message)``, as in Triton — 500). So a model reports a bad input
-as ``pb_utils.TritonError(msg, pb_utils.TritonError.INVALID_ARG)``. A failed BLS call
-gives the model the code of the error (``CANCELLED`` when the client went away).
-
-Decoupled models (``model_transaction_policy { decoupled: true }``): each request of
-``execute`` has a response sender (:meth:`InferenceRequest.get_response_sender`,
-:class:`InferenceResponseSender`) that sends any number of responses, from ``execute``
-or from threads the model starts, the last one (or an empty one) with
-``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL``; ``execute`` returns None. As in Triton,
-a send after the final flag raises :class:`TritonModelException`.
+A python model written for Triton's python backend imports this module by its Triton
+name; each worker registers it in ``sys.modules`` under that name (:func:`install`)
+before it imports ``model.py``. It provides what Triton's module provides to such models
+(triton-inference-server/python_backend ``triton_python_backend_utils.py``, ``pb_stub.cc``,
+``pb_tensor.cc``): :class:`Tensor`, :class:`InferenceRequest` (with BLS ``exec`` /
+``async_exec``), :class:`InferenceResponse`, :class:`InferenceResponseSender` (decoupled
+models), :class:`TritonError` with Triton's codes (they reach the client unchanged, as
+Triton maps them to gRPC and HTTP status), :class:`ModelConfig` (auto-complete),
+:class:`Logger`, and the type and lookup helpers.
 
 Not supported: GPU tensors, custom metrics.
 """
@@ -56,60 +26,24 @@ from typing import Any
 
 import numpy as np
 
+# ModelConfig is part of this module's public API (pb_utils.ModelConfig).
+from pdserve.backends.python.model_config import ModelConfig as ModelConfig
 from pdserve.core import datatypes
 from pdserve.core.errors import ErrorCode
 
-#: Triton ``TYPE_*`` names -> numpy types (Triton's table).
-TRITON_STRING_TO_NUMPY: dict[str, Any] = {
-    "TYPE_BOOL": bool,
-    "TYPE_UINT8": np.uint8,
-    "TYPE_UINT16": np.uint16,
-    "TYPE_UINT32": np.uint32,
-    "TYPE_UINT64": np.uint64,
-    "TYPE_INT8": np.int8,
-    "TYPE_INT16": np.int16,
-    "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64,
-    "TYPE_FP16": np.float16,
-    "TYPE_FP32": np.float32,
-    "TYPE_FP64": np.float64,
-    "TYPE_STRING": np.object_,
+#: Triton ``TYPE_*`` names -> numpy types (Triton's table: ``TYPE_BOOL`` is Python's
+#: ``bool``, the others numpy scalar types).
+TRITON_STRING_TO_NUMPY: dict[str, type] = {
+    datatypes.V2_TO_CONFIG[v2]: (bool if v2 == "BOOL" else dtype.type)
+    for v2, dtype in datatypes.V2_TO_NUMPY.items()
 }
 
-# TRITONSERVER_DataType values (tritonserver.h)
-_TRITON_TO_NUMPY: dict[int, Any] = {
-    1: np.bool_,
-    2: np.uint8,
-    3: np.uint16,
-    4: np.uint32,
-    5: np.uint64,
-    6: np.int8,
-    7: np.int16,
-    8: np.int32,
-    9: np.int64,
-    10: np.float16,
-    11: np.float32,
-    12: np.float64,
-    13: np.object_,
+#: ``TRITONSERVER_DataType`` value (tritonserver.h numbers the V2 datatypes in the
+#: core table's order, BOOL = 1 to BYTES = 13) -> numpy type.
+_TRITON_TO_NUMPY: dict[int, type] = {
+    code: dtype.type for code, dtype in enumerate(datatypes.V2_TO_NUMPY.values(), start=1)
 }
-_NUMPY_TO_TRITON: dict[Any, int] = {np.dtype(v): k for k, v in _TRITON_TO_NUMPY.items()}
-
-#: TRITONSERVER_DataType value -> V2 datatype name (as pdserve's core uses).
-TRITON_TYPE_TO_V2: dict[int, str] = {
-    1: "BOOL",
-    2: "UINT8",
-    3: "UINT16",
-    4: "UINT32",
-    5: "UINT64",
-    6: "INT8",
-    7: "INT16",
-    8: "INT32",
-    9: "INT64",
-    10: "FP16",
-    11: "FP32",
-    12: "FP64",
-    13: "BYTES",
-}
+_NUMPY_TO_TRITON: dict[np.dtype, int] = {np.dtype(v): k for k, v in _TRITON_TO_NUMPY.items()}
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
@@ -177,7 +111,7 @@ class TritonModelException(Exception):
 # --------------------------------------------------------------------------- types
 
 
-def triton_to_numpy_type(data_type: int) -> Any:
+def triton_to_numpy_type(data_type: int) -> type | None:
     """numpy type of a ``TRITONSERVER_DataType`` value (None when unknown)."""
     return _TRITON_TO_NUMPY.get(data_type)
 
@@ -193,7 +127,7 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
     return _NUMPY_TO_TRITON.get(dt)
 
 
-def triton_string_to_numpy(triton_type_string: str) -> Any:
+def triton_string_to_numpy(triton_type_string: str) -> type:
     """numpy type of a configuration type name (``"TYPE_FP32"`` -> ``np.float32``).
 
     Raises:
@@ -731,147 +665,6 @@ def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bo
     return bool(policy.get("decoupled", False))
 
 
-# --------------------------------------------------------------------------- auto-complete
-
-
-class ModelConfig:
-    """The configuration handed to ``auto_complete_config`` (Triton's helper class).
-
-    Only ``max_batch_size``, inputs, outputs, the dynamic batcher, the transaction
-    policy and warm-up may be changed, as in Triton.
-
-    Args:
-        model_config: the configuration as a JSON string (Triton's JSON form).
-    """
-
-    def __init__(self, model_config: str | dict[str, Any]) -> None:
-        self._model_config: dict[str, Any] = (
-            json.loads(model_config) if isinstance(model_config, str) else model_config
-        )
-        self._model_config.setdefault("input", [])
-        self._model_config.setdefault("output", [])
-        self._model_config.setdefault("max_batch_size", 0)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The configuration as a dict (changes go through the setters)."""
-        return self._model_config
-
-    def _name(self) -> str:
-        return str(self._model_config.get("name", ""))
-
-    def set_max_batch_size(self, max_batch_size: int) -> None:
-        """Set ``max_batch_size``.
-
-        Raises:
-            ValueError: the configuration already sets a larger non-zero value.
-        """
-        current = int(self._model_config.get("max_batch_size", 0))
-        if current > max_batch_size:
-            raise ValueError(
-                f"configuration specified max_batch_size {current}, but in auto-complete-config "
-                f"function for model '{self._name()}' specified max_batch_size {max_batch_size}"
-            )
-        self._model_config["max_batch_size"] = max_batch_size
-
-    def set_dynamic_batching(self) -> None:
-        """Use the dynamic batcher unless another scheduler is configured.
-
-        Raises:
-            ValueError: ``sequence_batching`` or ``ensemble_scheduling`` is set.
-        """
-        for other in ("sequence_batching", "ensemble_scheduling"):
-            if self._model_config.get(other):
-                raise ValueError(
-                    f"Configuration specified scheduling_choice as '{other}', but "
-                    f"auto-complete-config function for model '{self._name()}' tries to set "
-                    "scheduling_choice as 'dynamic_batching'"
-                )
-        if not self._model_config.get("dynamic_batching"):
-            self._model_config["dynamic_batching"] = {}
-
-    def _add_io(self, kind: str, io: dict[str, Any], valid: tuple[str, ...]) -> None:
-        if not isinstance(io, dict):
-            raise ValueError(f"{kind} in auto-complete-config function must be a dict")
-        for key in io:
-            if key not in valid:
-                raise ValueError(
-                    f"{kind} '{io.get('name', '')}' in auto-complete-config function for model "
-                    f"'{self._name()}' contains property other than {', '.join(valid)}."
-                )
-        for key in ("name", "data_type", "dims"):
-            if key not in io:
-                raise ValueError(
-                    f"{kind} '{io.get('name', '')}' in auto-complete-config function for model "
-                    f"'{self._name()}' is missing '{key}' property."
-                )
-        for current in self._model_config[kind]:
-            if current.get("name") != io["name"]:
-                continue
-            cur_type = current.get("data_type", "TYPE_INVALID")
-            if cur_type not in ("", "TYPE_INVALID") and cur_type != io["data_type"]:
-                raise ValueError(
-                    f"unable to load model '{self._name()}', configuration expects datatype "
-                    f"{cur_type} for {kind} '{io['name']}', model provides {io['data_type']}"
-                )
-            cur_dims = [int(d) for d in current.get("dims", [])]
-            if cur_dims and cur_dims != [int(d) for d in io["dims"]]:
-                raise ValueError(
-                    f"model '{self._name()}', tensor '{io['name']}': the model expects dims "
-                    f"{list(io['dims'])} but the model configuration specifies dims {cur_dims}"
-                )
-            current.update(io)
-            return
-        self._model_config[kind].append(dict(io))
-
-    def add_input(self, input: dict[str, Any]) -> None:  # noqa: A002 - Triton's name
-        """Add (or complete) an input ``{"name", "data_type", "dims"[, "optional"]}``.
-
-        Raises:
-            ValueError: missing/unknown properties, or it contradicts the configuration.
-        """
-        self._add_io("input", input, ("name", "data_type", "dims", "optional"))
-
-    def add_output(self, output: dict[str, Any]) -> None:
-        """Add (or complete) an output ``{"name", "data_type", "dims"}``.
-
-        Raises:
-            ValueError: missing/unknown properties, or it contradicts the configuration.
-        """
-        self._add_io("output", output, ("name", "data_type", "dims"))
-
-    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
-        """Set ``model_transaction_policy`` (only ``decoupled`` is a valid key).
-
-        Raises:
-            ValueError: an unknown key, or it contradicts the configuration.
-        """
-        for key in transaction_policy_dict:
-            if key != "decoupled":
-                raise ValueError(
-                    f"model transaction property in auto-complete-config function for model "
-                    f"'{self._name()}' contains property other than 'decoupled'"
-                )
-        policy = self._model_config.setdefault("model_transaction_policy", {})
-        want = bool(transaction_policy_dict.get("decoupled", False))
-        if "decoupled" in policy and bool(policy["decoupled"]) != want:
-            raise ValueError(
-                f"trying to change decoupled property in auto-complete-config for model "
-                f"'{self._name()}', which is already set to {policy['decoupled']}"
-            )
-        policy["decoupled"] = want
-
-    def add_model_warmup(self, model_warmup: dict[str, Any]) -> None:
-        """Append a ``model_warmup`` entry (needs ``name``, ``batch_size``, ``inputs``).
-
-        Raises:
-            ValueError: missing properties.
-        """
-        for key in ("name", "batch_size", "inputs"):
-            if key not in model_warmup:
-                raise ValueError(f"model_warmup entry is missing '{key}'")
-        self._model_config.setdefault("model_warmup", []).append(dict(model_warmup))
-
-
 # --------------------------------------------------------------------------- logging
 
 
@@ -885,6 +678,16 @@ class LogLevel:
 
 
 _log = logging.getLogger("pdserve.python_model")
+
+
+def _log_at(level: int, doc: str) -> staticmethod[[str], None]:
+    """A ``Logger`` method that logs at ``level``."""
+
+    def log(message: str) -> None:
+        Logger.log(message, level)
+
+    log.__doc__ = doc
+    return staticmethod(log)
 
 
 class Logger:
@@ -901,25 +704,10 @@ class Logger:
         }.get(level, logging.INFO)
         _log.log(py_level, "%s", message)
 
-    @staticmethod
-    def log_info(message: str) -> None:
-        """Log at INFO."""
-        Logger.log(message, LogLevel.INFO)
-
-    @staticmethod
-    def log_warn(message: str) -> None:
-        """Log at WARNING."""
-        Logger.log(message, LogLevel.WARNING)
-
-    @staticmethod
-    def log_error(message: str) -> None:
-        """Log at ERROR."""
-        Logger.log(message, LogLevel.ERROR)
-
-    @staticmethod
-    def log_verbose(message: str) -> None:
-        """Log at VERBOSE (debug)."""
-        Logger.log(message, LogLevel.VERBOSE)
+    log_info = _log_at(LogLevel.INFO, "Log at INFO.")
+    log_warn = _log_at(LogLevel.WARNING, "Log at WARNING.")
+    log_error = _log_at(LogLevel.ERROR, "Log at ERROR.")
+    log_verbose = _log_at(LogLevel.VERBOSE, "Log at VERBOSE (debug).")
 
 
 def install() -> None:

@@ -1,40 +1,17 @@
 """The python worker process: runs one instance of a Triton python model.
 
-Started by :mod:`pdserve.backends.python.backend` (``multiprocessing`` forkserver
-with numpy and this module preloaded), it talks to the server over one
-``AF_UNIX`` stream socket with the frames of :mod:`~pdserve.backends.python.shm`.
-Tensors live in shared-memory arenas; the frames carry descriptors.
+Started by :mod:`pdserve.backends.python.launch`, it talks to the server over one
+``AF_UNIX`` socket with the frames of :mod:`pdserve.backends.python.messages`; tensors
+live in shared-memory arenas (:mod:`pdserve.shm`). In ``"serve"`` mode it imports
+``model.py``, runs ``initialize``, then ``execute`` on each batch (the whole list at
+once, as Triton does) and ``finalize`` at :class:`~messages.Stop`; end of file on the
+socket (the server is gone) exits at once. ``"autocomplete"`` mode runs the static
+``auto_complete_config`` and answers :class:`~messages.AutoCompleteResult`.
 
-Life of a worker (``mode == "serve"``):
-
-1. register ``triton_python_backend_utils``, put the version folder and the model
-   folder first on ``sys.path``, import ``model.py`` (as module ``model``), build
-   ``TritonPythonModel()`` and call ``initialize(args)`` if it has one; answer
-   :class:`~messages.Ready` or :class:`~messages.InitError`.
-2. For each :class:`~messages.Exec` call ``execute(requests)`` — the whole list at
-   once, as Triton's python backend does (a coroutine ``execute`` is run on this
-   process's event loop) — and answer a :class:`~messages.Result` with one entry per
-   request: its outputs, or its ``TritonError``. An exception out of ``execute``
-   fails every request of the call.
-3. :class:`~messages.Stop`: call ``finalize()`` and exit. End of file on the socket
-   (the server is gone): exit at once.
-
-The messages are the records of :mod:`pdserve.backends.python.messages`.
-
-Reading the socket: there is no reader thread. Whichever thread is waiting reads
-(:meth:`Worker.wait_until`): the idle main thread waiting for the next ``exec``, or
-a thread blocked in a BLS ``exec()``; the event loop of an ``async def execute``
-reads while it runs. So a batch reaches the model without a thread switch.
-
-BLS: ``pb_utils.InferenceRequest(...).exec()`` sends a :class:`~messages.Bls` and
-waits for the matching :class:`~messages.BlsResult`; it works from ``execute``,
-``initialize`` and any thread the model starts; ``async_exec()`` from
-``async def execute``.
-
-``mode == "autocomplete"`` imports the model, calls the static
-``TritonPythonModel.auto_complete_config(pb_utils.ModelConfig)`` and answers
-:class:`~messages.AutoCompleteResult` (its ``stage`` says what raised: ``"import"`` or
-``"auto_complete_config"``).
+There is no reader thread: whichever thread waits reads the socket
+(:meth:`Worker.wait_until`): the idle main thread, a thread blocked in a BLS ``exec()``,
+or the event loop of an ``async def execute``. A BLS call sends a
+:class:`~messages.Bls` and waits for its :class:`~messages.BlsResult`.
 """
 
 from __future__ import annotations
@@ -60,11 +37,13 @@ from concurrent.futures import Future
 from types import ModuleType
 from typing import Any
 
-from pdserve.backends.python import lifetime, shm
+import numpy as np
+
+from pdserve import shm
+from pdserve.backends.python import lifetime
 from pdserve.backends.python import triton_python_backend_utils as pb
 from pdserve.backends.python.messages import (
     AutoCompleteResult,
-    Block,
     Bls,
     BlsResult,
     Cancel,
@@ -78,9 +57,11 @@ from pdserve.backends.python.messages import (
     Respond,
     Result,
     Stop,
-    TensorDesc,
     WorkerInit,
+    read_frames,
+    send_frame,
 )
+from pdserve.shm import Block, TensorDesc
 
 log = logging.getLogger("pdserve.python_worker")
 
@@ -147,10 +128,10 @@ class Worker:
         """Send one message; new arenas and released peer blocks ride along."""
         with self.send_lock:
             control, arenas = shm.outgoing_control(self.pool, self.peer)
-            shm.send_frame(self.sock, message, control, [a.fd for a in arenas])
+            send_frame(self.sock, message, control, [a.fd for a in arenas])
             self.pool.sent(arenas)
 
-    def write(self, array: Any) -> TensorDesc:
+    def write(self, array: np.ndarray) -> TensorDesc:
         """Copy an output / BLS input into this worker's pool (one copy)."""
         return shm.write_tensor(array, self.pool.alloc)
 
@@ -217,7 +198,7 @@ class Worker:
             self.inbox.append(None)
             return
         self.frames.feed(data, ancdata)
-        for frame in self.frames.frames():
+        for frame in read_frames(self.frames):
             self._dispatch(frame)
 
     def _dispatch(self, frame: Frame) -> None:
@@ -241,29 +222,34 @@ class Worker:
 
     # -- BLS ----------------------------------------------------------------------
 
+    def _send_bls(self, call_id: int, request: pb.InferenceRequest, decoupled: bool) -> None:
+        """Send a BLS request's :class:`Bls` (a decoupled call carries no trace context)."""
+        arrays = {t.name(): t.as_numpy() for t in request.inputs()}  # the last of a name
+        params = dict(request._parameters)
+        if request.timeout():
+            params.setdefault("timeout", request.timeout())
+        version = "" if request.model_version in (-1, None, "") else str(request.model_version)
+        self.send(
+            Bls(
+                call_id=call_id,
+                model_name=request.model_name,
+                version=version,
+                request_id=request.request_id(),
+                parameters=params,
+                inputs={name: self.write(array) for name, array in arrays.items()},
+                output_names=list(request.requested_output_names()),
+                trace="" if decoupled else pb.traceparent_of(request),
+                decoupled=decoupled,
+            )
+        )
+
     def submit_bls(self, request: pb.InferenceRequest) -> Future[pb.InferenceResponse]:
         """Send a BLS request to the server; the future resolves with its response."""
         future: Future[pb.InferenceResponse] = Future()
         call_id = next(self.calls)
         self.bls_pending[call_id] = future
         try:
-            arrays = {t.name(): t.as_numpy() for t in request.inputs()}  # the last of a name
-            params = dict(request._parameters)
-            if request.timeout():
-                params.setdefault("timeout", request.timeout())
-            version = "" if request.model_version in (-1, None, "") else str(request.model_version)
-            self.send(
-                Bls(
-                    call_id=call_id,
-                    model_name=request.model_name,
-                    version=version,
-                    request_id=request.request_id(),
-                    parameters=params,
-                    inputs={name: self.write(array) for name, array in arrays.items()},
-                    output_names=list(request.requested_output_names()),
-                    trace=pb.traceparent_of(request),
-                )
-            )
+            self._send_bls(call_id, request, decoupled=False)
         except BaseException:
             self.bls_pending.pop(call_id, None)
             raise
@@ -276,23 +262,7 @@ class Worker:
         responses = BlsResponses(self)
         self.bls_streams[call_id] = responses
         try:
-            arrays = {t.name(): t.as_numpy() for t in request.inputs()}
-            params = dict(request._parameters)
-            if request.timeout():
-                params.setdefault("timeout", request.timeout())
-            version = "" if request.model_version in (-1, None, "") else str(request.model_version)
-            self.send(
-                Bls(
-                    call_id=call_id,
-                    model_name=request.model_name,
-                    version=version,
-                    request_id=request.request_id(),
-                    parameters=params,
-                    inputs={name: self.write(array) for name, array in arrays.items()},
-                    output_names=list(request.requested_output_names()),
-                    decoupled=True,
-                )
-            )
+            self._send_bls(call_id, request, decoupled=True)
         except BaseException:
             self.bls_streams.pop(call_id, None)
             raise
@@ -378,17 +348,10 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the server
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            log.error(
-                "execute() of %s failed:\n%s", self.instance_name, traceback.format_exc().rstrip()
-            )
-            code = exc.code() if isinstance(exc, pb.TritonError) else pb.TritonError.INTERNAL
-            message = (
-                f"Failed to process the request(s) for model instance '{self.instance_name}', "
-                f"message: {_format_exception(exc)}"
-            )
+            error = self._execute_failed(exc)
             del requests
             exec_ns = (exec_start, time.monotonic_ns())
-            self.send(Result(batch.batch_id, None, Error(message, code), exec_ns))
+            self.send(Result(batch.batch_id, None, error, exec_ns))
             self._forget_cancelled(batch)
             return
         exec_ns = (exec_start, time.monotonic_ns())
@@ -400,6 +363,19 @@ class Worker:
         self.send(Result(batch.batch_id, results, None, exec_ns))
         self._forget_cancelled(batch)
 
+    def _execute_failed(self, exc: BaseException) -> Error:
+        """Log an exception out of ``execute`` and make the error every request of the
+        call gets (the code of a raised ``TritonError``, else INTERNAL)."""
+        log.error(
+            "execute() of %s failed:\n%s", self.instance_name, traceback.format_exc().rstrip()
+        )
+        code = exc.code() if isinstance(exc, pb.TritonError) else pb.TritonError.INTERNAL
+        return Error(
+            f"Failed to process the request(s) for model instance '{self.instance_name}', "
+            f"message: {_format_exception(exc)}",
+            code,
+        )
+
     def _forget_cancelled(self, batch: Exec) -> None:
         """Drop the marks of this batch and of earlier ones (batch ids only grow; a
         :class:`Cancel` may cross the batch's :class:`Result`)."""
@@ -408,7 +384,9 @@ class Worker:
 
     # -- decoupled ------------------------------------------------------------------
 
-    def _sender(self, batch_id: int, index: int, request: pb.InferenceRequest) -> Any:
+    def _sender(
+        self, batch_id: int, index: int, request: pb.InferenceRequest
+    ) -> pb.InferenceResponseSender:
         """The response sender of one request of a decoupled model."""
         key = (batch_id, index)
         streams = self.streams
@@ -463,15 +441,7 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the server
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            log.error(
-                "execute() of %s failed:\n%s", self.instance_name, traceback.format_exc().rstrip()
-            )
-            code = exc.code() if isinstance(exc, pb.TritonError) else pb.TritonError.INTERNAL
-            error = Error(
-                f"Failed to process the request(s) for model instance '{self.instance_name}', "
-                f"message: {_format_exception(exc)}",
-                code,
-            )
+            error = self._execute_failed(exc)
         if error is not None:
             response = pb.InferenceResponse([], error=pb.TritonError(error.message, error.code))
             for sender in senders:
@@ -481,7 +451,7 @@ class Worker:
         self.send(Result(batch_id, [], None))
 
     def _encode_response(
-        self, request: pb.InferenceRequest, response: Any
+        self, request: pb.InferenceRequest, response: object
     ) -> dict[str, TensorDesc] | Error:
         """One request's entry of a :class:`Result`: its outputs, written into this
         worker's arenas, or its error."""

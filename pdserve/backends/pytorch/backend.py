@@ -1,69 +1,17 @@
 """PyTorch backend (``platform: "pytorch_libtorch"`` / ``backend: "pytorch"``).
 
-Two forms of model, as in Triton's PyTorch backend:
+Two forms of model, as in Triton's PyTorch backend: **TorchScript** (``<version>/model.pt``
+or ``default_model_filename``, ``torch.jit.load``), and **PyTorch 2**
+(``runtime: "model.py"``: one ``torch.nn.Module`` subclass built with no arguments, its
+weights in the optional ``model.pt`` state dict), run eagerly in the server process.
+The configuration lists every input and output (no auto-complete); tensors meet
+``forward``'s arguments by Triton's naming (:mod:`~pdserve.backends.pytorch.naming`);
+string tensors are refused at load. ``parameters``: :mod:`~pdserve.backends.pytorch.options`.
 
-- **TorchScript** (``<version>/model.pt``, or ``default_model_filename``), saved with
-  ``torch.jit.save`` after ``torch.jit.trace`` / ``torch.jit.script``; loaded with
-  ``torch.jit.load(map_location=<device>)``.
-- **PyTorch 2 / ``runtime: "model.py"``** (Triton's newer form): ``<version>/model.py``
-  defines one ``torch.nn.Module`` subclass, built with no arguments; the optional
-  ``<version>/model.pt`` holds its weights (``torch.save(module.state_dict())``, read
-  with ``weights_only=True``). The module runs eagerly in the server process.
-  (Triton runs this form in its python-backend stub process; here it shares the
-  server's process and threads like a TorchScript model.)
-
-The configuration must list every input and output: a TorchScript file carries no
-reliable metadata, so there is no auto-complete (Triton's PyTorch backend has none
-either). Tensors are matched to ``forward``'s arguments and results by Triton's naming
-conventions (:mod:`pdserve.backends.pytorch.naming`). Datatypes: BOOL, UINT8, INT8,
-INT16, INT32, INT64, FP16, FP32, FP64; string tensors (Triton passes them as
-``List[str]``) are refused at load.
-
-``instance_group``:
-
-- ``KIND_CPU``: the module on ``cpu``.
-- ``KIND_GPU``: one instance per listed GPU (default: every visible GPU) on
-  ``cuda:<gpu id>``, each with its own CUDA stream. Inputs go host -> device
-  through pinned (page-locked) host buffers and outputs come back the same way,
-  unless the configuration turns ``optimization { input_pinned_memory |
-  output_pinned_memory }`` off. A CPU-only torch build or a GPU id this process
-  cannot see fails the load with a message naming the model, the group and
-  ``cuda:<id>`` (no silent fallback to CPU).
-- ``KIND_AUTO``: GPU when torch has CUDA and a GPU is visible, else CPU.
-- ``KIND_MODEL``: the module stays where the file put it (no ``map_location`` when
-  torch has CUDA); inputs go to the device of its first parameter.
-
-Each instance runs its batches on its own thread (torch releases the GIL in its
-kernels, so instances run concurrently), under ``torch.inference_mode()``.
-
-Configuration ``parameters`` (Triton's PyTorch-backend keys; booleans ``true`` /
-``false``):
-
-- ``INFERENCE_MODE`` (default ``true``): ``torch.inference_mode()``; ``false`` runs
-  under ``torch.no_grad()``.
-- ``DISABLE_OPTIMIZED_EXECUTION`` (default ``false``): run TorchScript with
-  ``torch.jit.optimized_execution(False)`` (no profiling-executor warm-up passes).
-- ``ENABLE_CACHE_CLEANING`` (default ``false``): ``torch.cuda.empty_cache()`` after
-  each batch of a GPU instance.
-- ``ENABLE_WEIGHT_SHARING`` (default ``false``): instances of the model on the same
-  device share one loaded module.
-- ``INTRA_OP_THREAD_COUNT`` / ``INTER_OP_THREAD_COUNT``: ``torch.set_num_threads`` /
-  ``torch.set_num_interop_threads``. As in Triton these are process-wide: the first
-  model that sets one wins; a later model asking for another value gets a warning.
-  (torch accepts the inter-op count only before its first parallel work.)
-- ``ENABLE_JIT_EXECUTOR`` / ``ENABLE_JIT_PROFILING`` / ``ENABLE_TENSOR_FUSER``:
-  torch's process-wide JIT switches, set at load when given (first model wins).
-- ``ENABLE_TF32`` (pdserve's own, default ``false``): TF32 convolutions and matmuls
-  on GPUs that have them. torch's own default uses TF32 for convolutions, which moves
-  logits by ~1e-2 from the CPU's; off, GPU and CPU agree within 1e-3. Process-wide:
-  the first PyTorch model loaded decides.
-- ``ENABLE_NVFUSER``: NVFuser is gone from torch 2.x; ignored with a warning.
-
-Before torch is first imported, ``OMP_WAIT_POLICY`` defaults to ``PASSIVE`` (see
-:func:`_torch`): OpenMP threads that spin at barriers stall on shared cores.
-
-Host policies (``--host-policy``): an instance's thread pins itself to its policy's
-cores before it loads the module; torch's intra-op threads it starts inherit that mask.
+``instance_group``: ``KIND_CPU``; ``KIND_GPU`` one instance per listed GPU on ``cuda:<id>``
+with its own stream and pinned host buffers (a GPU not visible fails the load);
+``KIND_AUTO``; ``KIND_MODEL`` where the file put the module. Each instance runs batches
+on its own thread (pinned to its host policy's cores) under ``torch.inference_mode()``.
 """
 
 from __future__ import annotations
@@ -74,10 +22,6 @@ import contextlib
 import importlib.util
 import inspect
 import logging
-import os
-import sys
-import threading
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,15 +34,29 @@ from pdserve.backends.base import (
     Backend,
     ExecRequest,
     ExecResult,
+    InstanceClosed,
     ModelInstance,
     ModelSpec,
     merge_batch,
+    run_on_thread,
     split_batch,
+    unloading,
+    wanted_outputs,
 )
 from pdserve.backends.devices import visible_gpu_count, visible_gpus
 from pdserve.backends.host_policy import instance_cores, name_current_thread, pin_current_thread
 from pdserve.backends.pytorch.naming import InputPlan, plan_inputs, plan_outputs
-from pdserve.core.errors import InferError, internal, unavailable
+from pdserve.backends.pytorch.options import (
+    JIT_SWITCHES,
+    SETTINGS,
+    Options,
+    import_torch,
+    parse_count,
+    parse_flag,
+)
+from pdserve.config import ModelConfig
+from pdserve.core import datatypes
+from pdserve.core.errors import InferError, internal
 
 log = logging.getLogger("pdserve.pytorch")
 
@@ -110,194 +68,16 @@ PYTHON_RUNTIME = "model.py"
 WEIGHTS_FILENAME = "model.pt"
 
 #: configuration ``data_type`` -> torch dtype attribute (Triton's PyTorch backend's set,
-#: strings aside).
+#: strings aside); torch names these dtypes as numpy does.
 TORCH_DTYPES: dict[str, str] = {
-    "TYPE_BOOL": "bool",
-    "TYPE_UINT8": "uint8",
-    "TYPE_INT8": "int8",
-    "TYPE_INT16": "int16",
-    "TYPE_INT32": "int32",
-    "TYPE_INT64": "int64",
-    "TYPE_FP16": "float16",
-    "TYPE_FP32": "float32",
-    "TYPE_FP64": "float64",
+    datatypes.V2_TO_CONFIG[v2]: datatypes.V2_TO_NUMPY[v2].name
+    for v2 in ("BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64")
 }
-
-#: Boolean parameters and their defaults.
-FLAG_DEFAULTS: dict[str, bool] = {
-    "INFERENCE_MODE": True,
-    "DISABLE_OPTIMIZED_EXECUTION": False,
-    "ENABLE_CACHE_CLEANING": False,
-    "ENABLE_WEIGHT_SHARING": False,
-}
-
-#: Process-wide JIT switches: parameter -> ``torch._C`` setter.
-JIT_SWITCHES: dict[str, str] = {
-    "ENABLE_JIT_EXECUTOR": "_jit_set_profiling_executor",
-    "ENABLE_JIT_PROFILING": "_jit_set_profiling_mode",
-    "ENABLE_TENSOR_FUSER": "_jit_set_texpr_fuser_enabled",
-}
-
-
-def _torch() -> Any:
-    if "torch" not in sys.modules:
-        # torch's CPU kernels run on OpenMP (libgomp), whose threads spin at every
-        # barrier by default. In a server their cores are shared (other instances, HTTP,
-        # python workers) and a descheduled spinner stalls every op: efficientnet-lite0
-        # at 2 threads took ~1.9 s per image on the loaded 2-core VM instead of ~0.2 s
-        # with PASSIVE (benchmarks/RESULTS.md, issue 16). libgomp reads this once, when
-        # torch loads it; an operator's own value wins.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import torch
-
-    global _WARNINGS_FILTERED
-    if not _WARNINGS_FILTERED:
-        # torch 2.13 marks every torch.jit entry point deprecated; TorchScript is what
-        # Triton's PyTorch backend serves, so the warning says nothing to an operator.
-        warnings.filterwarnings(
-            "ignore", message=r"`torch\.jit\.[\w.]+` is deprecated", category=DeprecationWarning
-        )
-        _WARNINGS_FILTERED = True
-    return torch
-
-
-_WARNINGS_FILTERED = False
-
-
-def parse_flag(cfg: Any, key: str, default: bool) -> bool:
-    """A boolean model parameter (``true``/``false``, also ``1``/``0``, ``yes``/``no``).
-
-    Raises:
-        ValueError: any other value; the message names the parameter.
-    """
-    raw = cfgmod.get_parameter(cfg, key)
-    if raw is None or raw.strip() == "":
-        return default
-    value = raw.strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"parameter {key} must be 'true' or 'false', got '{raw}'")
-
-
-def parse_count(cfg: Any, key: str) -> int | None:
-    """A positive integer model parameter, or None when absent.
-
-    Raises:
-        ValueError: not a positive integer.
-    """
-    raw = cfgmod.get_parameter(cfg, key)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"parameter {key} must be a positive integer, got '{raw}'")
-    return value
-
-
-@dataclass(frozen=True)
-class Options:
-    """The per-model switches read from ``parameters`` (see the module docstring)."""
-
-    inference_mode: bool = True
-    optimized_execution: bool = True
-    cache_cleaning: bool = False
-    weight_sharing: bool = False
-    input_pinned: bool = True
-    output_pinned: bool = True
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> Options:
-        """Read them; raises ValueError on a malformed parameter."""
-        opt = cfg.optimization
-        return cls(
-            inference_mode=parse_flag(cfg, "INFERENCE_MODE", True),
-            optimized_execution=not parse_flag(cfg, "DISABLE_OPTIMIZED_EXECUTION", False),
-            cache_cleaning=parse_flag(cfg, "ENABLE_CACHE_CLEANING", False),
-            weight_sharing=parse_flag(cfg, "ENABLE_WEIGHT_SHARING", False),
-            input_pinned=not opt.HasField("input_pinned_memory") or opt.input_pinned_memory.enable,
-            output_pinned=not opt.HasField("output_pinned_memory")
-            or opt.output_pinned_memory.enable,
-        )
-
-
-class _ProcessSettings:
-    """torch's process-wide settings: the first model that sets one wins."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        #: parameter -> (value, model that set it)
-        self.applied: dict[str, tuple[Any, str]] = {}
-
-    def apply(self, model: str, cfg: Any) -> None:
-        """Apply the model's thread counts and JIT switches (see the module docstring).
-
-        Raises:
-            ValueError: a malformed value.
-        """
-        torch = _torch()
-        wanted: dict[str, Any] = {}
-        for key in ("INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT"):
-            count = parse_count(cfg, key)
-            if count is not None:
-                wanted[key] = count
-        for key in JIT_SWITCHES:
-            if cfgmod.get_parameter(cfg, key) is not None:
-                wanted[key] = parse_flag(cfg, key, True)
-        # TF32 convolutions (torch's default on Ampere and later GPUs) move efficientnet's
-        # logits by ~1e-2 from the CPU's: off unless a model asks (first model decides).
-        tf32_given = cfgmod.get_parameter(cfg, "ENABLE_TF32") is not None
-        if tf32_given or "ENABLE_TF32" not in self.applied:
-            wanted["ENABLE_TF32"] = parse_flag(cfg, "ENABLE_TF32", False)
-        if parse_flag(cfg, "ENABLE_NVFUSER", False):
-            log.warning("%s: ENABLE_NVFUSER is ignored: torch 2.x has no NVFuser", model)
-        with self._lock:
-            for key, value in wanted.items():
-                earlier = self.applied.get(key)
-                if earlier is not None:
-                    if earlier[0] != value:
-                        log.warning(
-                            "%s: %s=%s is ignored: it is process-wide and model '%s' set %s",
-                            model,
-                            key,
-                            value,
-                            earlier[1],
-                            earlier[0],
-                        )
-                    continue
-                try:
-                    if key == "INTRA_OP_THREAD_COUNT":
-                        torch.set_num_threads(value)
-                    elif key == "INTER_OP_THREAD_COUNT":
-                        torch.set_num_interop_threads(value)
-                    elif key == "ENABLE_TF32":
-                        torch.backends.cudnn.allow_tf32 = value
-                        torch.backends.cuda.matmul.allow_tf32 = value
-                    else:
-                        setter = getattr(torch._C, JIT_SWITCHES[key], None)
-                        if setter is None:
-                            log.warning(
-                                "%s: %s is ignored: this torch has no such switch", model, key
-                            )
-                            continue
-                        setter(value)
-                except RuntimeError as e:  # inter-op count after parallel work started
-                    log.warning("%s: %s=%s could not be applied: %s", model, key, value, e)
-                    continue
-                self.applied[key] = (value, model)
-
-
-SETTINGS = _ProcessSettings()
-
 
 # --------------------------------------------------------------------------- checks
 
 
-def check_config(cfg: Any, where: str | Path) -> None:
+def check_config(cfg: ModelConfig, where: str | Path) -> None:
     """Triton's rules for a PyTorch model's configuration.
 
     Raises:
@@ -349,7 +129,7 @@ def check_config(cfg: Any, where: str | Path) -> None:
 
 def _gpu_message(model: str, group: str, gpus: list[int]) -> str | None:
     """Why ``cuda:<id>`` for ``gpus`` cannot be used here, or None when they can."""
-    torch = _torch()
+    torch = import_torch()
     devices = ", ".join(f"cuda:{g}" for g in gpus)
     if torch.version.cuda is None:
         return (
@@ -373,7 +153,7 @@ def _gpu_message(model: str, group: str, gpus: list[int]) -> str | None:
 
 def load_error(model: str, path: Path, error: BaseException) -> RuntimeError:
     """A clear load error for a model file torch cannot read (names model and file)."""
-    torch = _torch()
+    torch = import_torch()
     text = str(error).strip()
     first = text.splitlines()[0] if text else type(error).__name__
     if "maximum supported version" in text or "version of PyTorch" in text:
@@ -433,7 +213,7 @@ def _import_model_py(spec: ModelSpec, path: Path) -> type:
     Raises:
         RuntimeError: importing raised, or it defines no / several module classes.
     """
-    torch = _torch()
+    torch = import_torch()
     name = f"pdserve_pytorch_{spec.name}_{spec.version}"
     module_spec = importlib.util.spec_from_file_location(name, path)
     if module_spec is None or module_spec.loader is None:
@@ -460,7 +240,7 @@ def _import_model_py(spec: ModelSpec, path: Path) -> type:
 
 
 def _place(device: str | None) -> Any:
-    torch = _torch()
+    torch = import_torch()
     return torch.device(device) if device is not None else None
 
 
@@ -472,7 +252,7 @@ def load_module(spec: ModelSpec, device: str | None) -> _Loaded:
         RuntimeError: the file cannot be read (:func:`load_error`), ``model.py``
             cannot be imported or built, or the inputs do not match ``forward``.
     """
-    torch = _torch()
+    torch = import_torch()
     cfg = spec.config
     target = _place(device)
     if cfg.runtime == PYTHON_RUNTIME:
@@ -530,7 +310,7 @@ class PyTorchBackend(Backend):
 
     def usable_gpus(self) -> list[int]:
         """The visible GPUs when torch is a CUDA build that finds them, else none."""
-        torch = _torch()
+        torch = import_torch()
         if torch.version.cuda is None or not torch.cuda.is_available():
             return []
         return visible_gpus()[: torch.cuda.device_count()]
@@ -546,7 +326,7 @@ class PyTorchBackend(Backend):
             pdserve.config.ConfigError: see :func:`check_config`.
         """
         check_config(spec.config, spec.model_dir / cfgmod.CONFIG_FILENAME)
-        await asyncio.to_thread(_torch)
+        await asyncio.to_thread(import_torch)
 
     async def load(self, spec: ModelSpec) -> list[ModelInstance]:
         """Create the instances of ``instance_group``; each loads the module on its
@@ -601,7 +381,9 @@ class PyTorchBackend(Backend):
                 futures.append(shared[device])
                 continue
 
-            def make(device: str | None = device, cores: Any = cores, name: str = name) -> _Loaded:
+            def make(
+                device: str | None = device, cores: frozenset[int] | None = cores, name: str = name
+            ) -> _Loaded:
                 if cores:
                     pin_current_thread(cores)
                     name_current_thread(name)
@@ -627,7 +409,7 @@ class PyTorchBackend(Backend):
 
 def run_on_cpu(
     model: str,
-    cfg: Any,
+    cfg: ModelConfig,
     version_dir: Path,
     inputs: dict[str, np.ndarray],
     outputs: list[str],
@@ -659,10 +441,6 @@ def run_on_cpu(
         executor.shutdown(wait=False)
 
 
-class _Closed(Exception):
-    """The instance was closed before a batch could start on its thread."""
-
-
 class PyTorchInstance(ModelInstance):
     """One loaded module, run on its own thread.
 
@@ -686,7 +464,7 @@ class PyTorchInstance(ModelInstance):
         executor: concurrent.futures.ThreadPoolExecutor,
         cores: frozenset[int] | None = None,
     ) -> None:
-        torch = _torch()
+        torch = import_torch()
         self.name = name
         self.kind = kind
         self.module = loaded.module
@@ -709,7 +487,7 @@ class PyTorchInstance(ModelInstance):
     # -- on the instance's thread -------------------------------------------------
 
     def _to_device(self, name: str, array: np.ndarray) -> Any:
-        torch = _torch()
+        torch = import_torch()
         if not array.flags.writeable or not array.flags.c_contiguous:
             array = np.ascontiguousarray(array).copy()  # torch.from_numpy wants writable
         host = torch.from_numpy(array)
@@ -724,7 +502,7 @@ class PyTorchInstance(ModelInstance):
         return host.to(self.device)
 
     def _to_host(self, tensors: dict[str, Any]) -> dict[str, np.ndarray]:
-        torch = _torch()
+        torch = import_torch()
         out: dict[str, Any] = {}
         for name, t in tensors.items():
             t = t.detach()
@@ -742,7 +520,7 @@ class PyTorchInstance(ModelInstance):
 
     @contextlib.contextmanager
     def _modes(self) -> Iterator[None]:
-        torch = _torch()
+        torch = import_torch()
         with contextlib.ExitStack() as stack:
             stack.enter_context(
                 torch.inference_mode() if self._options.inference_mode else torch.no_grad()
@@ -754,7 +532,7 @@ class PyTorchInstance(ModelInstance):
             yield
 
     def _run(self, inputs: dict[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
-        torch = _torch()
+        torch = import_torch()
         with self._modes():
             tensors = {n: self._to_device(n, a) for n, a in inputs.items()}
             if self._plan.as_dict:
@@ -790,25 +568,11 @@ class PyTorchInstance(ModelInstance):
         in the model a 500 naming the model.
         """
         inputs = merge_batch(batch)
-        wanted: list[str] = []
-        for r in batch:
-            for n in r.output_names:
-                if n not in wanted:
-                    wanted.append(n)
-        loop = asyncio.get_running_loop()
+        wanted = wanted_outputs(batch)
         try:
-            if self._closed:
-                raise _Closed
-            try:
-                outputs = await loop.run_in_executor(self._executor, self._run, inputs, wanted)
-            except RuntimeError as e:
-                if "shutdown" in str(e) and self._executor._shutdown:
-                    raise _Closed from None
-                raise
-        except _Closed:
-            raise unavailable(
-                f"model instance '{self.name}' is unloading: the request did not run"
-            ) from None
+            outputs = await run_on_thread(self._executor, self._closed, self._run, inputs, wanted)
+        except InstanceClosed:
+            raise unloading(self.name) from None
         except InferError:
             raise
         except Exception as e:
@@ -823,7 +587,7 @@ class PyTorchInstance(ModelInstance):
         self._executor.shutdown(wait=True)
         self.module = None
         if self._cuda:
-            torch = _torch()
+            torch = import_torch()
             with contextlib.suppress(RuntimeError):
                 torch.cuda.empty_cache()
 

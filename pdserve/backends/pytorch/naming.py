@@ -1,25 +1,12 @@
 """Which configured tensor is which argument and which output of a PyTorch model.
 
-A TorchScript file carries no reliable input/output metadata (no names for
-outputs, no dims, no datatypes), so Triton's PyTorch backend requires the
-configuration to list every input and output (no auto-complete) and matches them
-to the model by these conventions (Triton's model_configuration.md, "Special
-Conventions for PyTorch Backend"), which pdserve follows:
-
-Inputs, in this order of preference:
-
-1. the model's ``forward`` takes one ``Dict[str, Tensor]`` argument: the inputs are
-   passed as one dict keyed by their configured names;
-2. every configured name is the name of an argument of ``forward``: by name;
-3. every configured name is ``<name>__<index>`` (``INPUT__0``, ``INPUT__1``...):
-   argument ``index``;
-4. otherwise (mixed conventions): the order of the configuration.
-
-Outputs: when every configured name is ``<name>__<index>`` (``OUTPUT__0``...), the
-``index``-th element of what ``forward`` returns (a tensor is element 0); otherwise
-the order of the configuration.
-
-Nothing here imports torch.
+A TorchScript file carries no reliable input/output metadata, so the configuration
+lists every tensor and they are matched by Triton's conventions (model_configuration.md,
+"Special Conventions for PyTorch Backend"). Inputs, in this order of preference: one
+``Dict[str, Tensor]`` argument keyed by name; every name an argument of ``forward``;
+every name ``<name>__<index>`` (argument ``index``); else the configuration's order.
+Outputs: every name ``<name>__<index>``: that element of what ``forward`` returns (a
+tensor is element 0); else the configuration's order. Nothing here imports torch.
 """
 
 from __future__ import annotations

@@ -1,50 +1,17 @@
 """The ``remote`` backend: service-level PD separation (``backend: "remote"``).
 
 A remote model's instances run nothing themselves: each batch is sent, as one V2
-inference request, to the same (or a named) model on another V2 server — another
-pdserve, Triton, KServe, MLServer — and the answer is split back per request. A
-remote model is an ordinary model here: it has its own queue, batching and
-statistics, and can be an ensemble step, so a pipeline can run its CPU steps in one
-server (KServe calls it the *transformer*) and its model in another (the
-*predictor*). Triton has no such backend; the split follows KServe's
-transformer/predictor pattern, with the V2 protocol between them.
+inference request, to a model on another V2 server (pdserve, Triton, KServe,
+MLServer) and the answer is split back per request. It has its own queue, batching and
+statistics and can be an ensemble step, so a pipeline can run its CPU steps in one
+server (KServe's *transformer*) and its model in another (the *predictor*).
+Parameters: :class:`RemoteParams`.
 
-Configuration ``parameters`` (string values):
-
-==========================  ==================================================================
-``url``                     the target, ``host:port`` (required); ``grpc://host:port`` or
-                            ``http://host:port`` also set the protocol
-``protocol``                ``grpc`` (default) or ``http`` (V2 REST with the binary extension)
-``model_name``              the model on the target (default: this model's name)
-``model_version``           the version on the target (default: the target's default)
-``timeout_ms``              deadline of one call to the target (default 30000)
-``connect_timeout_ms``      longest wait for a connection and for a health probe (default 1000)
-``retries``                 how often a call is repeated after the target refused it with
-                            UNAVAILABLE / 503 or could not be connected to (default 2;
-                            0 turns it off). Inference is taken to be idempotent; a call
-                            that timed out or broke after it reached the target is never
-                            repeated
-``retry_backoff_ms``        wait before a repeat, doubled each time (default 50)
-``pool_size``               gRPC channels (each its own TCP connection, calls multiplexed)
-                            or HTTP keep-alive connections (default 4)
-``health_interval_ms``      period of the readiness probe (default 1000)
-``load_wait_ms``            at load, how long to wait for the target's model to answer
-                            ready (default 10000)
-==========================  ==================================================================
-
-At load (:meth:`RemoteBackend.auto_complete`) the target's configuration (Triton's
-``ModelConfig`` endpoint; V2 model metadata where the target has none) is fetched and
-checked against the local one (:func:`check_against_remote`); a local configuration
-without ``input``/``output`` is completed from the target's, as Triton auto-completes
-from a model file. How many batches are in flight to the target at once is the
-number of instances (``instance_group { count: N }``), as for any backend.
-
-Health: a probe per loaded model version asks the target ``ModelReady`` every
-``health_interval_ms``; the local version is ready only while the last probe (or call)
-found the target's model ready (:meth:`RemoteInstance.ready`). While it is not,
-requests fail at once with UNAVAILABLE (HTTP 503) without trying the target; a failed
-connection marks the target down at once; the probe's next success brings it back.
-Counters per target are in :mod:`pdserve.backends.remote.stats`.
+At load the target's configuration is fetched and checked against the local one
+(:func:`check_against_remote`), completing a local one without inputs/outputs. A
+health probe per loaded version asks the target ``ModelReady``; while the target is
+not ready, requests fail at once with UNAVAILABLE. Counters per target:
+:mod:`pdserve.backends.remote.stats`.
 """
 
 from __future__ import annotations
@@ -66,6 +33,7 @@ from pdserve.backends.base import (
     ModelSpec,
     merge_batch,
     split_batch,
+    wanted_outputs,
 )
 from pdserve.backends.remote.client import Endpoint, RemoteClient, RemoteError, make_client
 from pdserve.backends.remote.stats import TargetStats, stats_for
@@ -83,7 +51,31 @@ REMOTE_BACKEND = cfgmod.REMOTE_BACKEND
 
 @dataclass(frozen=True)
 class RemoteParams:
-    """The remote model's ``parameters``, checked (see the module doc for each)."""
+    """The remote model's ``parameters``, checked.
+
+    Configuration ``parameters`` (string values):
+
+    ==========================  ==================================================================
+    ``url``                     the target, ``host:port`` (required); ``grpc://host:port`` or
+                                ``http://host:port`` also set the protocol
+    ``protocol``                ``grpc`` (default) or ``http`` (V2 REST with the binary extension)
+    ``model_name``              the model on the target (default: this model's name)
+    ``model_version``           the version on the target (default: the target's default)
+    ``timeout_ms``              deadline of one call to the target (default 30000)
+    ``connect_timeout_ms``      longest wait for a connection and for a health probe (default 1000)
+    ``retries``                 how often a call is repeated after the target refused it with
+                                UNAVAILABLE / 503 or could not be connected to (default 2;
+                                0 turns it off). Inference is taken to be idempotent; a call
+                                that timed out or broke after it reached the target is never
+                                repeated
+    ``retry_backoff_ms``        wait before a repeat, doubled each time (default 50)
+    ``pool_size``               gRPC channels (each its own TCP connection, calls multiplexed)
+                                or HTTP keep-alive connections (default 4)
+    ``health_interval_ms``      period of the readiness probe (default 1000)
+    ``load_wait_ms``            at load, how long to wait for the target's model to answer
+                                ready (default 10000)
+    ==========================  ==================================================================
+    """
 
     address: str
     protocol: str
@@ -464,11 +456,7 @@ class RemoteInstance(ModelInstance):
                 (the target answers one request for all of it).
         """
         inputs = merge_batch(batch)
-        wanted: list[str] = []
-        for r in batch:
-            for n in r.output_names:
-                if n not in wanted:
-                    wanted.append(n)
+        wanted = wanted_outputs(batch)
         request_id = batch[0].request.id if len(batch) == 1 else ""
         outputs = await self.target.infer(inputs, wanted, request_id)
         return split_batch(batch, outputs)

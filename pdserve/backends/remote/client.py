@@ -1,25 +1,16 @@
 """Clients of a remote KServe V2 server: gRPC (default) and HTTP with the binary extension.
 
-Both speak the plain V2 protocol (any V2 server: another pdserve, Triton, KServe,
-MLServer), with Triton's model-configuration extension used when the target has it:
+Both speak the plain V2 protocol, with Triton's model-configuration extension where
+the target has it. :class:`GrpcClient` calls ``GRPCInferenceService`` on ``pool_size``
+``grpc.aio`` channels (round-robin), every tensor in ``raw_input_contents``, answers
+read with ``np.frombuffer``; it builds ``tritonclient.grpc.service_pb2`` messages
+itself rather than ``tritonclient.grpc.aio``'s ``InferInput`` objects, which re-pack
+every tensor per call. :class:`HttpClient` posts the V2 JSON header plus the binary
+tensor extension with ``aiohttp`` on at most ``pool_size`` keep-alive connections.
 
-- :class:`GrpcClient` calls ``inference.GRPCInferenceService`` on ``pool_size``
-  ``grpc.aio`` channels (each its own TCP connection, requests spread round-robin;
-  HTTP/2 multiplexes the calls of one channel). Requests carry every tensor in
-  ``raw_input_contents`` and the answer's ``raw_output_contents`` are read with
-  ``np.frombuffer`` (typed ``*_contents`` answers are read too). The messages are
-  ``tritonclient.grpc.service_pb2``'s, the same generated modules the gRPC frontend
-  uses; ``tritonclient.grpc.aio`` was not used because it wraps every tensor in
-  ``InferInput`` objects and re-packs them per call (extra copies, more Python
-  per request) for no gain here.
-- :class:`HttpClient` posts the V2 JSON header plus the binary tensor extension
-  (``Inference-Header-Content-Length``; every input and output binary) with
-  ``aiohttp``, at most ``pool_size`` keep-alive connections.
-
-Failures become :class:`RemoteError`: an :class:`~pdserve.core.errors.InferError`
-whose code follows the target's status (gRPC ``INVALID_ARGUMENT`` / HTTP 400 stay
-``INVALID_ARG``, 503 / ``UNAVAILABLE`` stay ``UNAVAILABLE``...), plus whether the
-target answered at all and whether the call may be repeated.
+Failures become :class:`RemoteError`: an :class:`~pdserve.core.errors.InferError` whose
+code follows the target's status, plus whether the target answered at all and whether
+the call may be repeated.
 """
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from pdserve.backends.python import shm
-from pdserve.backends.python.messages import ArenaControl, Block, NewArena, TensorDesc
+from pdserve import shm
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
+from pdserve.shm import ArenaControl, Block, NewArena, TensorDesc
 
 log = logging.getLogger("pdserve.workers")
 

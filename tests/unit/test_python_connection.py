@@ -1,0 +1,73 @@
+"""The python backend's server side without a model: the connection to a worker
+(pdserve.backends.python.connection), worker start-up helpers (launch), BLS
+cancellation (bls) and pb_utils.ModelConfig (model_config)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+from types import SimpleNamespace
+
+import pytest
+
+from pdserve.backends.python import launch
+from pdserve.backends.python import triton_python_backend_utils as pb
+from pdserve.backends.python.bls import bls_token
+from pdserve.backends.python.connection import WorkerConnection
+from pdserve.backends.python.messages import Ready, send_frame
+from pdserve.backends.python.model_config import ModelConfig
+from pdserve.core.cancel import CancelToken
+from pdserve.core.errors import ErrorCode, unavailable
+
+
+def test_exit_description_names_the_signal_or_the_code() -> None:
+    assert launch.exit_description(-signal.SIGKILL) == "was killed by SIGKILL"
+    assert launch.exit_description(3) == "exited with code 3"
+    assert launch.exit_description(None) == "exited (status unknown)"
+
+
+def test_bls_token_follows_every_request_of_the_batch() -> None:
+    assert bls_token([None], {}).error is None  # a request without a token: its own
+    one = CancelToken()
+    child = bls_token([one], {})
+    one.cancel(unavailable("gone"))
+    assert child.error is not None and child.error.code is ErrorCode.UNAVAILABLE
+    a, b = CancelToken(), CancelToken()
+    both = bls_token([a, b], {})
+    a.cancel()
+    assert both.error is None  # one request of two is still waiting for the answer
+    b.cancel()
+    assert both.error is not None
+
+
+def test_model_config_is_pb_utils_model_config() -> None:
+    assert pb.ModelConfig is ModelConfig
+    config = ModelConfig('{"name": "m"}')
+    config.set_max_batch_size(4)
+    assert config.as_dict()["max_batch_size"] == 4
+
+
+def test_connection_reads_ready_and_reports_the_exit() -> None:
+    async def run() -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        proc = SimpleNamespace(pid=4242, exitcode=0)
+        conn = WorkerConnection("m_0", proc, mine, None)  # type: ignore[arg-type]  # a stand-in process
+        send_frame(theirs, Ready(4242))
+        assert await asyncio.wait_for(conn.ready, 5) == 4242
+        theirs.close()  # the worker is gone: end of file
+        died = await asyncio.wait_for(conn.died, 5)
+        assert "python model instance 'm_0' (pid 4242) exited with code 0" in died
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("cancelled_first", [True, False])
+def test_bls_token_of_a_cancelled_parent_is_cancelled(cancelled_first: bool) -> None:
+    parent = CancelToken()
+    if cancelled_first:
+        parent.cancel()
+    token = bls_token([parent], {})
+    if not cancelled_first:
+        parent.cancel()
+    assert token.error is not None
