@@ -3,9 +3,9 @@
 ``--http-workers N`` (N > 1) runs N front-end processes (:mod:`pdserve.app.http_workers`)
 that decode HTTP requests and hand them to the main process, which owns the models,
 batching, statistics and metrics. Each worker has one ``AF_UNIX`` socketpair to the
-main process and the python backend's shared-memory machinery on it
-(:mod:`pdserve.backends.python.shm`): each side writes tensors into memfd *arenas* of
-its own :class:`~pdserve.backends.python.shm.ArenaPool` (one copy), announces new
+main process and the shared-memory machinery on it
+(:mod:`pdserve.shm`): each side writes tensors into memfd *arenas* of
+its own :class:`~pdserve.shm.pools.ArenaPool` (one copy), announces new
 arenas by passing their descriptors over the socket (``SCM_RIGHTS``), and the reader
 makes numpy views of them (no copy); a block goes back to its writer when the reader's
 last view is garbage-collected, the release riding on the reader's next frame.
@@ -32,7 +32,7 @@ from pdserve.shm import ArenaControl, Block, NewArena, TensorDesc
 log = logging.getLogger("pdserve.workers")
 
 # What one turn of the event loop sends is one frame of
-# :func:`pdserve.backends.python.shm.encode_payload` (4-byte length + one pickle): the
+# :func:`pdserve.shm.framing.encode_payload` (4-byte length + one pickle): the
 # plain tuple ``(control, [(kind, body), ...])``: ``control`` the arena bookkeeping (new
 # arenas, whose descriptors ride with the frame's first byte, and released blocks) or
 # None, then the turn's messages in order, each ``kind`` one of the constants below and
@@ -250,7 +250,7 @@ class Channel:
     """One end of a worker's socketpair on the running event loop.
 
     The framing, write queue, reading and both directions' arenas are the python
-    backend's :class:`~pdserve.backends.python.shm.FramedSocket` (:attr:`link`); this
+    backend's :class:`~pdserve.shm.framing.FramedSocket` (:attr:`link`); this
     class adds the coalescing of a loop turn's messages into one frame and the
     dispatch of received messages.
 
