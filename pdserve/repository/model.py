@@ -22,8 +22,8 @@ from pdserve.core.datatypes import NUMPY_TO_V2, WILDCARD_DIM, bytes_array, numpy
 from pdserve.core.errors import InferError
 from pdserve.core.stats import ModelStats
 from pdserve.core.types import InferRequest, RequestedOutput
-from pdserve.scheduling.base import Scheduler, Unloaded
-from pdserve.scheduling.shapes import OutputCheck, reshape_dims
+from pdserve.scheduling.base import OutputCheck, Scheduler, Unloaded
+from pdserve.scheduling.shapes import reshape_dims
 
 log = logging.getLogger("pdserve.model")
 
