@@ -22,6 +22,7 @@ import numpy as np
 from pdserve import config as cfgmod
 from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance, ModelSpec
 from pdserve.core import tracing
+from pdserve.core.cancel import CancelToken
 from pdserve.core.datatypes import V2_TO_NUMPY, WILDCARD_DIM, numpy_to_v2, shape_str
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.core.stats import NOT_QUEUED, ModelStats
@@ -485,9 +486,14 @@ class BatchingScheduler(Scheduler):
 
 
 def is_cancelled(request: ExecRequest) -> bool:
-    """True when the client that sent ``request`` has gone away."""
+    """True when the client that sent ``request`` has gone away (or its token cancelled):
+    a pushed :class:`~pdserve.core.cancel.CancelToken` is read, anything else polled."""
     cancelled = request.request.cancelled
-    return bool(cancelled is not None and cancelled())
+    if cancelled is None:
+        return False
+    if cancelled.__class__ is CancelToken and cancelled.probe is None:
+        return cancelled.error is not None
+    return bool(cancelled())
 
 
 class Unloaded(Scheduler):
@@ -508,24 +514,55 @@ class Unloaded(Scheduler):
 class DirectScheduler(Scheduler):
     """No batching: each request runs alone on the next free instance (FIFO)."""
 
+    follows_token = True  # see Scheduler.follows_token and submit
+
     async def submit(self, request: ExecRequest) -> dict[str, np.ndarray]:
-        """Wait for a free instance and run ``request`` alone on it."""
-        enqueued = time.monotonic_ns()
-        self.stats.pending += 1
+        """Wait for a free instance and run ``request`` alone on it.
+
+        The request's token cancelling meanwhile (client gone, ``timeout``) cancels
+        this wait and answers the token's error, as
+        :func:`~pdserve.core.cancel.run_cancellable` does: the task waits in
+        ``token.waiters``, and no token method runs unless the token cancels.
+        """
+        token = request.request.cancelled
+        task = None
+        if token.__class__ is CancelToken:
+            if token.probe is not None:
+                token()  # polled: cancels it when the probe says the client went away
+            if token.error is not None:
+                raise token.error.fresh()
+            task = asyncio.current_task(token.loop)
+            assert task is not None
+            token.waiters.append(task)
         try:
-            instance = await self.pool.acquire()
-        finally:
-            self.stats.pending -= 1
-        try:
-            request.queue_ns = time.monotonic_ns() - enqueued
-            if is_cancelled(request):
-                raise client_gone()
-            (result,) = await run_batch(instance, [request], self.stats, self.check)
-        finally:
-            self.pool.release(instance)
-        if isinstance(result, InferError):
+            enqueued = time.monotonic_ns()
+            self.stats.pending += 1
             try:
-                raise result
+                instance = await self.pool.acquire()
             finally:
-                result = None  # type: ignore[assignment]  # no error -> traceback -> frame cycle
-        return result
+                self.stats.pending -= 1
+            try:
+                request.queue_ns = time.monotonic_ns() - enqueued
+                if is_cancelled(request):
+                    raise client_gone()
+                (result,) = await run_batch(instance, [request], self.stats, self.check)
+            finally:
+                self.pool.release(instance)
+            if isinstance(result, InferError):
+                try:
+                    raise result
+                finally:
+                    result = None  # type: ignore[assignment]  # no error -> traceback -> frame cycle
+            return result
+        except asyncio.CancelledError:
+            error = None if task is None else token.interruption(task)
+            if error is None:
+                raise
+            raise error from None
+        finally:
+            if task is not None:
+                if token.interrupted:
+                    token.leave(task)
+                else:
+                    token.waiters.remove(task)
+                task = None  # no error -> traceback -> frame -> task cycle
