@@ -369,7 +369,12 @@ class InferenceServer:
     ) -> Coroutine[Any, Any, InferResponse]:
         """:meth:`infer_on` without the trace: through the version's circuit breaker
         (:meth:`_infer_on_breaker`) when it has one."""
-        breaker = self.breakers.for_version(mv, mv.name, mv.version_str, mv.config.parameters)
+        if not mv.breaker_known:  # once per version: the board's policy or its parameter
+            mv.breaker = self.breakers.for_version(
+                mv, mv.name, mv.version_str, mv.config.parameters
+            )
+            mv.breaker_known = True
+        breaker = mv.breaker
         if breaker is None:
             return self._run_on(mv, request, mv.stats)
         return self._infer_on_breaker(mv, request, breaker)
