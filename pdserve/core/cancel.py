@@ -171,9 +171,10 @@ class CancelToken:
         wait: the token's, when the token cancelled ``task`` and nothing else did; None
         (re-raise) otherwise."""
         interrupted = self.interrupted
-        if interrupted and task in interrupted and task.uncancel() == 0 and self.error:
+        error = self.error
+        if interrupted and task in interrupted and task.uncancel() == 0 and error is not None:
             interrupted.remove(task)
-            return self.error.fresh()
+            return error.fresh()
         return None
 
     def leave(self, task: asyncio.Task[Any]) -> None:

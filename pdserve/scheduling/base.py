@@ -561,8 +561,8 @@ class DirectScheduler(Scheduler):
             raise error from None
         finally:
             if task is not None:
-                if token.interrupted:
-                    token.leave(task)
-                else:
+                if token.error is None:  # not cancelled: the task is still a waiter
                     token.waiters.remove(task)
+                else:
+                    token.leave(task)
                 task = None  # no error -> traceback -> frame -> task cycle
