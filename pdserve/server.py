@@ -19,13 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pdserve import __version__
 from pdserve.config import ENSEMBLE_PLATFORM, ConfigError, parse_config_override
 from pdserve.core import tracing
-from pdserve.core.cancel import (
-    CANCELED,
-    CancelToken,
-    arm_cancellation,
-    run_cancellable,
-    token_of,
-)
+from pdserve.core.cancel import CANCELED, CancelToken, arm_cancellation, run_cancellable, token_of
 from pdserve.core.errors import ErrorCode, InferError, client_gone, internal, unavailable
 from pdserve.core.stats import NOT_QUEUED
 from pdserve.core.streaming import ResponseStream, StreamItem, StreamRequired, StreamResponse
