@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pdserve import __version__
 from pdserve.config import ENSEMBLE_PLATFORM, ConfigError, parse_config_override
 from pdserve.core import tracing
-from pdserve.core.cancel import CANCELED, arm_cancellation, run_cancellable, token_of
+from pdserve.core.cancel import CANCELED, CancelToken, arm_cancellation, run_cancellable, token_of
 from pdserve.core.errors import ErrorCode, InferError, client_gone, internal, unavailable
 from pdserve.core.stats import NOT_QUEUED
 from pdserve.core.streaming import ResponseStream, StreamItem, StreamRequired, StreamResponse
@@ -235,7 +235,9 @@ class InferenceServer:
         """
         if self._shutting_down:
             raise unavailable("Server is shutting down: no new requests are accepted")
-        token = arm_cancellation(request)
+        token = request.cancelled
+        if token.__class__ is not CancelToken or "timeout" in request.parameters:
+            token = arm_cancellation(request)  # a token to make, wrap or give a deadline
         try:
             return await self._infer_entry(request)
         except asyncio.CancelledError:
@@ -244,13 +246,16 @@ class InferenceServer:
             token.cancel(client_gone())
             raise
         finally:
-            token.finish()
+            if token.deadline_ns:
+                token.finish()  # drops the deadline's timer too
+            else:
+                token.finished = True
 
     # The request path from here to _run_on is a chain of plain methods that pick
     # the next step and return its coroutine (a tail call) rather than coroutines that
     # await it: every coroutine level of the chain is walked twice per request (when it
     # suspends on the batcher's future and when it resumes), so the common path keeps
-    # infer -> _run_on -> run_cancellable -> submit.
+    # infer -> _run_on -> submit (schedulers that follow the request's token themselves).
 
     def _infer_entry(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
         """:meth:`infer` once the request's cancellation token is armed."""
@@ -359,7 +364,12 @@ class InferenceServer:
     ) -> Coroutine[Any, Any, InferResponse]:
         """:meth:`infer_on` without the trace: through the version's circuit breaker
         (:meth:`_infer_on_breaker`) when it has one."""
-        breaker = self.breakers.for_version(mv, mv.name, mv.version_str, mv.config.parameters)
+        if not mv.breaker_known:  # once per version: the board's policy or its parameter
+            mv.breaker = self.breakers.for_version(
+                mv, mv.name, mv.version_str, mv.config.parameters
+            )
+            mv.breaker_known = True
+        breaker = mv.breaker
         if breaker is None:
             return self._run_on(mv, request, mv.stats)
         return self._infer_on_breaker(mv, request, breaker)

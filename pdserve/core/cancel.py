@@ -45,12 +45,13 @@ class CancelToken:
       (HTTP 503, as Triton's queue timeout), metrics reason ``CANCELED``.
 
     Whoever holds the request registers a callback (:meth:`CancelToken.add_callback`)
-    for as long as it holds it: the dynamic batcher takes a queued request out of its
+    for as long as it holds it, or, when it only waits for the answer in a task, puts
+    that task in :attr:`waiters` (see :func:`run_cancellable`): the dynamic batcher takes a queued request out of its
     queue (its ``max_queue_size`` slot is free at once), the ensemble scheduler starts
     no further step and cancels the steps in flight, the python backend tells the worker
     (``request.is_cancelled()`` turns True) and BLS children share a linked token
-    (:meth:`CancelToken.child`). The token is still a plain callable returning a bool,
-    so code that polls (``is_cancelled(request)``) keeps working.
+    (:meth:`CancelToken.child`). ``error`` is the state: a token without a ``probe``
+    is read, not called; one with a probe is polled by calling it (True once cancelled).
 
     Triton: ``TRITONSERVER_InferenceRequestCancel`` / ``InferenceRequest::Cancel``
     (core ``infer_request.cc``); the python backend's ``request.is_cancelled()``
@@ -69,9 +70,11 @@ class CancelToken:
     """
 
     __slots__ = (
-        "_probe",
+        "probe",
         "error",
         "_callbacks",
+        "waiters",
+        "interrupted",
         "_timer",
         "deadline_ns",
         "finished",
@@ -85,11 +88,17 @@ class CancelToken:
         probe: Callable[[], Any] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        self._probe = probe
+        #: polled by :meth:`__call__`; None: the token is pushed (read :attr:`error`).
+        self.probe = probe
         self.loop = loop
         #: why the request was cancelled; None while it is not.
         self.error: InferError | None = None
         self._callbacks: list[Callback] = []
+        #: tasks awaiting the request's answer: cancelled when the token cancels (a
+        #: waiter appends its task and removes it when done, see :func:`run_cancellable`).
+        self.waiters: list[asyncio.Task[Any]] = []
+        #: the waiters this token cancelled (None: none): :meth:`interruption`, :meth:`leave`.
+        self.interrupted: list[asyncio.Task[Any]] | None = None
         self._timer: asyncio.TimerHandle | None = None
         #: ``time.monotonic_ns()`` at which the request times out (0: no deadline).
         self.deadline_ns = 0
@@ -106,7 +115,7 @@ class CancelToken:
         """True once cancelled (polls the probe first)."""
         if self.error is not None:
             return True
-        probe = self._probe
+        probe = self.probe
         if probe is not None and probe():
             self.cancel(client_gone())
             return True
@@ -138,7 +147,45 @@ class CancelToken:
                 cb(self)
             except Exception:  # one holder's failure must not stop the others
                 log.exception("cancellation callback %r failed", cb)
+        if self.waiters:
+            self._interrupt()
         return True
+
+    def _interrupt(self) -> None:
+        """Cancel the waiting tasks, except the running one (cancelled by its own code,
+        a poll, it raises the error itself)."""
+        waiters, self.waiters = self.waiters, []
+        try:
+            current = asyncio.current_task(self.loop)
+        except RuntimeError:  # no running loop: no task runs this code
+            current = None
+        for task in waiters:
+            if task is not current:
+                if self.interrupted is None:
+                    self.interrupted = []
+                self.interrupted.append(task)
+                task.cancel()
+
+    def interruption(self, task: asyncio.Task[Any]) -> InferError | None:
+        """The error a waiter raises instead of the ``CancelledError`` that ended its
+        wait: the token's, when the token cancelled ``task`` and nothing else did; None
+        (re-raise) otherwise."""
+        interrupted = self.interrupted
+        error = self.error
+        if interrupted and task in interrupted and task.uncancel() == 0 and error is not None:
+            interrupted.remove(task)
+            return error.fresh()
+        return None
+
+    def leave(self, task: asyncio.Task[Any]) -> None:
+        """``task`` stops waiting: forget it; a cancellation this token asked of it that
+        the awaited code swallowed is withdrawn."""
+        if task in self.waiters:
+            self.waiters.remove(task)
+        elif self.interrupted and task in self.interrupted:
+            self.interrupted.remove(task)
+            if task.cancelling():
+                task.uncancel()
 
     def add_callback(self, cb: Callback) -> None:
         """Call ``cb(token)`` when the token cancels (at once when it already has)."""
@@ -270,6 +317,10 @@ async def run_cancellable(token: CancelToken | None, awaitable: Any) -> Any:
     wait is cancelled (``asyncio`` cancellation of this task: a queued request leaves
     its queue, a waiting one stops waiting) and the token's error is raised instead.
 
+    The scheduler on the common path (``DirectScheduler.submit``) does the same itself:
+    its task in :attr:`CancelToken.waiters`, :meth:`CancelToken.interruption` and
+    :meth:`CancelToken.leave` only once the token cancelled.
+
     Raises:
         InferError: the token's error (``CLIENT_GONE`` or the timeout), or the
             awaitable's own.
@@ -285,28 +336,16 @@ async def run_cancellable(token: CancelToken | None, awaitable: Any) -> Any:
     # running loop, which checks the process id with a getpid() system call.
     task = asyncio.current_task(token.loop)
     assert task is not None
-    fired = False
-
-    def interrupt(_token: CancelToken) -> None:
-        nonlocal fired
-        if asyncio.current_task() is task:
-            return  # cancelled by this task's own code (a poll): it raises the error itself
-        fired = True
-        if task is not None:
-            task.cancel()
-
-    token.add_callback(interrupt)
+    token.waiters.append(task)
     try:
         return await awaitable
     except asyncio.CancelledError:
-        if fired and task.uncancel() == 0 and token.error is not None:
-            fired = False
-            raise token.error.fresh() from None
-        raise
+        error = token.interruption(task)
+        if error is None:
+            raise
+        raise error from None
     finally:
-        token.remove_callback(interrupt)
-        if fired and task.cancelling():
-            task.uncancel()  # our request, swallowed by the awaitable: forget it
+        token.leave(task)
         # an error raised here has a traceback through this frame, and the task keeps
         # that error: without this, error -> frame -> task -> error would be a cycle
         # holding the request's tensors until a full garbage collection

@@ -13,6 +13,7 @@ All durations are nanoseconds.
 
 from __future__ import annotations
 
+import math
 import time
 from bisect import bisect_left as _bisect_left
 from collections.abc import Callable
@@ -48,8 +49,11 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     60.0,
 )
 
+#: Batch-size bucket bounds (rows) of the ``pdserve_batch_size`` histogram.
+BATCH_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
 #: Callables ``listener(stats)`` run when a :class:`ModelStats` is created — the
-#: Prometheus exporter uses this to add its hooks to every model version.
+#: Prometheus exporter uses this to give every model version its :class:`ModelMetrics`.
 LISTENERS: list[Callable[[ModelStats], object]] = []
 
 _STAT_NAMES = (
@@ -63,6 +67,85 @@ _STAT_NAMES = (
     "cache_miss",
     "cancel",
 )
+
+
+class Histogram:
+    """A Prometheus histogram without locks (observed on the event loop only).
+
+    Args:
+        bounds: ascending upper bounds (``le``); ``+Inf`` is implicit.
+    """
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        """Count one observation."""
+        self.counts[_bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """``[(le, cumulative count), ...]`` ending with ``+Inf``."""
+        out = []
+        total = 0
+        for bound, c in zip(self.bounds, self.counts, strict=False):
+            total += c
+            out.append((_le(bound), total))
+        out.append(("+Inf", self.count))
+        return out
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as Prometheus' ``le`` label writes it (``1``, ``0.25``)."""
+    if isinstance(bound, int) or (not math.isinf(bound) and bound == int(bound)):
+        return str(int(bound))
+    return repr(float(bound))
+
+
+class ModelMetrics:
+    """What the Prometheus metrics render of one model version beyond its counters:
+    latency and batch-size histograms and failures by reason, recorded by
+    :class:`ModelStats` when it has them (``ModelStats.metrics``, given by the
+    exporter's :data:`LISTENERS` entry) and read at scrape time."""
+
+    __slots__ = ("request", "queue", "compute", "batch", "failures")
+
+    def __init__(self) -> None:
+        self.request = Histogram(LATENCY_BUCKETS)
+        self.queue = Histogram(LATENCY_BUCKETS)
+        self.compute = Histogram(LATENCY_BUCKETS)
+        self.batch = Histogram(BATCH_BUCKETS)
+        self.failures: dict[str, int] = {}
+
+    def success(self, request_ns: int, queue_ns: int, compute_ns: int) -> None:
+        """One successful request (durations in ns)."""
+        h = self.request
+        value = request_ns * 1e-9
+        h.counts[_bisect_left(h.bounds, value)] += 1
+        h.sum += value
+        h.count += 1
+        if compute_ns:  # cache hits have neither queue nor compute time
+            h = self.queue
+            value = queue_ns * 1e-9
+            h.counts[_bisect_left(h.bounds, value)] += 1
+            h.sum += value
+            h.count += 1
+            h = self.compute
+            value = compute_ns * 1e-9
+            h.counts[_bisect_left(h.bounds, value)] += 1
+            h.sum += value
+            h.count += 1
+
+    def failure(self, reason: str) -> None:
+        """One failed request (``reason``: REJECTED, CANCELED, BACKEND, OTHER)."""
+        reason = reason or "OTHER"
+        self.failures[reason] = self.failures.get(reason, 0) + 1
 
 
 #: Seconds of history in ``pdserve_recent`` (:class:`RecentWindow`).
@@ -215,13 +298,9 @@ class ModelStats:
         inference_count: rows inferred (a batch-4 request counts 4), successes only.
         execution_count: batches executed by model instances.
         last_inference_ms: wall-clock ms since the epoch of the last success.
-        hooks: callables ``(event, **values)`` notified of every other record, used
-            by the Prometheus exporter; events are ``"failure"``, ``"execution"``,
-            ``"cache"``.
-        success_hooks: callables ``(rows, request_ns, queue_ns, compute_ns)``
-            notified of every success (the exporter's per-request histograms): a
-            positional call on the per-request path, where ``hooks``' keyword
-            arguments cost a dict per request.
+        metrics: the histograms and failure reasons the Prometheus metrics render
+            (:class:`ModelMetrics`), recorded here when the exporter gave the version
+            one; None: not recorded.
         memory_bytes: host memory the version costs, bytes, as measured at its load
             (None: not measured); ``memory_source`` says how (``rss_delta``,
             ``worker_rss``, ``ensemble``; see :mod:`pdserve.repository.manager`).
@@ -239,9 +318,7 @@ class ModelStats:
         self.batches: dict[int, BatchStats] = {}
         self.pending = 0
         self.recent = RecentWindow()
-        self.hooks: list[Callable[..., None]] = []
-        #: callables ``(rows, request_ns, queue_ns, compute_ns)`` called on every success.
-        self.success_hooks: list[Callable[[int, int, int, int], None]] = []
+        self.metrics: ModelMetrics | None = None
         self._success = self.durations["success"]
         self._queue = self.durations["queue"]
         self.memory_bytes: int | None = None
@@ -268,8 +345,9 @@ class ModelStats:
         d.ns += queue_ns
         self.last_inference_ms = int(time.time() * 1000)
         self.recent.record(True, request_ns)
-        for hook in self.success_hooks:
-            hook(rows, request_ns, queue_ns, compute_ns)
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.success(request_ns, queue_ns, compute_ns)
 
     def record_failure(self, request_ns: int, reason: str = "BACKEND") -> None:
         """A request that reached the scheduler failed (``reason``: REJECTED,
@@ -278,8 +356,8 @@ class ModelStats:
         if reason == "CANCELED":  # Triton's ``cancel`` statistics (a failure too)
             self.durations["cancel"].add(request_ns)
         self.recent.record(False)
-        for hook in self.hooks:
-            hook("failure", request_ns=request_ns, reason=reason)
+        if self.metrics is not None:
+            self.metrics.failure(reason)
 
     def record_execution(
         self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int
@@ -296,14 +374,8 @@ class ModelStats:
         b.compute_input.add(input_ns)
         b.compute_infer.add(infer_ns)
         b.compute_output.add(output_ns)
-        for hook in self.hooks:
-            hook(
-                "execution",
-                batch_size=batch_size,
-                input_ns=input_ns,
-                infer_ns=infer_ns,
-                output_ns=output_ns,
-            )
+        if self.metrics is not None:
+            self.metrics.batch.observe(batch_size)
 
     def record_compute(self, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """Per-request compute durations of a batch holding ``requests`` requests."""
@@ -314,8 +386,6 @@ class ModelStats:
     def record_cache(self, hit: bool, ns: int) -> None:
         """A response cache lookup (hit or miss) that took ``ns``."""
         self.durations["cache_hit" if hit else "cache_miss"].add(ns)
-        for hook in self.hooks:
-            hook("cache", hit=hit, ns=ns)
 
     def memory_usage(self) -> list[dict[str, Any]]:
         """Triton's ``memory_usage`` entries (``{type, id, byte_size}``, the

@@ -5,9 +5,10 @@ dashboards and alerts written for Triton work unchanged; pdserve adds latency
 histograms, model memory, traffic control, worker processes and readiness. The
 families are listed on :class:`MetricsExporter`.
 
-Counters are read from :class:`~pdserve.core.stats.ModelStats` at scrape time; only
-the histograms are fed per request (``ModelStats.success_hooks`` / ``hooks``, a
-lock-free bucket array on the event loop). The exposition is written here in the
+Everything is read at scrape time: the counters from
+:class:`~pdserve.core.stats.ModelStats`, the histograms and failure reasons from the
+:class:`~pdserve.core.stats.ModelMetrics` it records when :func:`install_hooks` gave it
+one; no code here runs per request. The exposition is written here in the
 Prometheus text format 0.0.4 (``prometheus_client`` would add ``_total`` to Triton's
 counter names).
 """
@@ -17,18 +18,14 @@ from __future__ import annotations
 import logging
 import math
 import os
-from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from pdserve.cache import AnyResponseCache, RedisResponseCache
 from pdserve.core import stats as stats_mod
-from pdserve.core.stats import LATENCY_BUCKETS, ModelStats
+from pdserve.core.stats import Histogram, ModelMetrics, ModelStats
 
 log = logging.getLogger("pdserve.metrics")
-
-#: Batch-size bucket bounds (rows).
-BATCH_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -55,87 +52,11 @@ class MetricsSource(Protocol):
         ...
 
 
-class Histogram:
-    """A Prometheus histogram without locks (observed on the event loop only).
-
-    Args:
-        bounds: ascending upper bounds (``le``); ``+Inf`` is implicit.
-    """
-
-    __slots__ = ("bounds", "counts", "sum", "count")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        """Count one observation."""
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-        self.count += 1
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        """``[(le, cumulative count), ...]`` ending with ``+Inf``."""
-        out = []
-        total = 0
-        for bound, c in zip(self.bounds, self.counts, strict=False):
-            total += c
-            out.append((_fmt(bound), total))
-        out.append(("+Inf", self.count))
-        return out
-
-
-class ModelMetrics:
-    """Histograms and failure reasons of one model version (fed by hooks)."""
-
-    __slots__ = ("request", "queue", "compute", "batch", "failures")
-
-    def __init__(self) -> None:
-        self.request = Histogram(LATENCY_BUCKETS)
-        self.queue = Histogram(LATENCY_BUCKETS)
-        self.compute = Histogram(LATENCY_BUCKETS)
-        self.batch = Histogram(BATCH_BUCKETS)
-        self.failures: dict[str, int] = {}
-
-    def success(self, rows: int, request_ns: int, queue_ns: int, compute_ns: int) -> None:
-        """``ModelStats.success_hooks`` entry: one successful request (durations in ns)."""
-        h = self.request
-        value = request_ns * 1e-9
-        h.counts[bisect_left(h.bounds, value)] += 1
-        h.sum += value
-        h.count += 1
-        if compute_ns:  # cache hits have neither queue nor compute time
-            h = self.queue
-            value = queue_ns * 1e-9
-            h.counts[bisect_left(h.bounds, value)] += 1
-            h.sum += value
-            h.count += 1
-            h = self.compute
-            value = compute_ns * 1e-9
-            h.counts[bisect_left(h.bounds, value)] += 1
-            h.sum += value
-            h.count += 1
-
-    def hook(self, event: str, **v: Any) -> None:
-        """``ModelStats`` hook: ``failure`` / ``execution`` / ``cache`` (``success``
-        comes through :meth:`success`, registered in ``success_hooks``)."""
-        if event == "execution":
-            self.batch.observe(v["batch_size"])
-        elif event == "failure":
-            reason = v.get("reason") or "OTHER"
-            self.failures[reason] = self.failures.get(reason, 0) + 1
-
-
 def attach(stats: ModelStats) -> ModelMetrics:
-    """Add the exporter's hook to ``stats`` (once) and return its metrics."""
-    mm = getattr(stats, "_pdserve_metrics", None)
+    """Give ``stats`` its :class:`~pdserve.core.stats.ModelMetrics` (once) and return it."""
+    mm = stats.metrics
     if mm is None:
-        mm = ModelMetrics()
-        stats._pdserve_metrics = mm  # type: ignore[attr-defined]  # the exporter's own slot on it
-        stats.hooks.append(mm.hook)
-        stats.success_hooks.append(mm.success)
+        mm = stats.metrics = ModelMetrics()
     return mm
 
 
@@ -244,7 +165,7 @@ def model_families(models: Iterable[ModelStats]) -> list[Family]:
         labels = {"model": s.name, "version": s.version}
         for fam, value in zip(families, _model_values(s), strict=True):
             fam.add(labels, value)
-        mm = getattr(s, "_pdserve_metrics", None)
+        mm = s.metrics
         reasons = dict(mm.failures) if mm is not None else {}
         if not reasons and s.durations["fail"].count:
             reasons = {"OTHER": s.durations["fail"].count}
@@ -730,6 +651,7 @@ class MetricsExporter:
 
 
 def install_hooks() -> None:
-    """Attach histogram hooks to every ModelStats created from now on."""
+    """Give every ModelStats created from now on its :class:`ModelMetrics` (recorded
+    per request by the stats themselves)."""
     if attach not in stats_mod.LISTENERS:
         stats_mod.LISTENERS.append(attach)

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,8 +22,11 @@ from pdserve.core.datatypes import NUMPY_TO_V2, WILDCARD_DIM, bytes_array, numpy
 from pdserve.core.errors import InferError
 from pdserve.core.stats import ModelStats
 from pdserve.core.types import InferRequest, RequestedOutput
-from pdserve.scheduling.base import Scheduler, Unloaded
-from pdserve.scheduling.shapes import OutputCheck, reshape_dims
+from pdserve.scheduling.base import OutputCheck, Scheduler, Unloaded
+from pdserve.scheduling.shapes import reshape_dims
+
+if TYPE_CHECKING:
+    from pdserve.repository.breaker import CircuitBreaker
 
 log = logging.getLogger("pdserve.model")
 
@@ -123,6 +126,10 @@ class ModelVersion:
         #: replaced by the model manager once the instances are loaded
         self.scheduler: Scheduler = Unloaded(self.stats)
         self.inflight = 0
+        #: the version's circuit breaker (None: it has none), looked up by the server
+        #: on the version's first request (``breaker_known``)
+        self.breaker: CircuitBreaker | None = None
+        self.breaker_known = False
         self._idle = asyncio.Event()
         self._idle.set()
         self.config_json: dict[str, Any] = cfgmod.config_to_json(cfg)

@@ -4,7 +4,7 @@
 ``sequence_batching { }`` present -> sequence batcher (stateful models),
 ``dynamic_batching { }`` present -> dynamic batcher, otherwise each request runs
 as it comes on the next free instance. Either checks every result against the
-model configuration (:mod:`pdserve.scheduling.shapes`).
+model configuration (:class:`~pdserve.scheduling.base.OutputCheck`).
 """
 
 from __future__ import annotations

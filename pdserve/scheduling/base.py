@@ -1,8 +1,11 @@
-"""Scheduler interface, the instance pool, and batch execution with statistics.
+"""Scheduler interface, the instance pool, and batch execution: statistics, trace
+spans and the check of every output against the model configuration.
 
 A scheduler owns a model's queue: it decides which requests run together and on
 which model instance. Every scheduler guarantees that an instance runs at most
 one batch at a time, so batches in flight never exceed the instance count.
+Every batch runs through :func:`run_batch`, whose :class:`OutputCheck` makes a
+model's wrong output (shape, rows, datatype) an ``INTERNAL`` error, never a 200.
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from pdserve import config as cfgmod
 from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance, ModelSpec
 from pdserve.core import tracing
+from pdserve.core.cancel import CancelToken
+from pdserve.core.datatypes import V2_TO_NUMPY, WILDCARD_DIM, numpy_to_v2, shape_str
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.core.stats import NOT_QUEUED, ModelStats
-from pdserve.scheduling.shapes import OutputCheck
+from pdserve.scheduling.shapes import reshape_dims, shape_matches
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2
@@ -91,6 +97,177 @@ class ScheduledModel(SchedulerSpec, Protocol):
         ...
 
 
+class _Output:
+    """One configured output, prepared for the per-request check."""
+
+    __slots__ = ("name", "datatype", "dtype", "dims", "variable", "model_dims", "model_variable")
+
+    def __init__(self, io: Any) -> None:
+        self.name: str = io.name
+        self.datatype = cfgmod.datatype_of(io)
+        #: the numpy dtype (None for BYTES: object, bytes_ or str_ arrays are accepted)
+        self.dtype: np.dtype | None = (
+            None if self.datatype == "BYTES" else V2_TO_NUMPY.get(self.datatype)
+        )
+        #: served dims (batch dim excluded), as a tuple to compare with ``shape[1:]``
+        self.dims: tuple[int, ...] = tuple(int(d) for d in io.dims)
+        self.variable = WILDCARD_DIM in self.dims
+        #: ``reshape.shape`` when configured: what the model is declared to produce
+        self.model_dims: tuple[int, ...] | None = (
+            tuple(int(d) for d in io.reshape.shape) if io.HasField("reshape") else None
+        )
+        self.model_variable = self.model_dims is not None and WILDCARD_DIM in self.model_dims
+
+    def dtype_ok(self, dtype: np.dtype) -> bool:
+        if self.dtype is None:
+            return dtype.kind in "OSU"
+        if dtype == self.dtype:
+            return True
+        try:  # same type, other byte order
+            return numpy_to_v2(dtype) == self.datatype
+        except InferError:
+            return False
+
+
+class OutputCheck:
+    """Checks (and reshapes) the outputs of one model's requests.
+
+    **Reshape** (``model_config.proto`` ``ModelTensorReshape``): ``dims`` is the shape a
+    client sends / receives, ``reshape.shape`` the shape the model itself takes /
+    produces; the batch dimension (``max_batch_size > 0``) stays first and is not part of
+    either. Variable-size (``-1``) dimensions keep their values, in order: Triton core
+    takes the sizes at the ``-1`` positions of the shape it converts from and puts them,
+    in the same order, at the ``-1`` positions of the shape it converts to
+    (``InferenceRequest::Normalize`` for inputs, ``InferenceResponse::Output::Reshape``
+    for outputs). :func:`reshape_dims` does this once for every backend: inputs are
+    reshaped when a request is checked (``ModelVersion.prepare``), outputs by
+    :class:`OutputCheck`.
+
+    **Output check** (:class:`OutputCheck`, run by the schedulers on every result of
+    every backend, ensemble steps included — the steps run on their models' schedulers —
+    and on an ensemble's own outputs): each requested output must be present, have the
+    configured datatype, and have the shape ``[rows] + dims`` (``rows``: the request's
+    batch size, when the model batches; ``-1`` dims accept any size). An output whose
+    model configuration has a ``reshape`` may come back shaped as ``reshape.shape`` (what
+    the model is declared to produce; it is then reshaped to ``dims``) or already as
+    ``dims``. Anything else fails that request with ``INTERNAL`` (HTTP 500, gRPC
+    INTERNAL) naming the model, the output, the expected and the actual shape or
+    datatype; the other requests of the batch and the server carry on.
+
+    Triton is looser here, and pdserve deliberately stricter (a wrong output is never a
+    200 — DESIGN.md): Triton's python backend sends whatever shape and datatype the
+    model returned (the response then contradicts the model metadata), and its
+    ONNX Runtime backend fails a request only when the batch output has *fewer* rows
+    than the batch (``UNSUPPORTED``, "failed to split the output tensor"), silently
+    cutting off extra rows. Triton converts no datatype, so neither does pdserve.
+
+    Cost: a few tuple and dtype comparisons per output of each request; no work per
+    element (a reshape is a numpy view).
+
+    Args:
+        config: the model's (auto-completed) ``ModelConfig``.
+    """
+
+    __slots__ = ("model", "batching", "_outputs")
+
+    def __init__(self, config: Any) -> None:
+        self.model: str = config.name
+        self.batching: bool = config.max_batch_size > 0
+        self._outputs: dict[str, _Output] = {o.name: _Output(o) for o in config.output}
+
+    def results(self, batch: list[ExecRequest], results: list[ExecResult]) -> list[ExecResult]:
+        """:meth:`check` every successful result of ``batch`` (one result per request).
+
+        Returns:
+            ``results`` with each output dict checked / reshaped, or replaced by its
+            ``INTERNAL`` error; errors already there are kept.
+        """
+        check = self.check
+        for i, (request, result) in enumerate(zip(batch, results, strict=True)):
+            if type(result) is dict:
+                results[i] = check(request, result)
+        return results
+
+    def check(
+        self, request: ExecRequest, outputs: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray] | InferError:
+        """Check the outputs of one request against the configuration.
+
+        Args:
+            request: the request (its ``output_names`` and ``batch_size``).
+            outputs: output name -> array, as the backend returned them.
+
+        Returns:
+            ``outputs`` (a new dict when an output was reshaped from
+            ``reshape.shape`` to ``dims``), or an ``INTERNAL`` :class:`InferError`
+            naming the model, the output, and the expected and actual shape /
+            datatype (or the missing output).
+        """
+        specs = self._outputs
+        reshaped: dict[str, np.ndarray] | None = None
+        for name in request.output_names:
+            arr = outputs.get(name)
+            if arr is None:
+                return internal(
+                    f"model '{self.model}' did not return requested output '{name}' "
+                    f"(it returned {sorted(outputs) or 'none'})"
+                )
+            spec = specs.get(name)
+            if spec is None:  # not in the configuration: prepare() refuses to ask for it
+                continue
+            dtype = arr.dtype
+            if dtype is not spec.dtype and not spec.dtype_ok(dtype):
+                try:
+                    got = numpy_to_v2(dtype)
+                except InferError:
+                    got = f"numpy {dtype}"
+                return internal(
+                    f"model '{self.model}' returned output '{name}' as {got}, but its "
+                    f"model configuration says {spec.datatype}"
+                )
+            shape = arr.shape
+            if self.batching:
+                rows = request.batch_size
+                if not shape or shape[0] != rows:
+                    return self._shape_error(spec, shape, rows)
+                rest = shape[1:]
+            else:
+                rows = -1
+                rest = shape
+            if rest == spec.dims or (spec.variable and shape_matches(rest, spec.dims)):
+                continue
+            model_dims = spec.model_dims
+            if model_dims is not None and (
+                rest == model_dims or (spec.model_variable and shape_matches(rest, model_dims))
+            ):
+                try:
+                    served = reshape_dims(rest, model_dims, spec.dims)
+                    arr = arr.reshape((rows, *served) if self.batching else served)
+                except ValueError:  # pragma: no cover - the configuration check prevents it
+                    return self._shape_error(spec, shape, rows)
+                if reshaped is None:
+                    reshaped = dict(outputs)
+                reshaped[name] = arr
+                continue
+            return self._shape_error(spec, shape, rows)
+        return outputs if reshaped is None else reshaped
+
+    def _shape_error(self, spec: _Output, shape: tuple[int, ...], rows: int) -> InferError:
+        lead = [rows] if self.batching else []
+        expected = shape_str(lead + list(spec.dims))
+        if spec.model_dims is not None:
+            expected += f" (or its reshape.shape {shape_str(lead + list(spec.model_dims))})"
+        message = (
+            f"model '{self.model}' returned output '{spec.name}' with shape "
+            f"{shape_str(shape)}, expected {expected}"
+        )
+        if self.batching:
+            got_rows = shape[0] if shape else "no"
+            if got_rows != rows:
+                message += f": {got_rows} rows for a request of {rows} rows"
+        return internal(message)
+
+
 class InstancePool:
     """Free model instances handed out in strict FIFO order of the waiters.
 
@@ -149,7 +326,7 @@ async def run_batch(
     Sets ``compute_ns`` on every request. An exception from the instance becomes
     the result (an :class:`InferError`, ``INTERNAL`` unless it is one) of every
     request in the batch, so one bad batch never escapes into the scheduler.
-    With ``check`` (the model's :class:`~pdserve.scheduling.shapes.OutputCheck`),
+    With ``check`` (the model's :class:`OutputCheck`),
     every request's outputs are checked against the configuration (datatype, rows,
     dims; ``reshape`` applied); a request whose outputs are wrong gets ``INTERNAL``.
 
@@ -309,9 +486,14 @@ class BatchingScheduler(Scheduler):
 
 
 def is_cancelled(request: ExecRequest) -> bool:
-    """True when the client that sent ``request`` has gone away."""
+    """True when the client that sent ``request`` has gone away (or its token cancelled):
+    a pushed :class:`~pdserve.core.cancel.CancelToken` is read, anything else polled."""
     cancelled = request.request.cancelled
-    return bool(cancelled is not None and cancelled())
+    if cancelled is None:
+        return False
+    if cancelled.__class__ is CancelToken and cancelled.probe is None:
+        return cancelled.error is not None
+    return bool(cancelled())
 
 
 class Unloaded(Scheduler):
@@ -332,24 +514,55 @@ class Unloaded(Scheduler):
 class DirectScheduler(Scheduler):
     """No batching: each request runs alone on the next free instance (FIFO)."""
 
+    follows_token = True  # see Scheduler.follows_token and submit
+
     async def submit(self, request: ExecRequest) -> dict[str, np.ndarray]:
-        """Wait for a free instance and run ``request`` alone on it."""
-        enqueued = time.monotonic_ns()
-        self.stats.pending += 1
+        """Wait for a free instance and run ``request`` alone on it.
+
+        The request's token cancelling meanwhile (client gone, ``timeout``) cancels
+        this wait and answers the token's error, as
+        :func:`~pdserve.core.cancel.run_cancellable` does: the task waits in
+        ``token.waiters``, and no token method runs unless the token cancels.
+        """
+        token = request.request.cancelled
+        task = None
+        if token.__class__ is CancelToken:
+            if token.probe is not None:
+                token()  # polled: cancels it when the probe says the client went away
+            if token.error is not None:
+                raise token.error.fresh()
+            task = asyncio.current_task(token.loop)
+            assert task is not None
+            token.waiters.append(task)
         try:
-            instance = await self.pool.acquire()
-        finally:
-            self.stats.pending -= 1
-        try:
-            request.queue_ns = time.monotonic_ns() - enqueued
-            if is_cancelled(request):
-                raise client_gone()
-            (result,) = await run_batch(instance, [request], self.stats, self.check)
-        finally:
-            self.pool.release(instance)
-        if isinstance(result, InferError):
+            enqueued = time.monotonic_ns()
+            self.stats.pending += 1
             try:
-                raise result
+                instance = await self.pool.acquire()
             finally:
-                result = None  # type: ignore[assignment]  # no error -> traceback -> frame cycle
-        return result
+                self.stats.pending -= 1
+            try:
+                request.queue_ns = time.monotonic_ns() - enqueued
+                if is_cancelled(request):
+                    raise client_gone()
+                (result,) = await run_batch(instance, [request], self.stats, self.check)
+            finally:
+                self.pool.release(instance)
+            if isinstance(result, InferError):
+                try:
+                    raise result
+                finally:
+                    result = None  # type: ignore[assignment]  # no error -> traceback -> frame cycle
+            return result
+        except asyncio.CancelledError:
+            error = None if task is None else token.interruption(task)
+            if error is None:
+                raise
+            raise error from None
+        finally:
+            if task is not None:
+                if token.error is None:  # not cancelled: the task is still a waiter
+                    token.waiters.remove(task)
+                else:
+                    token.leave(task)
+                task = None  # no error -> traceback -> frame -> task cycle

@@ -29,12 +29,12 @@ from pdserve.core.stats import NOT_QUEUED, ModelStats
 from pdserve.scheduling.base import (
     BatchingScheduler,
     InstancePool,
+    OutputCheck,
     SchedulerSpec,
     run_batch,
 )
 from pdserve.scheduling.padding import PaddingPolicy, policy_of
 from pdserve.scheduling.queue_policy import PriorityLevels
-from pdserve.scheduling.shapes import OutputCheck
 
 log = logging.getLogger("pdserve.batcher")
 
@@ -179,7 +179,7 @@ class DynamicBatcher(BatchingScheduler):
         stats: the model version's statistics (execution stats recorded per batch
             by :func:`run_batch`; ``pending`` kept equal to the queued requests).
         model: the model version's name, configuration and inputs.
-        check: the model's output check (:class:`~pdserve.scheduling.shapes.OutputCheck`)
+        check: the model's output check (:class:`~pdserve.scheduling.base.OutputCheck`)
             run on every batch's results; None: unchecked.
     """
 

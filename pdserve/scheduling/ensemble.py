@@ -113,7 +113,7 @@ class EnsembleScheduler(Scheduler):
     ensemble request with the step's error (message and code) unchanged; other requests
     are untouched. Each step's outputs are checked against its model's configuration by
     that model's scheduler, and the ensemble's outputs against the ensemble's
-    (:mod:`pdserve.scheduling.shapes`): a wrong shape or datatype is ``INTERNAL``. The
+    (:class:`~pdserve.scheduling.base.OutputCheck`): a wrong shape or datatype is ``INTERNAL``. The
     ensemble itself has no instances and no instance limit.
 
     Args:

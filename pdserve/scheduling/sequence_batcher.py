@@ -25,11 +25,11 @@ from pdserve.core.types import InferRequest
 from pdserve.scheduling.base import (
     BatchingScheduler,
     InstancePool,
+    OutputCheck,
     SchedulerSpec,
     is_cancelled,
     run_batch,
 )
-from pdserve.scheduling.shapes import OutputCheck
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2

@@ -1,11 +1,14 @@
-"""pdserve.core.cancel: tokens, deadlines, child tokens, run_cancellable."""
+"""pdserve.core.cancel: tokens, deadlines, child tokens, run_cancellable, and the direct
+scheduler that follows a token itself."""
 
 from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
+from pdserve.backends.base import ExecRequest
 from pdserve.core.cancel import (
     CancelToken,
     arm_cancellation,
@@ -14,7 +17,9 @@ from pdserve.core.cancel import (
     run_cancellable,
 )
 from pdserve.core.errors import ErrorCode, InferError
+from pdserve.core.stats import ModelStats
 from pdserve.core.types import InferRequest
+from pdserve.scheduling.base import DirectScheduler, InstancePool
 
 
 def test_cancel_once_and_callbacks() -> None:
@@ -77,5 +82,49 @@ def test_queue_owned_timeout_cancels_nothing() -> None:
         token.set_deadline(1_000_000)  # 1 ms
         await asyncio.sleep(0.02)
         assert not token()
+
+    asyncio.run(main())
+
+
+class _SlowInstance:
+    name = "slow"
+
+    async def execute(self, batch: list[ExecRequest]) -> list[dict[str, np.ndarray]]:
+        await asyncio.sleep(5)
+        return [{"OUT": np.zeros(1)} for _ in batch]
+
+
+class _FastInstance(_SlowInstance):
+    async def execute(self, batch: list[ExecRequest]) -> list[dict[str, np.ndarray]]:
+        return [{"OUT": np.zeros(1)} for _ in batch]
+
+
+def _direct(instance: object, token: object) -> tuple[DirectScheduler, ExecRequest]:
+    sched = DirectScheduler(InstancePool([instance]), ModelStats("m", "1"))  # type: ignore[list-item]  # a stand-in instance
+    return sched, ExecRequest({}, ["OUT"], InferRequest("m", cancelled=token), 1)
+
+
+def test_direct_scheduler_follows_the_token() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        token = CancelToken(None, loop)
+        sched, req = _direct(_SlowInstance(), token)
+        loop.call_later(0.05, token.cancel)
+        with pytest.raises(InferError) as e:  # answered at once, not after the model's 5 s
+            await asyncio.wait_for(sched.submit(req), 2)
+        assert e.value.code is ErrorCode.CLIENT_GONE and token.waiters == []
+        calls = [0]
+
+        def probe() -> bool:  # gone at its second poll: after the instance is acquired
+            calls[0] += 1
+            return calls[0] >= 2
+
+        sched, req = _direct(_FastInstance(), CancelToken(probe))
+        with pytest.raises(InferError) as e:
+            await sched.submit(req)
+        assert e.value.code is ErrorCode.CLIENT_GONE and calls == [2]
+        sched, req = _direct(_FastInstance(), CancelToken(None, loop))
+        assert list(await sched.submit(req)) == ["OUT"]
+        assert not asyncio.current_task().cancelling()  # type: ignore[union-attr]
 
     asyncio.run(main())

@@ -14,8 +14,8 @@ from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.stats import ModelStats
 from pdserve.core.types import InferRequest
 from pdserve.repository.model import ModelVersion
-from pdserve.scheduling.base import DirectScheduler, InstancePool, run_batch
-from pdserve.scheduling.shapes import OutputCheck, reshape_dims, shape_matches
+from pdserve.scheduling.base import DirectScheduler, InstancePool, OutputCheck, run_batch
+from pdserve.scheduling.shapes import reshape_dims, shape_matches
 
 
 def config(text: str) -> mc.ModelConfig:
