@@ -298,10 +298,13 @@ class InferenceServer:
             InferError(NOT_FOUND / UNAVAILABLE): an unknown model or version (at once,
                 before any coroutine is made).
         """
-        if not request.model_version:
-            return self.traffic.infer(request)
-        mv = self.manager.get(request.model_name, request.model_version)
-        return self.infer_on(mv, request)
+        if request.model_version:
+            return self.infer_on(
+                self.manager.get(request.model_name, request.model_version), request
+            )
+        mv, routed = self.traffic.route(request)
+        running = self.infer_on(mv, request)
+        return running if routed is None else self.traffic.observe(routed, request, running)
 
     def _load_wait(self, request: InferRequest) -> float:
         """Seconds an on-demand request waits for its model: its ``timeout``

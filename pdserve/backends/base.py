@@ -257,7 +257,7 @@ def split_batch(batch: list[ExecRequest], outputs: dict[str, np.ndarray]) -> lis
     Each request gets only the outputs it asked for.
 
     A single request's outputs are returned as they are: the scheduler's output
-    check (:mod:`pdserve.scheduling.shapes`) compares each request's outputs with
+    check (:class:`pdserve.scheduling.base.OutputCheck`) compares each request's outputs with
     the configuration.
 
     Raises:

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,13 +68,12 @@ class TrafficControl:
     """Routes, mirrors and rolls out versions of the models of one server.
 
     Args:
-        runner: the core (:class:`~pdserve.core.api.ModelRunner`): runs a request on a
-            resolved version (``infer_on``: scheduler, statistics, cache).
+        runner: the core (:class:`~pdserve.core.api.ModelRunner`): the shadow mirror
+            runs its copies of requests through it.
         manager: the model manager: served versions and each model's traffic file.
     """
 
     def __init__(self, runner: ModelRunner, manager: ModelManager) -> None:
-        self.runner = runner
         self.manager = manager
         self.models: dict[str, ModelTraffic] = {}
         self.shadow = ShadowMirror(runner, manager)
@@ -203,20 +202,6 @@ class TrafficControl:
                 if shadow.percent >= 100 or random.random() * 100 < shadow.percent:
                     self.shadow.offer(st, shadow, request, response)
         return response
-
-    def infer(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
-        """Serve a request that names no version: :meth:`route`, run it on the chosen
-        version with the runner, :meth:`observe`. A model without traffic settings goes
-        straight to the default version (the runner's coroutine, no extra level).
-
-        Raises:
-            InferError: as :meth:`route`.
-        """
-        mv, routed = self.route(request)
-        running = self.runner.infer_on(mv, request)
-        if routed is None:
-            return running
-        return self.observe(routed, request, running)
 
     # -- rollout -----------------------------------------------------------------
 

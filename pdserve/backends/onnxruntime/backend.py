@@ -385,7 +385,7 @@ class OnnxRuntimeInstance(ModelInstance):
         self._string_outputs = {a.name for a in session.get_outputs() if a.type == "tensor(string)"}
         # ``reshape`` is applied for every backend: inputs when the request is checked
         # (ModelVersion.prepare), outputs by the scheduler's output check
-        # (pdserve.scheduling.shapes). A scalar graph output of a non-batching model gets
+        # (pdserve.scheduling.base.OutputCheck). A scalar graph output of a non-batching model gets
         # the configured shape (all 1s), as in Triton's onnxruntime backend.
         self._scalar_outputs: dict[str, tuple[int, ...]] = {}
         if not self._batching:

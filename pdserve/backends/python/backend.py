@@ -413,7 +413,7 @@ class PythonInstance(ModelInstance):
                     f"python model '{model}' returned output '{name}', which its model "
                     f"configuration does not declare"
                 )
-        # datatypes, rows and dims: the scheduler's output check (pdserve.scheduling.shapes)
+        # datatypes, rows and dims: the scheduler's output check (pdserve.scheduling.base.OutputCheck)
         return {name: outputs[name] for name in request.output_names}
 
     async def abort(self, grace: float) -> None:
