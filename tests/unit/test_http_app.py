@@ -13,7 +13,8 @@ import pytest
 
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends import offload
-from pdserve.frontends.http.app import PROCESS_JSON_BYTES, create_http_app
+from pdserve.frontends.http.app import create_http_app
+from pdserve.frontends.http.body import PROCESS_JSON_BYTES
 from tests.unit.test_http_codec import FakeServer, StatsServer, call, client_request, parse
 
 LIMIT = 100_000
@@ -281,7 +282,7 @@ def test_the_disconnect_hook_leaves_no_cycle_once_released() -> None:
     import asyncio
 
     from pdserve.core.errors import ErrorCode
-    from pdserve.frontends.http.app import (
+    from pdserve.frontends.http.asgi import (
         _DisconnectEvent,
         disconnect_token,
         release_disconnect_hook,
