@@ -26,7 +26,7 @@ from pdserve.core.datatypes import V2_TO_NUMPY
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferRequest
 from pdserve.frontends.grpc import codec as grpc_codec
-from pdserve.frontends.http import codec as http_codec
+from pdserve.frontends.http import decode as http_codec
 
 #: Examples per test; PDSERVE_FUZZ_EXAMPLES=5000 for a longer run.
 EXAMPLES = int(os.environ.get("PDSERVE_FUZZ_EXAMPLES", "250"))

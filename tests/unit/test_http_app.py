@@ -143,7 +143,7 @@ def test_output_data_json_gives_the_bytes_the_encoder_writes() -> None:
     encoded in one go: floats with NaN/inf tokens, FP16, non-contiguous and big-endian
     arrays, BYTES, booleans, scalars; binary outputs are left alone."""
     from pdserve.core.types import RequestedOutput
-    from pdserve.frontends.http.codec import (
+    from pdserve.frontends.http.encode import (
         encode_infer_response,
         json_output_names,
         output_data_json,
@@ -177,7 +177,7 @@ def test_output_data_json_gives_the_bytes_the_encoder_writes() -> None:
 def encode_infer_response_with(
     response: InferResponse, request: InferRequest, encoded: dict[str, bytes]
 ) -> tuple[bytes, int | None]:
-    from pdserve.frontends.http.codec import encode_infer_response_parts
+    from pdserve.frontends.http.encode import encode_infer_response_parts
 
     parts, json_length, _ = encode_infer_response_parts(response, request, encoded)
     return b"".join(bytes(p) for p in parts), json_length
@@ -204,7 +204,7 @@ def infer_body(rid: str) -> bytes:
 
 def test_a_large_json_response_is_encoded_in_a_decode_process_byte_identical() -> None:
     from pdserve.frontends.http.app import PROCESS_JSON_OUTPUT_BYTES
-    from pdserve.frontends.http.codec import encode_infer_response
+    from pdserve.frontends.http.encode import encode_infer_response
 
     n = PROCESS_JSON_OUTPUT_BYTES // 4 + 1000
     app = create_http_app(BigOutputServer())

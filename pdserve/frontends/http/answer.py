@@ -14,7 +14,7 @@ import orjson
 
 from pdserve.core.cancel import CancelToken
 from pdserve.core.errors import InferError
-from pdserve.frontends.http.codec import encode_error
+from pdserve.frontends.http.encode import encode_error
 from pdserve.frontends.http.status import HTTP_STATUS, HttpError, MethodNotAllowedError
 
 logger = logging.getLogger("pdserve.http")

@@ -31,8 +31,8 @@ from pdserve.frontends.http.answer import (
 from pdserve.frontends.http.asgi import Receive, Scope, Send, serve_asgi
 from pdserve.frontends.http.body import PROCESS_JSON_BYTES, BodyLimits, read_json_object
 from pdserve.frontends.http.body import int_header as _int_header
-from pdserve.frontends.http.codec import (
-    decode_infer_request,
+from pdserve.frontends.http.decode import decode_infer_request
+from pdserve.frontends.http.encode import (
     encode_infer_response_parts,
     json_output_names,
     output_data_json,
@@ -473,8 +473,8 @@ async def encode_json_off_loop(
     response: InferResponse, request: InferRequest
 ) -> dict[str, bytes] | None:
     """The JSON text of each large output sent as JSON ``data``, written in decode
-    processes (:func:`~pdserve.frontends.http.codec.output_data_json`), for
-    :func:`~pdserve.frontends.http.codec.encode_infer_response_parts`'s ``encoded``.
+    processes (:func:`~pdserve.frontends.http.encode.output_data_json`), for
+    :func:`~pdserve.frontends.http.encode.encode_infer_response_parts`'s ``encoded``.
 
     Outputs whose array holds more than :data:`PROCESS_JSON_OUTPUT_BYTES` are
     encoded there (arrays travel as out-of-band buffers); smaller ones and binary ones

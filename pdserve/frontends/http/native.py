@@ -45,7 +45,13 @@ from pdserve.frontends.http.native_reply import (
 )
 from pdserve.frontends.http.server import HttpLimits, _warn
 from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
-from pdserve.frontends.http.wire import CONTINUE, error_bytes, origin_form, unread_bytes
+from pdserve.frontends.http.wire import (
+    CONTINUE,
+    error_bytes,
+    feed_to_header_limit,
+    origin_form,
+    unread_bytes,
+)
 
 #: Complete requests a connection may hold, waiting their turn, before it stops
 #: reading (pipelining depth; memory bound).
@@ -448,17 +454,10 @@ class HttpConnection(Replies, asyncio.Protocol):
             if self._awaiting_headers:
                 room = limit - self._header_bytes
                 if len(data) > room:
-                    head = data[: max(room, 0)]
-                    data = data[len(head) :]
-                    self._header_bytes += len(head)
-                    if head and not self._feed(head):
+                    rest = feed_to_header_limit(self, data, room, limit)
+                    if rest is None:
                         return
-                    if self._awaiting_headers:
-                        self._reject(
-                            431,
-                            f"the request line and headers exceed the limit of {limit} bytes",
-                        )
-                        return
+                    data = rest
                     continue
                 self._header_bytes += len(data)
                 if data:

@@ -53,6 +53,7 @@ from pdserve.core.procmem import settle_gc
 from pdserve.frontends.http.chunks import ChunkWatch
 from pdserve.frontends.http.compression import GZIP_MIN_BYTES, accepts_gzip, gzip_bytes
 from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
+from pdserve.frontends.http.wire import feed_to_header_limit
 from pdserve.frontends.offload import off_loop
 
 logger = logging.getLogger("pdserve.http")
@@ -405,19 +406,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             if self._awaiting_headers:
                 room = limit - self._header_bytes
                 if len(data) > room:
-                    # Feed only what fits: if the headers end in it, go on with the rest;
-                    # if they do not, the request is refused without buffering more.
-                    head = data[: max(room, 0)]
-                    data = data[len(head) :]
-                    self._header_bytes += len(head)
-                    if head and not self._feed(head):
+                    rest = feed_to_header_limit(self, data, room, limit)
+                    if rest is None:
                         return
-                    if self._awaiting_headers:
-                        self._reject(
-                            431,
-                            f"the request line and headers exceed the limit of {limit} bytes",
-                        )
-                        return
+                    data = rest
                     continue
                 self._header_bytes += len(data)
             if data and not self._feed(data):

@@ -1,5 +1,6 @@
-"""HTTP/1.1 response bytes of the native transport (status lines, header block
-endings, a whole error response) and what a socket holds unread."""
+"""HTTP/1.1 wire helpers: response bytes of the native transport (status lines, header
+block endings, a whole error response), what a socket holds unread, and the header size
+limit both transports' connections enforce while feeding their parser."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import fcntl
 import http
 import struct
 import termios
+from typing import Protocol
 
 import httptools
 
-from pdserve.frontends.http.codec import encode_error
+from pdserve.frontends.http.encode import encode_error
 
 _STATUS_LINES: dict[int, bytes] = {
     s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode("latin-1")) for s in http.HTTPStatus
@@ -71,3 +73,27 @@ def origin_form(url: bytes) -> bytes:
         return url
     path = parsed.path or b"/"
     return path + b"?" + parsed.query if parsed.query else path
+
+
+class _HeadFeeder(Protocol):
+    _awaiting_headers: bool
+    _header_bytes: int
+
+    def _feed(self, data: bytes) -> bool: ...
+
+    def _reject(self, status: int, message: str) -> None: ...
+
+
+def feed_to_header_limit(conn: _HeadFeeder, data: bytes, room: int, limit: int) -> bytes | None:
+    """Feed ``conn`` only the ``room`` bytes of ``data`` its request line and headers
+    may still take (``limit`` in all): the rest of ``data`` when the headers ended within
+    them; None when the connection stopped (the headers go on: 431, nothing more is
+    buffered)."""
+    head = data[: max(room, 0)]
+    conn._header_bytes += len(head)
+    if head and not conn._feed(head):
+        return None
+    if conn._awaiting_headers:
+        conn._reject(431, f"the request line and headers exceed the limit of {limit} bytes")
+        return None
+    return data[len(head) :]
