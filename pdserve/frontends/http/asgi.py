@@ -25,10 +25,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-#: Above this many bytes a response with binary outputs is sent part by part (the JSON
-#: header, then each output's buffer) instead of being joined into one bytes object.
-_JOIN_LIMIT = 64 * 1024
-
 
 class ClientGoneError(Exception):
     """The client disconnected before the whole body arrived: nothing to answer."""
@@ -83,11 +79,8 @@ async def send_answer(send: Send, answer: Answer) -> None:
     """An answer's ASGI messages (the parts of a large binary one sent one by one)."""
     await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
     parts = answer.parts
-    if parts is None or len(parts) == 1:
+    if parts is None:
         await send({"type": "http.response.body", "body": answer.body})
-        return
-    if sum(len(p) for p in parts) <= _JOIN_LIMIT:
-        await send({"type": "http.response.body", "body": b"".join(parts)})
         return
     last = len(parts) - 1
     for i, part in enumerate(parts):

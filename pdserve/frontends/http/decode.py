@@ -120,24 +120,7 @@ def decode_infer_request(
     if arrival_ns is None:
         arrival_ns = time.monotonic_ns()
     body_len = len(body)
-    if header_length is None:
-        header: Buffer = body
-        offset = body_len
-    else:
-        if header_length < 0 or header_length > body_len:
-            raise InferError(
-                f"Inference-Header-Content-Length is {header_length} but the request body "
-                f"holds {body_len} bytes"
-            )
-        header = memoryview(body)[:header_length] if header_length != body_len else body
-        offset = header_length
-    try:
-        doc = orjson.loads(header)
-    except orjson.JSONDecodeError as exc:
-        doc = _loads_lenient(header, exc, header_length is None and b"binary_data_size" in body)
-    if type(doc) is not dict:
-        raise InferError("the inference request must be a JSON object")
-
+    doc, offset = _request_json(body, header_length)
     request_id = doc.get("id", "")
     if type(request_id) is not str:
         raise InferError("request 'id' must be a string")
@@ -175,52 +158,23 @@ def decode_infer_request(
             if params:
                 check_scalar_parameters(params, f"input '{name}'")
         if params and "binary_data_size" in params:
-            size = params["binary_data_size"]
-            if type(size) is not int or size < 0:
-                raise InferError(
-                    f"input '{name}' parameter 'binary_data_size' must be a non-negative integer"
-                )
-            if item.get("data") is not None:
-                raise InferError(
-                    f"input '{name}' has both 'data' and 'binary_data_size'; send one of them"
-                )
-            end = offset + size
-            if end > body_len:
-                raise InferError(
-                    _binary_overrun_message(name, size, body_len - offset, header_length)
-                )
             if mv is None:
                 mv = memoryview(body)
+            end = _binary_end(item, params, name, offset, body_len, header_length)
             inputs[name] = _binary_to_array(mv[offset:end], datatype, shape, count, name)
             offset = end
             last_binary = name
         elif params and "shared_memory_region" in params:
-            if item.get("data") is not None:
-                raise InferError(
-                    f"input '{name}' has both 'data' and 'shared_memory_region'; send one of them"
-                )
-            if type(datatype) is not str or (datatype not in LE_DTYPE and datatype != "BYTES"):
-                raise InferError(_unknown_datatype(datatype, name))
-            region, size, shm_offset = shm_params(params, f"input '{name}'")
             if shm_inputs is None:
                 shm_inputs = {}
-            shm_inputs[name] = ShmInput(datatype, shape, count, region, size, shm_offset)
+            shm_inputs[name] = _shm_input(item, params, name, datatype, shape, count)
             inputs[name] = _SHM_PLACEHOLDER
         else:
-            data = item.get("data")
-            if type(data) is not list:
-                if data is None:
-                    raise InferError(f"input '{name}' has neither 'data' nor 'binary_data_size'")
-                raise InferError(
-                    f"input '{name}' 'data' must be a JSON array (flat or nested, row-major), "
-                    f"not {_json_kind(data)}"
-                )
-            inputs[name] = _json_to_array(data, datatype, shape, count, name)
+            inputs[name] = _json_input(item, name, datatype, shape, count)
     if offset != body_len:
         raise InferError(
             _binary_excess_message(inputs_json, body_len, offset, header_length, last_binary)
         )
-
     outputs_json = doc.get("outputs")
     outputs: list[RequestedOutput] | None = None
     if outputs_json is not None:
@@ -236,6 +190,85 @@ def decode_infer_request(
     if shm_inputs is not None:
         request.shm_inputs = shm_inputs
     return request
+
+
+def _request_json(body: bytes, header_length: int | None) -> tuple[dict[str, Any], int]:
+    """The request's JSON object and where its binary data begins."""
+    body_len = len(body)
+    if header_length is None:
+        header: Buffer = body
+        offset = body_len
+    else:
+        if header_length < 0 or header_length > body_len:
+            raise InferError(
+                f"Inference-Header-Content-Length is {header_length} but the request body "
+                f"holds {body_len} bytes"
+            )
+        header = memoryview(body)[:header_length] if header_length != body_len else body
+        offset = header_length
+    try:
+        doc = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        doc = _loads_lenient(header, exc, header_length is None and b"binary_data_size" in body)
+    if type(doc) is not dict:
+        raise InferError("the inference request must be a JSON object")
+    return doc, offset
+
+
+def _binary_end(
+    item: dict[str, Any],
+    params: dict[str, Any],
+    name: str,
+    offset: int,
+    body_len: int,
+    header_length: int | None,
+) -> int:
+    """Where a binary input's bytes, from ``offset``, end in the body [BIN]."""
+    size = params["binary_data_size"]
+    if type(size) is not int or size < 0:
+        raise InferError(
+            f"input '{name}' parameter 'binary_data_size' must be a non-negative integer"
+        )
+    if item.get("data") is not None:
+        raise InferError(f"input '{name}' has both 'data' and 'binary_data_size'; send one of them")
+    end = offset + size
+    if end > body_len:
+        raise InferError(_binary_overrun_message(name, size, body_len - offset, header_length))
+    return end
+
+
+def _shm_input(
+    item: dict[str, Any],
+    params: dict[str, Any],
+    name: str,
+    datatype: str,
+    shape: list[int],
+    count: int,
+) -> ShmInput:
+    """An input in a shared-memory region (read by the frontend)."""
+    if item.get("data") is not None:
+        raise InferError(
+            f"input '{name}' has both 'data' and 'shared_memory_region'; send one of them"
+        )
+    if datatype not in LE_DTYPE and datatype != "BYTES":
+        raise InferError(_unknown_datatype(datatype, name))
+    region, size, shm_offset = shm_params(params, f"input '{name}'")
+    return ShmInput(datatype, shape, count, region, size, shm_offset)
+
+
+def _json_input(
+    item: dict[str, Any], name: str, datatype: str, shape: list[int], count: int
+) -> np.ndarray:
+    """An input sent as JSON ``data``."""
+    data = item.get("data")
+    if type(data) is not list:
+        if data is None:
+            raise InferError(f"input '{name}' has neither 'data' nor 'binary_data_size'")
+        raise InferError(
+            f"input '{name}' 'data' must be a JSON array (flat or nested, row-major), "
+            f"not {_json_kind(data)}"
+        )
+    return _json_to_array(data, datatype, shape, count, name)
 
 
 #: What ``inputs`` holds for a shared-memory input until the frontend reads it (keeps

@@ -247,7 +247,7 @@ def encode_infer_response(
     """
     parts, header_length, _ = encode_infer_response_parts(response, request)
     if len(parts) == 1:
-        return parts[0], header_length  # type: ignore[return-value]
+        return parts[0], header_length  # type: ignore[return-value]  # one part: the JSON header, bytes
     return b"".join(parts), header_length
 
 

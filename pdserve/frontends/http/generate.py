@@ -27,7 +27,6 @@ one (pdserve's choice; Triton's extension expects a single response there).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -41,6 +40,7 @@ from pdserve.core.errors import internal, invalid_arg
 from pdserve.core.streaming import StreamResponse
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends.http.answer import Answer, json_answer
+from pdserve.frontends.http.routes import call
 from pdserve.frontends.parameters import check_request_parameters
 
 _SSE_HEADERS = [
@@ -193,8 +193,8 @@ async def serve_generate(
             with the code's HTTP status).
     """
     arrival_ns = time.monotonic_ns()
-    metadata = await _maybe_await(server.model_metadata(model, version))
-    config = await _maybe_await(server.model_config(model, version))
+    metadata = await call(server.model_metadata, model, version)
+    config = await call(server.model_config, model, version)
     batching = config.get("max_batch_size", 0) > 0
     request = generate_request(doc, model, version, metadata, batching, arrival_ns)
     if streaming:
@@ -227,11 +227,3 @@ async def _sse_events(items: AsyncGenerator[StreamResponse, None]) -> AsyncGener
                 continue  # an empty final response: nothing to say
             started = True
             yield b"data: " + event + b"\n\n"
-
-
-async def _maybe_await(value: Any) -> Any:
-    """``value``, awaited when it is awaitable (an ``--http-workers`` worker's core
-    answers metadata with coroutines)."""
-    if inspect.isawaitable(value):
-        return await value
-    return value

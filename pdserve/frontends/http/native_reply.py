@@ -17,7 +17,7 @@ from urllib.parse import unquote
 from pdserve.core.cancel import CancelToken
 from pdserve.core.errors import InferError, client_gone
 from pdserve.frontends.http.answer import CLOSE, Answer, error_answer, pump_stream
-from pdserve.frontends.http.app import OFFLOAD_BYTES, HttpApp, parse_infer_headers
+from pdserve.frontends.http.app import JOIN_LIMIT, OFFLOAD_BYTES, HttpApp, parse_infer_headers
 from pdserve.frontends.http.compression import GZIP_MIN_BYTES, gzip_bytes
 from pdserve.frontends.http.server import HttpLimits, _warn
 from pdserve.frontends.http.wire import (
@@ -50,8 +50,6 @@ LINGER_SECONDS = 2.0
 #: headers (431, 400): enough for a legitimate client's oversized headers to finish
 #: arriving, not a sink for an endless header.
 LINGER_HEADER_BYTES = 2 * 1024 * 1024
-#: Above this many bytes a binary inference response is written part by part.
-_JOIN_LIMIT = 64 * 1024
 
 # Deadline kinds of a connection.
 NONE, IDLE, HEAD, BODY, LINGER = 0, 1, 2, 3, 4
@@ -252,7 +250,7 @@ class Replies:
         if self._gone:
             self._finish(request, None)
             return
-        if total <= 64 * 1024:
+        if total <= JOIN_LIMIT:
             self._finish(request, head_bytes + b"".join(parts))
             return
         if not self._head_only:

@@ -40,7 +40,7 @@ import contextlib
 import logging
 import resource
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -50,6 +50,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from pdserve.core.procmem import settle_gc
+from pdserve.frontends.http.asgi import Message, Receive, Scope, Send
 from pdserve.frontends.http.chunks import ChunkWatch
 from pdserve.frontends.http.compression import GZIP_MIN_BYTES, accepts_gzip, gzip_bytes
 from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
@@ -212,7 +213,7 @@ def gzip_responses(app: Callable[..., Awaitable[None]]) -> Callable[..., Awaitab
     Triton's HTTP server also compresses responses on ``Accept-Encoding``.
     """
 
-    async def wrapped(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http":
             await app(scope, receive, send)
             return
@@ -220,12 +221,12 @@ def gzip_responses(app: Callable[..., Awaitable[None]]) -> Callable[..., Awaitab
             name == b"accept-encoding" and accepts_gzip(value)
             for name, value in scope.get("headers", ())
         )
-        start: MutableMapping[str, Any] | None = None  # held until the body is whole
+        start: Message | None = None  # held until the body is whole
         length = -1  # its declared Content-Length, -1 unknown
         encoded = False  # it has a Content-Encoding of its own
         held: list[bytes] = []
 
-        async def send_coded(message: MutableMapping[str, Any]) -> None:
+        async def send_coded(message: Message) -> None:
             nonlocal start, length, encoded
             kind = message.get("type")
             if kind == "http.response.start":
@@ -277,9 +278,7 @@ def gzip_responses(app: Callable[..., Awaitable[None]]) -> Callable[..., Awaitab
     return wrapped
 
 
-def _with_vary(
-    start: MutableMapping[str, Any], gzip_length: int | None
-) -> MutableMapping[str, Any]:
+def _with_vary(start: Message, gzip_length: int | None) -> Message:
     """``start`` (an ``http.response.start``) with ``Vary: Accept-Encoding``; with
     ``gzip_length``: also ``Content-Encoding: gzip`` and that ``Content-Length``."""
     headers = [
@@ -365,7 +364,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     # -- connection ---------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn's base takes a BaseTransport; ours are Transports
         if len(self.connections) >= self.connection_limit:
             # Refused before it is counted: answer 503 and give the descriptor back now.
             self._refused = True
