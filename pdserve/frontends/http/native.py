@@ -40,8 +40,8 @@ from pdserve.frontends.http.native_reply import (
     NONE,
     PIPE,
     WRITE,
+    ParsedRequest,
     Replies,
-    _Request,
 )
 from pdserve.frontends.http.server import HttpLimits, _warn
 from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
@@ -259,7 +259,7 @@ class HttpConnection(Replies, asyncio.Protocol):
         self._serial = 0  # requests completed on this connection
         # requests being answered / waiting
         self._busy = False
-        self._queue: collections.deque[_Request] = collections.deque()
+        self._queue: collections.deque[ParsedRequest] = collections.deque()
         self._pending_error: bytes | None = None
         self._token: CancelToken | None = None
         self._paused = 0
@@ -680,7 +680,7 @@ class HttpConnection(Replies, asyncio.Protocol):
         url = self._url
         if url[:1] != b"/" or b"#" in url:  # a fragment too: uvicorn drops it
             url = origin_form(url)
-        request = _Request(
+        request = ParsedRequest(
             method,
             url,
             self._headers,

@@ -57,7 +57,7 @@ NONE, IDLE, HEAD, BODY, LINGER = 0, 1, 2, 3, 4
 PIPE, WRITE = 1, 2
 
 
-class _Request:
+class ParsedRequest:
     """One parsed request waiting to be (or being) answered."""
 
     __slots__ = ("method", "url", "headers", "body", "keep_alive", "http10", "gzip")
@@ -109,7 +109,7 @@ class Replies:
     _continue: bool
     _body_start: float
     _linger_left: int
-    _queue: collections.deque[_Request]
+    _queue: collections.deque[ParsedRequest]
     _pending_error: bytes | None
     _rejection: tuple[int, str] | None
     _token: CancelToken | None
@@ -125,7 +125,7 @@ class Replies:
 
     # -- requests -----------------------------------------------------------------------
 
-    def _dispatch(self, request: _Request) -> None:
+    def _dispatch(self, request: ParsedRequest) -> None:
         self._busy = True
         self._head_only = request.method == b"HEAD"
         if self.server.closing:
@@ -151,7 +151,7 @@ class Replies:
                         model = self._segment(parts[3])
                         version = self._segment(parts[5]) if n == 7 else ""
                     except UnicodeDecodeError:
-                        pass  # the ASGI route answers it
+                        pass  # HttpApp.handle answers it
                     else:
                         if len(routes) >= MAX_INFER_ROUTES:
                             routes.clear()
@@ -179,7 +179,7 @@ class Replies:
             token.cancel(client_gone())
         return token
 
-    async def _infer(self, request: _Request, model: str, version: str) -> None:
+    async def _infer(self, request: ParsedRequest, model: str, version: str) -> None:
         """``POST .../infer``: :meth:`HttpApp.infer <pdserve.frontends.http.app.HttpApp.infer>`'s
         steps run from this task, without the routing and exchange of ``handle`` (the
         transport's hot path: the route is cached, one coroutine level fewer)."""
@@ -259,7 +259,7 @@ class Replies:
             self.transport.write(head_bytes)
         self._finish(request, None)
 
-    def _end(self, request: _Request) -> bytes:
+    def _end(self, request: ParsedRequest) -> bytes:
         """The end of the header block: the connection header, if one is needed."""
         if not request.keep_alive or self.server.draining() or self.server.closing:
             request.keep_alive = False
@@ -270,7 +270,7 @@ class Replies:
 
     def _write_whole(
         self,
-        request: _Request,
+        request: ParsedRequest,
         status: int,
         headers: list[tuple[bytes, bytes]],
         parts: list[Any],
@@ -287,7 +287,7 @@ class Replies:
         self._finish(request, self._compose(request, status, headers, body, False))
 
     async def _write_gzip_later(
-        self, request: _Request, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+        self, request: ParsedRequest, status: int, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> None:
         try:
             compressed = await off_loop(gzip_bytes, body)
@@ -298,7 +298,7 @@ class Replies:
 
     def _compose(
         self,
-        request: _Request,
+        request: ParsedRequest,
         status: int,
         headers: list[tuple[bytes, bytes]],
         body: bytes,
@@ -323,7 +323,9 @@ class Replies:
             out.append(body)
         return b"".join(out)
 
-    def _answer_error(self, request: _Request, exc: BaseException, method: str, what: str) -> None:
+    def _answer_error(
+        self, request: ParsedRequest, exc: BaseException, method: str, what: str
+    ) -> None:
         answer = error_answer(exc, method, what)
         if CLOSE in answer.headers:
             request.keep_alive = False
@@ -335,7 +337,7 @@ class Replies:
             request, self._compose(request, answer.status, answer.headers, answer.body, False)
         )
 
-    def _finish(self, request: _Request, data: bytes | None) -> None:
+    def _finish(self, request: ParsedRequest, data: bytes | None) -> None:
         """Write ``data`` (the whole response; None: already written) and go on with
         the next request, or close."""
         transport = self.transport
@@ -424,7 +426,7 @@ class Replies:
 
     # -- every route but the inference fast path ---------------------------------------
 
-    async def _serve(self, request: _Request) -> None:
+    async def _serve(self, request: ParsedRequest) -> None:
         """Answer a request with :meth:`HttpApp.handle <pdserve.frontends.http.app.HttpApp.handle>`."""
         method = request.method.decode("latin-1")
         path = request.url.partition(b"?")[0].decode("latin-1")
@@ -458,7 +460,7 @@ class Replies:
             request.keep_alive = False
         self._finish(request, None)
 
-    def _write_answer(self, request: _Request, answer: Answer) -> None:
+    def _write_answer(self, request: ParsedRequest, answer: Answer) -> None:
         """Write a whole answer (gzip-coded when the client accepts it and it is large
         enough, and small enough to code on the loop)."""
         body = answer.body if answer.parts is None else b"".join(answer.parts)
@@ -500,7 +502,7 @@ class _Exchange:
 
     __slots__ = ("conn", "request")
 
-    def __init__(self, conn: Replies, request: _Request) -> None:
+    def __init__(self, conn: Replies, request: ParsedRequest) -> None:
         self.conn = conn
         self.request = request
 
@@ -522,7 +524,7 @@ class _StreamWriter:
 
     __slots__ = ("conn", "request", "answer", "started", "complete", "chunked")
 
-    def __init__(self, conn: Replies, request: _Request, answer: Answer) -> None:
+    def __init__(self, conn: Replies, request: ParsedRequest, answer: Answer) -> None:
         self.conn = conn
         self.request = request
         self.answer = answer
