@@ -1,18 +1,16 @@
 """KServe V2 REST inference request bodies (JSON, and Triton's binary tensor data
 extension) -> :class:`InferRequest`: pure functions, no I/O.
 
-Sources: [V2] the Open Inference Protocol, REST (``specification/protocol/
-inference_rest.md`` in kserve/open-inference-protocol); [BIN] Triton's binary tensor
-data extension (``docs/protocol/extension_binary_data.md``): binary inputs' bytes follow
-the JSON header, whose size ``Inference-Header-Content-Length`` gives; little-endian,
-row-major; a BYTES element is a uint32 length and its bytes.
+Sources: [V2] the Open Inference Protocol, REST (kserve/open-inference-protocol,
+``inference_rest.md``); [BIN] Triton's binary tensor data extension: binary inputs'
+bytes follow the JSON header, whose size ``Inference-Header-Content-Length`` gives;
+little-endian, row-major; a BYTES element is a uint32 length and its bytes.
 
 Beyond the specs: binary fixed-size inputs are zero-copy **read-only** views into the
 body; JSON data must be an array of the kind the datatype calls for, range-checked (400
 where Triton wraps or makes inf); ``NaN`` / ``Infinity`` tokens are read as Triton
 reads them; FP16 is accepted as JSON numbers (Triton refuses it); shared-memory inputs
-are recorded in ``InferRequest.shm_inputs`` for the frontend to read
-(:mod:`pdserve.frontends.shared_memory`).
+go to ``InferRequest.shm_inputs`` (:mod:`pdserve.frontends.shared_memory`).
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
-"""Triton's generate extension (server docs/protocol/extension_generate.md).
+"""Triton's generate extension (server docs/protocol/extension_generate.md):
+``POST /v2/models/{m}[/versions/{v}]/generate`` answers one JSON object,
+``.../generate_stream`` Server-Sent Events, one ``data: {...}`` event per response.
 
-``POST /v2/models/{m}[/versions/{v}]/generate`` answers one JSON object;
-``.../generate_stream`` answers Server-Sent Events, one ``data: {...}`` event per
-response of the model, as they come (a decoupled model's several responses; any other
-model's one). Both take the same request object:
-
-* a key that names a model input becomes that input: a JSON string is a ``BYTES``
-  element, a number or boolean an element of the input's datatype; a scalar has shape
-  ``[1]``, a (nested) array its nesting's shape; a batching model
-  (``max_batch_size > 0``) gets a batch dimension of 1 in front;
-* ``"parameters"``: an object of request parameters;
-* any other key is a request parameter too (Triton: "passed either as parameters or
-  tensors based on model specification").
-
-A response object is ``{"model_name", "model_version", <output>: value, ...}``: an
-output of one element is that element (a ``BYTES`` element as UTF-8 text), a larger one
-a nested array. An error is ``{"error": message}``: with the HTTP status of its code
-when the request fails before its first response, else as an SSE event of a stream
-whose status (200) was already sent, as Triton documents. An empty final response (a
-decoupled model sending the final flag alone) sends no event.
-
-``/generate`` on a decoupled model that sends several responses answers the last
-one (pdserve's choice; Triton's extension expects a single response there).
+The request object: a key naming a model input becomes that input (a JSON string a
+``BYTES`` element, a number or boolean one of the input's datatype; a scalar shape
+``[1]``, an array its nesting's shape; a batch dimension of 1 in front for a batching
+model); ``"parameters"`` and any other key are request parameters. A response object is
+``{"model_name", "model_version", <output>: value, ...}`` (one element: that element;
+more: a nested array). An error before the first response is ``{"error": message}``
+with its code's status; after it, an SSE event (the 200 was sent). An empty final
+response sends no event; ``/generate`` on a decoupled model answers its last response.
 """
 
 from __future__ import annotations

@@ -8,10 +8,9 @@ with the uvicorn server, and the app's body limits): request line and headers (4
 header and body timeouts and a least body rate (408), idle and write timeouts, open
 connections (503), chunk sizes and chunked framing (413 / 431). A refusal is answered
 after the responses due before it, then the connection closes lingering. Keep-alive,
-HTTP/1.0, pipelining (answered in order, at most :data:`MAX_PIPELINE` waiting),
-``Expect: 100-continue``, compressed request bodies, gzip responses, write
-backpressure, cancellation on disconnect and a graceful shutdown (503 and close for new
-requests, in-flight ones finish) are handled here. One timer per server
+HTTP/1.0, pipelining (in order, at most :data:`MAX_PIPELINE` waiting), ``Expect:
+100-continue``, compressed bodies, gzip responses, write backpressure, cancellation on
+disconnect and a graceful shutdown are handled here; one timer per server
 (:meth:`NativeHttpServer._sweep`) checks every connection's deadline.
 """
 

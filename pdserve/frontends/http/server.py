@@ -1,36 +1,15 @@
 """Run the V2 REST ASGI application on uvicorn (uvloop + httptools), with limits on
 what a connection may cost.
 
-uvicorn's httptools protocol has no limit on the size or number of request headers,
-no deadline for a request's headers, and arms its keep-alive timer only after a
-response: a connection that never sends a request, or sends half of its headers,
-is never closed, and httptools buffers an endless header in memory. It can limit
+uvicorn's httptools protocol has no limit on the size or number of request headers, no
+deadline for them, arms its keep-alive timer only after a response and limits
 concurrency only by answering 503 once a connection is open. :class:`LimitedHttpProtocol`
-(our subclass of ``uvicorn.protocols.http.httptools_impl.HttpToolsProtocol``)
-enforces :class:`HttpLimits` instead:
-
-============================  ===============================================================
-``max_header_bytes``          request line + headers of one request; over it: 431 and close
-``max_header_count``          header fields of one request; over it: 431 and close
-``header_timeout``            seconds from a request's first byte to the end of its headers;
-                              over it: 408 and close
-``idle_timeout``              seconds a connection may wait with no request in progress
-                              (new, or kept alive after a response); then closed silently
-``max_connections``           open connections; a new one over it gets 503 and is closed
-                              at once (it never holds its file descriptor longer)
-``body_min_rate``             bytes/s a body must average after its first ``body_timeout``
-                              seconds (:func:`serve_http`'s ``body_timeout``); slower: 408
-                              and close
-============================  ===============================================================
-
-:func:`gzip_responses` (applied by :func:`serve_http`) codes responses as the native
-transport does (gzip on ``Accept-Encoding``, ``Vary``), and a request asking for a
-protocol upgrade is served as HTTP/1.1 with its body (:mod:`.upgrade`).
-
-The request body has its own limits in :class:`~pdserve.frontends.http.app.HttpApp`
-(size, and a timeout between its pieces: 413 / 408). Rejections are answered in the
-V2 error format, ``{"error": message}``, with ``connection: close``, and logged at
-most once per 10 seconds per kind. Triton's HTTP server has no such settings.
+(a subclass of uvicorn's ``HttpToolsProtocol``) enforces :class:`HttpLimits` instead:
+header bytes and count (431), header timeout and least body rate (408), idle timeout,
+open connections (503 at once). Refusals are ``{"error": message}`` with ``connection:
+close``, logged at most once per 10 seconds per kind. :func:`gzip_responses` codes
+responses as the native transport does; an upgrade request is served as HTTP/1.1
+(:mod:`.upgrade`). Body limits are the app's (:mod:`.body`).
 """
 
 from __future__ import annotations
