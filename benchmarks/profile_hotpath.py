@@ -39,7 +39,8 @@ async def run(args: argparse.Namespace) -> None:
 
     from pdserve.app.build import build_server
     from pdserve.app.settings import Settings, add_arguments
-    from pdserve.frontends.http.codec import decode_infer_request, encode_infer_response_parts
+    from pdserve.frontends.http.decode import decode_infer_request
+    from pdserve.frontends.http.encode import encode_infer_response_parts
     from pdserve.observability import logs, metrics
 
     repo = build_repo()

@@ -18,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import fcntl
 import logging
 import os
 import socket
 import struct
-import termios
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Protocol
+
+from pdserve.frontends.http.wire import unread_bytes
 
 log = logging.getLogger("pdserve")
 
@@ -229,19 +229,6 @@ def close_connections_while(draining: Callable[[], bool], app: ASGIApp) -> ASGIA
     return wrapped
 
 
-def _unread_bytes(transport: Any) -> int:
-    """Bytes received on a connection and not read yet (``FIONREAD``); 0 if unknown."""
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None:
-        return 0
-    buf = bytearray(4)
-    try:
-        fcntl.ioctl(sock.fileno(), termios.FIONREAD, buf)
-    except (OSError, ValueError):
-        return 0
-    return int(struct.unpack("i", bytes(buf))[0])
-
-
 def _settled(connection: object) -> bool:
     """A uvicorn HTTP connection with no request in progress and nothing unread."""
     cycle = getattr(connection, "cycle", None)
@@ -255,7 +242,7 @@ def _settled(connection: object) -> bool:
     transport = getattr(connection, "transport", None)
     if transport is not None and transport.is_closing():
         return True
-    return _unread_bytes(transport) == 0
+    return unread_bytes(transport) == 0
 
 
 async def wait_http_settled(http: object, timeout: float) -> None:

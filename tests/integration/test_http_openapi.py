@@ -30,7 +30,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
 from schemathesis.config._checks import NegativeDataRejectionConfig
 
-from pdserve.frontends.http.app import openapi_document
+from pdserve.frontends.http.routes import openapi_document
 from tests.conftest import ServerProcess, copy_models, start_server
 
 #: Examples per operation and generation mode (28 operations, 10 with negative examples

@@ -1,6 +1,6 @@
 """Property-based fuzzing of the request decoders: the V2 REST JSON decoder, its binary
 tensor data extension, and the gRPC ``ModelInferRequest`` decoder
-(pdserve.frontends.http.codec / pdserve.frontends.grpc.codec).
+(pdserve.frontends.http.decode / pdserve.frontends.grpc.codec).
 
 Whatever the input, a decoder either returns a request whose every input has exactly
 the declared shape and the datatype's dtype, or raises InferError with a client error
@@ -26,7 +26,7 @@ from pdserve.core.datatypes import V2_TO_NUMPY
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferRequest
 from pdserve.frontends.grpc import codec as grpc_codec
-from pdserve.frontends.http import codec as http_codec
+from pdserve.frontends.http import decode as http_codec
 
 #: Examples per test; PDSERVE_FUZZ_EXAMPLES=5000 for a longer run.
 EXAMPLES = int(os.environ.get("PDSERVE_FUZZ_EXAMPLES", "250"))

@@ -13,7 +13,8 @@ import pytest
 
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends import offload
-from pdserve.frontends.http.app import PROCESS_JSON_BYTES, create_http_app
+from pdserve.frontends.http.app import create_http_app
+from pdserve.frontends.http.body import PROCESS_JSON_BYTES
 from tests.unit.test_http_codec import FakeServer, StatsServer, call, client_request, parse
 
 LIMIT = 100_000
@@ -142,7 +143,7 @@ def test_output_data_json_gives_the_bytes_the_encoder_writes() -> None:
     encoded in one go: floats with NaN/inf tokens, FP16, non-contiguous and big-endian
     arrays, BYTES, booleans, scalars; binary outputs are left alone."""
     from pdserve.core.types import RequestedOutput
-    from pdserve.frontends.http.codec import (
+    from pdserve.frontends.http.encode import (
         encode_infer_response,
         json_output_names,
         output_data_json,
@@ -176,7 +177,7 @@ def test_output_data_json_gives_the_bytes_the_encoder_writes() -> None:
 def encode_infer_response_with(
     response: InferResponse, request: InferRequest, encoded: dict[str, bytes]
 ) -> tuple[bytes, int | None]:
-    from pdserve.frontends.http.codec import encode_infer_response_parts
+    from pdserve.frontends.http.encode import encode_infer_response_parts
 
     parts, json_length, _ = encode_infer_response_parts(response, request, encoded)
     return b"".join(bytes(p) for p in parts), json_length
@@ -203,7 +204,7 @@ def infer_body(rid: str) -> bytes:
 
 def test_a_large_json_response_is_encoded_in_a_decode_process_byte_identical() -> None:
     from pdserve.frontends.http.app import PROCESS_JSON_OUTPUT_BYTES
-    from pdserve.frontends.http.codec import encode_infer_response
+    from pdserve.frontends.http.encode import encode_infer_response
 
     n = PROCESS_JSON_OUTPUT_BYTES // 4 + 1000
     app = create_http_app(BigOutputServer())
@@ -281,7 +282,7 @@ def test_the_disconnect_hook_leaves_no_cycle_once_released() -> None:
     import asyncio
 
     from pdserve.core.errors import ErrorCode
-    from pdserve.frontends.http.app import (
+    from pdserve.frontends.http.asgi import (
         _DisconnectEvent,
         disconnect_token,
         release_disconnect_hook,

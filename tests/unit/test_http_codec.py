@@ -1,4 +1,4 @@
-"""The V2 REST codec (pdserve.frontends.http.codec) and the ASGI frontend in isolation.
+"""The V2 REST codec (pdserve.frontends.http.decode / .encode) and the ASGI frontend in isolation.
 
 Codec tests use real request bodies built by ``tritonclient.http`` (the exact bytes the
 real client sends) and parse our responses with ``tritonclient.http``'s own parser. The
@@ -25,11 +25,8 @@ import tritonclient.http as triton_http
 from pdserve.core.errors import ErrorCode, InferError, not_found
 from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
 from pdserve.frontends.http.app import create_http_app
-from pdserve.frontends.http.codec import (
-    decode_infer_request,
-    encode_infer_response,
-    encode_infer_response_parts,
-)
+from pdserve.frontends.http.decode import decode_infer_request
+from pdserve.frontends.http.encode import encode_infer_response, encode_infer_response_parts
 from pdserve.frontends.http.server import LimitedHttpProtocol, serve_http
 from pdserve.frontends.http.status import http_status
 

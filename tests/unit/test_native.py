@@ -18,7 +18,8 @@ import uvloop
 
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends.http.app import create_http_app
-from pdserve.frontends.http.native import GZIP_MIN_BYTES, HttpConnection, NativeHttpServer
+from pdserve.frontends.http.compression import GZIP_MIN_BYTES
+from pdserve.frontends.http.native import HttpConnection, NativeHttpServer
 from pdserve.frontends.http.server import HttpLimits
 from tests.unit.test_http_codec import FakeServer, client_request, parse
 

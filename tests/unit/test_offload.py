@@ -15,7 +15,7 @@ import pytest
 
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.frontends import offload
-from pdserve.frontends.http.codec import decode_infer_request
+from pdserve.frontends.http.decode import decode_infer_request
 
 
 @pytest.fixture(autouse=True)

@@ -28,7 +28,7 @@ from pdserve.app.perf.inputs import (
 )
 from pdserve.app.perf.options import PerfError, PerfOptions
 from pdserve.frontends.grpc.codec import decode_infer_request as decode_grpc
-from pdserve.frontends.http.codec import decode_infer_request as decode_http
+from pdserve.frontends.http.decode import decode_infer_request as decode_http
 
 
 def _spec(mbs: int = 8) -> ModelSpec:

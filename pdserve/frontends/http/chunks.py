@@ -1,21 +1,17 @@
 """The declared size of a chunked request body's chunks, for both HTTP transports.
 
-llhttp (httptools) parses a chunk-size line but does not say the size: a chunk that
-declares ``7FFFFFFFFFFFFFFF`` bytes (or anything past the body limit) is accepted, and
-the transport would wait for its bytes until the body timeout. :class:`ChunkWatch`
-finds the size line in the bytes the transport fed and reads the size, so that a chunk
-that cannot fit is refused with 413 as soon as its size line (or the first digits of
-it) arrives. A size that overflows 64 bits is refused by llhttp itself
-("Chunk size overflow": 400), as is any malformed size line.
+llhttp (httptools) parses a chunk-size line but does not say the size, so a chunk that
+declares more than the body limit would be waited for until the body timeout.
+:class:`ChunkWatch` finds the size line in the bytes the transport fed and reads it, so
+such a chunk is refused with 413 as soon as its size line (or its first digits) arrives;
+llhttp itself refuses a size past 64 bits or a malformed line (400).
 
-How the line is found without a parser of its own: llhttp calls ``on_chunk_header``
-when a size line's LF has been parsed, then reports the chunk's bytes with
-``on_body``. So when a feed ends with a chunk open whose header came in that feed, the
-bytes of the chunk in it are the last ``body bytes since the header`` of the data, and
-the size line ends right before them. When a feed ends between chunks, the bytes after
-its last LF are the beginning of the next size line (kept, up to :data:`_KEEP` bytes,
-for the next feed). The last chunk (size 0) stays open until its trailer section ends
-(llhttp calls ``on_chunk_complete`` then), so trailer fields are never read as sizes.
+Finding the line without a parser of its own: llhttp calls ``on_chunk_header`` once a
+size line's LF is parsed, then reports the chunk's bytes with ``on_body``; so a feed
+that ends inside a chunk whose header it held ends with that chunk's body bytes, right
+after the size line, and a feed that ends between chunks ends with the start of the
+next size line (kept, up to :data:`_KEEP` bytes). The last chunk stays open until its
+trailers end, so trailer fields are never read as sizes.
 """
 
 from __future__ import annotations

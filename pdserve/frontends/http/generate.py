@@ -1,36 +1,22 @@
-"""Triton's generate extension (server docs/protocol/extension_generate.md).
+"""Triton's generate extension (server docs/protocol/extension_generate.md):
+``POST /v2/models/{m}[/versions/{v}]/generate`` answers one JSON object,
+``.../generate_stream`` Server-Sent Events, one ``data: {...}`` event per response.
 
-``POST /v2/models/{m}[/versions/{v}]/generate`` answers one JSON object;
-``.../generate_stream`` answers Server-Sent Events, one ``data: {...}`` event per
-response of the model, as they come (a decoupled model's several responses; any other
-model's one). Both take the same request object:
-
-* a key that names a model input becomes that input: a JSON string is a ``BYTES``
-  element, a number or boolean an element of the input's datatype; a scalar has shape
-  ``[1]``, a (nested) array its nesting's shape; a batching model
-  (``max_batch_size > 0``) gets a batch dimension of 1 in front;
-* ``"parameters"``: an object of request parameters;
-* any other key is a request parameter too (Triton: "passed either as parameters or
-  tensors based on model specification").
-
-A response object is ``{"model_name", "model_version", <output>: value, ...}``: an
-output of one element is that element (a ``BYTES`` element as UTF-8 text), a larger one
-a nested array. An error is ``{"error": message}``: with the HTTP status of its code
-when the request fails before its first response, else as an SSE event of a stream
-whose status (200) was already sent, as Triton documents. An empty final response (a
-decoupled model sending the final flag alone) sends no event.
-
-``/generate`` on a decoupled model that sends several responses answers the last
-one (pdserve's choice; Triton's extension expects a single response there).
+The request object: a key naming a model input becomes that input (a JSON string a
+``BYTES`` element, a number or boolean one of the input's datatype; a scalar shape
+``[1]``, an array its nesting's shape; a batch dimension of 1 in front for a batching
+model); ``"parameters"`` and any other key are request parameters. A response object is
+``{"model_name", "model_version", <output>: value, ...}`` (one element: that element;
+more: a nested array). An error before the first response is ``{"error": message}``
+with its code's status; after it, an SSE event (the 200 was sent). An empty final
+response sends no event; ``/generate`` on a decoupled model answers its last response.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import inspect
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import numpy as np
@@ -41,16 +27,14 @@ from pdserve.core.datatypes import v2_to_numpy
 from pdserve.core.errors import internal, invalid_arg
 from pdserve.core.streaming import StreamResponse
 from pdserve.core.types import InferRequest, InferResponse
+from pdserve.frontends.http.answer import Answer, json_answer
+from pdserve.frontends.http.routes import call
 from pdserve.frontends.parameters import check_request_parameters
-
-Send = Callable[[dict[str, Any]], Any]
-Receive = Callable[[], Any]
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
 ]
-_JSON = (b"content-type", b"application/json")
 
 
 def generate_request(
@@ -185,54 +169,41 @@ def _error_json(message: str) -> bytes:
 async def serve_generate(
     server: InferenceCore,
     doc: dict[str, Any],
-    receive: Receive,
-    send: Send,
     model: str,
     version: str,
     streaming: bool,
-) -> None:
-    """Serve one ``generate`` (``streaming`` False) or ``generate_stream`` request.
+) -> Answer:
+    """The answer to one ``generate`` (``streaming`` False) or ``generate_stream``
+    request (then a stream of SSE events, which the transport writes as they come).
 
     Raises:
-        InferError: the request fails before its first response (the app answers it
-            as JSON with the code's HTTP status).
+        InferError: the request fails before its first response (answered as JSON
+            with the code's HTTP status).
     """
     arrival_ns = time.monotonic_ns()
-    metadata = await _maybe_await(server.model_metadata(model, version))
-    config = await _maybe_await(server.model_config(model, version))
+    metadata = await call(server.model_metadata, model, version)
+    config = await call(server.model_config, model, version)
     batching = config.get("max_batch_size", 0) > 0
     request = generate_request(doc, model, version, metadata, batching, arrival_ns)
+    if streaming:
+        return Answer(200, _SSE_HEADERS, stream=_sse_events(server.infer_stream(request)))
     async with contextlib.aclosing(server.infer_stream(request)) as items:
-        if not streaming:
-            last: InferResponse | None = None
-            async for item in items:
-                if item.error is not None:
-                    raise item.error
-                if item.response is not None:
-                    last = item.response
-            if last is None:
-                raise internal(f"model '{model}' sent no response to the generate request")
-            body = response_json(last)
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [_JSON, (b"content-length", b"%d" % len(body))],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
-            return
-        await _stream_sse(items, receive, send)
+        last: InferResponse | None = None
+        async for item in items:
+            if item.error is not None:
+                raise item.error
+            if item.response is not None:
+                last = item.response
+    if last is None:
+        raise internal(f"model '{model}' sent no response to the generate request")
+    return json_answer(response_json(last))
 
 
-async def _stream_sse(items: Any, receive: Receive, send: Send) -> None:
-    """Send the items as SSE events; stop (closing the stream, which cancels the
-    request in the model) when the client disconnects."""
-    started = False
-
-    async def pump() -> None:
-        nonlocal started
-        item: StreamResponse
+async def _sse_events(items: AsyncGenerator[StreamResponse, None]) -> AsyncGenerator[bytes, None]:
+    """The SSE events of a stream's items; an error before the first event is raised
+    (answered with its status), one after it is an event."""
+    async with contextlib.aclosing(items):
+        started = False
         async for item in items:
             if item.error is not None:
                 if not started:
@@ -242,46 +213,5 @@ async def _stream_sse(items: Any, receive: Receive, send: Send) -> None:
                 event = response_json(item.response)
             else:
                 continue  # an empty final response: nothing to say
-            if not started:
-                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-                started = True
-            await send(
-                {
-                    "type": "http.response.body",
-                    "body": b"data: " + event + b"\n\n",
-                    "more_body": True,
-                }
-            )
-        if not started:  # no response at all: an empty event stream
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
             started = True
-        await send({"type": "http.response.body", "body": b""})
-
-    async def disconnected() -> None:
-        while True:
-            message = await receive()
-            if message.get("type") == "http.disconnect":
-                return
-
-    pumping = asyncio.ensure_future(pump())
-    watching = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({pumping, watching}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watching.cancel()
-        if not pumping.done():
-            pumping.cancel()
-            with contextlib.suppress(BaseException):
-                await pumping
-    if pumping.done() and not pumping.cancelled():
-        error = pumping.exception()
-        if error is not None:
-            raise error
-
-
-async def _maybe_await(value: Any) -> Any:
-    """``value``, awaited when it is awaitable (an ``--http-workers`` worker's core
-    answers metadata with coroutines)."""
-    if inspect.isawaitable(value):
-        return await value
-    return value
+            yield b"data: " + event + b"\n\n"

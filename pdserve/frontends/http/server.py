@@ -1,36 +1,15 @@
 """Run the V2 REST ASGI application on uvicorn (uvloop + httptools), with limits on
 what a connection may cost.
 
-uvicorn's httptools protocol has no limit on the size or number of request headers,
-no deadline for a request's headers, and arms its keep-alive timer only after a
-response: a connection that never sends a request, or sends half of its headers,
-is never closed, and httptools buffers an endless header in memory. It can limit
+uvicorn's httptools protocol has no limit on the size or number of request headers, no
+deadline for them, arms its keep-alive timer only after a response and limits
 concurrency only by answering 503 once a connection is open. :class:`LimitedHttpProtocol`
-(our subclass of ``uvicorn.protocols.http.httptools_impl.HttpToolsProtocol``)
-enforces :class:`HttpLimits` instead:
-
-============================  ===============================================================
-``max_header_bytes``          request line + headers of one request; over it: 431 and close
-``max_header_count``          header fields of one request; over it: 431 and close
-``header_timeout``            seconds from a request's first byte to the end of its headers;
-                              over it: 408 and close
-``idle_timeout``              seconds a connection may wait with no request in progress
-                              (new, or kept alive after a response); then closed silently
-``max_connections``           open connections; a new one over it gets 503 and is closed
-                              at once (it never holds its file descriptor longer)
-``body_min_rate``             bytes/s a body must average after its first ``body_timeout``
-                              seconds (:func:`serve_http`'s ``body_timeout``); slower: 408
-                              and close
-============================  ===============================================================
-
-:func:`gzip_responses` (applied by :func:`serve_http`) codes responses as the native
-transport does (gzip on ``Accept-Encoding``, ``Vary``), and a request asking for a
-protocol upgrade is served as HTTP/1.1 with its body (:mod:`.upgrade`).
-
-The request body has its own limits in :class:`~pdserve.frontends.http.app.HttpApp`
-(size, and a timeout between its pieces: 413 / 408). Rejections are answered in the
-V2 error format, ``{"error": message}``, with ``connection: close``, and logged at
-most once per 10 seconds per kind. Triton's HTTP server has no such settings.
+(a subclass of uvicorn's ``HttpToolsProtocol``) enforces :class:`HttpLimits` instead:
+header bytes and count (431), header timeout and least body rate (408), idle timeout,
+open connections (503 at once). Refusals are ``{"error": message}`` with ``connection:
+close``, logged at most once per 10 seconds per kind. :func:`gzip_responses` codes
+responses as the native transport does; an upgrade request is served as HTTP/1.1
+(:mod:`.upgrade`). Body limits are the app's (:mod:`.body`).
 """
 
 from __future__ import annotations
@@ -40,7 +19,7 @@ import contextlib
 import logging
 import resource
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -50,9 +29,11 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from pdserve.core.procmem import settle_gc
+from pdserve.frontends.http.asgi import Message, Receive, Scope, Send
 from pdserve.frontends.http.chunks import ChunkWatch
 from pdserve.frontends.http.compression import GZIP_MIN_BYTES, accepts_gzip, gzip_bytes
 from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
+from pdserve.frontends.http.wire import feed_to_header_limit
 from pdserve.frontends.offload import off_loop
 
 logger = logging.getLogger("pdserve.http")
@@ -211,7 +192,7 @@ def gzip_responses(app: Callable[..., Awaitable[None]]) -> Callable[..., Awaitab
     Triton's HTTP server also compresses responses on ``Accept-Encoding``.
     """
 
-    async def wrapped(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http":
             await app(scope, receive, send)
             return
@@ -219,12 +200,12 @@ def gzip_responses(app: Callable[..., Awaitable[None]]) -> Callable[..., Awaitab
             name == b"accept-encoding" and accepts_gzip(value)
             for name, value in scope.get("headers", ())
         )
-        start: MutableMapping[str, Any] | None = None  # held until the body is whole
+        start: Message | None = None  # held until the body is whole
         length = -1  # its declared Content-Length, -1 unknown
         encoded = False  # it has a Content-Encoding of its own
         held: list[bytes] = []
 
-        async def send_coded(message: MutableMapping[str, Any]) -> None:
+        async def send_coded(message: Message) -> None:
             nonlocal start, length, encoded
             kind = message.get("type")
             if kind == "http.response.start":
@@ -276,9 +257,7 @@ def gzip_responses(app: Callable[..., Awaitable[None]]) -> Callable[..., Awaitab
     return wrapped
 
 
-def _with_vary(
-    start: MutableMapping[str, Any], gzip_length: int | None
-) -> MutableMapping[str, Any]:
+def _with_vary(start: Message, gzip_length: int | None) -> Message:
     """``start`` (an ``http.response.start``) with ``Vary: Accept-Encoding``; with
     ``gzip_length``: also ``Content-Encoding: gzip`` and that ``Content-Length``."""
     headers = [
@@ -364,7 +343,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     # -- connection ---------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn's base takes a BaseTransport; ours are Transports
         if len(self.connections) >= self.connection_limit:
             # Refused before it is counted: answer 503 and give the descriptor back now.
             self._refused = True
@@ -405,19 +384,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             if self._awaiting_headers:
                 room = limit - self._header_bytes
                 if len(data) > room:
-                    # Feed only what fits: if the headers end in it, go on with the rest;
-                    # if they do not, the request is refused without buffering more.
-                    head = data[: max(room, 0)]
-                    data = data[len(head) :]
-                    self._header_bytes += len(head)
-                    if head and not self._feed(head):
+                    rest = feed_to_header_limit(self, data, room, limit)
+                    if rest is None:
                         return
-                    if self._awaiting_headers:
-                        self._reject(
-                            431,
-                            f"the request line and headers exceed the limit of {limit} bytes",
-                        )
-                        return
+                    data = rest
                     continue
                 self._header_bytes += len(data)
             if data and not self._feed(data):

@@ -1,19 +1,15 @@
 """Requests that ask for a protocol upgrade, served as plain HTTP/1.1 (both transports).
 
 pdserve speaks only HTTP/1.1 on its HTTP port (no WebSocket, no h2c), as Triton's HTTP
-server does: a request with ``Connection: Upgrade`` and ``Upgrade: ...`` (``curl
---http2`` sends ``Upgrade: h2c`` on every cleartext request) is answered as an
-ordinary request, which RFC 9110 7.8 allows ("A server MAY ignore a received Upgrade
-header field"), and the connection carries on as HTTP/1.1.
+server: a request with ``Connection: Upgrade`` (``curl --http2`` sends ``Upgrade: h2c``)
+is answered as an ordinary request (RFC 9110 7.8 lets a server ignore ``Upgrade``).
 
-httptools (llhttp) cannot be told so: on such a request it skips the body, reports
-the message complete right after the headers and stops with ``HttpParserUpgrade``
-(its argument: the offset of the first byte after the headers in the data fed). The
-transports then go on with a fresh parser (:func:`parser_after_upgrade`), first fed a
-synthetic request head that carries only the original request's body framing
-(``Content-Length: N`` or ``Transfer-Encoding: chunked``), whose callbacks are
-swallowed, so that the body that follows is parsed (and limited, and timed) as the
-original request's, and whatever comes after it as the next request.
+httptools (llhttp) cannot be told so: it skips the body, reports the message complete
+after the headers and raises ``HttpParserUpgrade`` (with the offset past the headers).
+The transports then go on with a fresh parser (:func:`parser_after_upgrade`), first fed
+a synthetic head carrying only the original body framing (``Content-Length`` or
+chunked), its callbacks swallowed, so the body is parsed, limited and timed as the
+original request's, and what follows as the next request.
 """
 
 from __future__ import annotations

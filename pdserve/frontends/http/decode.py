@@ -1,110 +1,50 @@
-"""KServe V2 REST inference bodies <-> :class:`InferRequest` / :class:`InferResponse`.
+"""KServe V2 REST inference request bodies (JSON, and Triton's binary tensor data
+extension) -> :class:`InferRequest`: pure functions, no I/O.
 
-Pure functions, no I/O: the HTTP frontend reads the body, calls
-:func:`decode_infer_request`, hands the request to the server, and writes what
-:func:`encode_infer_response_parts` returns.
+Sources: [V2] the Open Inference Protocol, REST (kserve/open-inference-protocol,
+``inference_rest.md``); [BIN] Triton's binary tensor data extension: binary inputs'
+bytes follow the JSON header, whose size ``Inference-Header-Content-Length`` gives;
+little-endian, row-major; a BYTES element is a uint32 length and its bytes.
 
-Protocol sources (cited in the docstrings below as [V2] and [BIN]):
-
-- [V2] Open Inference Protocol, REST: "Inference Request JSON Object",
-  "Inference Response JSON Object", "Tensor Data"
-  (https://github.com/kserve/open-inference-protocol, ``specification/protocol/
-  inference_rest.md``).
-- [BIN] Triton's binary tensor data extension
-  (https://github.com/triton-inference-server/server/blob/main/docs/protocol/
-  extension_binary_data.md): inputs carrying ``parameters.binary_data_size`` have their
-  bytes after the JSON header, in input order, and the ``Inference-Header-Content-Length``
-  HTTP header gives the JSON header's size; outputs are sent binary when the
-  requested output has ``parameters.binary_data: true`` (or, when it does not say,
-  when the request has ``parameters.binary_data_output: true``), again with
-  ``binary_data_size`` and the bytes after the JSON in output order. Binary data is
-  little-endian, row-major, unpadded; BOOL is one byte (0/1); a BYTES element is a
-  uint32 little-endian length followed by its bytes.
-
-Decisions, beyond the specs:
-
-- Fixed-size binary inputs are zero-copy, **read-only** ``np.frombuffer`` views into
-  the body (possibly not aligned to their item size; numpy and ONNX Runtime accept
-  that). A backend that writes into an input must copy it first.
-- JSON input data must be an array (flat or nested) [V2] of the kind the datatype
-  calls for: BOOL takes only ``true``/``false``; integer types take only JSON
-  integers, range-checked (Triton silently wraps out-of-range values; we answer 400);
-  FP16/FP32/FP64 take numbers. BYTES takes strings (UTF-8 encoded to ``bytes``).
-- Non-finite floats, as Triton (its JSON is RapidJSON with ``kParseNanAndInfFlag`` /
-  ``kWriteNanAndInfFlag``): the tokens ``NaN``, ``Infinity`` and ``-Infinity`` are
-  read in input data (``tritonclient`` sends them: Python's ``json.dumps``) and
-  written in output data (``tritonclient``'s ``json.loads`` reads them), so JSON and
-  binary outputs give a client the same values. A finite JSON number outside the
-  datatype's range (``1e39`` for FP32, ``1e10`` for FP16) is refused with 400 where
-  Triton's C++ cast silently makes it inf; a number that overflows a double
-  (``1e400``) is a JSON error, as in Triton.
-- FP16 as JSON numbers: Triton refuses it ("receiving FP16 data via JSON is not
-  supported"), in inputs and outputs; pdserve accepts and writes it (a deliberate
-  difference: it costs nothing and saves clients a binary request).
-- Parameters: every value of a request's, an input's or an output's ``parameters``
-  is a string, number or boolean [V2]; the keys Triton reserves are type-checked
-  as Triton does (see :mod:`pdserve.frontends.parameters`).
-- JSON output of BYTES: elements are decoded as strict UTF-8. An element that is not
-  valid UTF-8 cannot be a JSON string without loss, so the request fails with 400
-  telling the client to ask for that output with ``binary_data: true`` (the same
-  advice ``tritonclient`` gives for non-UTF-8 input data). Triton itself writes the
-  raw bytes into the JSON, producing a body clients cannot parse; a lossy
-  ``errors="replace"`` or latin-1 decode would hand back wrong bytes silently.
-- FP16 JSON output is written by orjson directly from the float16 array (shortest
-  decimal that round-trips through float16).
-- Inputs and outputs through Triton's system shared-memory extension
-  (``shared_memory_region``, ``shared_memory_byte_size``, ``shared_memory_offset``):
-  the codec only checks the parameters' types; an input is recorded in
-  ``InferRequest.shm_inputs`` and read by the frontend
-  (:mod:`pdserve.frontends.shared_memory`); an output keeps its parameters, and its
-  response entry has name, datatype and shape but no data (as Triton).
+Beyond the specs: binary fixed-size inputs are zero-copy **read-only** views into the
+body; JSON data must be an array of the kind the datatype calls for, range-checked (400
+where Triton wraps or makes inf); ``NaN`` / ``Infinity`` tokens are read as Triton
+reads them; FP16 is accepted as JSON numbers (Triton refuses it); shared-memory inputs
+go to ``InferRequest.shm_inputs`` (:mod:`pdserve.frontends.shared_memory`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 import warnings
-from collections.abc import Mapping
 from typing import Any, TypeAlias
 
 import numpy as np
 import orjson
 
 from pdserve.core.datatypes import (
-    NUMPY_TO_V2,
     V2_TO_NUMPY,
     deserialize_bytes_tensor,
-    numpy_to_v2,
-    serialize_bytes_tensor,
     shape_element_count,
-    to_bytes_object_array,
 )
-from pdserve.core.errors import InferError, internal
-from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
+from pdserve.core.errors import InferError
+from pdserve.core.types import InferRequest, RequestedOutput
 from pdserve.frontends.parameters import check_request_parameters, check_scalar_parameters
-from pdserve.frontends.shared_memory import ShmInput, shm_output_names, shm_params
+from pdserve.frontends.shared_memory import ShmInput, shm_params
 
-__all__ = [
-    "decode_infer_request",
-    "encode_infer_response",
-    "encode_infer_response_parts",
-    "encode_error",
-    "json_output_names",
-    "output_data_json",
-]
+__all__ = ["decode_infer_request"]
 
 #: V2 datatype -> little-endian numpy dtype ([BIN]: binary data is little-endian).
 #: On little-endian hosts these equal the native dtypes, so views need no swap.
-_LE_DTYPE: dict[str, np.dtype] = {
+LE_DTYPE: dict[str, np.dtype] = {
     k: v.newbyteorder("<") for k, v in V2_TO_NUMPY.items() if k != "BYTES"
 }
 
 #: numpy ``dtype.kind`` values that JSON data may have for each datatype family.
 _INT_TYPES = frozenset(["UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"])
-_FLOAT_TYPES = frozenset(["FP16", "FP32", "FP64"])
+FLOAT_TYPES = frozenset(["FP16", "FP32", "FP64"])
 _NARROW_FLOATS = frozenset(["FP16", "FP32"])
 _KIND_WORDS = {
     "b": "true/false",
@@ -133,9 +73,6 @@ _FP32_MAX_SQUARED = float(np.finfo(np.float32).max) ** 2
 
 #: What the encoder hands back to send: ``bytes`` or a zero-copy ``memoryview``.
 Buffer: TypeAlias = bytes | memoryview
-
-
-# --------------------------------------------------------------------------- decode
 
 
 def decode_infer_request(
@@ -181,24 +118,7 @@ def decode_infer_request(
     if arrival_ns is None:
         arrival_ns = time.monotonic_ns()
     body_len = len(body)
-    if header_length is None:
-        header: Buffer = body
-        offset = body_len
-    else:
-        if header_length < 0 or header_length > body_len:
-            raise InferError(
-                f"Inference-Header-Content-Length is {header_length} but the request body "
-                f"holds {body_len} bytes"
-            )
-        header = memoryview(body)[:header_length] if header_length != body_len else body
-        offset = header_length
-    try:
-        doc = orjson.loads(header)
-    except orjson.JSONDecodeError as exc:
-        doc = _loads_lenient(header, exc, header_length is None and b"binary_data_size" in body)
-    if type(doc) is not dict:
-        raise InferError("the inference request must be a JSON object")
-
+    doc, offset = _request_json(body, header_length)
     request_id = doc.get("id", "")
     if type(request_id) is not str:
         raise InferError("request 'id' must be a string")
@@ -236,52 +156,23 @@ def decode_infer_request(
             if params:
                 check_scalar_parameters(params, f"input '{name}'")
         if params and "binary_data_size" in params:
-            size = params["binary_data_size"]
-            if type(size) is not int or size < 0:
-                raise InferError(
-                    f"input '{name}' parameter 'binary_data_size' must be a non-negative integer"
-                )
-            if item.get("data") is not None:
-                raise InferError(
-                    f"input '{name}' has both 'data' and 'binary_data_size'; send one of them"
-                )
-            end = offset + size
-            if end > body_len:
-                raise InferError(
-                    _binary_overrun_message(name, size, body_len - offset, header_length)
-                )
             if mv is None:
                 mv = memoryview(body)
+            end = _binary_end(item, params, name, offset, body_len, header_length)
             inputs[name] = _binary_to_array(mv[offset:end], datatype, shape, count, name)
             offset = end
             last_binary = name
         elif params and "shared_memory_region" in params:
-            if item.get("data") is not None:
-                raise InferError(
-                    f"input '{name}' has both 'data' and 'shared_memory_region'; send one of them"
-                )
-            if type(datatype) is not str or (datatype not in _LE_DTYPE and datatype != "BYTES"):
-                raise InferError(_unknown_datatype(datatype, name))
-            region, size, shm_offset = shm_params(params, f"input '{name}'")
             if shm_inputs is None:
                 shm_inputs = {}
-            shm_inputs[name] = ShmInput(datatype, shape, count, region, size, shm_offset)
+            shm_inputs[name] = _shm_input(item, params, name, datatype, shape, count)
             inputs[name] = _SHM_PLACEHOLDER
         else:
-            data = item.get("data")
-            if type(data) is not list:
-                if data is None:
-                    raise InferError(f"input '{name}' has neither 'data' nor 'binary_data_size'")
-                raise InferError(
-                    f"input '{name}' 'data' must be a JSON array (flat or nested, row-major), "
-                    f"not {_json_kind(data)}"
-                )
-            inputs[name] = _json_to_array(data, datatype, shape, count, name)
+            inputs[name] = _json_input(item, name, datatype, shape, count)
     if offset != body_len:
         raise InferError(
             _binary_excess_message(inputs_json, body_len, offset, header_length, last_binary)
         )
-
     outputs_json = doc.get("outputs")
     outputs: list[RequestedOutput] | None = None
     if outputs_json is not None:
@@ -290,13 +181,92 @@ def decode_infer_request(
         outputs = [_parse_requested_output(o) for o in outputs_json]
 
     # positional, in InferRequest's field order (model_name, model_version, inputs,
-    # outputs, id, parameters, arrival_ns): the keyword form costs 0.25 µs more (timeit)
+    # outputs, id, parameters, arrival_ns): cheaper than the keyword form
     request = InferRequest(
         model_name, model_version, inputs, outputs, request_id, parameters, arrival_ns
     )
     if shm_inputs is not None:
         request.shm_inputs = shm_inputs
     return request
+
+
+def _request_json(body: bytes, header_length: int | None) -> tuple[dict[str, Any], int]:
+    """The request's JSON object and where its binary data begins."""
+    body_len = len(body)
+    if header_length is None:
+        header: Buffer = body
+        offset = body_len
+    else:
+        if header_length < 0 or header_length > body_len:
+            raise InferError(
+                f"Inference-Header-Content-Length is {header_length} but the request body "
+                f"holds {body_len} bytes"
+            )
+        header = memoryview(body)[:header_length] if header_length != body_len else body
+        offset = header_length
+    try:
+        doc = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        doc = _loads_lenient(header, exc, header_length is None and b"binary_data_size" in body)
+    if type(doc) is not dict:
+        raise InferError("the inference request must be a JSON object")
+    return doc, offset
+
+
+def _binary_end(
+    item: dict[str, Any],
+    params: dict[str, Any],
+    name: str,
+    offset: int,
+    body_len: int,
+    header_length: int | None,
+) -> int:
+    """Where a binary input's bytes, from ``offset``, end in the body [BIN]."""
+    size = params["binary_data_size"]
+    if type(size) is not int or size < 0:
+        raise InferError(
+            f"input '{name}' parameter 'binary_data_size' must be a non-negative integer"
+        )
+    if item.get("data") is not None:
+        raise InferError(f"input '{name}' has both 'data' and 'binary_data_size'; send one of them")
+    end = offset + size
+    if end > body_len:
+        raise InferError(_binary_overrun_message(name, size, body_len - offset, header_length))
+    return end
+
+
+def _shm_input(
+    item: dict[str, Any],
+    params: dict[str, Any],
+    name: str,
+    datatype: str,
+    shape: list[int],
+    count: int,
+) -> ShmInput:
+    """An input in a shared-memory region (read by the frontend)."""
+    if item.get("data") is not None:
+        raise InferError(
+            f"input '{name}' has both 'data' and 'shared_memory_region'; send one of them"
+        )
+    if datatype not in LE_DTYPE and datatype != "BYTES":
+        raise InferError(_unknown_datatype(datatype, name))
+    region, size, shm_offset = shm_params(params, f"input '{name}'")
+    return ShmInput(datatype, shape, count, region, size, shm_offset)
+
+
+def _json_input(
+    item: dict[str, Any], name: str, datatype: str, shape: list[int], count: int
+) -> np.ndarray:
+    """An input sent as JSON ``data``."""
+    data = item.get("data")
+    if type(data) is not list:
+        if data is None:
+            raise InferError(f"input '{name}' has neither 'data' nor 'binary_data_size'")
+        raise InferError(
+            f"input '{name}' 'data' must be a JSON array (flat or nested, row-major), "
+            f"not {_json_kind(data)}"
+        )
+    return _json_to_array(data, datatype, shape, count, name)
 
 
 #: What ``inputs`` holds for a shared-memory input until the frontend reads it (keeps
@@ -421,7 +391,7 @@ def _binary_to_array(
     Fixed-size types: a zero-copy read-only view; ``len(buf)`` must be
     ``count * itemsize``. BYTES: length-prefixed elements, exactly ``count`` of them.
     """
-    dtype = _LE_DTYPE.get(datatype)
+    dtype = LE_DTYPE.get(datatype)
     if dtype is None:
         if datatype == "BYTES":
             try:
@@ -476,7 +446,7 @@ def _json_to_array(data: Any, datatype: str, shape: list[int], count: int, name:
         raise InferError(_count_message(name, arr.size, shape, count))
     if count:
         kind = arr.dtype.kind
-        if datatype in _FLOAT_TYPES:
+        if datatype in FLOAT_TYPES:
             ok = kind in "iuf"
             wanted = "numbers"
         elif datatype in _INT_TYPES:
@@ -628,245 +598,3 @@ def _parse_requested_output(item: Any) -> RequestedOutput:
     if "shared_memory_region" in rest:
         shm_params(rest, f"output '{name}'")  # checks the types
     return RequestedOutput(name, binary, classification, rest)
-
-
-# --------------------------------------------------------------------------- encode
-
-
-def _binary_flags(request: InferRequest) -> tuple[bool, dict[str, bool] | None]:
-    """``(default, per output)``: whether outputs are sent binary [BIN] — the request's
-    ``binary_data_output`` parameter, and each requested output's ``binary_data``."""
-    default_binary = request.parameters.get("binary_data_output") is True
-    flags: dict[str, bool] | None = None
-    if request.outputs:
-        flags = {
-            o.name: (default_binary if o.binary_data is None else o.binary_data)
-            for o in request.outputs
-        }
-    return default_binary, flags
-
-
-def json_output_names(response: InferResponse, request: InferRequest) -> list[str]:
-    """The outputs of ``response`` that :func:`encode_infer_response_parts` writes as JSON
-    ``data`` (not binary, not in shared memory), in output order."""
-    default_binary, flags = _binary_flags(request)
-    shm = shm_output_names(request)
-    return [
-        name
-        for name in response.outputs
-        if not (default_binary if flags is None else flags.get(name, default_binary))
-        and (shm is None or name not in shm)
-    ]
-
-
-def _v2_datatype(arr: np.ndarray, name: str) -> str:
-    datatype = NUMPY_TO_V2.get(arr.dtype)  # fast path: native dtypes, object -> BYTES
-    if datatype is None:
-        try:
-            datatype = numpy_to_v2(arr.dtype)  # S/U strings, non-native byte order
-        except InferError as exc:
-            raise internal(f"output '{name}': {exc.message}") from None
-    return datatype
-
-
-def _json_data(arr: np.ndarray, datatype: str, name: str) -> Any:
-    """What a JSON output's ``data`` is written from: a flat array, a list of strings or
-    an ``orjson.Fragment`` (floats with NaN / inf, written as Triton writes them)."""
-    if datatype == "BYTES":
-        return _bytes_to_json(arr, name)
-    if not (arr.flags.c_contiguous and arr.dtype.isnative):
-        arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("="))
-    data = arr.reshape(-1)
-    if datatype in _FLOAT_TYPES:
-        # orjson would write NaN and +/-inf as null; Triton writes tokens.
-        # One dot product (finite: no NaN / inf) spares the exact test.
-        if datatype == "FP16" or not math.isfinite(data.dot(data)):
-            if not np.isfinite(data).all():
-                return orjson.Fragment(_float_json(data))
-    return data
-
-
-def output_data_json(arr: np.ndarray, name: str) -> bytes:
-    """The JSON text of output ``name``'s ``data`` (``[1.5,2.0]``), exactly as
-    :func:`encode_infer_response_parts` writes it; give it back to that function in
-    ``encoded``. A module-level function, so that a large output can be encoded in a
-    decode process (:func:`pdserve.frontends.offload.off_process`): the encoder holds
-    the GIL for the whole array.
-
-    Raises:
-        InferError(INVALID_ARG) / InferError(INTERNAL): as
-            :func:`encode_infer_response_parts` for this output.
-    """
-    if type(arr) is not np.ndarray:
-        arr = np.asarray(arr)
-    data = _json_data(arr, _v2_datatype(arr, name), name)
-    return orjson.dumps(data, option=_DUMPS_OPTS)  # a Fragment is written as it is
-
-
-def encode_infer_response_parts(
-    response: InferResponse,
-    request: InferRequest,
-    encoded: Mapping[str, bytes] | None = None,
-) -> tuple[list[Buffer], int | None, int]:
-    """Encode a response as a list of buffers to send one after another.
-
-    Args:
-        response: the server's answer; ``outputs`` in the order to send them.
-        request: the request it answers: its ``outputs`` (``binary_data`` per output)
-            and ``parameters["binary_data_output"]`` decide which outputs are binary
-            [BIN]; its ``id`` is echoed when the response has none.
-        encoded: output name -> the JSON text of its ``data``, encoded beforehand by
-            :func:`output_data_json` (off the event loop); used as is.
-
-    Returns:
-        ``(parts, header_length, total)``: ``parts[0]`` is the JSON header
-        (``model_name``, ``model_version``, ``id`` if any, ``parameters`` if any,
-        ``outputs`` [V2]; an output the request asked for in shared memory has no
-        ``data`` and no ``binary_data_size``, as Triton); each further part is one binary output's bytes (a buffer,
-        possibly a zero-copy view of the output array) in output order.
-        ``header_length`` is ``len(parts[0])`` for the ``Inference-Header-Content-Length``
-        response header, or ``None`` when no output is binary (``parts`` is then just
-        the JSON). ``total`` is the byte size of all parts.
-
-    Raises:
-        InferError(INVALID_ARG): a BYTES output asked for as JSON holds bytes that are not
-            valid UTF-8.
-        InferError(INTERNAL): an output array has a dtype with no V2 datatype, or
-            something in ``parameters`` cannot be written as JSON.
-    """
-    default_binary, flags = _binary_flags(request)
-    shm = shm_output_names(request) if flags is not None else None
-    outputs_json: list[dict[str, Any]] = []
-    #: (index in outputs_json, array, datatype, name) of float outputs written unchecked
-    raw_floats: list[tuple[int, np.ndarray, str, str]] | None = None
-    blobs: list[Buffer] = []
-    total = 0
-    for name, arr in response.outputs.items():
-        if type(arr) is not np.ndarray:
-            arr = np.asarray(arr)
-        binary = default_binary if flags is None else flags.get(name, default_binary)
-        datatype = _v2_datatype(arr, name)
-        if shm is not None and name in shm:  # written into shared memory: no data
-            outputs_json.append({"name": name, "datatype": datatype, "shape": arr.shape})
-            continue
-        if binary:
-            if datatype == "BYTES":
-                blob: Buffer = serialize_bytes_tensor(arr)
-                size = len(blob)
-            else:
-                le = _LE_DTYPE[datatype]
-                if arr.dtype != le or not arr.flags.c_contiguous:
-                    arr = np.ascontiguousarray(arr, dtype=le)
-                size = arr.nbytes
-                blob = arr.reshape(-1).view(np.uint8).data
-            total += size
-            blobs.append(blob)
-            outputs_json.append(
-                {
-                    "name": name,
-                    "datatype": datatype,
-                    "shape": arr.shape,
-                    "parameters": {"binary_data_size": size},
-                }
-            )
-        else:
-            text = encoded.get(name) if encoded else None
-            if text is not None:
-                data: Any = orjson.Fragment(text)
-            elif datatype in _FLOAT_TYPES and arr.flags.c_contiguous and arr.dtype.isnative:
-                # Written as it is; NaN / inf (written null by orjson) are looked for once
-                # in the whole text below instead of testing each array first.
-                data = arr.reshape(-1)
-                if raw_floats is None:
-                    raw_floats = []
-                raw_floats.append((len(outputs_json), arr, datatype, name))
-            else:
-                data = _json_data(arr, datatype, name)
-            outputs_json.append(
-                {"name": name, "datatype": datatype, "shape": arr.shape, "data": data}
-            )
-    doc: dict[str, Any] = {
-        "model_name": response.model_name,
-        "model_version": response.model_version,
-    }
-    rid = response.id or request.id
-    if rid:
-        doc["id"] = rid
-    if response.parameters:
-        doc["parameters"] = response.parameters
-    doc["outputs"] = outputs_json
-    try:
-        header = orjson.dumps(doc, option=_DUMPS_OPTS)
-        if raw_floats is not None and b"null" in header:
-            # A NaN or inf (or a null elsewhere in the document): write those outputs
-            # as _json_data does (Triton's NaN / Infinity tokens) and encode again.
-            for index, arr, datatype, name in raw_floats:
-                outputs_json[index]["data"] = _json_data(arr, datatype, name)
-            header = orjson.dumps(doc, option=_DUMPS_OPTS)
-    except orjson.JSONEncodeError as exc:
-        raise internal(f"could not write the response as JSON: {exc}") from None
-    if not blobs:
-        return [header], None, len(header)
-    return [header, *blobs], len(header), len(header) + total
-
-
-def _float_json(data: np.ndarray) -> bytes:
-    """A 1-D float array as a JSON array with NaN / +/-inf written ``NaN`` /
-    ``Infinity`` / ``-Infinity``, as Triton writes them (RapidJSON's
-    ``kWriteNanAndInfFlag``). orjson's own text has ``null`` exactly there, in order."""
-    pieces = orjson.dumps(data, option=_DUMPS_OPTS).split(b"null")
-    tokens = [
-        b"NaN" if v != v else (b"Infinity" if v > 0 else b"-Infinity")
-        for v in data[~np.isfinite(data)].tolist()
-    ]
-    out = [pieces[0]]
-    for token, piece in zip(tokens, pieces[1:], strict=True):
-        out.append(token)
-        out.append(piece)
-    return b"".join(out)
-
-
-def encode_infer_response(
-    response: InferResponse, request: InferRequest
-) -> tuple[bytes, int | None]:
-    """Encode a response as one body.
-
-    Returns:
-        ``(body, header_length)``: the JSON header followed by the binary outputs'
-        bytes in output order, and the JSON header's size for the
-        ``Inference-Header-Content-Length`` response header (``None`` when no output is
-        binary and the body is pure JSON) [BIN]. See :func:`encode_infer_response_parts`
-        for which outputs are binary and the errors raised.
-    """
-    parts, header_length, _ = encode_infer_response_parts(response, request)
-    if len(parts) == 1:
-        return parts[0], header_length  # type: ignore[return-value]
-    return b"".join(parts), header_length
-
-
-def _bytes_to_json(arr: np.ndarray, name: str) -> list[str]:
-    """BYTES output elements as JSON strings (strict UTF-8; see the module docstring)."""
-    if arr.dtype.kind == "U":
-        return arr.reshape(-1).tolist()
-    if arr.dtype.kind == "S":
-        arr = to_bytes_object_array(arr)
-    out: list[str] = []
-    for i, item in enumerate(arr.reshape(-1).tolist()):
-        if type(item) is str:
-            out.append(item)
-        elif isinstance(item, (bytes, bytearray, memoryview)):
-            try:
-                out.append(bytes(item).decode("utf-8"))
-            except UnicodeDecodeError:
-                raise InferError(
-                    f"output '{name}' element {i} is not valid UTF-8 and cannot be returned as "
-                    "a JSON string; request this output with parameters.binary_data = true"
-                ) from None
-        else:
-            out.append(str(item))
-    return out
-
-
-def encode_error(message: str) -> bytes:
-    """The V2 error body ``{"error": message}`` [V2 "Inference Response JSON Object"]."""
-    return orjson.dumps({"error": message})
