@@ -169,7 +169,7 @@ class ModelVersion:
 
     # -- request checks -------------------------------------------------------
 
-    # measured hot path (every request): one function, as a split adds a call per request
+    # hot path: runs once per request; a split adds a call per request (benchmarks/RESULTS.md)
     def prepare(self, request: InferRequest) -> ExecRequest:
         """Check ``request`` against the configuration and build its ExecRequest.
 

@@ -282,7 +282,7 @@ class DynamicBatcher(BatchingScheduler):
             key.append(shape)
         return tuple(key)
 
-    # measured hot path (every request): one function, as a split adds a call per request
+    # hot path: runs once per request; a split adds a call per request (benchmarks/RESULTS.md)
     async def submit(self, request: ExecRequest) -> dict[str, np.ndarray]:
         """Queue ``request`` and wait for its outputs.
 

@@ -1,18 +1,14 @@
 """The channel between an HTTP front-end worker process and the main process.
 
-``--http-workers N`` (N > 1) runs N front-end processes (:mod:`pdserve.app.http_workers`)
-that decode HTTP requests and hand them to the main process, which owns the models,
-batching, statistics and metrics. Each worker has one ``AF_UNIX`` socketpair to the
-main process and the shared-memory machinery on it
-(:mod:`pdserve.shm`): each side writes tensors into memfd *arenas* of
-its own :class:`~pdserve.shm.pools.ArenaPool` (one copy), announces new
-arenas by passing their descriptors over the socket (``SCM_RIGHTS``), and the reader
-makes numpy views of them (no copy); a block goes back to its writer when the reader's
-last view is garbage-collected, the release riding on the reader's next frame.
-Tensors under :data:`SHM_MIN_BYTES` travel inside the frame instead.
-
-Messages queued during one turn of the event loop go out as one frame in one ``send``
-(:meth:`Channel.send`; the frame format is described above the message kinds below).
+``--http-workers N`` runs N front-end processes (:mod:`pdserve.app.http_workers`) that
+decode HTTP requests and hand them to the main process, which owns the models. Each
+worker has one ``AF_UNIX`` socketpair to the main process with :mod:`pdserve.shm` on it:
+each side writes tensors into memfd arenas of its own
+:class:`~pdserve.shm.pools.ArenaPool`, passes new arenas' descriptors over the socket
+(``SCM_RIGHTS``), and the reader makes numpy views of them (no copy); a block goes back
+to its writer when the reader's last view is garbage-collected. Tensors under
+:data:`SHM_MIN_BYTES` travel inside the frame. Messages queued during one turn of the
+event loop go out as one frame (:meth:`Channel.send`; format above the message kinds).
 """
 
 from __future__ import annotations
