@@ -82,7 +82,7 @@ class Rule:
             return False
         return backend not in self.exclude_backends
 
-    def evaluate(self, config: dict[str, Any]) -> list[str]:
+    def evaluate(self, config: dict[str, object]) -> list[str]:
         """Test the rule on a configuration (Triton's JSON form).
 
         Returns:
@@ -179,7 +179,7 @@ def _strings(value: Any, key: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def parse_rules(data: dict[str, Any], source: str = "rules") -> list[Rule]:
+def parse_rules(data: dict[str, object], source: str = "rules") -> list[Rule]:
     """Rules from a parsed TOML document (``{"rule": [{...}, ...]}``).
 
     Raises:

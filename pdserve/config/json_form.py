@@ -23,7 +23,7 @@ _INT64_TYPES = frozenset(
 )
 
 
-def config_to_json(cfg: ModelConfig) -> dict[str, Any]:
+def config_to_json(cfg: ModelConfig) -> dict[str, object]:
     """Triton's JSON form of a configuration (``GET /v2/models/{m}/config``).
 
     Protobuf's JSON mapping with field names as in the ``.proto`` and fields
@@ -111,7 +111,7 @@ def config_from_json(d: object, path: str | Path = OVERRIDE_PATH) -> ModelConfig
 
 
 def parse_config_override(
-    value: str | bytes | dict[str, Any] | ModelConfig | None,
+    value: str | bytes | dict[str, object] | ModelConfig | None,
 ) -> ModelConfig | None:
     """The repository API's ``config`` load parameter as a ``ModelConfig``.
 

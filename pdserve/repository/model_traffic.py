@@ -37,7 +37,9 @@ class ModelTraffic:
         self.rollout: Rollout | None = None
         self.windows: dict[int, Window] = {}
         self.routed: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.decisions: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_DECISIONS)
+        self.decisions: collections.deque[dict[str, object]] = collections.deque(
+            maxlen=MAX_DECISIONS
+        )
         self.decision_counts: collections.Counter[str] = collections.Counter()
         self._split: Split | None = None
         self._split_for: tuple[Any, ...] | None = None
@@ -50,7 +52,7 @@ class ModelTraffic:
         self.compared: collections.Counter[str] = collections.Counter()
         #: recent comparisons: ("out", output, diverged) and ("ver", version, diverged)
         self.recent = Tally()
-        self.samples: collections.deque[dict[str, Any]] = collections.deque(
+        self.samples: collections.deque[dict[str, object]] = collections.deque(
             maxlen=DIVERGENT_SAMPLES
         )
         self.last_log: dict[str, float] = {}

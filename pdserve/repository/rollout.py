@@ -114,7 +114,7 @@ class TrafficControl:
                 st.rollout = None
         return st
 
-    def _adopt_rollout(self, st: ModelTraffic, raw: dict[str, Any] | None, why: str) -> None:
+    def _adopt_rollout(self, st: ModelTraffic, raw: dict[str, object] | None, why: str) -> None:
         """Start, keep or stop ``st``'s rollout as the ``rollout`` section ``raw`` asks.
 
         Raises:
@@ -310,7 +310,7 @@ class TrafficControl:
             raise not_found(f"Request for unknown model: '{name}' is not served")
         return entry, self._state(name, entry)
 
-    def describe_traffic(self, name: str) -> dict[str, Any]:
+    def describe_traffic(self, name: str) -> dict[str, object]:
         """``GET /v2/models/{m}/traffic``: the traffic in force and what it did.
 
         Raises:
@@ -347,7 +347,7 @@ class TrafficControl:
             },
         }
 
-    def set_traffic(self, name: str, doc: Any) -> dict[str, Any]:
+    def set_traffic(self, name: str, doc: Any) -> dict[str, object]:
         """``POST /v2/models/{m}/traffic``: replace the traffic until the traffic file
         changes (``{"weights": {...}, "shadow": {...}}``; ``{"reset": true}`` goes back
         to the file). A ``rollout`` section starts that rollout.
@@ -385,7 +385,7 @@ class TrafficControl:
         st.forget_split()
         return self.describe_traffic(name)
 
-    def describe_rollout(self, name: str) -> dict[str, Any]:
+    def describe_rollout(self, name: str) -> dict[str, object]:
         """``GET /v2/models/{m}/rollout``: the rollout's state, windows and decisions.
 
         Raises:
@@ -393,7 +393,7 @@ class TrafficControl:
         """
         _, st = self._entry(name)
         r = st.rollout
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "model": name,
             "state": r.state if r is not None else "none",
             "weights": {str(v): w for v, w in sorted(st.weights().items())},
@@ -414,7 +414,7 @@ class TrafficControl:
             )
         return out
 
-    def rollout_action(self, name: str, doc: Any) -> dict[str, Any]:
+    def rollout_action(self, name: str, doc: Any) -> dict[str, object]:
         """``POST /v2/models/{m}/rollout``: ``{"action": "rollback" | "promote" |
         "abort" | "restart"}`` (``restart`` begins the current policy again, e.g.
         after a rollback once the canary is fixed).

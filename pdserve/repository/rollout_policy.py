@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdserve.repository.traffic import TrafficError, check_keys
-from pdserve.repository.windows import MAX_WINDOW_S
+from pdserve.repository.windows import MAX_WINDOW_S, WindowSummary
 
 _ROLLOUT_KEYS = {
     "canary",
@@ -118,7 +118,7 @@ class RolloutPolicy:
             interval_secs=number("interval_secs", 0.5, 0.05, 60.0),
         )
 
-    def breaches(self, win: dict[str, Any], divergence: tuple[int, float]) -> list[str]:
+    def breaches(self, win: WindowSummary, divergence: tuple[int, float]) -> list[str]:
         """The bounds the canary's window breaks, in words (empty: none).
 
         Args:
@@ -144,7 +144,7 @@ class RolloutPolicy:
                 )
         return breach
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """The JSON form."""
         d = dict(self.__dict__)
         d["steps"] = list(self.steps)

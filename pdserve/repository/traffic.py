@@ -82,7 +82,7 @@ class ShadowSpec:
     max_inflight: int = DEFAULT_SHADOW_MAX_INFLIGHT
     compare: dict[str, Tolerance] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """The JSON form (as the traffic file writes it)."""
         return {
             "version": self.version,
@@ -109,7 +109,7 @@ class TrafficSpec:
 
     weights: dict[int, float] = field(default_factory=dict)
     shadow: ShadowSpec | None = None
-    rollout: dict[str, Any] | None = None
+    rollout: dict[str, object] | None = None
 
     def versions(self) -> set[int]:
         """Every version the spec names."""
@@ -119,7 +119,7 @@ class TrafficSpec:
         return named
 
 
-def check_keys(raw: dict[str, Any], allowed: Collection[str], where: str) -> None:
+def check_keys(raw: dict[str, object], allowed: Collection[str], where: str) -> None:
     """Refuse the keys of ``raw`` that are not in ``allowed``.
 
     Raises:

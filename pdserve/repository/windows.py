@@ -7,7 +7,7 @@ import collections
 import math
 import time
 from bisect import bisect_left
-from typing import Any
+from typing import Any, TypedDict
 
 #: The longest window, in seconds (``window_secs``): one-second buckets are kept
 #: this long per version.
@@ -16,6 +16,15 @@ MAX_WINDOW_S = 3600
 #: Upper bounds (seconds) of the latency bins a window counts in: 0.1 ms to 100 s, 16
 #: per decade (each 15 % wider than the one before), so a p99 is read within 15 %.
 LATENCY_BINS: tuple[float, ...] = tuple(1e-4 * 10 ** (i / 16) for i in range(97))
+
+
+class WindowSummary(TypedDict):
+    """A :class:`Window` over its last seconds (see :meth:`Window.summary`)."""
+
+    requests: int
+    errors: int
+    error_rate: float
+    p99_ms: float | None
 
 
 class Window:
@@ -39,7 +48,7 @@ class Window:
         b[2] += error
         b[3][bisect_left(LATENCY_BINS, latency_s)] += 1
 
-    def summary(self, window_s: float) -> dict[str, Any]:
+    def summary(self, window_s: float) -> WindowSummary:
         """``{requests, errors, error_rate, p99_ms}`` over the last ``window_s``
         seconds (whole seconds); ``p99_ms`` is the upper bound of the bin holding the
         99th percentile (None without requests)."""

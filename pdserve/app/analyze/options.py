@@ -63,7 +63,7 @@ class AnalyzeOptions:
         """The SLO and the memory budget."""
         return Constraints(self.p99_ms, self.memory_budget)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """Plain JSON values."""
         d = dict(self.__dict__)
         for k in ("repository", "output_dir"):

@@ -58,7 +58,7 @@ class LevelResult:
             and (self.requests is None or self.requests >= MIN_LEVEL_REQUESTS)
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """Plain JSON values."""
         return dict(self.__dict__)
 
@@ -132,7 +132,7 @@ class ConfigResult:
         best = self.best_level(p99_ms)
         return best.infer_per_sec if best else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """Plain JSON values."""
         return {
             "index": self.index,

@@ -298,7 +298,7 @@ def gain_text(res: AnalyzeResult) -> str:
 # --------------------------------------------------------------------------- files
 
 
-def result_dict(res: AnalyzeResult) -> dict[str, Any]:
+def result_dict(res: AnalyzeResult) -> dict[str, object]:
     """The JSON report."""
     c = res.options.constraints
     return {

@@ -483,7 +483,7 @@ class Analyzer:
 
         return signal.signal(signal.SIGINT, on_sigint)
 
-    def _info(self, space: Space) -> dict[str, Any]:
+    def _info(self, space: Space) -> dict[str, object]:
         if self.own is not None:
             server = f"own pdserve ({self.opts.server_mode} per configuration)"
             if self.opts.server_cpus:

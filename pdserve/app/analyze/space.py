@@ -71,7 +71,7 @@ class Knobs:
             text += ", preferred " + "+".join(str(p) for p in self.preferred)
         return text
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """Plain JSON values (``delay_us`` None = no dynamic batching)."""
         return {
             "instances": self.instances,

@@ -431,11 +431,15 @@ def encode_http(
     Raises:
         PerfError: a BYTES value that JSON cannot carry.
     """
-    inputs: list[dict[str, Any]] = []
+    inputs: list[dict[str, object]] = []
     blobs: list[bytes] = []
     for t in spec.inputs:
         arr = tensors[t.name]
-        entry: dict[str, Any] = {"name": t.name, "shape": list(arr.shape), "datatype": t.datatype}
+        entry: dict[str, object] = {
+            "name": t.name,
+            "shape": list(arr.shape),
+            "datatype": t.datatype,
+        }
         if input_format == "binary":
             raw = _raw(arr, t.datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}
@@ -443,7 +447,7 @@ def encode_http(
         else:
             entry["data"] = _json_data(arr, t.datatype, t.name)
         inputs.append(entry)
-    doc: dict[str, Any] = {"inputs": inputs}
+    doc: dict[str, object] = {"inputs": inputs}
     if output_format == "binary":
         doc["parameters"] = {"binary_data_output": True}
     header = json.dumps(doc, separators=(",", ":")).encode()

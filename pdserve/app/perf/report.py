@@ -230,7 +230,7 @@ def report_dict(
     results: Sequence[PointResult],
     info: dict[str, Any] | None = None,
     error: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The JSON report: tool, version, time, options, run info, results, and the
     error that ended the run early (None when it ran to the end)."""
     return {

@@ -454,7 +454,7 @@ def sweep_info(
     workers: int,
     server_stats: bool,
     distinct_requests: int,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """What :meth:`Progress.start` is told of the model and the load."""
     return {
         "model": spec.name,

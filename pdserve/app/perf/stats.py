@@ -345,7 +345,7 @@ class PointResult:
             return self.latency_us.get("avg", 0.0)
         return self.latency_us.get(f"p{self.stabilizing_percentile}", 0.0)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """Plain JSON values."""
         return asdict(self)
 
