@@ -229,7 +229,7 @@ def close_connections_while(draining: Callable[[], bool], app: ASGIApp) -> ASGIA
     return wrapped
 
 
-def _unread_bytes(transport: Any) -> int:
+def _unread_bytes(transport: asyncio.BaseTransport | None) -> int:
     """Bytes received on a connection and not read yet (``FIONREAD``); 0 if unknown."""
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is None:

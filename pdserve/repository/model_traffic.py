@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.repository.rollout_policy import Rollout
 from pdserve.repository.traffic import ShadowSpec, Split, TrafficSpec
-from pdserve.repository.windows import Tally, Window
+from pdserve.repository.windows import Tally, TallyKey, Window
 
 if TYPE_CHECKING:
     from pdserve.repository.entry import ModelEntry
@@ -42,7 +42,7 @@ class ModelTraffic:
         )
         self.decision_counts: collections.Counter[str] = collections.Counter()
         self._split: Split | None = None
-        self._split_for: tuple[Any, ...] | None = None
+        self._split_for: tuple[object, tuple[tuple[int, float], ...]] | None = None
         self.unserved: list[int] = []
         # shadow
         self.queue: asyncio.Queue[tuple[ShadowSpec, InferRequest, InferResponse]] | None = None
@@ -51,7 +51,7 @@ class ModelTraffic:
         self.divergence: collections.Counter[str] = collections.Counter()
         self.compared: collections.Counter[str] = collections.Counter()
         #: recent comparisons: ("out", output, diverged) and ("ver", version, diverged)
-        self.recent = Tally()
+        self.recent: Tally[TallyKey] = Tally()
         self.samples: collections.deque[dict[str, object]] = collections.deque(
             maxlen=DIVERGENT_SAMPLES
         )
@@ -116,7 +116,7 @@ class ModelTraffic:
         t = self.recent.total(window_s)
         seen: collections.Counter[str] = collections.Counter()
         for (kind, output, _), n in t.items():
-            if kind == "out":
+            if kind == "out" and isinstance(output, str):
                 seen[output] += n
         return {o: t[("out", o, True)] / n for o, n in seen.items() if n}
 

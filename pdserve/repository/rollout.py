@@ -220,7 +220,7 @@ class TrafficControl:
 
     # -- rollout -----------------------------------------------------------------
 
-    def _decide(self, st: ModelTraffic, action: str, reason: str, **extra: Any) -> None:
+    def _decide(self, st: ModelTraffic, action: str, reason: str, **extra: object) -> None:
         """Record one decision: log line, metric, admin endpoint."""
         weights = st.weights()
         d = {
@@ -347,7 +347,7 @@ class TrafficControl:
             },
         }
 
-    def set_traffic(self, name: str, doc: Any) -> dict[str, object]:
+    def set_traffic(self, name: str, doc: object) -> dict[str, object]:
         """``POST /v2/models/{m}/traffic``: replace the traffic until the traffic file
         changes (``{"weights": {...}, "shadow": {...}}``; ``{"reset": true}`` goes back
         to the file). A ``rollout`` section starts that rollout.
@@ -414,7 +414,7 @@ class TrafficControl:
             )
         return out
 
-    def rollout_action(self, name: str, doc: Any) -> dict[str, object]:
+    def rollout_action(self, name: str, doc: object) -> dict[str, object]:
         """``POST /v2/models/{m}/rollout``: ``{"action": "rollback" | "promote" |
         "abort" | "restart"}`` (``restart`` begins the current policy again, e.g.
         after a rollback once the canary is fixed).

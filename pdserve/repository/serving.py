@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
 
 from pdserve.core import procmem
 from pdserve.core.errors import ErrorCode, InferError, not_found, unavailable
@@ -384,11 +383,11 @@ class ServedModels:
                 log.warning("closing while a model is still loading")
         versions = [mv for e in self.models.values() for mv in e.serving.values()]
         if versions:
-            tasks: list[asyncio.Future[Any]] = [
+            tasks: list[asyncio.Future[object]] = [
                 asyncio.ensure_future(mv.drain()) for mv in versions
             ]
-            retiring = [asyncio.ensure_future(asyncio.shield(t)) for t in self._retiring]
-            _, pending = await asyncio.wait(tasks + retiring, timeout=left())
+            tasks += [asyncio.ensure_future(asyncio.shield(t)) for t in self._retiring]
+            _, pending = await asyncio.wait(tasks, timeout=left())
             for t in pending:
                 t.cancel()
         for e in self.models.values():

@@ -22,7 +22,6 @@ import random
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -323,7 +322,7 @@ def _as_array(value: object) -> np.ndarray:
     return value if isinstance(value, np.ndarray) else np.asarray(value)
 
 
-def _top_k_sets(arr: np.ndarray, k: int) -> list[frozenset[Any]]:
+def _top_k_sets(arr: np.ndarray, k: int) -> list[frozenset[object]]:
     rows = arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(1, -1)
     if rows.dtype == object or rows.dtype.kind in "SU":
         return [frozenset(row[:k].tolist()) for row in rows]

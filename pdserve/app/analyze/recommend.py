@@ -326,7 +326,7 @@ def memory_fit(results: Sequence[ConfigResult]) -> tuple[float, float] | None:
     does not pass for the instances'. ``fixed`` is what loading costs once
     (libraries, interpreters, shared parts), from the group with the most
     configurations. None without a group of two instance counts."""
-    groups: dict[Any, list[tuple[float, float]]] = {}
+    groups: dict[tuple[tuple[str, Knobs], ...], list[tuple[float, float]]] = {}
     for r in results:
         if r.memory_bytes is None:
             continue

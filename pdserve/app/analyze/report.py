@@ -24,6 +24,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
 
 from pdserve import __version__
@@ -373,7 +374,7 @@ def csv_rows(res: AnalyzeResult) -> list[list[str]]:
     return out
 
 
-def _plt() -> Any:
+def _plt() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")

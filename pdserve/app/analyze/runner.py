@@ -53,7 +53,7 @@ from pdserve.app.perf import PerfOptions
 from pdserve.config import ModelConfig
 
 #: What ``signal.signal`` returns and takes: a handler, SIG_DFL / SIG_IGN, or None.
-SigintHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+SigintHandler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
 #: Seconds an empty server waits after starting (or the models' unload) before
 #: the memory is read.

@@ -65,7 +65,7 @@ class RepositoryClient:
         return f"{self.host}:{self.port}"
 
     def request(
-        self, method: str, path: str, body: Any = None, timeout: float | None = None
+        self, method: str, path: str, body: object = None, timeout: float | None = None
     ) -> tuple[int, Any]:
         """(status, decoded JSON body or None).
 
@@ -90,7 +90,7 @@ class RepositoryClient:
         return resp.status, doc
 
     @staticmethod
-    def _error(doc: Any) -> str:
+    def _error(doc: object) -> str:
         if isinstance(doc, dict) and "error" in doc:
             return str(doc["error"])
         return str(doc)
