@@ -67,13 +67,13 @@ def _fix_int64(d: dict[str, Any], desc: Descriptor) -> None:
             d[field.name] = [int(v) for v in value] if _is_repeated(field) else int(value)
 
 
-def _fix_value(value: Any, field: FieldDescriptor) -> Any:
+def _fix_value(value: object, field: FieldDescriptor) -> object:
     """Fix one map value (a message dict or a scalar)."""
     if field.type == FieldDescriptor.TYPE_MESSAGE:
         if isinstance(value, dict):
             _fix_int64(value, field.message_type)
         return value
-    if field.type in _INT64_TYPES:
+    if field.type in _INT64_TYPES and isinstance(value, str | int | float):
         return int(value)
     return value
 
