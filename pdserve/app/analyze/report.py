@@ -25,10 +25,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import IO, Any
+from typing import IO
 
 from pdserve import __version__
-from pdserve.app.analyze.options import Progress
+from pdserve.app.analyze.options import AnalyzeInfo, Progress
 from pdserve.app.analyze.recommend import (
     MIB,
     ConfigResult,
@@ -79,7 +79,7 @@ class TerminalProgress(Progress):
         self.stream.write(text + "\n")
         self.stream.flush()
 
-    def start(self, info: dict[str, Any]) -> None:
+    def start(self, info: AnalyzeInfo) -> None:
         """What will be searched, and under which objective."""
         what = "pipeline " if info["pipeline"] else ""
         steps = f" (steps {', '.join(info['steps'])})" if info["pipeline"] else ""
