@@ -21,7 +21,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 #: Keys a rule may have, by role.
 _TESTS = ("min", "max", "one_of", "none_of", "equals", "required", "forbidden")
@@ -82,7 +82,7 @@ class Rule:
             return False
         return backend not in self.exclude_backends
 
-    def evaluate(self, config: dict[str, Any]) -> list[str]:
+    def evaluate(self, config: dict[str, object]) -> list[str]:
         """Test the rule on a configuration (Triton's JSON form).
 
         Returns:
@@ -103,7 +103,7 @@ class Rule:
                     problems.append(f"{where} is {_show(item)}: {problem}")
         return problems
 
-    def _test_value(self, value: Any) -> str | None:
+    def _test_value(self, value: object) -> str | None:
         t = self.tests
         if "min" in t or "max" in t:
             if not _is_number(value):
@@ -121,11 +121,11 @@ class Rule:
         return None
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     """A value as TOML writes it: ``"text"``, ``true``, ``64``."""
     if isinstance(value, str):
         return f'"{value}"'
@@ -135,8 +135,8 @@ def _show(value: Any) -> str:
 
 
 def _lookup(
-    node: Any, path: tuple[tuple[str, tuple[str, ...]], ...], prefix: str
-) -> list[tuple[str, Any]]:
+    node: object, path: tuple[tuple[str, tuple[str, ...]], ...], prefix: str
+) -> list[tuple[str, object]]:
     """Every ``(dotted path, value)`` that ``path`` reaches in ``node``."""
     if not path:
         return [(prefix, node)]
@@ -144,9 +144,9 @@ def _lookup(
     if not isinstance(node, dict) or key not in node:
         return []
     here = f"{prefix}.{key}" if prefix else key
-    nodes: list[tuple[str, Any]] = [(here, node[key])]
+    nodes: list[tuple[str, object]] = [(here, node[key])]
     for index in indices:
-        expanded: list[tuple[str, Any]] = []
+        expanded: list[tuple[str, object]] = []
         for where, value in nodes:
             if not isinstance(value, list):
                 continue
@@ -155,7 +155,7 @@ def _lookup(
             elif int(index) < len(value):
                 expanded.append((f"{where}[{index}]", value[int(index)]))
         nodes = expanded
-    out: list[tuple[str, Any]] = []
+    out: list[tuple[str, object]] = []
     for where, value in nodes:
         out.extend(_lookup(value, rest, where))
     return out
@@ -173,13 +173,13 @@ def _parse_field(text: str, where: str) -> tuple[tuple[str, tuple[str, ...]], ..
     return tuple(parts)
 
 
-def _strings(value: Any, key: str, where: str) -> tuple[str, ...]:
+def _strings(value: object, key: str, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise RulesError(f"{where}: '{key}' must be a list of strings")
     return tuple(value)
 
 
-def parse_rules(data: dict[str, Any], source: str = "rules") -> list[Rule]:
+def parse_rules(data: dict[str, object], source: str = "rules") -> list[Rule]:
     """Rules from a parsed TOML document (``{"rule": [{...}, ...]}``).
 
     Raises:

@@ -31,7 +31,7 @@ HTTP_TIMEOUT_SECS = 600
 DEFAULT_URL = "127.0.0.1:8000"
 
 
-def _http(url: str, method: str = "GET", body: dict[str, Any] | None = None) -> Any:
+def _http(url: str, method: str = "GET", body: dict[str, object] | None = None) -> Any:
     """One JSON request; the decoded JSON answer (None when empty).
 
     Raises:

@@ -23,7 +23,7 @@ _INT64_TYPES = frozenset(
 )
 
 
-def config_to_json(cfg: ModelConfig) -> dict[str, Any]:
+def config_to_json(cfg: ModelConfig) -> dict[str, object]:
     """Triton's JSON form of a configuration (``GET /v2/models/{m}/config``).
 
     Protobuf's JSON mapping with field names as in the ``.proto`` and fields
@@ -67,13 +67,13 @@ def _fix_int64(d: dict[str, Any], desc: Descriptor) -> None:
             d[field.name] = [int(v) for v in value] if _is_repeated(field) else int(value)
 
 
-def _fix_value(value: Any, field: FieldDescriptor) -> Any:
+def _fix_value(value: object, field: FieldDescriptor) -> object:
     """Fix one map value (a message dict or a scalar)."""
     if field.type == FieldDescriptor.TYPE_MESSAGE:
         if isinstance(value, dict):
             _fix_int64(value, field.message_type)
         return value
-    if field.type in _INT64_TYPES:
+    if field.type in _INT64_TYPES and isinstance(value, str | int | float):
         return int(value)
     return value
 
@@ -111,7 +111,7 @@ def config_from_json(d: object, path: str | Path = OVERRIDE_PATH) -> ModelConfig
 
 
 def parse_config_override(
-    value: str | bytes | dict[str, Any] | ModelConfig | None,
+    value: str | bytes | dict[str, object] | ModelConfig | None,
 ) -> ModelConfig | None:
     """The repository API's ``config`` load parameter as a ``ModelConfig``.
 

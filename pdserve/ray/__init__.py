@@ -8,12 +8,10 @@ works without Ray installed.
 
 from __future__ import annotations
 
-from typing import Any
-
 __all__ = ["application", "build_app"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in __all__:
         from pdserve.ray import deployments
 

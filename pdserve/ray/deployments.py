@@ -21,11 +21,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import ray
 from ray import serve
 from ray.exceptions import RayError, RayTaskError
+from ray.serve import Application
 from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
@@ -34,7 +35,7 @@ from pdserve import config as cfgmod
 from pdserve.core.api import InferenceCore
 from pdserve.core.errors import ErrorCode, InferError, internal, not_found, unavailable
 from pdserve.core.types import InferRequest, InferResponse
-from pdserve.frontends.http.app import create_http_app
+from pdserve.frontends.http.app import HttpApp, create_http_app
 from pdserve.ray.plan import INGRESS_NAME, plan_application
 from pdserve.repository.model import ModelVersion
 from pdserve.server import InferenceServer
@@ -69,14 +70,17 @@ class Failure:
         return InferError(self.message, ErrorCode(self.code))
 
 
-def _unwrap(value: Any) -> Any:
+T = TypeVar("T")
+
+
+def _unwrap(value: object) -> object:
     """A replica's answer, with a :class:`Failure` raised as its InferError."""
     if isinstance(value, Failure):
         raise value.error()
     return value
 
 
-async def _call(handle: DeploymentHandle, method: str, *args: Any, what: str) -> Any:
+async def _call(handle: DeploymentHandle, method: str, *args: object, what: str) -> object:
     """Call ``method`` on a replica of ``handle``'s deployment.
 
     Raises:
@@ -94,6 +98,20 @@ async def _call(handle: DeploymentHandle, method: str, *args: Any, what: str) ->
             f"{what}: the replica serving it failed ({type(e).__name__}); retry"
         ) from None
     return _unwrap(result)
+
+
+async def _call_for(
+    kind: type[T], handle: DeploymentHandle, method: str, *args: object, what: str
+) -> T:
+    """:func:`_call`, whose answer must be a ``kind``.
+
+    Raises:
+        InferError: as :func:`_call`; ``INTERNAL`` when the answer is not a ``kind``.
+    """
+    result = await _call(handle, method, *args, what=what)
+    if not isinstance(result, kind):
+        raise internal(f"{what}: the replica answered a {type(result).__name__}")
+    return result
 
 
 def _portable(request: InferRequest) -> InferRequest:
@@ -149,7 +167,9 @@ class StepServer(InferenceServer):
         """
 
         async def one(name: str, handle: DeploymentHandle) -> None:
-            doc = await _call(handle, "model_config", name, "", what=f"step model '{name}'")
+            doc = await _call_for(
+                dict, handle, "model_config", name, "", what=f"step model '{name}'"
+            )
             self._remote[name] = _RemoteStep(name, cfgmod.config_from_json(doc))
 
         await asyncio.gather(*(one(n, h) for n, h in self.steps.items()))
@@ -165,9 +185,8 @@ class StepServer(InferenceServer):
         """A step's request goes to the step's deployment; others run here."""
         if isinstance(mv, _RemoteStep):
             handle = self.steps[mv.name]
-            return cast(
-                InferResponse,
-                await _call(handle, "infer", _portable(request), what=f"model '{mv.name}'"),
+            return await _call_for(
+                InferResponse, handle, "infer", _portable(request), what=f"model '{mv.name}'"
             )
         return await super().infer_on(mv, request)
 
@@ -201,14 +220,14 @@ class ModelReplica:
         except InferError as e:
             return Failure.of(e)
 
-    def model_metadata(self, name: str, version: str) -> dict[str, Any] | Failure:
+    def model_metadata(self, name: str, version: str) -> dict[str, object] | Failure:
         """V2 model metadata (see :meth:`InferenceServer.model_metadata`)."""
         try:
             return self.server.model_metadata(name, version)
         except InferError as e:
             return Failure.of(e)
 
-    def model_config(self, name: str, version: str) -> dict[str, Any] | Failure:
+    def model_config(self, name: str, version: str) -> dict[str, object] | Failure:
         """The model's configuration in Triton's JSON form."""
         try:
             return self.server.model_config(name, version)
@@ -219,18 +238,18 @@ class ModelReplica:
         """True when that version (any, with ``""``) is ready here."""
         return self.server.model_ready(name, version)
 
-    def model_statistics(self, name: str, version: str) -> dict[str, Any] | Failure:
+    def model_statistics(self, name: str, version: str) -> dict[str, object] | Failure:
         """This replica's statistics of its model (Triton's statistics extension)."""
         try:
             return self.server.model_statistics(name, version)
         except InferError as e:
             return Failure.of(e)
 
-    def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
+    def repository_index(self, ready_only: bool) -> list[dict[str, object]]:
         """This replica's repository index rows (its one model)."""
         return [r for r in self.server.repository_index(ready_only) if r["name"] == self.model]
 
-    def where(self) -> dict[str, Any]:
+    def where(self) -> dict[str, object]:
         """Where this replica runs: ``{"node_id", "node_ip", "pid"}`` (tests, tools)."""
         return {
             "node_id": ray.get_runtime_context().get_node_id(),
@@ -278,7 +297,7 @@ class RayCore:
         """Readiness: Serve starts routing only once the application is running."""
         return True
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self) -> dict[str, object]:
         """V2 server metadata (no repository extension: Serve deploys the models)."""
         return {"name": "pdserve", "version": __version__, "extensions": EXTENSIONS}
 
@@ -288,20 +307,16 @@ class RayCore:
             raise not_found(f"Request for unknown model: '{name}' is not found")
         return handle
 
-    async def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+    async def model_metadata(self, name: str, version: str = "") -> dict[str, object]:
         """V2 model metadata from the model's deployment."""
-        return cast(
-            dict[str, Any],
-            await _call(
-                self._handle(name), "model_metadata", name, version, what=f"model '{name}'"
-            ),
+        return await _call_for(
+            dict, self._handle(name), "model_metadata", name, version, what=f"model '{name}'"
         )
 
-    async def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+    async def model_config(self, name: str, version: str = "") -> dict[str, object]:
         """The model's configuration from its deployment."""
-        return cast(
-            dict[str, Any],
-            await _call(self._handle(name), "model_config", name, version, what=f"model '{name}'"),
+        return await _call_for(
+            dict, self._handle(name), "model_config", name, version, what=f"model '{name}'"
         )
 
     async def model_ready(self, name: str, version: str = "") -> bool:
@@ -322,12 +337,11 @@ class RayCore:
                 ``UNAVAILABLE`` the replica died under the request (retry).
         """
         handle = self._handle(request.model_name)
-        return cast(
-            InferResponse,
-            await _call(handle, "infer", _portable(request), what=f"model '{request.model_name}'"),
+        return await _call_for(
+            InferResponse, handle, "infer", _portable(request), what=f"model '{request.model_name}'"
         )
 
-    async def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+    async def model_statistics(self, name: str = "", version: str = "") -> dict[str, object]:
         """Statistics from one replica of each model named (all models with ``""``).
 
         Each replica counts its own requests: with several replicas the figures are
@@ -341,24 +355,26 @@ class RayCore:
             names = sorted(self.handles)
         docs = await asyncio.gather(
             *(
-                _call(self.handles[n], "model_statistics", n, version, what=f"model '{n}'")
+                _call_for(
+                    dict, self.handles[n], "model_statistics", n, version, what=f"model '{n}'"
+                )
                 for n in names
             )
         )
         return {"model_stats": [row for doc in docs for row in doc["model_stats"]]}
 
-    async def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, object]]:
         """One row per model, from its deployment."""
         rows = await asyncio.gather(
             *(
-                _call(h, "repository_index", ready_only, what=f"model '{n}'")
+                _call_for(list, h, "repository_index", ready_only, what=f"model '{n}'")
                 for n, h in sorted(self.handles.items())
             )
         )
         return [row for part in rows for row in part]
 
     async def load_model(
-        self, name: str, config: Any = None, files: dict[str, bytes] | None = None
+        self, name: str, config: object = None, files: dict[str, bytes] | None = None
     ) -> None:
         """Refused: Serve deploys the models (Triton answers 503 outside explicit mode).
 
@@ -389,7 +405,7 @@ class _V2IngressBase:
         self.core = RayCore(handles)
         self.http = dict(http or {})
 
-    def __serve_build_asgi_app__(self) -> Any:
+    def __serve_build_asgi_app__(self) -> HttpApp:
         # HttpApp awaits the core's methods that are async (RayCore's metadata calls)
         return create_http_app(cast(InferenceCore, self.core), **self.http)
 
@@ -401,10 +417,10 @@ V2Ingress = serve.ingress()(_V2IngressBase)
 def application(
     model_repository: Path | str,
     models: list[str] | None = None,
-    options: Mapping[str, Mapping[str, Any]] | None = None,
-    ingress: Mapping[str, Any] | None = None,
+    options: Mapping[str, Mapping[str, object]] | None = None,
+    ingress: Mapping[str, object] | None = None,
     http: Mapping[str, Any] | None = None,
-) -> Any:
+) -> Application:
     """The Serve application (``serve.run(application(...))``) of a model repository.
 
     Args:
@@ -421,7 +437,7 @@ def application(
         ValueError: see :func:`pdserve.ray.plan.plan_application`.
     """
     repo = str(Path(model_repository).resolve())
-    bound: dict[str, Any] = {}
+    bound: dict[str, Application] = {}
     model_cls: Any = serve.deployment(ModelReplica)  # Serve's overloads confuse mypy
     for plan in plan_application(repo, models, options):
         steps = {s: bound[s] for s in plan.steps}
@@ -433,7 +449,7 @@ def application(
     return ingress_cls.options(name=INGRESS_NAME, **ingress_opts).bind(bound, dict(http or {}))
 
 
-def build_app(args: dict[str, Any]) -> Any:
+def build_app(args: dict[str, Any]) -> Application:
     """Serve application builder (``import_path: pdserve.ray:build_app``).
 
     ``args`` (from ``serve run ... key=value`` or a config file's ``args``):

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pdserve import config as cfgmod
 from pdserve.config import ModelConfig
@@ -61,10 +60,10 @@ class DeploymentPlan:
     model: str
     ensemble: bool = False
     steps: list[str] = field(default_factory=list)
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, object] = field(default_factory=dict)
 
 
-def actor_options(cfg: ModelConfig) -> dict[str, Any]:
+def actor_options(cfg: ModelConfig) -> dict[str, object]:
     """``ray_actor_options`` for a replica of the model ``cfg``, which hosts one copy of
     every instance of the model:
 
@@ -102,7 +101,7 @@ def actor_options(cfg: ModelConfig) -> dict[str, Any]:
 def plan_application(
     repository: Path | str,
     models: list[str] | None = None,
-    options: Mapping[str, Mapping[str, Any]] | None = None,
+    options: Mapping[str, Mapping[str, object]] | None = None,
 ) -> list[DeploymentPlan]:
     """One :class:`DeploymentPlan` per model to serve, step models before ensembles.
 
@@ -160,13 +159,13 @@ def plan_application(
             )
         if "num_replicas" in override and "autoscaling_config" in override:
             raise ValueError(f"model '{name}': give num_replicas or autoscaling_config, not both")
-        opts: dict[str, Any] = {"ray_actor_options": actor_options(cfg)}
+        actor = actor_options(cfg)
         if "ray_actor_options" in override:
-            opts["ray_actor_options"] = {
-                **opts["ray_actor_options"],
-                **dict(override.pop("ray_actor_options")),
-            }
-        opts.update(override)
+            extra = override.pop("ray_actor_options")
+            if not isinstance(extra, Mapping):
+                raise ValueError(f"model '{name}': ray_actor_options must be a mapping")
+            actor = {**actor, **extra}
+        opts: dict[str, object] = {"ray_actor_options": actor, **override}
         plans.append(DeploymentPlan(name, ensemble, steps if ensemble else [], opts))
     return plans
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.repository.rollout_policy import Rollout
 from pdserve.repository.traffic import ShadowSpec, Split, TrafficSpec
-from pdserve.repository.windows import Tally, Window
+from pdserve.repository.windows import Tally, TallyKey, Window
 
 if TYPE_CHECKING:
     from pdserve.repository.entry import ModelEntry
@@ -37,10 +37,12 @@ class ModelTraffic:
         self.rollout: Rollout | None = None
         self.windows: dict[int, Window] = {}
         self.routed: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.decisions: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_DECISIONS)
+        self.decisions: collections.deque[dict[str, object]] = collections.deque(
+            maxlen=MAX_DECISIONS
+        )
         self.decision_counts: collections.Counter[str] = collections.Counter()
         self._split: Split | None = None
-        self._split_for: tuple[Any, ...] | None = None
+        self._split_for: tuple[object, tuple[tuple[int, float], ...]] | None = None
         self.unserved: list[int] = []
         # shadow
         self.queue: asyncio.Queue[tuple[ShadowSpec, InferRequest, InferResponse]] | None = None
@@ -49,8 +51,8 @@ class ModelTraffic:
         self.divergence: collections.Counter[str] = collections.Counter()
         self.compared: collections.Counter[str] = collections.Counter()
         #: recent comparisons: ("out", output, diverged) and ("ver", version, diverged)
-        self.recent = Tally()
-        self.samples: collections.deque[dict[str, Any]] = collections.deque(
+        self.recent: Tally[TallyKey] = Tally()
+        self.samples: collections.deque[dict[str, object]] = collections.deque(
             maxlen=DIVERGENT_SAMPLES
         )
         self.last_log: dict[str, float] = {}
@@ -114,7 +116,7 @@ class ModelTraffic:
         t = self.recent.total(window_s)
         seen: collections.Counter[str] = collections.Counter()
         for (kind, output, _), n in t.items():
-            if kind == "out":
+            if kind == "out" and isinstance(output, str):
                 seen[output] += n
         return {o: t[("out", o, True)] / n for o, n in seen.items() if n}
 

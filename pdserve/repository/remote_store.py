@@ -28,7 +28,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 log = logging.getLogger("pdserve.repository.remote")
 
@@ -82,21 +81,27 @@ class SyncReport:
     seconds: float = 0.0
 
 
-def _token(info: dict[str, Any]) -> str:
-    size = int(info.get("size") or 0)
+def _size(info: dict[str, object]) -> int:
+    """The object's size in bytes as the store lists it (0 when not given)."""
+    size = info.get("size") or 0
+    return int(size) if isinstance(size, int | float | str) else 0
+
+
+def _token(info: dict[str, object]) -> str:
+    size = _size(info)
     tag = info.get("ETag") or info.get("md5Hash") or info.get("etag") or info.get("crc32c")
     if not tag:
         tag = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or ""
     return f"{size}:{str(tag).strip(chr(34))}"
 
 
-def _expected_md5(info: dict[str, Any]) -> str | None:
+def _expected_md5(info: dict[str, object]) -> str | None:
     """The object's MD5 (hex) when the store gives one."""
     etag = str(info.get("ETag") or "").strip('"')
     if len(etag) == 32 and "-" not in etag:
         return etag.lower()
     md5b64 = info.get("md5Hash")
-    if md5b64:
+    if isinstance(md5b64, str | bytes) and md5b64:
         try:
             return base64.b64decode(md5b64).hex()
         except ValueError:
@@ -144,7 +149,7 @@ class RemoteRepository:
         url: str,
         cache_dir: Path,
         ready_marker: str | None = None,
-        storage_options: dict[str, Any] | None = None,
+        storage_options: dict[str, object] | None = None,
     ) -> None:
         import fsspec.core  # lazy: the remote-repo extra
 
@@ -190,7 +195,7 @@ class RemoteRepository:
 
     # -- store access -----------------------------------------------------------------
 
-    def _list(self, prefix: str = "") -> dict[str, dict[str, Any]]:
+    def _list(self, prefix: str = "") -> dict[str, dict[str, object]]:
         """rel path -> info of every file under ``root/prefix``."""
         base = f"{self.root}/{prefix}".rstrip("/") if prefix else self.root
         try:
@@ -202,7 +207,7 @@ class RemoteRepository:
             raise StoreUnavailable(f"{self.url} does not exist") from None
         except Exception as e:  # noqa: BLE001 - every store raises its own errors
             raise StoreUnavailable(f"{type(e).__name__}: {e}") from e
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, dict[str, object]] = {}
         strip = len(self.root) + 1
         for path, info in found.items():
             if info.get("type", "file") != "file" or path.endswith("/"):
@@ -210,7 +215,7 @@ class RemoteRepository:
             out[path[strip:] if path.startswith(self.root + "/") else path] = info
         return out
 
-    def _download(self, rel: str, info: dict[str, Any], dest: Path) -> int:
+    def _download(self, rel: str, info: dict[str, object], dest: Path) -> int:
         """Fetch one file to ``dest`` (through a temporary name) and check it.
 
         Raises:
@@ -219,7 +224,7 @@ class RemoteRepository:
         """
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
-        size = int(info.get("size") or 0)
+        size = _size(info)
         md5 = _expected_md5(info)
         problem = ""
         for _ in range(2):
@@ -284,7 +289,7 @@ class RemoteRepository:
         report = SyncReport(files=len(listing))
         self.local_path.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self._staging, ignore_errors=True)
-        units: dict[tuple[str, str | None], dict[str, dict[str, Any]]] = {}
+        units: dict[tuple[str, str | None], dict[str, dict[str, object]]] = {}
         for rel, info in listing.items():
             unit = _unit_of(rel)
             if unit is not None:
@@ -352,7 +357,7 @@ class RemoteRepository:
 
     def _publish_files(
         self,
-        files: dict[str, dict[str, Any]],
+        files: dict[str, dict[str, object]],
         changed: list[str],
         gone: set[str],
         report: SyncReport,
@@ -376,7 +381,7 @@ class RemoteRepository:
     def _publish_version(
         self,
         unit: tuple[str, str | None],
-        files: dict[str, dict[str, Any]],
+        files: dict[str, dict[str, object]],
         changed: list[str],
         report: SyncReport,
     ) -> None:

@@ -23,7 +23,7 @@ import random
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pdserve.core.errors import ErrorCode, InferError, not_found
 from pdserve.core.types import InferRequest, InferResponse
@@ -113,7 +113,7 @@ class TrafficControl:
                 st.rollout = None
         return st
 
-    def _adopt_rollout(self, st: ModelTraffic, raw: dict[str, Any] | None, why: str) -> None:
+    def _adopt_rollout(self, st: ModelTraffic, raw: dict[str, object] | None, why: str) -> None:
         """Start, keep or stop ``st``'s rollout as the ``rollout`` section ``raw`` asks.
 
         Raises:
@@ -205,7 +205,7 @@ class TrafficControl:
 
     # -- rollout -----------------------------------------------------------------
 
-    def _decide(self, st: ModelTraffic, action: str, reason: str, **extra: Any) -> None:
+    def _decide(self, st: ModelTraffic, action: str, reason: str, **extra: object) -> None:
         """Record one decision: log line, metric, admin endpoint."""
         weights = st.weights()
         d = {
@@ -295,7 +295,7 @@ class TrafficControl:
             raise not_found(f"Request for unknown model: '{name}' is not served")
         return entry, self._state(name, entry)
 
-    def describe_traffic(self, name: str) -> dict[str, Any]:
+    def describe_traffic(self, name: str) -> dict[str, object]:
         """``GET /v2/models/{m}/traffic``: the traffic in force and what it did.
 
         Raises:
@@ -332,7 +332,7 @@ class TrafficControl:
             },
         }
 
-    def set_traffic(self, name: str, doc: Any) -> dict[str, Any]:
+    def set_traffic(self, name: str, doc: object) -> dict[str, object]:
         """``POST /v2/models/{m}/traffic``: replace the traffic until the traffic file
         changes (``{"weights": {...}, "shadow": {...}}``; ``{"reset": true}`` goes back
         to the file). A ``rollout`` section starts that rollout.
@@ -370,7 +370,7 @@ class TrafficControl:
         st.forget_split()
         return self.describe_traffic(name)
 
-    def describe_rollout(self, name: str) -> dict[str, Any]:
+    def describe_rollout(self, name: str) -> dict[str, object]:
         """``GET /v2/models/{m}/rollout``: the rollout's state, windows and decisions.
 
         Raises:
@@ -378,7 +378,7 @@ class TrafficControl:
         """
         _, st = self._entry(name)
         r = st.rollout
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "model": name,
             "state": r.state if r is not None else "none",
             "weights": {str(v): w for v, w in sorted(st.weights().items())},
@@ -399,7 +399,7 @@ class TrafficControl:
             )
         return out
 
-    def rollout_action(self, name: str, doc: Any) -> dict[str, Any]:
+    def rollout_action(self, name: str, doc: object) -> dict[str, object]:
         """``POST /v2/models/{m}/rollout``: ``{"action": "rollback" | "promote" |
         "abort" | "restart"}`` (``restart`` begins the current policy again, e.g.
         after a rollback once the canary is fixed).

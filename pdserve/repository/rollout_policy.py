@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from pdserve.repository.traffic import TrafficError, check_keys
-from pdserve.repository.windows import MAX_WINDOW_S
+from pdserve.repository.windows import MAX_WINDOW_S, WindowSummary
 
 _ROLLOUT_KEYS = {
     "canary",
@@ -80,10 +79,11 @@ class RolloutPolicy:
                 raise TrafficError(f"{where}.{key}: {v!r} is not a version number")
             return v
 
-        def number(key: str, default: Any, low: float, high: float = math.inf) -> Any:
+        def optional_number(key: str, low: float, high: float = math.inf) -> float | None:
+            return None if raw.get(key) is None else number(key, 0.0, low, high)
+
+        def number(key: str, default: float, low: float, high: float = math.inf) -> float:
             v = raw.get(key, default)
-            if v is None:
-                return None
             if isinstance(v, bool) or not isinstance(v, int | float) or not low <= v <= high:
                 raise TrafficError(f"{where}.{key}: {v!r} must be a number in [{low:g}, {high:g}]")
             return float(v)
@@ -113,12 +113,12 @@ class RolloutPolicy:
             window_secs=number("window_secs", 30.0, 1.0, MAX_WINDOW_S),
             min_requests=min_req,
             max_error_rate=number("max_error_rate", 0.01, 0.0, 1.0),
-            max_p99_ms=number("max_p99_ms", None, 0.0),
-            max_divergence_rate=number("max_divergence_rate", None, 0.0, 1.0),
+            max_p99_ms=optional_number("max_p99_ms", 0.0),
+            max_divergence_rate=optional_number("max_divergence_rate", 0.0, 1.0),
             interval_secs=number("interval_secs", 0.5, 0.05, 60.0),
         )
 
-    def breaches(self, win: dict[str, Any], divergence: tuple[int, float]) -> list[str]:
+    def breaches(self, win: WindowSummary, divergence: tuple[int, float]) -> list[str]:
         """The bounds the canary's window breaks, in words (empty: none).
 
         Args:
@@ -144,7 +144,7 @@ class RolloutPolicy:
                 )
         return breach
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """The JSON form."""
         d = dict(self.__dict__)
         d["steps"] = list(self.steps)

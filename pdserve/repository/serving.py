@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
 
 from pdserve.core import procmem
 from pdserve.core.errors import ErrorCode, InferError, not_found, unavailable
@@ -89,7 +88,7 @@ class ServedModels:
         entry = self.models.get(name)
         return [str(v) for v in sorted(entry.serving)] if entry else []
 
-    def index(self) -> list[dict[str, Any]]:
+    def index(self) -> list[dict[str, object]]:
         """Repository index rows ``{name, version, state, reason}`` (Triton's shape),
         plus ``memory_bytes`` and ``memory_source`` for a served version whose
         memory was measured, and ``pinned: true`` for a pinned model.
@@ -97,7 +96,7 @@ class ServedModels:
         Models present in the repository but never loaded are listed with no
         version and no state, as Triton does in explicit mode.
         """
-        rows: list[dict[str, Any]] = []
+        rows: list[dict[str, object]] = []
         try:
             on_disk = layout.scan_repository(self.repository)
         except Exception:  # repository vanished: index what we know
@@ -105,13 +104,13 @@ class ServedModels:
         for name in sorted(set(on_disk) | set(self.models)):
             entry = self.models.get(name)
             if entry is None or not entry.states:
-                row = {"name": name}
+                row: dict[str, object] = {"name": name}
                 if entry is not None and entry.reason:
                     row.update(state=UNAVAILABLE, reason=entry.reason)
                 rows.append(row)
                 continue
             for v, st in sorted(entry.states.items()):
-                row2: dict[str, Any] = {
+                row2: dict[str, object] = {
                     "name": name,
                     "version": str(v),
                     "state": st.state,
@@ -384,11 +383,11 @@ class ServedModels:
                 log.warning("closing while a model is still loading")
         versions = [mv for e in self.models.values() for mv in e.serving.values()]
         if versions:
-            tasks: list[asyncio.Future[Any]] = [
+            tasks: list[asyncio.Future[object]] = [
                 asyncio.ensure_future(mv.drain()) for mv in versions
             ]
-            retiring = [asyncio.ensure_future(asyncio.shield(t)) for t in self._retiring]
-            _, pending = await asyncio.wait(tasks + retiring, timeout=left())
+            tasks += [asyncio.ensure_future(asyncio.shield(t)) for t in self._retiring]
+            _, pending = await asyncio.wait(tasks, timeout=left())
             for t in pending:
                 t.cancel()
         for e in self.models.values():

@@ -22,7 +22,6 @@ import random
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -82,7 +81,7 @@ class ShadowSpec:
     max_inflight: int = DEFAULT_SHADOW_MAX_INFLIGHT
     compare: dict[str, Tolerance] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """The JSON form (as the traffic file writes it)."""
         return {
             "version": self.version,
@@ -109,7 +108,7 @@ class TrafficSpec:
 
     weights: dict[int, float] = field(default_factory=dict)
     shadow: ShadowSpec | None = None
-    rollout: dict[str, Any] | None = None
+    rollout: dict[str, object] | None = None
 
     def versions(self) -> set[int]:
         """Every version the spec names."""
@@ -119,7 +118,7 @@ class TrafficSpec:
         return named
 
 
-def check_keys(raw: dict[str, Any], allowed: Collection[str], where: str) -> None:
+def check_keys(raw: dict[str, object], allowed: Collection[str], where: str) -> None:
     """Refuse the keys of ``raw`` that are not in ``allowed``.
 
     Raises:
@@ -323,7 +322,7 @@ def _as_array(value: object) -> np.ndarray:
     return value if isinstance(value, np.ndarray) else np.asarray(value)
 
 
-def _top_k_sets(arr: np.ndarray, k: int) -> list[frozenset[Any]]:
+def _top_k_sets(arr: np.ndarray, k: int) -> list[frozenset[object]]:
     rows = arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(1, -1)
     if rows.dtype == object or rows.dtype.kind in "SU":
         return [frozenset(row[:k].tolist()) for row in rows]

@@ -7,7 +7,8 @@ import collections
 import math
 import time
 from bisect import bisect_left
-from typing import Any
+from collections.abc import Hashable
+from typing import Any, Generic, TypedDict, TypeVar
 
 #: The longest window, in seconds (``window_secs``): one-second buckets are kept
 #: this long per version.
@@ -16,6 +17,22 @@ MAX_WINDOW_S = 3600
 #: Upper bounds (seconds) of the latency bins a window counts in: 0.1 ms to 100 s, 16
 #: per decade (each 15 % wider than the one before), so a p99 is read within 15 %.
 LATENCY_BINS: tuple[float, ...] = tuple(1e-4 * 10 ** (i / 16) for i in range(97))
+
+
+K = TypeVar("K", bound=Hashable)
+
+#: A :class:`Tally` key of shadow comparisons: ``("out", output, diverged)`` or
+#: ``("ver", version, diverged)``.
+TallyKey = tuple[str, str, bool] | tuple[str, int, bool]
+
+
+class WindowSummary(TypedDict):
+    """A :class:`Window` over its last seconds (see :meth:`Window.summary`)."""
+
+    requests: int
+    errors: int
+    error_rate: float
+    p99_ms: float | None
 
 
 class Window:
@@ -39,7 +56,7 @@ class Window:
         b[2] += error
         b[3][bisect_left(LATENCY_BINS, latency_s)] += 1
 
-    def summary(self, window_s: float) -> dict[str, Any]:
+    def summary(self, window_s: float) -> WindowSummary:
         """``{requests, errors, error_rate, p99_ms}`` over the last ``window_s``
         seconds (whole seconds); ``p99_ms`` is the upper bound of the bin holding the
         99th percentile (None without requests)."""
@@ -70,27 +87,27 @@ class Window:
         }
 
 
-class Tally:
+class Tally(Generic[K]):
     """Counts in one-second buckets (``[second, Counter]``), summed over a window."""
 
     __slots__ = ("buckets",)
 
     def __init__(self) -> None:
-        self.buckets: collections.deque[tuple[int, collections.Counter[Any]]] = collections.deque(
+        self.buckets: collections.deque[tuple[int, collections.Counter[K]]] = collections.deque(
             maxlen=MAX_WINDOW_S
         )
 
-    def add(self, key: Any, n: int = 1) -> None:
+    def add(self, key: K, n: int = 1) -> None:
         """Count ``n`` of ``key`` now."""
         sec = int(time.monotonic())
         if not self.buckets or self.buckets[-1][0] != sec:
             self.buckets.append((sec, collections.Counter()))
         self.buckets[-1][1][key] += n
 
-    def total(self, window_s: float) -> collections.Counter[Any]:
+    def total(self, window_s: float) -> collections.Counter[K]:
         """The counts of the last ``window_s`` seconds (whole seconds)."""
         first = int(time.monotonic()) - max(0, math.ceil(window_s) - 1)
-        out: collections.Counter[Any] = collections.Counter()
+        out: collections.Counter[K] = collections.Counter()
         for sec, counts in reversed(self.buckets):
             if sec < first:
                 break

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from pdserve.app.analyze.recommend import ConfigResult, Constraints, LevelResult
 from pdserve.app.analyze.space import Point
@@ -63,7 +63,7 @@ class AnalyzeOptions:
         """The SLO and the memory budget."""
         return Constraints(self.p99_ms, self.memory_budget)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """Plain JSON values."""
         d = dict(self.__dict__)
         for k in ("repository", "output_dir"):
@@ -71,11 +71,32 @@ class AnalyzeOptions:
         return d
 
 
+class AnalyzeInfo(TypedDict, total=False):
+    """What a search covers, as :meth:`Progress.start` is told and the reports keep it
+    (empty before the search starts)."""
+
+    model: str
+    steps: list[str]
+    pipeline: bool
+    server: str
+    cpus: int | None
+    dims: list[str]
+    points: int
+    search: str
+    max_configs: int
+    max_minutes: float
+    p99_ms: float | None
+    memory_budget: int | None
+    concurrency: list[int]
+    shipped: dict[str, str]
+    memory_measured: bool
+
+
 class Progress:
     """Receives what happens (the CLI's terminal display); the methods do nothing
     here."""
 
-    def start(self, info: dict[str, Any]) -> None:
+    def start(self, info: AnalyzeInfo) -> None:
         """Before the first configuration: ``model``, ``steps``, ``server``,
         ``dims`` (lines), ``points``, ``search``, ``constraints``..."""
 

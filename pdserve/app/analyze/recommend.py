@@ -58,7 +58,7 @@ class LevelResult:
             and (self.requests is None or self.requests >= MIN_LEVEL_REQUESTS)
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """Plain JSON values."""
         return dict(self.__dict__)
 
@@ -132,7 +132,7 @@ class ConfigResult:
         best = self.best_level(p99_ms)
         return best.infer_per_sec if best else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """Plain JSON values."""
         return {
             "index": self.index,
@@ -326,7 +326,7 @@ def memory_fit(results: Sequence[ConfigResult]) -> tuple[float, float] | None:
     does not pass for the instances'. ``fixed`` is what loading costs once
     (libraries, interpreters, shared parts), from the group with the most
     configurations. None without a group of two instance counts."""
-    groups: dict[Any, list[tuple[float, float]]] = {}
+    groups: dict[tuple[tuple[str, Knobs], ...], list[tuple[float, float]]] = {}
     for r in results:
         if r.memory_bytes is None:
             continue

@@ -24,10 +24,11 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from types import ModuleType
+from typing import IO
 
 from pdserve import __version__
-from pdserve.app.analyze.options import Progress
+from pdserve.app.analyze.options import AnalyzeInfo, Progress
 from pdserve.app.analyze.recommend import (
     MIB,
     ConfigResult,
@@ -78,7 +79,7 @@ class TerminalProgress(Progress):
         self.stream.write(text + "\n")
         self.stream.flush()
 
-    def start(self, info: dict[str, Any]) -> None:
+    def start(self, info: AnalyzeInfo) -> None:
         """What will be searched, and under which objective."""
         what = "pipeline " if info["pipeline"] else ""
         steps = f" (steps {', '.join(info['steps'])})" if info["pipeline"] else ""
@@ -298,7 +299,7 @@ def gain_text(res: AnalyzeResult) -> str:
 # --------------------------------------------------------------------------- files
 
 
-def result_dict(res: AnalyzeResult) -> dict[str, Any]:
+def result_dict(res: AnalyzeResult) -> dict[str, object]:
     """The JSON report."""
     c = res.options.constraints
     return {
@@ -373,7 +374,7 @@ def csv_rows(res: AnalyzeResult) -> list[list[str]]:
     return out
 
 
-def _plt() -> Any:
+def _plt() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -25,11 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from pdserve import config as cfgmod
 from pdserve.app.analyze import memory
-from pdserve.app.analyze.options import AnalyzeOptions, Progress
+from pdserve.app.analyze.options import AnalyzeInfo, AnalyzeOptions, Progress
 from pdserve.app.analyze.recommend import ConfigResult, LevelResult, decide, recommend
 from pdserve.app.analyze.search import grid_search, quick_search
 from pdserve.app.analyze.server import (
@@ -53,7 +52,7 @@ from pdserve.app.perf import PerfOptions
 from pdserve.config import ModelConfig
 
 #: What ``signal.signal`` returns and takes: a handler, SIG_DFL / SIG_IGN, or None.
-SigintHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+SigintHandler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
 #: Seconds an empty server waits after starting (or the models' unload) before
 #: the memory is read.
@@ -75,7 +74,7 @@ class AnalyzeResult:
     base_configs: dict[str, ModelConfig]
     #: model -> the recommended configuration (None without a recommendation).
     recommended_configs: dict[str, ModelConfig] | None
-    info: dict[str, Any]
+    info: AnalyzeInfo
     elapsed_s: float
     gain_search: float | None = None
     gain_confirmed: float | None = None
@@ -106,7 +105,7 @@ class Analyzer:
         self.ensemble_mbs = 0
         self.results: list[ConfigResult] = []
         self.server_pid: int | None = None
-        self.info: dict[str, Any] = {}
+        self.info: AnalyzeInfo = {}
         self.interrupted = False
         #: Own server after setup: (memory before the load, load seconds) of the
         #: shipped configuration, loaded there; used by its first measurement.
@@ -483,7 +482,7 @@ class Analyzer:
 
         return signal.signal(signal.SIGINT, on_sigint)
 
-    def _info(self, space: Space) -> dict[str, Any]:
+    def _info(self, space: Space) -> AnalyzeInfo:
         if self.own is not None:
             server = f"own pdserve ({self.opts.server_mode} per configuration)"
             if self.opts.server_cpus:

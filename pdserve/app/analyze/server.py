@@ -65,7 +65,7 @@ class RepositoryClient:
         return f"{self.host}:{self.port}"
 
     def request(
-        self, method: str, path: str, body: Any = None, timeout: float | None = None
+        self, method: str, path: str, body: object = None, timeout: float | None = None
     ) -> tuple[int, Any]:
         """(status, decoded JSON body or None).
 
@@ -90,7 +90,7 @@ class RepositoryClient:
         return resp.status, doc
 
     @staticmethod
-    def _error(doc: Any) -> str:
+    def _error(doc: object) -> str:
         if isinstance(doc, dict) and "error" in doc:
             return str(doc["error"])
         return str(doc)
@@ -102,7 +102,7 @@ class RepositoryClient:
         except AnalyzeError:
             return False
 
-    def config(self, model: str) -> dict[str, Any]:
+    def config(self, model: str) -> dict[str, object]:
         """The served configuration of ``model`` (``GET /v2/models/{m}/config``).
 
         Raises:
@@ -117,14 +117,14 @@ class RepositoryClient:
         """``GET /v2/models/{m}/ready`` answers 200."""
         return self.request("GET", f"/v2/models/{model}/ready")[0] == 200
 
-    def load(self, model: str, config: dict[str, Any] | None = None) -> None:
+    def load(self, model: str, config: dict[str, object] | None = None) -> None:
         """Load ``model``, with ``config`` replacing its ``config.pbtxt`` when given.
 
         Raises:
             AnalyzeError: the server refused (its message), e.g. not in explicit
                 model control mode, or the configuration does not load.
         """
-        body: dict[str, Any] = {}
+        body: dict[str, object] = {}
         if config is not None:
             body = {"parameters": {"config": json.dumps(config)}}
         status, doc = self.request("POST", f"/v2/repository/models/{model}/load", body)
@@ -141,7 +141,7 @@ class RepositoryClient:
         if status != 200 and "not loaded" not in self._error(doc):
             raise AnalyzeError(f"cannot unload '{model}': {self._error(doc)}")
 
-    def index(self) -> list[dict[str, Any]]:
+    def index(self) -> list[dict[str, object]]:
         """The repository index (``POST /v2/repository/index``)."""
         status, doc = self.request("POST", "/v2/repository/index", {})
         if status != 200 or not isinstance(doc, list):

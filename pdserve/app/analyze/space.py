@@ -71,7 +71,7 @@ class Knobs:
             text += ", preferred " + "+".join(str(p) for p in self.preferred)
         return text
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """Plain JSON values (``delay_us`` None = no dynamic batching)."""
         return {
             "instances": self.instances,
@@ -192,14 +192,14 @@ class Dimension:
 
     knob: str
     models: tuple[str, ...]
-    values: tuple[Any, ...]
+    values: tuple[int | str | None, ...]
 
     @property
     def name(self) -> str:
         """``efficientnet_lite0.instances``."""
         return f"{'+'.join(self.models)}.{self.knob}"
 
-    def show(self, value: Any) -> str:
+    def show(self, value: int | str | None) -> str:
         """A value as the user writes it."""
         if self.knob == "delay_us":
             return OFF if value is None else str(value)
@@ -222,7 +222,7 @@ class Space:
         if not self.start:
             self.start = tuple(d.values.index(self._shipped_value(d)) for d in self.dims)
 
-    def _shipped_value(self, dim: Dimension) -> Any:
+    def _shipped_value(self, dim: Dimension) -> int | str | None:
         k = self.shipped[dim.models[0]]
         if dim.knob == "preferred":
             return preferred_token(k.preferred)

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from pdserve.app.analyze.options import Progress
 from pdserve.app.analyze.recommend import LevelResult
 from pdserve.app.analyze.server import AnalyzeError
 from pdserve.app.perf import PerfError, PerfOptions, run_sweep
-from pdserve.app.perf.stats import PointResult, Window
+from pdserve.app.perf.stats import PointResult, RunInfo, Window
 
 #: A concurrency sweep stops once two levels in a row gain less than this
 #: fraction of throughput over the best level before them.
@@ -39,7 +38,7 @@ class SweepWatcher:
         self.reason = ""
         self.timed_out = False
 
-    def start(self, info: dict[str, Any]) -> None:
+    def start(self, info: RunInfo) -> None:
         """Nothing."""
 
     def window(

@@ -17,7 +17,7 @@ sweep), :mod:`.stats` (results), :mod:`.report` (display, files), :mod:`.cli`.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pdserve.app.perf.options import PerfError, PerfOptions
@@ -38,7 +38,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _EXPORTS:
         return getattr(importlib.import_module(f"pdserve.app.perf.{_EXPORTS[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

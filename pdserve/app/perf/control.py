@@ -12,7 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from pdserve.app.perf.inputs import HttpRequest
@@ -104,7 +104,7 @@ class HttpControl:
         except (ValueError, AttributeError):
             return text[:500]
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self) -> dict[str, object]:
         """V2 model metadata.
 
         Raises:
@@ -117,7 +117,7 @@ class HttpControl:
             )
         return dict(json.loads(body))
 
-    def config(self) -> dict[str, Any] | None:
+    def config(self) -> dict[str, object] | None:
         """The model configuration (Triton's JSON form), None when the server has no
         such endpoint."""
         try:
@@ -131,7 +131,7 @@ class HttpControl:
         except ValueError:
             return None
 
-    def stats(self, all_models: bool = False) -> list[dict[str, Any]] | None:
+    def stats(self, all_models: bool = False) -> list[dict[str, object]] | None:
         """``model_stats`` of the statistics extension for the model (every model
         with ``all_models``); None when unsupported or unreachable (a failed reading
         only loses that window's breakdown)."""
@@ -202,12 +202,12 @@ class GrpcControl:
         name = code.name if code is not None else "error"
         return PerfError(f"{what} on grpc://{self.url}: {name}: {details}")
 
-    def _dict(self, msg: Message) -> dict[str, Any]:
+    def _dict(self, msg: Message) -> dict[str, object]:
         from google.protobuf.json_format import MessageToDict
 
         return dict(MessageToDict(msg, preserving_proto_field_name=True))
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self) -> dict[str, object]:
         """V2 model metadata (JSON form).
 
         Raises:
@@ -219,7 +219,7 @@ class GrpcControl:
         except self._grpc.RpcError as e:
             raise self._fail(f"model '{self.model}'", e) from None
 
-    def config(self) -> dict[str, Any] | None:
+    def config(self) -> dict[str, object] | None:
         """The model configuration (JSON form), None when unavailable."""
         req = self._pb.ModelConfigRequest(name=self.model, version=self.version)
         try:
@@ -228,7 +228,7 @@ class GrpcControl:
             return None
         return self._dict(resp.config)
 
-    def stats(self, all_models: bool = False) -> list[dict[str, Any]] | None:
+    def stats(self, all_models: bool = False) -> list[dict[str, object]] | None:
         """``model_stats`` (JSON form) for the model (every model with
         ``all_models``), None when unsupported or unreachable."""
         if all_models:
@@ -239,7 +239,8 @@ class GrpcControl:
             resp = self._stub.ModelStatistics(req, timeout=self.timeout)
         except self._grpc.RpcError:
             return None
-        return list(self._dict(resp).get("model_stats") or [])
+        rows = self._dict(resp).get("model_stats") or []
+        return [row for row in rows if isinstance(row, dict)] if isinstance(rows, list) else []
 
     def infer(self, request: bytes) -> None:
         """Send one serialized ``ModelInferRequest``.

@@ -178,22 +178,22 @@ def _zero_row(t: TensorSpec, dims: list[int], n: int) -> np.ndarray:
     return np.zeros(dims, dtype=V2_TO_NUMPY[t.datatype])
 
 
-def _bytes_items(values: list[Any]) -> np.ndarray:
+def _bytes_items(values: list[object]) -> np.ndarray:
     arr = np.empty(len(values), dtype=object)
     arr[:] = [v if isinstance(v, bytes) else str(v).encode() for v in values]
     return arr
 
 
-def _flatten(value: Any) -> list[Any]:
+def _flatten(value: object) -> list[object]:
     if isinstance(value, list):
-        out: list[Any] = []
+        out: list[object] = []
         for v in value:
             out.extend(_flatten(v))
         return out
     return [value]
 
 
-def _decode_value(value: Any, t: TensorSpec, dims: list[int], where: str) -> np.ndarray:
+def _decode_value(value: object, t: TensorSpec, dims: list[int], where: str) -> np.ndarray:
     """One input's value in an input-data entry -> a row array of its shape."""
     shape = dims
     content = value
@@ -228,7 +228,7 @@ def _decode_value(value: Any, t: TensorSpec, dims: list[int], where: str) -> np.
     return arr.reshape(shape)
 
 
-def _decode_content(content: Any, t: TensorSpec, shape: list[int], where: str) -> np.ndarray:
+def _decode_content(content: object, t: TensorSpec, shape: list[int], where: str) -> np.ndarray:
     """The flat values of one input's content (a list, or a ``{"b64": ...}`` object)."""
     if isinstance(content, dict):
         if "b64" not in content:
@@ -383,10 +383,10 @@ def _raw(arr: np.ndarray, datatype: str) -> bytes:
     return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
 
 
-def _json_data(arr: np.ndarray, datatype: str, name: str) -> list[Any]:
+def _json_data(arr: np.ndarray, datatype: str, name: str) -> list[object]:
     if datatype != "BYTES":
         return arr.reshape(-1).tolist()
-    out = []
+    out: list[object] = []
     for item in arr.reshape(-1):
         try:
             out.append(item.decode() if isinstance(item, bytes) else str(item))
@@ -431,11 +431,15 @@ def encode_http(
     Raises:
         PerfError: a BYTES value that JSON cannot carry.
     """
-    inputs: list[dict[str, Any]] = []
+    inputs: list[dict[str, object]] = []
     blobs: list[bytes] = []
     for t in spec.inputs:
         arr = tensors[t.name]
-        entry: dict[str, Any] = {"name": t.name, "shape": list(arr.shape), "datatype": t.datatype}
+        entry: dict[str, object] = {
+            "name": t.name,
+            "shape": list(arr.shape),
+            "datatype": t.datatype,
+        }
         if input_format == "binary":
             raw = _raw(arr, t.datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}
@@ -443,7 +447,7 @@ def encode_http(
         else:
             entry["data"] = _json_data(arr, t.datatype, t.name)
         inputs.append(entry)
-    doc: dict[str, Any] = {"inputs": inputs}
+    doc: dict[str, object] = {"inputs": inputs}
     if output_format == "binary":
         doc["parameters"] = {"binary_data_output": True}
     header = json.dumps(doc, separators=(",", ":")).encode()

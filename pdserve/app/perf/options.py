@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 Protocol = Literal["http", "grpc"]
 Distribution = Literal["constant", "poisson"]
@@ -216,7 +216,7 @@ class PerfOptions:
         if self.protocol == "grpc" and "://" in (self.url or ""):
             raise PerfError(f"a gRPC address is host:port, not '{self.url}'")
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """The options as plain JSON values (for the JSON report)."""
         d = asdict(self)
         d["url"] = self.resolved_url()

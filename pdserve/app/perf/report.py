@@ -21,11 +21,11 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from pdserve import __version__
 from pdserve.app.perf.options import PERCENTILES, PerfError, PerfOptions
-from pdserve.app.perf.stats import PointResult, Window
+from pdserve.app.perf.stats import PointResult, RunInfo, Window
 
 
 def _fmt_level(mode: str, level: float) -> str:
@@ -44,7 +44,7 @@ class TerminalProgress:
     def __init__(self, stream: IO[str] | None = None, tty: bool | None = None) -> None:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
-        self.info: dict[str, Any] = {}
+        self.info: RunInfo = {}
         self.max_trials = 0
         self.percentile: int | None = None
 
@@ -55,7 +55,7 @@ class TerminalProgress:
             self.stream.write(text + "\n")
         self.stream.flush()
 
-    def start(self, info: dict[str, Any]) -> None:
+    def start(self, info: RunInfo) -> None:
         """Print what is measured."""
         self.info = info
         proto = info["protocol"].upper()
@@ -228,9 +228,9 @@ def write_csv(path: str | Path, results: Sequence[PointResult], server_stats: bo
 def report_dict(
     opts: PerfOptions,
     results: Sequence[PointResult],
-    info: dict[str, Any] | None = None,
+    info: RunInfo | None = None,
     error: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The JSON report: tool, version, time, options, run info, results, and the
     error that ended the run early (None when it ran to the end)."""
     return {
@@ -249,7 +249,7 @@ def write_json(
     path: str | Path,
     opts: PerfOptions,
     results: Sequence[PointResult],
-    info: dict[str, Any] | None = None,
+    info: RunInfo | None = None,
     error: str | None = None,
 ) -> None:
     """Write the JSON report (:func:`report_dict`).

@@ -36,6 +36,7 @@ from pdserve.app.perf.load import WindowRecord, WorkerSpec
 from pdserve.app.perf.options import PerfError, PerfOptions
 from pdserve.app.perf.stats import (
     PointResult,
+    RunInfo,
     ServerCounters,
     Window,
     is_stable,
@@ -58,7 +59,7 @@ MAX_AUTO_WORKERS = 8
 class Progress(Protocol):
     """Receives what happens during a sweep (the CLI's live display)."""
 
-    def start(self, info: dict[str, Any]) -> None:
+    def start(self, info: RunInfo) -> None:
         """Before the first level: ``model``, ``url``, ``protocol``, ``mode``,
         ``levels``, ``workers``, ``server_stats`` (bool), ``batch_size``."""
 
@@ -77,7 +78,7 @@ class Progress(Protocol):
 class NullProgress:
     """A :class:`Progress` that shows nothing."""
 
-    def start(self, info: dict[str, Any]) -> None:
+    def start(self, info: RunInfo) -> None:
         """Nothing."""
 
     def window(
@@ -454,7 +455,7 @@ def sweep_info(
     workers: int,
     server_stats: bool,
     distinct_requests: int,
-) -> dict[str, Any]:
+) -> RunInfo:
     """What :meth:`Progress.start` is told of the model and the load."""
     return {
         "model": spec.name,

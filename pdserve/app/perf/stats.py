@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -87,6 +87,26 @@ DURATIONS = (
     "cache_hit",
     "cache_miss",
 )
+
+
+class RunInfo(TypedDict, total=False):
+    """What a run measures, as :meth:`Progress.start` is told and the JSON report keeps it
+    (empty before the run starts)."""
+
+    model: str
+    model_version: str
+    platform: str
+    max_batch_size: int
+    composing_models: list[str]
+    inputs: list[dict[str, object]]
+    url: str
+    protocol: str
+    mode: str
+    levels: Sequence[float]
+    workers: int
+    server_stats: bool
+    batch_size: int
+    distinct_requests: int
 
 
 @dataclass
@@ -345,7 +365,7 @@ class PointResult:
             return self.latency_us.get("avg", 0.0)
         return self.latency_us.get(f"p{self.stabilizing_percentile}", 0.0)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """Plain JSON values."""
         return asdict(self)
 
