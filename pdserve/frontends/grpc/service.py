@@ -25,6 +25,7 @@ from pdserve.core.types import InferRequest
 from pdserve.frontends.admission import admit, metadata_admission
 from pdserve.frontends.grpc.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    ParamValue,
     decode_inline,
     decode_off_loop,
     empty_final_requested,
@@ -678,7 +679,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> service_pb2.RepositoryModelUnloadResponse:
         """Unload a model; parameter ``unload_dependents`` (bool)."""
-        dependents = False
+        dependents: ParamValue = False
         p = request.parameters.get("unload_dependents")
         if p is not None:
             dependents = param_value(p)
