@@ -18,19 +18,19 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
+
+if TYPE_CHECKING:
+    from pdserve.frontends.grpc.http2 import Metadata, TrailingMetadata
 
 #: End of a bridged stream (requests or responses).
 _END = object()
 
 #: A request message, passed through as grpc deserialized it.
 _Req = TypeVar("_Req")
-
-#: gRPC metadata: (key, value) pairs; values of ``-bin`` keys are bytes.
-Metadata = Sequence[tuple[str, str | bytes]]
 
 
 class BridgedAbort(grpc.aio.AbortError):
@@ -77,14 +77,14 @@ class BridgedContext:
         return self._metadata
 
     async def abort(
-        self, code: grpc.StatusCode, details: str = "", trailing_metadata: Metadata = ()
+        self, code: grpc.StatusCode, details: str = "", trailing_metadata: TrailingMetadata = ()
     ) -> None:
         """End the call with ``code`` / ``details`` (raises :class:`BridgedAbort`)."""
         if trailing_metadata:
             self._context.set_trailing_metadata(trailing_metadata)
         raise BridgedAbort(code, details)
 
-    def set_trailing_metadata(self, trailing_metadata: Metadata) -> None:
+    def set_trailing_metadata(self, trailing_metadata: TrailingMetadata) -> None:
         """Trailing metadata sent with the status."""
         self._context.set_trailing_metadata(trailing_metadata)
 

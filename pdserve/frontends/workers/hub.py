@@ -20,7 +20,7 @@ import inspect
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pdserve.core.api import InferenceCore
@@ -252,7 +252,9 @@ class FrontendHub:
             log.exception("HTTP worker %d: streaming inference failed", link.index)
             channel.send(ch.ERROR, (call_id, ch.error_to_wire(internal(f"{exc}"))))
 
-    async def _run_call(self, link: WorkerLink, call_id: int, method: str, args: Any) -> None:
+    async def _run_call(
+        self, link: WorkerLink, call_id: int, method: str, args: Iterable[object]
+    ) -> None:
         channel = link.channel
         try:
             if method not in ch.CALLS:
