@@ -25,7 +25,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar, TypeVarTuple, Unpack
 
 from pdserve.core.errors import InferError, unavailable
 from pdserve.frontends.offload_worker import read_message, write_message
@@ -59,12 +59,16 @@ def _pool(prefix: str, threads: int) -> concurrent.futures.ThreadPoolExecutor:
     return pool
 
 
+_R = TypeVar("_R")
+_Args = TypeVarTuple("_Args")
+
+
 def codec_pool() -> concurrent.futures.ThreadPoolExecutor:
     """The shared two-thread pool, created on first use."""
     return _pool("pdserve-codec", CODEC_THREADS)
 
 
-async def off_loop(func: Callable[..., Any], *args: Any) -> Any:
+async def off_loop(func: Callable[[Unpack[_Args]], _R], *args: *_Args) -> _R:
     """Run ``func(*args)`` on :func:`codec_pool` and wait for its result."""
     return await asyncio.get_running_loop().run_in_executor(codec_pool(), func, *args)
 
@@ -74,7 +78,7 @@ def _decode_threads() -> concurrent.futures.ThreadPoolExecutor:
     return _pool("pdserve-decode", DECODE_PROCESSES)
 
 
-async def off_process(func: Callable[..., Any], *args: Any) -> Any:
+async def off_process(func: Callable[[Unpack[_Args]], _R], *args: *_Args) -> _R:
     """Run ``func(*args)`` in a decode process and wait for its result.
 
     ``func`` must be a module-level function (it is pickled by reference) and its
@@ -99,16 +103,16 @@ async def off_process(func: Callable[..., Any], *args: Any) -> Any:
     raise reply[1]
 
 
-def _out_of_band(arg: Any) -> Any:
+def _out_of_band(arg: object) -> object:
     """Large ``bytes`` and ``bytearray`` travel as out-of-band buffers: written to the
     pipe from their own memory, not copied into the pickle while holding the GIL. The
     worker gets a ``bytearray``."""
-    if type(arg) in (bytes, bytearray) and len(arg) >= _OUT_OF_BAND_BYTES:
+    if (type(arg) is bytes or type(arg) is bytearray) and len(arg) >= _OUT_OF_BAND_BYTES:
         return pickle.PickleBuffer(arg)
     return arg
 
 
-def _call_worker(call: tuple[Any, ...]) -> tuple[Any, ...]:
+def _call_worker(call: tuple[Callable[..., object], tuple[object, ...]]) -> tuple[Any, ...]:
     """On a decode thread: send ``call`` to this thread's process, return its reply."""
     proc: subprocess.Popen[bytes] | None = getattr(_local, "proc", None)
     if proc is None or proc.poll() is not None:

@@ -49,7 +49,7 @@ def read_message(stream: IO[bytes]) -> tuple[Any, int] | None:
     return pickle.loads(payload, buffers=buffers), size
 
 
-def write_message(stream: IO[bytes], obj: Any) -> int:
+def write_message(stream: IO[bytes], obj: object) -> int:
     """Pickle ``obj`` and write it to ``stream`` as one message; its size in bytes.
 
     A message is the number of out-of-band buffers, the pickle, then each buffer,
@@ -92,7 +92,7 @@ def _read_exact(stream: IO[bytes], size: int) -> bytearray:
     return buf
 
 
-def run_call(call: tuple[Callable[..., Any], tuple[Any, ...]]) -> tuple[Any, ...]:
+def run_call(call: tuple[Callable[..., object], tuple[object, ...]]) -> tuple[object, ...]:
     """Run one ``(function, args)`` call; its result tuple (see the module docstring)."""
     func, args = call
     try:

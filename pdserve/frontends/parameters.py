@@ -12,7 +12,7 @@ boolean). The checks run only when a request has parameters.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from pdserve.core.errors import InferError
 
@@ -28,20 +28,20 @@ _TIMEOUT = ("a non-negative integer (microseconds)", "an int64_param >= 0 (micro
 _SEQ_ID = ("a non-negative integer or a string", "an int64_param >= 0 or a string_param")
 
 
-def _is_uint(value: Any) -> bool:
+def _is_uint(value: object) -> bool:
     return type(value) is int and 0 <= value <= _U64_MAX
 
 
-def _is_bool(value: Any) -> bool:
+def _is_bool(value: object) -> bool:
     return type(value) is bool
 
 
-def _is_seq_id(value: Any) -> bool:
+def _is_seq_id(value: object) -> bool:
     return type(value) is str or _is_uint(value)
 
 
 #: Reserved keys -> (checker returning True for an acceptable value, what it must be).
-_RESERVED: dict[str, tuple[Any, tuple[str, str]]] = {
+_RESERVED: dict[str, tuple[Callable[[object], bool], tuple[str, str]]] = {
     "priority": (_is_uint, _UINT),
     "timeout": (_is_uint, _TIMEOUT),
     "sequence_id": (_is_seq_id, _SEQ_ID),
@@ -51,14 +51,14 @@ _RESERVED: dict[str, tuple[Any, tuple[str, str]]] = {
 }
 
 #: Keys starting with ``triton_`` that gRPC clients may send [TRITON], and their rules.
-_GRPC_TRITON_KEYS: dict[str, tuple[Any, tuple[str, str]]] = {
+_GRPC_TRITON_KEYS: dict[str, tuple[Callable[[object], bool], tuple[str, str]]] = {
     "triton_enable_empty_final_response": (_is_bool, _BOOL),
 }
 
 _SCALARS = (str, int, float, bool)
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     """How a value that is not a V2 parameter value appears on the wire."""
     if value is None:
         return "null (or an InferParameter with no value set)"
@@ -69,7 +69,7 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def check_scalar_parameters(params: dict[str, Any], where: str) -> None:
+def check_scalar_parameters(params: Mapping[str, object], where: str) -> None:
     """Check that every value of a ``parameters`` object is a string, number or
     boolean [V2].
 
@@ -89,7 +89,7 @@ def check_scalar_parameters(params: dict[str, Any], where: str) -> None:
             )
 
 
-def check_request_parameters(params: dict[str, Any], grpc: bool = False) -> None:
+def check_request_parameters(params: Mapping[str, object], grpc: bool = False) -> None:
     """Check a request's ``parameters`` against [V2] and [TRITON] (see the module
     docstring).
 
@@ -125,7 +125,7 @@ def check_request_parameters(params: dict[str, Any], grpc: bool = False) -> None
             )
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     """A short rendering of a bad value for a message."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -9,7 +9,7 @@ import asyncio
 import os
 import stat
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,7 +90,7 @@ class _Region:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def shm_params(params: dict[str, Any], where: str) -> tuple[str, int, int]:
+def shm_params(params: Mapping[str, object], where: str) -> tuple[str, int, int]:
     """``(region, byte_size, offset)`` from a tensor's parameters (which hold
     ``shared_memory_region``).
 
@@ -185,7 +185,7 @@ async def infer_with_shm(
         registry.release(held)
 
 
-def _check_key(name: str, key: Any) -> str:
+def _check_key(name: str, key: object) -> str:
     if type(key) is not str:
         raise InferError(f"shared memory region '{name}': 'key' must be a string")
     base = key[1:]
@@ -284,7 +284,7 @@ class SharedMemoryRegistry:
 
     # -------------------------------------------------------------- control API
 
-    def register(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+    def register(self, name: str, key: object, offset: object, byte_size: object) -> None:
         """Register ``byte_size`` bytes at ``offset`` of the object ``key`` as ``name``.
 
         Raises:
@@ -399,7 +399,7 @@ class SharedMemoryRegistry:
             if close:
                 os.close(region.fd)
 
-    def status(self, name: str = "") -> list[dict[str, Any]]:
+    def status(self, name: str = "") -> list[dict[str, object]]:
         """``[{name, key, offset, byte_size}]`` of ``name`` or of every region [the
         extension's status JSON].
 
@@ -432,7 +432,7 @@ class SharedMemoryRegistry:
 
     # -------------------------------------------------------------- data path
 
-    def acquire(self, names: list[tuple[str, str]]) -> dict[str, Any]:
+    def acquire(self, names: list[tuple[str, str]]) -> dict[str, _Region]:
         """Take hold of the regions ``names`` (``(region, where)`` pairs; ``where``
         names the tensor in an error) until :meth:`release`: unregistering one
         meanwhile defers closing it.
@@ -461,12 +461,12 @@ class SharedMemoryRegistry:
                     region.users += 1
         return held
 
-    def release(self, held: dict[str, Any]) -> None:
+    def release(self, held: dict[str, _Region]) -> None:
         """Let go of the regions :meth:`acquire` returned."""
         for region in held.values():
             self._release(region)
 
-    def _held(self, held: dict[str, Any] | None, name: str, where: str) -> _Region:
+    def _held(self, held: dict[str, _Region] | None, name: str, where: str) -> _Region:
         if held is not None and name in held:
             region: _Region = held[name]
             return region
@@ -496,7 +496,7 @@ class SharedMemoryRegistry:
         return pos
 
     def read_inputs(
-        self, refs: dict[str, ShmInput], held: dict[str, Any] | None = None
+        self, refs: dict[str, ShmInput], held: dict[str, _Region] | None = None
     ) -> dict[str, np.ndarray]:
         """Copy each input out of its region (``held``: from :meth:`acquire`; None:
         take hold of them for this call).
@@ -559,7 +559,7 @@ class SharedMemoryRegistry:
         self,
         outputs: dict[str, np.ndarray],
         wanted: dict[str, tuple[str, int, int]],
-        held: dict[str, Any] | None = None,
+        held: dict[str, _Region] | None = None,
     ) -> None:
         """Write each output named in ``wanted`` (name -> ``(region, byte_size,
         offset)``) into its region, little-endian, C order (BYTES serialized as in the

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 #: the Triton C-API", so its backends never see it).
 EMPTY_FINAL_PARAM = "triton_enable_empty_final_response"
 
+#: The Python value of an ``InferParameter`` oneof (bytes: ``ModelRepositoryParameter``).
+ParamValue = bool | int | float | str | bytes | None
+
 
 def empty_final_requested(msg: service_pb2.ModelInferRequest) -> bool:
     """Whether a request asks for Triton's empty final responses (its
@@ -55,7 +59,9 @@ def empty_final_requested(msg: service_pb2.ModelInferRequest) -> bool:
     return EMPTY_FINAL_PARAM in pmap and pmap[EMPTY_FINAL_PARAM].bool_param is True
 
 
-def _request_parameters(pmap: Any) -> dict[str, Any]:
+def _request_parameters(
+    pmap: Mapping[str, service_pb2.InferParameter],
+) -> dict[str, ParamValue]:
     """A request's checked ``parameters`` less :data:`EMPTY_FINAL_PARAM` (consumed by
     the frontend). A map holding only that key as a ``bool_param`` (perf_analyzer's
     every request) is read without building a dict to check.
@@ -75,20 +81,26 @@ def _request_parameters(pmap: Any) -> dict[str, Any]:
     return parameters
 
 
-def param_value(p: Any) -> Any:
+def param_value(
+    p: service_pb2.InferParameter | service_pb2.ModelRepositoryParameter,
+) -> ParamValue:
     """The Python value of an ``InferParameter`` / ``ModelRepositoryParameter``."""
     which = p.WhichOneof("parameter_choice")
     return None if which is None else getattr(p, which)
 
 
-def _params(pmap: Any) -> dict[str, Any]:
+def _params(pmap: Mapping[str, service_pb2.InferParameter]) -> dict[str, ParamValue]:
     """A protobuf ``map<string, InferParameter>`` as a dict of Python values. Keys are
     iterated and looked up: the upb map's ``items()`` goes through
     ``collections.abc.Mapping``'s slower ``ItemsView``."""
     return {k: param_value(pmap[k]) for k in pmap}
 
 
-def set_param(p: Any, value: Any, int_field: str = "int64_param") -> None:
+def set_param(
+    p: service_pb2.InferParameter | service_pb2.LogSettingsResponse.SettingValue,
+    value: object,
+    int_field: str = "int64_param",
+) -> None:
     """Store a Python value in an ``InferParameter`` (or a message of the same oneof
     shape: ``LogSettingsResponse.SettingValue`` with ``int_field="uint32_param"``)."""
     if isinstance(value, bool):
@@ -113,7 +125,7 @@ _NARROW_INTS: dict[str, tuple[np.dtype, int, int]] = {
 }
 
 
-def _typed_contents_array(values: Any, datatype: str, name: str) -> np.ndarray:
+def _typed_contents_array(values: Sequence[float], datatype: str, name: str) -> np.ndarray:
     """A fixed-size input's typed ``contents`` as a 1-D array, range-checked for the
     datatypes narrower than their field (INT8/INT16 in ``int_contents``, UINT8/UINT16
     in ``uint_contents``)."""
@@ -132,12 +144,17 @@ def _typed_contents_array(values: Any, datatype: str, name: str) -> np.ndarray:
     return arr.astype(V2_TO_NUMPY[datatype])
 
 
-def _any_shm(inputs_msg: Any) -> bool:
+def _any_shm(inputs_msg: Iterable[service_pb2.ModelInferRequest.InferInputTensor]) -> bool:
     """Whether any input names a shared-memory region."""
     return any("shared_memory_region" in t.parameters for t in inputs_msg)
 
 
-def _shm_input(tensor: Any, tparams: dict[str, Any], shape: list[int], count: int) -> ShmInput:
+def _shm_input(
+    tensor: service_pb2.ModelInferRequest.InferInputTensor,
+    tparams: Mapping[str, object],
+    shape: list[int],
+    count: int,
+) -> ShmInput:
     """An input that names a shared-memory region (its checked parameters ``tparams``)."""
     name, datatype = tensor.name, tensor.datatype
     if tensor.HasField("contents"):
@@ -150,7 +167,9 @@ def _shm_input(tensor: Any, tparams: dict[str, Any], shape: list[int], count: in
     return ShmInput(datatype, shape, count, region, size, offset)
 
 
-def _contents_array(tensor: Any, shape: list[int], count: int) -> np.ndarray:
+def _contents_array(
+    tensor: service_pb2.ModelInferRequest.InferInputTensor, shape: list[int], count: int
+) -> np.ndarray:
     """An input sent as typed ``contents`` (not ``raw_input_contents``), shaped."""
     name, datatype = tensor.name, tensor.datatype
     field = _CONTENTS_FIELD.get(datatype)
@@ -174,7 +193,9 @@ def _contents_array(tensor: Any, shape: list[int], count: int) -> np.ndarray:
     return _typed_contents_array(values, datatype, name).reshape(shape)
 
 
-def _requested_output(out: Any) -> RequestedOutput:
+def _requested_output(
+    out: service_pb2.ModelInferRequest.InferRequestedOutputTensor,
+) -> RequestedOutput:
     """A requested output that has parameters (checked)."""
     params = _params(out.parameters)
     check_scalar_parameters(params, f"output '{out.name}'")
@@ -261,7 +282,7 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest, arrival_ns: int) ->
         outputs = []
         for out in msg.outputs:
             outputs.append(_requested_output(out) if out.parameters else RequestedOutput(out.name))
-    parameters: dict[str, Any] = {}
+    parameters: dict[str, ParamValue] = {}
     if msg.parameters:
         parameters = _request_parameters(msg.parameters)
     request = InferRequest(

@@ -12,12 +12,15 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import grpc
 import hpack
 
 from pdserve.frontends.admission import header_text
+
+if TYPE_CHECKING:
+    from pdserve.frontends.grpc.service import UnaryBehavior
 
 #: One header field as sent or received: ``(name, value)`` bytes.
 Header = tuple[bytes, bytes]
@@ -113,7 +116,7 @@ class RequestHead:
     def __init__(self, headers: Iterable[Header]) -> None:
         #: (handler, direct unary method) of the path, once looked up (a head is cached
         #: with its header block, so a repeated block skips the lookup)
-        self.route: tuple[Any, Any] | None = None  # grpc.RpcMethodHandler, its method
+        self.route: tuple[grpc.RpcMethodHandler | None, UnaryBehavior | None] | None = None
         self.path = self.method = self.content_type = b""
         self.encoding = b"identity"
         self.timeout: bytes | None = None

@@ -19,10 +19,13 @@ import asyncio
 import logging
 import resource
 import time
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import hpack
 from h2.errors import ErrorCodes
+
+if TYPE_CHECKING:
+    import grpc
 
 from pdserve.frontends.grpc.engine import GrpcKeepalive
 from pdserve.frontends.grpc.http2 import (
@@ -94,7 +97,7 @@ class GrpcConnection(CallDispatch, asyncio.Protocol):
         self.decoder = hpack.Decoder()
         self.decoder.max_header_list_size = MAX_HEADER_LIST_SIZE
         self.hcache: dict[bytes, RequestHead] = {}
-        self.hstate: tuple[int, Any] = (0, None)
+        self.hstate: tuple[int, object] = (0, None)
         self.last_sid = 0
         self.send_window = 65535  # the connection's, for what we send
         # some call's data waits for flow-control window (set by _pump): a connection
@@ -571,7 +574,7 @@ class NativeGrpcServer:
 
     def __init__(
         self,
-        handlers: dict[str, Any],
+        handlers: dict[str, grpc.RpcMethodHandler],
         service: str,
         max_message_bytes: int,
         max_connections: int = 0,
@@ -646,7 +649,7 @@ class NativeGrpcServer:
 
 
 async def serve_native(
-    handlers: dict[str, Any],
+    handlers: dict[str, grpc.RpcMethodHandler],
     service: str,
     host: str,
     port: int,

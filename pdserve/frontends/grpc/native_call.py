@@ -8,13 +8,16 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
 from pdserve.frontends.grpc.engine import GrpcKeepalive
 from pdserve.frontends.grpc.http2 import Header, Metadata, TrailingMetadata
 from pdserve.frontends.grpc.sync_bridge import BridgedAbort
+
+if TYPE_CHECKING:
+    from pdserve.frontends.grpc.service import UnaryBehavior
 
 log = logging.getLogger("pdserve.grpc")
 
@@ -36,8 +39,8 @@ class ServerSide(Protocol):
 
     loop: asyncio.AbstractEventLoop
     keepalive: GrpcKeepalive
-    handlers: dict[str, Any]
-    direct: dict[str, Any]
+    handlers: dict[str, grpc.RpcMethodHandler]
+    direct: dict[str, UnaryBehavior]
     service_path: bytes
     max_message_bytes: int
     max_connections: int
@@ -89,7 +92,7 @@ class NativeContext:
         self._call = call
         self._metadata = metadata
         self._peer = peer
-        self._callbacks: list[Callable[[Any], None]] | None = None
+        self._callbacks: list[Callable[[NativeContext], None]] | None = None
         self.deadline = deadline
         self.code: grpc.StatusCode | None = None
         self.details = ""
@@ -128,7 +131,7 @@ class NativeContext:
         """Whether the call has ended."""
         return self._call.finished or self._call.cancelled
 
-    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+    def add_done_callback(self, callback: Callable[[NativeContext], None]) -> None:
         """Call ``callback(self)`` when the call is cancelled before its answer (as the
         ``threads`` server's bridge: the callback exists to stop work in progress)."""
         if self._callbacks is None:
@@ -182,15 +185,20 @@ class NativeCall:
         "yielded",
     )
 
-    def __init__(self, sid: int, handler: Any, direct: Any = None) -> None:
+    def __init__(
+        self,
+        sid: int,
+        handler: Any,  # its grpc.RpcMethodHandler; None for an unknown method (refused)
+        direct: UnaryBehavior | None = None,
+    ) -> None:
         self.sid = sid
         self.handler = handler
         self.direct = direct  # the unary servicer method without its wrapper (direct_unary)
         self.buf = bytearray()
         self.ctx: NativeContext | None = None
         self.decompress: Callable[[bytes], bytes] | None = None
-        self.request: Any = END
-        self.queue: asyncio.Queue[Any] | None = None
+        self.request: object = END  # the request message, or END
+        self.queue: asyncio.Queue[object] | None = None  # request messages, then END
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.out: collections.deque[bytes] = collections.deque()

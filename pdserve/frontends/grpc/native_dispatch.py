@@ -19,7 +19,7 @@ import logging
 import time
 import zlib
 from collections.abc import AsyncIterator, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 from h2.errors import ErrorCodes
@@ -226,7 +226,7 @@ class CallDispatch:
             return
         call.task = self._start(self._run_unary(call))
 
-    def _start(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def _start(self, coro: Coroutine[object, None, None]) -> asyncio.Task[None]:
         """Run a call's coroutine in its own task: ``asyncio.Task`` with a fixed name
         rather than ``loop.create_task`` (no "Task-N" formatting, no uvloop wrapper;
         pdserve's loops set no task factory), as the native HTTP transport does."""
@@ -317,7 +317,7 @@ class CallDispatch:
         finally:
             call.ctx = None  # ctx refers to the call: no cycle left for the collector
 
-    async def _requests(self, call: NativeCall) -> AsyncIterator[Any]:
+    async def _requests(self, call: NativeCall) -> AsyncIterator[object]:
         """The stream's requests for its handler; none more while
         :data:`STREAM_MAX_UNANSWERED` given ones are unanswered (backpressure)."""
         queue = call.queue

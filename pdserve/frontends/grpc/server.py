@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
 
@@ -31,7 +31,7 @@ STREAM_THREADS = 1024
 class GrpcServer(Protocol):
     """What :func:`serve_grpc` returns: ``await srv.stop(grace)``."""
 
-    async def stop(self, grace: float | None) -> Any: ...
+    async def stop(self, grace: float | None) -> object: ...
 
 
 def _address(host: str, port: int) -> str:

@@ -8,12 +8,12 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NoReturn, TypeVar, cast
 
 import grpc
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pdserve.config import config_from_json
@@ -25,6 +25,7 @@ from pdserve.core.types import InferRequest
 from pdserve.frontends.admission import admit, metadata_admission
 from pdserve.frontends.grpc.codec import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    ParamValue,
     decode_inline,
     decode_off_loop,
     empty_final_requested,
@@ -80,7 +81,7 @@ def grpc_status(error: InferError) -> grpc.StatusCode:
     return GRPC_STATUS[error.code]
 
 
-async def _call(func: Callable[..., Any], *args: Any) -> Any:
+async def _call(func: Callable[..., object], *args: object) -> Any:
     """Call a server method that may be sync or async."""
     result = func(*args)
     if inspect.isawaitable(result):
@@ -104,10 +105,21 @@ class MalformedMessage:
         self.message = message
 
 
-def _safe_deserializer(deserializer: Callable[[bytes], Any], method: str) -> Callable[[bytes], Any]:
+#: A unary servicer method as a handler calls it: ``(request, context) -> response``.
+UnaryBehavior = Callable[[Message | MalformedMessage, grpc.aio.ServicerContext], Awaitable[Message]]
+#: A streaming servicer method: ``(request iterator, context) -> response iterator``.
+StreamBehavior = Callable[
+    [AsyncIterator[Message | MalformedMessage], grpc.aio.ServicerContext],
+    AsyncIterator[Message],
+]
+
+
+def _safe_deserializer(
+    deserializer: Callable[[bytes], Message], method: str
+) -> Callable[[bytes], Message | MalformedMessage]:
     """``deserializer`` returning a :class:`MalformedMessage` where it raises ``DecodeError``."""
 
-    def deserialize(data: bytes) -> Any:
+    def deserialize(data: bytes) -> Message | MalformedMessage:
         try:
             return deserializer(data)
         except DecodeError as e:
@@ -116,10 +128,12 @@ def _safe_deserializer(deserializer: Callable[[bytes], Any], method: str) -> Cal
     return deserialize
 
 
-def _refuse_malformed(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+def _refuse_malformed(behavior: UnaryBehavior) -> UnaryBehavior:
     """A unary ``behavior`` answering a :class:`MalformedMessage` with ``INVALID_ARGUMENT``."""
 
-    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def handle(
+        request: Message | MalformedMessage, context: grpc.aio.ServicerContext
+    ) -> Message:
         if isinstance(request, MalformedMessage):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         return await behavior(request, context)
@@ -128,7 +142,7 @@ def _refuse_malformed(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., 
     return handle
 
 
-def direct_unary(handler: Any) -> Callable[..., Awaitable[Any]] | None:
+def direct_unary(handler: object) -> UnaryBehavior | None:
     """The servicer method under a unary handler of :func:`method_handlers` that no
     gate wraps: a transport that checks for :class:`MalformedMessage` itself may await
     it directly (the native transport: one coroutine level fewer per call). None for
@@ -175,7 +189,7 @@ async def _fail(context: grpc.aio.ServicerContext, error: Exception, method: str
     raise AssertionError("unreachable")  # pragma: no cover - abort raises
 
 
-_Handler = TypeVar("_Handler", bound=Callable[..., Awaitable[Any]])
+_Handler = TypeVar("_Handler", bound=Callable[..., Awaitable[object]])
 
 
 def _guarded(method: _Handler) -> _Handler:
@@ -184,7 +198,9 @@ def _guarded(method: _Handler) -> _Handler:
     name = method.__name__
 
     @functools.wraps(method)
-    async def handle(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def handle(
+        self: GrpcService, request: Message, context: grpc.aio.ServicerContext
+    ) -> object:
         try:
             return await method(self, request, context)
         except Exception as e:  # noqa: BLE001 - _fail answers every error
@@ -193,14 +209,14 @@ def _guarded(method: _Handler) -> _Handler:
     return cast(_Handler, handle)
 
 
-def _gated_unary(
-    behavior: Callable[..., Awaitable[Any]], method: str, gate: TrafficGate
-) -> Callable[..., Awaitable[Any]]:
+def _gated_unary(behavior: UnaryBehavior, method: str, gate: TrafficGate) -> UnaryBehavior:
     """A unary ``behavior`` that the gate admits first (auth, restricted APIs, limits)."""
     category = classify_grpc(method)
     field = _MODEL_FIELD.get(method)
 
-    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def handle(
+        request: Message | MalformedMessage, context: grpc.aio.ServicerContext
+    ) -> Message:
         model = ""
         if field is not None and not isinstance(request, MalformedMessage):
             model = getattr(request, field, "")
@@ -215,14 +231,15 @@ def _gated_unary(
     return handle
 
 
-def _gated_stream(
-    behavior: Callable[..., AsyncIterator[Any]], method: str, gate: TrafficGate
-) -> Callable[..., AsyncIterator[Any]]:
+def _gated_stream(behavior: StreamBehavior, method: str, gate: TrafficGate) -> StreamBehavior:
     """A streaming ``behavior`` whose stream the gate admits when it opens (each
     request on it is checked again, with its model, by the servicer)."""
     category = classify_grpc(method)
 
-    async def handle(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def handle(
+        request_iterator: AsyncIterator[Message | MalformedMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[Message]:
         try:
             await gate.check("grpc", category, "", metadata_getter(context.invocation_metadata()))
         except InferError as e:
@@ -239,10 +256,12 @@ class _Recorder:
     def __init__(self) -> None:
         self.handlers: dict[str, grpc.RpcMethodHandler] = {}
 
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
         pass
 
-    def add_registered_method_handlers(self, name: str, handlers: dict[str, Any]) -> None:
+    def add_registered_method_handlers(
+        self, name: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
         self.handlers = dict(handlers)
 
 
@@ -271,7 +290,7 @@ def method_handlers(servicer: GrpcService) -> dict[str, grpc.RpcMethodHandler]:
     return handlers
 
 
-def log_settings_response(settings: dict[str, Any]) -> service_pb2.LogSettingsResponse:
+def log_settings_response(settings: Mapping[str, object]) -> service_pb2.LogSettingsResponse:
     """The logging extension's settings as a ``LogSettingsResponse`` (bools as
     ``bool_param``, ``log_verbose_level`` as ``uint32_param``, strings as ``string_param``)."""
     msg = service_pb2.LogSettingsResponse()
@@ -509,7 +528,9 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.SystemSharedMemoryUnregisterResponse()
 
     @_guarded
-    async def _cuda_unsupported(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def _cuda_unsupported(
+        self, request: Message, context: grpc.aio.ServicerContext
+    ) -> NoReturn:
         """CUDA shared memory: UNIMPLEMENTED, saying why (:func:`cuda_unsupported`)."""
         raise cuda_unsupported()
 
@@ -678,7 +699,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> service_pb2.RepositoryModelUnloadResponse:
         """Unload a model; parameter ``unload_dependents`` (bool)."""
-        dependents = False
+        dependents: ParamValue = False
         p = request.parameters.get("unload_dependents")
         if p is not None:
             dependents = param_value(p)
@@ -698,7 +719,7 @@ def grpc_cancel_token(context: grpc.aio.ServicerContext) -> CancelToken:
     loop = getattr(context, "native_loop", None)
     token = CancelToken(None, loop) if loop is not None else CancelToken(context.cancelled)
 
-    def done(_ctx: Any) -> None:
+    def done(_ctx: grpc.aio.ServicerContext) -> None:
         if not token.finished:
             token.cancel(
                 client_gone(

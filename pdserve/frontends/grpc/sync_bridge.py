@@ -18,13 +18,19 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
+if TYPE_CHECKING:
+    from pdserve.frontends.grpc.http2 import Metadata, TrailingMetadata
+
 #: End of a bridged stream (requests or responses).
 _END = object()
+
+#: A request message, passed through as grpc deserialized it.
+_Req = TypeVar("_Req")
 
 
 class BridgedAbort(grpc.aio.AbortError):
@@ -66,19 +72,19 @@ class BridgedContext:
         self._metadata = context.invocation_metadata()
         self._handler_done = handler_done
 
-    def invocation_metadata(self) -> Any:
+    def invocation_metadata(self) -> Metadata:
         """The call's metadata (key, value) pairs."""
         return self._metadata
 
     async def abort(
-        self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()
+        self, code: grpc.StatusCode, details: str = "", trailing_metadata: TrailingMetadata = ()
     ) -> None:
         """End the call with ``code`` / ``details`` (raises :class:`BridgedAbort`)."""
         if trailing_metadata:
             self._context.set_trailing_metadata(trailing_metadata)
         raise BridgedAbort(code, details)
 
-    def set_trailing_metadata(self, trailing_metadata: Any) -> None:
+    def set_trailing_metadata(self, trailing_metadata: TrailingMetadata) -> None:
         """Trailing metadata sent with the status."""
         self._context.set_trailing_metadata(trailing_metadata)
 
@@ -90,7 +96,7 @@ class BridgedContext:
         """Whether the call has ended."""
         return not self._context.is_active()
 
-    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+    def add_done_callback(self, callback: Callable[[BridgedContext], None]) -> None:
         """Call ``callback(self)`` on the loop once the call ends before its handler
         has answered (client cancel, deadline, server stop). Unlike ``grpc.aio``, a
         call that ends after its unary handler returned does not run it: the
@@ -114,7 +120,7 @@ class BridgedContext:
     def time_remaining(self) -> float | None:
         return self._context.time_remaining()
 
-    def auth_context(self) -> Any:
+    def auth_context(self) -> dict[str, list[bytes]]:
         return self._context.auth_context()
 
     def set_code(self, code: grpc.StatusCode) -> None:
@@ -148,17 +154,17 @@ class _Pending:
         self.owner = owner  # the bridge's calls in flight; left when the task ends
         self.lock = threading.Lock()
         self.lock.acquire()
-        self.result: Any = None
+        self.result: object = None
         self.error: BaseException | None = None
         self.settled = False
-        self.task: asyncio.Future[Any] | None = None
+        self.task: asyncio.Future[object] | None = None
 
     def is_settled(self) -> bool:
         """Whether the outcome is known (read from grpc's threads: a stale False
         only costs a needless callback)."""
         return self.settled
 
-    def settle(self, result: Any, error: BaseException | None) -> None:
+    def settle(self, result: object, error: BaseException | None) -> None:
         """Record the outcome and wake the grpc thread (first call only; on the loop)."""
         if self.settled:
             return
@@ -166,7 +172,7 @@ class _Pending:
         self.result, self.error = result, error
         self.lock.release()
 
-    def __call__(self, task: asyncio.Future[Any]) -> None:
+    def __call__(self, task: asyncio.Future[object]) -> None:
         """The task's done callback (on the loop)."""
         self.owner.discard(self)
         if task.cancelled():
@@ -212,13 +218,15 @@ class Bridge:
         for pump in list(self.pumps):
             pump.cancel()
 
-    def unary(self, behavior: Callable[[Any, Any], Any]) -> Callable[..., Any]:
+    def unary(
+        self, behavior: Callable[[_Req, BridgedContext], Coroutine[object, None, object]]
+    ) -> Callable[[_Req, grpc.ServicerContext], object]:
         """A sync unary handler running ``await behavior(request, context)`` on the
         loop (the grpc thread blocks until it ends)."""
         loop = self.loop
         pending_set = self.pending
 
-        def handle(request: Any, context: grpc.ServicerContext) -> Any:
+        def handle(request: _Req, context: grpc.ServicerContext) -> object:
             pending = _Pending(pending_set)
             bridged = BridgedContext(context, loop, pending.is_settled)
 
@@ -246,7 +254,9 @@ class Bridge:
 
         return handle
 
-    def stream(self, behavior: Callable[[Any, Any], AsyncIterator[Any]]) -> Callable[..., Any]:
+    def stream(
+        self, behavior: Callable[[AsyncIterator[_Req], BridgedContext], AsyncIterator[object]]
+    ) -> Callable[[Iterator[_Req], grpc.ServicerContext], Iterator[object]]:
         """A sync stream-stream handler running the async generator
         ``behavior(request_iterator, context)`` on the loop: requests are read on a
         ``readers`` thread and handed to it, its responses come back through a
@@ -254,9 +264,9 @@ class Bridge:
         loop = self.loop
         readers = self.readers
 
-        def handle(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        def handle(requests: Iterator[_Req], context: grpc.ServicerContext) -> Iterator[object]:
             bridged = BridgedContext(context, loop)
-            out: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            out: queue.SimpleQueue[object] = queue.SimpleQueue()
 
             def next_request() -> Any:
                 try:
@@ -266,7 +276,7 @@ class Bridge:
                 except grpc.RpcError:  # the call ended (client gone, cancelled)
                     return _END
 
-            async def request_iterator() -> AsyncIterator[Any]:
+            async def request_iterator() -> AsyncIterator[_Req]:
                 while True:
                     item = await loop.run_in_executor(readers, next_request)
                     if item is _END:

@@ -15,11 +15,15 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.frontends.traffic.apis import CATEGORIES, INFERENCE, METADATA
 from pdserve.frontends.traffic.ratelimit import RateLimitConfigError, parse_rate
+
+if TYPE_CHECKING:
+    from jwt import PyJWK
+    from jwt.types import Options
 
 #: Reason words of authentication failures (metric label ``reason``).
 REASONS = (
@@ -116,8 +120,8 @@ class JwtSettings:
     """The ``jwt`` section, with the keys of its JWKS file loaded."""
 
     jwks_file: Path
-    keys: dict[str, Any]  # kid -> PyJWK
-    default_key: Any  # the only key, when the set has one (tokens without kid)
+    keys: dict[str, PyJWK]  # by kid
+    default_key: PyJWK | None  # the only key, when the set has one (tokens without kid)
     audience: str | list[str] | None
     issuer: str | None
     leeway: float
@@ -155,7 +159,7 @@ class AuthConfig:
 # -- loading -------------------------------------------------------------------------
 
 
-def _read_document(path: Path) -> dict[str, Any]:
+def _read_document(path: Path) -> dict[str, object]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -186,7 +190,7 @@ def _read_document(path: Path) -> dict[str, Any]:
     return doc
 
 
-def _str_list(value: Any, where: str) -> tuple[str, ...]:
+def _str_list(value: object, where: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -194,7 +198,7 @@ def _str_list(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _apis(value: Any, where: str) -> frozenset[str]:
+def _apis(value: object, where: str) -> frozenset[str]:
     names = _str_list(value, where)
     for name in names:
         if name not in CATEGORIES and name != "*":
@@ -204,7 +208,7 @@ def _apis(value: Any, where: str) -> frozenset[str]:
     return frozenset(CATEGORIES) if "*" in names else frozenset(names)
 
 
-def _rate(value: Any, where: str) -> str | None:
+def _rate(value: object, where: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
@@ -216,7 +220,7 @@ def _rate(value: Any, where: str) -> str | None:
     return value
 
 
-def _key(entry: Any, i: int, env: dict[str, str]) -> ApiKey:
+def _key(entry: object, i: int, env: dict[str, str]) -> ApiKey:
     where = f"keys[{i}]"
     if not isinstance(entry, dict):
         raise AuthConfigError(f"{where} must be a mapping")
@@ -267,7 +271,7 @@ def _key(entry: Any, i: int, env: dict[str, str]) -> ApiKey:
     )
 
 
-def load_jwks(path: Path) -> tuple[dict[str, Any], Any]:
+def load_jwks(path: Path) -> tuple[dict[str, PyJWK], PyJWK | None]:
     """The keys of a JWKS file: ``({kid: PyJWK}, the only key or None)``.
 
     Raises:
@@ -291,7 +295,7 @@ def load_jwks(path: Path) -> tuple[dict[str, Any], Any]:
     return keys, only
 
 
-def _jwt(section: Any, base: Path) -> JwtSettings:
+def _jwt(section: object, base: Path) -> JwtSettings:
     if not isinstance(section, dict):
         raise AuthConfigError("jwt must be a mapping")
     unknown = set(section) - {
@@ -522,7 +526,7 @@ class Authenticator:
             raise unauthenticated(
                 "invalid credential: JWT signed with an unknown key", "unknown_key"
             )
-        options: dict[str, Any] = {"require": ["exp"]}
+        options: Options = {"require": ["exp"]}
         if s.audience is None:
             options["verify_aud"] = False
         try:
@@ -533,7 +537,7 @@ class Authenticator:
                 audience=s.audience,
                 issuer=s.issuer,
                 leeway=s.leeway,
-                options=options,  # type: ignore[arg-type]  # PyJWT's TypedDict
+                options=options,
             )
         except jwt.ExpiredSignatureError:
             raise unauthenticated("invalid credential: JWT expired", "expired") from None

@@ -8,9 +8,13 @@ import fnmatch
 import logging
 import math
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pdserve.core.errors import ErrorCode, InferError
+
+if TYPE_CHECKING:
+    from limits import RateLimitItem
 
 log = logging.getLogger("pdserve.ratelimit")
 
@@ -26,7 +30,7 @@ class RateLimitConfigError(ValueError):
     """A malformed rate limit, storage URI, strategy or fail mode."""
 
 
-def parse_rate(text: str) -> Any:
+def parse_rate(text: str) -> RateLimitItem:
     """A ``limits`` RateLimitItem from ``100/second``, ``5 per 10 seconds``...
 
     Raises:
@@ -63,7 +67,7 @@ class TokenBucket:
     Not shared between processes; O(1) per check; called on the event loop only.
     """
 
-    def __init__(self, clock: Any = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         #: identifiers -> [tokens, last refill time, capacity, rate per second]
         self._buckets: dict[tuple[str, ...], list[float]] = {}
@@ -176,8 +180,8 @@ class RateLimiter:
         self.strategy = strategy
         #: pdserve's in-process token bucket (memory:// with token-bucket), else None
         self.bucket = TokenBucket() if strategy == "token-bucket" else None
-        self.global_limit: Any = None
-        self.model_limits: list[tuple[str, Any]] = []
+        self.global_limit: RateLimitItem | None = None
+        self.model_limits: list[tuple[str, RateLimitItem]] = []
         self.set_limits(section)
         if storage_uri == "memory://":
             storage = storage_from_string("async+memory://")
@@ -199,10 +203,10 @@ class RateLimiter:
         self.limiter = (
             None if self.bucket is not None else cls(storage)  # type: ignore[abstract]  # the dict joins the concrete classes
         )
-        self._item_cache: dict[str, Any] = {}
+        self._item_cache: dict[str, RateLimitItem] = {}
         #: limit item -> (capacity, tokens per second), for the token bucket
-        self._rates: dict[Any, tuple[float, float]] = {}
-        self._model_cache: dict[str, Any] = {}
+        self._rates: dict[RateLimitItem, tuple[float, float]] = {}
+        self._model_cache: dict[str, RateLimitItem | None] = {}
         self._down_until = 0.0
         self.storage_down = False
         #: requests refused, by (scope, model, key name)
@@ -236,7 +240,7 @@ class RateLimiter:
         """True when any global or model limit is configured."""
         return self.global_limit is not None or bool(self.model_limits)
 
-    def _model_limit(self, model: str) -> Any:
+    def _model_limit(self, model: str) -> RateLimitItem | None:
         try:
             return self._model_cache[model]
         except KeyError:
@@ -250,7 +254,7 @@ class RateLimiter:
             self._model_cache[model] = found
         return found
 
-    def _item(self, text: str) -> Any:
+    def _item(self, text: str) -> RateLimitItem:
         item = self._item_cache.get(text)
         if item is None:
             item = self._item_cache[text] = parse_rate(text)
@@ -263,7 +267,7 @@ class RateLimiter:
             RateLimitExceededError: a limit is used up.
             InferError(UNAVAILABLE): the storage fails and the fail mode is closed.
         """
-        checks: list[tuple[str, Any, tuple[str, ...]]] = []
+        checks: list[tuple[str, RateLimitItem, tuple[str, ...]]] = []
         if key_limit is not None:
             checks.append(("key", self._item(key_limit), ("key", key_name)))
         model_item = self._model_limit(model) if self.model_limits else None
@@ -306,7 +310,9 @@ class RateLimiter:
             self._down_until = 0.0
             log.warning("rate limit storage %s is back", self.where())
 
-    def _refuse(self, scope: str, item: Any, model: str, key_name: str, wait: int) -> None:
+    def _refuse(
+        self, scope: str, item: RateLimitItem, model: str, key_name: str, wait: int
+    ) -> None:
         label = (scope, model if scope == "model" else "", key_name if scope == "key" else "")
         self.limited[label] = self.limited.get(label, 0) + 1
         what = {

@@ -110,14 +110,14 @@ _ndarray = np.ndarray
 _INLINE_KINDS = frozenset("biufc")
 
 #: ``write(array) -> the plain tuple of its TensorDesc``; ``read(that tuple) -> array``.
-WriteTensor = Callable[[np.ndarray], tuple[Any, ...]]
+WriteTensor = Callable[[np.ndarray], tuple[object, ...]]
 ReadTensor = Callable[[tuple[Any, ...]], np.ndarray]
 
 
 # --------------------------------------------------------------------------- wire forms
 
 
-def error_to_wire(error: InferError) -> tuple[Any, ...]:
+def error_to_wire(error: InferError) -> tuple[object, ...]:
     """``(message, code value, reason, extras)`` of an error (extras: the attributes in
     :data:`_ERROR_EXTRAS` it has, e.g. ``retry_after`` of a 429)."""
     extras = {k: getattr(error, k) for k in _ERROR_EXTRAS if hasattr(error, k)}
@@ -132,13 +132,13 @@ def error_from_wire(wire: tuple[Any, ...]) -> InferError:
     return error
 
 
-def request_to_wire(request: InferRequest, write: WriteTensor) -> tuple[Any, ...]:
+def request_to_wire(request: InferRequest, write: WriteTensor) -> tuple[object, ...]:
     """The wire form of a request; each input is copied once by ``write`` (a small
     numeric one straight into the frame, as :meth:`Channel.write` does it).
 
     ``cancelled``, ``trace`` and ``stream`` stay behind (the main process sets its own).
     """
-    inputs = {}
+    inputs: dict[str, tuple[object, ...]] = {}
     for name, arr in request.inputs.items():
         dtype = arr.dtype
         if arr.nbytes < SHM_MIN_BYTES and dtype.kind in _INLINE_KINDS and dtype.isnative:
@@ -165,7 +165,7 @@ def request_to_wire(request: InferRequest, write: WriteTensor) -> tuple[Any, ...
 
 
 def request_from_wire(
-    wire: tuple[Any, ...], read: ReadTensor, cancelled: Any = None
+    wire: tuple[Any, ...], read: ReadTensor, cancelled: Callable[[], bool] | None = None
 ) -> InferRequest:
     """Inverse of :func:`request_to_wire` (inputs are views of the sender's arenas or
     of the frame's bytes); ``cancelled`` becomes the request's cancellation token."""
@@ -197,10 +197,10 @@ def request_from_wire(
     )
 
 
-def response_to_wire(response: InferResponse, write: WriteTensor) -> tuple[Any, ...]:
+def response_to_wire(response: InferResponse, write: WriteTensor) -> tuple[object, ...]:
     """The wire form of a response; each output is copied once by ``write`` (a small
     numeric array straight into the frame, as :meth:`Channel.write` does it)."""
-    outputs = {}
+    outputs: dict[str, tuple[object, ...]] = {}
     for name, arr in response.outputs.items():
         if type(arr) is not _ndarray:
             arr = np.asarray(arr)
@@ -225,7 +225,7 @@ def response_from_wire(wire: tuple[Any, ...], read: ReadTensor) -> InferResponse
     return InferResponse(wire[0], wire[1], outputs, wire[3], wire[4])
 
 
-def control_to_wire(control: ArenaControl | None) -> tuple[Any, ...] | None:
+def control_to_wire(control: ArenaControl | None) -> tuple[object, ...] | None:
     """The plain form of a frame's arena bookkeeping."""
     if control is None:
         return None
@@ -278,7 +278,7 @@ class Channel:
         self.pool = self.link.pool
         self.peer = self.link.peer
         self.frames = self.link.frames
-        self._pending: list[tuple[int, tuple[Any, ...]]] = []  # messages of this loop turn
+        self._pending: list[tuple[int, tuple[object, ...]]] = []  # messages of this loop turn
         self._flush_scheduled = False
 
     @property
@@ -300,7 +300,7 @@ class Channel:
     def _alloc(self, nbytes: int) -> tuple[shm.Arena, int] | None:
         return self.pool.alloc(nbytes) if nbytes >= SHM_MIN_BYTES else None
 
-    def write(self, arr: np.ndarray) -> tuple[Any, ...]:
+    def write(self, arr: np.ndarray) -> tuple[object, ...]:
         """Describe ``arr`` for the peer (a :class:`TensorDesc` as a plain tuple): copied
         once into this end's arena, or inline when it is under :data:`SHM_MIN_BYTES`
         (or the pool is full)."""
@@ -324,7 +324,7 @@ class Channel:
 
     # -- sending ----------------------------------------------------------------------
 
-    def send(self, kind: int, body: tuple[Any, ...]) -> None:
+    def send(self, kind: int, body: tuple[object, ...]) -> None:
         """Queue one message; it goes out in one frame with the others of this loop
         turn. New arenas and the peer's released blocks ride along. Nothing happens
         once closed."""

@@ -18,8 +18,9 @@ import contextlib
 import functools
 import inspect
 import logging
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pdserve.core.api import InferenceCore
@@ -49,10 +50,10 @@ class WorkerLink:
         #: call id -> the token of an INFER in flight
         self.tokens: dict[int, CancelToken] = {}
         #: call id -> the task of a STREAM in flight (closed on CANCEL or the worker's death)
-        self.streams: dict[int, asyncio.Task[Any]] = {}
+        self.streams: dict[int, asyncio.Task[None]] = {}
         #: the tasks of CALLs in flight (a load or unload runs to its end even when the
         #: worker that asked dies, as it does when an HTTP client goes away)
-        self.calls: set[asyncio.Task[Any]] = set()
+        self.calls: set[asyncio.Task[None]] = set()
         #: the worker's pid once it listens (its ``READY``)
         self.ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         #: ``time.monotonic()`` of the worker's last ``PONG`` (its attach until the first)
@@ -81,7 +82,7 @@ class FrontendHub:
         self.links: set[WorkerLink] = set()
         self._infer = server.infer
 
-    def attach(self, sock: Any, index: int, on_close: Callable[[], None]) -> WorkerLink:
+    def attach(self, sock: socket.socket, index: int, on_close: Callable[[], None]) -> WorkerLink:
         """Serve the main process's end of worker ``index``'s socketpair."""
         link = WorkerLink(self, index)
 
@@ -101,7 +102,7 @@ class FrontendHub:
         self.links.add(link)
         return link
 
-    def broadcast(self, kind: int, body: tuple[Any, ...]) -> None:
+    def broadcast(self, kind: int, body: tuple[object, ...]) -> None:
         """Send one frame to every worker."""
         for link in self.links:
             link.channel.send(kind, body)
@@ -227,7 +228,7 @@ class FrontendHub:
             exc = internal(f"{exc}")
         link.channel.send(ch.ERROR, (call_id, ch.error_to_wire(exc)))
 
-    async def _run_stream(self, link: WorkerLink, call_id: int, request: Any) -> None:
+    async def _run_stream(self, link: WorkerLink, call_id: int, request: InferRequest) -> None:
         channel = link.channel
         try:
             async with contextlib.aclosing(self.server.infer_stream(request)) as items:
@@ -251,7 +252,9 @@ class FrontendHub:
             log.exception("HTTP worker %d: streaming inference failed", link.index)
             channel.send(ch.ERROR, (call_id, ch.error_to_wire(internal(f"{exc}"))))
 
-    async def _run_call(self, link: WorkerLink, call_id: int, method: str, args: Any) -> None:
+    async def _run_call(
+        self, link: WorkerLink, call_id: int, method: str, args: Iterable[object]
+    ) -> None:
         channel = link.channel
         try:
             if method not in ch.CALLS:
@@ -264,7 +267,7 @@ class FrontendHub:
             log.exception("HTTP worker %d: %s failed", link.index, method)
             channel.send(ch.ERROR, (call_id, ch.error_to_wire(internal(f"{exc}"))))
 
-    async def _call(self, method: str, args: tuple[Any, ...]) -> Any:
+    async def _call(self, method: str, args: tuple[Any, ...]) -> object:
         if method == "gate.check":
             if self.gate is None:
                 raise not_found("this server has no gate")

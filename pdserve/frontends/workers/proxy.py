@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any
 
 from pdserve.core.cancel import CancelToken
@@ -42,7 +42,7 @@ class WorkerClient:
         self.channel: ch.Channel | None = None
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future[Any]] = {}
-        self._streams: dict[int, asyncio.Queue[Any]] = {}
+        self._streams: dict[int, asyncio.Queue[tuple[int, tuple[Any, ...]]]] = {}
         #: call id -> (the request's token, its callback) of an INFER in flight whose
         #: token's cancellation sends ``CANCEL`` (removed when the answer arrives)
         self._watched: dict[int, tuple[CancelToken, Callable[[CancelToken], None]]] = {}
@@ -145,7 +145,9 @@ class WorkerClient:
             raise _gone()
         return self.channel
 
-    def request(self, kind: int, body_of: Callable[[int], tuple[Any, ...]]) -> tuple[int, Any]:
+    def request(
+        self, kind: int, body_of: Callable[[int], tuple[object, ...]]
+    ) -> tuple[int, asyncio.Future[Any]]:
         """Send a frame that expects one answer: ``(call id, future)``."""
         channel = self._channel()
         call_id = next(self._ids)
@@ -158,7 +160,7 @@ class WorkerClient:
             raise
         return call_id, fut
 
-    async def call(self, method: str, *args: Any) -> Any:
+    async def call(self, method: str, *args: object) -> Any:
         """Run core method ``method`` (one of :data:`~.channel.CALLS`) in the main process.
 
         Raises:
@@ -173,11 +175,13 @@ class WorkerClient:
         if not self.gone and self.channel is not None:
             self.channel.send(ch.CANCEL, (call_id,))
 
-    def open_stream(self, request: InferRequest) -> tuple[int, asyncio.Queue[Any]]:
+    def open_stream(
+        self, request: InferRequest
+    ) -> tuple[int, asyncio.Queue[tuple[int, tuple[Any, ...]]]]:
         """Start ``infer_stream`` in the main process: ``(call id, queue of frames)``."""
         channel = self._channel()
         call_id = next(self._ids)
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, tuple[Any, ...]]] = asyncio.Queue()
         self._streams[call_id] = queue
         channel.send(ch.STREAM, (call_id, ch.request_to_wire(request, channel.write)))
         return call_id, queue
@@ -209,15 +213,15 @@ class ProxyCore:
         """Readiness, as the main process answers it."""
         return bool(await self.client.call("ready"))
 
-    async def metadata(self) -> dict[str, Any]:
+    async def metadata(self) -> dict[str, object]:
         """Server metadata."""
         return dict(await self.client.call("metadata"))
 
-    async def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+    async def model_metadata(self, name: str, version: str = "") -> dict[str, object]:
         """Model metadata (raises as the core does)."""
         return dict(await self.client.call("model_metadata", name, version))
 
-    async def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+    async def model_config(self, name: str, version: str = "") -> dict[str, object]:
         """Model configuration (raises as the core does)."""
         return dict(await self.client.call("model_config", name, version))
 
@@ -225,16 +229,16 @@ class ProxyCore:
         """Model readiness."""
         return bool(await self.client.call("model_ready", name, version))
 
-    async def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+    async def model_statistics(self, name: str = "", version: str = "") -> dict[str, object]:
         """Statistics, kept (once) in the main process."""
         return dict(await self.client.call("model_statistics", name, version))
 
-    async def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, object]]:
         """The repository index."""
         return list(await self.client.call("repository_index", ready_only))
 
     async def load_model(
-        self, name: str, config: Any = None, files: dict[str, bytes] | None = None
+        self, name: str, config: object = None, files: dict[str, bytes] | None = None
     ) -> None:
         """Load a model in the main process."""
         await self.client.call("load_model", name, config, files)
@@ -243,11 +247,13 @@ class ProxyCore:
         """Unload a model in the main process."""
         await self.client.call("unload_model", name, unload_dependents)
 
-    async def trace_setting(self, model: str, update: dict[str, Any] | None) -> Any:
+    async def trace_setting(
+        self, model: str, update: Mapping[str, object] | None
+    ) -> dict[str, str | list[str]]:
         """Triton's trace settings (kept in the main process)."""
         return await self.client.call("trace_setting", model, update)
 
-    async def log_settings(self, update: dict[str, Any] | None) -> dict[str, Any]:
+    async def log_settings(self, update: Mapping[str, object] | None) -> dict[str, object]:
         """The log settings; an update is applied in the main process and every worker."""
         if update is None:
             return logs.settings_dict()
@@ -330,16 +336,16 @@ class _ProxyTraffic:
     def __init__(self, client: WorkerClient) -> None:
         self.client = client
 
-    async def describe_traffic(self, model: str) -> Any:
+    async def describe_traffic(self, model: str) -> dict[str, object]:
         return await self.client.call("traffic.describe_traffic", model)
 
-    async def set_traffic(self, model: str, doc: Any) -> Any:
+    async def set_traffic(self, model: str, doc: object) -> dict[str, object]:
         return await self.client.call("traffic.set_traffic", model, doc)
 
-    async def describe_rollout(self, model: str) -> Any:
+    async def describe_rollout(self, model: str) -> dict[str, object]:
         return await self.client.call("traffic.describe_rollout", model)
 
-    async def rollout_action(self, model: str, doc: Any) -> Any:
+    async def rollout_action(self, model: str, doc: object) -> dict[str, object]:
         return await self.client.call("traffic.rollout_action", model, doc)
 
 
@@ -395,7 +401,7 @@ class ProxySharedMemory(SharedMemoryRegistry):
         return await self.core.infer(request)  # the main process reads/writes the regions
 
     def register(  # type: ignore[override]  # awaitable: the HTTP app awaits it
-        self, name: str, key: Any, offset: Any, byte_size: Any
+        self, name: str, key: object, offset: object, byte_size: object
     ) -> Awaitable[None]:
         """Register in the main process."""
         return self.client.call("shm.register", name, key, offset, byte_size)
@@ -406,7 +412,7 @@ class ProxySharedMemory(SharedMemoryRegistry):
 
     def status(  # type: ignore[override]  # awaitable: the HTTP app awaits it
         self, name: str = ""
-    ) -> Awaitable[list[dict[str, Any]]]:
+    ) -> Awaitable[list[dict[str, object]]]:
         """The main process's regions."""
         return self.client.call("shm.status", name)
 
