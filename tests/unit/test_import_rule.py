@@ -8,7 +8,7 @@ import counts: module-level, function-level and ``if TYPE_CHECKING:`` ones, and 
 
 The layers, lowest first (a module may import its own layer and any layer before it)::
 
-    core <- config <- backends <- scheduling <- repository <- cache <- server
+    core <- shm <- config <- backends <- scheduling <- repository <- cache <- server
          <- observability <- frontends <- ray <- app
 
 Where the rule (core <- config <- {repository, scheduling, backends} <- server <-
@@ -19,6 +19,8 @@ Where the rule (core <- config <- {repository, scheduling, backends} <- server <
 - ``pdserve/cache.py`` sits between repository and server: it keys on a loaded model
   version, and the server consults it.
 - observability <- frontends: a frontend may serve what observability renders.
+- ``pdserve/shm`` (shared-memory arenas and framing) sits just above core: the python
+  backend's workers and the ``--http-workers`` channel both use it.
 - ``pdserve/__init__.py`` (the version only) sits with core; ``pdserve/__main__.py``
   with app. Nothing below app imports app; ``pdserve/ray/`` sits on the frontends.
 """
