@@ -46,9 +46,7 @@ UNTESTED_MODULES: set[str] = {  # dotted names (__main__ runs as python -m pdser
     "pdserve.backends.python.lifetime",
     "pdserve.backends.python.worker",
     "pdserve.frontends.grpc.server",
-    "pdserve.frontends.metrics_http",
     "pdserve.frontends.offload_worker",
-    "pdserve.frontends.parameters",
     "pdserve.ray.deployments",
 }
 
