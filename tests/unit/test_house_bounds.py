@@ -46,7 +46,6 @@ UNTESTED_MODULES: set[str] = {  # dotted names (__main__ runs as python -m pdser
     "pdserve.backends.python.lifetime",
     "pdserve.backends.python.worker",
     "pdserve.frontends.grpc.server",
-    "pdserve.frontends.offload_worker",
     "pdserve.ray.deployments",
 }
 
