@@ -43,7 +43,6 @@ UNTESTED_MODULES: set[str] = {  # dotted names (__main__ runs as python -m pdser
     "pdserve.app.perf.control",
     "pdserve.app.perf.runner",
     "pdserve.backends.python.backend",
-    "pdserve.backends.python.lifetime",
     "pdserve.backends.python.worker",
     "pdserve.frontends.grpc.server",
     "pdserve.ray.deployments",
