@@ -42,7 +42,6 @@ UNTESTED_MODULES: set[str] = {  # dotted names (__main__ runs as python -m pdser
     "pdserve.__main__",
     "pdserve.backends.python.backend",
     "pdserve.backends.python.worker",
-    "pdserve.frontends.grpc.server",
     "pdserve.ray.deployments",
 }
 
