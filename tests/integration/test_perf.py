@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 
 from pdserve.app.perf import PerfError, PerfOptions, run_sweep
+from pdserve.app.perf.control import GrpcControl, HttpControl, connect
+from pdserve.app.perf.runner import prepare
 from tests.conftest import ROOT, ServerProcess, copy_models, free_port, start_server
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "python_models"
@@ -366,3 +368,51 @@ def test_minimal_v2_server_without_keepalive_or_statistics(tmp_path: Path) -> No
     assert res["server"] is None and res["errors"] == {}
     # A new connection per request still gives a steady closed loop.
     assert res["requests_per_sec"] > 50
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_control_reads_the_model_and_sends_the_trial_request(
+    server: ServerProcess, proto: str
+) -> None:
+    url = server.http_url if proto == "http" else server.grpc_url
+    opts = PerfOptions(model="tiny", url=url, protocol=proto)  # type: ignore[arg-type]  # a Literal
+    control, spec, requests = prepare(opts)
+    try:
+        assert isinstance(control, HttpControl if proto == "http" else GrpcControl)
+        meta = control.metadata()
+        assert meta["name"] == "tiny"
+        assert [(t["name"], t["datatype"]) for t in meta["inputs"]] == [("INPUT0", "FP32")]
+        config = control.config()
+        assert config is not None and int(config["max_batch_size"]) == 128
+        assert [t.name for t in spec.inputs] == ["INPUT0"]
+        (stats,) = [s for s in control.stats() or [] if s["name"] == "tiny"]
+        before = int(stats["inference_count"])
+        assert before >= 1  # the trial request prepare sent
+        control.infer(requests[0])  # type: ignore[arg-type]  # the protocol's request form
+        (stats,) = [s for s in control.stats() or [] if s["name"] == "tiny"]
+        assert int(stats["inference_count"]) == before + 1
+        assert "tiny" in {s["name"] for s in control.stats(all_models=True) or []}
+    finally:
+        control.close()
+    unknown = connect(proto, url, "nope", "", 5.0)
+    try:
+        with pytest.raises(PerfError, match="model 'nope'"):
+            unknown.metadata()
+        assert unknown.config() is None
+    finally:
+        unknown.close()
+
+
+def test_control_without_a_server_says_so() -> None:
+    port = free_port()
+    http = HttpControl(f"127.0.0.1:{port}", "tiny", "", 5.0)
+    with pytest.raises(PerfError, match=f"GET http://127.0.0.1:{port}/v2/models/tiny: connection"):
+        http.metadata()
+    assert http.stats() is None and http.config() is None
+    grpc = GrpcControl(f"127.0.0.1:{port}", "tiny", "", 5.0)
+    try:
+        with pytest.raises(PerfError, match=f"grpc://127.0.0.1:{port}: unavailable"):
+            grpc.metadata()
+        assert grpc.stats() is None and grpc.config() is None
+    finally:
+        grpc.close()

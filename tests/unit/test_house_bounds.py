@@ -40,16 +40,6 @@ IGNORES_WITHOUT_REASON: dict[str, int] = {  # path -> most such ignores allowed
 }
 UNTESTED_MODULES: set[str] = {  # dotted names (__main__ runs as python -m pdserve)
     "pdserve.__main__",
-    "pdserve.app.perf.control",
-    "pdserve.app.perf.runner",
-    "pdserve.backends.python.backend",
-    "pdserve.backends.python.lifetime",
-    "pdserve.backends.python.worker",
-    "pdserve.frontends.grpc.server",
-    "pdserve.frontends.metrics_http",
-    "pdserve.frontends.offload_worker",
-    "pdserve.frontends.parameters",
-    "pdserve.ray.deployments",
 }
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from pdserve.backends.python import lifetime
 from tests.conftest import ROOT
 
 #: Runs in a grandchild: arm the given mechanism against its parent, then wait.
@@ -71,3 +72,27 @@ def test_parent_death_signal_kills_the_child_with_its_parent() -> None:
 def test_exit_when_gone_ends_the_process_when_the_watched_one_exits() -> None:
     took = _grandchild_outlives_child("watch")
     assert took is not None and took < 1.0
+
+
+def test_imported_outside_the_fork_server_it_arms_nothing() -> None:
+    assert not lifetime._in_fork_server()
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
+    assert lifetime._alive(os.getpid())
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert not lifetime._alive(gone.pid)
+
+
+def test_exit_when_gone_exits_at_once_with_the_code_for_a_pid_already_gone() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    script = (
+        "import sys, time\n"
+        "from pdserve.backends.python import lifetime\n"
+        "lifetime.exit_when_gone(int(sys.argv[1]), code=7)\n"
+        "time.sleep(30)\n"
+    )
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script, str(gone.pid)], cwd=ROOT, timeout=30)
+    assert done.returncode == 7
+    assert time.monotonic() - t0 < 10

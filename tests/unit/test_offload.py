@@ -4,8 +4,13 @@ codes, a killed process, and large buffers that travel out of band."""
 from __future__ import annotations
 
 import asyncio
+import io
 import os
+import pickle
 import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +21,8 @@ import pytest
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.frontends import offload
 from pdserve.frontends.http.decode import decode_infer_request
+from pdserve.frontends.offload_worker import read_message, run_call, write_message
+from pdserve.frontends.parameters import check_request_parameters
 
 
 @pytest.fixture(autouse=True)
@@ -116,3 +123,72 @@ def test_shutdown_stops_the_processes() -> None:
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# -- the decode process itself (pdserve.frontends.offload_worker) ---------------------------
+
+
+def test_worker_messages_round_trip_with_out_of_band_buffers() -> None:
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    stream = io.BytesIO()
+    size = write_message(stream, ("call", array, pickle.PickleBuffer(b"raw")))
+    assert size == len(stream.getvalue())
+    stream.seek(0)
+    message = read_message(stream)
+    assert message is not None
+    (tag, got, raw), read_size = message
+    assert read_size == size
+    assert tag == "call" and bytes(raw) == b"raw"
+    np.testing.assert_array_equal(got, array)
+    assert read_message(stream) is None  # the end of the stream between messages
+    stream = io.BytesIO(stream.getvalue()[: size - 5])
+    with pytest.raises(EOFError):
+        read_message(stream)
+
+
+def test_worker_run_call_reports_each_outcome() -> None:
+    assert run_call((divmod, (7, 2))) == ("ok", (3, 1))
+    assert run_call((check_request_parameters, ({"priority": -1},))) == (
+        "infer_error",
+        "request parameter 'priority' must be a non-negative integer, got -1",
+        ErrorCode.INVALID_ARG,
+        "REJECTED",
+    )
+    kind, exc = run_call((int, ("x",)))
+    assert kind == "error" and isinstance(exc, ValueError) and "'x'" in str(exc)
+
+    def cannot_travel() -> None:
+        raise ValueError(threading.Lock())
+
+    kind, exc = run_call((cannot_travel, ()))
+    assert kind == "error" and type(exc) is RuntimeError
+    assert str(exc).startswith("ValueError: <unlocked _thread.lock object")
+
+
+def test_worker_process_serves_calls_until_stdin_ends() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pdserve.frontends.offload_worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        write_message(proc.stdin, (print, ("printed by the work",)))  # goes to stderr
+        write_message(proc.stdin, (np.add, (np.ones(3), 2)))
+        write_message(proc.stdin, (int, ("x",)))
+        first = read_message(proc.stdout)
+        second = read_message(proc.stdout)
+        third = read_message(proc.stdout)
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert first is not None and first[0] == ("ok", None)
+    assert second is not None and second[0][0] == "ok"
+    np.testing.assert_array_equal(second[0][1], [3.0, 3.0, 3.0])
+    assert third is not None and third[0][0] == "error" and isinstance(third[0][1], ValueError)
+    assert read_message(proc.stdout) is None
+    assert proc.stderr is not None and b"printed by the work" in proc.stderr.read()

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from pdserve.ray.plan import ENSEMBLE_CPUS, plan_application
+from pdserve.core.errors import ErrorCode, InferError
+from pdserve.core.types import InferRequest, InferResponse
+from pdserve.ray.deployments import Failure, ModelReplica, RayCore, build_app
+from pdserve.ray.plan import ENSEMBLE_CPUS, INGRESS_NAME, plan_application
+from tests.conftest import EXAMPLE_REPO, copy_models
 
 CPU_MODEL = """
 name: "{name}"
@@ -138,3 +144,74 @@ def test_example_serve_config() -> None:
     from ray.serve import Application
 
     assert isinstance(build_app(args), Application)
+
+
+# -- pdserve.ray.deployments without a cluster: the application graph, a replica's
+# -- methods on a real InferenceServer, errors across the boundary, the ingress core.
+
+
+def test_build_app_binds_one_deployment_per_model_behind_the_ingress() -> None:
+    app = build_app(
+        {"model_repository": str(EXAMPLE_REPO), "models": "tiny,pool", "http": {"x": 1}}
+    )
+    ingress = app._bound_deployment
+    assert ingress.name == INGRESS_NAME
+    assert ingress.num_replicas == 1 and ingress.ray_actor_options == {"num_cpus": 0.5}
+    models, http = ingress.init_args
+    assert sorted(models) == ["pool", "tiny"] and http == {"x": 1}
+    tiny = models["tiny"]._bound_deployment
+    assert tiny.name == "tiny"
+    assert tiny.init_args == (str(EXAMPLE_REPO.resolve()), "tiny", None)
+    with pytest.raises(ValueError, match="needs model_repository"):
+        build_app({})
+
+
+def test_failure_carries_an_infer_error_across_replicas() -> None:
+    failure = Failure.of(InferError("gone", ErrorCode.NOT_FOUND))
+    assert failure == Failure("gone", ErrorCode.NOT_FOUND.value)
+    error = failure.error()
+    assert isinstance(error, InferError) and error.code is ErrorCode.NOT_FOUND
+    assert error.message == "gone"
+
+
+def test_ray_core_answers_for_itself_and_refuses_an_unknown_model() -> None:
+    core = RayCore({})
+    assert core.started and core.live() and core.ready()
+    meta = core.metadata()
+    assert meta["name"] == "pdserve" and "statistics" in meta["extensions"]
+    assert "model_repository" not in meta["extensions"]
+    with pytest.raises(InferError, match="'nope' is not found") as err:
+        asyncio.run(core.model_metadata("nope"))
+    assert err.value.code is ErrorCode.NOT_FOUND
+
+
+# Serve awaits the async __del__; garbage collection later calls it too, unawaited.
+@pytest.mark.filterwarnings("ignore:coroutine 'ModelReplica.__del__' was never awaited")
+def test_a_model_replica_serves_its_one_model(tmp_path: Path) -> None:
+    repo = copy_models(tmp_path / "models", "tiny", "pool")
+
+    async def main() -> None:
+        replica = object.__new__(ModelReplica)
+        await ModelReplica.__init__(replica, str(repo), "tiny")  # as Serve constructs it
+        try:
+            assert replica.model_ready("tiny", "") and not replica.model_ready("pool", "")
+            replica.check_health()
+            assert replica.model_metadata("tiny", "")["name"] == "tiny"
+            assert replica.model_config("tiny", "")["max_batch_size"] == 128
+            assert [r["name"] for r in replica.repository_index(False)] == ["tiny"]
+            x = np.ones((1, 64), np.float32)
+            answer = await replica.infer(InferRequest("tiny", inputs={"INPUT0": x}))
+            assert isinstance(answer, InferResponse)
+            assert answer.outputs["OUTPUT0"].shape == (1, 64)
+            stats = replica.model_statistics("tiny", "")
+            assert isinstance(stats, dict)
+            assert stats["model_stats"][0]["inference_count"] == 1
+            unknown = await replica.infer(InferRequest("pool", inputs={"INPUT0": x}))
+            assert isinstance(unknown, Failure)
+            assert isinstance(replica.model_metadata("pool", ""), Failure)
+        finally:
+            await replica.__del__()
+        with pytest.raises(RuntimeError, match="'tiny' has no ready version"):
+            replica.check_health()
+
+    asyncio.run(main())
