@@ -126,7 +126,7 @@ def test_python_kind_gpu_worker_sees_only_its_gpu(
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    model_dir = Path(__file__).resolve().parents[1] / "data" / "python_models" / "gpu_env"
+    model_dir = Path(__file__).resolve().parents[2] / "data" / "python_models" / "gpu_env"
     cfg = cfgmod.load_model_config(model_dir)
     cfgmod.normalize_platform(cfg, model_dir / "config.pbtxt")
     cfgmod.apply_defaults(cfg, gpus=[0, 1])

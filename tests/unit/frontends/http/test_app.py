@@ -15,7 +15,13 @@ from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends import offload
 from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.body import PROCESS_JSON_BYTES
-from tests.unit.test_http_codec import FakeServer, StatsServer, call, client_request, parse
+from tests.unit.frontends.http.test_codec import (
+    FakeServer,
+    StatsServer,
+    call,
+    client_request,
+    parse,
+)
 
 LIMIT = 100_000
 

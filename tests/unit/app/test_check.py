@@ -26,7 +26,7 @@ from pdserve.app.check_rules import RulesError, load_rules, parse_rules
 from pdserve.app.cli import main
 from tests.conftest import EXAMPLE_REPO, require_examples
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHECK_MODELS = ROOT / "tests" / "data" / "check_models"
 F32, I32 = TensorProto.FLOAT, TensorProto.INT32
 

@@ -20,7 +20,7 @@ from pdserve.core.types import InferRequest
 from pdserve.observability.metrics import attach, cache_families, model_families
 from pdserve.scheduling.queue_policy import PriorityLevels, QueuePolicy
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def exec_req(inputs: dict[str, np.ndarray], outputs: list[str] | None = None) -> ExecRequest:

@@ -129,7 +129,7 @@ def test_example_serve_config() -> None:
 
     from pdserve.ray import build_app
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     doc = yaml.safe_load((root / "examples" / "ray" / "serve_config.yaml").read_text())
     schema = ServeDeploySchema.model_validate(doc)
     (app,) = schema.applications

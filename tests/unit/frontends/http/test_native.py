@@ -21,7 +21,7 @@ from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.compression import GZIP_MIN_BYTES
 from pdserve.frontends.http.native import HttpConnection, NativeHttpServer
 from pdserve.frontends.http.server import HttpLimits
-from tests.unit.test_http_codec import FakeServer, client_request, parse
+from tests.unit.frontends.http.test_codec import FakeServer, client_request, parse
 
 LIMITS = HttpLimits(
     max_header_bytes=2048,

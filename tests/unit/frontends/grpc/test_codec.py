@@ -21,7 +21,7 @@ from pdserve.frontends.grpc.codec import (
 from pdserve.frontends.grpc.service import grpc_status
 from pdserve.frontends.http.status import http_status
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def test_decode_raw_inputs_are_zero_copy_views() -> None:

@@ -23,7 +23,7 @@ from pdserve.backends.python.worker import _is_decoupled, _model_args, load_mode
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferRequest
 
-MODELS = Path(__file__).resolve().parents[1] / "data" / "python_models"
+MODELS = Path(__file__).resolve().parents[3] / "data" / "python_models"
 
 
 def _spec(tmp_path: Path, model: str, config: str) -> ModelSpec:

@@ -474,7 +474,7 @@ def test_traffic_control_example_flags_parse(tmp_path: Path) -> None:
     values it documents (the example stays true to the code)."""
     import shlex
 
-    script = Path(__file__).resolve().parents[2] / "deploy" / "traffic-control" / "serve.sh"
+    script = Path(__file__).resolve().parents[3] / "deploy" / "traffic-control" / "serve.sh"
     text = script.read_text().replace("\\\n", " ")
     command = next(line for line in text.splitlines() if line.startswith("exec "))
     command = command.replace('"${PDSERVE_ADMIN_HEADER:?}"', "secret")

@@ -273,7 +273,7 @@ def test_reload_keeps_the_last_good_config(
 
 
 def test_the_deploy_example_config_loads() -> None:
-    root = Path(__file__).resolve().parents[2] / "deploy" / "traffic-control"
+    root = Path(__file__).resolve().parents[4] / "deploy" / "traffic-control"
     cfg = load_auth_config(root / "auth.yaml", env={"PDSERVE_OPS_KEY": "ops"})
     assert [k.principal.name for k in cfg.keys] == ["search-team", "vision-team", "platform-ops"]
     assert cfg.jwt is not None and cfg.jwt.audience == "pdserve"
