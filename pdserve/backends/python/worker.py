@@ -507,7 +507,7 @@ class Worker:
         finally:
             loop.remove_reader(self.sock.fileno())
 
-    def wait_bls(self, future: Future[Any]) -> None:
+    def wait_bls(self, future: Future[pb.InferenceResponse]) -> None:
         """Block until a BLS future resolves (``exec()``), reading the socket meanwhile."""
         self.wait_until(future.done)
 
