@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,7 +203,9 @@ _BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO = 2
 _BATCH_MAX_ELEMENT_COUNT_AS_SHAPE = 3
 
 
-def batch_input_tensors(batch_inputs: Any, batch: list[ExecRequest]) -> dict[str, np.ndarray]:
+def batch_input_tensors(
+    batch_inputs: Iterable[model_config_pb2.BatchInput], batch: list[ExecRequest]
+) -> dict[str, np.ndarray]:
     """The ``batch_input`` tensors of a batch (Triton's BackendInputCollector).
 
     For each ``BatchInput`` of the configuration, with ``count_i`` the element
@@ -300,7 +302,7 @@ class InstanceClosed(Exception):
 
 
 async def run_on_thread(
-    executor: ThreadPoolExecutor, closed: bool, fn: Callable[..., _T], *args: Any
+    executor: ThreadPoolExecutor, closed: bool, fn: Callable[..., _T], *args: object
 ) -> _T:
     """``fn(*args)`` on an instance's own thread (``executor``).
 

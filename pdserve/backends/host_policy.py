@@ -19,7 +19,10 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tritonclient.grpc import model_config_pb2
 
 #: The settings a host policy takes (Triton's).
 SETTINGS = ("numa-node", "cpu-cores")
@@ -236,7 +239,7 @@ def resolve_policies(
 # -- instance groups --------------------------------------------------------------
 
 
-def _kind_name(group: Any) -> str:
+def _kind_name(group: model_config_pb2.ModelInstanceGroup) -> str:
     from tritonclient.grpc import model_config_pb2 as mc
 
     return mc.ModelInstanceGroup.Kind.Name(group.kind)
@@ -257,7 +260,7 @@ def default_policy_name(kind: str, device_id: int = 0) -> str:
     return "cpu"
 
 
-def policy_name(group: Any, device_id: int = 0) -> str:
+def policy_name(group: model_config_pb2.ModelInstanceGroup | None, device_id: int = 0) -> str:
     """The policy name of one instance of ``group`` (a ``ModelInstanceGroup``)."""
     if group is not None and group.host_policy:
         return group.host_policy
@@ -266,7 +269,9 @@ def policy_name(group: Any, device_id: int = 0) -> str:
 
 
 def instance_cores(
-    policies: Mapping[str, frozenset[int]], group: Any, device_id: int = 0
+    policies: Mapping[str, frozenset[int]],
+    group: model_config_pb2.ModelInstanceGroup | None,
+    device_id: int = 0,
 ) -> frozenset[int] | None:
     """The cores an instance of ``group`` on ``device_id`` is pinned to.
 
@@ -278,7 +283,9 @@ def instance_cores(
     return policies.get(policy_name(group, device_id))
 
 
-def check_instance_groups(model: str, config: Any, policies: Mapping[str, frozenset[int]]) -> None:
+def check_instance_groups(
+    model: str, config: model_config_pb2.ModelConfig, policies: Mapping[str, frozenset[int]]
+) -> None:
     """Refuse a model whose instance group names a host policy that was not given.
 
     A group naming the default policy of its own kind (``cpu`` on a CPU group,

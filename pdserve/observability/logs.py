@@ -22,8 +22,9 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TextIO
 
 from pdserve.core import context
 from pdserve.core.errors import InferError
@@ -185,7 +186,7 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         """The record as one line of JSON."""
         t = time.gmtime(record.created)
-        doc: dict[str, Any] = {
+        doc: dict[str, object] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
@@ -214,7 +215,7 @@ def _formatter(fmt: str) -> logging.Formatter:
 _HANDLER: logging.Handler | None = None
 
 
-def configure(state: LogState | None = None, stream: Any = None) -> logging.Handler:
+def configure(state: LogState | None = None, stream: TextIO | None = None) -> logging.Handler:
     """Install pdserve's stderr handler on the root logger (replacing logging's
     ``basicConfig`` one), with ``state``'s settings (default: :data:`STATE`).
 
@@ -258,14 +259,14 @@ def _apply() -> None:
 # -- the logging extension -------------------------------------------------------------
 
 
-def settings_dict() -> dict[str, Any]:
+def settings_dict() -> dict[str, object]:
     """The current settings, as the logging extension answers them (Triton's shape:
     ``{"log_file": "", "log_info": bool, "log_warning": bool, "log_error": bool,
     "log_verbose_level": int, "log_format": str}``)."""
     return {"log_file": "", **asdict(STATE)}
 
 
-def _check(name: str, value: Any) -> Any:
+def _check(name: str, value: object) -> bool | int | str:
     if name in ("log_info", "log_warning", "log_error"):
         if type(value) is not bool:
             raise InferError(f"log setting '{name}' must be a boolean, got {_kind(value)}")
@@ -297,7 +298,7 @@ def _check(name: str, value: Any) -> Any:
     raise InferError(f"unknown log setting {name!r}; the settings are {', '.join(SETTING_NAMES)}")
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     if value is None:
         return "null"
     if type(value) is bool:
@@ -315,7 +316,7 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def update_settings(changes: dict[str, Any]) -> dict[str, Any]:
+def update_settings(changes: Mapping[str, object]) -> dict[str, object]:
     """Apply ``changes`` (some of the settings, Triton's names and JSON types) and
     return all settings (:func:`settings_dict`).
 

@@ -19,6 +19,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterable
+from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 from pdserve.cache import AnyResponseCache, RedisResponseCache
@@ -470,7 +471,7 @@ def remote_families() -> list[Family]:
 class GpuSampler:
     """NVML GPU metrics; :meth:`create` returns None without pynvml or a GPU."""
 
-    def __init__(self, nvml: Any, handles: list[tuple[str, Any]]) -> None:
+    def __init__(self, nvml: ModuleType, handles: list[tuple[str, object]]) -> None:
         self.nvml = nvml
         self.handles = handles
 
@@ -506,7 +507,7 @@ class GpuSampler:
             "limit": Family("nv_gpu_power_limit", "gauge", "GPU power management limit in watts"),
             "energy": Family("nv_energy_consumption", "counter", "GPU energy consumption in joules since pdserve started"),
         }  # fmt: skip
-        readers: list[tuple[str, Callable[[Any], float]]] = [
+        readers: list[tuple[str, Callable[[object], float]]] = [
             ("util", lambda h: nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0),
             ("mem_total", lambda h: nv.nvmlDeviceGetMemoryInfo(h).total),
             ("mem_used", lambda h: nv.nvmlDeviceGetMemoryInfo(h).used),

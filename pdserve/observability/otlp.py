@@ -15,7 +15,6 @@ import gzip
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 import requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -38,7 +37,7 @@ _FLAGS_LOCAL = 0x101
 _FLAGS_REMOTE = 0x301
 
 
-def _kv(key: str, value: Any) -> KeyValue:
+def _kv(key: str, value: object) -> KeyValue:
     """An OTLP attribute (str, bool, int or float value; anything else as its str)."""
     if isinstance(value, bool):
         return KeyValue(key=key, value=AnyValue(bool_value=value))
@@ -65,9 +64,9 @@ class SpanConverter:
     def __init__(self, resource: Mapping[str, str]) -> None:
         self._resource = Resource(attributes=[_kv(k, v) for k, v in resource.items()])
         self._scope = InstrumentationScope(name="pdserve", version=__version__)
-        self._attrs: dict[tuple[str, type, Any], KeyValue] = {}
+        self._attrs: dict[tuple[str, type, object], KeyValue] = {}
 
-    def _attr(self, key: str, value: Any) -> KeyValue:
+    def _attr(self, key: str, value: object) -> KeyValue:
         ck = (key, type(value), value)
         kv = self._attrs.get(ck)
         if kv is None:

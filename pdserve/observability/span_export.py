@@ -11,7 +11,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import Protocol
 
 from pdserve.core.errors import unavailable
 from pdserve.core.tracing import Trace
@@ -20,7 +21,7 @@ from pdserve.observability.trace_config import TraceConfig
 log = logging.getLogger("pdserve.tracing")
 
 
-def import_otel() -> Any:
+def import_otel() -> ModuleType:
     """Import the OTLP export (:mod:`pdserve.observability.otlp`, the ``tracing`` extra).
 
     Raises:
@@ -63,6 +64,16 @@ class ExportCounts:
         return self.dropped_queue_full + self.dropped_failed
 
 
+class OtlpSender(Protocol):
+    """Posts serialized export requests (:class:`pdserve.observability.otlp.OtlpHttpSender`)."""
+
+    def post(self, data: bytes) -> str:
+        """ "" when the endpoint accepted the request, else why not."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class SpanExport:
     """A bounded span queue and one daemon thread exporting it over OTLP/HTTP.
 
@@ -84,7 +95,7 @@ class SpanExport:
             or an ``OTEL_EXPORTER_OTLP_*`` setting is invalid.
     """
 
-    def __init__(self, config: TraceConfig, sender: Any = None) -> None:
+    def __init__(self, config: TraceConfig, sender: OtlpSender | None = None) -> None:
         self._otlp = import_otel()
         self.config = config
         self._converter = self._otlp.SpanConverter(config.resource_attributes())

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pdserve.core import context
 from pdserve.core import tracing as core_tracing
@@ -131,7 +131,7 @@ def _setting(values: Mapping[str, Any], specified: Iterable[str]) -> TraceSettin
     )
 
 
-def parse_setting_update(changes: Mapping[str, Any]) -> dict[str, Any]:
+def parse_setting_update(changes: Mapping[str, object]) -> dict[str, object]:
     """Check a trace-setting update, as Triton's HTTP and gRPC handlers do.
 
     Args:
@@ -155,7 +155,7 @@ def parse_setting_update(changes: Mapping[str, Any]) -> dict[str, Any]:
             "trace file location can not be updated through network protocol",
             ErrorCode.UNSUPPORTED,
         )
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for name, raw in changes.items():
         if name not in FIELDS:
             raise InferError(
@@ -165,13 +165,14 @@ def parse_setting_update(changes: Mapping[str, Any]) -> dict[str, Any]:
         if raw is None or (isinstance(raw, list) and not raw):
             out[name] = None
             continue
-        values = raw if isinstance(raw, list) else [raw]
-        for v in values:
+        values: list[str] = []
+        for v in raw if isinstance(raw, list) else [raw]:
             if not isinstance(v, str):
                 raise InferError(
                     f"trace setting '{name}' must be a string or a list of strings "
                     f"(or null to clear it), got {v!r}"
                 )
+            values.append(v)
         if name == "trace_level":
             levels: set[str] = set()
             for v in values:
@@ -210,6 +211,14 @@ def parse_setting_update(changes: Mapping[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- manager
 
 
+class TraceExport(Protocol):
+    """Where finished traces go (:class:`SpanExport`, or a test's sink)."""
+
+    def submit(self, trace: Trace) -> None: ...
+
+    def stop(self, timeout: float = 5.0) -> None: ...
+
+
 class TraceManager:
     """Trace settings (global and per model), sampling, and the export of traces.
 
@@ -227,7 +236,7 @@ class TraceManager:
             but OpenTelemetry (``pdserve[tracing]``) cannot be imported.
     """
 
-    def __init__(self, config: TraceConfig, export: Any = None) -> None:
+    def __init__(self, config: TraceConfig, export: TraceExport | None = None) -> None:
         self.config = config
         defaults = {
             "trace_level": config.level,
@@ -261,7 +270,9 @@ class TraceManager:
         setting = self._models.get(model, self._global) if model else self._global
         return setting.as_json(self._extra())
 
-    def update_setting(self, model: str, changes: Mapping[str, Any]) -> dict[str, str | list[str]]:
+    def update_setting(
+        self, model: str, changes: Mapping[str, object]
+    ) -> dict[str, str | list[str]]:
         """Update the global settings (``model`` "") or a model's; return those in force.
 
         Triton's ``UpdateTraceSetting``: each field is the update's value, else the
@@ -301,7 +312,7 @@ class TraceManager:
         return self.get_setting(model)
 
     def _make(
-        self, current: TraceSetting | None, fallback: TraceSetting, new: Mapping[str, Any]
+        self, current: TraceSetting | None, fallback: TraceSetting, new: Mapping[str, object]
     ) -> TraceSetting | None:
         values: dict[str, Any] = {}
         specified: list[str] = []
@@ -359,7 +370,7 @@ class TraceManager:
         """Close the root span of a traced request (opened at ``request.arrival_ns``) and
         hand the trace to the export; never blocks or raises."""
         trace = ref.trace
-        attributes: dict[str, Any] = {"triton.model_name": request.model_name}
+        attributes: dict[str, object] = {"triton.model_name": request.model_name}
         if request.model_version:
             attributes["triton.model_version"] = request.model_version
         if request.id:
@@ -391,7 +402,7 @@ class TraceManager:
                 self._export = SpanExport(self.config)
 
     @property
-    def export(self) -> Any:
+    def export(self) -> TraceExport | None:
         """The export the traces go to (None until tracing was first turned on)."""
         return self._export
 

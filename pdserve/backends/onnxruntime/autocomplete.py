@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2
 
@@ -26,6 +26,9 @@ from pdserve.config import (
     quoted_names,
 )
 from pdserve.core.datatypes import ORT_TO_V2, V2_TO_CONFIG, WILDCARD_DIM, shape_str
+
+if TYPE_CHECKING:
+    import onnxruntime
 
 #: Triton's ``--backend-config=default-max-batch-size`` default: the
 #: ``max_batch_size`` auto-complete gives a model that can batch but whose
@@ -276,7 +279,7 @@ def _complete_io(
         )
 
 
-def session_tensors(args: Sequence[Any], where: str) -> list[TensorInfo]:
+def session_tensors(args: Sequence[onnxruntime.NodeArg], where: str) -> list[TensorInfo]:
     """An ONNX Runtime session's inputs or outputs (``NodeArg``) as :data:`TensorInfo`.
 
     A symbolic or unknown dimension becomes None.
@@ -293,7 +296,9 @@ def session_tensors(args: Sequence[Any], where: str) -> list[TensorInfo]:
     return out
 
 
-def complete_from_session(cfg: ModelConfig, session: Any, path: str | Path, where: str) -> None:
+def complete_from_session(
+    cfg: ModelConfig, session: onnxruntime.InferenceSession, path: str | Path, where: str
+) -> None:
     """Complete and check ``cfg`` against an ``onnxruntime.InferenceSession``'s graph.
 
     The model can batch when every input and output has a variable first

@@ -22,7 +22,8 @@ import logging
 import os
 import time
 from collections.abc import Collection
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -54,10 +55,15 @@ from pdserve.core.datatypes import to_bytes_object_array
 from pdserve.core.errors import InferError, internal
 from pdserve.core.tracing import mark_input_end, mark_output_start
 
+if TYPE_CHECKING:
+    import onnxruntime
+
 log = logging.getLogger("pdserve.onnxruntime")
 
 #: The ONNX Runtime execution provider that runs a session on a CUDA GPU.
 CUDA_PROVIDER = "CUDAExecutionProvider"
+#: An execution provider as ``InferenceSession`` takes it: its name, or (name, options).
+Provider = str | tuple[str, dict[str, int]]
 
 #: ``auto`` runs a session inline on the event loop while its average run is shorter.
 INLINE_RUN_MAX_S = 0.0002
@@ -70,13 +76,13 @@ INLINE_STICKY_RUNS = 2
 _LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
 
 
-def _ort() -> Any:
+def _ort() -> ModuleType:
     import onnxruntime
 
     return onnxruntime
 
 
-def session_options(config: ModelConfig) -> Any:
+def session_options(config: ModelConfig) -> onnxruntime.SessionOptions:
     """Build ``onnxruntime.SessionOptions`` from a model configuration.
 
     Raises:
@@ -207,7 +213,7 @@ class OnnxRuntimeBackend(Backend):
 
     def _instance_plans(
         self, spec: ModelSpec, available: list[str]
-    ) -> list[tuple[str, list[Any], frozenset[int] | None]]:
+    ) -> list[tuple[str, list[Provider], frozenset[int] | None]]:
         """(kind, execution providers, host policy cores or None) of each instance of
         ``instance_group``, in order.
 
@@ -216,7 +222,7 @@ class OnnxRuntimeBackend(Backend):
                 cannot see, or a kind onnxruntime does not run.
         """
         groups = list(spec.config.instance_group) or [None]
-        plans: list[tuple[str, list[Any], frozenset[int] | None]] = []
+        plans: list[tuple[str, list[Provider], frozenset[int] | None]] = []
         for group in groups:
             count = group.count if group is not None and group.count > 0 else 1
             kind_name = "KIND_CPU"
@@ -299,11 +305,11 @@ class OnnxRuntimeBackend(Backend):
             executors.append(executor)
 
             def make(
-                providers: list[Any] = providers,
-                so: Any = so,
+                providers: list[Provider] = providers,
+                so: onnxruntime.SessionOptions = so,
                 cores: frozenset[int] | None = cores,
                 name: str = f"{spec.name}_{i}",
-            ) -> Any:
+            ) -> onnxruntime.InferenceSession:
                 if cores:
                     _start_pinned_thread(name, cores)
                 return ort.InferenceSession(path, sess_options=so, providers=providers)
@@ -362,7 +368,7 @@ class OnnxRuntimeInstance(ModelInstance):
         self,
         name: str,
         kind: str,
-        session: Any,
+        session: onnxruntime.InferenceSession,
         spec: ModelSpec,
         cores: frozenset[int] | None = None,
         executor: concurrent.futures.ThreadPoolExecutor | None = None,

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -137,7 +137,7 @@ async def _run_bls_stream(conn: BlsHost, call: Bls) -> None:
             conn.send(BlsResult(call_id, None, error, True))
 
 
-def bls_token(parents: list[CancelToken | None], parameters: dict[str, Any]) -> CancelToken:
+def bls_token(parents: list[CancelToken | None], parameters: dict[str, object]) -> CancelToken:
     """The cancellation token of a BLS call made while a batch runs: cancelled once
     every request of that batch is (a batch of one: with its request; the same error),
     or when the call's own ``timeout`` parameter (µs) expires."""

@@ -18,7 +18,6 @@ import socket
 import time
 from collections.abc import Callable
 from multiprocessing.context import ForkServerProcess
-from typing import Any
 
 import numpy as np
 
@@ -41,6 +40,7 @@ from pdserve.backends.python.messages import (
     Respond,
     Result,
     Stop,
+    Wire,
     WorkerInit,
     encode_frame,
     from_wire,
@@ -138,7 +138,7 @@ class WorkerConnection:
 
     # -- receiving --------------------------------------------------------------
 
-    def _on_payloads(self, payloads: list[Any]) -> None:
+    def _on_payloads(self, payloads: list[Wire]) -> None:
         for payload in payloads:
             try:
                 self._dispatch(from_wire(payload))

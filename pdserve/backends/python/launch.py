@@ -12,7 +12,6 @@ import signal
 import socket
 import threading
 from multiprocessing.context import ForkServerContext, ForkServerProcess
-from typing import Any
 
 from pdserve.backends import host_policy
 from pdserve.backends.python.messages import WorkerInit
@@ -41,7 +40,7 @@ def _install_preparation_filter() -> None:
     if getattr(original, "_pdserve", False):
         return
 
-    def get_preparation_data(name: str) -> dict[str, Any]:
+    def get_preparation_data(name: str) -> dict[str, object]:
         data = original(name)
         if getattr(_launching, "active", False):
             data.pop("init_main_from_name", None)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypeVar
 
 from pdserve.shm.framing import FrameReader, encode_payload, send_payload
 from pdserve.shm.records import ArenaControl, Block, NewArena, TensorDesc
@@ -43,7 +43,7 @@ class Request(NamedTuple):
     #: The request's ``id`` ("" when the client gave none).
     id: str
     #: The request's ``parameters``.
-    parameters: dict[str, Any]
+    parameters: dict[str, object]
     #: Input tensors by name, in the sender's arenas; valid until the worker answers
     #: the batch (the server frees them then).
     inputs: dict[str, TensorDesc]
@@ -109,7 +109,7 @@ class AutoCompleteResult(NamedTuple):
 
     #: The configuration (Triton's JSON as a dict) after ``auto_complete_config``;
     #: None when it failed.
-    config: dict[str, Any] | None
+    config: dict[str, object] | None
     #: The exception, as ``"Type: message"``, or None.
     error: str | None
     #: What raised (or ran last): ``"import"`` (importing ``model.py``) or
@@ -156,7 +156,7 @@ class Bls(NamedTuple):
     #: The request's ``id``.
     request_id: str
     #: The request's ``parameters`` (``timeout`` included when set).
-    parameters: dict[str, Any]
+    parameters: dict[str, object]
     #: Input tensors by name, in the worker's arenas (released once read).
     inputs: dict[str, TensorDesc]
     #: Outputs asked for (empty: all).
@@ -259,17 +259,34 @@ class Frame(NamedTuple):
 # NamedTuple; they trust the field count, as the sender is this module.
 
 _new = tuple.__new__
+_R = TypeVar("_R", bound=tuple[object, ...])
+
+# The wire form of each record (what the *_to functions build, the *_from ones read).
+_WireDesc = tuple[object, ...]  # a TensorDesc's fields
+_WireDescs = dict[str, _WireDesc]
+_WireError = tuple[object, ...]  # an Error's fields
+_WireRequest = tuple[str, dict[str, object], _WireDescs, list[str], str]
+_WireExec = tuple[int, list[_WireRequest]]
+_WireResult = tuple[
+    int, list[_WireDescs | _WireError] | None, _WireError | None, tuple[int, int] | None
+]
+_WireBls = tuple[int, str, str, str, dict[str, object], _WireDescs, list[str], str, bool]
+_WireBlsResult = tuple[int, _WireDescs | None, _WireError | None, bool]
+_WireRespond = tuple[int, int, _WireDescs | tuple[str, _WireError] | None, bool]
+_WireControl = tuple[list[tuple[int, ...]], list[tuple[int, ...]]]
+#: A frame: (tag, the message's wire form, the arena control's or None).
+Wire = tuple[int, tuple[object, ...], _WireControl | None]
 
 
-def _exec_to(m: Exec) -> tuple[Any, ...]:
-    requests = []
+def _exec_to(m: Exec) -> _WireExec:
+    requests: list[_WireRequest] = []
     for r in m.requests:
-        inputs = {name: tuple(desc) for name, desc in r.inputs.items()}
+        inputs: _WireDescs = {name: tuple(desc) for name, desc in r.inputs.items()}
         requests.append((r.id, r.parameters, inputs, r.output_names, r.trace))
     return (m.batch_id, requests)
 
 
-def _exec_from(f: tuple[Any, ...]) -> Exec:
+def _exec_from(f: _WireExec) -> Exec:
     requests = []
     for r in f[1]:
         inputs = {name: _new(TensorDesc, desc) for name, desc in r[2].items()}
@@ -277,8 +294,8 @@ def _exec_from(f: tuple[Any, ...]) -> Exec:
     return _new(Exec, (f[0], requests))
 
 
-def _result_to(m: Result) -> tuple[Any, ...]:
-    responses: list[Any] | None = None
+def _result_to(m: Result) -> _WireResult:
+    responses: list[_WireDescs | _WireError] | None = None
     if m.responses is not None:
         responses = []
         for r in m.responses:  # outputs: a dict; an error: a tuple
@@ -289,7 +306,7 @@ def _result_to(m: Result) -> tuple[Any, ...]:
     return (m.batch_id, responses, None if m.error is None else tuple(m.error), m.exec_ns)
 
 
-def _result_from(f: tuple[Any, ...]) -> Result:
+def _result_from(f: _WireResult) -> Result:
     responses: list[dict[str, TensorDesc] | Error] | None = None
     if f[1] is not None:
         responses = []
@@ -301,8 +318,8 @@ def _result_from(f: tuple[Any, ...]) -> Result:
     return _new(Result, (f[0], responses, None if f[2] is None else _new(Error, f[2]), f[3]))
 
 
-def _bls_to(m: Bls) -> tuple[Any, ...]:
-    inputs = {name: tuple(desc) for name, desc in m.inputs.items()}
+def _bls_to(m: Bls) -> _WireBls:
+    inputs: _WireDescs = {name: tuple(desc) for name, desc in m.inputs.items()}
     return (
         m.call_id,
         m.model_name,
@@ -316,19 +333,19 @@ def _bls_to(m: Bls) -> tuple[Any, ...]:
     )
 
 
-def _bls_from(f: tuple[Any, ...]) -> Bls:
+def _bls_from(f: _WireBls) -> Bls:
     inputs = {name: _new(TensorDesc, desc) for name, desc in f[5].items()}
     return _new(Bls, (f[0], f[1], f[2], f[3], f[4], inputs, f[6], f[7], f[8]))
 
 
-def _bls_result_to(m: BlsResult) -> tuple[Any, ...]:
-    outputs = None
+def _bls_result_to(m: BlsResult) -> _WireBlsResult:
+    outputs: _WireDescs | None = None
     if m.outputs is not None:
         outputs = {name: tuple(desc) for name, desc in m.outputs.items()}
     return (m.call_id, outputs, None if m.error is None else tuple(m.error), m.final)
 
 
-def _bls_result_from(f: tuple[Any, ...]) -> BlsResult:
+def _bls_result_from(f: _WireBlsResult) -> BlsResult:
     outputs = None
     if f[1] is not None:
         outputs = {name: _new(TensorDesc, desc) for name, desc in f[1].items()}
@@ -336,32 +353,37 @@ def _bls_result_from(f: tuple[Any, ...]) -> BlsResult:
     return _new(BlsResult, (f[0], outputs, error, f[3]))
 
 
-def _respond_to(m: Respond) -> tuple[Any, ...]:
+def _respond_to(m: Respond) -> _WireRespond:
     out = m.outputs
     if type(out) is dict:
-        wire: Any = {name: tuple(desc) for name, desc in out.items()}
+        wire: _WireDescs | tuple[str, _WireError] | None = {
+            name: tuple(desc) for name, desc in out.items()
+        }
     else:
         wire = None if out is None else ("error", tuple(out))
     return (m.batch_id, m.slot, wire, m.final)
 
 
-def _respond_from(f: tuple[Any, ...]) -> Respond:
+def _respond_from(f: _WireRespond) -> Respond:
     wire = f[2]
     out: dict[str, TensorDesc] | Error | None = None
-    if type(wire) is dict:
+    if isinstance(wire, dict):
         out = {name: _new(TensorDesc, desc) for name, desc in wire.items()}
     elif wire is not None:
         out = _new(Error, wire[1])
     return _new(Respond, (f[0], f[1], out, f[3]))
 
 
-def _flat(cls: type[Any]) -> tuple[Callable[[Any], tuple[Any, ...]], Callable[[Any], Any]]:
+def _flat(
+    cls: type[_R],
+) -> tuple[Callable[[_R], tuple[object, ...]], Callable[[tuple[object, ...]], _R]]:
     """Codec of a record without nested records: its own tuple."""
     return tuple, lambda f: _new(cls, f)
 
 
-#: (record class, to wire, from wire); a kind's tag is its index.
-_KINDS: list[tuple[type[Any], Callable[[Any], tuple[Any, ...]], Callable[[Any], Any]]] = [
+#: (record class, to wire, from wire); a kind's tag is its index. Each codec takes its
+#: own record or wire form (hence ``...``: the table holds them all).
+_KINDS: list[tuple[type[Message], Callable[..., tuple[object, ...]], Callable[..., Message]]] = [
     (Exec, _exec_to, _exec_from),
     (Result, _result_to, _result_from),
     (Bls, _bls_to, _bls_from),
@@ -374,12 +396,12 @@ _KINDS: list[tuple[type[Any], Callable[[Any], tuple[Any, ...]], Callable[[Any], 
     (Respond, _respond_to, _respond_from),
     (CancelStream, *_flat(CancelStream)),
 ]
-_TAG: dict[type[Any], int] = {cls: tag for tag, (cls, _, _) in enumerate(_KINDS)}
+_TAG: dict[type[Message], int] = {cls: tag for tag, (cls, _, _) in enumerate(_KINDS)}
 _TO = [to for _, to, _ in _KINDS]
 _FROM = [frm for _, _, frm in _KINDS]
 
 
-def to_wire(message: Message, control: ArenaControl | None) -> tuple[Any, ...]:
+def to_wire(message: Message, control: ArenaControl | None) -> Wire:
     """The plain-tuple form of a frame's content (what is pickled).
 
     Raises:
@@ -392,7 +414,7 @@ def to_wire(message: Message, control: ArenaControl | None) -> tuple[Any, ...]:
     return (tag, _TO[tag](message), (new_arenas, [tuple(b) for b in control.releases]))
 
 
-def from_wire(wire: tuple[Any, ...]) -> Frame:
+def from_wire(wire: Wire) -> Frame:
     """Inverse of :func:`to_wire`.
 
     Raises:

@@ -20,11 +20,12 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
+import numpy.typing as npt
 
 # ModelConfig is part of this module's public API (pb_utils.ModelConfig).
 from pdserve.backends.python.model_config import ModelConfig as ModelConfig
@@ -116,7 +117,7 @@ def triton_to_numpy_type(data_type: int) -> type | None:
     return _TRITON_TO_NUMPY.get(data_type)
 
 
-def numpy_to_triton_type(data_type: Any) -> int | None:
+def numpy_to_triton_type(data_type: npt.DTypeLike) -> int | None:
     """``TRITONSERVER_DataType`` value of a numpy type (``bytes_``/``object_`` -> 13)."""
     try:
         dt = np.dtype(data_type)
@@ -179,7 +180,9 @@ class Tensor:
 
     __slots__ = ("_name", "_array", "_triton_dtype")
 
-    def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
+    def __init__(
+        self, name: str, numpy_array: npt.ArrayLike, triton_dtype: int | None = None
+    ) -> None:
         if not isinstance(numpy_array, np.ndarray):
             numpy_array = np.asarray(numpy_array)
         if numpy_array.dtype.type == np.str_ or numpy_array.dtype.kind == "V":
@@ -223,11 +226,11 @@ class Tensor:
         """Always True: pdserve's python tensors live in CPU memory."""
         return True
 
-    def to_dlpack(self) -> Any:
+    def to_dlpack(self) -> object:
         """A DLPack capsule of the data (not for BYTES)."""
         return self._array.__dlpack__()
 
-    def __dlpack__(self, stream: Any = None) -> Any:
+    def __dlpack__(self, stream: object = None) -> object:
         return self._array.__dlpack__()
 
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -255,7 +258,7 @@ class Tensor:
 #: Set by the worker: ``submit(request) -> concurrent.futures.Future[InferenceResponse]``.
 _bls_submit: Callable[[InferenceRequest], Future[InferenceResponse]] | None = None
 #: Set by the worker: ``wait(future)`` blocks until it resolves (reading the channel).
-_bls_wait: Callable[[Future[Any]], None] | None = None
+_bls_wait: Callable[[Future[InferenceResponse]], None] | None = None
 #: Set by the worker: ``stream(request)`` -> iterator of every response (``exec(decoupled=True)``).
 _bls_stream: Callable[[InferenceRequest], Iterator[InferenceResponse]] | None = None
 
@@ -359,9 +362,9 @@ class InferenceRequest:
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
-        preferred_memory: Any = None,
-        trace: Any = None,
-        parameters: dict[str, Any] | str | None = None,
+        preferred_memory: object = None,
+        trace: object = None,
+        parameters: Mapping[str, object] | str | None = None,
     ) -> None:
         self.model_name = model_name
         self._requested_output_names = list(requested_output_names or [])
@@ -423,7 +426,7 @@ class InferenceRequest:
 
     #: Set by the worker on the requests of ``execute``: polls the server's
     #: cancellations; None (a BLS request the model built): never cancelled.
-    _cancel_probe: Any = None
+    _cancel_probe: Callable[[], bool] | None = None
 
     def is_cancelled(self) -> bool:
         """Whether the request was cancelled (as Triton's): the client went away, its
@@ -451,7 +454,16 @@ class InferenceRequest:
             )
         return self._response_sender
 
-    def exec(self, decoupled: bool = False) -> Any:
+    @overload
+    def exec(self, decoupled: Literal[False] = False) -> InferenceResponse: ...
+
+    @overload
+    def exec(self, decoupled: Literal[True]) -> Iterator[InferenceResponse]: ...
+
+    @overload
+    def exec(self, decoupled: bool) -> InferenceResponse | Iterator[InferenceResponse]: ...
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
         """Run this request on ``model_name`` and wait for the response (BLS).
 
         Errors of the target model come back as a response with an error (check
@@ -522,7 +534,7 @@ class InferenceResponse:
         self,
         output_tensors: list[Tensor] | None = None,
         error: TritonError | None = None,
-        parameters: dict[str, Any] | str | None = None,
+        parameters: Mapping[str, object] | str | None = None,
     ) -> None:
         if output_tensors is None:
             output_tensors = []

@@ -32,10 +32,10 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -64,6 +64,7 @@ from pdserve.backends.python.messages import (
 from pdserve.shm import Block, TensorDesc
 
 log = logging.getLogger("pdserve.python_worker")
+_T = TypeVar("_T")
 
 
 def _format_exception(exc: BaseException) -> str:
@@ -494,7 +495,7 @@ class Worker:
             asyncio.set_event_loop(self.loop)
         return self.loop
 
-    def run_coroutine(self, coro: Any) -> Any:
+    def run_coroutine(self, coro: Awaitable[_T]) -> _T:
         """Run a coroutine of the model (``async def execute`` / ``initialize``).
 
         While it runs, the event loop reads the socket too, so that the futures
@@ -507,7 +508,7 @@ class Worker:
         finally:
             loop.remove_reader(self.sock.fileno())
 
-    def wait_bls(self, future: Future[Any]) -> None:
+    def wait_bls(self, future: Future[pb.InferenceResponse]) -> None:
         """Block until a BLS future resolves (``exec()``), reading the socket meanwhile."""
         self.wait_until(future.done)
 

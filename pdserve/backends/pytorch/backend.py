@@ -25,7 +25,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -57,6 +57,10 @@ from pdserve.backends.pytorch.options import (
 from pdserve.config import ModelConfig
 from pdserve.core import datatypes
 from pdserve.core.errors import InferError, internal
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 log = logging.getLogger("pdserve.pytorch")
 
@@ -179,8 +183,8 @@ def load_error(model: str, path: Path, error: BaseException) -> RuntimeError:
 class _Loaded:
     """A module ready to run, and how to call it."""
 
-    module: Any
-    device: Any
+    module: Any  # a torch.nn.Module; the instance drops it (None) on close
+    device: torch.device
     inputs: InputPlan
     scripted: bool
 
@@ -239,7 +243,7 @@ def _import_model_py(spec: ModelSpec, path: Path) -> type:
     return classes[0]
 
 
-def _place(device: str | None) -> Any:
+def _place(device: str | None) -> torch.device | None:
     torch = import_torch()
     return torch.device(device) if device is not None else None
 
@@ -486,7 +490,7 @@ class PyTorchInstance(ModelInstance):
 
     # -- on the instance's thread -------------------------------------------------
 
-    def _to_device(self, name: str, array: np.ndarray) -> Any:
+    def _to_device(self, name: str, array: np.ndarray) -> torch.Tensor:
         torch = import_torch()
         if not array.flags.writeable or not array.flags.c_contiguous:
             array = np.ascontiguousarray(array).copy()  # torch.from_numpy wants writable
@@ -501,9 +505,9 @@ class PyTorchInstance(ModelInstance):
             return pinned.to(self.device, non_blocking=True)
         return host.to(self.device)
 
-    def _to_host(self, tensors: dict[str, Any]) -> dict[str, np.ndarray]:
+    def _to_host(self, tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         torch = import_torch()
-        out: dict[str, Any] = {}
+        out: dict[str, Tensor] = {}
         for name, t in tensors.items():
             t = t.detach()
             if t.device.type == "cpu":
@@ -540,7 +544,7 @@ class PyTorchInstance(ModelInstance):
             else:
                 result = self.module(*(tensors[n] for n in self._plan.order))
             items = list(result) if isinstance(result, list | tuple) else [result]
-            picked: dict[str, Any] = {}
+            picked: dict[str, Tensor] = {}
             for n in wanted:
                 index = self._outputs[n]
                 if index >= len(items) or not isinstance(items[index], torch.Tensor):

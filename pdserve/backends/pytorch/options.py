@@ -19,7 +19,7 @@ import sys
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
 
 from pdserve import config as cfgmod
 from pdserve.config import ModelConfig
@@ -34,7 +34,7 @@ JIT_SWITCHES: dict[str, str] = {
 }
 
 
-def import_torch() -> Any:
+def import_torch() -> ModuleType:
     """``torch``, imported with ``OMP_WAIT_POLICY=PASSIVE`` by default and its
     TorchScript deprecation warnings filtered."""
     if "torch" not in sys.modules:

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,7 +35,13 @@ from pdserve.backends.base import (
     split_batch,
     wanted_outputs,
 )
-from pdserve.backends.remote.client import Endpoint, RemoteClient, RemoteError, make_client
+from pdserve.backends.remote.client import (
+    Endpoint,
+    ModelMetadata,
+    RemoteClient,
+    RemoteError,
+    make_client,
+)
 from pdserve.backends.remote.stats import TargetStats, stats_for
 from pdserve.core.datatypes import CONFIG_TO_V2, V2_TO_CONFIG
 from pdserve.core.errors import InferError, unavailable
@@ -184,12 +190,12 @@ def parse_params(cfg: model_config_pb2.ModelConfig, where: str) -> RemoteParams:
 # --------------------------------------------------------------------------- config check
 
 
-def _dims(io: Any) -> list[int]:
+def _dims(io: model_config_pb2.ModelInput | model_config_pb2.ModelOutput) -> list[int]:
     return [int(d) for d in io.dims]
 
 
 def config_from_metadata(
-    meta: dict[str, Any], local: model_config_pb2.ModelConfig
+    meta: ModelMetadata, local: model_config_pb2.ModelConfig
 ) -> model_config_pb2.ModelConfig:
     """A configuration built from V2 model metadata (targets without Triton's config
     endpoint). Metadata has no ``max_batch_size``: the local one is taken, and when
@@ -198,8 +204,11 @@ def config_from_metadata(
 
     cfg = mc.ModelConfig(name=str(meta.get("name", "")), max_batch_size=local.max_batch_size)
     skip = 1 if local.max_batch_size > 0 else 0
-    for kind, target in (("inputs", cfg.input), ("outputs", cfg.output)):
-        for t in meta.get(kind, []):
+    for tensors, target in (
+        (meta.get("inputs", []), cfg.input),
+        (meta.get("outputs", []), cfg.output),
+    ):
+        for t in tensors:
             io = target.add()
             io.name = t["name"]
             io.data_type = mc.DataType.Value(V2_TO_CONFIG.get(t["datatype"], "TYPE_INVALID"))

@@ -18,8 +18,9 @@ from __future__ import annotations
 import abc
 import asyncio
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import orjson
@@ -28,7 +29,29 @@ from pdserve.core.datatypes import GRPC_CONTENTS_FIELD, V2_TO_NUMPY, array_from_
 from pdserve.core.errors import ErrorCode, InferError
 
 if TYPE_CHECKING:
-    from tritonclient.grpc import model_config_pb2
+    import aiohttp
+    import grpc
+    from google.protobuf.message import Message
+    from tritonclient.grpc import model_config_pb2, service_pb2
+
+
+class TensorMetadata(TypedDict):
+    """One tensor of V2 model metadata."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+class ModelMetadata(TypedDict, total=False):
+    """V2 model metadata (``GET /v2/models/<name>``, gRPC ``ModelMetadata``)."""
+
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
 
 #: Reconnect backoff of a gRPC channel whose target went away, ms: the channel tries
 #: again at most this long after a failure, so a target that comes back is used within
@@ -134,7 +157,7 @@ class RemoteClient(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def metadata(self, timeout_s: float) -> dict[str, Any]:
+    async def metadata(self, timeout_s: float) -> ModelMetadata:
         """The target's V2 model metadata ``{name, versions, platform, inputs, outputs}``
         (each tensor ``{name, datatype, shape}``).
 
@@ -233,7 +256,9 @@ class GrpcClient(RemoteClient):
         ]
         prefix = "/inference.GRPCInferenceService/"
 
-        def method(name: str, req: Any, resp: Any) -> list[Any]:
+        def method(
+            name: str, req: type[Message], resp: type[Message]
+        ) -> list[grpc.aio.UnaryUnaryMultiCallable]:
             return [
                 ch.unary_unary(
                     prefix + name,
@@ -249,7 +274,7 @@ class GrpcClient(RemoteClient):
         self._metadata = method("ModelMetadata", service_pb2.ModelMetadataRequest, service_pb2.ModelMetadataResponse)[0]  # fmt: skip
         self._next = itertools.cycle(range(len(self._channels)))
 
-    def _error(self, e: Any, what: str) -> RemoteError:
+    def _error(self, e: grpc.aio.AioRpcError, what: str) -> RemoteError:
         code = e.code()
         name = code.name if code is not None else "UNKNOWN"
         details = e.details() or name
@@ -296,7 +321,7 @@ class GrpcClient(RemoteClient):
             raise self._error(e, "ModelConfig") from None
         return resp.config
 
-    async def metadata(self, timeout_s: float) -> dict[str, Any]:
+    async def metadata(self, timeout_s: float) -> ModelMetadata:
         req = self._pb.ModelMetadataRequest(
             name=self.endpoint.model_name, version=self.endpoint.model_version
         )
@@ -305,7 +330,9 @@ class GrpcClient(RemoteClient):
         except self._grpc.aio.AioRpcError as e:
             raise self._error(e, "ModelMetadata") from None
 
-        def tensors(ts: Any) -> list[dict[str, Any]]:
+        def tensors(
+            ts: Iterable[service_pb2.ModelMetadataResponse.TensorMetadata],
+        ) -> list[TensorMetadata]:
             return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in ts]
 
         return {
@@ -355,7 +382,7 @@ class GrpcClient(RemoteClient):
         return _check_outputs(result, outputs, self.where)
 
     @staticmethod
-    def _typed(t: Any, shape: list[int]) -> np.ndarray:
+    def _typed(t: service_pb2.ModelInferResponse.InferOutputTensor, shape: list[int]) -> np.ndarray:
         field = GRPC_CONTENTS_FIELD.get(t.datatype)
         if field is None:
             raise InferError(
@@ -417,7 +444,7 @@ class HttpClient(RemoteClient):
         import aiohttp
 
         self._aiohttp = aiohttp
-        self._session: Any = None
+        self._session: aiohttp.ClientSession | None = None
         name = endpoint.model_name
         base = f"/v2/models/{name}"
         if endpoint.model_version:
@@ -425,7 +452,7 @@ class HttpClient(RemoteClient):
         self._base = base
         self._url = f"http://{endpoint.address}"
 
-    def _client(self) -> Any:
+    def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             aiohttp = self._aiohttp
             self._session = aiohttp.ClientSession(
@@ -437,7 +464,7 @@ class HttpClient(RemoteClient):
             )
         return self._session
 
-    def _timeout(self, timeout_s: float) -> Any:
+    def _timeout(self, timeout_s: float) -> aiohttp.ClientTimeout:
         return self._aiohttp.ClientTimeout(
             total=timeout_s, sock_connect=self.endpoint.connect_timeout_s
         )
@@ -501,11 +528,11 @@ class HttpClient(RemoteClient):
             raise self._status_error(status, body, "config")
         return cfgmod.config_from_json(orjson.loads(body), f"{self.where}{self._base}/config")
 
-    async def metadata(self, timeout_s: float) -> dict[str, Any]:
+    async def metadata(self, timeout_s: float) -> ModelMetadata:
         status, body = await self._get(self._base, timeout_s, "metadata")
         if status != 200:
             raise self._status_error(status, body, "metadata")
-        meta: dict[str, Any] = orjson.loads(body)
+        meta: ModelMetadata = orjson.loads(body)
         return meta
 
     async def infer(
@@ -528,7 +555,7 @@ class HttpClient(RemoteClient):
                     "parameters": {"binary_data_size": len(data)},
                 }
             )
-        header: dict[str, Any] = {
+        header: dict[str, object] = {
             "inputs": header_inputs,
             "outputs": [{"name": n, "parameters": {"binary_data": True}} for n in outputs],
         }
