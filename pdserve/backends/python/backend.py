@@ -10,8 +10,8 @@ an instance whose host policy has cores is pinned to them.
 Errors: a response's ``pb_utils.TritonError`` fails that request with its code; an
 exception out of ``execute`` fails every request of the call; a worker that dies fails
 the requests it held with ``INTERNAL`` and is restarted (back-off up to
-:data:`MAX_RESTART_DELAY_S`); an output of the wrong datatype, or a requested output
-the model did not return, is ``INTERNAL`` naming the output.
+:data:`MAX_RESTART_DELAY_S`); a requested output the model did not return is
+``INTERNAL`` naming the output (datatypes and shapes: the scheduler's OutputCheck).
 """
 
 from __future__ import annotations
