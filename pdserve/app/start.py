@@ -59,6 +59,19 @@ def _log_listening(settings: Settings, sock: socket.socket | None, transport: st
     )
 
 
+def _listener_stopper(task: asyncio.Task[None], close: Stop) -> Stop:
+    """The stopper of an HTTP listener served by ``task``: ``close`` it while it still
+    serves, then give the task at most ``LISTENER_GRACE_SECS`` to end."""
+
+    async def stop() -> None:
+        if not task.done():
+            await close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, LISTENER_GRACE_SECS)
+
+    return stop
+
+
 async def start_http(
     settings: Settings,
     server: InferenceCore,
@@ -119,20 +132,17 @@ async def start_http(
         raise StartError("the HTTP listener stopped while starting")
     _log_listening(settings, sock, "asgi")
 
-    async def stop() -> None:
-        if not task.done():
-            servers = list(getattr(http, "servers", None) or [])
-            await listeners.drain_accept_queues(
-                [sock for srv in servers for sock in srv.sockets], ACCEPT_WAIT_SECS
-            )
-            for srv in servers:
-                srv.close()
-            await listeners.wait_http_settled(http, SETTLE_SECS)
+    async def close() -> None:
+        servers = list(getattr(http, "servers", None) or [])
+        await listeners.drain_accept_queues(
+            [sock for srv in servers for sock in srv.sockets], ACCEPT_WAIT_SECS
+        )
+        for srv in servers:
+            srv.close()
+        await listeners.wait_http_settled(http, SETTLE_SECS)
         http.should_exit = True
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, LISTENER_GRACE_SECS)
 
-    return task, stop
+    return task, _listener_stopper(task, close)
 
 
 async def start_native_http(
@@ -167,19 +177,16 @@ async def start_native_http(
     task = asyncio.create_task(http.wait_stopped(), name="pdserve-http")
     _log_listening(settings, sock, "native")
 
-    async def stop() -> None:
-        if not task.done():
-            await listeners.drain_accept_queues(http.sockets, ACCEPT_WAIT_SECS)
-            http.close_listeners()
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + SETTLE_SECS
-            while not http.settled() and loop.time() < deadline:
-                await asyncio.sleep(0.005)
-            await http.shutdown(LISTENER_GRACE_SECS)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, LISTENER_GRACE_SECS)
+    async def close() -> None:
+        await listeners.drain_accept_queues(http.sockets, ACCEPT_WAIT_SECS)
+        http.close_listeners()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SETTLE_SECS
+        while not http.settled() and loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        await http.shutdown(LISTENER_GRACE_SECS)
 
-    return task, stop
+    return task, _listener_stopper(task, close)
 
 
 async def start_grpc(

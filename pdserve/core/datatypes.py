@@ -208,28 +208,20 @@ def deserialize_bytes_tensor(
     ):
         src = bytes(src)
     unpack = _LEN.unpack_from
+    if count is None:
+        count = _element_count(src, n)
     items: list[Any] = []
     append = items.append
     offset = 0
     try:
-        if count is None:
-            while offset < n:
-                (length,) = unpack(src, offset)
-                offset += 4
-                end = offset + length
-                if end > n:
-                    raise _element_past_end(length)
-                append(src[offset:end])
-                offset = end
-        else:
-            for _ in range(count):
-                (length,) = unpack(src, offset)
-                offset += 4
-                end = offset + length
-                if end > n:
-                    raise _element_past_end(length)
-                append(src[offset:end])
-                offset = end
+        for _ in range(count):
+            (length,) = unpack(src, offset)
+            offset += 4
+            end = offset + length
+            if end > n:
+                raise _element_past_end(length)
+            append(src[offset:end])
+            offset = end
     except struct.error:  # fewer than 4 bytes left for a length prefix
         if offset == n:
             raise InferError(
@@ -252,6 +244,17 @@ def deserialize_bytes_tensor(
     out = np.empty(len(items), dtype=object)
     out[:] = items
     return out
+
+
+def _element_count(src: bytes | memoryview, n: int) -> int:
+    """How many elements the ``n`` bytes of ``src`` hold when no shape says: a length
+    prefix cut short counts as one (parsing it then fails as truncated)."""
+    unpack = _LEN.unpack_from
+    count = offset = 0
+    while n - offset >= 4:
+        offset += 4 + unpack(src, offset)[0]
+        count += 1
+    return count + (offset < n)
 
 
 def _element_past_end(length: int) -> InferError:

@@ -56,7 +56,9 @@ BATCH_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 #: Prometheus exporter uses this to give every model version its :class:`ModelMetrics`.
 LISTENERS: list[Callable[[ModelStats], object]] = []
 
-_STAT_NAMES = (
+#: Duration counters of the statistics extension (``inference_stats``), as every
+#: KServe V2 server reports them.
+INFERENCE_DURATIONS = (
     "success",
     "fail",
     "queue",
@@ -65,8 +67,9 @@ _STAT_NAMES = (
     "compute_output",
     "cache_hit",
     "cache_miss",
-    "cancel",
 )
+
+_STAT_NAMES = (*INFERENCE_DURATIONS, "cancel")
 
 
 class Histogram:

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -118,16 +118,8 @@ def _portable(request: InferRequest) -> InferRequest:
     """``request`` without what cannot leave this process (the disconnect probe)."""
     if request.cancelled is None:
         return request
-    return InferRequest(
-        model_name=request.model_name,
-        model_version=request.model_version,
-        inputs=request.inputs,
-        outputs=request.outputs,
-        id=request.id,
-        parameters=request.parameters,
-        arrival_ns=request.arrival_ns,
-        route_key=request.route_key,
-        pinned_version=request.pinned_version,
+    return replace(
+        request, cancelled=None, traceparent=None, trace=None, shm_inputs=None, stream=None
     )
 
 

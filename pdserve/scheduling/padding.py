@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -30,6 +30,8 @@ PARAMETER = "padding"
 CLAUSES = ("inputs", "outputs", "pad_to", "bucket_pad")
 #: the field configuration errors name
 FIELD = f"parameters.{PARAMETER}"
+
+_IO = TypeVar("_IO", cfgmod.ModelInput, cfgmod.ModelOutput)
 
 
 class PaddingSyntaxError(ValueError):
@@ -447,14 +449,9 @@ def validate_padding(config: Any, fail: Callable[[str, str], None]) -> None:
     inputs = {i.name: i for i in config.input}
     outputs = {o.name: o for o in config.output}
     for p in policy.inputs:
-        io = inputs.get(p.name)
+        io = _padded_io("input", p.name, p.dim, inputs, fail)
         if io is None:
-            fail(
-                FIELD,
-                f"input '{p.name}' is not an input of the model ({cfgmod.quoted_names(inputs)})",
-            )
             continue
-        _check_dim(p.name, "input", list(io.dims), p.dim, fail)
         if io.allow_ragged_batch:
             fail(FIELD, f"input '{p.name}' is allow_ragged_batch: it is batched ragged, not padded")
         if io.HasField("reshape"):
@@ -467,19 +464,25 @@ def validate_padding(config: Any, fail: Callable[[str, str], None]) -> None:
         except ValueError as e:
             fail(FIELD, f"input '{p.name}': {e}")
     for c in policy.outputs:
-        out = outputs.get(c.name)
-        if out is None:
-            fail(
-                FIELD,
-                f"output '{c.name}' is not an output of the model ({cfgmod.quoted_names(outputs)})",
-            )
-            continue
-        _check_dim(c.name, "output", list(out.dims), c.dim, fail)
+        _padded_io("output", c.name, c.dim, outputs, fail)
     buckets = policy.buckets
     if any(b < 1 for b in buckets):
         fail(FIELD, f"pad_to: bucket lengths must be >= 1, got {list(buckets)}")
     elif any(b >= c for b, c in zip(buckets, buckets[1:], strict=False)):
         fail(FIELD, f"pad_to: bucket lengths must be strictly increasing, got {list(buckets)}")
+
+
+def _padded_io(
+    kind: str, name: str, dim: int, ios: dict[str, _IO], fail: Callable[[str, str], None]
+) -> _IO | None:
+    """The model's ``kind`` (input / output) ``name`` that the policy pads along ``dim``,
+    checked; None (failed) when the model has no such ``kind``."""
+    io = ios.get(name)
+    if io is None:
+        fail(FIELD, f"{kind} '{name}' is not an {kind} of the model ({cfgmod.quoted_names(ios)})")
+        return None
+    _check_dim(name, kind, list(io.dims), dim, fail)
+    return io
 
 
 def _check_dim(

@@ -22,7 +22,7 @@ from pdserve.app.analyze.report import (
 from pdserve.app.analyze.runner import run_analyze
 from pdserve.app.analyze.server import AnalyzeError, parse_cpus
 from pdserve.app.analyze.space import OFF, check_preferred_token
-from pdserve.app.perf.cli import parse_shapes
+from pdserve.app.perf.cli import add_window_flags, parse_shapes
 from pdserve.app.subcommands import (
     Subparsers,
     add_subcommand,
@@ -283,17 +283,11 @@ def _add_load_flags(p: argparse.ArgumentParser) -> None:
         help="as pdserve perf (an image model needs real images: a JSON file)",
     )
     g.add_argument("--shape", action="append", default=[], metavar="NAME:D1,D2")
-    g.add_argument(
-        "-p",
-        "--measurement-interval",
-        dest="measurement_interval",
-        type=int,
-        default=1000,
-        metavar="MS",
-        help="perf window (default 1000 ms)",
+    add_window_flags(
+        g,
+        (1000, 15.0, 6),
+        ("perf window (default 1000 ms)", "(default 15)", "windows per level (6)"),
     )
-    g.add_argument("-s", "--stability-percentage", type=float, default=15.0, help="(default 15)")
-    g.add_argument("-r", "--max-trials", type=int, default=6, help="windows per level (6)")
     g.add_argument("--perf-workers", type=int, default=0, help="perf load processes (0: auto)")
     g.add_argument(
         "--bisect-steps",

@@ -173,30 +173,14 @@ def _add_input_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_measurement_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("measurement")
-    g.add_argument(
-        "-p",
-        "--measurement-interval",
-        dest="measurement_interval",
-        type=int,
-        default=5000,
-        metavar="MS",
-        help="window length in milliseconds (default 5000)",
-    )
-    g.add_argument(
-        "-s",
-        "--stability-percentage",
-        dest="stability_percentage",
-        type=float,
-        default=10.0,
-        help="how far (%%) the last 3 windows may differ (default 10)",
-    )
-    g.add_argument(
-        "-r",
-        "--max-trials",
-        dest="max_trials",
-        type=int,
-        default=10,
-        help="most windows per level (default 10)",
+    add_window_flags(
+        g,
+        (5000, 10.0, 10),
+        (
+            "window length in milliseconds (default 5000)",
+            "how far (%%) the last 3 windows may differ (default 10)",
+            "most windows per level (default 10)",
+        ),
     )
     g.add_argument(
         "--percentile",
@@ -239,6 +223,33 @@ def _add_measurement_flags(p: argparse.ArgumentParser) -> None:
         default="raw",
         help="gRPC load client: raw HTTP/2 frames (default, lean) or grpcio's grpc.aio",
     )
+
+
+def add_window_flags(
+    g: argparse._ArgumentGroup, defaults: tuple[int, float, int], helps: tuple[str, str, str]
+) -> None:
+    """``-p`` / ``-s`` / ``-r``: the measurement window (length in ms, stability
+    percentage, most windows per level), with these defaults and help texts;
+    ``pdserve analyze`` passes them on to perf."""
+    interval, stability, trials = defaults
+    g.add_argument(
+        "-p",
+        "--measurement-interval",
+        dest="measurement_interval",
+        type=int,
+        default=interval,
+        metavar="MS",
+        help=helps[0],
+    )
+    g.add_argument(
+        "-s",
+        "--stability-percentage",
+        dest="stability_percentage",
+        type=float,
+        default=stability,
+        help=helps[1],
+    )
+    g.add_argument("-r", "--max-trials", dest="max_trials", type=int, default=trials, help=helps[2])
 
 
 def _add_output_flags(p: argparse.ArgumentParser) -> None:

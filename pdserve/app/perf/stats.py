@@ -22,6 +22,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 from pdserve.app.perf.options import PERCENTILES
+from pdserve.core.stats import INFERENCE_DURATIONS
 
 #: Windows that must agree before a level counts as stable (perf_analyzer's 3).
 STABILITY_WINDOW = 3
@@ -76,19 +77,6 @@ def is_stable(
     return max(tp) / min(tp) <= bound and max(lat) / min(lat) <= bound
 
 
-#: Duration counters of the statistics extension (``inference_stats``).
-DURATIONS = (
-    "success",
-    "fail",
-    "queue",
-    "compute_input",
-    "compute_infer",
-    "compute_output",
-    "cache_hit",
-    "cache_miss",
-)
-
-
 class RunInfo(TypedDict, total=False):
     """What a run measures, as :meth:`Progress.start` is told and the JSON report keeps it
     (empty before the run starts)."""
@@ -115,12 +103,12 @@ class ServerCounters:
     (``GET /v2/models/{m}/stats`` or gRPC ``ModelStatistics``), summed over the
     versions asked for; ``a - b`` is the activity between two readings.
 
-    ``counts[k]`` / ``ns[k]`` for each of :data:`DURATIONS`; ``inference_count`` is
+    ``counts[k]`` / ``ns[k]`` for each of :data:`INFERENCE_DURATIONS`; ``inference_count`` is
     batch rows inferred, ``execution_count`` model executions.
     """
 
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DURATIONS, 0))
-    ns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DURATIONS, 0))
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INFERENCE_DURATIONS, 0))
+    ns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INFERENCE_DURATIONS, 0))
     inference_count: int = 0
     execution_count: int = 0
 
@@ -141,7 +129,7 @@ class ServerCounters:
             out.inference_count += int(entry.get("inference_count", 0) or 0)
             out.execution_count += int(entry.get("execution_count", 0) or 0)
             stats = entry.get("inference_stats") or {}
-            for k in DURATIONS:
+            for k in INFERENCE_DURATIONS:
                 d = stats.get(k) or {}
                 out.counts[k] += int(d.get("count", 0) or 0)
                 out.ns[k] += int(d.get("ns", 0) or 0)
@@ -149,16 +137,16 @@ class ServerCounters:
 
     def __sub__(self, other: ServerCounters) -> ServerCounters:
         return ServerCounters(
-            {k: self.counts[k] - other.counts[k] for k in DURATIONS},
-            {k: self.ns[k] - other.ns[k] for k in DURATIONS},
+            {k: self.counts[k] - other.counts[k] for k in INFERENCE_DURATIONS},
+            {k: self.ns[k] - other.ns[k] for k in INFERENCE_DURATIONS},
             self.inference_count - other.inference_count,
             self.execution_count - other.execution_count,
         )
 
     def __add__(self, other: ServerCounters) -> ServerCounters:
         return ServerCounters(
-            {k: self.counts[k] + other.counts[k] for k in DURATIONS},
-            {k: self.ns[k] + other.ns[k] for k in DURATIONS},
+            {k: self.counts[k] + other.counts[k] for k in INFERENCE_DURATIONS},
+            {k: self.ns[k] + other.ns[k] for k in INFERENCE_DURATIONS},
             self.inference_count + other.inference_count,
             self.execution_count + other.execution_count,
         )

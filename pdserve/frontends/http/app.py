@@ -476,15 +476,7 @@ async def encode_json_off_loop(
     return dict(zip(large, texts, strict=True))
 
 
-def create_http_app(
-    server: InferenceCore,
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-    body_timeout: float | None = DEFAULT_BODY_TIMEOUT_SECS,
-    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
-    gate: TrafficGate | None = None,
-    shared_memory: SharedMemoryRegistry | None = None,
-) -> HttpApp:
-    """Build the V2 REST application for ``server`` (the arguments are
-    :class:`HttpApp`'s; defaults: 64 MiB body, 16 MiB JSON, 60 s body timeout). The
-    result is an ASGI 3 callable, and what :class:`~pdserve.frontends.http.native.NativeHttpServer` serves."""
-    return HttpApp(server, max_request_bytes, body_timeout, max_json_bytes, gate, shared_memory)
+#: Build the V2 REST application for a core (the arguments are :class:`HttpApp`'s;
+#: defaults: 64 MiB body, 16 MiB JSON, 60 s body timeout): an ASGI 3 callable, and what
+#: :class:`~pdserve.frontends.http.native.NativeHttpServer` serves.
+create_http_app = HttpApp
