@@ -2,9 +2,10 @@
 
 Frontends (HTTP, gRPC) turn the wire into :class:`~pdserve.core.types.InferRequest`
 and call :meth:`InferenceServer.infer`; they never touch models or backends.
-The server looks the model version up in the :class:`ModelManager`, checks the
-request against the configuration, submits it to that model's scheduler and
-records the request's statistics — once, here, for every protocol.
+The server looks the model version up (the manager, or traffic control for a request
+naming no version), checks the request against the configuration, submits it to that
+model's scheduler and records its success or failure, once for every protocol; the
+scheduler records executions and compute times (:mod:`pdserve.core.stats`).
 """
 
 from __future__ import annotations

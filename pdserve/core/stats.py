@@ -1,7 +1,7 @@
 """Per-model statistics in the shape of Triton's statistics extension.
 
-Recorded once, at the scheduler boundary, so HTTP and gRPC report the same
-numbers. The JSON form follows Triton's ``GET /v2/models/{m}/stats`` response
+Recorded once per request whatever the protocol (successes and failures by the server,
+executions and compute times by the scheduler), so HTTP and gRPC report the same numbers. The JSON form follows Triton's ``GET /v2/models/{m}/stats`` response
 (triton-inference-server/server docs/protocol/extension_statistics.md):
 ``inference_stats`` holds ``{count, ns}`` pairs for success, fail, queue,
 compute_input, compute_infer, compute_output, cache_hit, cache_miss and cancel

@@ -351,7 +351,8 @@ def _pinned_executor(name: str, cores: frozenset[int]) -> concurrent.futures.Thr
 
 
 class OnnxRuntimeInstance(ModelInstance):
-    """One ORT session running on its own thread.
+    """One ORT session, run on its own thread, or on the event loop while its runs are
+    shorter than :data:`INLINE_RUN_MAX_S` (``execution_thread`` ``auto``, the default).
 
     Args:
         cores: the host policy's cores, or None. With cores the session always

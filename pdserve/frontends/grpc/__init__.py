@@ -1,7 +1,8 @@
 """The KServe V2 gRPC frontend: ``inference.GRPCInferenceService`` (tritonclient's generated
 stubs, so ``tritonclient.grpc``, ``perf_analyzer -i grpc`` and KServe's V2 gRPC clients
 talk to it unchanged) on pdserve's own HTTP/2 transport (:mod:`.native`, the default)
-or on grpcio (:mod:`.sync_bridge`, ``grpc.aio``): ``--grpc-server``, :mod:`.server`.
+or on grpcio (threads through :mod:`.sync_bridge`, or ``grpc.aio``): ``--grpc-server``;
+:mod:`.server` picks and starts one.
 
 A thin adapter: wire messages <-> :class:`~pdserve.core.types.InferRequest` /
 :class:`~pdserve.core.types.InferResponse` (:mod:`.codec`), each RPC a call into the

@@ -2,9 +2,11 @@
 in, an :class:`~pdserve.frontends.http.answer.Answer` out, through one entry point
 (:meth:`HttpApp.handle`) that both transports call: the native one
 (:mod:`~pdserve.frontends.http.native`) and ASGI (:mod:`~pdserve.frontends.http.asgi`,
-under uvicorn; an ``HttpApp`` is itself the ASGI callable). Inference is routed here;
-the other routes are in :mod:`~pdserve.frontends.http.routes` and
-:mod:`~pdserve.frontends.http.generate`."""
+under uvicorn; an ``HttpApp`` is itself the ASGI callable). One exception: the native
+transport runs a small inference request's steps (:meth:`HttpApp.decode_inline`,
+:meth:`~HttpApp.run_decoded`, :meth:`~HttpApp.encode_inline`) from its own task, without
+``handle``'s routing (its route is cached). Inference is handled here; the other routes
+are in :mod:`~pdserve.frontends.http.routes` and :mod:`~pdserve.frontends.http.generate`."""
 
 from __future__ import annotations
 
