@@ -19,8 +19,8 @@ SCRIPT = ROOT / "benchmarks" / "request_path.py"
 # The goal is 10 files each and no re-entry cycle.
 HTTP_FILES_CEILING = 21
 GRPC_FILES_CEILING = 20
-HTTP_CYCLES_CEILING = 1
-GRPC_CYCLES_CEILING = 1
+HTTP_CYCLES_CEILING = 0
+GRPC_CYCLES_CEILING = 0
 
 ONNX_BACKEND = "backends/onnxruntime/"
 SERVER_CORE = "server.py"

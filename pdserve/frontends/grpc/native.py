@@ -500,19 +500,6 @@ class GrpcConnection(CallDispatch, asyncio.Protocol):
 
     # -- writing and closing -------------------------------------------------------------
 
-    def _maybe_idle(self) -> None:
-        if not self.calls:
-            self.idle_since = time.monotonic()
-            if self.draining:
-                self._flush()
-                self._close()
-                self.server.check_drained()
-
-    def _flush_soon(self) -> None:
-        if not self.flush_pending:
-            self.flush_pending = True
-            self.loop.call_soon(self._flush)
-
     def _flush(self) -> None:
         self.flush_pending = False
         out = self.out

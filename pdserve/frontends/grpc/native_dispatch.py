@@ -71,14 +71,30 @@ class CallDispatch:
     stream_window: int
     max_frame: int
     write_ready: asyncio.Event | None
+    idle_since: float
+    draining: bool
+    flush_pending: bool
 
     if TYPE_CHECKING:  # the connection's writing side
 
         def _flush(self) -> None: ...
 
-        def _flush_soon(self) -> None: ...
+        def _close(self) -> None: ...
 
-        def _maybe_idle(self) -> None: ...
+    def _flush_soon(self) -> None:
+        """Write the queued frames once this turn of the event loop is done."""
+        if not self.flush_pending:
+            self.flush_pending = True
+            self.loop.call_soon(self._flush)
+
+    def _maybe_idle(self) -> None:
+        """The last call ended: the connection is idle (and closes if it drains)."""
+        if not self.calls:
+            self.idle_since = time.monotonic()
+            if self.draining:
+                self._flush()
+                self._close()
+                self.server.check_drained()
 
     # -- requests ------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from pdserve.core.api import InferenceCore
@@ -186,7 +186,7 @@ class HttpApp:
             raise self.body.json_too_large(header_length)
         body = await exchange.read_body(head[0], head[1], header_length is None)
         encoded = await self.infer_body(
-            body, head, model, version, arrival_ns, exchange.cancel_token
+            body, head, model, version, arrival_ns, exchange.cancel_token()
         )
         return infer_answer(*encoded)
 
@@ -197,7 +197,7 @@ class HttpApp:
         model: str,
         version: str,
         arrival_ns: int,
-        cancel_token: Callable[[], CancelToken],
+        token: CancelToken,
     ) -> Encoded:
         """The transport-neutral body of an inference request: decode the (read and
         decompressed) ``body``, run it (with the shared-memory extension), encode the
@@ -209,8 +209,8 @@ class HttpApp:
             head: :func:`parse_infer_headers` of the request's headers.
             model / version: from the path (version "" for the policy's choice).
             arrival_ns: ``time.monotonic_ns()`` when the request arrived.
-            cancel_token: called once the body is decoded; returns the request's
-                :class:`~pdserve.core.cancel.CancelToken` (cancelled when the client goes).
+            token: the request's :class:`~pdserve.core.cancel.CancelToken` (cancelled
+                when the client goes), handed to the request once it is decoded.
 
         Returns:
             ``(parts, json_length, total)``: the response body's parts (bytes-like),
@@ -221,7 +221,7 @@ class HttpApp:
             InferError: bad request or failed inference (mapped with
                 :data:`~pdserve.frontends.http.status.HTTP_STATUS`).
         """
-        request = self.decode_inline(body, head, model, version, arrival_ns, cancel_token)
+        request = self.decode_inline(body, head, model, version, arrival_ns, token)
         if request is None:  # a large body: decoded off the loop
             header_length = head[2]
             json_size = len(body) if header_length is None else header_length
@@ -233,7 +233,7 @@ class HttpApp:
                 request = await off_loop(
                     decode_infer_request, body, header_length, model, version, arrival_ns
                 )
-            admit(request, "HTTP", cancel_token(), head[3], head[4], head[5])
+            admit(request, "HTTP", token, head[3], head[4], head[5])
         response = await self.run_decoded(request)
         encoded = self.encode_inline(response, request)
         if encoded is None:
@@ -250,7 +250,7 @@ class HttpApp:
         model: str,
         version: str,
         arrival_ns: int,
-        cancel_token: Callable[[], CancelToken],
+        token: CancelToken,
     ) -> InferRequest | None:
         """:meth:`infer_body`'s decoding of a body small enough to decode on the event
         loop (the request then has its token and log ids); None for a larger one.
@@ -263,7 +263,7 @@ class HttpApp:
         if json_size > PROCESS_JSON_BYTES or len(body) > OFFLOAD_BYTES:
             return None
         request = decode_infer_request(body, header_length, model, version, arrival_ns)
-        admit(request, "HTTP", cancel_token(), head[3], head[4], head[5])
+        admit(request, "HTTP", token, head[3], head[4], head[5])
         return request
 
     def run_decoded(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:

@@ -201,10 +201,11 @@ class Replies:
                 body = await app.body.finish(body, head[1], header_length is None)
             # app.infer_body's steps, run here for the common small request: the server's
             # coroutine is awaited by this task directly (one coroutine level fewer)
-            decoded = app.decode_inline(body, head, model, version, arrival_ns, self._new_token)
+            token = self._new_token()
+            decoded = app.decode_inline(body, head, model, version, arrival_ns, token)
             if decoded is None:
                 parts, json_length, total = await app.infer_body(
-                    body, head, model, version, arrival_ns, self._new_token
+                    body, head, model, version, arrival_ns, token
                 )
             else:
                 response = await app.run_decoded(decoded)
