@@ -40,6 +40,9 @@ on 127.0.0.1 pinned to core 0 (``taskset -c 0``, child processes included) and
     with ``--baseline ROOT``: ``pdserve serve`` (no front-end flag) run from another
     checkout (e.g. ``git archive BASE | tar -x -C ROOT``), to compare a change with
     its base in one run.
+``baseline_h2``
+    the ``--baseline`` checkout's gRPC port under h2load, as ``grpc_h2``: its ratios are
+    ``grpc_h2``'s against it.
 
 Each server is started, warmed (``--warmup`` s of wrk at the first concurrency),
 measured at every ``--concurrency`` point and stopped; servers are interleaved per
@@ -101,12 +104,14 @@ ALL_SERVERS = (
     "grpc",
     "grpc_h2",
     "baseline",
+    "baseline_h2",
 )
 
 #: Extra ``pdserve serve`` flags of each pdserve variant.
 PDSERVE_FLAGS: dict[str, list[str]] = {
     "pdserve": [],
     "baseline": [],
+    "baseline_h2": [],
     "asgi": ["--http-server", "asgi"],
     "native": ["--http-server", "native"],
     "workers2": ["--http-workers", "2"],
@@ -371,7 +376,7 @@ def start_server(args: argparse.Namespace, name: str, repo: Path) -> tuple[Proc,
     http, grpc, metrics = distinct_ports(3)
     core = f"{args.server_cpu},{args.client_cpu}" if name == "workers2" else args.server_cpu
     cmd = pdserve_command(repo, http, grpc, metrics, *PDSERVE_FLAGS[name], core=core)
-    cwd = Path(args.baseline) if name == "baseline" else ROOT
+    cwd = Path(args.baseline) if name.startswith("baseline") else ROOT
     proc = Proc(f"frontend_{name}", cmd, cwd=cwd, env={"PYTHONPATH": str(cwd)})
     base = f"http://127.0.0.1:{http}"
     try:
@@ -413,7 +418,7 @@ def run_server(
             if name in ("grpc", "triton_grpc"):
                 assert grpc is not None
                 r = grpc_point(args, proc, base, grpc, c, f"{c}_{rep}")
-            elif name in ("grpc_h2", "triton_h2"):
+            elif name in ("grpc_h2", "triton_h2", "baseline_h2"):
                 assert grpc is not None
                 r = h2load_point(args, proc, base, grpc, c, f"{c}_{rep}")
             else:
@@ -470,6 +475,20 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 2) if a and b else None
 
 
+#: The servers others are compared with (when they ran).
+REFS = ("triton", "asgi", "pdserve", "baseline", "baseline_h2")
+
+
+def _same_protocol(name: str, ref: str) -> bool:
+    """``baseline_h2`` is compared with the gRPC servers only, and ``baseline`` with
+    the HTTP ones only; the other references with every server."""
+    if ref == "baseline_h2":
+        return name in ("grpc_h2", "grpc")
+    if ref == "baseline":
+        return not name.endswith("_h2") and not name.startswith("grpc")
+    return True
+
+
 def summarise(results: dict[str, Any]) -> None:
     """Medians and ratios (vs triton, vs asgi; gRPC vs pdserve HTTP) into ``results``."""
     summary: dict[str, dict[int, dict[str, Any]]] = {}
@@ -484,8 +503,8 @@ def summarise(results: dict[str, Any]) -> None:
     http_ref = "native" if "native" in summary else "pdserve"
     for name, pts in summary.items():
         for c, m in pts.items():
-            for ref in ("triton", "asgi", "pdserve", "baseline"):
-                if ref in summary and ref != name:
+            for ref in REFS:
+                if ref in summary and ref != name and _same_protocol(name, ref):
                     other = summary[ref][c]
                     m[f"rps_vs_{ref}"] = ratio(m["rps"], other["rps"])
                     m[f"cpu_per_req_vs_{ref}"] = ratio(
@@ -501,7 +520,7 @@ def summarise(results: dict[str, Any]) -> None:
 def markdown(results: dict[str, Any]) -> str:
     """The summary table (medians, or best, of the rounds)."""
     s = results["summary"]
-    refs = [r for r in ("triton", "asgi", "pdserve", "baseline") if r in s]
+    refs = [r for r in REFS if r in s]
     lines = [
         f"{results['machine']['cpu']}, {results['date']}, load average "
         f"{results['load_before']} before, {results['load_after']} after; "
@@ -604,15 +623,17 @@ def main(argv: list[str] | None = None) -> int:
     bad = [s for s in args.servers if s not in ALL_SERVERS]
     if bad:
         p.error(f"unknown server(s) {bad}; choose from {ALL_SERVERS}")
-    if "baseline" in args.servers and not args.baseline:
-        p.error("server 'baseline' needs --baseline ROOT")
+    if {"baseline", "baseline_h2"} & set(args.servers) and not args.baseline:
+        p.error("servers 'baseline' and 'baseline_h2' need --baseline ROOT")
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
     if args.grpc_tool is None:
         has_pa = (Path(args.pa_venv) / "bin" / "perf_analyzer").exists()
         args.grpc_tool = "perf_analyzer" if has_pa else "pdserve"
     if shutil.which("wrk") is None or shutil.which("taskset") is None:
         raise SystemExit("wrk and taskset are needed (apt-get install wrk util-linux)")
-    if {"grpc_h2", "triton_h2"} & set(args.servers) and shutil.which("h2load") is None:
+    if {"grpc_h2", "triton_h2", "baseline_h2"} & set(args.servers) and shutil.which(
+        "h2load"
+    ) is None:
         raise SystemExit("servers grpc_h2 / triton_h2 need h2load (apt-get install nghttp2-client)")
     repo = build_repo()
     _, args.lua, args.pa_data = write_body()
