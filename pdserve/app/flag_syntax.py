@@ -25,6 +25,7 @@ GROUPS = (
     "model control",
     "response cache",
     "traffic control",
+    "TLS",
     "tracing",
 )
 
@@ -102,6 +103,28 @@ class TritonBoolAction(argparse.BooleanOptionalAction):
             setattr(namespace, self.dest, parse_bool(values))
         except argparse.ArgumentTypeError as e:
             parser.error(f"argument {option_string}: {e}")
+
+
+class MutualTlsAction(TritonBoolAction):
+    """``--grpc-use-ssl-mutual`` (and ``--http-use-ssl-mutual``): an on/off flag that,
+    given in its positive form with any value, also turns TLS on (the field named by
+    ``implies``), as tritonserver's parser does. A later ``--grpc-use-ssl=false`` turns
+    TLS off again (tritonserver reads its flags in order too)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        self.implies = kwargs.pop("implies")
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        if option_string is None or not option_string.startswith("--no-"):
+            setattr(namespace, self.implies, True)
 
 
 class ServeHelpFormatter(argparse.HelpFormatter):

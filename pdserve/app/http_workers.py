@@ -36,6 +36,7 @@ from pdserve.app.settings import Settings
 from pdserve.app.start import Stop, http_listen_error, start_http
 from pdserve.core.api import InferenceCore
 from pdserve.frontends.shared_memory import SharedMemoryRegistry
+from pdserve.frontends.tls import reload_all as reload_tls
 from pdserve.frontends.traffic.gate import TrafficGate
 from pdserve.frontends.workers import channel as ch
 from pdserve.frontends.workers.hub import FrontendHub, WorkerLink
@@ -368,7 +369,8 @@ async def start_http_workers(
     except RuntimeError as e:
         raise StartError(str(e)) from None
     logging.getLogger("pdserve").info(
-        "HTTP (KServe V2) listening on http://%s:%d (%d worker processes)",
+        "HTTP (KServe V2) listening on %s://%s:%d (%d worker processes)",
+        "https" if settings.http_use_ssl else "http",
         settings.host,
         workers.port,
         workers.count,
@@ -418,6 +420,8 @@ async def _serve_worker(fd: int) -> int:
     shm = ProxySharedMemory(client, core, shm_enabled)
     stop_event = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop_event.set)
+    if settings.http_use_ssl:  # changed files are also re-read at the next handshake
+        loop.add_signal_handler(signal.SIGHUP, reload_tls, "SIGHUP")
     listener = reuseport_listener(settings.host, settings.http_port)
 
     def draining() -> bool:

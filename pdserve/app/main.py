@@ -46,6 +46,7 @@ from pdserve.app.start import (
 from pdserve.backends.host_policy import HostPolicyError
 from pdserve.core.procmem import settle_gc
 from pdserve.frontends.shared_memory import SharedMemoryRegistry
+from pdserve.frontends.tls import reload_all as reload_tls
 from pdserve.frontends.traffic.gate import TrafficGate
 from pdserve.observability.tracing import TraceManager
 from pdserve.repository.remote_store import RemoteRepository
@@ -136,13 +137,15 @@ def import_features(settings: Settings) -> Features:
 class _Signals:
     """SIGTERM/SIGINT begin the shutdown (``stop_event``); a second one forces the
     exit through ``exit_deadline`` (only logged without one). SIGHUP reloads the auth
-    config, which is also watched for changes."""
+    config, which is also watched for changes, and the listeners' TLS files
+    (:func:`pdserve.frontends.tls.reload_all`); with neither, SIGHUP keeps its default."""
 
     def __init__(
         self,
         stop_event: asyncio.Event,
         exit_deadline: ExitDeadline | None,
         gate: TrafficGate | None,
+        tls: bool = False,
     ) -> None:
         self.stop_event = stop_event
         self.exit_deadline = exit_deadline
@@ -150,9 +153,17 @@ class _Signals:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._on_signal, sig)
         self.watcher: asyncio.Task[None] | None = None
-        if gate is not None and gate.config is not None:
-            self.loop.add_signal_handler(signal.SIGHUP, gate.reload, "SIGHUP")
-            self.watcher = asyncio.create_task(gate.watch(), name="pdserve-auth-reload")
+        self.gate = gate if gate is not None and gate.config is not None else None
+        self.hup = self.gate is not None or tls
+        if self.hup:
+            self.loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+        if self.gate is not None:
+            self.watcher = asyncio.create_task(self.gate.watch(), name="pdserve-auth-reload")
+
+    def _on_hup(self) -> None:
+        if self.gate is not None:
+            self.gate.reload("SIGHUP")
+        reload_tls("SIGHUP")
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if self.stop_event.is_set():
@@ -171,6 +182,7 @@ class _Signals:
             self.loop.remove_signal_handler(sig)
         if self.watcher is not None:
             self.watcher.cancel()
+        if self.hup:
             self.loop.remove_signal_handler(signal.SIGHUP)
 
 
@@ -314,7 +326,8 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
         log.error("%s", e)
         return 1
     stop_event = asyncio.Event()
-    signals = _Signals(stop_event, exit_deadline, gate)
+    tls = settings.grpc_tls or settings.http_tls or settings.metrics_tls
+    signals = _Signals(stop_event, exit_deadline, gate, tls is not None)
     serving = _Serving(settings, server, gate, stop_event)
     try:
         code = await serving.run(await serving.start(features, remote))

@@ -37,7 +37,14 @@ from pdserve.observability.logs import FORMATS as LOG_FORMATS
 from pdserve.repository.control import MODES
 from pdserve.repository.remote_store import is_remote_url
 
-from .flag_syntax import HostPolicyAction, flag, parse_bool, size_arg, switch
+from .flag_syntax import (
+    HostPolicyAction,
+    MutualTlsAction,
+    flag,
+    parse_bool,
+    size_arg,
+    switch,
+)
 
 #: ``--http-server`` choices: pdserve's native HTTP/1.1 transport, or the ASGI app on uvicorn.
 HTTP_SERVERS = ("native", "asgi")
@@ -533,6 +540,103 @@ class ServeFlags:
         "a model's config.pbtxt parameter circuit_breaker overrides it (off: none) "
         "(default: only models with that parameter)",
         metavar="SPEC",
+    )
+
+    # -- TLS (gRPC: tritonserver's flags; HTTP and metrics: pdserve's, of the same shape) --
+    grpc_use_ssl: bool = switch(
+        "--grpc-use-ssl",
+        False,
+        "TLS",
+        "serve gRPC over TLS with --grpc-server-cert and --grpc-server-key (ALPN h2); the "
+        "files are re-read on SIGHUP and when they change (default {default})",
+    )
+    grpc_use_ssl_mutual: bool = flag(
+        "--grpc-use-ssl-mutual",
+        False,
+        "TLS",
+        "mutual TLS for gRPC: a client must present a certificate signed by "
+        "--grpc-root-cert. As in tritonserver, giving it (any value) also sets "
+        "--grpc-use-ssl (default {default})",
+        action=MutualTlsAction,
+        implies="grpc_use_ssl",
+    )
+    grpc_server_cert: Path | None = flag(
+        "--grpc-server-cert",
+        None,
+        "TLS",
+        "PEM file of the gRPC server certificate (chain); ignored unless --grpc-use-ssl",
+        type=Path,
+        metavar="FILE",
+    )
+    grpc_server_key: Path | None = flag(
+        "--grpc-server-key",
+        None,
+        "TLS",
+        "PEM file of the gRPC server's private key; ignored unless --grpc-use-ssl",
+        type=Path,
+        metavar="FILE",
+    )
+    grpc_root_cert: Path | None = flag(
+        "--grpc-root-cert",
+        None,
+        "TLS",
+        "PEM file of the CA certificate(s) that sign client certificates; needed by "
+        "--grpc-use-ssl-mutual",
+        type=Path,
+        metavar="FILE",
+    )
+    http_use_ssl: bool = switch(
+        "--http-use-ssl",
+        False,
+        "TLS",
+        "serve HTTP over TLS (HTTPS, ALPN http/1.1) with --http-server-cert and "
+        "--http-server-key, on every HTTP transport and --http-workers process; the files "
+        "are re-read on SIGHUP and when they change (default {default})",
+    )
+    http_use_ssl_mutual: bool = flag(
+        "--http-use-ssl-mutual",
+        False,
+        "TLS",
+        "mutual TLS for HTTP: a client must present a certificate signed by "
+        "--http-root-cert; giving it (any value) also sets --http-use-ssl, as "
+        "--grpc-use-ssl-mutual does (default {default})",
+        action=MutualTlsAction,
+        implies="http_use_ssl",
+    )
+    http_server_cert: Path | None = flag(
+        "--http-server-cert",
+        None,
+        "TLS",
+        "PEM file of the HTTP server certificate (chain); ignored unless --http-use-ssl "
+        "or --metrics-use-ssl",
+        type=Path,
+        metavar="FILE",
+    )
+    http_server_key: Path | None = flag(
+        "--http-server-key",
+        None,
+        "TLS",
+        "PEM file of the HTTP server's private key; ignored unless --http-use-ssl or "
+        "--metrics-use-ssl",
+        type=Path,
+        metavar="FILE",
+    )
+    http_root_cert: Path | None = flag(
+        "--http-root-cert",
+        None,
+        "TLS",
+        "PEM file of the CA certificate(s) that sign HTTP client certificates; needed by "
+        "--http-use-ssl-mutual",
+        type=Path,
+        metavar="FILE",
+    )
+    metrics_use_ssl: bool = switch(
+        "--metrics-use-ssl",
+        False,
+        "TLS",
+        "serve /metrics over TLS with the HTTP listener's files (--http-server-cert, "
+        "--http-server-key; client certificates as --http-use-ssl-mutual says), "
+        "whether or not HTTP itself uses TLS (default {default}: plain HTTP, as Triton)",
     )
 
     # -- tracing ------------------------------------------------------------------------

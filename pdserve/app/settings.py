@@ -20,6 +20,7 @@ from pdserve.backends.host_policy import HostPolicyError, resolve_policy
 from pdserve.cache import RedisCacheOptions, parse_cache_config, parse_redis_cache_config
 from pdserve.frontends.grpc.engine import GRPC_SERVERS, GrpcKeepalive
 from pdserve.frontends.http.server import HttpLimits
+from pdserve.frontends.tls import ALPN_GRPC, ALPN_HTTP, TlsError, TlsFiles, load_context
 from pdserve.frontends.traffic.apis import RestrictedApiError, parse_restricted
 from pdserve.observability.trace_config import TraceConfig, TraceConfigError, parse_trace_config
 from pdserve.repository.control import EXPLICIT_MODES, MODES
@@ -109,6 +110,7 @@ class Settings(ServeFlags):
         except HostPolicyError as e:
             raise SettingsError("--host-policy", str(e)) from None
         self.validate_traffic()
+        self._validate_tls()
         self.tracing()
         self._validate_repository()
 
@@ -310,7 +312,77 @@ class Settings(ServeFlags):
                 "--auth-config", f"auth config file {self.auth_config} does not exist"
             )
 
+    def _validate_tls(self) -> None:
+        """Each TLS listener's files: given, readable PEM, a key that matches its
+        certificate, root certificates for mutual TLS (loaded once here, as at start)."""
+        for prefix, files, alpn in (
+            ("--grpc", self.grpc_tls, ALPN_GRPC),
+            ("--http", self.http_tls, ALPN_HTTP),
+            ("--http", self.metrics_tls, ALPN_HTTP),
+        ):
+            if files is None:
+                continue
+            try:
+                load_context(files, alpn)
+            except TlsError as e:
+                raise SettingsError(f"{prefix}-use-ssl", str(e)) from None
+
+    def _tls_files(self, prefix: str, mutual: bool, trigger: str) -> TlsFiles:
+        """The files of the ``prefix`` (``grpc`` / ``http``) TLS flags.
+
+        Raises:
+            SettingsError: the certificate or key is not given, or mutual TLS has no
+                root certificate.
+        """
+        cert = getattr(self, f"{prefix}_server_cert")
+        key = getattr(self, f"{prefix}_server_key")
+        root = getattr(self, f"{prefix}_root_cert")
+        for name, path in (("cert", cert), ("key", key)):
+            if path is None:
+                raise SettingsError(trigger, f"needs --{prefix}-server-{name} (a PEM file)")
+        if mutual and root is None:
+            raise SettingsError(
+                f"--{prefix}-use-ssl-mutual",
+                f"needs --{prefix}-root-cert (the CA certificate that signs client certificates)",
+            )
+        return TlsFiles(Path(cert), Path(key), root and Path(root), mutual, f"--{prefix}")
+
     # -- what the flags mean --------------------------------------------------------------
+
+    @property
+    def grpc_tls(self) -> TlsFiles | None:
+        """gRPC's TLS files (``--grpc-use-ssl`` family), None: plain gRPC (also when
+        gRPC is off).
+
+        Raises:
+            SettingsError: a file flag is missing (see :meth:`_tls_files`).
+        """
+        if not (self.allow_grpc and self.grpc_use_ssl):
+            return None
+        return self._tls_files("grpc", self.grpc_use_ssl_mutual, "--grpc-use-ssl")
+
+    @property
+    def http_tls(self) -> TlsFiles | None:
+        """HTTP's TLS files (``--http-use-ssl`` family), None: plain HTTP.
+
+        Raises:
+            SettingsError: a file flag is missing (see :meth:`_tls_files`).
+        """
+        if not self.http_use_ssl:
+            return None
+        return self._tls_files("http", self.http_use_ssl_mutual, "--http-use-ssl")
+
+    @property
+    def metrics_tls(self) -> TlsFiles | None:
+        """The metrics listener's TLS files (``--metrics-use-ssl``: HTTP's files), None:
+        plain HTTP (also when metrics are off).
+
+        Raises:
+            SettingsError: a file flag is missing (see :meth:`_tls_files`).
+        """
+        if not (self.allow_metrics and self.metrics_use_ssl):
+            return None
+        return self._tls_files("http", self.http_use_ssl_mutual, "--metrics-use-ssl")
 
     @property
     def http_limits(self) -> HttpLimits:

@@ -21,6 +21,7 @@ from pdserve.frontends.http.app import HttpApp, create_http_app
 from pdserve.frontends.http.native import NativeHttpServer
 from pdserve.frontends.http.server import serve_http
 from pdserve.frontends.shared_memory import SharedMemoryRegistry
+from pdserve.frontends.tls import ALPN_GRPC, ALPN_HTTP, ServerTls, TlsError, TlsFiles
 from pdserve.frontends.traffic.gate import TrafficGate
 from pdserve.observability.tracing import TraceManager
 from pdserve.repository.control import RepositoryPoller
@@ -46,13 +47,28 @@ def http_listen_error(settings: Settings, reason: object = None) -> StartError:
     return StartError(where if reason is None else f"{where}: {reason}")
 
 
+def listener_tls(files: TlsFiles | None, alpn: tuple[str, ...], name: str) -> ServerTls | None:
+    """The TLS of a listener whose files are ``files`` (None: plaintext, None back).
+
+    Raises:
+        StartError: the files cannot be used (changed since the flags were checked).
+    """
+    if files is None:
+        return None
+    try:
+        return ServerTls(files, alpn, name)
+    except TlsError as e:
+        raise StartError(f"{name} TLS: {e}") from None
+
+
 def _log_listening(settings: Settings, sock: socket.socket | None, transport: str) -> None:
     """Say that HTTP listens; a front-end worker (``sock`` given) says it at DEBUG, as
     the main process says it once, with its worker count
     (:func:`pdserve.app.http_workers.start_http_workers`)."""
     log.log(
         logging.INFO if sock is None else logging.DEBUG,
-        "HTTP (KServe V2) listening on http://%s:%d (%s transport)",
+        "HTTP (KServe V2) listening on %s://%s:%d (%s transport)",
+        "https" if settings.http_use_ssl else "http",
         settings.host,
         settings.http_port,
         transport,
@@ -106,8 +122,9 @@ async def start_http(
         gate=gate,
         shared_memory=shm,
     )
+    tls = listener_tls(settings.http_tls, ALPN_HTTP, "HTTP")
     if settings.http_server == "native":
-        return await start_native_http(settings, http_app, draining, sock)
+        return await start_native_http(settings, http_app, draining, sock, tls)
     app = listeners.close_connections_while(draining, http_app)
     http = serve_http(
         app,
@@ -116,6 +133,7 @@ async def start_http(
         limits=settings.http_limits,
         body_timeout=settings.http_body_timeout_secs,
         max_body=settings.max_request_bytes,
+        ssl=None if tls is None else tls.context,
     )
 
     async def run() -> None:
@@ -150,6 +168,7 @@ async def start_native_http(
     app: HttpApp,
     draining: Callable[[], bool],
     sock: socket.socket | None = None,
+    tls: ServerTls | None = None,
 ) -> tuple[asyncio.Task[None], Stop]:
     """Step 3 with ``--http-server native``: :class:`NativeHttpServer` serving ``app``.
 
@@ -169,6 +188,7 @@ async def start_native_http(
         limits=settings.http_limits,
         draining=draining,
         sock=sock,  # a front-end worker's SO_REUSEPORT listener (--http-workers)
+        ssl=None if tls is None else tls.context,
     )
     try:
         await http.start()
@@ -201,6 +221,7 @@ async def start_grpc(
     Raises:
         StartError: the address cannot be bound.
     """
+    tls = listener_tls(settings.grpc_tls, ALPN_GRPC, "gRPC")
     try:
         srv = await grpc_server.serve_grpc(
             server,
@@ -212,10 +233,16 @@ async def start_grpc(
             kind=settings.grpc_server,
             max_connections=settings.http_max_connections,
             keepalive=settings.grpc_keepalive,
+            tls=tls,
         )
     except RuntimeError as e:
         raise StartError(str(e)) from None
-    log.info("gRPC (KServe V2) listening on %s:%d", settings.host, settings.grpc_port)
+    log.info(
+        "gRPC (KServe V2) listening on %s:%d%s",
+        settings.host,
+        settings.grpc_port,
+        "" if tls is None else " (TLS, mutual)" if tls.files.mutual else " (TLS)",
+    )
 
     async def stop() -> None:
         # the native transport ends its connections itself (GOAWAY, calls in flight finish)
@@ -250,14 +277,20 @@ async def start_metrics(
     if gate is not None:
         exporter.sources.append(gate.samples)
     host, port = settings.host, settings.metrics_port
+    tls = listener_tls(settings.metrics_tls, ALPN_HTTP, "metrics")
     try:
         listener = await metrics_http.serve_metrics(
-            exporter.render, host, port, content_type=metrics.CONTENT_TYPE
+            exporter.render,
+            host,
+            port,
+            content_type=metrics.CONTENT_TYPE,
+            ssl=None if tls is None else tls.context,
         )
     except OSError as e:
         log.error("metrics not served: cannot listen on %s:%d (%s)", host, port, e)
         return None
-    log.info("metrics (Prometheus) at http://%s:%d/metrics", host, port)
+    scheme = "http" if tls is None else "https"
+    log.info("metrics (Prometheus) at %s://%s:%d/metrics", scheme, host, port)
 
     async def stop() -> None:
         listener.close()

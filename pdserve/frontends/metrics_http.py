@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from ssl import SSLContext
 
 log = logging.getLogger("pdserve.metrics")
 
@@ -61,7 +62,12 @@ async def _handle(
 
 
 async def serve_metrics(
-    render: Callable[[], bytes], host: str, port: int, *, content_type: str
+    render: Callable[[], bytes],
+    host: str,
+    port: int,
+    *,
+    content_type: str,
+    ssl: SSLContext | None = None,
 ) -> asyncio.Server:
     """Start the ``/metrics`` listener on the running loop.
 
@@ -70,6 +76,8 @@ async def serve_metrics(
         host / port: where to listen.
         content_type: the ``Content-Type`` of a 200 answer (Prometheus text format:
             :data:`pdserve.observability.metrics.CONTENT_TYPE`).
+        ssl: serve HTTPS with this server context
+            (:attr:`pdserve.frontends.tls.ServerTls.context`); None: plain HTTP.
 
     Returns:
         The listening ``asyncio.Server``; ``close()`` then ``await wait_closed()`` stops it.
@@ -77,4 +85,6 @@ async def serve_metrics(
     Raises:
         OSError: the port cannot be bound.
     """
-    return await asyncio.start_server(lambda r, w: _handle(render, content_type, r, w), host, port)
+    return await asyncio.start_server(
+        lambda r, w: _handle(render, content_type, r, w), host, port, ssl=ssl
+    )

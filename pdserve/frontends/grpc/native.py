@@ -19,6 +19,7 @@ import asyncio
 import logging
 import resource
 import time
+from ssl import SSLContext
 from typing import TYPE_CHECKING, cast
 
 import hpack
@@ -644,8 +645,11 @@ async def serve_native(
     max_connections: int = 0,
     idle_timeout: float = IDLE_TIMEOUT_SECS,
     keepalive: GrpcKeepalive | None = None,
+    ssl: SSLContext | None = None,
 ) -> NativeGrpcServer:
-    """Listen on ``host:port`` and serve ``handlers`` with the native transport.
+    """Listen on ``host:port`` and serve ``handlers`` with the native transport; over
+    TLS with ``ssl`` (a server context offering ALPN ``h2``:
+    :attr:`pdserve.frontends.tls.ServerTls.context`).
 
     Raises:
         RuntimeError: the address could not be bound.
@@ -655,7 +659,7 @@ async def serve_native(
     )
     try:
         srv.listener = await srv.loop.create_server(
-            srv.protocol, host, port, reuse_address=True, backlog=2048
+            srv.protocol, host, port, reuse_address=True, backlog=2048, ssl=ssl
         )
     except OSError as e:
         raise RuntimeError(f"could not listen for gRPC on {host}:{port}: {e}") from None

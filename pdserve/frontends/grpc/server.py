@@ -16,6 +16,7 @@ from pdserve.frontends.grpc.native import serve_native
 from pdserve.frontends.grpc.service import SERVICE_NAME, GrpcService, method_handlers
 from pdserve.frontends.grpc.sync_bridge import Bridge, SyncServer, bridge_handlers
 from pdserve.frontends.shared_memory import SharedMemoryRegistry
+from pdserve.frontends.tls import ServerTls
 from pdserve.frontends.traffic.gate import TrafficGate
 
 #: Most threads of the synchronous server's unary pool (each unary call in flight
@@ -38,10 +39,37 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _bind(srv: grpc.Server | grpc.aio.Server, address: str) -> None:
-    """Listen on ``address``; RuntimeError when it cannot."""
+def tls_credentials(tls: ServerTls) -> grpc.ServerCredentials:
+    """grpcio's credentials for ``tls``: Triton's (the certificate and key, the root
+    certificates, a verified client certificate required with mutual TLS), re-read for
+    a new connection's handshake whenever ``tls`` has loaded newer files."""
+
+    def configuration() -> grpc.ServerCertificateConfiguration:
+        key, chain, root = tls.pem
+        return grpc.ssl_server_certificate_configuration([(key, chain)], root)
+
+    served = [tls.generation]
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        # grpc core calls this before each handshake, on its own threads
+        tls.check()
+        if tls.generation == served[0]:
+            return None
+        served[0] = tls.generation
+        return configuration()
+
+    return grpc.dynamic_ssl_server_credentials(
+        configuration(), fetch, require_client_authentication=tls.files.mutual
+    )
+
+
+def _bind(srv: grpc.Server | grpc.aio.Server, address: str, tls: ServerTls | None = None) -> None:
+    """Listen on ``address`` (over TLS with ``tls``); RuntimeError when it cannot."""
     try:
-        bound = srv.add_insecure_port(address)
+        if tls is not None:
+            bound = srv.add_secure_port(address, tls_credentials(tls))
+        else:
+            bound = srv.add_insecure_port(address)
     except RuntimeError:
         raise RuntimeError(f"could not listen for gRPC on {address}: address in use?") from None
     if bound == 0:
@@ -59,6 +87,7 @@ async def serve_grpc(
     kind: str = "native",
     max_connections: int = 0,
     keepalive: GrpcKeepalive | None = None,
+    tls: ServerTls | None = None,
 ) -> GrpcServer:
     """Create and start the gRPC server for ``server`` in the running event loop.
 
@@ -80,6 +109,10 @@ async def serve_grpc(
         keepalive: keepalive PINGs and ping policing (Triton's ``--grpc-keepalive-*``
             flags): grpcio's channel options for ``threads``/``aio``, done by the
             transport for ``native``; None: grpc core's defaults.
+        tls: serve over TLS (Triton's ``--grpc-use-ssl`` family): the native transport
+            listens with ``tls.context`` (ALPN ``h2``), grpcio with
+            :func:`tls_credentials`; both take reloaded files for new connections.
+            None: plaintext (h2c).
 
     Returns:
         The started server; ``await srv.stop(grace)`` stops it, letting in-flight
@@ -112,6 +145,7 @@ async def serve_grpc(
             max_message_bytes,
             max_connections,
             keepalive=keepalive,
+            ssl=None if tls is None else tls.context,
         )
     if kind == "aio":
         srv = grpc.aio.server(options=options)
@@ -119,7 +153,7 @@ async def serve_grpc(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
         )
         srv.add_registered_method_handlers(SERVICE_NAME, handlers)
-        _bind(srv, address)
+        _bind(srv, address, tls)
         await srv.start()
         return srv
     pool = concurrent.futures.ThreadPoolExecutor(UNARY_THREADS, thread_name_prefix="pdserve-grpc")
@@ -136,7 +170,7 @@ async def serve_grpc(
     sync.add_registered_method_handlers(SERVICE_NAME, handlers)
     wrapped = SyncServer(sync, bridge, (pool, streams, readers))
     try:
-        _bind(sync, address)
+        _bind(sync, address, tls)
     except RuntimeError:
         wrapped.close()
         raise

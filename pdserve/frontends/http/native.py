@@ -21,6 +21,7 @@ import collections
 import socket
 import struct
 from collections.abc import Callable
+from ssl import SSLContext
 from typing import Any, cast
 
 import httptools
@@ -85,6 +86,9 @@ class NativeHttpServer:
             ``Connection: close``.
         backlog: the listen queue length.
         reuse_port: set ``SO_REUSEPORT`` (several processes on one port).
+        sock: a bound, listening socket to serve instead of binding ``host:port``.
+        ssl: serve HTTPS with this server context
+            (:attr:`pdserve.frontends.tls.ServerTls.context`); None: plain HTTP.
 
     Use: ``await server.start()``; ... ``await server.shutdown(grace)``.
     """
@@ -100,8 +104,10 @@ class NativeHttpServer:
         backlog: int = 2048,
         reuse_port: bool = False,
         sock: socket.socket | None = None,
+        ssl: SSLContext | None = None,
     ) -> None:
         self.app = app
+        self.ssl = ssl
         self.host = host
         self.port = port
         self.limits = limits or HttpLimits()
@@ -130,7 +136,9 @@ class NativeHttpServer:
         """Listen (raises ``OSError`` when the address cannot be bound)."""
         loop = self.loop = asyncio.get_running_loop()
         if self.sock is not None:
-            srv = await loop.create_server(self._connection, sock=self.sock, backlog=self.backlog)
+            srv = await loop.create_server(
+                self._connection, sock=self.sock, backlog=self.backlog, ssl=self.ssl
+            )
         else:
             srv = await loop.create_server(
                 self._connection,
@@ -138,6 +146,7 @@ class NativeHttpServer:
                 self.port,
                 backlog=self.backlog,
                 reuse_port=self.reuse_port or None,
+                ssl=self.ssl,
             )
         self.servers = [srv]
         if self.port == 0 and srv.sockets:

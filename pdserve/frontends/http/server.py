@@ -21,6 +21,7 @@ import resource
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from ssl import SSLContext
 from typing import Any, ClassVar
 
 import httptools
@@ -111,6 +112,7 @@ def serve_http(
     log_level: str = "warning",
     body_timeout: float | None = None,
     max_body: int = 0,
+    ssl: SSLContext | None = None,
     **uvicorn_options: Any,
 ) -> uvicorn.Server:
     """Build (not start) a uvicorn server for ``app`` on uvloop + httptools.
@@ -136,6 +138,9 @@ def serve_http(
         max_body: the app's largest request body (``--max-request-bytes``): a chunked
             body's chunk that declares a size past it is answered 413 at once, not
             awaited (see :mod:`~pdserve.frontends.http.chunks`). 0: not checked.
+        ssl: serve HTTPS with this server context
+            (:attr:`pdserve.frontends.tls.ServerTls.context`, handed to uvicorn as its
+            ``ssl_context_factory``); None: plain HTTP.
         **uvicorn_options: passed to ``uvicorn.Config`` (``backlog``,
             ``ssl_certfile``...).
 
@@ -167,6 +172,8 @@ def serve_http(
         # uvicorn arms this after each response; ours also covers new connections.
         "timeout_keep_alive": limits.idle_timeout or 1e9,
     }
+    if ssl is not None:
+        options["ssl_context_factory"] = lambda _config, _default: ssl
     options.update(uvicorn_options)
     app = gzip_responses(app)
     settle_gc()
