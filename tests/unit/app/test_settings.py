@@ -8,6 +8,7 @@ import resource
 from pathlib import Path
 
 import pytest
+import trustme
 
 from pdserve.app import cli
 from pdserve.app.flag_syntax import show_default
@@ -17,6 +18,7 @@ from pdserve.app.settings import (
     SettingsError,
 )
 from pdserve.frontends.http.server import HttpLimits
+from tests.tls_certs import CertFiles, issue
 
 #: Every ``serve`` flag (Triton's names where Triton has the flag).
 FLAGS = {
@@ -77,6 +79,18 @@ FLAGS = {
     "--rate-limit-fail-mode",
     "--circuit-breaker",
     "--trace-config",
+    # TLS
+    "--grpc-use-ssl",
+    "--grpc-use-ssl-mutual",
+    "--grpc-server-cert",
+    "--grpc-server-key",
+    "--grpc-root-cert",
+    "--http-use-ssl",
+    "--http-use-ssl-mutual",
+    "--http-server-cert",
+    "--http-server-key",
+    "--http-root-cert",
+    "--metrics-use-ssl",
 }
 
 
@@ -603,3 +617,85 @@ def test_grpc_keepalive_flags_are_tritons(tmp_path: Path) -> None:
     for flag, value in (("--grpc-keepalive-timeout", "0"), ("--grpc-http2-max-ping-strikes", "-1")):
         with pytest.raises(SettingsError, match=flag):
             parse(tmp_path, flag, value)
+
+
+# -- TLS ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pem(tmp_path: Path) -> CertFiles:
+    return issue(trustme.CA(), tmp_path / "certs")
+
+
+@pytest.mark.parametrize(
+    ("argv", "use_ssl", "mutual"),
+    [
+        ([], False, False),
+        (["--grpc-use-ssl=true"], True, False),
+        (["--grpc-use-ssl-mutual=1"], True, True),
+        # tritonserver: --grpc-use-ssl-mutual (any value) sets --grpc-use-ssl too ...
+        (["--grpc-use-ssl-mutual=false"], True, False),
+        # ... and the flags are read in order
+        (["--grpc-use-ssl-mutual=true", "--grpc-use-ssl=false"], False, True),
+        (["--no-grpc-use-ssl-mutual"], False, False),
+    ],
+)
+def test_grpc_tls_flags_are_tritons(
+    tmp_path: Path, pem: CertFiles, argv: list[str], use_ssl: bool, mutual: bool
+) -> None:
+    files = [f"--grpc-server-cert={pem.cert}", f"--grpc-server-key={pem.key}"]
+    s = parse(tmp_path, *files, f"--grpc-root-cert={pem.ca}", *argv)
+    assert (s.grpc_use_ssl, s.grpc_use_ssl_mutual) == (use_ssl, mutual)
+    tls = s.grpc_tls
+    assert (tls is not None) == use_ssl
+    if tls is not None:
+        assert (tls.cert, tls.key, tls.root, tls.mutual) == (pem.cert, pem.key, pem.ca, mutual)
+    assert parse(tmp_path, *files, "--no-allow-grpc", "--grpc-use-ssl").grpc_tls is None
+
+
+def test_http_and_metrics_tls_flags(tmp_path: Path, pem: CertFiles) -> None:
+    files = [f"--http-server-cert={pem.cert}", f"--http-server-key={pem.key}"]
+    s = parse(tmp_path, *files, f"--http-root-cert={pem.ca}", "--http-use-ssl-mutual")
+    assert s.http_use_ssl and s.http_tls is not None and s.http_tls.mutual
+    assert s.http_tls.flags == "--http" and s.metrics_tls is None and s.grpc_tls is None
+    s = parse(tmp_path, *files, "--metrics-use-ssl=true")
+    assert s.http_tls is None
+    assert s.metrics_tls is not None and not s.metrics_tls.mutual
+    # the files alone turn nothing on (tritonserver ignores them without --grpc-use-ssl)
+    assert parse(tmp_path, *files).http_tls is None
+
+
+def test_bad_tls_flags_exit_2_naming_the_flag(
+    tmp_path: Path, pem: CertFiles, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = ["--model-repository", str(tmp_path)]
+    err = serve_error(capsys, *repo, "--grpc-use-ssl", f"--grpc-server-key={pem.key}")
+    assert "argument --grpc-use-ssl: needs --grpc-server-cert (a PEM file)" in err
+    err = serve_error(capsys, *repo, "--http-use-ssl=on", f"--http-server-cert={pem.cert}")
+    assert "argument --http-use-ssl: needs --http-server-key (a PEM file)" in err
+    both = [f"--grpc-server-cert={pem.cert}", f"--grpc-server-key={pem.key}"]
+    err = serve_error(capsys, *repo, *both, "--grpc-use-ssl-mutual=true")
+    assert "argument --grpc-use-ssl-mutual: needs --grpc-root-cert" in err
+    missing = tmp_path / "gone.pem"
+    err = serve_error(capsys, *repo, "--grpc-use-ssl", f"--grpc-server-cert={missing}", both[1])
+    assert f"--grpc-server-cert {missing}: cannot read it" in err
+    other = issue(trustme.CA(), tmp_path / "other")
+    err = serve_error(
+        capsys,
+        *repo,
+        "--metrics-use-ssl",
+        f"--http-server-cert={pem.cert}",
+        f"--http-server-key={other.key}",
+    )
+    assert "argument --http-use-ssl: --http-server-key" in err and "does not match" in err
+    err = serve_error(capsys, *repo, "--grpc-use-ssl=maybe")
+    assert "argument --grpc-use-ssl: expected true or false, got 'maybe'" in err
+
+
+def test_help_lists_the_tls_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "TLS options:" in out
+    assert "--grpc-use-ssl-mutual [BOOL], --no-grpc-use-ssl-mutual\n" in out
+    assert "--grpc-server-cert FILE" in out and "--http-root-cert FILE" in out

@@ -1,13 +1,29 @@
-"""pdserve.frontends.http.server.gzip_responses: the ASGI path's response coding, the
-same as the native transport's (threshold, Vary, streams and HEAD untouched)."""
+"""pdserve.frontends.http.server: gzip_responses, the ASGI path's response coding, the
+same as the native transport's (threshold, Vary, streams and HEAD untouched); and
+HTTPS (``ssl=``) on uvicorn and on the native transport."""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import http.client
+import json
+import ssl
+import urllib.error
+import urllib.request
+from pathlib import Path
 from typing import Any
 
-from pdserve.frontends.http.server import gzip_responses
+import pytest
+import trustme
+import uvloop
+
+from pdserve.frontends.http.app import create_http_app
+from pdserve.frontends.http.native import NativeHttpServer
+from pdserve.frontends.http.server import gzip_responses, serve_http
+from pdserve.frontends.tls import ALPN_HTTP, ServerTls, TlsFiles
+from tests.tls_certs import client_context, issue, served_cert
+from tests.unit.frontends.http.test_codec import FakeServer
 
 
 def _serve(
@@ -74,3 +90,64 @@ def test_what_is_not_gzipped() -> None:
         {"type": "http.response.body", "body": body},
     ]
     assert _serve(stream, b"gzip") == stream
+
+
+# -- HTTPS on both transports -------------------------------------------------------------
+
+
+def _https(port: int, ctx: ssl.SSLContext, path: str, body: bytes | None = None) -> Any:
+    url = f"https://127.0.0.1:{port}{path}"
+    req = urllib.request.Request(url, data=body, method="POST" if body else "GET")
+    with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+        return r.status, json.loads(r.read() or b"null")
+
+
+@pytest.mark.parametrize("transport", ["native", "asgi"])
+def test_mutual_https_on_each_transport(tmp_path: Path, transport: str) -> None:
+    """Each HTTP transport serves HTTPS with ALPN http/1.1; under mutual TLS a client
+    without a certificate, or speaking plain HTTP, is refused and the next one served."""
+    files = issue(trustme.CA(), tmp_path / "certs")
+    tls = ServerTls(TlsFiles(files.cert, files.key, files.ca, True, "--http"), ALPN_HTTP, "HTTP")
+    app = create_http_app(FakeServer())
+    good = client_context(files.ca, files.client_cert, files.client_key)
+    body = json.dumps(
+        {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [2], "data": [1.5, -2.0]}]}
+    ).encode()
+
+    def clients(port: int) -> None:
+        assert _https(port, good, "/v2/health/live") == (200, None)
+        status, doc = _https(port, good, "/v2/models/echo/infer", body)
+        assert status == 200 and doc["outputs"][0]["data"] == [1.5, -2.0]
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+            _https(port, client_context(files.ca), "/v2/health/live")
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/live", timeout=5)
+        assert (
+            served_cert(
+                port, client_context(files.ca, files.client_cert, files.client_key, "http/1.1")
+            )[1]
+            == "http/1.1"
+        )
+        assert _https(port, good, "/v2/health/ready") == (200, None)
+
+    async def main() -> None:
+        if transport == "native":
+            native = NativeHttpServer(app, "127.0.0.1", 0, ssl=tls.context)
+            await native.start()
+            try:
+                await asyncio.to_thread(clients, native.port)
+            finally:
+                await native.shutdown(0.5)
+            return
+        server = serve_http(app, "127.0.0.1", 0, ssl=tls.context)
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        try:
+            await asyncio.to_thread(clients, port)
+        finally:
+            server.should_exit = True
+            await task
+
+    uvloop.run(asyncio.wait_for(main(), 60))
