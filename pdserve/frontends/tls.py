@@ -74,13 +74,16 @@ class TlsFiles:
         return (self.cert, self.key) if self.root is None else (self.cert, self.key, self.root)
 
 
-def _read(path: Path, flag: str) -> bytes:
+def _read(path: Path, flag: str, marker: bytes, what: str) -> bytes:
+    """The bytes of a PEM file that holds a ``marker`` block (``what``, for the error)."""
     try:
         data = path.read_bytes()
     except OSError as e:
         raise TlsError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
     if b"-----BEGIN " not in data:
         raise TlsError(f"{flag} {path}: not a PEM file")
+    if marker not in data:
+        raise TlsError(f"{flag} {path}: holds no {what}")
     return data
 
 
@@ -94,21 +97,25 @@ def load_context(files: TlsFiles, alpn: Sequence[str]) -> ssl.SSLContext:
             certificate, or the root certificates cannot be loaded.
     """
     p = files.flags
-    _read(files.cert, f"{p}-server-cert")
-    _read(files.key, f"{p}-server-key")
+    _read(files.cert, f"{p}-server-cert", b"CERTIFICATE-----", "PEM certificate")
+    _read(files.key, f"{p}-server-key", b"PRIVATE KEY-----", "PEM private key")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+
+    def encrypted() -> bytes:  # never prompt on a terminal for a passphrase
+        raise TlsError(f"{p}-server-key {files.key}: the key is encrypted; give it unencrypted")
+
     try:
-        ctx.load_cert_chain(files.cert, files.key)
+        ctx.load_cert_chain(files.cert, files.key, password=encrypted)
     except ssl.SSLError as e:
         what = "does not match" if "mismatch" in str(e).lower() else "cannot be used with"
         raise TlsError(
             f"{p}-server-key {files.key} {what} {p}-server-cert {files.cert} ({e.reason or e})"
         ) from None
     if files.root is not None:
-        pem = _read(files.root, f"{p}-root-cert").decode("ascii", "replace")
+        root = _read(files.root, f"{p}-root-cert", b"CERTIFICATE-----", "PEM certificate")
         try:
-            ctx.load_verify_locations(cadata=pem)
+            ctx.load_verify_locations(cadata=root.decode("ascii", "replace"))
         except ssl.SSLError as e:
             raise TlsError(f"{p}-root-cert {files.root}: {e.reason or e}") from None
     ctx.verify_mode = ssl.CERT_REQUIRED if files.mutual else ssl.CERT_NONE

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import trustme
 import uvloop
+from cryptography.hazmat.primitives import serialization
 
 from pdserve.frontends import tls as tls_module
 from pdserve.frontends.tls import (
@@ -56,9 +57,25 @@ def test_bad_files_are_refused_naming_the_flag(files: CertFiles, tmp_path: Path)
     junk.write_text("not a certificate\n")
     with pytest.raises(TlsError, match=r"--grpc-root-cert .*junk.pem: not a PEM file"):
         load_context(TlsFiles(files.cert, files.key, junk, mutual=True), ALPN_GRPC)
+    with pytest.raises(TlsError, match=r"--grpc-server-cert .*server.key: holds no PEM cert"):
+        load_context(TlsFiles(files.key, files.key), ALPN_GRPC)  # the two swapped
+    with pytest.raises(TlsError, match=r"--grpc-server-key .*server.pem: holds no PEM private"):
+        load_context(TlsFiles(files.cert, files.cert), ALPN_GRPC)
     other = issue(trustme.CA(), tmp_path / "other")
     with pytest.raises(TlsError, match=r"--grpc-server-key .* does not match --grpc-server-cert"):
         load_context(TlsFiles(files.cert, other.key), ALPN_GRPC)
+    encrypted = tmp_path / "encrypted.key"
+    key = serialization.load_pem_private_key(files.key.read_bytes(), None)
+    encrypted.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    )
+    # refused at once, never a passphrase prompt on the terminal
+    with pytest.raises(TlsError, match=r"--grpc-server-key .*encrypted.key: the key is encrypted"):
+        load_context(TlsFiles(files.cert, encrypted), ALPN_GRPC)
 
 
 def _serve(server_tls: ServerTls, body: Callable[[int], Awaitable[Any]], use_uvloop: bool) -> Any:
