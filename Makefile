@@ -56,7 +56,7 @@ format: $(STAMP)
 # the loaded 2-core development machine (load average 5-8).
 HTTP_TESTS := $(addprefix tests/integration/test_,http_api.py http_server.py \
 	http_openapi.py error_codes.py shutdown.py decoupled.py auth.py cancellation.py \
-	robustness.py)
+	robustness.py tls.py)
 
 test: sysdeps examples lint
 	$(PY) -m pytest -q

@@ -6,7 +6,8 @@ Two servers, certificates made by ``trustme`` for the module:
 - ``kserve``: started with KServe's stock Triton ``ServingRuntime`` flags plus
   Triton's ``--grpc-use-ssl`` ones: plain HTTP and TLS gRPC (native transports), no
   client certificate asked for.
-- ``mutual``: ``--http-workers 2`` (native HTTP in two front-end processes), grpcio's
+- ``mutual``: ``--http-workers 2`` (two front-end processes on the HTTP transport
+  ``PDSERVE_HTTP_SERVER`` names: ``make test`` runs this module on both), grpcio's
   server (``--grpc-server threads``), mutual TLS on both, ``--metrics-use-ssl`` and an
   auth config: a client needs a certificate from the CA *and* an API key.
 
@@ -17,6 +18,7 @@ connections after SIGHUP (and without it, by their change, in the HTTP workers).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import ssl
@@ -49,15 +51,21 @@ def expected() -> np.ndarray:
     return np.maximum(X @ (2 * np.load(GOLDENS / "tiny.npz")["W"]), 0)
 
 
-def _supports(flag: str) -> bool:
-    out = subprocess.run(
+@functools.cache
+def _serve_help() -> str:
+    return subprocess.run(
         [sys.executable, "-m", "pdserve", "serve", "--help"],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=120,
     ).stdout
-    return flag in out
+
+
+def _supports(flag: str) -> bool:
+    """``pdserve serve`` takes ``flag`` (tritonserver's spellings arrive with the
+    command-line work; the KServe command uses them once they are there)."""
+    return f"{flag} " in _serve_help() or f"{flag}=" in _serve_help()
 
 
 def launch(
@@ -108,12 +116,12 @@ def kserve(base: Path, certs: CertFiles) -> Iterator[ServerProcess]:
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     # KServe's stock Triton runtime: tritonserver --model-store=/mnt/models
     # --grpc-port=9000 --http-port=8080 --allow-grpc=true --allow-http=true
+    store = "--model-store" if _supports("--model-store") else "--model-repository"
     args = [
-        f"--model-repository={repo}",
+        f"{store}={repo}",
         f"--grpc-port={grpc_port}",
         f"--http-port={http_port}",
         "--allow-grpc=true",
-        # tritonserver's other flags come with the command-line work; use it once there
         *(["--allow-http=true"] if _supports("--allow-http") else []),
         "--grpc-use-ssl=true",
         f"--grpc-server-cert={certs.cert}",
@@ -144,8 +152,7 @@ def mutual(base: Path, certs: CertFiles) -> Iterator[ServerProcess]:
         f"--http-port={http_port}",
         f"--grpc-port={grpc_port}",
         f"--metrics-port={metrics_port}",
-        "--http-server=native",
-        "--http-workers=2",
+        "--http-workers=2",  # on the transport PDSERVE_HTTP_SERVER names (native or asgi)
         "--grpc-server=threads",
         "--grpc-use-ssl-mutual=true",
         f"--grpc-server-cert={certs.cert}",
@@ -214,10 +221,11 @@ def test_kserve_stock_flags_serve_http_and_tls_grpc(
     plain = httpclient.InferenceServerClient(kserve.http_url)
     np.testing.assert_allclose(http_infer(plain), expected(), rtol=1e-5, atol=1e-6)
     plain.close()
-    client = grpc_client(kserve, certs.ca)  # no client certificate: none is asked for
-    assert client.is_server_live()
-    np.testing.assert_allclose(grpc_infer(client), expected(), rtol=1e-5, atol=1e-6)
-    client.close()
+    for who in (None, certs):  # no client certificate is asked for; one given is unused
+        client = grpc_client(kserve, certs.ca, who)
+        assert client.is_server_live()
+        np.testing.assert_allclose(grpc_infer(client), expected(), rtol=1e-5, atol=1e-6)
+        client.close()
     _, alpn = served_cert(kserve.grpc_port, client_context(certs.ca, alpn="h2"))
     assert alpn == "h2"
     assert f"gRPC (KServe V2) listening on 127.0.0.1:{kserve.grpc_port} (TLS)" in kserve.log()
