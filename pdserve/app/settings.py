@@ -315,17 +315,17 @@ class Settings(ServeFlags):
     def _validate_tls(self) -> None:
         """Each TLS listener's files: given, readable PEM, a key that matches its
         certificate, root certificates for mutual TLS (loaded once here, as at start)."""
-        for prefix, files, alpn in (
-            ("--grpc", self.grpc_tls, ALPN_GRPC),
-            ("--http", self.http_tls, ALPN_HTTP),
-            ("--http", self.metrics_tls, ALPN_HTTP),
+        for flag, files, alpn in (
+            ("--grpc-use-ssl", self.grpc_tls, ALPN_GRPC),
+            ("--http-use-ssl", self.http_tls, ALPN_HTTP),
+            ("--metrics-use-ssl", self.metrics_tls, ALPN_HTTP),
         ):
             if files is None:
                 continue
             try:
                 load_context(files, alpn)
             except TlsError as e:
-                raise SettingsError(f"{prefix}-use-ssl", str(e)) from None
+                raise SettingsError(flag, str(e)) from None
 
     def _tls_files(self, prefix: str, mutual: bool, trigger: str) -> TlsFiles:
         """The files of the ``prefix`` (``grpc`` / ``http``) TLS flags.

@@ -687,7 +687,7 @@ def test_bad_tls_flags_exit_2_naming_the_flag(
         f"--http-server-cert={pem.cert}",
         f"--http-server-key={other.key}",
     )
-    assert "argument --http-use-ssl: --http-server-key" in err and "does not match" in err
+    assert "argument --metrics-use-ssl: --http-server-key" in err and "does not match" in err
     err = serve_error(capsys, *repo, "--grpc-use-ssl=maybe")
     assert "argument --grpc-use-ssl: expected true or false, got 'maybe'" in err
 
