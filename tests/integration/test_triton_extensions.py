@@ -198,6 +198,14 @@ def test_generate_on_a_model_that_sends_several_responses_is_an_error(
     r = _generate(server, "document_stream", {"id": "d3", "document": TWO}, stream=True)
     events = [json.loads(c[6:]) for c in r.text.split("\n\n") if c.startswith("data: ")]
     assert [(e["id"], e["index"]) for e in events] == [("d3", 0), ("d3", 1)]
+    # no response at all (an empty document: the final flag alone): the same error on
+    # /generate (Triton's test_zero_response); an event stream without events
+    r = _generate(server, "document_stream", {"document": ""})
+    assert r.status_code == 500
+    assert r.json()["error"] == f"{NOT_ONE} (the model sent 0 response(s))"
+    r = _generate(server, "document_stream", {"document": ""}, stream=True)
+    assert r.status_code == 200 and r.text == ""
+    assert r.headers["content-type"] == "text/event-stream; charset=utf-8"
 
 
 # ------------------------------------------------------------------ statistics

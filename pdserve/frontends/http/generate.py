@@ -210,34 +210,38 @@ async def serve_generate(
     request = generate_request(doc, model, version, metadata, batching, arrival_ns)
     if streaming:
         return Answer(200, _SSE_HEADERS, stream=_sse_events(server.infer_stream(request)))
+    # as Triton, the request runs to its end; only the first answer and error are kept
+    first: InferResponse | InferError | None = None
+    first_error: InferError | None = None
+    responses = errors = 0
     async with contextlib.aclosing(server.infer_stream(request)) as items:
-        answers: list[InferResponse | InferError] = []
         async for item in items:
             if item.error is not None:
-                answers.append(item.error)
+                errors += 1
+                first_error = first_error or item.error
+                first = first or item.error
             elif item.response is not None:  # (an empty final response is none)
-                answers.append(item.response)
-    if len(answers) != 1:
-        raise not_one_response(answers)
-    answer = answers[0]
-    if isinstance(answer, InferError):
-        raise answer
-    return json_answer(response_json(answer))
+                responses += 1
+                first = first or item.response
+    if responses + errors != 1 or first is None:
+        raise not_one_response(responses, errors, first_error)
+    if isinstance(first, InferError):
+        raise first
+    return json_answer(response_json(first))
 
 
-def not_one_response(answers: list[InferResponse | InferError]) -> InferError:
+def not_one_response(responses: int, errors: int, first_error: InferError | None) -> InferError:
     """``/generate``'s error (``INTERNAL``, 500) for a model that sent no response or
-    more than one: Triton's message (:data:`NOT_ONE_RESPONSE`), then what was sent (the
-    first error's message among them, if any).
+    more than one (``responses`` responses and ``errors`` error responses): Triton's
+    message (:data:`NOT_ONE_RESPONSE`), then what was sent and the first error's message.
 
     Triton starts its chunked reply at the first response, so it sends this message with
     status 200 when that response succeeded; pdserve answers ``/generate`` once the model
     is done, and gives the error its own status.
     """
-    errors = [a for a in answers if isinstance(a, InferError)]
-    sent = f"{len(answers) - len(errors)} response(s)"
-    if errors:
-        sent += f" and {len(errors)} error(s), the first: {errors[0].message}"
+    sent = f"{responses} response(s)"
+    if first_error is not None:
+        sent += f" and {errors} error(s), the first: {first_error.message}"
     return internal(f"{NOT_ONE_RESPONSE} (the model sent {sent})")
 
 
