@@ -419,6 +419,14 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         a message that is not a ``ModelInferRequest`` included (no ``id`` then: it
         could not be read). Every request read gets its response; the stream ends
         (OK) once the client has closed its side and all of them are answered.
+
+        Each response carries the parameter ``triton_final_response`` as Triton's
+        stream handler sets it (``params["triton_final_response"].set_bool_param(
+        is_complete)``): true on a non-decoupled model's one response; a decoupled
+        model's as :meth:`_stream_decoupled` says. A non-decoupled request's error
+        carries none: Triton sets none on an error before the request reaches the model
+        (its ``Process`` path: ``error_message`` and ``id`` only), true on one the
+        model's execution gave; pdserve does not tell the two apart here.
         """
         done: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue()
         # set while fewer than STREAM_BACKLOG responses wait for the client: a decoupled
