@@ -404,6 +404,7 @@ class InferenceServer:
         its response here is empty, returned once the final one is in.
         """
         decoupled = mv.decoupled
+        cache_hit = False
         if decoupled:
             exec_req, finished = self._open_stream(mv, request)
         else:
@@ -416,11 +417,11 @@ class InferenceServer:
                 if decoupled:
                     await mv.scheduler.submit(exec_req)
                     await asyncio.shield(finished)
-                    outputs = {}
+                    outputs: dict[str, np.ndarray] = {}
                 else:
                     cache = self.response_cache
                     if cache is not None and cache.enabled_for(mv):
-                        outputs = await self._infer_cached(cache, mv, exec_req)
+                        outputs, cache_hit = await self._infer_cached(cache, mv, exec_req)
                     elif mv.scheduler.follows_token:
                         outputs = await mv.scheduler.submit(exec_req)
                     else:
@@ -438,6 +439,7 @@ class InferenceServer:
                 time.monotonic_ns() - request.arrival_ns,
                 exec_req.queue_ns,
                 exec_req.compute_ns,
+                cache_hit,
             )
         finally:
             mv.end()
@@ -569,12 +571,10 @@ class InferenceServer:
 
     async def _infer_cached(
         self, cache: AnyResponseCache, mv: ModelVersion, exec_req: ExecRequest
-    ) -> dict[str, np.ndarray]:
-        """Response cache lookup; on a miss run the request and store its outputs.
-
-        A hit skips the scheduler (no queue or compute time, as in Triton). The
-        lookup duration is recorded as ``cache_hit`` / ``cache_miss``.
-        """
+    ) -> tuple[dict[str, np.ndarray], bool]:
+        """Response cache lookup, ``(outputs, hit)``; on a miss run the request and
+        store its outputs. A hit skips the scheduler (no queue or compute time, as in
+        Triton); the lookup duration is recorded as ``cache_hit`` / ``cache_miss``."""
         start = time.monotonic_ns()
         key = cache.key(mv, exec_req)
         outputs = await cache.get(key)
@@ -585,10 +585,11 @@ class InferenceServer:
             ref.trace.add(
                 "cache_lookup", ref.span_id, start, end, {"pdserve.cache_hit": outputs is not None}
             )
-        if outputs is None:
-            outputs = await mv.scheduler.submit(exec_req)
-            await cache.put(key, outputs)
-        return outputs
+        if outputs is not None:
+            return outputs, True
+        outputs = await mv.scheduler.submit(exec_req)
+        await cache.put(key, outputs)
+        return outputs, False
 
     # -- trace extension --------------------------------------------------------
 

@@ -330,7 +330,9 @@ class ModelStats:
         for listener in LISTENERS:
             listener(self)
 
-    def record_success(self, rows: int, request_ns: int, queue_ns: int, compute_ns: int) -> None:
+    def record_success(
+        self, rows: int, request_ns: int, queue_ns: int, compute_ns: int, cache_hit: bool = False
+    ) -> None:
         """A request finished successfully.
 
         Args:
@@ -338,15 +340,21 @@ class ModelStats:
             request_ns: arrival to response, ns.
             queue_ns: time spent queued before an instance took it, ns.
             compute_ns: input + infer + output time of the batch it ran in, ns.
+            cache_hit: answered from the response cache. Triton's statistics extension:
+                "The 'inference_count' value DOES NOT include cache hits", while the
+                "success" and "queue" counts do (core ``UpdateSuccessCacheHit``: no
+                ``inference_count_``, no ``last_inference``, which only an execution
+                moves).
         """
-        self.inference_count += rows
         d = self._success
         d.count += 1
         d.ns += request_ns
         d = self._queue
         d.count += 1
         d.ns += queue_ns
-        self.last_inference_ms = int(time.time() * 1000)
+        if not cache_hit:
+            self.inference_count += rows
+            self.last_inference_ms = int(time.time() * 1000)
         self.recent.record(True, request_ns)
         metrics = self.metrics
         if metrics is not None:

@@ -1,6 +1,6 @@
 """Triton's system shared-memory extension: the registry of client regions
 (:class:`SharedMemoryRegistry`), and the reading of inputs from / writing of outputs
-into them. Both frontends use it.
+into them; and the CUDA extension's answers without GPU support. Both frontends use it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import stat
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -24,8 +24,8 @@ __all__ = [
     "SHM_DIR",
     "SharedMemoryRegistry",
     "ShmInput",
-    "cuda_unsupported",
     "infer_with_shm",
+    "region_not_found",
     "shm_output_names",
     "shm_params",
     "with_shm_extension",
@@ -50,12 +50,13 @@ _DISABLED = (
 )
 
 
-def cuda_unsupported() -> InferError:
-    """The answer to every CUDA shared-memory call: UNSUPPORTED (HTTP 501, gRPC
-    UNIMPLEMENTED). pdserve maps no CUDA IPC handles (it serves from host memory)."""
-    return unsupported(
-        "CUDA shared memory is not supported on this server: it serves tensors from host "
-        "memory; use system shared memory (/v2/systemsharedmemory) instead"
+def region_not_found(name: str, where: str) -> InferError:
+    """A request names region ``name`` (for the tensor ``where``, e.g. ``"input 'x'"``)
+    that is not registered: NOT_FOUND (HTTP 404, gRPC NOT_FOUND) with Triton's message
+    (``SharedMemoryManager::GetMemoryInfo``: ``TRITONSERVER_ERROR_NOT_FOUND``, "Unable to
+    find shared memory region: 'name'"), the tensor named after it."""
+    return InferError(
+        f"Unable to find shared memory region: '{name}' (named by {where})", ErrorCode.NOT_FOUND
     )
 
 
@@ -425,6 +426,52 @@ class SharedMemoryRegistry:
             for r in regions
         ]
 
+    # ------------------------------------------------ CUDA shared memory (none)
+    # pdserve maps no CUDA IPC handles (it serves tensors from host memory), so no CUDA
+    # region is ever registered; these answer as Triton does then (``http_server.cc``
+    # ``HandleCudaSharedMemory``, ``grpc_server.cc``, ``SharedMemoryManager``), and with
+    # --allow-client-shm off they are UNSUPPORTED as the system extension's calls are.
+
+    def cuda_status(self, name: str = "") -> list[dict[str, object]]:
+        """CUDA regions: ``[]`` for all (``GetStatus`` of no region of that kind).
+
+        Raises:
+            InferError(UNSUPPORTED): the extension is off.
+            InferError(NOT_FOUND): ``name`` given: "Unable to find cuda shared memory
+                region: 'name'" (Triton's message).
+        """
+        self._check_enabled()
+        if name:
+            raise InferError(
+                f"Unable to find cuda shared memory region: '{name}'", ErrorCode.NOT_FOUND
+            )
+        return []
+
+    def cuda_unregister(self, name: str = "") -> None:
+        """Unregister CUDA region ``name`` (empty: all): nothing to do, success, as
+        Triton's ``UnregisterHelper`` skips a name it does not hold (a client's usual
+        start-up ``unregister_cuda_shared_memory()`` works).
+
+        Raises:
+            InferError(UNSUPPORTED): the extension is off.
+        """
+        self._check_enabled()
+
+    def cuda_register(self, name: str) -> NoReturn:
+        """Refuse to register CUDA region ``name``, with the message of a Triton built
+        without GPU support, and what to use instead.
+
+        Raises:
+            InferError(UNSUPPORTED): the extension is off.
+            InferError(INVALID_ARG): otherwise, always.
+        """
+        self._check_enabled()
+        raise InferError(
+            f"failed to register CUDA shared memory region: '{name}', GPUs not supported: "
+            "pdserve serves tensors from host memory; use system shared memory "
+            "(/v2/systemsharedmemory) instead"
+        )
+
     def close(self) -> None:
         """Close every descriptor (server shutdown)."""
         if self.enabled:
@@ -442,7 +489,8 @@ class SharedMemoryRegistry:
 
         Raises:
             InferError(UNSUPPORTED): the extension is off.
-            InferError(INVALID_ARG): a region that is not registered (nothing is held).
+            InferError(NOT_FOUND): a region that is not registered (nothing is held;
+                :func:`region_not_found`).
         """
         self._check_enabled()
         held: dict[str, _Region] = {}
@@ -452,9 +500,7 @@ class SharedMemoryRegistry:
                     continue
                 region = self._regions.get(name)
                 if region is None:
-                    raise InferError(
-                        f"{where}: unable to find system shared memory region: '{name}'"
-                    )
+                    raise region_not_found(name, where)
                 held[name] = region
             for region in held.values():
                 with region.lock:
@@ -470,7 +516,7 @@ class SharedMemoryRegistry:
         if held is not None and name in held:
             region: _Region = held[name]
             return region
-        raise InferError(f"{where}: unable to find system shared memory region: '{name}'")
+        raise region_not_found(name, where)
 
     def _release(self, region: _Region) -> None:
         with region.lock:

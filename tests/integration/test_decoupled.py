@@ -112,7 +112,9 @@ def test_grpc_stream_repeats_each_element_then_empty_final(server: ServerProcess
 def test_grpc_stream_without_empty_final_sends_only_responses(server: ServerProcess) -> None:
     items = stream(server, [1, 2], empty_final=False, timeout_s=3.0)
     assert [int(r.as_numpy("OUT")[0]) for r, _ in items] == [1, 2]
-    assert "triton_final_response" not in items[0][0].get_response().parameters
+    # as Triton: the parameter is on every response; the final flag sent alone is not
+    assert all("triton_final_response" in r.get_response().parameters for r, _ in items)
+    assert [_final(r) for r, _ in items] == [False, False]
 
 
 def test_grpc_final_flag_on_last_response(server: ServerProcess) -> None:
@@ -192,6 +194,7 @@ def test_stream_to_a_normal_model_still_one_response(server: ServerProcess) -> N
     result, error = got.get(timeout=30)
     client.stop_stream()
     assert error is None and result.as_numpy("OUTPUT0").tolist() == [[0, 1, 2, 3]]
+    assert _final(result)  # its one response is its last (the parameter set, true)
 
 
 # --------------------------------------------------------------------------- HTTP generate
@@ -232,7 +235,7 @@ def test_generate_answers_one_json_response(server: ServerProcess) -> None:
     # a model that is not decoupled answers through generate too
     resp = _post(server, "/v2/models/identity/generate", {"INPUT0": [1.5, 2.5]})
     doc = json.loads(resp.read())
-    assert resp.status == 200 and doc["OUTPUT0"] == [[1.5, 2.5]]
+    assert resp.status == 200 and doc["OUTPUT0"] == [1.5, 2.5]  # flat, as Triton
 
 
 def test_generate_stream_error_after_responses_is_an_event(server: ServerProcess) -> None:
@@ -259,7 +262,10 @@ def test_generate_errors_before_the_first_response_have_a_status(server: ServerP
         f"/v2/models/{MODEL}/generate",
         {"IN": [1], "mode": "never_final", "timeout": 500000},
     )
-    assert resp.status == 503 and "Request timeout expired" in json.loads(resp.read())["error"]
+    # a response, then the timeout: not exactly one response (Triton's message)
+    message = json.loads(resp.read())["error"]
+    assert resp.status == 500 and message.startswith("generate expects model to produce exactly 1")
+    assert "sent 1 response(s) and 1 error(s), the first: Request timeout expired" in message
 
 
 def test_sse_client_disconnect_mid_stream_cancels_the_request(server: ServerProcess) -> None:

@@ -322,7 +322,11 @@ def test_shared_memory_registered_through_one_worker_serves_the_other(
         status, doc = _json(a, "GET", f"/v2/systemsharedmemory/region/in{tag}/status")
         assert status == 404, doc
         status, doc = _json(a, "POST", TINY_INFER, body)
-        assert status == 400 and f"in{tag}" in doc["error"]
+        # as Triton: an unknown region is NOT_FOUND
+        assert status == 404 and f"Unable to find shared memory region: 'in{tag}'" in doc["error"]
+        # CUDA shared memory answers as Triton without GPUs, through a worker too
+        assert _json(a, "POST", "/v2/cudasharedmemory/unregister")[0] == 200
+        assert _json(b, "GET", "/v2/cudasharedmemory/status") == (200, [])
     finally:
         _json(a, "POST", "/v2/systemsharedmemory/unregister")
         for h in handles:

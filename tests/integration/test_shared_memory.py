@@ -4,11 +4,13 @@ own ``tritonclient.utils.shared_memory`` (unchanged) over HTTP and gRPC.
 Inputs and outputs through regions on ``tiny``, ``add_sub`` (two inputs, two
 outputs) and ``efficientnet_lite0`` (a 602 KB input); bad keys, sizes and offsets;
 overlapping outputs; unregister while a request uses the region; off by default;
-CUDA shared memory refused. The server stays up through all of it.
+CUDA shared memory answered as Triton without GPUs. The server stays up through all of
+it.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import threading
@@ -305,7 +307,13 @@ def test_bad_use_in_requests(server: ServerProcess, regions: Regions, proto: str
 
     assert "does not match the 256 bytes" in infer_input("r", 128)
     assert "past the end of region 'r'" in infer_input("r", 256, offset=4)
-    assert "unable to find system shared memory region: 'nope'" in infer_input("nope", 256)
+    # as Triton: an unknown region is NOT_FOUND (HTTP 404), "Unable to find shared memory
+    # region: 'nope'"
+    inp = mod.InferInput("INPUT0", [1, 64], "FP32")
+    inp.set_shared_memory("nope", 256)
+    e = _err(client.infer, "tiny", [inp])
+    assert e.status() == ("404" if proto == "http" else "StatusCode.NOT_FOUND")
+    assert "Unable to find shared memory region: 'nope'" in e.message()
 
     inp = mod.InferInput("INPUT0", [1, 64], "FP32")
     inp.set_data_from_numpy(np.ones((1, 64), dtype=np.float32))
@@ -397,7 +405,7 @@ def test_unregister_while_in_use_finishes_the_request(
     assert client.get_system_shared_memory_status() == []
     inp2 = httpclient.InferInput("X", [1], "FP32")
     inp2.set_shared_memory("slow", 4)
-    assert "unable to find" in _err(client.infer, "sleepy", [inp2]).message()
+    assert "Unable to find shared memory region" in _err(client.infer, "sleepy", [inp2]).message()
     t.join(60)
     assert "error" not in done, done.get("error")
     np.testing.assert_array_equal(shm.get_contents_as_numpy(h, np.float32, [2]), [1.5, 1.5])
@@ -408,16 +416,30 @@ def test_metadata_lists_the_extension_when_on(server: ServerProcess) -> None:
     assert "system_shared_memory" in grpc(server).get_server_metadata().extensions
 
 
-def test_cuda_shared_memory_is_refused_clearly(server: ServerProcess) -> None:
-    e = _err(http(server).get_cuda_shared_memory_status)
-    assert e.status() == "501" and "CUDA shared memory is not supported" in e.message()
-    e = _err(http(server).unregister_cuda_shared_memory)
-    assert "CUDA shared memory is not supported" in e.message()
-    g = grpc(server)
+def test_cuda_shared_memory_answers_as_triton_without_gpus(server: ServerProcess) -> None:
+    """No CUDA region can be registered here; status and unregister answer as Triton's
+    do then (a client's start-up ``unregister_cuda_shared_memory()`` works), register is
+    a clear 400 / INVALID_ARGUMENT."""
+    h, g = http(server), grpc(server)
+    h.unregister_cuda_shared_memory()
+    h.unregister_cuda_shared_memory("never_registered")
+    assert h.get_cuda_shared_memory_status() == []
+    g.unregister_cuda_shared_memory()
+    g.unregister_cuda_shared_memory("never_registered")
+    assert len(g.get_cuda_shared_memory_status().regions) == 0
+    e = _err(h.get_cuda_shared_memory_status, "c")
+    assert e.status() == "404" and "Unable to find cuda shared memory region: 'c'" in e.message()
     with pytest.raises(InferenceServerException) as ge:
-        g.get_cuda_shared_memory_status()
-    assert ge.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert "CUDA shared memory is not supported" in ge.value.message()
+        g.get_cuda_shared_memory_status("c")
+    assert ge.value.status() == "StatusCode.NOT_FOUND"
+    handle = base64.b64encode(bytes(64)).decode()  # a cudaIpcMemHandle_t's size, zeros
+    e = _err(h.register_cuda_shared_memory, "c", handle, 0, 64)
+    assert e.status() == "400"
+    assert "failed to register CUDA shared memory region: 'c', GPUs not supported" in e.message()
+    with pytest.raises(InferenceServerException) as ge:
+        g.register_cuda_shared_memory("c", handle, 0, 64)
+    assert ge.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "GPUs not supported" in ge.value.message()
     assert _ready(server)
 
 
@@ -441,6 +463,8 @@ def test_off_by_default(tmp_path: Path) -> None:
             grpc(srv).register_system_shared_memory("r", key, 256)
         assert ge.value.status() == "StatusCode.UNIMPLEMENTED"
         assert "system_shared_memory" not in client.get_server_metadata()["extensions"]
+        e = _err(client.unregister_cuda_shared_memory)  # off: CUDA calls as system ones
+        assert e.status() == "501" and "--allow-client-shm" in e.message()
         assert _ready(srv)
     finally:
         srv.stop()

@@ -37,7 +37,6 @@ from pdserve.frontends.grpc.codec import (
 )
 from pdserve.frontends.shared_memory import (
     SharedMemoryRegistry,
-    cuda_unsupported,
     infer_with_shm,
     shm_output_names,
     with_shm_extension,
@@ -420,6 +419,14 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         a message that is not a ``ModelInferRequest`` included (no ``id`` then: it
         could not be read). Every request read gets its response; the stream ends
         (OK) once the client has closed its side and all of them are answered.
+
+        Each response carries the parameter ``triton_final_response`` as Triton's
+        stream handler sets it (``params["triton_final_response"].set_bool_param(
+        is_complete)``): true on a non-decoupled model's one response; a decoupled
+        model's as :meth:`_stream_decoupled` says. A non-decoupled request's error
+        carries none: Triton sets none on an error before the request reaches the model
+        (its ``Process`` path: ``error_message`` and ``id`` only), true on one the
+        model's execution gave; pdserve does not tell the two apart here.
         """
         done: asyncio.Queue[service_pb2.ModelStreamInferResponse | None] = asyncio.Queue()
         # set while fewer than STREAM_BACKLOG responses wait for the client: a decoupled
@@ -453,6 +460,9 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     return
                 msg = service_pb2.ModelStreamInferResponse(infer_response=resp)
                 msg = self._fit_stream_response(msg, request.id)
+                # a non-decoupled request's one response is its last (Triton sets the
+                # parameter on every response its stream handler writes)
+                msg.infer_response.parameters[_FINAL_PARAM].bool_param = True
             except InferError as e:
                 msg = service_pb2.ModelStreamInferResponse(error_message=e.message)
                 msg.infer_response.id = request.id
@@ -528,15 +538,34 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.SystemSharedMemoryUnregisterResponse()
 
     @_guarded
-    async def _cuda_unsupported(
-        self, request: Message, context: grpc.aio.ServicerContext
-    ) -> NoReturn:
-        """CUDA shared memory: UNIMPLEMENTED, saying why (:func:`cuda_unsupported`)."""
-        raise cuda_unsupported()
+    async def CudaSharedMemoryStatus(  # noqa: N802
+        self,
+        request: service_pb2.CudaSharedMemoryStatusRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> service_pb2.CudaSharedMemoryStatusResponse:
+        """No CUDA region is ever registered: an empty status, or NOT_FOUND for a
+        name (:meth:`SharedMemoryRegistry.cuda_status`)."""
+        self.shm.cuda_status(request.name)
+        return service_pb2.CudaSharedMemoryStatusResponse()
 
-    CudaSharedMemoryStatus = _cuda_unsupported
-    CudaSharedMemoryRegister = _cuda_unsupported
-    CudaSharedMemoryUnregister = _cuda_unsupported
+    @_guarded
+    async def CudaSharedMemoryRegister(  # noqa: N802
+        self,
+        request: service_pb2.CudaSharedMemoryRegisterRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> NoReturn:
+        """INVALID_ARGUMENT, saying why (:meth:`SharedMemoryRegistry.cuda_register`)."""
+        self.shm.cuda_register(request.name)
+
+    @_guarded
+    async def CudaSharedMemoryUnregister(  # noqa: N802
+        self,
+        request: service_pb2.CudaSharedMemoryUnregisterRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> service_pb2.CudaSharedMemoryUnregisterResponse:
+        """Success: nothing to unregister (:meth:`SharedMemoryRegistry.cuda_unregister`)."""
+        self.shm.cuda_unregister(request.name)
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
 
     async def _stream_decoupled(
         self,
@@ -547,16 +576,21 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         room: asyncio.Event,
     ) -> None:
         """Send the responses of one request to a decoupled model on the stream, as
-        Triton's stream handler does: each response as it comes, an error as an
-        ``error_message`` response; with the request parameter
-        ``triton_enable_empty_final_response`` (tritonclient's
-        ``enable_empty_final_response=True``) every response carries the parameter
-        ``triton_final_response`` and a final flag sent alone becomes an empty response;
-        without it such an empty final is not sent (``enable_empty``: the request's
-        parameter, :func:`~pdserve.frontends.grpc.codec.empty_final_requested`; the
-        codec checked it and keeps it out of ``req.parameters``, as Triton's frontend
-        does). ``room``: the next response is taken only while it is set (set by the
-        stream's sender while fewer than :data:`STREAM_BACKLOG` responses wait)."""
+        Triton's stream handler does (``src/grpc/stream_infer_handler.cc``,
+        ``StreamInferResponseComplete``): each response as it comes, an error as an
+        ``error_message`` response with the request's id, model and version, and on
+        every response written ``params["triton_final_response"].set_bool_param(
+        is_complete)``: true on the request's last one, false on the others, whether or
+        not the client asked for empty final responses. A final flag sent alone
+        (``empty_final = !iresponse && is_decoupled && is_complete``) becomes an empty
+        response (id, model, version and ``triton_final_response: true``) only with the
+        request parameter ``triton_enable_empty_final_response`` (tritonclient's
+        ``enable_empty_final_response=True``); without it nothing is sent for it
+        (``enable_empty``: the request's parameter,
+        :func:`~pdserve.frontends.grpc.codec.empty_final_requested`; the codec checked
+        it and keeps it out of ``req.parameters``, as Triton's frontend does).
+        ``room``: the next response is taken only while it is set (set by the stream's
+        sender while fewer than :data:`STREAM_BACKLOG` responses wait)."""
         async with contextlib.aclosing(self.server.infer_stream(req)) as items:
             async for item in items:
                 if item.error is not None:
@@ -574,8 +608,7 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if not infer_response.model_name:
                     infer_response.model_name = item.model[0] or req.model_name
                     infer_response.model_version = item.model[1]
-                if enable_empty:
-                    infer_response.parameters[_FINAL_PARAM].bool_param = item.final
+                infer_response.parameters[_FINAL_PARAM].bool_param = item.final
                 await done.put(msg)
                 if done.qsize() >= STREAM_BACKLOG:
                     room.clear()

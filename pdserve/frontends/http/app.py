@@ -182,8 +182,8 @@ class HttpApp:
             raise InferError("missing model name in the inference request path")
         head = parse_infer_headers(headers)
         header_length = head[2]
-        if header_length is not None and header_length > self.body.max_json_bytes:
-            raise self.body.json_too_large(header_length)
+        if header_length is not None:  # 400 past the body, 413 over the JSON limit
+            self.body.check_header_length(header_length, -1 if head[1] else head[0])
         body = await exchange.read_body(head[0], head[1], header_length is None)
         encoded = await self.infer_body(
             body, head, model, version, arrival_ns, exchange.cancel_token()

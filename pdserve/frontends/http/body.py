@@ -25,6 +25,14 @@ _INLINE_DECOMPRESS_BYTES = 8 * 1024
 PROCESS_JSON_BYTES = 256 * 1024
 
 
+def header_past_body(header_length: int, body_size: int) -> InferError:
+    """INVALID_ARG for an ``Inference-Header-Content-Length`` larger than the body, in
+    Triton's words (``GetInferenceHeaderLength``)."""
+    return InferError(
+        f"inference header size should be in range (0, {body_size}), got: {header_length}"
+    )
+
+
 @dataclass(frozen=True)
 class BodyLimits:
     """How large a request body may be and how long its pieces may take.
@@ -53,6 +61,29 @@ class BodyLimits:
             "bytes for JSON; send large tensors as binary data (the binary tensor data "
             "extension: Inference-Header-Content-Length)"
         )
+
+    def check_header_length(self, header_length: int, body_size: int) -> None:
+        """Check an inference request's ``Inference-Header-Content-Length`` before its
+        JSON is read.
+
+        Args:
+            header_length: the header's value (a non-negative integer).
+            body_size: the body's byte count as sent; -1 when not known (no
+                ``Content-Length`` yet) or not comparable (a compressed body: the header
+                counts decompressed bytes); the decoder checks it against the body then.
+
+        Raises:
+            InferError(INVALID_ARG): ``header_length`` past the body, as Triton
+                (``http_server.cc`` ``GetInferenceHeaderLength``: "inference header size
+                should be in range (0, <content length>), got: <value>", 400) -- checked
+                before the JSON limit, so an announced size the body cannot hold is a
+                bad request, not a 413.
+            BodyTooLargeError: ``header_length`` over :attr:`max_json_bytes` (413).
+        """
+        if 0 <= body_size < header_length:
+            raise header_past_body(header_length, body_size)
+        if header_length > self.max_json_bytes:
+            raise self.json_too_large(header_length)
 
     def too_large(self, size: int, json: bool, qualifier: str = "of") -> BodyTooLargeError:
         """The 413 for a body of ``size`` bytes over :meth:`limit`."""

@@ -198,9 +198,8 @@ def _request_json(body: bytes, header_length: int | None) -> tuple[dict[str, Any
         offset = body_len
     else:
         if header_length < 0 or header_length > body_len:
-            raise InferError(
-                f"Inference-Header-Content-Length is {header_length} but the request body "
-                f"holds {body_len} bytes"
+            raise InferError(  # Triton's words (http_server.cc GetInferenceHeaderLength)
+                f"inference header size should be in range (0, {body_len}), got: {header_length}"
             )
         header = memoryview(body)[:header_length] if header_length != body_len else body
         offset = header_length

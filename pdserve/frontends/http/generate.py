@@ -1,15 +1,15 @@
-"""Triton's generate extension (server docs/protocol/extension_generate.md):
-``POST /v2/models/{m}[/versions/{v}]/generate`` answers one JSON object,
-``.../generate_stream`` Server-Sent Events, one ``data: {...}`` event per response.
+"""Triton's generate extension (docs/protocol/extension_generate.md; ``http_server.cc``
+``GenerateRequestClass``): ``POST /v2/models/{m}[/versions/{v}]/generate`` answers one
+JSON object, ``.../generate_stream`` one SSE ``data: {...}`` event per response.
 
-The request object: a key naming a model input becomes that input (a JSON string a
-``BYTES`` element, a number or boolean one of the input's datatype; a scalar shape
-``[1]``, an array its nesting's shape; a batch dimension of 1 in front for a batching
-model); ``"parameters"`` and any other key are request parameters. A response object is
-``{"model_name", "model_version", <output>: value, ...}`` (one element: that element;
-more: a nested array). An error before the first response is ``{"error": message}``
-with its code's status; after it, an SSE event (the 200 was sent). An empty final
-response sends no event; ``/generate`` on a decoupled model answers its last response.
+Request: ``"id"`` (a string) is the request id, echoed in each response (and, as any
+other key, a request parameter); a key naming a model input becomes that input (a scalar
+shape ``[1]``, an array its nesting's shape, a batch dim of 1 in front for a batching
+model); ``"parameters"`` and other keys are request parameters. Response: ``{"id"?,
+"model_name", "model_version", <parameter>..., <output>...}``, each output a top-level
+field: one element as that element, more as a flat row-major array. An error before the
+first response is ``{"error": message}`` with its code's status, after it an SSE event.
+An empty final response sends no event; ``/generate`` needs exactly one response.
 """
 
 from __future__ import annotations
@@ -24,12 +24,19 @@ import orjson
 
 from pdserve.core.api import InferenceCore
 from pdserve.core.datatypes import v2_to_numpy
-from pdserve.core.errors import internal, invalid_arg
+from pdserve.core.errors import InferError, internal, invalid_arg
 from pdserve.core.streaming import StreamResponse
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends.http.answer import Answer, json_answer
 from pdserve.frontends.http.routes import call
 from pdserve.frontends.parameters import check_request_parameters
+
+#: ``/generate``'s answer (``INTERNAL``) when a model sent no response or more than one,
+#: Triton's message (``GenerateRequestClass::SendChunkResponse``).
+NOT_ONE_RESPONSE = (
+    "generate expects model to produce exactly 1 response, use generate stream for model "
+    "that generates various number of responses"
+)
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -61,6 +68,9 @@ def generate_request(
     given = doc.get("parameters", {})
     if not isinstance(given, dict):
         raise invalid_arg("generate request: 'parameters' must be a JSON object")
+    request_id = doc.get("id", "")
+    if "id" not in inputs_meta and type(request_id) is not str:
+        raise invalid_arg("Unable to parse 'id': the request id must be a JSON string")
     inputs: dict[str, np.ndarray] = {}
     for key, value in doc.items():
         if key == "parameters":
@@ -92,6 +102,7 @@ def generate_request(
         model_version=version,
         inputs=inputs,
         parameters=params,
+        id=request_id if type(request_id) is str else "",
         arrival_ns=arrival_ns,
     )
 
@@ -138,25 +149,37 @@ def _to_bytes(value: Any) -> Any:
 
 
 def _json_value(arr: np.ndarray) -> Any:
+    """An output as a generate response holds it (Triton's ``ExactMappingOutput``): one
+    element as that element, more as a flat list in row-major order, whatever the
+    shape (``[1, 3]`` and ``[3]`` both give ``[a, b, c]``); BYTES as strings."""
+    flat = arr.reshape(-1)
     if arr.dtype == object or arr.dtype.kind in "SU":
-        flat = [
+        values: list[Any] = [
             v.decode("utf-8", errors="replace") if isinstance(v, (bytes, bytearray)) else str(v)
-            for v in arr.reshape(-1)
+            for v in flat
         ]
-        if arr.size == 1:
-            return flat[0]
-        return np.array(flat, dtype=object).reshape(arr.shape).tolist()
-    if arr.size == 1:
-        return arr.reshape(-1)[0].item()
-    return arr.tolist()
+    else:
+        values = flat.tolist()
+    return values[0] if len(values) == 1 else values
+
+
+#: Response parameter types a generate response carries as fields (Triton's bool, int,
+#: string and double parameters; a bytes parameter is refused there).
+_PARAM_TYPES = (bool, int, str, float)
 
 
 def response_json(response: InferResponse) -> bytes:
-    """A generate response object (outputs by name, one element as a scalar)."""
-    doc: dict[str, Any] = {
-        "model_name": response.model_name,
-        "model_version": response.model_version,
-    }
+    """A generate response object: ``id`` (when the request had one), ``model_name``,
+    ``model_version``, then each response parameter and each output as a top-level
+    field (:func:`_json_value`), as Triton's ``FinalizeResponse`` lays them out."""
+    doc: dict[str, Any] = {}
+    if response.id:
+        doc["id"] = response.id
+    doc["model_name"] = response.model_name
+    doc["model_version"] = response.model_version
+    for name, value in response.parameters.items():
+        if isinstance(value, _PARAM_TYPES):
+            doc[name] = value
     for name, arr in response.outputs.items():
         doc[name] = _json_value(np.asarray(arr))
     return orjson.dumps(doc)
@@ -187,16 +210,39 @@ async def serve_generate(
     request = generate_request(doc, model, version, metadata, batching, arrival_ns)
     if streaming:
         return Answer(200, _SSE_HEADERS, stream=_sse_events(server.infer_stream(request)))
+    # as Triton, the request runs to its end; only the first answer and error are kept
+    first: InferResponse | InferError | None = None
+    first_error: InferError | None = None
+    responses = errors = 0
     async with contextlib.aclosing(server.infer_stream(request)) as items:
-        last: InferResponse | None = None
         async for item in items:
             if item.error is not None:
-                raise item.error
-            if item.response is not None:
-                last = item.response
-    if last is None:
-        raise internal(f"model '{model}' sent no response to the generate request")
-    return json_answer(response_json(last))
+                errors += 1
+                first_error = first_error or item.error
+                first = first or item.error
+            elif item.response is not None:  # (an empty final response is none)
+                responses += 1
+                first = first or item.response
+    if responses + errors != 1 or first is None:
+        raise not_one_response(responses, errors, first_error)
+    if isinstance(first, InferError):
+        raise first
+    return json_answer(response_json(first))
+
+
+def not_one_response(responses: int, errors: int, first_error: InferError | None) -> InferError:
+    """``/generate``'s error (``INTERNAL``, 500) for a model that sent no response or
+    more than one (``responses`` responses and ``errors`` error responses): Triton's
+    message (:data:`NOT_ONE_RESPONSE`), then what was sent and the first error's message.
+
+    Triton starts its chunked reply at the first response, so it sends this message with
+    status 200 when that response succeeded; pdserve answers ``/generate`` once the model
+    is done, and gives the error its own status.
+    """
+    sent = f"{responses} response(s)"
+    if first_error is not None:
+        sent += f" and {errors} error(s), the first: {first_error.message}"
+    return internal(f"{NOT_ONE_RESPONSE} (the model sent {sent})")
 
 
 async def _sse_events(items: AsyncGenerator[StreamResponse, None]) -> AsyncGenerator[bytes, None]:

@@ -194,9 +194,9 @@ class Replies:
                 await app.check_gate(unquote(path), headers)
             head = parse_infer_headers(headers)
             header_length = head[2]
-            if header_length is not None and header_length > app.body.max_json_bytes:
-                raise app.body.json_too_large(header_length)
             body = request.body
+            if header_length is not None:  # 400 past the body, 413 over the JSON limit
+                app.body.check_header_length(header_length, -1 if head[1] else len(body))
             if head[1]:
                 body = await app.body.finish(body, head[1], header_length is None)
             # app.infer_body's steps, run here for the common small request: the server's

@@ -29,7 +29,6 @@ from pdserve.frontends.http.answer import (
 from pdserve.frontends.http.body import read_json_object
 from pdserve.frontends.shared_memory import (
     SharedMemoryRegistry,
-    cuda_unsupported,
     with_shm_extension,
 )
 from pdserve.observability import logs
@@ -95,7 +94,8 @@ async def shared_memory(
     """Triton's shared-memory extension: ``/v2/systemsharedmemory[/region/{r}]/status``
     (GET), ``.../register`` (POST ``{key, offset, byte_size}``),
     ``[/region/{r}]/unregister`` (POST; no region: all). CUDA shared memory
-    (``/v2/cudasharedmemory/...``) answers 501 (:func:`cuda_unsupported`)."""
+    (``/v2/cudasharedmemory/...``) answers as Triton without GPUs: status ``[]``,
+    unregister success, register 400 (:meth:`SharedMemoryRegistry.cuda_status` ...)."""
     n = len(parts)
     if n == 4:
         region, action = "", parts[3]
@@ -106,8 +106,13 @@ async def shared_memory(
     if action not in ("status", "register", "unregister") or (action == "register" and not region):
         raise not_found(f"no route for {path}")
     check_method(method, "GET" if action == "status" else "POST")
-    if parts[2] == "cudasharedmemory":
-        raise cuda_unsupported()
+    if parts[2] == "cudasharedmemory":  # no CUDA region is ever registered
+        if action == "status":
+            return json_answer(dumps(shm.cuda_status(region)))
+        if action == "register":
+            shm.cuda_register(region)  # raises: INVALID_ARG, or UNSUPPORTED when off
+        shm.cuda_unregister(region)
+        return json_answer(b"")
     body = b""
     if action == "status":
         body = dumps(await call(shm.status, region))

@@ -15,7 +15,6 @@ from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
 from pdserve.frontends.shared_memory import (
     SharedMemoryRegistry,
     ShmInput,
-    cuda_unsupported,
     infer_with_shm,
     shm_output_names,
     shm_params,
@@ -43,6 +42,9 @@ def test_off_refuses_everything(tmp_path: Path) -> None:
         lambda: off.status(),
         lambda: off.unregister(),
         lambda: off.acquire([("r", "input 'x'")]),
+        lambda: off.cuda_status(),
+        lambda: off.cuda_unregister(),
+        lambda: off.cuda_register("c"),
     ):
         with pytest.raises(InferError) as e:
             call()
@@ -141,8 +143,9 @@ def test_read_inputs_copies(reg: SharedMemoryRegistry, tmp_path: Path) -> None:
         reg.read_inputs({"x": ShmInput("FP32", [2, 3], 6, "r", 20, 0)})
     with pytest.raises(InferError, match="past the end of region 'r'"):
         reg.read_inputs({"x": ShmInput("FP32", [1], 1, "r", 4, 24)})
-    with pytest.raises(InferError, match="unable to find system shared memory region: 'q'"):
+    with pytest.raises(InferError, match="Unable to find shared memory region: 'q'") as e:
         reg.read_inputs({"x": ShmInput("FP32", [1], 1, "q", 4, 0)})
+    assert e.value.code is ErrorCode.NOT_FOUND  # Triton: TRITONSERVER_ERROR_NOT_FOUND
 
 
 def test_bytes_inputs_and_outputs(reg: SharedMemoryRegistry, tmp_path: Path) -> None:
@@ -215,8 +218,9 @@ def test_unregister_in_use_defers_the_close(reg: SharedMemoryRegistry, tmp_path:
     async def infer(req: InferRequest) -> InferResponse:
         reg.unregister("r")  # while the request holds the region
         assert reg.status() == []
-        with pytest.raises(InferError, match="unable to find"):
+        with pytest.raises(InferError, match="Unable to find shared memory region: 'r'") as e:
             reg.acquire([("r", "input 'x'")])
+        assert e.value.code is ErrorCode.NOT_FOUND and "input 'x'" in e.value.message
         return InferResponse("m", "1", outputs={"y": req.inputs["x"] * 3})
 
     names = shm_output_names(request)
@@ -246,8 +250,23 @@ def test_params_and_cuda() -> None:
             shm_params(params, "input 'x'")
     assert shm_output_names(InferRequest("m")) is None
     assert shm_output_names(InferRequest("m", outputs=[RequestedOutput("y")])) is None
-    e = cuda_unsupported()
-    assert e.code is ErrorCode.UNSUPPORTED and "not supported on this server" in e.message
+
+
+def test_cuda_shared_memory_answers_as_triton_without_gpus(reg: SharedMemoryRegistry) -> None:
+    assert reg.cuda_status() == []
+    reg.cuda_unregister()
+    reg.cuda_unregister("never_registered")  # nothing to do: success
+    with pytest.raises(InferError) as e:
+        reg.cuda_status("c")
+    assert e.value.code is ErrorCode.NOT_FOUND
+    assert e.value.message == "Unable to find cuda shared memory region: 'c'"
+    with pytest.raises(InferError) as e:
+        reg.cuda_register("c")
+    assert e.value.code is ErrorCode.INVALID_ARG
+    assert e.value.message.startswith(
+        "failed to register CUDA shared memory region: 'c', GPUs not supported"
+    )
+    assert reg.status() == []  # the system regions are untouched
 
 
 def test_large_tensors_are_copied_off_the_event_loop(

@@ -76,6 +76,26 @@ def test_json_limit_applies_to_the_json_part_only() -> None:
     assert reply.json()["error"].startswith("request body of ")
 
 
+def test_a_header_length_past_the_body_is_a_bad_request() -> None:
+    # Triton (GetInferenceHeaderLength): 400 "inference header size should be in
+    # range (0, <content length>), got: <value>", before any JSON limit (not a 413)
+    app = create_http_app(FakeServer(), max_json_bytes=LIMIT)
+    body, json_size = client_request({"IN": np.arange(4, dtype=np.float32)}, True)
+    for announced in (len(body) + 1, LIMIT * 100):
+        headers = {"Inference-Header-Content-Length": str(announced)}
+        reply = call(app, "POST", "/v2/models/echo/infer", body, headers)
+        assert reply.status == 400, reply.body
+        assert reply.json() == {
+            "error": f"inference header size should be in range (0, {len(body)}), got: {announced}"
+        }
+    # a compressed body is compared after decompression (the header counts those bytes)
+    headers = {"Inference-Header-Content-Length": str(len(body) + 1), "content-encoding": "gzip"}
+    reply = call(app, "POST", "/v2/models/echo/infer", gzip.compress(body), headers)
+    assert reply.status == 400 and "inference header size should be in range" in reply.body.decode()
+    headers = {"Inference-Header-Content-Length": str(json_size)}
+    assert call(app, "POST", "/v2/models/echo/infer", body, headers).status == 200
+
+
 def test_large_json_is_decoded_in_a_decode_process() -> None:
     server = FakeServer()
     app = create_http_app(server)
