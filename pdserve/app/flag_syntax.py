@@ -26,6 +26,7 @@ GROUPS = (
     "response cache",
     "traffic control",
     "tracing",
+    "rate limiter",
 )
 
 
