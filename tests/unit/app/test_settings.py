@@ -77,6 +77,8 @@ FLAGS = {
     "--rate-limit-fail-mode",
     "--circuit-breaker",
     "--trace-config",
+    "--rate-limit",
+    "--rate-limit-resource",
 }
 
 
@@ -603,3 +605,25 @@ def test_grpc_keepalive_flags_are_tritons(tmp_path: Path) -> None:
     for flag, value in (("--grpc-keepalive-timeout", "0"), ("--grpc-http2-max-ping-strikes", "-1")):
         with pytest.raises(SettingsError, match=flag):
             parse(tmp_path, flag, value)
+
+
+# -- the rate limiter's flags ---------------------------------------------------------------
+
+
+def test_rate_limit_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pdserve.scheduling.rate_limiter import ResourceGrant
+
+    assert parse(tmp_path).rate_limit == "off"
+    assert parse(tmp_path).rate_limit_resource == ()
+    settings = parse(
+        tmp_path,
+        "--rate-limit=EXECUTION_COUNT",
+        "--rate-limit-resource=R:1",
+        "--rate-limit-resource",
+        "S:2:0",
+    )
+    assert settings.rate_limit == "execution_count"
+    assert settings.rate_limit_resource == (ResourceGrant("R", 1, None), ResourceGrant("S", 2, 0))
+    err = serve_error(capsys, "--rate-limit-resource=R:1:x")
+    assert "argument --rate-limit-resource: --rate-limit-resource option format is" in err
+    assert "got 'R:1:x': count and device are integers" in err
