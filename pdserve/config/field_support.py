@@ -395,17 +395,19 @@ def _message_type(field: FieldDescriptor) -> Descriptor | None:
 
 
 def set_fields(message: Message, prefix: str = "") -> Iterator[tuple[str, Any, bool]]:
-    """``(path, value, has_set_children)`` for every field set in ``message``, recursively.
+    """``(path, value, asks)`` for every field set in ``message``, recursively.
 
-    ``value`` is the field's value (for a repeated or map field, the container). A
-    message field counts as set when present; ``has_set_children`` says whether a field
-    below it is set too.
+    ``value`` is the field's value (for a repeated or map field, the container).
+    ``asks`` is whether the field asks for something by itself: a scalar, or an
+    element of a list or map, always does; a single message does only when none of its
+    own fields is set (``version_policy { all { } }``) and it is not one Triton writes out
+    empty (``optimization { cuda { } }``, ``model_repository_agents { }``: nothing asked).
     """
     for field, value in message.ListFields():
         path = prefix + field.name
         sub = _message_type(field)
         if sub is None:
-            yield path, value, False
+            yield path, value, True
             continue
         if field.message_type.GetOptions().map_entry:
             items: list[Message] = list(value.values())
@@ -414,8 +416,21 @@ def set_fields(message: Message, prefix: str = "") -> Iterator[tuple[str, Any, b
         else:
             items = [value]
         children = [c for item in items for c in set_fields(item, path + ".")]
-        yield path, value, bool(children)
+        single = not _is_repeated(field)
+        yield path, value, not children and (not single or not sub.fields or path in _PRESENCE)
         yield from children
+
+
+#: Single messages whose presence alone asks for something (the others, empty, ask nothing).
+_PRESENCE = frozenset(
+    {
+        "dynamic_batching",
+        "sequence_batching",
+        "sequence_batching.direct",
+        "sequence_batching.oldest",
+        "ensemble_scheduling",
+    }
+)
 
 
 def _is_repeated(field: FieldDescriptor) -> bool:
@@ -436,16 +451,17 @@ def check_fields(cfg: ModelConfig, fail: Fail, *, log_warnings: bool = True) -> 
     A set field that is refused for the model's backend fails (``fail(path, reason)``);
     a set field that is ignored adds a warning (``"<path> is ignored: <reason>"``),
     logged once per model and field when ``log_warnings``. A message field whose own
-    fields are set speaks through them. Refusals marked ``checked_elsewhere`` are left to that step.
+    fields are set speaks through them; an empty one asks nothing (Triton writes
+    ``model_repository_agents { }`` in every configuration it serves). Refusals marked ``checked_elsewhere`` are left to that step.
 
     Returns:
         The warnings, in field order.
     """
     backend = ENSEMBLE_PLATFORM if cfg.platform == ENSEMBLE_PLATFORM else cfg.backend
     warnings: list[str] = []
-    for path, value, has_children in set_fields(cfg):
-        if has_children:
-            continue  # its own fields speak for it
+    for path, value, asks in set_fields(cfg):
+        if not asks:
+            continue  # a message whose own fields speak for it, or an empty one
         support = FIELDS.get(path)
         if support is None:
             fail(path, "pdserve does not know this field of the model configuration")

@@ -233,6 +233,7 @@ class RateLimiter:
         start = time.monotonic_ns()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._staged, [slot.exec_count * slot.priority, next(self._seq), slot, fut])
+        self._attempt()  # it may be first in line now
         try:
             await fut
         except asyncio.CancelledError:

@@ -68,6 +68,8 @@ def _set_path(msg: Message, parts: list[str]) -> None:
         item = value.add() if repeated else value
         if len(parts) > 1:
             _set_path(item, parts[1:])
+        elif not repeated and sub.fields:  # an empty single message asks nothing: fill it
+            _set_path(item, [sub.fields[0].name])
         else:
             item.SetInParent()
         return
@@ -149,17 +151,18 @@ def test_an_ignored_field_warns_once_per_model_and_a_quiet_default_does_not(
 
 def test_backend_specific_rules() -> None:
     """graph.level is honoured by onnxruntime and ignored by python; batch_input is
-    refused on python; pinned memory off warns everywhere but pytorch."""
+    refused on python."""
     onnx = _config()
     onnx.optimization.graph.level = 1
     assert cfgmod.validate_config(onnx, "m") == []
     py = _config("python")
     py.optimization.graph.level = 1
-    py.optimization.input_pinned_memory.SetInParent()  # enable: false
+    py.optimization.input_pinned_memory.SetInParent()  # enable: false, which changes nothing
+    py.optimization.gather_kernel_buffer_threshold = 4
     warnings = cfgmod.validate_config(py, "m", errors=[])
     assert [w.split(" ", 1)[0] for w in warnings] == [
         "optimization.graph.level",
-        "optimization.input_pinned_memory",
+        "optimization.gather_kernel_buffer_threshold",
     ]
     py.batch_input.add(kind=0, target_name=["T"], source_input=["IN"])
     with pytest.raises(
@@ -237,3 +240,50 @@ def test_the_page_command_prints_every_field() -> None:
         capture_output=True,
     )
     assert bad.returncode == 2
+
+
+def test_a_configuration_as_triton_serves_it_loads_without_a_word() -> None:
+    """Triton writes empty messages and default values in every configuration it serves
+    (GET /v2/models/<m>/config); fed back (a config override), nothing is refused or
+    warned about."""
+    served = {
+        "name": "m",
+        "platform": "onnxruntime_onnx",
+        "backend": "onnxruntime",
+        "max_batch_size": 4,
+        "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [4], "format": "FORMAT_NONE"}],
+        "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [4]}],
+        "batch_input": [],
+        "batch_output": [],
+        "optimization": {
+            "priority": "PRIORITY_DEFAULT",
+            "cuda": {"graphs": False, "busy_wait_events": False, "output_copy_stream": False},
+            "input_pinned_memory": {"enable": True},
+            "output_pinned_memory": {"enable": True},
+            "gather_kernel_buffer_threshold": 0,
+            "eager_batching": False,
+        },
+        "instance_group": [
+            {
+                "name": "m",
+                "kind": "KIND_CPU",
+                "count": 1,
+                "gpus": [],
+                "secondary_devices": [],
+                "profile": [],
+                "passive": False,
+                "host_policy": "",
+            }
+        ],
+        "default_model_filename": "model.onnx",
+        "cc_model_filenames": {},
+        "metric_tags": {},
+        "parameters": {},
+        "model_warmup": [],
+        "model_transaction_policy": {"decoupled": False},
+        "model_repository_agents": {"agents": []},
+        "response_cache": {"enable": False},
+        "model_metrics": {"metric_control": []},
+    }
+    cfg = cfgmod.config_from_json(served)
+    assert cfgmod.validate_config(cfg, "m") == []
