@@ -100,8 +100,12 @@ _RATE = (
 #: field path -> its classification; every field reachable from ``ModelConfig``.
 FIELDS: dict[str, Support] = {
     "name": Support(HON, "honoured: must equal the model's folder name"),
-    "platform": Support(HON, "honoured: onnxruntime_onnx, pytorch_libtorch, ensemble"),
-    "backend": Support(HON, "honoured: onnxruntime, pytorch, python, remote"),
+    "platform": Support(
+        HON, "honoured: onnxruntime_onnx, pytorch_libtorch, ensemble; any other fails to load"
+    ),
+    "backend": Support(
+        HON, "honoured: onnxruntime, pytorch, python, remote; any other fails to load"
+    ),
     "runtime": Support(
         HON,
         "honoured by the pytorch backend ('model.py': the PyTorch 2 python runtime); elsewhere "

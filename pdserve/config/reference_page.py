@@ -18,8 +18,15 @@ def markdown() -> str:
     lines = [_HEADER.rstrip("\n"), "", "| field | status | what pdserve does |", "|---|---|---|"]
     for path in descriptor_paths():
         support = FIELDS[path]
-        lines.append(f"| `{path}` | {support.label()} | {support.reason} |")
+        lines.append(f"| `{path}` | {support.label()} | {_what(support.reason)} |")
     return "\n".join(lines) + "\n"
+
+
+def _what(reason: str) -> str:
+    """A reason without the status it repeats (``honoured: x`` -> ``x``)."""
+    if reason.startswith("honoured"):
+        reason = reason.removeprefix("honoured").lstrip(": ").strip()
+    return reason or "as in Triton"
 
 
 _HEADER = """\
