@@ -109,8 +109,10 @@ def build_server(settings: Settings) -> InferenceServer:
     cfgmod.set_max_instance_count(settings.max_instance_count)
     rate_limiter.configure(settings.rate_limit, settings.rate_limit_resource)
     if settings.rate_limit != "off":
+        grants = ", ".join(map(str, settings.rate_limit_resource))
         log.info(
-            "rate limiter: %s, resources %s", settings.rate_limit, settings.rate_limit_resource
+            "rate limiter: execution_count, resources: %s",
+            grants or "as many as the most one instance needs",
         )
     policies = settings.host_policies()
     for name, cores in sorted(policies.items()):

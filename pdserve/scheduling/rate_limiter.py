@@ -58,6 +58,11 @@ class ResourceGrant:
     count: int
     device: int | None = None
 
+    def __str__(self) -> str:
+        """As the flag is written: ``NAME:COUNT[:DEVICE]``."""
+        tail = "" if self.device is None else f":{self.device}"
+        return f"{self.name}:{self.count}{tail}"
+
 
 def parse_resource(text: str) -> ResourceGrant:
     """Read ``NAME:COUNT`` or ``NAME:COUNT:DEVICE`` (tritonserver's syntax).

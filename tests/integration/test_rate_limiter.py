@@ -125,6 +125,7 @@ def test_models_sharing_one_resource_never_run_together(limited: ServerProcess) 
     got = _intervals(limited, 0.3)
     assert len(got["stamp_a"]) == len(got["stamp_b"]) == 2
     assert _overlap(got["stamp_a"], got["stamp_b"]) == 0.0, got
+    assert "rate limiter: execution_count, resources: R:1" in limited.log()
     spans = sorted(got["stamp_a"] + got["stamp_b"])
     assert spans[-1][1] - spans[0][0] >= 4 * 0.3 - 0.05  # one at a time: four sleeps in a row
 

@@ -42,6 +42,7 @@ def group(resources: str, count: int = 1, priority: int = 0, extra: str = "") ->
 def test_parse_resource_as_tritonserver() -> None:
     assert parse_resource("R1:10") == ResourceGrant("R1", 10, None)
     assert parse_resource("R2:5:1") == ResourceGrant("R2", 5, 1)
+    assert [str(parse_resource(t)) for t in ("R1:10", "R2:5:1")] == ["R1:10", "R2:5:1"]
     for bad in ("R1", "R1:", ":3", "R1:x", "R1:1:2:3", "R1:-1", "R1:2:gpu"):
         with pytest.raises(ValueError, match="option format is '<resource_name>:<count>:<device>'"):
             parse_resource(bad)
