@@ -22,6 +22,7 @@ from pdserve.frontends.traffic.gate import TrafficGate
 from pdserve.observability.tracing import TraceManager
 from pdserve.repository.breaker import BreakerBoard, BreakerPolicy
 from pdserve.repository.layout import set_ready_marker
+from pdserve.scheduling import rate_limiter
 from pdserve.server import InferenceServer
 
 if TYPE_CHECKING:
@@ -106,6 +107,13 @@ def build_server(settings: Settings) -> InferenceServer:
             settings.version_ready_marker,
         )
     cfgmod.set_max_instance_count(settings.max_instance_count)
+    rate_limiter.configure(settings.rate_limit, settings.rate_limit_resource)
+    if settings.rate_limit != "off":
+        grants = ", ".join(map(str, settings.rate_limit_resource))
+        log.info(
+            "rate limiter: execution_count, resources: %s",
+            grants or "as many as the most one instance needs",
+        )
     policies = settings.host_policies()
     for name, cores in sorted(policies.items()):
         log.info("host policy %s: cpu-cores %s", name, format_cpu_list(cores))

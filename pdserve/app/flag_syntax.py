@@ -27,6 +27,7 @@ GROUPS = (
     "traffic control",
     "TLS",
     "tracing",
+    "rate limiter",
 )
 
 

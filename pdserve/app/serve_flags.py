@@ -12,6 +12,7 @@ valid is :class:`pdserve.app.settings.Settings`'s job.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from pdserve.frontends.http.server import (
 from pdserve.observability.logs import FORMATS as LOG_FORMATS
 from pdserve.repository.control import MODES
 from pdserve.repository.remote_store import is_remote_url
+from pdserve.scheduling.rate_limiter import MODES as RATE_LIMIT_MODES
+from pdserve.scheduling.rate_limiter import ResourceGrant, parse_resource
 
 from .flag_syntax import (
     HostPolicyAction,
@@ -54,6 +57,14 @@ def default_http_server() -> str:
     """``--http-server``'s default: ``$PDSERVE_HTTP_SERVER`` when set (so a whole test
     suite can run on either transport), else ``native``."""
     return os.environ.get("PDSERVE_HTTP_SERVER", "").strip() or "native"
+
+
+def rate_limit_resource_arg(text: str) -> ResourceGrant:
+    """``--rate-limit-resource NAME:COUNT[:DEVICE]`` (argparse type: a bad one exits 2)."""
+    try:
+        return parse_resource(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def repository_arg(text: str) -> Path | str:
@@ -650,4 +661,29 @@ class ServeFlags:
         "(default: level OFF, rate 1000; needs pip install 'pdserve[tracing]' to trace)",
         action="append",
         metavar="[MODE,]SETTING=VALUE",
+    )
+
+    # -- rate limiter (tritonserver's) ---------------------------------------------------
+    rate_limit: str = flag(
+        "--rate-limit",
+        "off",
+        "rate limiter",
+        "off: a model instance runs a batch as soon as it is free; execution_count: only "
+        "when the resources its instance_group rate_limiter names are free, waiting "
+        "instances served by execution count x priority (default {default})",
+        type=str.lower,
+        choices=RATE_LIMIT_MODES,
+        metavar="MODE",
+    )
+    rate_limit_resource: tuple[ResourceGrant, ...] = flag(
+        "--rate-limit-resource",
+        (),
+        "rate limiter",
+        "copies of a rate limiter resource, repeatable: NAME:COUNT on every device, or "
+        "NAME:COUNT:DEVICE (a global resource takes the largest count given for its name); "
+        "once one is given, a resource not given has none and a model needing it fails to "
+        "load (default: as many as the most any one loaded instance needs)",
+        action="append",
+        type=rate_limit_resource_arg,
+        metavar="NAME:COUNT[:DEVICE]",
     )

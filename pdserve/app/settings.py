@@ -25,6 +25,7 @@ from pdserve.frontends.traffic.apis import RestrictedApiError, parse_restricted
 from pdserve.observability.trace_config import TraceConfig, TraceConfigError, parse_trace_config
 from pdserve.repository.control import EXPLICIT_MODES, MODES
 from pdserve.repository.remote_store import default_cache_dir
+from pdserve.scheduling.rate_limiter import MODES as RATE_LIMIT_MODES
 
 from .flag_syntax import add_flags
 from .serve_flags import HTTP_SERVERS, ServeFlags
@@ -100,6 +101,11 @@ class Settings(ServeFlags):
         if self.max_instance_count < 1:
             raise SettingsError(
                 "--max-instance-count", f"must be >= 1, got {self.max_instance_count}"
+            )
+        if self.rate_limit not in RATE_LIMIT_MODES:
+            raise SettingsError(
+                "--rate-limit",
+                f"must be one of {', '.join(RATE_LIMIT_MODES)}, got {self.rate_limit!r}",
             )
         self._validate_http()
         self._validate_grpc()

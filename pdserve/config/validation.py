@@ -10,6 +10,7 @@ from tritonclient.grpc import model_config_pb2
 
 from pdserve.config.batching import validate_dynamic_batching, validate_sequence_batching
 from pdserve.config.defaults import max_instance_count
+from pdserve.config.field_support import check_fields
 from pdserve.config.schema import (
     ENSEMBLE_PLATFORM,
     KNOWN_BACKENDS,
@@ -51,7 +52,10 @@ def validate_config(
     ``ensemble_scheduling`` with steps, no backend and no instance groups, and
     only an ensemble has ``ensemble_scheduling``. Beyond Triton's rules: the
     decoupled transaction policy only with the python backend (and ensembles);
-    ``sequence_batching`` as :func:`~pdserve.config.batching.validate_sequence_batching` says.
+    ``sequence_batching`` as :func:`~pdserve.config.batching.validate_sequence_batching` says;
+    every set field as :data:`pdserve.config.field_support.FIELDS` classifies it (a refused
+    one fails, an ignored one is a warning, logged once per model and field unless
+    ``errors`` is given).
 
     Run it after auto-complete, as Triton does. With ``complete=False`` the
     checks auto-complete could still satisfy (a missing ``data_type`` or
@@ -73,7 +77,7 @@ def validate_config(
     Returns:
         Warnings: things Triton accepts that are probably not what the user
         meant (``dynamic_batching`` on a model with ``max_batch_size: 0``: Triton
-        queues but never batches its requests).
+        queues but never batches its requests), and the ignored fields set.
 
     Raises:
         ConfigError: the first rule broken, naming the field (not with ``errors``).
@@ -98,6 +102,7 @@ def validate_config(
     _refuse_unserved_scheduling(cfg, fail)
     _validate_instance_groups(cfg, fail)
     _validate_ensemble_fields(cfg, fail)
+    warnings.extend(check_fields(cfg, fail, log_warnings=errors is None))
     return warnings
 
 

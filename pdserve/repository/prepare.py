@@ -20,6 +20,7 @@ from pdserve.backends import host_policy
 from pdserve.backends.base import Backend, ModelSpec
 from pdserve.backends.registry import get_backend, unavailable_reason
 from pdserve.repository import layout
+from pdserve.scheduling import rate_limiter
 from pdserve.scheduling.ensemble import EnsembleBackend
 from pdserve.scheduling.padding import validate_padding
 
@@ -92,7 +93,8 @@ async def complete_config(
     :func:`pdserve.config.apply_defaults` (``KIND_AUTO`` groups become GPU groups on
     ``backend.usable_gpus()``), :func:`pdserve.config.validate_config` with the
     backend registry's check, the ``padding`` parameter's check
-    (:func:`pdserve.scheduling.padding.validate_padding`), and
+    (:func:`pdserve.scheduling.padding.validate_padding`), the rate limiter's resources
+    (:func:`pdserve.scheduling.rate_limiter.check_config`), and
     :func:`pdserve.backends.host_policy.check_instance_groups` against
     ``host_policies`` (skipped when None).
 
@@ -132,6 +134,10 @@ async def complete_config(
         errors.append(error)
 
     validate_padding(cfg, fail)  # the ``padding`` parameter
+    try:
+        rate_limiter.check_config(cfg, where)  # resources the command line cannot grant
+    except cfgmod.ConfigError as e:
+        fail(e.field, e.message)
     if host_policies is not None:
         try:
             host_policy.check_instance_groups(spec.name, cfg, host_policies)

@@ -1,4 +1,5 @@
-"""Schedulers: direct (no batching), the dynamic batcher and the sequence batcher.
+"""Schedulers: direct (no batching), the dynamic batcher and the sequence batcher; the
+rate limiter (:mod:`pdserve.scheduling.rate_limiter`) gates every batch when it is on.
 
 :func:`create_scheduler` picks one from the model configuration, as Triton does:
 ``sequence_batching { }`` present -> sequence batcher (stateful models),
@@ -10,16 +11,24 @@ model configuration (:class:`~pdserve.scheduling.base.OutputCheck`).
 from __future__ import annotations
 
 from pdserve.config import ENSEMBLE_PLATFORM
+from pdserve.scheduling import rate_limiter
 from pdserve.scheduling.base import DirectScheduler, InstancePool, ScheduledModel, Scheduler
 
 
 def create_scheduler(model: ScheduledModel) -> Scheduler:
-    """Build the scheduler for a loaded model version (instances already created)."""
+    """Build the scheduler for a loaded model version (instances already created), and
+    register its instances with the rate limiter (:func:`rate_limiter.register`).
+
+    Raises:
+        pdserve.config.ConfigError: the rate limiter's resources no longer hold (see
+            :meth:`~pdserve.scheduling.rate_limiter.RateLimiter.register`).
+    """
     # an ensemble has no instances: its steps' schedulers do the work
     if model.config.platform == ENSEMBLE_PLATFORM:
         from pdserve.scheduling.ensemble import EnsembleScheduler
 
         return EnsembleScheduler(model)
+    rate_limiter.register(model.config, model.instances)
     pool = InstancePool(model.instances)
     cfg = model.config
     if cfg.HasField("sequence_batching"):

@@ -26,6 +26,7 @@ from pdserve.core.cancel import CancelToken
 from pdserve.core.datatypes import V2_TO_NUMPY, WILDCARD_DIM, numpy_to_v2, shape_str
 from pdserve.core.errors import InferError, client_gone, internal, unavailable
 from pdserve.core.stats import NOT_QUEUED, ModelStats
+from pdserve.scheduling import rate_limiter
 from pdserve.scheduling.shapes import reshape_dims, shape_matches
 
 if TYPE_CHECKING:
@@ -330,47 +331,60 @@ async def run_batch(
     every request's outputs are checked against the configuration (datatype, rows,
     dims; ``reshape`` applied); a request whose outputs are wrong gets ``INTERNAL``.
 
+    With the rate limiter on (:mod:`pdserve.scheduling.rate_limiter`), the batch first
+    waits for the resources the instance's group names (the wait counts as queue time)
+    and gives them back when it ends, however it ends.
+
     When a request of the batch is traced (:mod:`pdserve.core.tracing`), its ``queue``
     and ``compute`` spans (``compute_input`` / ``compute_infer`` / ``compute_output``
     inside, split where the backend marked them) are added under its model span.
     """
-    traced = None
-    if tracing.state.enabled and (
-        batch[0].request.trace is not None
-        or (len(batch) > 1 and any(r.request.trace is not None for r in batch))
-    ):
-        traced = _trace_begin(batch)
-    start = time.monotonic_ns()
+    limiter = rate_limiter.active
+    slot = None if limiter is None else limiter.slot(instance)
+    if slot is not None:
+        await slot.limiter.acquire(slot, batch)
     try:
-        results = await instance.execute(batch)
-        if len(results) != len(batch):
-            raise internal(
-                f"model instance {instance.name} returned {len(results)} responses for "
-                f"{len(batch)} requests"
-            )
-    except InferError as e:
-        # one error object per request, without this frame's traceback: a shared or
-        # traceback-holding error would keep every request of the batch alive
-        results = [e.fresh() for _ in batch]
-    except RuntimeError as e:
-        if "after shutdown" in str(e):  # an executor closed under us: the server is stopping
-            results = [
-                unavailable(f"model instance {instance.name} is shutting down: {e}") for _ in batch
-            ]
-        else:
-            results = [internal(f"RuntimeError: {e}") for _ in batch]
-    except Exception as e:  # a backend fault fails its batch only
-        results = [internal(f"{type(e).__name__}: {e}") for _ in batch]
-    elapsed = time.monotonic_ns() - start
-    rows = sum(r.batch_size for r in batch)
-    stats.record_execution(rows, 0, elapsed, 0)
-    stats.record_compute(len(batch), 0, elapsed, 0)
-    for r in batch:
-        r.compute_ns = elapsed
-    if traced is not None:
-        _trace_end(traced, instance, batch, start, start + elapsed)
-    if check is not None:
-        results = check.results(batch, results)
+        traced = None
+        if tracing.state.enabled and (
+            batch[0].request.trace is not None
+            or (len(batch) > 1 and any(r.request.trace is not None for r in batch))
+        ):
+            traced = _trace_begin(batch)
+        start = time.monotonic_ns()
+        try:
+            results = await instance.execute(batch)
+            if len(results) != len(batch):
+                raise internal(
+                    f"model instance {instance.name} returned {len(results)} responses for "
+                    f"{len(batch)} requests"
+                )
+        except InferError as e:
+            # one error object per request, without this frame's traceback: a shared or
+            # traceback-holding error would keep every request of the batch alive
+            results = [e.fresh() for _ in batch]
+        except RuntimeError as e:
+            if "after shutdown" in str(e):  # an executor closed under us: the server is stopping
+                results = [
+                    unavailable(f"model instance {instance.name} is shutting down: {e}")
+                    for _ in batch
+                ]
+            else:
+                results = [internal(f"RuntimeError: {e}") for _ in batch]
+        except Exception as e:  # a backend fault fails its batch only
+            results = [internal(f"{type(e).__name__}: {e}") for _ in batch]
+        elapsed = time.monotonic_ns() - start
+        rows = sum(r.batch_size for r in batch)
+        stats.record_execution(rows, 0, elapsed, 0)
+        stats.record_compute(len(batch), 0, elapsed, 0)
+        for r in batch:
+            r.compute_ns = elapsed
+        if traced is not None:
+            _trace_end(traced, instance, batch, start, start + elapsed)
+        if check is not None:
+            results = check.results(batch, results)
+    finally:
+        if slot is not None:
+            slot.limiter.release(slot)
     return results
 
 

@@ -91,6 +91,8 @@ FLAGS = {
     "--http-server-key",
     "--http-root-cert",
     "--metrics-use-ssl",
+    "--rate-limit",
+    "--rate-limit-resource",
 }
 
 
@@ -699,3 +701,25 @@ def test_help_lists_the_tls_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert "TLS options:" in out
     assert "--grpc-use-ssl-mutual [BOOL], --no-grpc-use-ssl-mutual\n" in out
     assert "--grpc-server-cert FILE" in out and "--http-root-cert FILE" in out
+
+
+# -- the rate limiter's flags ---------------------------------------------------------------
+
+
+def test_rate_limit_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pdserve.scheduling.rate_limiter import ResourceGrant
+
+    assert parse(tmp_path).rate_limit == "off"
+    assert parse(tmp_path).rate_limit_resource == ()
+    settings = parse(
+        tmp_path,
+        "--rate-limit=EXECUTION_COUNT",
+        "--rate-limit-resource=R:1",
+        "--rate-limit-resource",
+        "S:2:0",
+    )
+    assert settings.rate_limit == "execution_count"
+    assert settings.rate_limit_resource == (ResourceGrant("R", 1, None), ResourceGrant("S", 2, 0))
+    err = serve_error(capsys, "--rate-limit-resource=R:1:x")
+    assert "argument --rate-limit-resource: --rate-limit-resource option format is" in err
+    assert "got 'R:1:x': count and device are integers" in err
