@@ -83,6 +83,11 @@ def snippets(page: str) -> list[Snippet]:
 ALL = [s for page in PAGES for s in snippets(page)]
 
 
+def test_readme_is_short() -> None:
+    size = (ROOT / "README.md").stat().st_size
+    assert size <= 10 * 1024, f"README.md is {size} bytes: move detail to a page under docs/"
+
+
 def test_every_page_has_snippets_that_run() -> None:
     for page in PAGES:
         runs = [s for s in ALL if s.page == page and s.skip is None]
