@@ -122,7 +122,7 @@ def cli_page() -> str:
             out += [f"**{group.title}**", "", "| flag | meaning |", "| --- | --- |"]
             out += [f"| {_flag(a)} | {_help(sub, a)} |" for a in actions]
             out.append("")
-    return "\n".join(out).rstrip() + "\n"
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).rstrip() + "\n"
 
 
 # -- metrics ---------------------------------------------------------------------
