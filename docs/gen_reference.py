@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
+import importlib.util
 import json
 import os
 import re
@@ -434,9 +436,21 @@ PAGES: dict[str, Callable[[], str]] = {
     "http-routes.md": routes_page,
 }
 
-# Hook for the ModelConfig field page (docs/reference/model-config.md): when a
-# generator for it exists (e.g. pdserve.config.field_support), register it here as
-# PAGES["model-config.md"] so that --check covers it too.
+
+def _model_config_page() -> Callable[[], str] | None:
+    """The ModelConfig field page's renderer, ``pdserve.config.reference_page.markdown``
+    (built from ``pdserve.config.field_support``'s field table), where it exists."""
+    if importlib.util.find_spec("pdserve.config.reference_page") is None:
+        return None
+    module = importlib.import_module("pdserve.config.reference_page")
+    render: Callable[[], str] = module.markdown
+    return render
+
+
+# docs/reference/model-config.md: generated, and checked, once pdserve has the field table.
+_config_page = _model_config_page()
+if _config_page is not None:
+    PAGES["model-config.md"] = _config_page
 
 
 def render_all() -> dict[str, str]:
