@@ -9,7 +9,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: serve test examples lint format bench bench-perf-tool bench-frontend clean sysdeps
+.PHONY: serve test docs docs-build examples lint format bench bench-perf-tool bench-frontend clean sysdeps
 
 # Debian packages the tests start themselves on 127.0.0.1 (and stop by PID): add the
 # package to SYSPKGS and one of its commands to SYSCMDS. Installed only when a command is missing.
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[examples,test,perf,check,traffic,pytorch,tracing,ray,remote-repo]'
+	$(PY) -m pip install -q -e '.[examples,test,perf,check,traffic,pytorch,tracing,ray,remote-repo,docs]'
 	touch $(STAMP)
 
 sysdeps:
@@ -58,7 +58,15 @@ HTTP_TESTS := $(addprefix tests/integration/test_,http_api.py http_server.py \
 	http_openapi.py error_codes.py shutdown.py decoupled.py auth.py cancellation.py \
 	robustness.py tls.py)
 
-test: sysdeps examples lint
+# The documentation site (mkdocs.yml, docs/): --strict fails on a broken link or a page
+# missing from the nav; `make docs` serves it with live reload.
+docs-build: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8008
+
+test: sysdeps examples lint docs-build
 	$(PY) -m pytest -q
 	PDSERVE_HTTP_SERVER=asgi $(PY) -m pytest -q $(HTTP_TESTS)
 

@@ -2,7 +2,7 @@
 # pdserve with auth, rate limits shared by every replica through Redis, Triton-style
 # restricted admin APIs, a circuit breaker on every model version, and version folders
 # published by a READY marker (poll mode), so <model>/traffic.yaml drives canaries,
-# shadow traffic and SLO-driven rollouts (see README.md).
+# shadow traffic and SLO-driven rollouts (see docs/user-guide/traffic.md).
 exec python -m pdserve serve \
   --model-repository /models \
   --host 0.0.0.0 \

@@ -4,7 +4,7 @@ Every model goes through the checks ``serve`` would make before loading it, with
 serve's code and messages: ``config``, ``model-file``, ``onnx-checker``, the backend's
 auto-complete (``onnx-config`` / ``python-import`` / ``pytorch-config`` / ``ensemble``),
 ``warmup``, ``identity``, ``golden`` and each ``rule:<name>`` of ``--rules`` (the
-README's "Checking a repository" says what each proves). A failing check never stops
+docs/tools/check.md says what each proves). A failing check never stops
 the others, so one run reports every problem. Nothing is loaded into a server: ONNX
 models are opened with ONNX Runtime on the CPU, python models are imported in a
 worker process.
@@ -513,7 +513,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         "--rules",
         type=Path,
         metavar="FILE",
-        help="TOML rules file (README: 'Checking a repository')",
+        help="TOML rules file (docs/tools/check.md)",
     )
     p.add_argument(
         "--format",

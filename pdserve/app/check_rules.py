@@ -10,7 +10,7 @@ form ``GET /v2/models/{m}/config`` returns (field names as in config.pbtxt)::
     field = "max_batch_size"            # dotted path; "[*]" walks every list element
     max = 64                            # every value found must be <= 64
 
-The keys of a rule are listed in :class:`Rule`; the README has more examples.
+The keys of a rule are listed in :class:`Rule`; docs/tools/check.md has more examples.
 """
 
 from __future__ import annotations

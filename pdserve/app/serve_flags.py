@@ -494,7 +494,7 @@ class ServeFlags:
         "traffic control",
         "auth config file (YAML/JSON): API keys (sha256/scrypt hashes or env vars), JWT "
         "(JWKS file, audience, issuer, leeway), what each may use, rate limits; reloaded "
-        "when it changes and on SIGHUP. See README 'Auth, rate limits, circuit breaker'",
+        "when it changes and on SIGHUP. See docs/user-guide/security.md",
         type=Path,
         metavar="FILE",
     )

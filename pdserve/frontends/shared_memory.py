@@ -224,7 +224,7 @@ class SharedMemoryRegistry:
     the request; an output is written into it and the response carries its name,
     datatype and shape but no data.
 
-    Rules (where Triton is silent or looser, pdserve's choice, documented in the README):
+    Rules (where Triton is silent or looser, pdserve's choice, documented in docs/user-guide/shared-memory.md):
 
     - Off unless the server runs with ``--allow-client-shm`` (Triton's flag, off by
       default since 26.04). Off: every endpoint and every request naming a region is

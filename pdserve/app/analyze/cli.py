@@ -35,7 +35,7 @@ from pdserve.core.procmem import parse_size
 EPILOG = """\
 examples:
   pdserve analyze -m efficientnet_lite0 --p99-ms 200 --memory-budget 2GiB --max-minutes 8
-  pdserve analyze -m image_classifier --input-data images.json --p99-ms 500
+  pdserve analyze -m image_classifier --input-data examples/perf/images.json --p99-ms 500
   pdserve analyze -m tiny --search grid --instance-counts 1,2 --max-batch-sizes 8,32 \\
       --preferred-batch-sizes none --queue-delays-us off,0 --max-minutes 2
   pdserve analyze -m tiny -u localhost:8000      # a running server (explicit mode)
