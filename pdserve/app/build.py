@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from pdserve import config as cfgmod
 from pdserve.app.settings import Settings
+from pdserve.app.triton_flags import log_ignored
 from pdserve.backends.host_policy import format_cpu_list
 from pdserve.cache import AnyResponseCache, RedisResponseCache, ResponseCache
 from pdserve.core.errors import InferError
@@ -22,6 +23,7 @@ from pdserve.frontends.traffic.gate import TrafficGate
 from pdserve.observability.tracing import TraceManager
 from pdserve.repository.breaker import BreakerBoard, BreakerPolicy
 from pdserve.repository.layout import set_ready_marker
+from pdserve.repository.prepare import set_auto_complete
 from pdserve.server import InferenceServer
 
 if TYPE_CHECKING:
@@ -92,6 +94,19 @@ async def sync_remote_repository(settings: Settings) -> RemoteRepository | None:
     return remote
 
 
+def log_compat_flags(settings: Settings) -> None:
+    """Say, once at start, which tritonserver flags given are ignored and why
+    (:func:`pdserve.app.triton_flags.log_ignored`), and when auto-complete is off."""
+    log_ignored(settings.ignored_flags, log)
+    if settings.strict_model_config is not None:
+        log.warning(
+            "'--strict-model-config' has been deprecated! Please use "
+            "'--disable-auto-complete-config' instead."
+        )
+    if not settings.auto_complete:
+        log.info("auto-complete off: every model needs a complete config.pbtxt")
+
+
 def build_server(settings: Settings) -> InferenceServer:
     """Step 1: the core, configured at construction (it loads nothing yet).
 
@@ -100,6 +115,7 @@ def build_server(settings: Settings) -> InferenceServer:
             process can no longer use.
     """
     set_ready_marker(settings.version_ready_marker or None)
+    set_auto_complete(settings.auto_complete)
     if settings.version_ready_marker:
         log.info(
             "publish-by-marker: a version folder is served once it holds %s",
@@ -140,6 +156,7 @@ def build_server(settings: Settings) -> InferenceServer:
         load_wait_s=settings.model_load_wait_secs,
         breakers=BreakerBoard(breaker_policy),
     )
+    server.server_id = settings.server_id  # --id: the server metadata's name
     server.tracer = build_tracer(settings)
     if settings.model_control_mode in ("explicit", "on_demand"):
         log.info(

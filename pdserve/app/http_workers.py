@@ -194,7 +194,7 @@ class HttpWorkers:
             OSError: the port cannot be had.
             RuntimeError: a worker did not start.
         """
-        self._reserve = reserve_port(self.settings.host, self.settings.http_port)
+        self._reserve = reserve_port(self.settings.http_host, self.settings.http_port)
         self.port = self._reserve.getsockname()[1]
         self.settings = dataclasses.replace(self.settings, http_port=self.port, http_workers=1)
         try:
@@ -369,7 +369,7 @@ async def start_http_workers(
         raise StartError(str(e)) from None
     logging.getLogger("pdserve").info(
         "HTTP (KServe V2) listening on http://%s:%d (%d worker processes)",
-        settings.host,
+        settings.http_host,
         workers.port,
         workers.count,
     )
@@ -418,7 +418,7 @@ async def _serve_worker(fd: int) -> int:
     shm = ProxySharedMemory(client, core, shm_enabled)
     stop_event = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop_event.set)
-    listener = reuseport_listener(settings.host, settings.http_port)
+    listener = reuseport_listener(settings.http_host, settings.http_port)
 
     def draining() -> bool:
         return client.draining or stop_event.is_set()

@@ -37,7 +37,16 @@ from pdserve.observability.logs import FORMATS as LOG_FORMATS
 from pdserve.repository.control import MODES
 from pdserve.repository.remote_store import is_remote_url
 
-from .flag_syntax import HostPolicyAction, flag, parse_bool, size_arg, switch
+from .flag_syntax import (
+    HostPolicyAction,
+    RepositoryAction,
+    flag,
+    int_bool,
+    lower,
+    parse_bool,
+    size_arg,
+    switch,
+)
 
 #: ``--http-server`` choices: pdserve's native HTTP/1.1 transport, or the ASGI app on uvicorn.
 HTTP_SERVERS = ("native", "asgi")
@@ -68,6 +77,8 @@ class ServeFlags:
         "file://...) served from a local cache (see --model-repository-cache) "
         "(default: the example repository built by examples/build.py)",
         type=repository_arg,
+        aliases=("--model-store",),
+        action=RepositoryAction,
     )
     model_repository_cache: Path | None = flag(
         "--model-repository-cache",
@@ -82,8 +93,9 @@ class ServeFlags:
         "--log-verbose",
         0,
         "logging",
-        "verbose logging level: 0 (info) or 1+ (debug) (default {default})",
-        type=int,
+        "verbose logging level: 0 (info) or 1+ (debug); true/false as tritonserver "
+        "(default {default})",
+        type=int_bool,
     )
     exit_timeout_secs: float = flag(
         "--exit-timeout-secs",
@@ -173,8 +185,10 @@ class ServeFlags:
         "--max-request-bytes",
         DEFAULT_MAX_REQUEST_BYTES,
         "HTTP",
-        "largest HTTP request body accepted, after decompression (default {default})",
+        "largest HTTP request body accepted, after decompression (default {default}); "
+        "--http-max-input-size is tritonserver's name for it",
         type=int,
+        aliases=("--http-max-input-size",),
     )
     http_body_timeout_secs: float = flag(
         "--http-body-timeout-secs",
@@ -394,6 +408,7 @@ class ServeFlags:
         "--load-model models, then what the repository API asks; on_demand: explicit, "
         "and a request for a model not loaded loads it (default {default})",
         choices=MODES,
+        type=lower,
     )
     load_models: tuple[str, ...] | None = flag(
         "--load-model",
@@ -547,3 +562,78 @@ class ServeFlags:
         action="append",
         metavar="[MODE,]SETTING=VALUE",
     )
+
+    # -- tritonserver's flags (Triton's names; the settings pdserve has) ------------------
+    server_id: str = flag(
+        "--id",
+        "pdserve",
+        "server",
+        "identifier of this server: the name in the server metadata (default {default})",
+        metavar="ID",
+    )
+    exit_on_error: bool = flag(
+        "--exit-on-error",
+        False,
+        "server",
+        "exit (status 1) when a model fails to load at start-up, as tritonserver does by "
+        "default (default {default})",
+        type=parse_bool,
+        nargs="?",
+        const=True,
+        metavar="BOOL",
+    )
+    disable_auto_complete_config: bool = flag(
+        "--disable-auto-complete-config",
+        False,
+        "model control",
+        "no backend auto-complete: every model needs a config.pbtxt naming what it "
+        "needs (inputs, outputs, max_batch_size) (default {default})",
+        action="store_true",
+    )
+    strict_model_config: bool | None = flag(
+        "--strict-model-config",
+        None,
+        "model control",
+        "tritonserver's deprecated form: true is --disable-auto-complete-config",
+        type=parse_bool,
+        metavar="BOOL",
+    )
+    log_file: Path | None = flag(
+        "--log-file",
+        None,
+        "logging",
+        "write the log to this file (appended) instead of stderr",
+        type=Path,
+        metavar="FILE",
+    )
+    allow_http: bool = switch(
+        "--allow-http",
+        True,
+        "HTTP",
+        "serve the V2 HTTP protocol on --http-port (default {default})",
+    )
+    http_address: str | None = flag(
+        "--http-address",
+        None,
+        "HTTP",
+        "address the HTTP listener binds (default: --host)",
+        metavar="ADDRESS",
+    )
+    grpc_address: str | None = flag(
+        "--grpc-address",
+        None,
+        "gRPC",
+        "address the gRPC listener binds (default: --host)",
+        metavar="ADDRESS",
+    )
+    metrics_address: str | None = flag(
+        "--metrics-address",
+        None,
+        "metrics",
+        "address the metrics listener binds (default: the HTTP address)",
+        metavar="ADDRESS",
+    )
+
+    #: tritonserver flags given that pdserve ignores, as (flag, value)
+    #: (:mod:`pdserve.app.triton_flags`; no flag of its own).
+    ignored_flags: tuple[tuple[str, str], ...] = ()

@@ -42,7 +42,7 @@ Stop = Callable[[], Awaitable[None]]
 
 def http_listen_error(settings: Settings, reason: object = None) -> StartError:
     """The error of an HTTP address that cannot be bound, with ``reason`` when known."""
-    where = f"could not listen for HTTP on {settings.host}:{settings.http_port}"
+    where = f"could not listen for HTTP on {settings.http_host}:{settings.http_port}"
     return StartError(where if reason is None else f"{where}: {reason}")
 
 
@@ -53,7 +53,7 @@ def _log_listening(settings: Settings, sock: socket.socket | None, transport: st
     log.log(
         logging.INFO if sock is None else logging.DEBUG,
         "HTTP (KServe V2) listening on http://%s:%d (%s transport)",
-        settings.host,
+        settings.http_host,
         settings.http_port,
         transport,
     )
@@ -111,7 +111,7 @@ async def start_http(
     app = listeners.close_connections_while(draining, http_app)
     http = serve_http(
         app,
-        settings.host,
+        settings.http_host,
         settings.http_port,
         limits=settings.http_limits,
         body_timeout=settings.http_body_timeout_secs,
@@ -164,7 +164,7 @@ async def start_native_http(
     """
     http = NativeHttpServer(
         app,
-        settings.host,
+        settings.http_host,
         settings.http_port,
         limits=settings.http_limits,
         draining=draining,
@@ -204,7 +204,7 @@ async def start_grpc(
     try:
         srv = await grpc_server.serve_grpc(
             server,
-            settings.host,
+            settings.grpc_host,
             settings.grpc_port,
             max_message_bytes=settings.grpc_max_message_bytes,
             gate=gate,
@@ -215,7 +215,7 @@ async def start_grpc(
         )
     except RuntimeError as e:
         raise StartError(str(e)) from None
-    log.info("gRPC (KServe V2) listening on %s:%d", settings.host, settings.grpc_port)
+    log.info("gRPC (KServe V2) listening on %s:%d", settings.grpc_host, settings.grpc_port)
 
     async def stop() -> None:
         # the native transport ends its connections itself (GOAWAY, calls in flight finish)
@@ -249,7 +249,7 @@ async def start_metrics(
         exporter.sources.append(server.tracer.samples)
     if gate is not None:
         exporter.sources.append(gate.samples)
-    host, port = settings.host, settings.metrics_port
+    host, port = settings.metrics_host, settings.metrics_port
     try:
         listener = await metrics_http.serve_metrics(
             exporter.render, host, port, content_type=metrics.CONTENT_TYPE
@@ -288,8 +288,9 @@ def start_poller(
     return stop
 
 
-async def load_models(settings: Settings, server: InferenceServer) -> None:
-    """Step 7: the initial load (a model that fails is logged, never fatal)."""
+async def load_models(settings: Settings, server: InferenceServer) -> int:
+    """Step 7: the initial load; returns how many model versions failed to load (each
+    is logged; fatal only with ``--exit-on-error``, which the caller acts on)."""
     await server.start()
     rows = server.repository_index()
     ready = [r for r in rows if r.get("state") == "READY"]
@@ -311,3 +312,4 @@ async def load_models(settings: Settings, server: InferenceServer) -> None:
             r.get("state"),
             r.get("reason", ""),
         )
+    return len(failed)
