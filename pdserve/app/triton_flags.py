@@ -60,22 +60,35 @@ TRITONSERVER_FLAGS = (
     "--trace-rate", "--trace-count", "--trace-log-frequency",
 )  # fmt: skip
 
-#: What a pdserve flag of another name does for a tritonserver flag (the docs' notes).
+#: tritonserver flags that another pdserve flag does (the docs' notes).
 MAPPED = {
     "--model-store": "another name of --model-repository",
     "--http-max-input-size": "another name of --max-request-bytes (same meaning, 64 MiB default)",
     "--strict-model-config": "=true is --disable-auto-complete-config (deprecated in Triton too)",
-    "--disable-auto-complete-config": "no backend auto-complete; config.pbtxt required",
     "--trace-file": "--trace-config triton,file=PATH (refused: pdserve exports OpenTelemetry)",
     "--trace-level": "--trace-config level=LEVEL",
     "--trace-rate": "--trace-config rate=N",
     "--trace-count": "--trace-config count=N",
     "--trace-log-frequency": "--trace-config triton,log-frequency=N",
-    "--id": "the server metadata's name (pdserve serve: pdserve; tritonserver: triton)",
-    "--http-address": "default --host",
-    "--grpc-address": "default --host",
-    "--metrics-address": "default --http-address",
-    "--backend-config": "syntax checked; each setting logged as ignored (see the table below)",
+}
+
+#: Notes on implemented tritonserver flags, where pdserve's differs or adds.
+NOTES = {
+    "--help": "also -h",
+    "--id": "the server metadata's name (default: pdserve; tritonserver: triton)",
+    "--log-verbose": "an integer, or true / false",
+    "--log-format": "default or ISO8601, and pdserve's json",
+    "--model-repository": "one repository (a second, different one is refused); also a URL",
+    "--exit-on-error": "default: false for pdserve serve, true for tritonserver",
+    "--strict-readiness": "default: false for pdserve serve, true for tritonserver",
+    "--disable-auto-complete-config": "config.pbtxt required and complete (inputs, outputs, "
+    "max_batch_size, dynamic_batching are not filled in)",
+    "--model-control-mode": "none, poll, explicit in any case, and pdserve's on_demand",
+    "--load-model": "repeatable; with --model-control-mode=explicit (or on_demand)",
+    "--http-address": "default: --host (127.0.0.1 for pdserve serve, 0.0.0.0 for tritonserver)",
+    "--grpc-address": "default: --host",
+    "--metrics-address": "default: the HTTP address",
+    "--log-file": "appended to; stderr without it",
 }
 
 
@@ -177,6 +190,22 @@ class IgnoredFlag:
     harmless: object = None
     repeatable: bool = False
 
+    def warns(self, text: str) -> bool:
+        """Whether the value ``text`` asks for what pdserve lacks (a WARNING)."""
+        return self.harmless is not None and self.parse(text) != self.harmless
+
+    def warning_note(self) -> str:
+        """When a value is logged as a WARNING, for the docs ('' when never)."""
+        if self.harmless is None:
+            return ""
+        if self.harmless is NEVER_HARMLESS:
+            return "any value: WARNING"
+        return f"a value other than {str(self.harmless).lower() or 'empty'}: WARNING"
+
+
+#: :attr:`IgnoredFlag.harmless` of a flag whose every value asks for a missing feature.
+NEVER_HARMLESS = object()
+
 
 _NO_GPU_POOLS = "pdserve's backends allocate their own device memory (no server-side pools)"
 _EVENT_LOOP = "pdserve serves HTTP and gRPC on an event loop, not a thread pool"
@@ -222,7 +251,9 @@ IGNORED: dict[str, IgnoredFlag] = {
         "none",
     ),
     "--grpc-max-connection-age": IgnoredFlag(
-        _int, "gRPC connections have no maximum age (GRPC_ARG_MAX_CONNECTION_AGE_MS)", None
+        _int,
+        "gRPC connections have no maximum age (GRPC_ARG_MAX_CONNECTION_AGE_MS)",
+        NEVER_HARMLESS,
     ),
     "--grpc-max-connection-age-grace": IgnoredFlag(
         _int, "gRPC connections have no maximum age, so no grace either"
@@ -346,15 +377,12 @@ def log_ignored(flags: Iterable[tuple[str, str]], log: logging.Logger) -> None:
     feature pdserve lacks (``--allow-sagemaker=true``); each ``--backend-config``
     setting on its own line."""
     for name, value in flags:
-        spec = IGNORED[name]
-        parsed = spec.parse(value)
-        harmless = spec.harmless is None or parsed == spec.harmless
         log.log(
-            logging.INFO if harmless else logging.WARNING,
+            logging.WARNING if IGNORED[name].warns(value) else logging.INFO,
             "%s=%s ignored: %s",
             name,
             value,
-            spec.reason,
+            IGNORED[name].reason,
         )
 
 
@@ -379,12 +407,19 @@ def flag_rows(parser: argparse.ArgumentParser) -> list[FlagRow]:
         if action is None:
             rows.append(FlagRow(name, "missing", "not accepted"))
         elif isinstance(action, IgnoredFlagAction):
-            rows.append(FlagRow(name, "ignored", IGNORED[name].reason))
-        elif name in MAPPED or action.option_strings[0] != name:
-            note = MAPPED.get(name, f"another name of {action.option_strings[0]}")
-            rows.append(FlagRow(name, "mapped", note))
+            spec = IGNORED[name]
+            warning = spec.warning_note()
+            rows.append(
+                FlagRow(name, "ignored", spec.reason + (f" ({warning})" if warning else ""))
+            )
+        elif name in MAPPED:
+            rows.append(FlagRow(name, "mapped", MAPPED[name]))
+        elif action.option_strings[0] != name and name != "--help":
+            rows.append(FlagRow(name, "mapped", f"another name of {action.option_strings[0]}"))
         else:
-            note = "bare flag or =BOOL" if isinstance(action, TritonBoolAction) else ""
+            note = NOTES.get(name, "")
+            if isinstance(action, TritonBoolAction):
+                note = "; ".join(n for n in (note, "also bare (true)") if n)
             rows.append(FlagRow(name, "implemented", note))
     return rows
 

@@ -161,7 +161,8 @@ def test_flag_rows_cover_every_flag() -> None:
         status = {r.flag: r.status for r in rows}
         assert status["--model-store"] == status["--http-max-input-size"] == "mapped"
         assert status["--pinned-memory-pool-byte-size"] == "ignored"
-        assert status["--id"] == "mapped" and status["--allow-http"] == "implemented"
+        assert status["--id"] == status["--allow-http"] == status["--help"] == "implemented"
+        assert status["--strict-model-config"] == status["--trace-rate"] == "mapped"
         assert status["--allow-grpc"] == "implemented"
         ignored = {r.flag for r in rows if r.status == "ignored"}
         assert ignored == set(triton_flags.IGNORED)
@@ -320,6 +321,7 @@ def test_ignored_flags_log_one_line_each(caplog: pytest.LogCaptureFixture) -> No
                 ("--allow-sagemaker", "false"),
                 ("--allow-sagemaker", "true"),
                 ("--pinned-memory-pool-byte-size", "268435456"),
+                ("--grpc-max-connection-age", "0"),
             ],
             log,
         )
@@ -330,6 +332,11 @@ def test_ignored_flags_log_one_line_each(caplog: pytest.LogCaptureFixture) -> No
             "INFO",
             "--pinned-memory-pool-byte-size=268435456 ignored: pdserve's backends allocate "
             "their own device memory (no server-side pools)",
+        ),
+        (
+            "WARNING",
+            "--grpc-max-connection-age=0 ignored: gRPC connections have no maximum age "
+            "(GRPC_ARG_MAX_CONNECTION_AGE_MS)",
         ),
     ]
 
@@ -347,3 +354,21 @@ def test_backend_setting() -> None:
     )
     with pytest.raises(argparse.ArgumentTypeError):
         triton_flags.backend_setting("python,=1")
+
+
+def test_the_docs_table_is_the_parsers() -> None:
+    """docs/user-guide/tritonserver.md holds markdown_table()'s rows (regenerate it
+    with the command the page gives); the rows of ADDED_BY_OTHER_BRANCHES' flags are
+    left to the merge of those branches."""
+    doc = Path(__file__).resolve().parents[3] / "docs" / "user-guide" / "tritonserver.md"
+    text = doc.read_text()
+    block = text.split("<!-- tritonserver-flags:start -->\n")[1].split(
+        "<!-- tritonserver-flags:end -->"
+    )[0]
+    generated = triton_flags.markdown_table(cli.build_tritonserver_parser()).splitlines()
+    in_doc = block.splitlines()
+    assert len(in_doc) == len(generated)
+    skip = {f"`{f}`" for f in ADDED_BY_OTHER_BRANCHES}
+    for row in generated:
+        if row.split(" | ")[0].removeprefix("| ") not in skip:
+            assert row in in_doc, row
