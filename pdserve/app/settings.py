@@ -241,6 +241,12 @@ class Settings(ServeFlags):
                 # Triton's words (on_demand accepts it too)
                 "Use of '--load-model' requires setting '--model-control-mode=explicit' as well",
             )
+        if self.load_models and "*" in self.load_models and len(set(self.load_models)) > 1:
+            raise SettingsError(
+                "--load-model",
+                # Triton's rule: '*' is all models, and only alone
+                "'*' loads every model and must be the only --load-model",
+            )
         for flag, given in (
             ("--model-memory-budget", self.model_memory_budget is not None),
             ("--pin-model", bool(self.pin_models)),

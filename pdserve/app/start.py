@@ -296,6 +296,7 @@ async def load_models(settings: Settings, server: InferenceServer) -> int:
     ready = [r for r in rows if r.get("state") == "READY"]
     failed = [r for r in rows if r.get("state") not in (None, "READY")]
     not_loaded = sorted({r["name"] for r in rows if r.get("state") is None})
+    unknown = [n for n in server.load_models or () if n not in {r["name"] for r in rows}]
     log.info(
         "model repository %s: %d version%s ready, %d failed%s",
         settings.repository,
@@ -312,4 +313,6 @@ async def load_models(settings: Settings, server: InferenceServer) -> int:
             r.get("state"),
             r.get("reason", ""),
         )
-    return len(failed)
+    for name in unknown:
+        log.warning("  %s: --load-model names no model of the repository", name)
+    return len(failed) + len(unknown)

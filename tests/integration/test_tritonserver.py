@@ -166,9 +166,14 @@ def _broken_repo(tmp_path: Path) -> Path:
     return repo
 
 
-def test_exit_on_error_exits_when_a_model_fails(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--model-control-mode=explicit", "--load-model=tiny", "--load-model=no_such_model"]],
+    ids=["broken config", "unknown --load-model"],
+)
+def test_exit_on_error_exits_when_a_model_fails(tmp_path: Path, extra: list[str]) -> None:
     require_examples()
-    server = Tritonserver(_broken_repo(tmp_path), tmp_path / "log")
+    server = Tritonserver(_broken_repo(tmp_path), tmp_path / "log", *extra)
     try:
         assert server.proc.wait(120) == 1
     finally:

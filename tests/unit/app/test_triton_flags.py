@@ -217,6 +217,7 @@ def test_booleans_as_triton_reads_them(tmp_path: Path, text: str, value: bool) -
         ["--model-control-mode=sometimes"],
         ["--log-verbose=loud"],
         ["--model-store=/a", "--model-repository=/b"],  # pdserve serves one repository
+        ["--model-control-mode=explicit", "--load-model=*", "--load-model=a"],
     ],
 )
 def test_bad_values_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
