@@ -74,8 +74,9 @@ class ServeFlags:
         None,
         "server",
         "model repository folder, or an fsspec URL (s3://bucket/prefix, gs://..., "
-        "file://...) served from a local cache (see --model-repository-cache) "
-        "(default: the example repository built by examples/build.py)",
+        "file://...) served from a local cache (see --model-repository-cache); "
+        "--model-store is tritonserver's other name for it (pdserve serve's default: the "
+        "example repository built by examples/build.py; tritonserver requires it)",
         type=repository_arg,
         aliases=("--model-store",),
         action=RepositoryAction,

@@ -189,6 +189,7 @@ class IgnoredFlag:
     reason: str
     harmless: object = None
     repeatable: bool = False
+    metavar: str = ""
 
     def warns(self, text: str) -> bool:
         """Whether the value ``text`` asks for what pdserve lacks (a WARNING)."""
@@ -238,17 +239,18 @@ IGNORED: dict[str, IgnoredFlag] = {
     "--grpc-header-forward-pattern": IgnoredFlag(
         _text, "gRPC metadata is not forwarded as request parameters", ""
     ),
-    "--grpc-infer-thread-count": IgnoredFlag(_ranged(2, 128), _EVENT_LOOP),
+    "--grpc-infer-thread-count": IgnoredFlag(_ranged(2, 128), _EVENT_LOOP, metavar="<integer>"),
     "--grpc-infer-allocation-pool-size": IgnoredFlag(
         _int, "pdserve keeps no pool of request/response states"
     ),
     "--grpc-max-response-pool-size": IgnoredFlag(
-        _ranged(1, 2**31 - 1), "pdserve keeps no pool of response objects"
+        _ranged(1, 2**31 - 1), "pdserve keeps no pool of response objects", metavar="<integer>"
     ),
     "--grpc-infer-response-compression-level": IgnoredFlag(
         _choice("none", "low", "medium", "high"),
         "gRPC responses are sent uncompressed",
         "none",
+        metavar="none|low|medium|high",
     ),
     "--grpc-max-connection-age": IgnoredFlag(
         _int,
@@ -260,7 +262,9 @@ IGNORED: dict[str, IgnoredFlag] = {
     ),
     "--allow-sagemaker": IgnoredFlag(_bool, _NO_SAGEMAKER, False),
     "--sagemaker-port": IgnoredFlag(_int, _NO_SAGEMAKER),
-    "--sagemaker-safe-port-range": IgnoredFlag(_pair(_int, "-", _int), _NO_SAGEMAKER),
+    "--sagemaker-safe-port-range": IgnoredFlag(
+        _pair(_int, "-", _int), _NO_SAGEMAKER, metavar="<integer>-<integer>"
+    ),
     "--sagemaker-thread-count": IgnoredFlag(_int, _NO_SAGEMAKER),
     "--allow-vertex-ai": IgnoredFlag(_bool, _NO_VERTEX, False),
     "--vertex-ai-port": IgnoredFlag(_int, _NO_VERTEX),
@@ -273,16 +277,20 @@ IGNORED: dict[str, IgnoredFlag] = {
         _setting,
         "metric settings (summary_latencies, summary_quantiles...) are not supported",
         repeatable=True,
+        metavar="<string>=<string>",
     ),
     "--backend-directory": IgnoredFlag(_text, "pdserve's backends are built in (no .so files)"),
     "--repoagent-directory": IgnoredFlag(_text, "pdserve loads no repository agents"),
     "--cache-directory": IgnoredFlag(_text, "pdserve's caches are built in (no .so files)"),
     "--pinned-memory-pool-byte-size": IgnoredFlag(_int, _NO_GPU_POOLS),
     "--cuda-memory-pool-byte-size": IgnoredFlag(
-        _pair(_int, ":", _int), _NO_GPU_POOLS, repeatable=True
+        _pair(_int, ":", _int), _NO_GPU_POOLS, repeatable=True, metavar="<integer>:<integer>"
     ),
     "--cuda-virtual-address-size": IgnoredFlag(
-        _pair(_int, ":", _int), "implicit state lives in host memory", repeatable=True
+        _pair(_int, ":", _int),
+        "implicit state lives in host memory",
+        repeatable=True,
+        metavar="<integer>:<integer>",
     ),
     "--min-supported-compute-capability": IgnoredFlag(
         _float, "the backends (ONNX Runtime, PyTorch) pick the GPUs they can use"
@@ -294,11 +302,13 @@ IGNORED: dict[str, IgnoredFlag] = {
         _pair(_int, ":", _float),
         "GPU memory is not checked before a load (--model-memory-budget bounds host memory)",
         repeatable=True,
+        metavar="<device_id>:<fraction>",
     ),
     "--backend-config": IgnoredFlag(
         backend_setting,
         "pdserve's backends take their settings from each model's config.pbtxt parameters",
         repeatable=True,
+        metavar="<string>,<string>=<string>",
     ),
 }
 
@@ -350,6 +360,15 @@ class TraceFlagAction(argparse.Action):
         namespace.trace_config = options
 
 
+#: tritonserver's help words for the values of the plain kinds.
+_METAVARS: dict[Callable[[str], object], str] = {
+    _int: "<integer>",
+    _float: "<float>",
+    _bool: "<boolean>",
+    _text: "<string>",
+}
+
+
 def add_compat_flags(group: argparse._ArgumentGroup) -> None:
     """Declare the flags of :data:`IGNORED` and the deprecated ``--trace-*`` flags."""
     for name, spec in IGNORED.items():
@@ -358,7 +377,7 @@ def add_compat_flags(group: argparse._ArgumentGroup) -> None:
             action=IgnoredFlagAction,
             dest="ignored_flags",
             default=argparse.SUPPRESS,
-            metavar="VALUE",
+            metavar=spec.metavar or _METAVARS[spec.parse],
             help=f"accepted and ignored: {spec.reason}",
         )
     for name, setting in TraceFlagAction.SETTINGS.items():
@@ -367,7 +386,7 @@ def add_compat_flags(group: argparse._ArgumentGroup) -> None:
             action=TraceFlagAction,
             dest="trace_config",
             default=argparse.SUPPRESS,
-            metavar="VALUE",
+            metavar="<string>" if name in ("--trace-file", "--trace-level") else "<integer>",
             help=f"deprecated in tritonserver: --trace-config {setting}VALUE",
         )
 
