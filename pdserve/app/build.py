@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 from pdserve import config as cfgmod
 from pdserve.app.settings import Settings
-from pdserve.app.triton_flags import log_ignored
+from pdserve.app.triton_flags import BACKEND_SETTING_IGNORED, log_ignored
 from pdserve.backends.host_policy import format_cpu_list
+from pdserve.backends.onnxruntime.autocomplete import set_default_max_batch_size
 from pdserve.cache import AnyResponseCache, RedisResponseCache, ResponseCache
 from pdserve.core.errors import InferError
 from pdserve.frontends.traffic.gate import TrafficGate
@@ -98,6 +99,11 @@ def log_compat_flags(settings: Settings) -> None:
     """Say, once at start, which tritonserver flags given are ignored and why
     (:func:`pdserve.app.triton_flags.log_ignored`), and when auto-complete is off."""
     log_ignored(settings.ignored_flags, log)
+    for option, (backend, setting, _) in zip(
+        settings.backend_config, settings.backend_settings(), strict=True
+    ):
+        if setting != "default-max-batch-size" or backend not in ("", "onnxruntime"):
+            log.info("--backend-config=%s ignored: %s", option, BACKEND_SETTING_IGNORED)
     if settings.strict_model_config is not None:
         log.warning(
             "'--strict-model-config' has been deprecated! Please use "
@@ -116,6 +122,7 @@ def build_server(settings: Settings) -> InferenceServer:
     """
     set_ready_marker(settings.version_ready_marker or None)
     set_auto_complete(settings.auto_complete)
+    set_default_max_batch_size(settings.default_max_batch_size)  # --backend-config
     if settings.version_ready_marker:
         log.info(
             "publish-by-marker: a version folder is served once it holds %s",

@@ -572,6 +572,17 @@ class ServeFlags:
         "identifier of this server: the name in the server metadata (default {default})",
         metavar="ID",
     )
+    backend_config: tuple[str, ...] = flag(
+        "--backend-config",
+        (),
+        "server",
+        "a backend setting, as tritonserver (repeatable): [BACKEND,]SETTING=VALUE. "
+        "default-max-batch-size=N (for every backend, or onnxruntime,...) is the "
+        "max_batch_size ONNX auto-complete gives a model that can batch (default 4); "
+        "other settings are logged as ignored at start",
+        action="append",
+        metavar="<string>,<string>=<string>",
+    )
     exit_on_error: bool = flag(
         "--exit-on-error",
         False,

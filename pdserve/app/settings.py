@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.backends.host_policy import HostPolicyError, resolve_policy
+from pdserve.backends.onnxruntime.autocomplete import DEFAULT_MAX_BATCH_SIZE
 from pdserve.cache import RedisCacheOptions, parse_cache_config, parse_redis_cache_config
 from pdserve.frontends.grpc.engine import GRPC_SERVERS, GrpcKeepalive
 from pdserve.frontends.http.server import HttpLimits
@@ -28,7 +29,7 @@ from pdserve.repository.remote_store import default_cache_dir
 
 from .flag_syntax import add_flags
 from .serve_flags import HTTP_SERVERS, ServeFlags
-from .triton_flags import add_compat_flags
+from .triton_flags import add_compat_flags, backend_setting
 
 #: The example repository that ``examples/build.py`` builds (``--model-repository``'s default).
 EXAMPLE_REPOSITORY = Path(__file__).resolve().parents[2] / "examples" / "model_repository"
@@ -122,6 +123,7 @@ class Settings(ServeFlags):
         self._validate_grpc()
         self._validate_cache()
         self._validate_model_control()
+        self.default_max_batch_size  # noqa: B018 - validates --backend-config
         try:
             self.host_policies()
         except HostPolicyError as e:
@@ -353,6 +355,39 @@ class Settings(ServeFlags):
         """The address the metrics listener binds: ``--metrics-address``, else the
         HTTP address (tritonserver's default)."""
         return self.metrics_address if self.metrics_address is not None else self.http_host
+
+    def backend_settings(self) -> list[tuple[str, str, str]]:
+        """The ``--backend-config`` options as (backend or "" for all, setting, value).
+
+        Raises:
+            SettingsError: an option without ``SETTING=VALUE``.
+        """
+        try:
+            return [backend_setting(o) for o in self.backend_config]
+        except argparse.ArgumentTypeError as e:
+            raise SettingsError("--backend-config", str(e)) from None
+
+    @property
+    def default_max_batch_size(self) -> int:
+        """``--backend-config [onnxruntime,]default-max-batch-size=N``: the
+        ``max_batch_size`` ONNX auto-complete gives a model that can batch (4 when not
+        given; onnxruntime's own setting wins over the global one, as in Triton).
+
+        Raises:
+            SettingsError: a malformed option, or a value that is not an integer >= 0.
+        """
+        found: dict[str, str] = {}
+        for backend, setting, value in self.backend_settings():
+            if setting == "default-max-batch-size" and backend in ("", "onnxruntime"):
+                found[backend] = value
+        text = found.get("onnxruntime", found.get(""))
+        if text is None:
+            return DEFAULT_MAX_BATCH_SIZE
+        if not text.strip().isdigit():
+            raise SettingsError(
+                "--backend-config", f"default-max-batch-size must be an integer >= 0, got {text!r}"
+            )
+        return int(text)
 
     @property
     def auto_complete(self) -> bool:

@@ -85,6 +85,8 @@ NOTES = {
     "max_batch_size, dynamic_batching are not filled in)",
     "--model-control-mode": "none, poll, explicit in any case, and pdserve's on_demand",
     "--load-model": "repeatable; with --model-control-mode=explicit (or on_demand)",
+    "--backend-config": "default-max-batch-size (for every backend or onnxruntime's) is "
+    "ONNX auto-complete's max_batch_size; other settings: logged as ignored",
     "--http-address": "default: --host (127.0.0.1 for pdserve serve, 0.0.0.0 for tritonserver)",
     "--grpc-address": "default: --host",
     "--metrics-address": "default: the HTTP address",
@@ -304,12 +306,6 @@ IGNORED: dict[str, IgnoredFlag] = {
         repeatable=True,
         metavar="<device_id>:<fraction>",
     ),
-    "--backend-config": IgnoredFlag(
-        backend_setting,
-        "pdserve's backends take their settings from each model's config.pbtxt parameters",
-        repeatable=True,
-        metavar="<string>,<string>=<string>",
-    ),
 }
 
 
@@ -389,6 +385,12 @@ def add_compat_flags(group: argparse._ArgumentGroup) -> None:
             metavar="<string>" if name in ("--trace-file", "--trace-level") else "<integer>",
             help=f"deprecated in tritonserver: --trace-config {setting}VALUE",
         )
+
+
+#: Why a ``--backend-config`` setting pdserve does not know is ignored.
+BACKEND_SETTING_IGNORED = (
+    "pdserve's backends take their settings from each model's config.pbtxt parameters"
+)
 
 
 def log_ignored(flags: Iterable[tuple[str, str]], log: logging.Logger) -> None:

@@ -103,6 +103,7 @@ def kserve_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tritonse
         "--pinned-memory-pool-byte-size=268435456",
         "--backend-config",
         "python,shm-default-byte-size=1048576",
+        "--backend-config=default-max-batch-size=8",
     )
     server.wait_ready()
     yield server
@@ -151,6 +152,14 @@ def test_ignored_flags_are_logged_once(kserve_server: Tritonserver) -> None:
     assert log.count("--pinned-memory-pool-byte-size=268435456 ignored: ") == 1
     assert log.count("--backend-config=python,shm-default-byte-size=1048576 ignored: ") == 1
     assert "listening on http://127.0.0.1:" in log  # --http-address
+    assert "default-max-batch-size=8 ignored" not in log
+
+
+def test_default_max_batch_size(kserve_server: Tritonserver) -> None:
+    """--backend-config=default-max-batch-size=8: the max_batch_size ONNX auto-complete
+    gives tiny_autocomplete (no config.pbtxt; Triton's default would be 4)."""
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{kserve_server.http_port}")
+    assert client.get_model_config("tiny_autocomplete")["max_batch_size"] == 8
 
 
 def _broken_repo(tmp_path: Path) -> Path:

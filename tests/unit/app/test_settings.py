@@ -81,6 +81,7 @@ FLAGS = {
 #: tritonserver's flags for settings pdserve has (Triton's names).
 FLAGS |= {
     "--id",
+    "--backend-config",
     "--exit-on-error",
     "--disable-auto-complete-config",
     "--strict-model-config",

@@ -213,6 +213,7 @@ def test_booleans_as_triton_reads_them(tmp_path: Path, text: str, value: bool) -
         ["--cuda-memory-pool-byte-size=5"],  # <device>:<bytes>
         ["--grpc-infer-response-compression-level=max"],
         ["--backend-config=nosetting"],
+        ["--backend-config=default-max-batch-size=-1"],
         ["--metrics-config=a,b=c"],
         ["--model-control-mode=sometimes"],
         ["--log-verbose=loud"],
@@ -252,9 +253,12 @@ def test_triton_spellings_of_values(tmp_path: Path) -> None:
     s = Settings.from_namespace(args, TRITONSERVER_DEFAULTS)
     assert s.model_control_mode == "explicit" and s.load_models == ("a", "b")
     assert s.log_verbose == 1
+    assert s.backend_config == ("python,shm-default-byte-size=1", "default-max-batch-size=4")
+    assert s.backend_settings() == [
+        ("python", "shm-default-byte-size", "1"),
+        ("", "default-max-batch-size", "4"),
+    ]
     assert s.ignored_flags == (
-        ("--backend-config", "python,shm-default-byte-size=1"),
-        ("--backend-config", "default-max-batch-size=4"),
         ("--cuda-memory-pool-byte-size", "0:1"),
         ("--cuda-memory-pool-byte-size", "1:2"),
         ("--model-load-thread-count", "8"),
@@ -373,3 +377,18 @@ def test_the_docs_table_is_the_parsers() -> None:
     for row in generated:
         if row.split(" | ")[0].removeprefix("| ") not in skip:
             assert row in in_doc, row
+
+
+@pytest.mark.parametrize(
+    ("options", "size"),
+    [
+        ((), 4),
+        (("default-max-batch-size=8",), 8),
+        (("onnxruntime,default-max-batch-size=2", "default-max-batch-size=8"), 2),
+        (("python,default-max-batch-size=2",), 4),  # another backend's: ignored
+    ],
+)
+def test_default_max_batch_size(tmp_path: Path, options: tuple[str, ...], size: int) -> None:
+    s = Settings(model_repository=tmp_path, backend_config=options)
+    s.validate()
+    assert s.default_max_batch_size == size
