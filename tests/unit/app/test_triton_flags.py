@@ -112,6 +112,22 @@ SAMPLES: dict[str, str | None] = {
     "--trace-log-frequency": "0",
     "--trace-file": "/tmp/trace.json",
 }
+#: Values of ADDED_BY_OTHER_BRANCHES' flags, walked once they leave that set.
+SAMPLES.update(
+    {
+        flag: value
+        for flag, value in {
+            "--grpc-use-ssl": "false",
+            "--grpc-use-ssl-mutual": "false",
+            "--grpc-server-cert": "server.crt",
+            "--grpc-server-key": "server.key",
+            "--grpc-root-cert": "ca.crt",
+            "--rate-limit": "off",
+            "--rate-limit-resource": "R1:10:0",
+        }.items()
+        if flag not in ADDED_BY_OTHER_BRANCHES
+    }
+)
 #: Flags that parse but that pdserve refuses at start, with what the refusal says.
 REFUSED = {"--trace-file": "Triton's JSON trace file is not supported"}
 #: Flags a walk gives alone (they need a setting of another flag).
