@@ -220,3 +220,36 @@ def test_disable_auto_complete_config(tmp_path: Path) -> None:
     assert "auto-complete off: every model needs a complete config.pbtxt" in text
     assert "pdserve stopped" in text
     assert "pdserve stopped" not in server.log()
+
+
+def test_allow_http_false_serves_grpc_only(tmp_path: Path) -> None:
+    require_examples()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copytree(EXAMPLE_REPO / "tiny", repo / "tiny", symlinks=True)
+    # the later --allow-http wins over KServe's --allow-http=true, as in tritonserver
+    server = Tritonserver(repo, tmp_path / "log", "--allow-http=false", "--id=grpc-only")
+    try:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.proc.poll() is None, server.log()
+            try:
+                if client.is_server_ready():
+                    break
+            except Exception:  # noqa: BLE001 - not listening yet
+                pass
+            assert time.monotonic() < deadline, server.log()
+            time.sleep(0.1)
+        assert client.get_server_metadata().name == "grpc-only"
+        x, expected = _golden()
+        inp = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        out = client.infer("tiny", [inp]).as_numpy("OUTPUT0")
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+        client.close()
+        with pytest.raises(OSError):  # nothing listens on the HTTP port
+            urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/v2", timeout=2)
+    finally:
+        assert server.stop() == 0
+    assert "HTTP (KServe V2) listening" not in server.log()
