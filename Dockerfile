@@ -21,6 +21,8 @@ RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
     && /opt/pdserve/bin/pip install --only-binary=:all: /wheels/*.whl
 
 # Stage 2: the slim base, the virtual environment, a non-root user. Nothing else.
+# The environment's console scripts are on PATH: `pdserve` and `tritonserver`
+# (pdserve with tritonserver's command line and defaults).
 FROM python:3.11-slim-trixie AS runtime
 ENV PATH=/opt/pdserve/bin:$PATH \
     PYTHONUNBUFFERED=1 \
@@ -38,5 +40,8 @@ EXPOSE 8000 8001 8002
 # its drain (readiness false, in-flight requests finish within
 # --exit-timeout-secs); it stops and reaps its own python-backend workers.
 STOPSIGNAL SIGTERM
+# Arguments starting with `tritonserver` run that program (`pdserve tritonserver`), so
+# KServe's stock Triton runtime (args: [tritonserver, --model-store=/mnt/models, ...])
+# runs this image unchanged: see deploy/kubernetes/kserve/tritonserver.
 ENTRYPOINT ["pdserve"]
 CMD ["serve", "--model-repository=/models", "--host=0.0.0.0"]

@@ -120,6 +120,7 @@ class InferenceServer:
         self.repository = Path(model_repository)
         self.manager = ModelManager(self.repository, server=self, host_policies=host_policies)
         self.strict_readiness = strict_readiness
+        self.server_id = "pdserve"  # the server metadata's name (tritonserver's --id)
         self.load_models = load_models
         self._started = False
         self._shutting_down = False
@@ -182,7 +183,7 @@ class InferenceServer:
 
     def metadata(self) -> dict[str, Any]:
         """V2 server metadata: ``{name, version, extensions}``."""
-        return {"name": "pdserve", "version": __version__, "extensions": EXTENSIONS}
+        return {"name": self.server_id, "version": __version__, "extensions": EXTENSIONS}
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         """V2 model metadata.

@@ -15,13 +15,16 @@ from typing import TYPE_CHECKING
 
 from pdserve import config as cfgmod
 from pdserve.app.settings import Settings
+from pdserve.app.triton_flags import BACKEND_SETTING_IGNORED, log_ignored
 from pdserve.backends.host_policy import format_cpu_list
+from pdserve.backends.onnxruntime.autocomplete import set_default_max_batch_size
 from pdserve.cache import AnyResponseCache, RedisResponseCache, ResponseCache
 from pdserve.core.errors import InferError
 from pdserve.frontends.traffic.gate import TrafficGate
 from pdserve.observability.tracing import TraceManager
 from pdserve.repository.breaker import BreakerBoard, BreakerPolicy
 from pdserve.repository.layout import set_ready_marker
+from pdserve.repository.prepare import set_auto_complete
 from pdserve.scheduling import rate_limiter
 from pdserve.server import InferenceServer
 
@@ -93,6 +96,24 @@ async def sync_remote_repository(settings: Settings) -> RemoteRepository | None:
     return remote
 
 
+def log_compat_flags(settings: Settings) -> None:
+    """Say, once at start, which tritonserver flags given are ignored and why
+    (:func:`pdserve.app.triton_flags.log_ignored`), and when auto-complete is off."""
+    log_ignored(settings.ignored_flags, log)
+    for option, (backend, setting, _) in zip(
+        settings.backend_config, settings.backend_settings(), strict=True
+    ):
+        if setting != "default-max-batch-size" or backend not in ("", "onnxruntime"):
+            log.info("--backend-config=%s ignored: %s", option, BACKEND_SETTING_IGNORED)
+    if settings.strict_model_config is not None:
+        log.warning(
+            "'--strict-model-config' has been deprecated! Please use "
+            "'--disable-auto-complete-config' instead."
+        )
+    if not settings.auto_complete:
+        log.info("auto-complete off: every model needs a complete config.pbtxt")
+
+
 def build_server(settings: Settings) -> InferenceServer:
     """Step 1: the core, configured at construction (it loads nothing yet).
 
@@ -101,6 +122,8 @@ def build_server(settings: Settings) -> InferenceServer:
             process can no longer use.
     """
     set_ready_marker(settings.version_ready_marker or None)
+    set_auto_complete(settings.auto_complete)
+    set_default_max_batch_size(settings.default_max_batch_size)  # --backend-config
     if settings.version_ready_marker:
         log.info(
             "publish-by-marker: a version folder is served once it holds %s",
@@ -148,6 +171,7 @@ def build_server(settings: Settings) -> InferenceServer:
         load_wait_s=settings.model_load_wait_secs,
         breakers=BreakerBoard(breaker_policy),
     )
+    server.server_id = settings.server_id  # --id: the server metadata's name
     server.tracer = build_tracer(settings)
     if settings.model_control_mode in ("explicit", "on_demand"):
         log.info(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pdserve.backends.host_policy import HostPolicyError, parse_option, resolve_policy
@@ -28,7 +28,18 @@ GROUPS = (
     "TLS",
     "tracing",
     "rate limiter",
+    "tritonserver compatibility",
 )
+
+
+class StrictArgumentParser(argparse.ArgumentParser):
+    """An argument parser that takes no abbreviated long flags (``--allow-grp`` is
+    not ``--allow-grpc``): every pdserve parser and subparser is one
+    (``add_subparsers`` makes subparsers of its parser's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
 
 class HostPolicyAction(argparse.Action):
@@ -59,8 +70,29 @@ class HostPolicyAction(argparse.Action):
         setattr(namespace, self.dest, policies)
 
 
+class RepositoryAction(argparse.Action):
+    """``--model-repository`` / ``--model-store``: tritonserver takes several
+    repositories; pdserve serves one, so a second, different one is an argparse
+    error (exit code 2) naming both."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        before = getattr(namespace, self.dest, None)
+        if before is not None and str(before) != str(values):
+            raise argparse.ArgumentError(
+                self, f"pdserve serves one model repository, got {before} and {values}"
+            )
+        setattr(namespace, self.dest, values)
+
+
 def parse_bool(text: str) -> bool:
-    """A boolean flag value as tritonserver reads one: true/false, 1/0, on/off, yes/no.
+    """A boolean flag value as tritonserver reads one (its ``ParseOption<bool>``):
+    true/false, 1/0, on/off in any case; pdserve also reads yes/no.
 
     Raises:
         argparse.ArgumentTypeError: anything else.
@@ -71,6 +103,29 @@ def parse_bool(text: str) -> bool:
     if value in ("false", "0", "off", "no"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def int_bool(text: str) -> int:
+    """``--log-verbose``'s value as tritonserver reads it (``ParseIntBoolOption``):
+    an integer, or true (1) / false (0) in any case.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    value = text.strip().lower()
+    if value in ("true", "false"):
+        return int(value == "true")
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer, true or false, got {text!r}"
+        ) from None
+
+
+def lower(text: str) -> str:
+    """A value tritonserver reads in any case (``--model-control-mode=EXPLICIT``)."""
+    return text.strip().lower()
 
 
 class TritonBoolAction(argparse.BooleanOptionalAction):
@@ -155,6 +210,7 @@ def flag(
     group: str,
     help: str,
     factory: Callable[[], object] | None = None,
+    aliases: tuple[str, ...] = (),
     **argparse_options: Any,
 ) -> Any:
     """A dataclass field that is the flag ``name`` (typed Any, as ``dataclasses.field``:
@@ -162,9 +218,16 @@ def flag(
 
     ``help`` may say ``{default}``: it is replaced by the default, written for people
     (see :func:`show_default`). ``factory`` replaces ``default`` for mutable defaults.
+    ``aliases`` are other spellings of the flag (tritonserver's ``--model-store``).
     """
     assert group in GROUPS, group
-    metadata = {"flag": name, "group": group, "help": help, "argparse": argparse_options}
+    metadata = {
+        "flag": name,
+        "aliases": aliases,
+        "group": group,
+        "help": help,
+        "argparse": argparse_options,
+    }
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -186,22 +249,33 @@ def show_default(value: object) -> str:
     return str(value)
 
 
-def add_flags(parser: argparse.ArgumentParser, fields: Iterable[dataclasses.Field[Any]]) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser,
+    fields: Iterable[dataclasses.Field[Any]],
+    defaults: Mapping[str, object] | None = None,
+) -> dict[str, argparse._ArgumentGroup]:
     """Declare each :func:`flag` field as a flag of ``parser``, in help sections
-    (:data:`GROUPS`).
+    (:data:`GROUPS`); fields that are no flag are skipped. Returns the sections by name.
 
     Every flag's argparse default is ``argparse.SUPPRESS``: a flag not given leaves no
-    attribute, so the reader of the namespace keeps the field's default.
+    attribute, so the reader of the namespace keeps the field's default (or the
+    program's own, ``defaults``: field name -> default, which the help then shows).
     """
+    defaults = defaults or {}
     groups = {name: parser.add_argument_group(f"{name} options") for name in GROUPS}
     for f in fields:
         meta = f.metadata
+        if "flag" not in meta:
+            continue
         default = None if f.default is dataclasses.MISSING else f.default
+        default = defaults.get(f.name, default)
         help_text = meta["help"].replace("{default}", show_default(default))
         groups[meta["group"]].add_argument(
             meta["flag"],
+            *meta["aliases"],
             dest=f.name,
             default=argparse.SUPPRESS,
             help=help_text,
             **meta["argparse"],
         )
+    return groups

@@ -195,7 +195,7 @@ class HttpWorkers:
             OSError: the port cannot be had.
             RuntimeError: a worker did not start.
         """
-        self._reserve = reserve_port(self.settings.host, self.settings.http_port)
+        self._reserve = reserve_port(self.settings.http_host, self.settings.http_port)
         self.port = self._reserve.getsockname()[1]
         self.settings = dataclasses.replace(self.settings, http_port=self.port, http_workers=1)
         try:
@@ -371,7 +371,7 @@ async def start_http_workers(
     logging.getLogger("pdserve").info(
         "HTTP (KServe V2) listening on %s://%s:%d (%d worker processes)",
         "https" if settings.http_use_ssl else "http",
-        settings.host,
+        settings.http_host,
         workers.port,
         workers.count,
     )
@@ -422,7 +422,7 @@ async def _serve_worker(fd: int) -> int:
     loop.add_signal_handler(signal.SIGTERM, stop_event.set)
     if settings.http_use_ssl:  # changed files are also re-read at the next handshake
         loop.add_signal_handler(signal.SIGHUP, reload_tls, "SIGHUP")
-    listener = reuseport_listener(settings.host, settings.http_port)
+    listener = reuseport_listener(settings.http_host, settings.http_port)
 
     def draining() -> bool:
         return client.draining or stop_event.is_set()

@@ -1,4 +1,4 @@
-"""Where a pdserve process logs: stderr, as the subcommand's flags say."""
+"""Where a pdserve process logs: stderr (or ``--log-file``), as the subcommand's flags say."""
 
 from __future__ import annotations
 
@@ -19,8 +19,16 @@ def setup_logging(verbose: int) -> None:
 
 
 def setup_serve_logging(settings: Settings) -> None:
-    """Log to stderr as the ``--log-*`` flags say (:mod:`pdserve.observability.logs`):
-    levels, format, and request/trace ids on the lines of a request."""
+    """Log to stderr, or to ``--log-file`` (appended, a line at a time), as the
+    ``--log-*`` flags say (:mod:`pdserve.observability.logs`): levels, format, and
+    request/trace ids on the lines of a request.
+
+    Raises:
+        OSError: the log file cannot be opened for appending.
+    """
+    stream = None
+    if settings.log_file is not None:
+        stream = open(settings.log_file, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - process-long
     logs.configure(
         logs.state_from_flags(
             info=settings.log_info,
@@ -28,5 +36,6 @@ def setup_serve_logging(settings: Settings) -> None:
             error=settings.log_error,
             verbose=settings.log_verbose,
             fmt=settings.log_format,
-        )
+        ),
+        stream,
     )

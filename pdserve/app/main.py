@@ -31,6 +31,7 @@ from pdserve.app.build import (
     build_gate,
     build_server,
     import_feature,
+    log_compat_flags,
     sync_remote_repository,
 )
 from pdserve.app.http_workers import start_http_workers
@@ -224,11 +225,14 @@ class _Serving:
             self.stops.append(("tracing", stop_tracing))
         shm = SharedMemoryRegistry(enabled=settings.allow_client_shm)  # --allow-client-shm
         draining = self.stop_event.is_set
-        if settings.http_workers > 1:  # --http-workers: front ends in their own processes
+        if not settings.allow_http:  # --allow-http=false: a task that ends with the server
+            http_task = asyncio.create_task(self._wait_stop(), name="pdserve-no-http")
+        elif settings.http_workers > 1:  # --http-workers: front ends in their own processes
             http_task, stop_http = await start_http_workers(settings, server, draining, gate, shm)
+            self.stops.append(("HTTP", stop_http))
         else:
             http_task, stop_http = await start_http(settings, server, draining, gate, shm)
-        self.stops.append(("HTTP", stop_http))
+            self.stops.append(("HTTP", stop_http))
         if features.grpc_server is not None:
             stop_grpc = await start_grpc(settings, server, features.grpc_server, gate, shm)
             self.stops.append(("gRPC", stop_grpc))
@@ -250,8 +254,12 @@ class _Serving:
         self.stops.append(("models", stop_models))
         return http_task
 
+    async def _wait_stop(self) -> None:
+        await self.stop_event.wait()
+
     async def run(self, http_task: asyncio.Task[None]) -> int:
-        """Step 7, then serve until a signal or until HTTP dies; the exit code."""
+        """Step 7, then serve until a signal or until HTTP dies; the exit code (1
+        also when a model failed to load at start with ``--exit-on-error``)."""
         # The initial load runs as a task: a signal (or HTTP dying) is acted on at
         # once, even while a model's initialize() blocks.
         loading = asyncio.create_task(load_models(self.settings, self.server), name="pdserve-load")
@@ -259,7 +267,15 @@ class _Serving:
         try:
             await asyncio.wait([waiter, http_task, loading], return_when=asyncio.FIRST_COMPLETED)
             if loading.done():
-                loading.result()  # an error of the load itself (not of a model) is raised
+                failed = loading.result()  # an error of the load itself is raised
+                if failed and self.settings.exit_on_error:
+                    # tritonserver's words (it exits 1 too)
+                    log.error(
+                        "failed to load all models (%d failed) and --exit-on-error is on: exiting",
+                        failed,
+                    )
+                    self.drain_secs = 0
+                    return 1
                 await asyncio.wait([waiter, http_task], return_when=asyncio.FIRST_COMPLETED)
             else:
                 log.info("shutting down while models load: abandoning the loads in progress")
@@ -309,6 +325,7 @@ async def serve(settings: Settings, exit_deadline: ExitDeadline | None = None) -
             callers; the CLI checked them while parsing).
     """
     settings.validate()
+    log_compat_flags(settings)
     try:
         features = import_features(settings)
         remote = await sync_remote_repository(settings)

@@ -43,7 +43,10 @@ from pdserve.scheduling.rate_limiter import ResourceGrant, parse_resource
 from .flag_syntax import (
     HostPolicyAction,
     MutualTlsAction,
+    RepositoryAction,
     flag,
+    int_bool,
+    lower,
     parse_bool,
     size_arg,
     switch,
@@ -83,9 +86,12 @@ class ServeFlags:
         None,
         "server",
         "model repository folder, or an fsspec URL (s3://bucket/prefix, gs://..., "
-        "file://...) served from a local cache (see --model-repository-cache) "
-        "(default: the example repository built by examples/build.py)",
+        "file://...) served from a local cache (see --model-repository-cache); "
+        "--model-store is tritonserver's other name for it (pdserve serve's default: the "
+        "example repository built by examples/build.py; tritonserver requires it)",
         type=repository_arg,
+        aliases=("--model-store",),
+        action=RepositoryAction,
     )
     model_repository_cache: Path | None = flag(
         "--model-repository-cache",
@@ -100,8 +106,9 @@ class ServeFlags:
         "--log-verbose",
         0,
         "logging",
-        "verbose logging level: 0 (info) or 1+ (debug) (default {default})",
-        type=int,
+        "verbose logging level: 0 (info) or 1+ (debug); true/false as tritonserver "
+        "(default {default})",
+        type=int_bool,
     )
     exit_timeout_secs: float = flag(
         "--exit-timeout-secs",
@@ -191,8 +198,10 @@ class ServeFlags:
         "--max-request-bytes",
         DEFAULT_MAX_REQUEST_BYTES,
         "HTTP",
-        "largest HTTP request body accepted, after decompression (default {default})",
+        "largest HTTP request body accepted, after decompression (default {default}); "
+        "--http-max-input-size is tritonserver's name for it",
         type=int,
+        aliases=("--http-max-input-size",),
     )
     http_body_timeout_secs: float = flag(
         "--http-body-timeout-secs",
@@ -412,6 +421,7 @@ class ServeFlags:
         "--load-model models, then what the repository API asks; on_demand: explicit, "
         "and a request for a model not loaded loads it (default {default})",
         choices=MODES,
+        type=lower,
     )
     load_models: tuple[str, ...] | None = flag(
         "--load-model",
@@ -687,3 +697,88 @@ class ServeFlags:
         type=rate_limit_resource_arg,
         metavar="NAME:COUNT[:DEVICE]",
     )
+    # -- tritonserver's flags (Triton's names; the settings pdserve has) ------------------
+    server_id: str = flag(
+        "--id",
+        "pdserve",
+        "server",
+        "identifier of this server: the name in the server metadata (default {default})",
+        metavar="ID",
+    )
+    backend_config: tuple[str, ...] = flag(
+        "--backend-config",
+        (),
+        "server",
+        "a backend setting, as tritonserver (repeatable): [BACKEND,]SETTING=VALUE. "
+        "default-max-batch-size=N (for every backend, or onnxruntime,...) is the "
+        "max_batch_size ONNX auto-complete gives a model that can batch (default 4); "
+        "other settings are logged as ignored at start",
+        action="append",
+        metavar="<string>,<string>=<string>",
+    )
+    exit_on_error: bool = flag(
+        "--exit-on-error",
+        False,
+        "server",
+        "exit (status 1) when a model fails to load at start-up, as tritonserver does by "
+        "default (default {default})",
+        type=parse_bool,
+        nargs="?",
+        const=True,
+        metavar="BOOL",
+    )
+    disable_auto_complete_config: bool = flag(
+        "--disable-auto-complete-config",
+        False,
+        "model control",
+        "no backend auto-complete: every model needs a config.pbtxt naming what it "
+        "needs (inputs, outputs, max_batch_size) (default {default})",
+        action="store_true",
+    )
+    strict_model_config: bool | None = flag(
+        "--strict-model-config",
+        None,
+        "model control",
+        "tritonserver's deprecated form: true is --disable-auto-complete-config",
+        type=parse_bool,
+        metavar="BOOL",
+    )
+    log_file: Path | None = flag(
+        "--log-file",
+        None,
+        "logging",
+        "write the log to this file (appended) instead of stderr",
+        type=Path,
+        metavar="FILE",
+    )
+    allow_http: bool = switch(
+        "--allow-http",
+        True,
+        "HTTP",
+        "serve the V2 HTTP protocol on --http-port (default {default})",
+    )
+    http_address: str | None = flag(
+        "--http-address",
+        None,
+        "HTTP",
+        "address the HTTP listener binds (default: --host)",
+        metavar="ADDRESS",
+    )
+    grpc_address: str | None = flag(
+        "--grpc-address",
+        None,
+        "gRPC",
+        "address the gRPC listener binds (default: --host)",
+        metavar="ADDRESS",
+    )
+    metrics_address: str | None = flag(
+        "--metrics-address",
+        None,
+        "metrics",
+        "address the metrics listener binds (default: the HTTP address)",
+        metavar="ADDRESS",
+    )
+
+    #: tritonserver flags given that pdserve ignores, as (flag, value)
+    #: (:mod:`pdserve.app.triton_flags`; no flag of its own).
+    ignored_flags: tuple[tuple[str, str], ...] = ()

@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pdserve.backends.host_policy import HostPolicyError, resolve_policy
+from pdserve.backends.onnxruntime.autocomplete import DEFAULT_MAX_BATCH_SIZE
 from pdserve.cache import RedisCacheOptions, parse_cache_config, parse_redis_cache_config
 from pdserve.frontends.grpc.engine import GRPC_SERVERS, GrpcKeepalive
 from pdserve.frontends.http.server import HttpLimits
@@ -29,12 +31,26 @@ from pdserve.scheduling.rate_limiter import MODES as RATE_LIMIT_MODES
 
 from .flag_syntax import add_flags
 from .serve_flags import HTTP_SERVERS, ServeFlags
+from .triton_flags import add_compat_flags, backend_setting
 
 #: The example repository that ``examples/build.py`` builds (``--model-repository``'s default).
 EXAMPLE_REPOSITORY = Path(__file__).resolve().parents[2] / "examples" / "model_repository"
 
 #: The largest gRPC message size grpc accepts (a signed 32-bit int; Triton's maximum).
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
+
+
+#: Where the ``tritonserver`` program's defaults differ from ``pdserve serve``'s (field
+#: name -> default): tritonserver binds every address, answers not-ready until every
+#: model is ready, exits when a model fails to load at start, names itself "triton"
+#: in the server metadata and takes gRPC messages up to 2 GiB.
+TRITONSERVER_DEFAULTS: dict[str, object] = {
+    "host": "0.0.0.0",
+    "strict_readiness": True,
+    "exit_on_error": True,
+    "server_id": "triton",
+    "grpc_max_message_bytes": 2**31 - 1,
+}
 
 
 class SettingsError(ValueError):
@@ -65,17 +81,20 @@ class Settings(ServeFlags):
     # -- construction and checks --------------------------------------------------------
 
     @classmethod
-    def from_namespace(cls, args: argparse.Namespace) -> Settings:
+    def from_namespace(
+        cls, args: argparse.Namespace, defaults: Mapping[str, object] | None = None
+    ) -> Settings:
         """The settings of a namespace parsed by a parser :func:`add_arguments` built,
         validated.
 
-        A flag absent from ``args`` keeps its field's default; lists (repeatable
+        A flag absent from ``args`` keeps its field's default, or its default in
+        ``defaults`` (field name -> value: ``tritonserver``'s); lists (repeatable
         flags) become tuples; other attributes (``command``, ``run``) are ignored.
 
         Raises:
             SettingsError: a bad value or combination (see :meth:`validate`).
         """
-        given = vars(args)
+        given = {**(defaults or {}), **vars(args)}
         values: dict[str, Any] = {}  # argparse values, checked by validate()
         for f in dataclasses.fields(cls):
             if f.name in given:
@@ -111,6 +130,7 @@ class Settings(ServeFlags):
         self._validate_grpc()
         self._validate_cache()
         self._validate_model_control()
+        self.default_max_batch_size  # noqa: B018 - validates --backend-config
         try:
             self.host_policies()
         except HostPolicyError as e:
@@ -128,23 +148,25 @@ class Settings(ServeFlags):
                 f"must be one of {', '.join(HTTP_SERVERS)} (also in PDSERVE_HTTP_SERVER), "
                 f"got {self.http_server!r}",
             )
-        listeners = [("--http-port", "HTTP", self.http_port, True)]
-        listeners.append(("--grpc-port", "gRPC", self.grpc_port, self.allow_grpc))
-        listeners.append(("--metrics-port", "metrics", self.metrics_port, self.allow_metrics))
-        used: dict[int, tuple[str, str]] = {}
-        for flag, what, port, enabled in listeners:
+        listeners = [
+            ("--http-port", "HTTP", self.http_host, self.http_port, self.allow_http),
+            ("--grpc-port", "gRPC", self.grpc_host, self.grpc_port, self.allow_grpc),
+            ("--metrics-port", "metrics", self.metrics_host, self.metrics_port, self.allow_metrics),
+        ]
+        used: dict[tuple[str, int], tuple[str, str]] = {}
+        for flag, what, host, port, enabled in listeners:
             if not 0 <= port <= 65535:
                 raise SettingsError(flag, f"must be a port number 0-65535, got {port}")
             if not enabled or port == 0:
                 continue
-            if port in used:
-                other_flag, other = used[port]
+            if (host, port) in used:  # tritonserver's CheckPortCollision: same address and port
+                other_flag, other = used[host, port]
                 raise SettingsError(
                     flag,
                     f"the server cannot listen to {other} requests and {what} requests at "
                     f"the same port {port} ({other_flag})",
                 )
-            used[port] = (flag, what)
+            used[host, port] = (flag, what)
         for flag, secs in (
             ("--exit-timeout-secs", self.exit_timeout_secs),
             ("--http-body-timeout-secs", self.http_body_timeout_secs),
@@ -228,6 +250,12 @@ class Settings(ServeFlags):
                 "--load-model",
                 # Triton's words (on_demand accepts it too)
                 "Use of '--load-model' requires setting '--model-control-mode=explicit' as well",
+            )
+        if self.load_models and "*" in self.load_models and len(set(self.load_models)) > 1:
+            raise SettingsError(
+                "--load-model",
+                # Triton's rule: '*' is all models, and only alone
+                "'*' loads every model and must be the only --load-model",
             )
         for flag, given in (
             ("--model-memory-budget", self.model_memory_budget is not None),
@@ -391,6 +419,61 @@ class Settings(ServeFlags):
         return self._tls_files("http", self.http_use_ssl_mutual, "--metrics-use-ssl")
 
     @property
+    def http_host(self) -> str:
+        """The address HTTP binds: ``--http-address``, else ``--host``."""
+        return self.http_address if self.http_address is not None else self.host
+
+    @property
+    def grpc_host(self) -> str:
+        """The address gRPC binds: ``--grpc-address``, else ``--host``."""
+        return self.grpc_address if self.grpc_address is not None else self.host
+
+    @property
+    def metrics_host(self) -> str:
+        """The address the metrics listener binds: ``--metrics-address``, else the
+        HTTP address (tritonserver's default)."""
+        return self.metrics_address if self.metrics_address is not None else self.http_host
+
+    def backend_settings(self) -> list[tuple[str, str, str]]:
+        """The ``--backend-config`` options as (backend or "" for all, setting, value).
+
+        Raises:
+            SettingsError: an option without ``SETTING=VALUE``.
+        """
+        try:
+            return [backend_setting(o) for o in self.backend_config]
+        except argparse.ArgumentTypeError as e:
+            raise SettingsError("--backend-config", str(e)) from None
+
+    @property
+    def default_max_batch_size(self) -> int:
+        """``--backend-config [onnxruntime,]default-max-batch-size=N``: the
+        ``max_batch_size`` ONNX auto-complete gives a model that can batch (4 when not
+        given; onnxruntime's own setting wins over the global one, as in Triton).
+
+        Raises:
+            SettingsError: a malformed option, or a value that is not an integer >= 0.
+        """
+        found: dict[str, str] = {}
+        for backend, setting, value in self.backend_settings():
+            if setting == "default-max-batch-size" and backend in ("", "onnxruntime"):
+                found[backend] = value
+        text = found.get("onnxruntime", found.get(""))
+        if text is None:
+            return DEFAULT_MAX_BATCH_SIZE
+        if not text.strip().isdigit():
+            raise SettingsError(
+                "--backend-config", f"default-max-batch-size must be an integer >= 0, got {text!r}"
+            )
+        return int(text)
+
+    @property
+    def auto_complete(self) -> bool:
+        """Whether backends auto-complete model configurations: off with
+        ``--disable-auto-complete-config`` or ``--strict-model-config=true``."""
+        return not (self.disable_auto_complete_config or self.strict_model_config is True)
+
+    @property
     def http_limits(self) -> HttpLimits:
         """The HTTP connection limits (``--http-max-header-bytes``,
         ``--http-max-header-count``, ``--http-header-timeout-secs``,
@@ -508,8 +591,13 @@ class Settings(ServeFlags):
         return {name: resolve_policy(name, dict(s)) for name, s in self.host_policy.items()}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare every :class:`Settings` field as a flag of ``parser`` (``pdserve serve``);
+def add_arguments(
+    parser: argparse.ArgumentParser, defaults: Mapping[str, object] | None = None
+) -> None:
+    """Declare every :class:`Settings` field as a flag of ``parser`` (``pdserve serve``,
+    or ``tritonserver`` with its ``defaults``: field name -> default, shown in the
+    help), and tritonserver's flags pdserve ignores (:mod:`pdserve.app.triton_flags`);
     a flag not given leaves no attribute, and :meth:`Settings.from_namespace` keeps the
-    field's default."""
-    add_flags(parser, dataclasses.fields(Settings))
+    field's default (or the one in ``defaults``)."""
+    groups = add_flags(parser, dataclasses.fields(Settings), defaults)
+    add_compat_flags(groups["tritonserver compatibility"])

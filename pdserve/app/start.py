@@ -43,7 +43,7 @@ Stop = Callable[[], Awaitable[None]]
 
 def http_listen_error(settings: Settings, reason: object = None) -> StartError:
     """The error of an HTTP address that cannot be bound, with ``reason`` when known."""
-    where = f"could not listen for HTTP on {settings.host}:{settings.http_port}"
+    where = f"could not listen for HTTP on {settings.http_host}:{settings.http_port}"
     return StartError(where if reason is None else f"{where}: {reason}")
 
 
@@ -69,7 +69,7 @@ def _log_listening(settings: Settings, sock: socket.socket | None, transport: st
         logging.INFO if sock is None else logging.DEBUG,
         "HTTP (KServe V2) listening on %s://%s:%d (%s transport)",
         "https" if settings.http_use_ssl else "http",
-        settings.host,
+        settings.http_host,
         settings.http_port,
         transport,
     )
@@ -128,7 +128,7 @@ async def start_http(
     app = listeners.close_connections_while(draining, http_app)
     http = serve_http(
         app,
-        settings.host,
+        settings.http_host,
         settings.http_port,
         limits=settings.http_limits,
         body_timeout=settings.http_body_timeout_secs,
@@ -183,7 +183,7 @@ async def start_native_http(
     """
     http = NativeHttpServer(
         app,
-        settings.host,
+        settings.http_host,
         settings.http_port,
         limits=settings.http_limits,
         draining=draining,
@@ -225,7 +225,7 @@ async def start_grpc(
     try:
         srv = await grpc_server.serve_grpc(
             server,
-            settings.host,
+            settings.grpc_host,
             settings.grpc_port,
             max_message_bytes=settings.grpc_max_message_bytes,
             gate=gate,
@@ -239,7 +239,7 @@ async def start_grpc(
         raise StartError(str(e)) from None
     log.info(
         "gRPC (KServe V2) listening on %s:%d%s",
-        settings.host,
+        settings.grpc_host,
         settings.grpc_port,
         "" if tls is None else " (TLS, mutual)" if tls.files.mutual else " (TLS)",
     )
@@ -276,7 +276,7 @@ async def start_metrics(
         exporter.sources.append(server.tracer.samples)
     if gate is not None:
         exporter.sources.append(gate.samples)
-    host, port = settings.host, settings.metrics_port
+    host, port = settings.metrics_host, settings.metrics_port
     tls = listener_tls(settings.metrics_tls, ALPN_HTTP, "metrics")
     try:
         listener = await metrics_http.serve_metrics(
@@ -321,13 +321,15 @@ def start_poller(
     return stop
 
 
-async def load_models(settings: Settings, server: InferenceServer) -> None:
-    """Step 7: the initial load (a model that fails is logged, never fatal)."""
+async def load_models(settings: Settings, server: InferenceServer) -> int:
+    """Step 7: the initial load; returns how many model versions failed to load (each
+    is logged; fatal only with ``--exit-on-error``, which the caller acts on)."""
     await server.start()
     rows = server.repository_index()
     ready = [r for r in rows if r.get("state") == "READY"]
     failed = [r for r in rows if r.get("state") not in (None, "READY")]
     not_loaded = sorted({r["name"] for r in rows if r.get("state") is None})
+    unknown = [n for n in server.load_models or () if n not in {r["name"] for r in rows}]
     log.info(
         "model repository %s: %d version%s ready, %d failed%s",
         settings.repository,
@@ -344,3 +346,6 @@ async def load_models(settings: Settings, server: InferenceServer) -> None:
             r.get("state"),
             r.get("reason", ""),
         )
+    for name in unknown:
+        log.warning("  %s: --load-model names no model of the repository", name)
+    return len(failed) + len(unknown)

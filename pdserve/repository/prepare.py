@@ -24,6 +24,22 @@ from pdserve.scheduling import rate_limiter
 from pdserve.scheduling.ensemble import EnsembleBackend
 from pdserve.scheduling.padding import validate_padding
 
+#: Whether backends may auto-complete configurations (``--disable-auto-complete-config``
+#: turns it off for the serving process: :func:`set_auto_complete`).
+_AUTO_COMPLETE = [True]
+
+#: The fields auto-complete fills that a configuration must give when it is off.
+_COMPLETED_FIELDS = ("input", "output", "max_batch_size", "dynamic_batching")
+
+
+def set_auto_complete(enabled: bool) -> None:
+    """Let backends auto-complete configurations (the default), or not: then a model
+    needs a config.pbtxt, and one that leaves to auto-complete a field of
+    :data:`_COMPLETED_FIELDS` fails to load (tritonserver's
+    ``--disable-auto-complete-config``)."""
+    _AUTO_COMPLETE[0] = enabled
+
+
 #: Ensembles are not backends (Triton runs them in its ensemble scheduler); this one
 #: object loads every ensemble's plan in a server.
 ENSEMBLE_BACKEND = EnsembleBackend()
@@ -52,6 +68,14 @@ def read_config(
             the folder's, or the platform/backend is unknown, inconsistent or cannot
             run here (naming the file and field).
     """
+    if config_override is None and not _AUTO_COMPLETE[0]:
+        if not (mdir.path / cfgmod.CONFIG_FILENAME).is_file():
+            raise cfgmod.ConfigError(
+                where or f"{mdir.name}/{cfgmod.CONFIG_FILENAME}",
+                "file",
+                "no model configuration file, and auto-complete is off "
+                "(--disable-auto-complete-config)",
+            )
     cfg = (
         copy.deepcopy(config_override)
         if config_override is not None
@@ -118,9 +142,20 @@ async def complete_config(
             Runtime cannot load, a missing model file...).
     """
     cfg = spec.config
+    given = {f: getattr(cfg, f) for f in _COMPLETED_FIELDS}
+    given = copy.deepcopy(given)
     completing = backend.auto_complete(spec)
     if inspect.isawaitable(completing):
         await completing
+    if not _AUTO_COMPLETE[0] and backend is not ENSEMBLE_BACKEND:
+        filled = [f for f in _COMPLETED_FIELDS if getattr(cfg, f) != given[f]]
+        if filled:
+            raise cfgmod.ConfigError(
+                where or f"{spec.name}/{cfgmod.CONFIG_FILENAME}",
+                filled[0],
+                f"auto-complete is off (--disable-auto-complete-config): the configuration "
+                f"must give {', '.join(filled)} itself",
+            )
     cfgmod.apply_defaults(cfg, gpus=backend.usable_gpus())
     where = where or f"{spec.name}/{cfgmod.CONFIG_FILENAME}"
     warnings = cfgmod.validate_config(

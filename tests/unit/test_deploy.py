@@ -17,6 +17,7 @@ Offline checks, a few seconds in all:
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import re
@@ -39,7 +40,13 @@ RULES = ROOT / "deploy" / "prometheus" / "pdserve-rules.yml"
 METRICS_SRC = ROOT / "pdserve" / "observability" / "metrics.py"
 
 #: Every kustomization a user applies: its folder under deploy/kubernetes.
-KUSTOMIZATIONS = ["overlays/dev", "overlays/prod", "overlays/prod-keda", "kserve"]
+KUSTOMIZATIONS = [
+    "overlays/dev",
+    "overlays/prod",
+    "overlays/prod-keda",
+    "kserve",
+    "kserve/tritonserver",
+]
 #: Kubernetes versions the built-in kinds are validated against (schemas that
 #: kubernetes-validate ships).
 K8S_VERSIONS = ["1.30.0", "1.33.0", "1.37.0"]
@@ -105,6 +112,7 @@ def test_renders(path: str) -> None:
             "PodDisruptionBudget", "ScaledObject", "Service", "ServiceAccount", "ServiceMonitor",
         ],
         "kserve": ["ClusterServingRuntime", "InferenceService", "InferenceService"],
+        "kserve/tritonserver": ["ClusterServingRuntime", "InferenceService"],
     }[path]  # fmt: skip
     assert kinds == expected
 
@@ -171,7 +179,7 @@ def test_builtin_kinds_validate_strict(path: str, version: str) -> None:
             pytest.fail(f"{path} {what} on Kubernetes {version}: {e}")
         checked += 1
     # kserve/ holds CRD kinds only; each overlay has six built-in kinds or more.
-    assert checked == 0 if path == "kserve" else checked >= 6
+    assert checked == 0 if path.startswith("kserve") else checked >= 6
 
 
 @needs_kubectl
@@ -231,6 +239,23 @@ def serve_args(args: list[str]) -> Any:
     settings = Settings(**values)
     dataclasses.replace(settings, model_repository=ROOT).validate()
     return settings
+
+
+def tritonserver_args(args: list[str]) -> Any:
+    """``args`` (``tritonserver FLAGS``, a container's arguments after the image's
+    ``pdserve`` entry point) parsed by pdserve's ``tritonserver`` program and
+    validated with its defaults, the repository swapped for one that exists here."""
+    import dataclasses
+
+    from pdserve.app import cli
+    from pdserve.app.settings import TRITONSERVER_DEFAULTS, Settings
+
+    assert args[0] == "tritonserver"
+    ns = cli.build_tritonserver_parser().parse_args(args[1:])
+    settings = Settings.from_namespace(
+        argparse.Namespace(**{**vars(ns), "model_repository": ROOT}), TRITONSERVER_DEFAULTS
+    )
+    return dataclasses.replace(settings, model_repository=ns.model_repository)
 
 
 def _flag(args: list[str], name: str) -> str:
@@ -318,6 +343,64 @@ def test_dev_copies_the_repository_in_an_init_container() -> None:
     assert "emptyDir" in vols["models"] and "persistentVolumeClaim" not in vols["models"]
     (mount,) = init["volumeMounts"]
     assert mount["name"] == "models" and init["command"][-1] == mount["mountPath"] + "/"
+
+
+#: KServe's stock Triton runtime's container arguments (config/runtimes/kserve-tritonserver.yaml).
+KSERVE_TRITONSERVER_ARGS = [
+    "tritonserver",
+    "--model-store=/mnt/models",
+    "--grpc-port=9000",
+    "--http-port=8080",
+    "--allow-grpc=true",
+    "--allow-http=true",
+]
+
+
+@needs_kubectl
+def test_kserve_stock_triton_runtime_runs_pdserve() -> None:
+    """KServe's kserve-tritonserver runtime as KServe ships it, with pdserve's image:
+    the image's entry point (``pdserve``) takes its arguments as the ``tritonserver``
+    program, which serves /mnt/models on KServe's ports with tritonserver's defaults."""
+    docs = render("kserve/tritonserver")
+    rt = one(docs, "ClusterServingRuntime", "kserve-tritonserver")
+    (c,) = rt["spec"]["containers"]
+    assert c["args"] == KSERVE_TRITONSERVER_ARGS
+    assert "command" not in c  # the image's ENTRYPOINT runs
+    # the same image as pdserve's own runtime
+    own = one(render("kserve"), "ClusterServingRuntime", "pdserve")
+    assert c["image"] == own["spec"]["containers"][0]["image"]
+    # the file is KServe's, unchanged: the image placeholder its kustomization replaces
+    raw = yaml.safe_load((K8S / "kserve" / "tritonserver" / "kserve-tritonserver.yaml").read_text())
+    assert raw["spec"]["containers"][0]["image"] == "kserve-tritonserver:replace"
+    settings = tritonserver_args(c["args"])
+    assert str(settings.model_repository) == "/mnt/models"
+    assert (settings.http_port, settings.grpc_port, settings.metrics_port) == (8080, 9000, 8002)
+    assert rt["spec"]["annotations"]["prometheus.kserve.io/port"] == str(settings.metrics_port)
+    assert settings.http_host == settings.grpc_host == "0.0.0.0"
+    assert settings.strict_readiness and settings.exit_on_error
+    isvc = one(docs, "InferenceService", "triton-models")
+    fmt = isvc["spec"]["predictor"]["model"]["modelFormat"]["name"]
+    assert any(
+        f["name"] == fmt and f.get("autoSelect") for f in rt["spec"]["supportedModelFormats"]
+    )
+
+
+def test_image_runs_the_tritonserver_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pdserve tritonserver ...`` (the image's entry point with KServe's arguments)
+    is the ``tritonserver`` console script, which the image's virtual environment has
+    on PATH."""
+    import tomllib
+
+    from pdserve.app import cli
+
+    called: list[list[str] | None] = []
+    monkeypatch.setattr(cli, "tritonserver_main", lambda argv=None: called.append(argv) or 0)
+    assert cli.main(KSERVE_TRITONSERVER_ARGS) == 0
+    assert called == [KSERVE_TRITONSERVER_ARGS[1:]]
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["tritonserver"] == "pdserve.app.cli:tritonserver_main"
+    env = " ".join(a for i, a in _stages()[-1] if i == "ENV")
+    assert "PATH=/opt/pdserve/bin:" in env  # the venv's console scripts
 
 
 @needs_kubectl

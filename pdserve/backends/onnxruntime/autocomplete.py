@@ -34,6 +34,14 @@ if TYPE_CHECKING:
 #: ``max_batch_size`` auto-complete gives a model that can batch but whose
 #: configuration does not say (Triton server ``qa/L0_backend_config`` asserts 4).
 DEFAULT_MAX_BATCH_SIZE = 4
+#: The serving process's ``default-max-batch-size`` (:func:`set_default_max_batch_size`).
+_DEFAULT_MAX_BATCH = [DEFAULT_MAX_BATCH_SIZE]
+
+
+def set_default_max_batch_size(size: int) -> None:
+    """Set the ``max_batch_size`` auto-complete gives a model that can batch
+    (tritonserver's ``--backend-config=default-max-batch-size=N``; 0: no batching)."""
+    _DEFAULT_MAX_BATCH[0] = size
 
 
 #: One model-file tensor: (name, V2 datatype, shape). A shape entry is an int
@@ -49,7 +57,7 @@ def autocomplete_from_io(
     supports_batching: bool = True,
     path: str | Path = "",
     *,
-    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    default_max_batch_size: int | None = None,
 ) -> None:
     """Complete and check a configuration against a model file's tensors, in place.
 
@@ -85,7 +93,8 @@ def autocomplete_from_io(
             decides the auto-complete of ``max_batch_size``. Declared tensors are
             checked one by one in any case.
         path: the configuration file, for error messages.
-        default_max_batch_size: Triton's ``default-max-batch-size`` backend setting.
+        default_max_batch_size: Triton's ``default-max-batch-size`` backend setting
+            (None: the process's, :func:`set_default_max_batch_size`).
 
     Raises:
         ConfigError: naming the field (``input[0].dims``...) that disagrees with
@@ -105,7 +114,12 @@ def autocomplete_from_io(
     if not declared_both:
         if can_batch:
             if cfg.max_batch_size == 0:
-                cfg.max_batch_size = max(default_max_batch_size, 0)
+                default = (
+                    _DEFAULT_MAX_BATCH[0]
+                    if default_max_batch_size is None
+                    else default_max_batch_size
+                )
+                cfg.max_batch_size = max(default, 0)
             if (
                 cfg.max_batch_size > 1
                 and not cfg.HasField("dynamic_batching")

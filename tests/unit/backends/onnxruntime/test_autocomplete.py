@@ -19,6 +19,7 @@ from pdserve.backends.onnxruntime.autocomplete import (
     autocomplete_from_io,
     complete_from_session,
     session_tensors,
+    set_default_max_batch_size,
 )
 from pdserve.config import ConfigError
 from pdserve.core.datatypes import ORT_TO_V2
@@ -60,6 +61,22 @@ def ort_io(path: Path) -> tuple[list, list]:
 
 
 # --------------------------------------------------------------------------- from tensors
+
+
+@pytest.mark.parametrize("size", [8, 0])
+def test_default_max_batch_size_is_the_process_setting(tmp_path: Path, size: int) -> None:
+    """tritonserver's --backend-config=default-max-batch-size=N (0: no batching)."""
+    d = make_model_dir(tmp_path, "auto", None)
+    write_onnx(d / "1" / "model.onnx", ["N", 64], ["N", 64])
+    inputs, outputs = ort_io(d / "1" / "model.onnx")
+    set_default_max_batch_size(size)
+    try:
+        cfg = cfgmod.load_model_config(d)
+        autocomplete_from_io(cfg, inputs, outputs, True, str(d / "config.pbtxt"))
+    finally:
+        set_default_max_batch_size(DEFAULT_MAX_BATCH_SIZE)
+    assert cfg.max_batch_size == size
+    assert cfg.HasField("dynamic_batching") is (size > 1)
 
 
 def test_autocomplete_no_config(tmp_path: Path) -> None:
