@@ -30,7 +30,6 @@ from pdserve.core.errors import client_gone
 from pdserve.core.procmem import settle_gc
 from pdserve.frontends.http.app import HttpApp
 from pdserve.frontends.http.chunks import ChunkWatch
-from pdserve.frontends.http.compression import accepts_gzip
 from pdserve.frontends.http.native_reply import (
     BODY,
     HEAD,
@@ -246,7 +245,7 @@ class HttpConnection(Replies, asyncio.Protocol):
         self._chunks = ChunkWatch()
         self._body_start = 0.0  # when its body began (headers or "100 Continue" sent)
         self._min_rate = self.limits.body_min_rate if server.app.body.timeout else 0.0
-        self._gzip = False
+        self._accept = b""
         self._continue = False  # the request waits for "100 Continue"
         self._rejection: tuple[int, str] | None = None
         # a request asking for an upgrade (served as HTTP/1.1, see upgrade.py): its
@@ -527,7 +526,7 @@ class HttpConnection(Replies, asyncio.Protocol):
         self._headers = []
         self._body = b""
         self._body_size = 0
-        self._gzip = False
+        self._accept = b""
         self._continue = False
         if self.limits.header_timeout > 0:
             self.deadline = self.loop.time() + self.limits.header_timeout
@@ -570,7 +569,7 @@ class HttpConnection(Replies, asyncio.Protocol):
                 except ValueError:
                     content_length = -1
             elif key == b"accept-encoding":
-                self._gzip = accepts_gzip(value)
+                self._accept = value  # read when a response is large enough to gzip
             elif key == b"expect":
                 if value.strip().lower() == b"100-continue":
                     expect = True
@@ -595,7 +594,7 @@ class HttpConnection(Replies, asyncio.Protocol):
         if chunked:
             self._chunks.start()
         app = self.app
-        limit = app.body.limit(json)
+        limit = app.body.json_limit if json else app.body.max_request_bytes
         self._body_limit = limit
         self._body_json = json
         if content_length > limit:
@@ -686,7 +685,7 @@ class HttpConnection(Replies, asyncio.Protocol):
             self._body,  # type: ignore[arg-type]  # bytes or bytearray: both read alike
             keep_alive,
             http10,
-            self._gzip,
+            self._accept,
         )
         self._awaiting_headers = True
         self._message_begun = False

@@ -86,7 +86,7 @@ class _Replies:
 
 def _stream(http10: bool) -> tuple[bytes, ParsedRequest]:
     conn = _Replies()
-    request = ParsedRequest(b"POST", b"/", [], b"", True, http10, False)
+    request = ParsedRequest(b"POST", b"/", [], b"", True, http10, b"")
     answer = Answer(200, [(b"content-type", b"text/event-stream")])
     writer = _StreamWriter(conn, request, answer)  # type: ignore[arg-type]  # a stand-in connection
 
