@@ -5,7 +5,7 @@ Builds the server as ``pdserve serve`` does (``build_server`` from default setti
 metrics hooks installed, a trace manager with tracing off) on ``bench_frontend.py``'s
 repository (the tiny 64->64 ONNX model, ``max_batch_size: 32``, 2 ms queue delay,
 1 ORT thread), then runs ``--concurrency`` coroutines, each looping: decode the
-one-row V2 JSON body (``decode_infer_request``), ``logs.begin_request``,
+one-row V2 JSON body (``decode_infer_request``), ``admission.begin_request``,
 ``InferenceServer.infer``, encode the response (``encode_infer_response_parts``).
 
 Usage::
@@ -39,9 +39,10 @@ async def run(args: argparse.Namespace) -> None:
 
     from pdserve.app.build import build_server
     from pdserve.app.settings import Settings, add_arguments
+    from pdserve.frontends.admission import begin_request
     from pdserve.frontends.http.decode import decode_infer_request
     from pdserve.frontends.http.encode import encode_infer_response_parts
-    from pdserve.observability import logs, metrics
+    from pdserve.observability import metrics
 
     repo = build_repo()
     parser = argparse.ArgumentParser()
@@ -62,7 +63,7 @@ async def run(args: argparse.Namespace) -> None:
         while left > 0:
             left -= 1
             request = decode_infer_request(body, None, "tiny", "", time.monotonic_ns())
-            logs.begin_request(request.id, None)
+            begin_request(request.id, None)
             response = await server.infer(request)
             encode_infer_response_parts(response, request, None)
 

@@ -2,10 +2,10 @@
 
 Frontends (HTTP, gRPC) turn the wire into :class:`~pdserve.core.types.InferRequest`
 and call :meth:`InferenceServer.infer`; they never touch models or backends.
-The server looks the model version up (the manager, or traffic control for a request
-naming no version), checks the request against the configuration, submits it to that
-model's scheduler and records its success or failure, once for every protocol; the
-scheduler records executions and compute times (:mod:`pdserve.core.stats`).
+The server looks the model version up (the manager's table; traffic control for a
+request naming no version of a model with traffic settings), checks the request against
+the configuration, submits it to that model's scheduler and records its success or
+failure, once for every protocol; the scheduler records executions and compute times.
 """
 
 from __future__ import annotations
@@ -253,11 +253,11 @@ class InferenceServer:
             else:
                 token.finished = True
 
-    # The request path from here to _run_on is a chain of plain methods that pick
-    # the next step and return its coroutine (a tail call) rather than coroutines that
-    # await it: every coroutine level of the chain is walked twice per request (when it
-    # suspends on the batcher's future and when it resumes), so the common path keeps
-    # infer -> _run_on -> submit (schedulers that follow the request's token themselves).
+    # The request path from here to _run_on is a chain of plain methods that pick the
+    # next step and return its coroutine (a tail call) rather than coroutines that await
+    # it: every coroutine level is walked twice per request (when it suspends on the
+    # batcher's future and when it resumes), so the common path keeps infer -> _run_on
+    # -> submit (schedulers that follow the request's token themselves).
 
     def _infer_entry(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
         """:meth:`infer` once the request's cancellation token is armed."""
@@ -293,17 +293,17 @@ class InferenceServer:
             budget.release(name)
 
     def _dispatch(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
-        """Serve ``request`` on the version it names, or through traffic control
-        (split, pinned, mirrored, rolled out) when it names none.
-
-        Raises:
-            InferError(NOT_FOUND / UNAVAILABLE): an unknown model or version (at once,
-                before any coroutine is made).
-        """
-        if request.model_version:
-            return self.infer_on(
-                self.manager.get(request.model_name, request.model_version), request
-            )
+        """Serve ``request`` on the version it names; when it names none, on the default
+        version of a model without traffic settings (``ModelEntry.traffic_free``), else
+        through traffic control (split, pinned, mirrored, rolled out). Raises
+        InferError(NOT_FOUND / UNAVAILABLE) at once for an unknown model or version."""
+        name, version = request.model_name, request.model_version
+        if version:
+            return self.infer_on(self.manager.get(name, version), request)
+        entry = self.manager.models.get(name)
+        if entry is not None and entry.traffic_free and not request.pinned_version:
+            if entry.default_version is not None:
+                return self.infer_on(entry.default_version, request)
         mv, routed = self.traffic.route(request)
         running = self.infer_on(mv, request)
         return running if routed is None else self.traffic.observe(routed, request, running)

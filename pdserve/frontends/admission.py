@@ -4,17 +4,21 @@ Each frontend reads the same things from its own wire (HTTP headers, gRPC metada
 the cancellation token of the call, the W3C ``traceparent``, the traffic-control
 headers (:data:`ROUTE_KEY_HEADER`, :data:`PIN_HEADER`) and, through the traffic gate,
 the authenticated principal. :func:`admit` puts them on the
-:class:`~pdserve.core.types.InferRequest`, with one rule for both protocols.
+:class:`~pdserve.core.types.InferRequest`, with one rule for both protocols, and names
+the request in the log lines written while it is handled (:func:`begin_request`).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import uuid
 from collections.abc import Iterable
 
+from pdserve.core import context
+from pdserve.core.tracing import parse_traceparent
 from pdserve.core.types import InferRequest
 from pdserve.frontends.traffic.gate import principal_name
-from pdserve.observability import logs
 
 #: HTTP header / gRPC metadata key whose value makes a traffic split sticky.
 ROUTE_KEY_HEADER = "x-pdserve-route-key"
@@ -23,6 +27,35 @@ PIN_HEADER = "x-pdserve-model-version"
 
 #: One DEBUG line per inference request (``--log-verbose 1``): model and version only.
 request_log = logging.getLogger("pdserve.request")
+
+_ID_PREFIX = uuid.uuid4().hex[:16]
+_ID_COUNTER = itertools.count(1)
+
+
+def new_request_id() -> str:
+    """A fresh request id for a request that brought none: 32 hex digits, a random
+    per-process prefix and a counter (unique within the process and, with high
+    probability, across processes; no system call per request)."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+
+
+def begin_request(request_id: str | None, traceparent: str | bytes | None = None) -> str:
+    """Mark the current context as handling one request (the ids every log line written
+    meanwhile carries, :mod:`pdserve.observability.logs`); returns its request id.
+
+    Args:
+        request_id: the V2 request ``id`` the client gave, or None/"" (one is generated).
+        traceparent: the request's W3C ``traceparent`` header / metadata, if any; its
+            trace id becomes :data:`pdserve.core.context.trace_id` unless tracing set
+            one already.
+    """
+    rid = request_id or new_request_id()
+    context.request_id.set(rid)
+    if traceparent is not None and context.trace_id.get() is None:
+        parsed = parse_traceparent(traceparent)
+        if parsed is not None:
+            context.trace_id.set(parsed[0])
+    return rid
 
 
 def header_text(value: bytes | str) -> str:
@@ -58,7 +91,7 @@ def admit(
         pinned: the :data:`PIN_HEADER` value (empty: none).
     """
     request.cancelled = cancelled
-    logs.begin_request(request.id, traceparent)  # ids on this request's log lines
+    begin_request(request.id, traceparent)  # ids on this request's log lines
     if request_log.isEnabledFor(logging.DEBUG):
         request_log.debug(
             "%s infer model=%s version=%s",

@@ -4,7 +4,8 @@ One process-wide :class:`LogState` decides which lines are written (``log_info``
 ``log_warning``, ``log_error``, ``log_verbose_level``) and how (``log_format``:
 Triton's ``default`` and ``ISO8601``, or pdserve's ``json``, one object a line). Every
 line written while a request is handled carries its request id and trace id
-(:mod:`pdserve.core.context`; the frontends call :func:`begin_request`).
+(:mod:`pdserve.core.context`; the frontends set them:
+:func:`pdserve.frontends.admission.begin_request`).
 
 Triton's logging extension (``/v2/logging``, gRPC ``LogSettings``) reads and changes
 the same settings (:func:`settings_dict`, :func:`update_settings`) with Triton's names,
@@ -15,20 +16,17 @@ unknown name is refused so a typo is not lost. :class:`RedactFilter` masks
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import re
 import sys
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TextIO
 
 from pdserve.core import context
 from pdserve.core.errors import InferError
-from pdserve.core.tracing import parse_traceparent
 
 #: The values ``log_format`` / ``--log-format`` take: Triton's two, and ``json``.
 FORMATS = ("default", "ISO8601", "json")
@@ -64,35 +62,6 @@ class LogState:
 
 #: The settings in force in this process.
 STATE = LogState()
-
-
-_ID_PREFIX = uuid.uuid4().hex[:16]
-_ID_COUNTER = itertools.count(1)
-
-
-def new_request_id() -> str:
-    """A fresh request id for a request that brought none: 32 hex digits, a random
-    per-process prefix and a counter (unique within the process and, with high
-    probability, across processes; no system call per request)."""
-    return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
-
-
-def begin_request(request_id: str | None, traceparent: str | bytes | None = None) -> str:
-    """Mark the current context as handling one request; returns its request id.
-
-    Args:
-        request_id: the V2 request ``id`` the client gave, or None/"" (one is generated).
-        traceparent: the request's W3C ``traceparent`` header / metadata, if any; its
-            trace id becomes :data:`pdserve.core.context.trace_id` unless tracing set
-            one already.
-    """
-    rid = request_id or new_request_id()
-    context.request_id.set(rid)
-    if traceparent is not None and context.trace_id.get() is None:
-        parsed = parse_traceparent(traceparent)
-        if parsed is not None:
-            context.trace_id.set(parsed[0])
-    return rid
 
 
 # -- formatting ----------------------------------------------------------------------

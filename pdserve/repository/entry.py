@@ -30,7 +30,12 @@ class ModelEntry:
     Attributes:
         serving: version -> ready ModelVersion; replaced as a whole, never mutated.
         states: version -> state and reason (for the repository index).
-        default_version: served when a request names no version (highest ready).
+        default_version: served when a request names no version (highest ready); set
+            with ``serving``, a plain attribute the request path reads.
+        traffic_free: traffic control found no traffic settings for the model (set by
+            :meth:`~pdserve.repository.rollout.TrafficControl.route`; a load and the
+            admin endpoint clear it): a request naming no version takes
+            ``default_version`` without it.
         wanted: the model is meant to be served (a load was asked for and no unload
             since); ``--strict-readiness`` waits for every wanted model.
         traffic / traffic_gen: the traffic file (:mod:`pdserve.repository.traffic`)
@@ -43,7 +48,6 @@ class ModelEntry:
     """
 
     name: str
-    serving: dict[int, ModelVersion] = field(default_factory=dict)
     states: dict[int, VersionState] = field(default_factory=dict)
     reason: str = ""
     fingerprints: dict[int, str] = field(default_factory=dict)
@@ -54,8 +58,18 @@ class ModelEntry:
     traffic_gen: int = 0
     #: asked for by name, not only loaded as an ensemble's step (see above).
     explicit: bool = False
+    #: no traffic settings: requests naming no version skip traffic control (see above).
+    traffic_free: bool = False
+    #: the highest ready version (kept by the ``serving`` setter).
+    default_version: ModelVersion | None = field(default=None, init=False)
+    _serving: dict[int, ModelVersion] = field(default_factory=dict, init=False, repr=False)
 
     @property
-    def default_version(self) -> ModelVersion | None:
-        """The highest ready version."""
-        return self.serving[max(self.serving)] if self.serving else None
+    def serving(self) -> dict[int, ModelVersion]:
+        """Version -> ready ModelVersion (assign a new dict to change it)."""
+        return self._serving
+
+    @serving.setter
+    def serving(self, versions: dict[int, ModelVersion]) -> None:
+        self._serving = versions
+        self.default_version = versions[max(versions)] if versions else None

@@ -573,6 +573,7 @@ class ModelManager(ServedModels):
         entry.serving = dict(sorted(load.serving.items()))  # the atomic switch
         entry.traffic = load.traffic
         entry.traffic_gen += 1
+        entry.traffic_free = False  # traffic control adopts the traffic file first
         entry.reason = "; ".join(load.errors)
         entry.wanted = True
         self.models[name] = entry

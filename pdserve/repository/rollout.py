@@ -163,6 +163,7 @@ class TrafficControl:
             mv = manager.get(name, request.pinned_version)
             route = "pinned"
         elif st.file_spec is None and st.override is None and st.rollout is None:
+            entry.traffic_free = True  # the server skips route until the traffic changes
             return manager.get(name, ""), None  # no traffic settings
         else:
             split = st.split(entry)
@@ -368,6 +369,7 @@ class TrafficControl:
             raise InferError(str(e)) from None
         log.info("model %s: traffic set by the admin endpoint: %s", name, st.weights())
         st.forget_split()
+        entry.traffic_free = False
         return self.describe_traffic(name)
 
     def describe_rollout(self, name: str) -> dict[str, object]:

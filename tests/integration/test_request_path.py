@@ -16,9 +16,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "request_path.py"
 
 # Today's figures. They only go down: lower a ceiling when the request path gets shorter.
-# The goal is 10 files each and no re-entry cycle.
-HTTP_FILES_CEILING = 21
-GRPC_FILES_CEILING = 20
+# The goal is 10 files each and no re-entry cycle. Each ceiling counts
+# backends/base.py (run_on_thread), which the path enters when the ONNX session runs on
+# its instance's thread (``execution_thread: auto`` on a slow or loaded machine), not
+# when it runs on the event loop.
+HTTP_FILES_CEILING = 14
+GRPC_FILES_CEILING = 15
 HTTP_CYCLES_CEILING = 0
 GRPC_CYCLES_CEILING = 0
 

@@ -51,9 +51,9 @@ from pdserve.backends.host_policy import (
 )
 from pdserve.backends.onnxruntime.autocomplete import complete_from_session
 from pdserve.config import ModelConfig
+from pdserve.core import tracing
 from pdserve.core.datatypes import to_bytes_object_array
 from pdserve.core.errors import InferError, internal
-from pdserve.core.tracing import mark_input_end, mark_output_start
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -489,9 +489,15 @@ class OnnxRuntimeInstance(ModelInstance):
         return bad
 
     async def _execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
-        inputs = merge_batch(batch, self._ragged)
-        if self._batch_inputs:
-            inputs = {**inputs, **batch_input_tensors(self._batch_inputs, batch)}
+        single = len(batch) == 1 and not self._ragged and not self._batch_inputs
+        if single:  # one request: its inputs are the feeds, the outputs all its own
+            inputs = batch[0].inputs
+            wanted = batch[0].output_names
+        else:
+            inputs = merge_batch(batch, self._ragged)
+            if self._batch_inputs:
+                inputs = {**inputs, **batch_input_tensors(self._batch_inputs, batch)}
+            wanted = wanted_outputs(batch)
         feeds: dict[str, np.ndarray] = {}
         for name, arr in inputs.items():
             if name in self._string_inputs:
@@ -504,8 +510,9 @@ class OnnxRuntimeInstance(ModelInstance):
                     else arr
                 )
             feeds[name] = arr
-        wanted = wanted_outputs(batch)
-        mark_input_end()
+        traced = tracing.state.enabled  # (compute marks exist only in a traced batch)
+        if traced:
+            tracing.mark_input_end()
         try:
             if self._mode == "loop" or (
                 self._mode == "auto" and 0.0 < self._avg_run_s < INLINE_RUN_MAX_S
@@ -543,13 +550,14 @@ class OnnxRuntimeInstance(ModelInstance):
             raise unloading(self.name) from None
         except Exception as e:  # ORT raises its own exception types
             raise internal(f"onnxruntime execution failed: {e}") from e
-        mark_output_start()
+        if traced:
+            tracing.mark_output_start()
         for n in wanted:
             if n in self._string_outputs:
                 outputs[n] = to_bytes_object_array(np.asarray(outputs[n], dtype=object))
             if n in self._scalar_outputs and outputs[n].ndim == 0:
                 outputs[n] = outputs[n].reshape(self._scalar_outputs[n])
-        return split_batch(batch, outputs)
+        return [outputs] if single else split_batch(batch, outputs)
 
     async def close(self) -> None:
         """Stop the instance's thread and drop the session."""

@@ -62,7 +62,7 @@ _TIMEOUT_UNITS = {
     ord("u"): 1e-6,
     ord("n"): 1e-9,
 }
-#: frame header: length << 8 | type, flags, stream id
+#: frame header: length << 8 | type, flags, stream id (a DATA frame's type is 0)
 FRAME_HEADER = struct.Struct(">IBI")
 U32 = struct.Struct(">I")
 SETTING = struct.Struct(">HI")
@@ -72,11 +72,6 @@ GOAWAY_BODY = struct.Struct(">II")
 def frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
     """One HTTP/2 frame."""
     return FRAME_HEADER.pack(len(payload) << 8 | kind, flags, sid) + payload
-
-
-def data_frame_header(length: int, flags: int, sid: int) -> bytes:
-    """The 9-byte header of a DATA frame of ``length`` bytes."""
-    return FRAME_HEADER.pack(length << 8, flags, sid)
 
 
 def encode_block(headers: list[Header]) -> bytes:

@@ -26,6 +26,7 @@ from h2.errors import ErrorCodes
 
 from pdserve.frontends.grpc.http2 import (
     ACCEPT_ENCODING,
+    FRAME_HEADER,
     MESSAGE_PREFIX,
     OK_TRAILERS_BLOCK,
     RESPONSE_HEADERS_BLOCK,
@@ -33,7 +34,6 @@ from pdserve.frontends.grpc.http2 import (
     Decompressor,
     RequestHead,
     TrailingMetadata,
-    data_frame_header,
     encode_block,
     frame,
     parse_timeout,
@@ -317,7 +317,7 @@ class CallDispatch:
                 self.send_window -= n + 5
                 self.out.append(
                     frame(1, 0x4, call.sid, RESPONSE_HEADERS_BLOCK)
-                    + data_frame_header(n + 5, 0, call.sid)
+                    + FRAME_HEADER.pack(n + 5 << 8, 0, call.sid)  # DATA
                     + MESSAGE_PREFIX.pack(0, n)
                     + data
                     + frame(1, 0x5, call.sid, trailers)
@@ -441,7 +441,7 @@ class CallDispatch:
             n = len(data)
             call.send_window -= n
             self.send_window -= n
-            self.out.append(data_frame_header(n, 0, sid) + data)
+            self.out.append(FRAME_HEADER.pack(n << 8, 0, sid) + data)  # DATA
         if call.writable is not None:
             call.writable.set()
             call.writable = None

@@ -32,7 +32,6 @@ from pdserve.frontends.http.answer import (
 )
 from pdserve.frontends.http.asgi import Receive, Scope, Send, serve_asgi
 from pdserve.frontends.http.body import PROCESS_JSON_BYTES, BodyLimits, read_json_object
-from pdserve.frontends.http.body import int_header as _int_header
 from pdserve.frontends.http.decode import decode_infer_request
 from pdserve.frontends.http.encode import (
     encode_infer_response_parts,
@@ -428,14 +427,20 @@ def parse_infer_headers(headers: list[tuple[bytes, bytes]]) -> InferHeaders:
         if kind is None:
             continue
         if kind == b"content-length":
-            content_length = _int_header(value, -1)
+            try:
+                content_length = int(value)
+            except ValueError:
+                content_length = -1
         elif kind == _ROUTE_KEY:  # traffic control (frontends.admission)
             route_key = value
         elif kind == _PIN:
             pinned = value
         elif kind == b"inference-header-content-length":
-            header_length = _int_header(value, None)
-            if header_length is None or header_length < 0:
+            try:
+                header_length = int(value)
+            except ValueError:
+                header_length = -1
+            if header_length < 0:
                 raise InferError(
                     "Inference-Header-Content-Length must be a non-negative integer, "
                     f"got {value.decode('latin-1')!r}"

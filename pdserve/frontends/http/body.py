@@ -3,7 +3,7 @@ shared by both transports; small JSON-object bodies of the admin routes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
@@ -47,12 +47,15 @@ class BodyLimits:
     max_request_bytes: int
     max_json_bytes: int
     timeout: float | None
+    #: the most bytes a body that is all JSON may hold (the smaller limit)
+    json_limit: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "json_limit", min(self.max_json_bytes, self.max_request_bytes))
 
     def limit(self, json: bool) -> int:
         """The most bytes a request body may hold (``json``: all of it is JSON)."""
-        if json and self.max_json_bytes < self.max_request_bytes:
-            return self.max_json_bytes
-        return self.max_request_bytes
+        return self.json_limit if json else self.max_request_bytes
 
     def json_too_large(self, size: int, qualifier: str = "of") -> BodyTooLargeError:
         """The 413 for JSON of ``size`` bytes over ``max_json_bytes``."""

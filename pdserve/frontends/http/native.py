@@ -31,7 +31,6 @@ from pdserve.core.errors import client_gone
 from pdserve.core.procmem import settle_gc
 from pdserve.frontends.http.app import HttpApp
 from pdserve.frontends.http.chunks import ChunkWatch
-from pdserve.frontends.http.compression import accepts_gzip
 from pdserve.frontends.http.native_reply import (
     BODY,
     HEAD,
@@ -44,12 +43,14 @@ from pdserve.frontends.http.native_reply import (
     Replies,
 )
 from pdserve.frontends.http.server import HttpLimits, _warn
-from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
+from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, continue_after_upgrade
 from pdserve.frontends.http.wire import (
     CONTINUE,
+    Rejected,
     error_bytes,
     feed_to_header_limit,
     origin_form,
+    too_many_headers,
     unread_bytes,
 )
 
@@ -58,10 +59,6 @@ from pdserve.frontends.http.wire import (
 MAX_PIPELINE = 16
 #: Write buffer high-water mark per connection, in bytes (reading pauses above it).
 WRITE_HIGH_WATER = 256 * 1024
-
-
-class _Rejected(Exception):
-    """Raised from a parser callback to stop parsing a request we refuse."""
 
 
 def _tick(limits: HttpLimits, body_timeout: float | None) -> float:
@@ -255,7 +252,7 @@ class HttpConnection(Replies, asyncio.Protocol):
         self._chunks = ChunkWatch()
         self._body_start = 0.0  # when its body began (headers or "100 Continue" sent)
         self._min_rate = self.limits.body_min_rate if server.app.body.timeout else 0.0
-        self._gzip = False
+        self._accept = b""
         self._continue = False  # the request waits for "100 Continue"
         self._rejection: tuple[int, str] | None = None
         # a request asking for an upgrade (served as HTTP/1.1, see upgrade.py): its
@@ -457,23 +454,20 @@ class HttpConnection(Replies, asyncio.Protocol):
                 if self._linger_left < 0:
                     self.transport.close()  # dropped enough: the rest gets a reset
             return
-        limit = self.limits.max_header_bytes
-        while True:
-            if self._awaiting_headers:
-                room = limit - self._header_bytes
-                if len(data) > room:
-                    rest = feed_to_header_limit(self, data, room, limit)
-                    if rest is None:
-                        return
-                    data = rest
-                    continue
+        if self._awaiting_headers:
+            room = self.limits.max_header_bytes - self._header_bytes
+            if len(data) <= room:
                 self._header_bytes += len(data)
                 if data:
                     self._feed(data)
                 return
-            if data:
-                self._feed_body(data)
-            return
+            # the headers end within the room (the rest is body) or the request is refused
+            rest = feed_to_header_limit(self, data, room, self.limits.max_header_bytes)
+            if rest is None:
+                return
+            data = rest
+        if data:
+            self._feed_body(data)
 
     def _feed_body(self, data: bytes) -> None:
         """Feed bytes of a request past its headers; the framing among them (chunk
@@ -501,10 +495,7 @@ class HttpConnection(Replies, asyncio.Protocol):
             # The request asked for a protocol upgrade, which pdserve does not do: it is
             # served as HTTP/1.1, its body (if any) and what follows read by a fresh
             # parser (see upgrade.py).
-            framing = self._upgrade_framing
-            self._upgrade_framing = b""
-            self.parser = parser_after_upgrade(self, framing)
-            rest = data[exc.args[0] :]
+            rest = continue_after_upgrade(self, data, exc)
             if rest and not self._broken:
                 return self._feed(rest)
             return not self._broken
@@ -529,14 +520,14 @@ class HttpConnection(Replies, asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         if self._broken:
-            raise _Rejected()  # nothing after a request that closes the connection
+            raise Rejected()  # nothing after a request that closes the connection
         self._message_begun = True
         self._header_count = 0
         self._url = b""
         self._headers = []
         self._body = b""
         self._body_size = 0
-        self._gzip = False
+        self._accept = b""
         self._continue = False
         if self.limits.header_timeout > 0:
             self.deadline = self.loop.time() + self.limits.header_timeout
@@ -551,11 +542,7 @@ class HttpConnection(Replies, asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
         if self._header_count > self.limits.max_header_count:
-            self._rejection = (
-                431,
-                f"the request has more than {self.limits.max_header_count} header fields",
-            )
-            raise _Rejected()
+            raise too_many_headers(self, self.limits.max_header_count)
         if self._awaiting_headers:
             self._headers.append((name.lower(), value))
         # else: a trailer field of a chunked body: not a request header (dropped)
@@ -579,7 +566,7 @@ class HttpConnection(Replies, asyncio.Protocol):
                 except ValueError:
                     content_length = -1
             elif key == b"accept-encoding":
-                self._gzip = accepts_gzip(value)
+                self._accept = value  # read when a response is large enough to gzip
             elif key == b"expect":
                 if value.strip().lower() == b"100-continue":
                     expect = True
@@ -598,18 +585,18 @@ class HttpConnection(Replies, asyncio.Protocol):
                             "is not implemented (only chunked; use Content-Encoding to "
                             "compress)",
                         )
-                        raise _Rejected()
+                        raise Rejected()
         json = json and infer
         self._chunked = chunked
         if chunked:
             self._chunks.start()
         app = self.app
-        limit = app.body.limit(json)
+        limit = app.body.json_limit if json else app.body.max_request_bytes
         self._body_limit = limit
         self._body_json = json
         if content_length > limit:
             self._rejection = (413, str(app.body.too_large(content_length, json)))
-            raise _Rejected()
+            raise Rejected()
         if content_length != 0 and (content_length > 0 or parser.get_http_version() == "1.1"):
             if app.body.timeout:
                 now = self._body_start = self.loop.time()
@@ -631,7 +618,7 @@ class HttpConnection(Replies, asyncio.Protocol):
                 self._upgrade_framing = body_framing(self._headers)
             except InvalidFramingError as exc:
                 self._rejection = (400, f"Invalid HTTP request received: {exc}")
-                raise _Rejected() from None
+                raise Rejected() from None
             self._upgrade = (
                 parser.get_method(),
                 parser.should_keep_alive(),
@@ -646,7 +633,7 @@ class HttpConnection(Replies, asyncio.Protocol):
                 413,
                 str(self.app.body.too_large(size, self._body_json, "of at least")),
             )
-            raise _Rejected()
+            raise Rejected()
         body = self._body
         if not body:
             self._body = chunk
@@ -695,7 +682,7 @@ class HttpConnection(Replies, asyncio.Protocol):
             self._body,  # type: ignore[arg-type]  # bytes or bytearray: both read alike
             keep_alive,
             http10,
-            self._gzip,
+            self._accept,
         )
         self._awaiting_headers = True
         self._message_begun = False

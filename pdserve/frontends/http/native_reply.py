@@ -18,7 +18,7 @@ from pdserve.core.cancel import CancelToken
 from pdserve.core.errors import InferError, client_gone
 from pdserve.frontends.http.answer import CLOSE, Answer, error_answer, pump_stream
 from pdserve.frontends.http.app import JOIN_LIMIT, OFFLOAD_BYTES, HttpApp, parse_infer_headers
-from pdserve.frontends.http.compression import GZIP_MIN_BYTES, gzip_bytes
+from pdserve.frontends.http.compression import GZIP_MIN_BYTES, accepts_gzip, gzip_bytes
 from pdserve.frontends.http.server import HttpLimits, _warn
 from pdserve.frontends.http.wire import (
     CONTINUE,
@@ -60,7 +60,7 @@ PIPE, WRITE = 1, 2
 class ParsedRequest:
     """One parsed request waiting to be (or being) answered."""
 
-    __slots__ = ("method", "url", "headers", "body", "keep_alive", "http10", "gzip")
+    __slots__ = ("method", "url", "headers", "body", "keep_alive", "http10", "accept")
 
     def __init__(
         self,
@@ -70,7 +70,7 @@ class ParsedRequest:
         body: bytes,
         keep_alive: bool,
         http10: bool,
-        gzip: bool,
+        accept: bytes,
     ) -> None:
         self.method = method
         self.url = url
@@ -78,7 +78,13 @@ class ParsedRequest:
         self.body = body
         self.keep_alive = keep_alive
         self.http10 = http10
-        self.gzip = gzip
+        #: the ``Accept-Encoding`` value (b"": none)
+        self.accept = accept
+
+    def gzip(self) -> bool:
+        """The client accepts a gzip response (asked only of a response large enough to
+        be compressed)."""
+        return bool(self.accept) and accepts_gzip(self.accept)
 
 
 class _Server(Protocol):
@@ -223,7 +229,7 @@ class Replies:
         if self._gone:
             self._finish(request, None)
             return
-        gzip_ok = request.gzip and total >= GZIP_MIN_BYTES
+        gzip_ok = total >= GZIP_MIN_BYTES and request.gzip()
         if json_length is None:
             if gzip_ok:
                 self._write_whole(request, 200, [(b"content-type", b"application/json")], parts)
@@ -279,7 +285,7 @@ class Replies:
         """Write a whole response (gzip-compressed when the client accepts it and it is
         large enough); schedules the compression off the loop when it is large."""
         body = parts[0] if len(parts) == 1 else b"".join(parts)
-        if request.gzip and len(body) >= GZIP_MIN_BYTES:
+        if len(body) >= GZIP_MIN_BYTES and request.gzip():
             if len(body) > OFFLOAD_BYTES:
                 self.loop.create_task(self._write_gzip_later(request, status, headers, body))
                 return
@@ -473,10 +479,10 @@ class Replies:
             elif name == b"content-encoding":
                 encoded = True
         gzipped = (
-            request.gzip
-            and not encoded
+            not encoded
             and GZIP_MIN_BYTES <= len(body) <= OFFLOAD_BYTES
             and not self._head_only
+            and request.gzip()
         )
         if gzipped:
             body = gzip_bytes(body)

@@ -33,8 +33,8 @@ from pdserve.core.procmem import settle_gc
 from pdserve.frontends.http.asgi import Message, Receive, Scope, Send
 from pdserve.frontends.http.chunks import ChunkWatch
 from pdserve.frontends.http.compression import GZIP_MIN_BYTES, accepts_gzip, gzip_bytes
-from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
-from pdserve.frontends.http.wire import feed_to_header_limit
+from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, continue_after_upgrade
+from pdserve.frontends.http.wire import Rejected, feed_to_header_limit, too_many_headers
 from pdserve.frontends.offload import off_loop
 
 logger = logging.getLogger("pdserve.http")
@@ -287,10 +287,6 @@ class QuietServer(uvicorn.Server):
         yield
 
 
-class _Rejected(Exception):
-    """Raised from a parser callback to stop parsing a request we refuse."""
-
-
 _last_warning: dict[str, float] = {}
 _suppressed: dict[str, int] = {}
 
@@ -386,20 +382,18 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused or self.parser is None or self._deferred is not None:
             return
-        limit = self.limits.max_header_bytes
-        while True:
-            if self._awaiting_headers:
-                room = limit - self._header_bytes
-                if len(data) > room:
-                    rest = feed_to_header_limit(self, data, room, limit)
-                    if rest is None:
-                        return
-                    data = rest
-                    continue
+        if self._awaiting_headers:
+            room = self.limits.max_header_bytes - self._header_bytes
+            if len(data) > room:
+                # the headers end within the room (the rest is body), or it is refused
+                rest = feed_to_header_limit(self, data, room, self.limits.max_header_bytes)
+                if rest is None:
+                    return
+                data = rest
+            else:
                 self._header_bytes += len(data)
-            if data and not self._feed(data):
-                return
-            break
+        if data and not self._feed(data):
+            return
         if (
             not self._awaiting_headers
             and self._rate_timer is None
@@ -426,10 +420,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             # pdserve upgrades to nothing (uvicorn runs with ws="none"): the request is
             # served as HTTP/1.1, its body (if any) and what follows read by a fresh
             # parser (see upgrade.py).
-            framing = self._upgrade_framing
-            self._upgrade_framing = b""
-            self.parser = parser_after_upgrade(self, framing)
-            rest = data[exc.args[0] :]
+            rest = continue_after_upgrade(self, data, exc)
             if rest and not self.transport.is_closing():
                 return self._feed(rest)
             return not self.transport.is_closing()
@@ -472,11 +463,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
         if self._header_count > self.limits.max_header_count:
-            self._rejection = (
-                431,
-                f"the request has more than {self.limits.max_header_count} header fields",
-            )
-            raise _Rejected()
+            raise too_many_headers(self, self.limits.max_header_count)
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -487,7 +474,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 self._upgrade_framing = body_framing(self.headers)
             except InvalidFramingError as exc:
                 self._rejection = (400, f"invalid HTTP request: {exc}")
-                raise _Rejected() from None
+                raise Rejected() from None
         super().on_headers_complete()
         self._body_start = self.loop.time()
         self._body_got = 0

@@ -6,7 +6,7 @@ is answered as an ordinary request (RFC 9110 7.8 lets a server ignore ``Upgrade`
 
 httptools (llhttp) cannot be told so: it skips the body, reports the message complete
 after the headers and raises ``HttpParserUpgrade`` (with the offset past the headers).
-The transports then go on with a fresh parser (:func:`parser_after_upgrade`), first fed
+The transports then go on with a fresh parser (:func:`continue_after_upgrade`), first fed
 a synthetic head carrying only the original body framing (``Content-Length`` or
 chunked), its callbacks swallowed, so the body is parsed, limited and timed as the
 original request's, and what follows as the next request.
@@ -116,3 +116,20 @@ def parser_after_upgrade(protocol: Any, framing: bytes) -> httptools.HttpRequest
     if framing:
         parser.feed_data(b"POST / HTTP/1.1\r\n%s\r\n\r\n" % framing)
     return parser
+
+
+def continue_after_upgrade(
+    protocol: Any, data: bytes, upgrade: httptools.HttpParserUpgrade
+) -> bytes:
+    """Give ``protocol`` (its ``parser`` and the :func:`body_framing` line it kept in
+    ``_upgrade_framing``, cleared here) a fresh parser after an upgrade request's head,
+    which ``upgrade`` (the parser's exception) ended within ``data``.
+
+    Returns:
+        the bytes of ``data`` after that head (the body, if any, and what follows), for
+        the new parser.
+    """
+    framing = protocol._upgrade_framing
+    protocol._upgrade_framing = b""
+    protocol.parser = parser_after_upgrade(protocol, framing)
+    return data[upgrade.args[0] :]

@@ -1,6 +1,6 @@
 """HTTP/1.1 wire helpers: response bytes of the native transport (status lines, header
-block endings, a whole error response), what a socket holds unread, and the header size
-limit both transports' connections enforce while feeding their parser."""
+block endings, a whole error response), what a socket holds unread, and the header limits
+(size, field count) both transports' connections enforce while feeding their parser."""
 
 from __future__ import annotations
 
@@ -97,3 +97,19 @@ def feed_to_header_limit(conn: _HeadFeeder, data: bytes, room: int, limit: int) 
         conn._reject(431, f"the request line and headers exceed the limit of {limit} bytes")
         return None
     return data[len(head) :]
+
+
+class Rejected(Exception):
+    """Raised from a parser callback to stop parsing a request the connection refuses
+    (its ``_rejection`` says how it is answered)."""
+
+
+class _Refusing(Protocol):
+    _rejection: tuple[int, str] | None
+
+
+def too_many_headers(conn: _Refusing, limit: int) -> Rejected:
+    """Refuse a request with more than ``limit`` header fields (431): sets
+    ``conn._rejection``; raise what it returns from the parser callback."""
+    conn._rejection = (431, f"the request has more than {limit} header fields")
+    return Rejected()

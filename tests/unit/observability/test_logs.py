@@ -13,6 +13,7 @@ from pdserve.app.cli import build_parser
 from pdserve.core import context
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.tracing import parse_traceparent
+from pdserve.frontends.admission import begin_request
 from pdserve.observability import logs
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -58,7 +59,7 @@ def test_json_lines_carry_ids_inside_a_request_only(stream: io.StringIO) -> None
     log.info("outside")
 
     def inside() -> None:
-        logs.begin_request("rid-1", f"00-{TRACE}-00f067aa0ba902b7-01")
+        begin_request("rid-1", f"00-{TRACE}-00f067aa0ba902b7-01")
         log.warning("inside %d", 7)
 
     import contextvars
@@ -77,7 +78,7 @@ def test_text_formats_and_suffix(stream: io.StringIO) -> None:
     import contextvars
 
     def inside() -> None:
-        logs.begin_request("")
+        begin_request("")
         log.info("hello")
 
     contextvars.copy_context().run(inside)

@@ -90,3 +90,35 @@ def test_route_is_a_decision() -> None:
     assert response.model_version == "1"
     assert routed.st.window(1).summary(60)["requests"] == 1
     assert routed.st.routed[("1", "pinned")] == 1
+
+
+def test_traffic_free_until_the_traffic_changes() -> None:
+    """route marks a model without traffic settings ``traffic_free`` (the server then
+    skips it); the admin endpoint clears the mark, and the entry's default version
+    follows its served versions."""
+    mv1: Any = SimpleNamespace(version=1, version_str="1")
+    mv2: Any = SimpleNamespace(version=2, version_str="2")
+    entry = ModelEntry("m")
+    assert entry.default_version is None and not entry.traffic_free
+    entry.serving = {2: mv2, 1: mv1}
+    assert entry.default_version is mv2
+
+    class Manager:
+        models = {"m": entry}
+
+        def get(self, name: str, version: str = "") -> Any:
+            return entry.serving[int(version)] if version else entry.default_version
+
+    runner: Any = SimpleNamespace()
+    traffic = TrafficControl(runner, Manager())
+    assert traffic.route(InferRequest("m")) == (mv2, None)
+    assert entry.traffic_free
+    traffic.set_traffic("m", {"weights": {"1": 100, "2": 0}})
+    assert not entry.traffic_free
+    mv, routed = traffic.route(InferRequest("m"))
+    assert mv is mv1 and routed is not None and routed.route == "split"
+    assert not entry.traffic_free
+    traffic.set_traffic("m", {"reset": True})
+    assert traffic.route(InferRequest("m")) == (mv2, None) and entry.traffic_free
+    entry.serving = {}
+    assert entry.default_version is None

@@ -6,7 +6,12 @@ from __future__ import annotations
 import httptools
 import pytest
 
-from pdserve.frontends.http.upgrade import InvalidFramingError, body_framing, parser_after_upgrade
+from pdserve.frontends.http.upgrade import (
+    InvalidFramingError,
+    body_framing,
+    continue_after_upgrade,
+    parser_after_upgrade,
+)
 
 
 def test_body_framing() -> None:
@@ -70,3 +75,17 @@ def test_parser_after_upgrade_reads_the_body_then_the_next_request(
     assert body == b"hello"
     assert rec.events[-5:] == ["complete", "begin", ("url", b"/next"), "headers", "complete"]
     assert parser.get_method() == b"GET"
+
+
+def test_continue_after_upgrade_takes_the_kept_framing() -> None:
+    head = b"POST /x HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\ncontent-length: 2\r\n\r\n"
+    rec = _Recorder()
+    data = head + b"hi"
+    with pytest.raises(httptools.HttpParserUpgrade) as info:
+        httptools.HttpRequestParser(rec).feed_data(data)
+    rec.events.clear()
+    rec._upgrade_framing = b"content-length: 2"
+    rest = continue_after_upgrade(rec, data, info.value)
+    assert rest == b"hi" and rec._upgrade_framing == b""
+    rec.parser.feed_data(rest)
+    assert rec.events == [("body", b"hi"), "complete"]

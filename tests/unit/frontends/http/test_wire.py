@@ -9,10 +9,12 @@ from pdserve.frontends.http.answer import Answer
 from pdserve.frontends.http.native_reply import ParsedRequest, _StreamWriter
 from pdserve.frontends.http.wire import (
     END_KEEP,
+    Rejected,
     error_bytes,
     feed_to_header_limit,
     origin_form,
     status_line,
+    too_many_headers,
     unread_bytes,
 )
 
@@ -86,7 +88,7 @@ class _Replies:
 
 def _stream(http10: bool) -> tuple[bytes, ParsedRequest]:
     conn = _Replies()
-    request = ParsedRequest(b"POST", b"/", [], b"", True, http10, False)
+    request = ParsedRequest(b"POST", b"/", [], b"", True, http10, b"")
     answer = Answer(200, [(b"content-type", b"text/event-stream")])
     writer = _StreamWriter(conn, request, answer)  # type: ignore[arg-type]  # a stand-in connection
 
@@ -107,3 +109,12 @@ def test_a_stream_is_chunked_for_http11_and_closes_for_http10() -> None:
     out, request = _stream(http10=True)
     assert b"transfer-encoding" not in out and out.endswith(b"\r\n\r\ndata: 1\n\n")
     assert not request.keep_alive
+
+
+def test_too_many_headers_is_a_431() -> None:
+    class Conn:
+        _rejection: tuple[int, str] | None = None
+
+    conn = Conn()
+    assert isinstance(too_many_headers(conn, 100), Rejected)
+    assert conn._rejection == (431, "the request has more than 100 header fields")
