@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pdserve import __version__
 from pdserve.config import ENSEMBLE_PLATFORM, ConfigError, parse_config_override
 from pdserve.core import tracing
-from pdserve.core.cancel import CANCELED, CancelToken, arm_cancellation, run_cancellable, token_of
+from pdserve.core.cancel import CancelToken, arm_cancellation, run_cancellable, token_of
 from pdserve.core.errors import ErrorCode, InferError, client_gone, internal, unavailable
 from pdserve.core.stats import NOT_QUEUED
 from pdserve.core.streaming import ResponseStream, StreamItem, StreamRequired, StreamResponse
@@ -431,7 +431,8 @@ class InferenceServer:
                         )
                     outputs = mv.finish_outputs(request, outputs)
             except BaseException as e:
-                replacement = _record_failure(mv, request, stats, e)
+                ensemble = mv.platform == ENSEMBLE_PLATFORM
+                replacement = stats.record_error(e, request.arrival_ns, ensemble)
                 if replacement is None:
                     raise
                 raise replacement from e
@@ -745,37 +746,6 @@ class InferenceServer:
             WarmupError: a configured sample failed; the version does not serve.
         """
         await run_warmup(mv)
-
-
-def _record_failure(
-    mv: ModelVersion, request: InferRequest, stats: ModelStats, error: BaseException
-) -> InferError | None:
-    """Count a failed request in ``stats`` (both paths of :meth:`InferenceServer._run_on`).
-
-    As Triton, a request counts once it passed its checks and was queued: an error with
-    reason :data:`NOT_QUEUED` counts nowhere. The reason is the error's, ``OTHER`` for
-    every failure of an ensemble except a cancellation, ``CANCELED`` for a cancelled
-    task, ``OTHER`` for an unexpected exception (logged).
-
-    Returns:
-        the error to raise instead of ``error`` (``INTERNAL`` for an unexpected
-        exception), or None to raise ``error`` itself.
-    """
-    if isinstance(error, InferError):
-        if error.reason != NOT_QUEUED:
-            reason = error.reason
-            if mv.platform == ENSEMBLE_PLATFORM and reason != CANCELED:
-                reason = "OTHER"
-            stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason)
-        return None
-    if isinstance(error, asyncio.CancelledError):
-        stats.record_failure(time.monotonic_ns() - request.arrival_ns, CANCELED)
-        return None
-    if isinstance(error, Exception):
-        log.exception("request to %s failed", mv.name)
-        stats.record_failure(time.monotonic_ns() - request.arrival_ns, "OTHER")
-        return internal(f"{type(error).__name__}: {error}")
-    return None
 
 
 #: The running ``infer`` tasks of :meth:`InferenceServer.infer_stream` (kept alive until done:

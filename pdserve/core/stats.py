@@ -13,6 +13,8 @@ All durations are nanoseconds.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import time
 from bisect import bisect_left as _bisect_left
@@ -20,9 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdserve.core.errors import InferError, internal
+
 #: The ``InferError.reason`` of a request a scheduler refused to queue (queue full,
 #: model unloading): not counted as a failure (see :class:`ModelStats`).
 NOT_QUEUED = "NOT_QUEUED"
+
+log = logging.getLogger(__name__)
 
 #: Upper bounds in seconds (``+Inf`` implicit) of every latency histogram the server
 #: exports (100 µs .. 60 s): the request/queue/compute histograms of
@@ -369,6 +375,38 @@ class ModelStats:
         self.recent.record(False)
         if self.metrics is not None:
             self.metrics.failure(reason)
+
+    def record_error(
+        self, error: BaseException, arrival_ns: int, ensemble: bool
+    ) -> InferError | None:
+        """Count a request that failed with ``error`` (``arrival_ns``: its
+        ``time.monotonic_ns()`` on arrival; ``ensemble``: the model is an ensemble).
+
+        As Triton, a request counts once it passed its checks and was queued: an error
+        with reason :data:`NOT_QUEUED` counts nowhere. The reason is the error's,
+        ``OTHER`` for every failure of an ensemble except a cancellation, ``CANCELED``
+        for a cancelled task, ``OTHER`` for an unexpected exception (logged).
+
+        Returns:
+            the error to raise instead of ``error`` (``INTERNAL`` for an unexpected
+            exception), or None to raise ``error`` itself.
+        """
+        request_ns = time.monotonic_ns() - arrival_ns
+        if isinstance(error, InferError):
+            if error.reason != NOT_QUEUED:
+                reason = error.reason
+                if ensemble and reason != "CANCELED":
+                    reason = "OTHER"
+                self.record_failure(request_ns, reason)
+            return None
+        if isinstance(error, asyncio.CancelledError):
+            self.record_failure(request_ns, "CANCELED")
+            return None
+        if isinstance(error, Exception):
+            log.exception("request to %s failed", self.name)
+            self.record_failure(request_ns, "OTHER")
+            return internal(f"{type(error).__name__}: {error}")
+        return None
 
     def record_execution(
         self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int
