@@ -214,7 +214,10 @@ class WorkerConnection:
     async def _wait_exit(self, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout
         while True:
-            code = self.proc.exitcode  # non-blocking poll of the forkserver sentinel
+            try:
+                code = self.proc.exitcode  # non-blocking poll of the forkserver sentinel
+            except ValueError:  # closed: it had exited
+                return None
             if code is not None or time.monotonic() >= deadline:
                 return code
             await asyncio.sleep(0.005)
@@ -224,7 +227,11 @@ class WorkerConnection:
             os.kill(self.pid, signal.SIGKILL)
 
     def _close_resources(self) -> None:
+        """Close the socket and arenas and, once the worker has exited, the process
+        object's two descriptors (the fork server's status pipe and the data pipe's
+        duplicate that ``multiprocessing`` keeps until the object is closed)."""
         self.link.close()
+        launch.close_process(self.proc)
 
     # -- work -------------------------------------------------------------------
 
