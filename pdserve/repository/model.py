@@ -391,11 +391,11 @@ class ModelVersion:
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
+            task.cancel()  # ends a sample that waits on the server (a thread, the queue)
             await asyncio.gather(
                 *(i.abort(ABORT_GRACE_S) for i in self.instances), return_exceptions=True
             )
             await asyncio.wait([task], timeout=ABORT_WAIT_S)
-            task.cancel()
             await self.close(0)
             raise
         except Exception:
