@@ -59,7 +59,8 @@ class CheckOptions:
 
     Attributes:
         rules: the team's rules (``--rules``).
-        timeout_s: seconds a python model may take to import and auto-complete.
+        timeout_s: seconds a python model may take to import and auto-complete (and,
+            for its golden check, to initialize and then to answer).
         goldens: run golden inputs/outputs (``--no-goldens``: only the hashes).
         served_only: check only the versions the version policy selects.
         host_policies: host policy names the server is started with
@@ -351,7 +352,7 @@ class Checker:
             version_dir=mdir.version_path(v),
             repository=self.repository,
         )
-        await check_python_golden(r, golden, spec)
+        await check_python_golden(r, golden, spec, self.options.timeout_s)
 
     async def _complete(
         self,
@@ -574,8 +575,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         type=float,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
-        help="seconds a python model may take to import and run auto_complete_config "
-        "(default %(default)g)",
+        help="seconds a python model may take to import and run auto_complete_config, "
+        "and for its goldens to initialize, then to answer (default %(default)g)",
     )
     p.add_argument("--no-goldens", action="store_true", help="skip golden inputs/outputs")
     p.add_argument(

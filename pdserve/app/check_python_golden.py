@@ -7,6 +7,7 @@ sets ``strict_output_shapes`` (serve fails such requests)."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
 import numpy as np
@@ -32,12 +33,16 @@ def _one_cpu_instance(cfg: cfgmod.ModelConfig) -> None:
     cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
 
 
-async def check_python_golden(r: CheckResult, golden: object, spec: ModelSpec) -> None:
+async def check_python_golden(
+    r: CheckResult, golden: object, spec: ModelSpec, timeout_s: float = 60.0
+) -> None:
     """Run the golden inputs through a python model; compare shapes and values.
 
     Args:
         golden: MODEL_IDENTITY.json's ``golden`` entry.
         spec: the version, its configuration the completed one (not changed here).
+        timeout_s: seconds the worker may take to initialize, and then to answer;
+            past them it is killed and the check fails.
     """
     read = golden_arrays(r, golden, spec.version_dir)
     if read is None:
@@ -69,12 +74,26 @@ async def check_python_golden(r: CheckResult, golden: object, spec: ModelSpec) -
         r.add(f"the golden inputs do not fit the configuration: {e.message}", npz_path)
         return
     exec_request.output_names = list(outputs)
-    instances = await PythonBackend().load(spec)
     try:
-        (result,) = await instances[0].execute([exec_request])
+        instances = await asyncio.wait_for(PythonBackend().load(spec), timeout_s)
+    except TimeoutError:
+        r.add(f"the model did not initialize within {timeout_s:g} s (it was killed)", npz_path)
+        return
+    # not wait_for: a batch the worker runs keeps its instance until the worker answers,
+    # so only killing the worker (abort) ends an execute that hangs
+    running = asyncio.ensure_future(instances[0].execute([exec_request]))
+    try:
+        await asyncio.wait([running], timeout=timeout_s)
+        if not running.done():
+            await instances[0].abort(0.0)
+            await asyncio.wait([running])
+            running.exception()  # the worker's end, reported as the timeout below
+            r.add(f"the model did not answer the golden inputs within {timeout_s:g} s", npz_path)
+            return
     finally:
         for instance in instances:
             await instance.close()
+    (result,) = running.result()
     if isinstance(result, InferError):
         r.add(f"running the golden inputs failed: {result.message}", npz_path)
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +40,12 @@ class TritonPythonModel:
 """
 
 
-def run(tmp_path: Path, dims: str, golden_y: np.ndarray) -> CheckResult:
+def run(
+    tmp_path: Path, dims: str, golden_y: np.ndarray, model: str = MODEL, timeout_s: float = 60.0
+) -> CheckResult:
     vdir = tmp_path / "m" / "1"
     vdir.mkdir(parents=True)
-    (vdir / "model.py").write_text(MODEL)
+    (vdir / "model.py").write_text(model)
     x = np.array([1.0, 2.0], np.float32)
     np.savez(vdir / "golden.npz", x=x, y=golden_y)
     golden = {"file": "golden.npz", "inputs": {"X": "x"}, "outputs": {"Y": "y"}, "atol": 1e-6}
@@ -53,7 +56,7 @@ def run(tmp_path: Path, dims: str, golden_y: np.ndarray) -> CheckResult:
     )
     spec = ModelSpec("m", 1, cfg, tmp_path / "m", vdir, tmp_path)
     result = CheckResult("m", "golden", 1)
-    asyncio.run(check_python_golden(result, golden, spec))
+    asyncio.run(check_python_golden(result, golden, spec, timeout_s))
     # the check ran one CPU worker, not the configured GPU instances, on a copy
     assert len(cfg.instance_group) == 1 and list(cfg.instance_group[0].gpus) == [7]
     return result
@@ -80,3 +83,15 @@ def test_a_shape_other_than_configured_is_a_warning(tmp_path: Path) -> None:
     assert problem.message.startswith(
         "output 'Y': the model produced shape [2], its configuration says [1] (dims [1])"
     )
+
+
+def test_a_model_that_does_not_answer_is_killed_at_the_timeout(tmp_path: Path) -> None:
+    hangs = MODEL.replace(
+        "    def execute(self, requests):\n",
+        "    def execute(self, requests):\n        import time; time.sleep(600)\n",
+    )
+    started = time.monotonic()
+    result = run(tmp_path, "[ -1 ]", np.array([2.0, 4.0], np.float32), hangs, timeout_s=1.0)
+    assert time.monotonic() - started < 20
+    [problem] = result.problems
+    assert problem.message == "the model did not answer the golden inputs within 1 s"
