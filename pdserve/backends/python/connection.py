@@ -99,6 +99,8 @@ class WorkerConnection:
         #: a BLS call of the worker meanwhile is cancelled with them (:func:`~pdserve.backends.python.bls.bls_token`).
         self.batch_tokens: list[CancelToken | None] = []
         self.stopping = False
+        #: the worker's exit code, kept when the process object is closed
+        self._exitcode: int | None = None
         self._bls_tasks: set[asyncio.Task[None]] = set()
         #: Open decoupled requests: (batch id, index) -> their stream and the check
         #: of each response's outputs.
@@ -216,8 +218,8 @@ class WorkerConnection:
         while True:
             try:
                 code = self.proc.exitcode  # non-blocking poll of the forkserver sentinel
-            except ValueError:  # closed: it had exited
-                return None
+            except ValueError:  # closed (only once it had exited)
+                return self._exitcode
             if code is not None or time.monotonic() >= deadline:
                 return code
             await asyncio.sleep(0.005)
@@ -231,6 +233,8 @@ class WorkerConnection:
         object's two descriptors (the fork server's status pipe and the data pipe's
         duplicate that ``multiprocessing`` keeps until the object is closed)."""
         self.link.close()
+        with contextlib.suppress(ValueError):
+            self._exitcode = self.proc.exitcode
         launch.close_process(self.proc)
 
     # -- work -------------------------------------------------------------------
