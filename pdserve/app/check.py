@@ -45,6 +45,7 @@ from .check_files import (
 )
 from .check_golden import check_golden, check_torch_golden
 from .check_output import render
+from .check_python_golden import check_python_golden
 from .check_report import WARNING, CheckResult, ModelReport, Report
 from .check_rules import Rule, RulesError, load_rules
 
@@ -58,7 +59,8 @@ class CheckOptions:
 
     Attributes:
         rules: the team's rules (``--rules``).
-        timeout_s: seconds a python model may take to import and auto-complete.
+        timeout_s: seconds a python model may take to import and auto-complete (and,
+            for its golden check, to initialize and then to answer).
         goldens: run golden inputs/outputs (``--no-goldens``: only the hashes).
         served_only: check only the versions the version policy selects.
         host_policies: host policy names the server is started with
@@ -292,25 +294,65 @@ class Checker:
             )
             golden = identity.get("golden") if identity is not None else None
             if golden is not None and self.options.goldens:
-                is_torch = cfg is not None and cfg.backend == cfgmod.PYTORCH_BACKEND
-                runnable = model_path if (is_onnx or is_torch) and present else None
-                if is_torch and cfg is not None:
-                    torch_cfg = mr.completed.get(v, cfg)
-                    await _run(
-                        mr.results,
-                        mr.name,
-                        "golden",
-                        v,
-                        lambda r: check_torch_golden(r, golden, vdir, runnable, torch_cfg, mr.name),
-                    )
-                else:
-                    await _run(
-                        mr.results,
-                        mr.name,
-                        "golden",
-                        v,
-                        lambda r: check_golden(r, golden, vdir, runnable, is_onnx),
-                    )
+                await self._golden(mdir, mr, v, golden, model_path if present else None, is_onnx)
+
+    async def _golden(
+        self,
+        mdir: layout.ModelDir,
+        mr: ModelReport,
+        v: int,
+        golden: object,
+        model_path: Path | None,
+        is_onnx: bool,
+    ) -> None:
+        """The ``golden`` check of one version, by the model's backend."""
+        cfg, vdir = mr.config, mdir.version_path(v)
+        is_torch = cfg is not None and cfg.backend == cfgmod.PYTORCH_BACKEND
+        runnable = model_path if is_onnx or is_torch else None
+        if cfg is not None and cfg.backend == cfgmod.PYTHON_BACKEND:
+            await _run(
+                mr.results,
+                mr.name,
+                "golden",
+                v,
+                lambda r: self._python_golden(r, golden, mdir, mr, v),
+            )
+        elif is_torch and cfg is not None:
+            torch_cfg = mr.completed.get(v, cfg)
+            await _run(
+                mr.results,
+                mr.name,
+                "golden",
+                v,
+                lambda r: check_torch_golden(r, golden, vdir, runnable, torch_cfg, mr.name),
+            )
+        else:
+            await _run(
+                mr.results,
+                mr.name,
+                "golden",
+                v,
+                lambda r: check_golden(r, golden, vdir, runnable, is_onnx),
+            )
+
+    async def _python_golden(
+        self, r: CheckResult, golden: object, mdir: layout.ModelDir, mr: ModelReport, v: int
+    ) -> None:
+        """The golden inputs through a python model's worker, on its completed
+        configuration (:func:`~.check_python_golden.check_python_golden`)."""
+        completed = mr.completed.get(v)
+        if completed is None:
+            r.skip("the configuration did not pass the checks above")
+            return
+        spec = ModelSpec(
+            name=mr.name,
+            version=v,
+            config=completed,
+            model_dir=mdir.path,
+            version_dir=mdir.version_path(v),
+            repository=self.repository,
+        )
+        await check_python_golden(r, golden, spec, self.options.timeout_s)
 
     async def _complete(
         self,
@@ -533,8 +575,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
         type=float,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
-        help="seconds a python model may take to import and run auto_complete_config "
-        "(default %(default)g)",
+        help="seconds a python model may take to import and run auto_complete_config, "
+        "and for its goldens to initialize, then to answer (default %(default)g)",
     )
     p.add_argument("--no-goldens", action="store_true", help="skip golden inputs/outputs")
     p.add_argument(

@@ -36,7 +36,7 @@ def _load_npz(r: CheckResult, npz_path: Path, keys: list[str]) -> dict[str, np.n
     return arrays
 
 
-def _golden_arrays(r: CheckResult, golden: object, vdir: Path) -> Golden | None:
+def golden_arrays(r: CheckResult, golden: object, vdir: Path) -> Golden | None:
     """Read and check a golden entry and its npz; None (problem recorded) when unusable."""
     where = vdir / IDENTITY_FILENAME
     if not isinstance(golden, dict) or not isinstance(golden.get("file"), str):
@@ -69,7 +69,7 @@ def check_torch_golden(
 ) -> None:
     """The golden check of a PyTorch model: the stored inputs through the model on the
     CPU (the backend's own loading and naming conventions), compared like ONNX's."""
-    read = _golden_arrays(r, golden, vdir)
+    read = golden_arrays(r, golden, vdir)
     if read is None:
         return
     inputs, outputs, atol, rtol, arrays, npz_path = read
@@ -154,7 +154,7 @@ def check_golden(
         return
     file_name, inputs, outputs, atol, rtol = entry
     if not is_onnx:
-        r.skip("golden outputs are run for ONNX models only (a python model's need its workers)")
+        r.skip("golden outputs are run for ONNX, PyTorch and python models only")
         return
     if model_path is None:
         r.skip("no model file")

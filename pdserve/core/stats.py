@@ -315,6 +315,9 @@ class ModelStats:
             ``worker_rss``, ``ensemble``; see :mod:`pdserve.repository.manager`).
         gpu_memory_bytes: GPU memory it took at load (NVML, per process), or None
             where there is no GPU or NVML.
+        output_shape_mismatches: output name -> responses that carried it with a
+            shape other than its configuration's (a python model's, served as
+            produced; ``pdserve_output_shape_mismatch_total``).
     """
 
     def __init__(self, name: str, version: str) -> None:
@@ -333,6 +336,7 @@ class ModelStats:
         self.memory_bytes: int | None = None
         self.memory_source = ""
         self.gpu_memory_bytes: int | None = None
+        self.output_shape_mismatches: dict[str, int] = {}
         for listener in LISTENERS:
             listener(self)
 

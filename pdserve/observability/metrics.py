@@ -162,10 +162,17 @@ def model_families(models: Iterable[ModelStats]) -> list[Family]:
         Family("pdserve_compute_duration_seconds", "histogram", "Compute time of the batch each request ran in, seconds"),
         Family("pdserve_batch_size", "histogram", "Rows per batch executed by model instances"),
     ]  # fmt: skip
+    shapes = Family(
+        "pdserve_output_shape_mismatch_total",
+        "counter",
+        "Responses with an output shaped other than the model configuration says, served as the python model produced it",
+    )
     for s in models:
         labels = {"model": s.name, "version": s.version}
         for fam, value in zip(families, _model_values(s), strict=True):
             fam.add(labels, value)
+        for output, count in sorted(s.output_shape_mismatches.items()):
+            shapes.add({**labels, "output": output}, count)
         mm = s.metrics
         reasons = dict(mm.failures) if mm is not None else {}
         if not reasons and s.durations["fail"].count:
@@ -179,7 +186,7 @@ def model_families(models: Iterable[ModelStats]) -> list[Family]:
             hists[1].add_histogram(labels, mm.queue)
             hists[2].add_histogram(labels, mm.compute)
             hists[3].add_histogram(labels, mm.batch)
-    return [families[0], failure, *families[1:], *hists]
+    return [families[0], failure, *families[1:], *hists, shapes]
 
 
 def memory_families(models: Iterable[ModelStats], report: dict[str, Any]) -> list[Family]:
@@ -557,6 +564,11 @@ class MetricsExporter:
     - ``pdserve_queue_duration_seconds`` — queued until an instance took the batch;
     - ``pdserve_compute_duration_seconds`` — the executed batch's compute time;
     - ``pdserve_batch_size`` — rows per executed batch (label-free of ``reason``).
+
+    ``pdserve_output_shape_mismatch_total{model,version,output}`` (counter): responses
+    of a python model whose output was served with the shape the model produced, not
+    the configured one (:mod:`pdserve.backends.python.output_shapes`); a series
+    appears with the first mismatch.
 
     Model memory (pdserve's; :mod:`pdserve.repository.budget`):
     ``pdserve_model_memory_bytes{model,version}`` (gauge: what the version cost at load,

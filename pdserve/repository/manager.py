@@ -628,11 +628,7 @@ class ModelManager(ServedModels):
             mv.instances = await backend.load(spec)
             mv.scheduler = create_scheduler(mv)
             if self.server is not None:
-                try:
-                    await self.server.warmup(mv)
-                except Exception:
-                    await mv.close()
-                    raise
+                await mv.warm_up(self.server.warmup)
             self._meter.measure(mv, in_process, ensemble, rss_before, gpu_before)
         return mv
 

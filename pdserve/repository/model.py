@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from pdserve import config as cfgmod
 from pdserve.backends.base import ExecRequest, ModelInstance, ModelSpec
+from pdserve.backends.python import output_shapes
 from pdserve.core.datatypes import NUMPY_TO_V2, WILDCARD_DIM, bytes_array, numpy_to_v2
 from pdserve.core.errors import InferError
 from pdserve.core.stats import ModelStats
@@ -120,9 +121,16 @@ class ModelVersion:
             for n, s in self.inputs.items()
         }
         #: checks (and reshapes) every result the scheduler gets back (datatype, rows, dims)
-        self.output_check = OutputCheck(cfg)
-        self.instances: list[ModelInstance] = []
         self.stats = ModelStats(self.name, self.version_str)
+        # a python model's output is served with the shape it produced, as in Triton,
+        # unless it asks for strict shapes (pdserve.backends.python.output_shapes)
+        hook = None
+        if backend == cfgmod.PYTHON_BACKEND:
+            hook = output_shapes.tolerance(
+                cfg, self.stats, str(spec.model_dir / cfgmod.CONFIG_FILENAME)
+            )
+        self.output_check = OutputCheck(cfg, hook)
+        self.instances: list[ModelInstance] = []
         #: replaced by the model manager once the instances are loaded
         self.scheduler: Scheduler = Unloaded(self.stats)
         self.inflight = 0
@@ -365,6 +373,34 @@ class ModelVersion:
             return True
         except TimeoutError:
             return False
+
+    async def warm_up(self, warm: Callable[[ModelVersion], Awaitable[None]]) -> None:
+        """Run ``warm(self)`` (the server's warm-up); close the version when it fails.
+
+        A cancelled load (the server shuts down while the version warms up) aborts the
+        instances at once (a python worker is killed after :data:`ABORT_GRACE_S`): a
+        warm-up sample blocked in the model holds its instance until the model
+        answers, and would hold the shutdown with it.
+
+        Raises:
+            Exception: what ``warm`` raised (``WarmupError``), after closing.
+            asyncio.CancelledError: the load was cancelled, after aborting and closing.
+        """
+        task = asyncio.ensure_future(warm(self))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # raised below
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()  # ends a sample that waits on the server (a thread, the queue)
+            await asyncio.gather(
+                *(i.abort(ABORT_GRACE_S) for i in self.instances), return_exceptions=True
+            )
+            await asyncio.wait([task], timeout=ABORT_WAIT_S)
+            await self.close(0)
+            raise
+        except Exception:
+            await self.close()
+            raise
 
     async def close(self, timeout: float | None = None) -> None:
         """Close the scheduler and every instance, in about ``timeout`` s at most.

@@ -14,7 +14,7 @@ import abc
 import asyncio
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -156,25 +156,37 @@ class OutputCheck:
     datatype; the other requests of the batch and the server carry on.
 
     Triton is looser here, and pdserve deliberately stricter (a wrong output is never a
-    200 — DESIGN.md): Triton's python backend sends whatever shape and datatype the
-    model returned (the response then contradicts the model metadata), and its
-    ONNX Runtime backend fails a request only when the batch output has *fewer* rows
-    than the batch (``UNSUPPORTED``, "failed to split the output tensor"), silently
-    cutting off extra rows. Triton converts no datatype, so neither does pdserve.
+    200 — DESIGN.md), with one exception: Triton's python backend sends whatever shape
+    the model returned, and python models written for it rely on that, so a model
+    given ``on_shape_mismatch`` (the python backend's, unless the model asks for
+    strict shapes: :mod:`pdserve.backends.python.output_shapes`) has a shape mismatch
+    reported to that hook and the output served as produced. Datatypes are checked
+    for every model. Triton's ONNX Runtime backend fails a request only when the batch
+    output has *fewer* rows than the batch (``UNSUPPORTED``, "failed to split the
+    output tensor"), silently cutting off extra rows. Triton converts no datatype, so
+    neither does pdserve.
 
     Cost: a few tuple and dtype comparisons per output of each request; no work per
     element (a reshape is a numpy view).
 
     Args:
         config: the model's (auto-completed) ``ModelConfig``.
+        on_shape_mismatch: None: a shape mismatch fails the request. Else it is told
+            of each one (output name, expected shape: ``[rows] + dims`` when the model
+            batches, the produced shape) and the output is served as produced.
     """
 
-    __slots__ = ("model", "batching", "_outputs")
+    __slots__ = ("model", "batching", "_outputs", "on_shape_mismatch")
 
-    def __init__(self, config: Any) -> None:
+    def __init__(
+        self,
+        config: Any,
+        on_shape_mismatch: Callable[[str, list[int], tuple[int, ...]], None] | None = None,
+    ) -> None:
         self.model: str = config.name
         self.batching: bool = config.max_batch_size > 0
         self._outputs: dict[str, _Output] = {o.name: _Output(o) for o in config.output}
+        self.on_shape_mismatch = on_shape_mismatch
 
     def results(self, batch: list[ExecRequest], results: list[ExecResult]) -> list[ExecResult]:
         """:meth:`check` every successful result of ``batch`` (one result per request).
@@ -230,7 +242,10 @@ class OutputCheck:
             if self.batching:
                 rows = request.batch_size
                 if not shape or shape[0] != rows:
-                    return self._shape_error(spec, shape, rows)
+                    error = self._mismatch(spec, shape, rows)
+                    if error is not None:
+                        return error
+                    continue
                 rest = shape[1:]
             else:
                 rows = -1
@@ -250,8 +265,19 @@ class OutputCheck:
                     reshaped = dict(outputs)
                 reshaped[name] = arr
                 continue
-            return self._shape_error(spec, shape, rows)
+            error = self._mismatch(spec, shape, rows)
+            if error is not None:
+                return error
         return outputs if reshaped is None else reshaped
+
+    def _mismatch(self, spec: _Output, shape: tuple[int, ...], rows: int) -> InferError | None:
+        """An output shaped other than configured: the error that fails the request, or
+        None after telling ``on_shape_mismatch`` (the output is served as produced)."""
+        hook = self.on_shape_mismatch
+        if hook is None:
+            return self._shape_error(spec, shape, rows)
+        hook(spec.name, ([rows] if self.batching else []) + list(spec.dims), shape)
+        return None
 
     def _shape_error(self, spec: _Output, shape: tuple[int, ...], rows: int) -> InferError:
         lead = [rows] if self.batching else []

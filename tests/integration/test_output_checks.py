@@ -2,9 +2,11 @@
 
 Against a real pdserve, through ``tritonclient.http`` and ``tritonclient.grpc``:
 
-* ``bad_outputs`` (python, ``tests/data/python_models``) returns too few rows, too many
-  rows, the wrong per-row shape, the wrong datatype or no batch dimension on demand;
-  ``bad_outputs_plain`` is the same model served without batching;
+* ``bad_outputs`` (python, ``tests/data/python_models``, with ``strict_output_shapes``:
+  without it a python model's shapes are served as produced, see
+  test_python_output_shapes.py) returns too few rows, too many rows, the wrong per-row
+  shape, the wrong datatype or no batch dimension on demand; ``bad_outputs_plain`` is
+  the same model served without batching;
 * ``bad_onnx``, an ONNX model built here with ``onnx.helper``, whose outputs have
   too few rows, too many rows, the wrong width, or no batch dimension;
 * ``ens_bad_outputs``, an ensemble over ``bad_outputs``;
@@ -45,6 +47,7 @@ output [
   { name: "V", data_type: TYPE_FP32, dims: [ -1 ] }
 ]
 instance_group [ { count: 1, kind: KIND_CPU } ]
+parameters { key: "strict_output_shapes" value: { string_value: "true" } }
 """
 
 ONNX_CONFIG = """

@@ -11,7 +11,7 @@ Errors: a response's ``pb_utils.TritonError`` fails that request with its code; 
 exception out of ``execute`` fails every request of the call; a worker that dies fails
 the requests it held with ``INTERNAL`` and is restarted (back-off up to
 :data:`MAX_RESTART_DELAY_S`); a requested output the model did not return is
-``INTERNAL`` naming the output (datatypes and shapes: the scheduler's OutputCheck).
+``INTERNAL`` naming the output (datatypes, shapes: OutputCheck and ``output_shapes``).
 """
 
 from __future__ import annotations

@@ -99,6 +99,8 @@ class WorkerConnection:
         #: a BLS call of the worker meanwhile is cancelled with them (:func:`~pdserve.backends.python.bls.bls_token`).
         self.batch_tokens: list[CancelToken | None] = []
         self.stopping = False
+        #: the worker's exit code, kept when the process object is closed
+        self._exitcode: int | None = None
         self._bls_tasks: set[asyncio.Task[None]] = set()
         #: Open decoupled requests: (batch id, index) -> their stream and the check
         #: of each response's outputs.
@@ -214,7 +216,10 @@ class WorkerConnection:
     async def _wait_exit(self, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout
         while True:
-            code = self.proc.exitcode  # non-blocking poll of the forkserver sentinel
+            try:
+                code = self.proc.exitcode  # non-blocking poll of the forkserver sentinel
+            except ValueError:  # closed (only once it had exited)
+                return self._exitcode
             if code is not None or time.monotonic() >= deadline:
                 return code
             await asyncio.sleep(0.005)
@@ -224,7 +229,13 @@ class WorkerConnection:
             os.kill(self.pid, signal.SIGKILL)
 
     def _close_resources(self) -> None:
+        """Close the socket and arenas and, once the worker has exited, the process
+        object's two descriptors (the fork server's status pipe and the data pipe's
+        duplicate that ``multiprocessing`` keeps until the object is closed)."""
         self.link.close()
+        with contextlib.suppress(ValueError):
+            self._exitcode = self.proc.exitcode
+        launch.close_process(self.proc)
 
     # -- work -------------------------------------------------------------------
 

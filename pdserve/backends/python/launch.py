@@ -72,6 +72,18 @@ def _mp_context() -> ForkServerContext:
         return _ctx
 
 
+def close_process(proc: ForkServerProcess) -> None:
+    """Close an exited process object's descriptors (two pipes to the fork server)."""
+    with contextlib.suppress(ValueError):  # still running: its descriptors stay
+        proc.close()
+
+
+def _reap(proc: ForkServerProcess) -> None:
+    """Wait (5 s at most) for a killed process, then close its descriptors."""
+    proc.join(5.0)
+    close_process(proc)
+
+
 def exit_description(exitcode: int | None) -> str:
     if exitcode is None:
         return "exited (status unknown)"
@@ -116,6 +128,7 @@ async def start_process(
             except host_policy.HostPolicyError:
                 proc.kill()
                 proc.join(5.0)
+                close_process(proc)
                 raise
 
     launched = asyncio.get_running_loop().run_in_executor(None, launch)
@@ -127,6 +140,7 @@ async def start_process(
         if proc.pid is not None:
             with contextlib.suppress(OSError):
                 os.kill(proc.pid, signal.SIGKILL)
+            threading.Thread(target=_reap, args=(proc,), daemon=True).start()
         parent.close()
         raise
     except BaseException:

@@ -51,13 +51,17 @@ def test_model_config_is_pb_utils_model_config() -> None:
 def test_connection_reads_ready_and_reports_the_exit() -> None:
     async def run() -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        proc = SimpleNamespace(pid=4242, exitcode=0)
+        closed: list[bool] = []
+        proc = SimpleNamespace(pid=4242, exitcode=0, close=lambda: closed.append(True))
         conn = WorkerConnection("m_0", proc, mine, None)  # type: ignore[arg-type]  # a stand-in process
         send_frame(theirs, Ready(4242))
         assert await asyncio.wait_for(conn.ready, 5) == 4242
         theirs.close()  # the worker is gone: end of file
         died = await asyncio.wait_for(conn.died, 5)
         assert "python model instance 'm_0' (pid 4242) exited with code 0" in died
+        # the exited process object's descriptors (pipes to the fork server) are closed
+        assert closed == [True]
+        assert mine.fileno() == -1
 
     asyncio.run(run())
 
