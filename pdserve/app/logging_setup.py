@@ -38,4 +38,5 @@ def setup_serve_logging(settings: Settings) -> None:
             fmt=settings.log_format,
         ),
         stream,
+        "" if settings.log_file is None else str(settings.log_file),
     )

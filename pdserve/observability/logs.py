@@ -9,8 +9,8 @@ line written while a request is handled carries its request id and trace id
 
 Triton's logging extension (``/v2/logging``, gRPC ``LogSettings``) reads and changes
 the same settings (:func:`settings_dict`, :func:`update_settings`) with Triton's names,
-types and semantics; pdserve logs to stderr only (``log_file`` is ``""``), and an
-unknown name is refused so a typo is not lost. :class:`RedactFilter` masks
+types and semantics (``log_file``: the file lines are appended to, ``""`` for stderr),
+and an unknown name is refused so a typo is not lost. :class:`RedactFilter` masks
 ``Authorization``/``Bearer`` credentials a message might carry.
 """
 
@@ -42,6 +42,9 @@ SETTING_NAMES = (
 )
 
 _UINT32_MAX = 2**32 - 1
+
+#: The file the log is appended to (``--log-file`` or the logging extension); "": stderr.
+_LOG_FILE = ""
 
 _SECRET = re.compile(
     r"(?i)\b(authorization\s*[:=]\s*(?:(?:bearer|basic|digest)\s+)?|bearer\s+"
@@ -181,12 +184,16 @@ def _formatter(fmt: str) -> logging.Formatter:
     return TextFormatter(iso8601=fmt == "ISO8601")
 
 
-_HANDLER: logging.Handler | None = None
+_HANDLER: logging.StreamHandler[TextIO] | None = None
 
 
-def configure(state: LogState | None = None, stream: TextIO | None = None) -> logging.Handler:
-    """Install pdserve's stderr handler on the root logger (replacing logging's
-    ``basicConfig`` one), with ``state``'s settings (default: :data:`STATE`).
+def configure(
+    state: LogState | None = None, stream: TextIO | None = None, log_file: str = ""
+) -> logging.Handler:
+    """Install pdserve's handler on the root logger (replacing logging's
+    ``basicConfig`` one), writing to ``stream`` (default stderr; ``log_file``: the
+    path ``stream`` was opened from, reported by the logging extension), with
+    ``state``'s settings (default: :data:`STATE`).
 
     Returns:
         The handler (its filters: context, level, redaction).
@@ -194,7 +201,8 @@ def configure(state: LogState | None = None, stream: TextIO | None = None) -> lo
     Raises:
         InferError(INVALID_ARG): a setting of ``state`` is not valid.
     """
-    global _HANDLER
+    global _HANDLER, _LOG_FILE
+    _LOG_FILE = log_file if stream is not None else ""
     if state is not None:
         update_settings(asdict(state))
     root = logging.getLogger()
@@ -230,9 +238,9 @@ def _apply() -> None:
 
 def settings_dict() -> dict[str, object]:
     """The current settings, as the logging extension answers them (Triton's shape:
-    ``{"log_file": "", "log_info": bool, "log_warning": bool, "log_error": bool,
-    "log_verbose_level": int, "log_format": str}``)."""
-    return {"log_file": "", **asdict(STATE)}
+    ``{"log_file": str, "log_info": bool, "log_warning": bool, "log_error": bool,
+    "log_verbose_level": int, "log_format": str}``; ``log_file`` ``""``: stderr)."""
+    return {"log_file": _LOG_FILE, **asdict(STATE)}
 
 
 def _check(name: str, value: object) -> bool | int | str:
@@ -258,11 +266,6 @@ def _check(name: str, value: object) -> bool | int | str:
     if name == "log_file":
         if type(value) is not str:
             raise InferError(f"log setting '{name}' must be a string, got {_kind(value)}")
-        if value:
-            raise InferError(
-                "log setting 'log_file' cannot be changed: pdserve logs to stderr "
-                "(redirect it, or use your service manager's journal)"
-            )
         return value
     raise InferError(f"unknown log setting {name!r}; the settings are {', '.join(SETTING_NAMES)}")
 
@@ -295,14 +298,38 @@ def update_settings(changes: Mapping[str, object]) -> dict[str, object]:
         InferError(INVALID_ARG): an unknown name, a value of the wrong type (a bool
             that is not ``true``/``false``, a ``log_verbose_level`` that is not an
             integer 0-4294967295, a ``log_format`` not in :data:`FORMATS`), or a
-            ``log_file`` other than ``""``. Nothing is changed then.
+            ``log_file`` that cannot be opened for appending. Nothing is changed then.
     """
     checked = {name: _check(name, value) for name, value in changes.items()}
+    path = checked.get("log_file", _LOG_FILE)
+    if path != _LOG_FILE:
+        _switch_file(str(path))
     for name, value in checked.items():
         if name != "log_file":
             setattr(STATE, name, value)
     _apply()
     return settings_dict()
+
+
+def _switch_file(path: str) -> None:
+    """Append the log to ``path`` from now on (``""``: stderr), as Triton's
+    ``log_file`` setting does; the file pdserve opened before is closed.
+
+    Raises:
+        InferError(INVALID_ARG): ``path`` cannot be opened for appending.
+    """
+    global _LOG_FILE
+    try:
+        stream: TextIO = open(path, "a", buffering=1, encoding="utf-8") if path else sys.stderr  # noqa: SIM115 - process-long
+    except OSError as e:
+        raise InferError(
+            f"log setting 'log_file': cannot open {path!r}: {e.strerror or e}"
+        ) from None
+    if _HANDLER is not None:
+        old = _HANDLER.setStream(stream)
+        if _LOG_FILE and old is not None and old not in (sys.stderr, sys.stdout):
+            old.close()
+    _LOG_FILE = path
 
 
 def state_from_flags(*, info: bool, warning: bool, error: bool, verbose: int, fmt: str) -> LogState:
