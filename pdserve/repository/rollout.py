@@ -367,7 +367,8 @@ class TrafficControl:
                 self._adopt_rollout(st, spec.rollout, "admin request")
         except TrafficError as e:
             raise InferError(str(e)) from None
-        log.info("model %s: traffic set by the admin endpoint: %s", name, st.weights())
+        how = "reset to the traffic file" if st.override is None else "set by the admin endpoint"
+        log.info("model %s: traffic %s: %s", name, how, st.weights())
         st.forget_split()
         entry.traffic_free = False
         return self.describe_traffic(name)
