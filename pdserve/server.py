@@ -99,6 +99,9 @@ class InferenceServer:
         ValueError: an unknown ``model_control_mode``.
     """
 
+    #: the server metadata's name (tritonserver's ``--id``)
+    server_id = "pdserve"
+
     def __init__(
         self,
         model_repository: Path | str,
@@ -120,7 +123,6 @@ class InferenceServer:
         self.repository = Path(model_repository)
         self.manager = ModelManager(self.repository, server=self, host_policies=host_policies)
         self.strict_readiness = strict_readiness
-        self.server_id = "pdserve"  # the server metadata's name (tritonserver's --id)
         self.load_models = load_models
         self._started = False
         self._shutting_down = False

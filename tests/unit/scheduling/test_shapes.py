@@ -250,11 +250,13 @@ def test_prepare_reshapes_inputs_of_a_non_batching_model(tmp_path: object) -> No
 
 
 def test_direct_scheduler_of_a_model_version_checks_outputs(tmp_path: object) -> None:
+    # a python model: checked when strict_output_shapes is on (else served as produced)
     mv = _model(
         """
         name: "m" max_batch_size: 4
         input { name: "X" data_type: TYPE_FP32 dims: [ 2 ] }
         output { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] }
+        parameters { key: "strict_output_shapes" value { string_value: "true" } }
         """,
         tmp_path,
     )
