@@ -58,7 +58,8 @@ def stream(
     **params: Any,
 ) -> list[tuple[Any, Any]]:
     """One request on a gRPC stream: every (result, error) until the final flag (with
-    ``empty_final``) or until ``timeout_s`` passes without a response."""
+    ``empty_final``) or until ``timeout_s`` passes without a response (3 s once an error
+    came: a client cannot read the final flag an error carries)."""
     got: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     request_timeout = params.pop("timeout", None)
@@ -79,6 +80,8 @@ def stream(
             except queue.Empty:
                 break
             items.append((result, error))
+            if error is not None:
+                timeout_s = min(timeout_s, 3.0)
             if empty_final:
                 final = (
                     result.get_response().parameters["triton_final_response"].bool_param
