@@ -48,12 +48,11 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# Issue 11: the suite passes with both HTTP servers. The full run uses the default
-# transport (native, or PDSERVE_HTTP_SERVER when set); then the integration tests that
-# exercise the HTTP front end (routes, limits, errors, auth, streaming, cancellation,
-# shutdown) run again on asgi. tests/integration/test_http_transport*.py run
-# both transports themselves and are not repeated. The second pass took 3 min 47-50 s on
-# the loaded 2-core development machine (load average 5-8).
+# The suite passes with both HTTP servers. The full run uses the default transport
+# (native, or PDSERVE_HTTP_SERVER when set); then the integration tests that exercise the
+# HTTP front end (routes, limits, errors, auth, streaming, cancellation, shutdown, TLS) run
+# again on asgi. tests/integration/test_http_transport*.py run both transports themselves
+# and are not repeated.
 HTTP_TESTS := $(addprefix tests/integration/test_,http_api.py http_server.py \
 	http_openapi.py error_codes.py shutdown.py decoupled.py auth.py cancellation.py \
 	robustness.py tls.py)
@@ -66,9 +65,13 @@ docs-build: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8008
 
+# Two pytest workers, each taking whole test files (module-scoped servers stay in one
+# process); most tests wait on a server, so two workers use the two cores.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
+
 test: sysdeps examples lint docs-build
-	$(PY) -m pytest -q
-	PDSERVE_HTTP_SERVER=asgi $(PY) -m pytest -q $(HTTP_TESTS)
+	$(PYTEST)
+	PDSERVE_HTTP_SERVER=asgi $(PYTEST) $(HTTP_TESTS)
 
 bench: examples
 	$(PY) benchmarks/run_all.py
@@ -86,7 +89,7 @@ bench-perf-tool: examples $(PA_VENV)/bin/perf_analyzer
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(PY) benchmarks/bench_perf_tool.py
 
-# Issue 11's front-end comparison (benchmarks/bench_frontend.py): wrk for HTTP, h2load
+# The front-end comparison (benchmarks/bench_frontend.py): wrk for HTTP, h2load
 # (Debian's nghttp2-client) and perf_analyzer for gRPC, real Triton from bench_peers' venv.
 bench-frontend: examples $(PA_VENV)/bin/perf_analyzer
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
