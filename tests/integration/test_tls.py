@@ -18,7 +18,6 @@ connections after SIGHUP (and without it, by their change, in the HTTP workers).
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import ssl
@@ -49,23 +48,6 @@ X = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
 def expected() -> np.ndarray:
     """What ``tiny`` (its latest version, 2: weights 2 W) answers for :data:`X`."""
     return np.maximum(X @ (2 * np.load(GOLDENS / "tiny.npz")["W"]), 0)
-
-
-@functools.cache
-def _serve_help() -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "pdserve", "serve", "--help"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    ).stdout
-
-
-def _supports(flag: str) -> bool:
-    """``pdserve serve`` takes ``flag`` (tritonserver's spellings arrive with the
-    command-line work; the KServe command uses them once they are there)."""
-    return f"{flag} " in _serve_help() or f"{flag}=" in _serve_help()
 
 
 def launch(
@@ -116,13 +98,12 @@ def kserve(base: Path, certs: CertFiles) -> Iterator[ServerProcess]:
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     # KServe's stock Triton runtime: tritonserver --model-store=/mnt/models
     # --grpc-port=9000 --http-port=8080 --allow-grpc=true --allow-http=true
-    store = "--model-store" if _supports("--model-store") else "--model-repository"
     args = [
-        f"{store}={repo}",
+        f"--model-store={repo}",
         f"--grpc-port={grpc_port}",
         f"--http-port={http_port}",
         "--allow-grpc=true",
-        *(["--allow-http=true"] if _supports("--allow-http") else []),
+        "--allow-http=true",
         "--grpc-use-ssl=true",
         f"--grpc-server-cert={certs.cert}",
         f"--grpc-server-key={certs.key}",
