@@ -1,13 +1,14 @@
 """Which models the OpenAI front end serves, and as what (:func:`model_kind`), and a
 generator's chat template (:func:`render_chat`). A model qualifies by its signature:
 
-- ``embeddings``: not decoupled, one BYTES input, and one floating-point output
-  (FP16, FP32, FP64) with one dimension besides the batch dimension (the vector).
+- ``embeddings``: not decoupled, one BYTES input, and as its only output a
+  floating-point one (FP16, FP32, FP64) with one dimension besides the batch dimension.
 - ``completions``: a BYTES input ``text_input`` and a BYTES output ``text_output``
   (Triton's generate conventions), decoupled (streaming) or not.
 
 The config parameter ``openai`` overrides that: ``none`` hides a model; ``embeddings``
-or ``completions`` declares the kind (the signature must still fit). The parameter
+or ``completions`` declares the kind (the signature must still fit; a declared embedding
+model may have other outputs beside its one vector). The parameter
 ``openai_dimensions: truncate`` lets ``dimensions`` shorten the vectors (Matryoshka
 models): the first ``dimensions`` values, scaled back to unit length.
 """
@@ -77,7 +78,10 @@ def model_kind(config: dict[str, Any], metadata: dict[str, Any]) -> str | None:
     if is_generator(metadata):
         kind: str | None = COMPLETIONS
     elif not decoupled and embedding_io(metadata, batching) is not None:
-        kind = EMBEDDINGS
+        # other outputs beside the vector (an image classifier's top-5 confidences and
+        # labels): only when declared
+        alone = len(metadata.get("outputs", [])) == 1
+        kind = EMBEDDINGS if alone or declared == EMBEDDINGS else None
     else:
         kind = None
     if declared in (EMBEDDINGS, COMPLETIONS) and declared != kind:

@@ -39,6 +39,18 @@ def test_kinds_by_signature() -> None:
     assert catalog.model_kind(_config(), image) is None
 
 
+def test_a_vector_beside_other_outputs_needs_the_declaration() -> None:
+    classifier = {
+        "inputs": [{"name": "image", "datatype": "BYTES", "shape": [-1, 1]}],
+        "outputs": [
+            {"name": "labels", "datatype": "BYTES", "shape": [-1, 5]},
+            {"name": "confidences", "datatype": "FP32", "shape": [-1, 5]},
+        ],
+    }
+    assert catalog.model_kind(_config(), classifier) is None
+    assert catalog.model_kind(_config(openai="embeddings"), classifier) == "embeddings"
+
+
 def test_the_openai_parameter_hides_or_declares() -> None:
     assert catalog.model_kind(_config(openai="none"), EMBEDDER) is None
     assert catalog.model_kind(_config(openai="embeddings"), EMBEDDER) == "embeddings"
