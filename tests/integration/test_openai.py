@@ -21,6 +21,8 @@ from tests.conftest import ROOT, ServerProcess, copy_models, start_server
 from tests.traffic_keys import sha256_hash
 
 KEY = "openai-test-secret-5e1f"
+#: A key that may use text_embedding only.
+EMBED_KEY = "openai-embed-only-77c2"
 GENERATOR = ROOT / "examples" / "generator_repository" / "text_generator"
 TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}"
@@ -40,7 +42,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tokenizer = {"chat_template": TEMPLATE, "bos_token": "<s>"}
     (chat / "tokenizer_config.json").write_text(json.dumps(tokenizer))
     auth = base / "auth.yaml"
-    auth.write_text(f"keys:\n  - name: app\n    hash: {sha256_hash(KEY)}\n    apis: ['*']\n")
+    auth.write_text(
+        f"keys:\n  - name: app\n    hash: {sha256_hash(KEY)}\n    apis: ['*']\n"
+        f"  - name: retrieval\n    hash: {sha256_hash(EMBED_KEY)}\n"
+        "    models: [text_embedding]\n    apis: [metadata, inference]\n"
+    )
     proc = start_server(repo, base / "pdserve.log", "--auth-config", str(auth))
     yield proc
     proc.stop()
@@ -245,3 +251,15 @@ def test_api_key_is_required(server: ServerProcess) -> None:
     wrong = openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()
+
+
+def test_a_model_scoped_key_sees_and_uses_its_models_only(server: ServerProcess) -> None:
+    scoped = openai.OpenAI(
+        base_url=f"http://{server.http_url}/v1", api_key=EMBED_KEY, max_retries=0
+    )
+    assert [m.id for m in scoped.models.list()] == ["text_embedding"]
+    assert len(scoped.embeddings.create(model="text_embedding", input="x").data) == 1
+    with pytest.raises(openai.PermissionDeniedError):
+        scoped.completions.create(model="text_generator", prompt="x")
+    r = _post(server, "/v1/completions", {"model": "text_generator", "prompt": "x"}, EMBED_KEY)
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"

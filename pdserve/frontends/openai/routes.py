@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -114,9 +114,11 @@ async def _route(
         if len(parts) == 3 or (len(parts) == 4 and model):
             if method != "GET":
                 raise WrongMethodError("GET")
+            may_use: Callable[[str], bool] | None = None
             if gate is not None:
-                await gate.check("http", METADATA, model, header_getter(headers))
-            return await (get_model(core, model) if model else list_models(core))
+                principal = await gate.check("http", METADATA, model, header_getter(headers))
+                may_use = principal.may_use_model
+            return await (get_model(core, model) if model else list_models(core, may_use))
     if path not in _POST_ROUTES:
         raise OpenAIError(404, f"Invalid URL ({method} {path})", code="unknown_url")
     if method != "POST":
@@ -175,11 +177,14 @@ async def _served_kind(core: InferenceCore, model: str) -> str | None:
     return catalog.model_kind(config, metadata)
 
 
-async def list_models(core: InferenceCore) -> Answer:
+async def list_models(core: InferenceCore, may_use: Callable[[str], bool] | None = None) -> Answer:
     """``GET /v1/models``: ``{"object": "list", "data": [model objects]}``, the ready
-    models that qualify (:mod:`.catalog`), sorted by name."""
+    models that qualify (:mod:`.catalog`) and that the caller's credential may use
+    (``may_use``; None: all), sorted by name."""
     rows = await call(core.repository_index, True)
     names = sorted({row["name"] for row in rows if row.get("state", "READY") == "READY"})
+    if may_use is not None:
+        names = [name for name in names if may_use(name)]
     data = []
     for name in names:
         try:
