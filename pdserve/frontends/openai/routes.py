@@ -117,7 +117,9 @@ async def _route(
             may_use: Callable[[str], bool] | None = None
             if gate is not None:
                 principal = await gate.check("http", METADATA, model, header_getter(headers))
-                may_use = principal.may_use_model
+                # (an --http-workers worker's gate answers the principal's name only: its
+                # list is not filtered, and using a model checks the key in full)
+                may_use = getattr(principal, "may_use_model", None)
             return await (get_model(core, model) if model else list_models(core, may_use))
     if path not in _POST_ROUTES:
         raise OpenAIError(404, f"Invalid URL ({method} {path})", code="unknown_url")
