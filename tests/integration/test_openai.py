@@ -11,6 +11,7 @@ import json
 import shutil
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx2 as httpx
 import numpy as np
@@ -263,3 +264,28 @@ def test_a_model_scoped_key_sees_and_uses_its_models_only(server: ServerProcess)
         scoped.completions.create(model="text_generator", prompt="x")
     r = _post(server, "/v1/completions", {"model": "text_generator", "prompt": "x"}, EMBED_KEY)
     assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+
+
+def _minilm_counts(server: ServerProcess) -> tuple[int, int]:
+    r = httpx.get(
+        f"http://{server.http_url}/v2/models/minilm/stats",
+        headers={"authorization": f"Bearer {KEY}"},
+        timeout=30,
+    )
+    stats = r.json()["model_stats"][0]
+    return int(stats["inference_count"]), int(stats["execution_count"])
+
+
+def test_concurrent_embedding_calls_batch_dynamically(server: ServerProcess) -> None:
+    """16 concurrent one-sentence calls run through the pipeline's schedulers: the
+    predictor (dynamic_batching) runs fewer batches than it got rows."""
+    before = _minilm_counts(server)
+    doc = {"model": "text_embedding", "input": "The cat sleeps on the warm windowsill."}
+    with ThreadPoolExecutor(16) as pool:
+        replies = list(pool.map(lambda _: _post(server, "/v1/embeddings", doc), range(16)))
+    assert all(r.status_code == 200 for r in replies)
+    first = replies[0].json()["data"][0]["embedding"]
+    assert all(r.json()["data"][0]["embedding"] == first for r in replies)
+    after = _minilm_counts(server)
+    rows, batches = after[0] - before[0], after[1] - before[1]
+    assert rows == 16 and batches < rows, (rows, batches)
