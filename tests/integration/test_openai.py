@@ -249,6 +249,8 @@ def test_api_key_is_required(server: ServerProcess) -> None:
     r = _post(server, "/v1/embeddings", {"model": "text_embedding", "input": "x"}, key=None)
     _error(r, 401, None, "invalid_api_key")
     assert r.headers["www-authenticate"] == 'Bearer realm="pdserve"'
+    r = httpx.get(f"http://{server.http_url}/v1/bogus", timeout=30)
+    _error(r, 401, None, "invalid_api_key")  # an unknown route is checked as V2's are
     wrong = openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()

@@ -42,7 +42,7 @@ from pdserve.frontends.http.status import HTTP_STATUS, HttpError
 from pdserve.frontends.openai import catalog, codec
 from pdserve.frontends.openai.codec import OpenAIError, bad_request
 from pdserve.frontends.parameters import check_request_parameters
-from pdserve.frontends.traffic.apis import INFERENCE, METADATA
+from pdserve.frontends.traffic.apis import INFERENCE, METADATA, MODEL_REPOSITORY
 from pdserve.frontends.traffic.gate import header_getter
 
 if TYPE_CHECKING:
@@ -122,6 +122,8 @@ async def _route(
                 may_use = getattr(principal, "may_use_model", None)
             return await (get_model(core, model) if model else list_models(core, may_use))
     if path not in _POST_ROUTES:
+        if gate is not None:  # as an unknown V2 path: the admin category's check first
+            await gate.check("http", MODEL_REPOSITORY, "", header_getter(headers))
         raise OpenAIError(404, f"Invalid URL ({method} {path})", code="unknown_url")
     if method != "POST":
         raise WrongMethodError("POST")
