@@ -9,9 +9,13 @@ flight) sends the same sentences (the ordinary ones of ``examples/perf/sentences
 - ``openai-base64``: the same with ``base64`` (what the ``openai`` client asks for).
 
 Rounds alternate the order of the routes; each point is bounded in time. Server and
-client share the machine's cores (the pipeline's python stages need them). Usage::
+client share the machine's cores (the pipeline's python stages need them). With
+``--codec``, no server: the front ends' own work per request in process (the body
+parsed into the request, the vectors encoded into the answer), the least of 5 rounds.
+Usage::
 
     .venv/bin/python benchmarks/bench_openai.py [--duration 4] [--rounds 4] [--concurrency 8]
+    .venv/bin/python benchmarks/bench_openai.py --codec
 
 Prints a Markdown table (medians over the rounds, and each route's ratio to v2) and
 writes the raw figures to ``benchmarks/out/openai.json``.
@@ -69,14 +73,66 @@ def point(route: str, port: int, batch: int, concurrency: int, duration: float) 
     return result
 
 
+def codec_costs(batches: list[int], n: int = 2000) -> str:
+    """µs per request of each front end's decode + encode (no model, no HTTP)."""
+    import time
+
+    import numpy as np
+    import orjson
+
+    from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
+    from pdserve.frontends.http.decode import decode_infer_request
+    from pdserve.frontends.http.encode import encode_infer_response_parts
+    from pdserve.frontends.openai import codec
+    from pdserve.frontends.openai.routes import _text_tensor
+
+    meta = {"name": "text", "datatype": "BYTES", "shape": [-1, 1]}
+    lines = ["| batch | v2 µs | openai-float µs | openai-base64 µs |", "|---|---|---|---|"]
+    for batch in batches:
+        vecs = np.random.default_rng(0).standard_normal((batch, 384)).astype(np.float32)
+
+        def v2(body: bytes, vecs: np.ndarray = vecs) -> None:
+            request = decode_infer_request(body, None, "text_embedding")
+            response = InferResponse("text_embedding", "1", {"embedding": vecs})
+            encode_infer_response_parts(response, request)
+
+        def openai_route(body: bytes, vecs: np.ndarray = vecs) -> None:
+            req = codec.embedding_request(orjson.loads(body))
+            InferRequest(
+                model_name=req.model,
+                inputs={"text": _text_tensor(req.texts, meta, True)},
+                outputs=[RequestedOutput("embedding")],
+            )
+            items = [codec.embedding_item(v, i, req.base64) for i, v in enumerate(vecs)]
+            codec.embeddings_body(req.model, items, 0)
+
+        row = [str(batch)]
+        for route in ROUTES:
+            body = request(route, 0, batch)[1]
+            func = v2 if route == "v2" else openai_route
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    func(body)
+                best = min(best, (time.perf_counter() - t0) / n * 1e6)
+            row.append(f"{best:.1f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = cli_parser(__doc__, __file__)
+    p.add_argument("--codec", action="store_true", help="the front ends' codec cost only")
     p.add_argument("--duration", type=float, default=4.0, help="measured seconds per point")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--batches", default="1,16")
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
+    if args.codec:
+        print(codec_costs(batches))
+        return 0
     runs: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"

@@ -178,7 +178,10 @@ def embedding_item(vector: np.ndarray, index: int, as_base64: bool) -> dict[str,
     """One ``data`` item: the vector as floats, or as base64 of its little-endian
     float32 bytes (what OpenAI's ``encoding_format: base64`` sends)."""
     vec = np.asarray(vector, dtype="<f4")
-    value: Any = base64.b64encode(vec.tobytes()).decode() if as_base64 else vec
+    if as_base64:
+        value: Any = base64.b64encode(vec.tobytes()).decode()
+    else:  # written once here, then as it is: cheaper than inside the whole body
+        value = orjson.Fragment(orjson.dumps(vec, option=orjson.OPT_SERIALIZE_NUMPY))
     return {"object": "embedding", "index": index, "embedding": value}
 
 
@@ -186,7 +189,7 @@ def embeddings_body(model: str, items: list[dict[str, Any]], prompt_tokens: int)
     """The embeddings response object (``usage`` as reported by the model, else 0)."""
     usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
     doc = {"object": "list", "data": items, "model": model, "usage": usage}
-    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    return orjson.dumps(doc)
 
 
 @dataclass
