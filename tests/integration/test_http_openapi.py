@@ -163,4 +163,9 @@ def test_the_document_is_served_and_names_every_route(server: ServerProcess) -> 
         "/v2/logging",
         "/v2/trace/setting",
         "/v2/models/{model_name}/trace/setting",
+        "/v1/models",
+        "/v1/models/{model}",
+        "/v1/embeddings",
+        "/v1/completions",
+        "/v1/chat/completions",
     }

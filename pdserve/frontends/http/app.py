@@ -40,6 +40,7 @@ from pdserve.frontends.http.encode import (
 )
 from pdserve.frontends.http.generate import serve_generate
 from pdserve.frontends.offload import off_loop, off_process
+from pdserve.frontends.openai import routes as openai_routes
 from pdserve.frontends.shared_memory import (
     SharedMemoryRegistry,
     infer_with_shm,
@@ -153,6 +154,10 @@ class HttpApp:
         Raises:
             InferError, HttpError: answered with :func:`~pdserve.frontends.http.answer.error_answer`.
         """
+        if path.startswith("/v1/"):  # the OpenAI routes: their own gate check and errors
+            return await openai_routes.handle(
+                self.server, self.gate, method, path, headers, exchange
+            )
         if self.gate is not None:
             await self.check_gate(path, headers)
         if method == "POST" and path.endswith("/infer") and path.startswith("/v2/models/"):

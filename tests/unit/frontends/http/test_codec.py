@@ -725,9 +725,12 @@ def test_health_and_metadata_routes() -> None:
 
 def test_unknown_paths_and_wrong_methods() -> None:
     app = create_http_app(FakeServer())
-    for path in ("/", "/v1/models/x", "/v2/models", "/v2/models/echo/bogus", "/v2/x/y/z/w/v/u"):
+    for path in ("/", "/v3/models/x", "/v2/models", "/v2/models/echo/bogus", "/v2/x/y/z/w/v/u"):
         reply = call(app, "GET", path)
         assert reply.status == 404 and "no route" in reply.json()["error"], path
+    # /v1/ is the OpenAI front end: its 404s are OpenAI's error body
+    assert call(app, "GET", "/v1/models/x").json()["error"]["code"] == "model_not_found"
+    assert call(app, "GET", "/v1/bogus").json()["error"]["code"] == "unknown_url"
     assert call(app, "POST", "/v2/health/live").status == 405
     assert call(app, "GET", "/v2/models/echo/infer").json() == {"error": "Method Not Allowed"}
     assert call(app, "POST", "/v2/models/echo/config").status == 405

@@ -1,0 +1,293 @@
+"""The OpenAI-compatible front end end to end: the official ``openai`` client, unchanged
+(``base_url`` pointed at pdserve), against a real pdserve with an API key configured,
+serving the example ``text_embedding`` pipeline, the example generator
+(``examples/generator_repository/text_generator``), a copy of it that ships a
+``tokenizer_config.json`` chat template, and ``tiny`` (not an OpenAI model)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx2 as httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.conftest import ROOT, ServerProcess, copy_models, start_server
+from tests.traffic_keys import sha256_hash
+
+KEY = "openai-test-secret-5e1f"
+#: A key that may use text_embedding only.
+EMBED_KEY = "openai-embed-only-77c2"
+GENERATOR = ROOT / "examples" / "generator_repository" / "text_generator"
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    base = tmp_path_factory.mktemp("openai")
+    repo = copy_models(base / "models", "text_embedding", "tokenize", "minilm", "pool", "tiny")
+    shutil.copytree(GENERATOR, repo / "text_generator")
+    chat = repo / "chat_generator"
+    shutil.copytree(GENERATOR, chat)
+    config = (chat / "config.pbtxt").read_text()
+    (chat / "config.pbtxt").write_text(config.replace('"text_generator"', '"chat_generator"'))
+    tokenizer = {"chat_template": TEMPLATE, "bos_token": "<s>"}
+    (chat / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    auth = base / "auth.yaml"
+    auth.write_text(
+        f"keys:\n  - name: app\n    hash: {sha256_hash(KEY)}\n    apis: ['*']\n"
+        f"  - name: retrieval\n    hash: {sha256_hash(EMBED_KEY)}\n"
+        "    models: [text_embedding]\n    apis: [metadata, inference]\n"
+    )
+    proc = start_server(repo, base / "pdserve.log", "--auth-config", str(auth))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key=KEY, max_retries=0)
+
+
+def _post(server: ServerProcess, path: str, doc: dict, key: str | None = KEY) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(f"http://{server.http_url}{path}", json=doc, headers=headers, timeout=60)
+
+
+def _v2_embeddings(server: ServerProcess, texts: list[str]) -> np.ndarray:
+    doc = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts), 1], "data": texts}]
+    }
+    r = _post(server, "/v2/models/text_embedding/infer", doc)
+    assert r.status_code == 200, r.text
+    out = r.json()["outputs"][0]
+    return np.array(out["data"], dtype=np.float32).reshape(out["shape"])
+
+
+def test_lists_the_models_that_qualify(client: openai.OpenAI) -> None:
+    ids = [m.id for m in client.models.list()]
+    assert ids == ["chat_generator", "text_embedding", "text_generator"]
+    model = client.models.retrieve("text_embedding")
+    assert (model.id, model.object, model.owned_by) == ("text_embedding", "model", "pdserve")
+    assert model.created > 0
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("tiny")
+
+
+# without encoding_format the client asks for base64 and decodes it itself
+@pytest.mark.parametrize("fmt", [{"encoding_format": "float"}, {}], ids=["float", "base64"])
+def test_embeddings_equal_the_v2_routes(
+    client: openai.OpenAI, server: ServerProcess, fmt: dict
+) -> None:
+    texts = ["A man is eating food.", "The new movie is awesome.", "pdserve"]
+    want = _v2_embeddings(server, texts)
+    got = client.embeddings.create(model="text_embedding", input=texts, **fmt)
+    assert [d.index for d in got.data] == [0, 1, 2] and got.model == "text_embedding"
+    vectors = np.array([d.embedding for d in got.data], dtype=np.float32)
+    assert vectors.shape == (3, 384) and np.allclose(vectors, want, atol=1e-6)
+    assert got.usage.prompt_tokens == 0 and got.usage.total_tokens == 0
+    one = client.embeddings.create(model="text_embedding", input=texts[1], **fmt)
+    assert len(one.data) == 1 and np.allclose(one.data[0].embedding, want[1], atol=1e-6)
+
+
+def test_base64_is_little_endian_float32_on_the_wire(server: ServerProcess) -> None:
+    r = _post(
+        server,
+        "/v1/embeddings",
+        {"model": "text_embedding", "input": "hello", "encoding_format": "base64"},
+    )
+    raw = base64.b64decode(r.json()["data"][0]["embedding"])
+    assert np.allclose(
+        np.frombuffer(raw, dtype="<f4"), _v2_embeddings(server, ["hello"])[0], atol=1e-6
+    )
+
+
+def test_streams_a_chat_completion(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="text_generator",
+        messages=[{"role": "user", "content": "hello big world"}],
+        stream=True,
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
+    # the default template: "user: hello big world\nassistant: ", words reversed
+    assert pieces == ["assistant:", " world", " big", " hello", " user:"]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+
+
+def test_chat_uses_the_models_chat_template(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="chat_generator", messages=[{"role": "user", "content": "hi there"}]
+    )
+    # "<s>[user] hi there [assistant]" reversed word by word
+    assert reply.choices[0].message.content == "[assistant] there hi <s>[user]"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.object == "chat.completion"
+
+
+def test_completion_stream_and_whole(client: openai.OpenAI) -> None:
+    stream = client.completions.create(
+        model="text_generator", prompt="one two three four", max_tokens=2, stream=True
+    )
+    chunks = list(stream)
+    assert [c.choices[0].text for c in chunks] == ["four", " three", ""]
+    assert chunks[-1].choices[0].finish_reason == "length"
+    whole = client.completions.create(
+        model="text_generator", prompt="one two three four", stop=[" two"]
+    )
+    assert whole.choices[0].text == "four three"
+    assert whole.choices[0].finish_reason == "stop"
+    assert whole.usage is not None and whole.usage.total_tokens == 0
+
+
+def test_stream_ends_with_done(server: ServerProcess) -> None:
+    doc = {"model": "text_generator", "prompt": "a b", "stream": True}
+    r = _post(server, "/v1/completions", doc)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in r.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]" and len(events) == 4
+
+
+def test_client_disconnect_cancels_the_generation(server: ServerProcess) -> None:
+    slow = {
+        "model": "text_generator",
+        "prompt": " ".join(["w"] * 40),
+        "stream": True,
+        "delay_ms": 200,
+    }
+    headers = {"authorization": f"Bearer {KEY}"}
+    with httpx.stream(
+        "POST", f"http://{server.http_url}/v1/completions", json=slow, headers=headers
+    ) as r:
+        first = next(r.iter_lines())
+        assert first.startswith("data: ")
+    # the model has one instance: had the 8 s generation gone on, this would wait for it
+    start = time.monotonic()
+    r = _post(server, "/v1/completions", {"model": "text_generator", "prompt": "quick"})
+    assert r.json()["choices"][0]["text"] == "quick"
+    assert time.monotonic() - start < 3
+
+
+def _error(r: httpx.Response, status: int, param: str | None, code: str | None) -> str:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert (body["error"]["param"], body["error"]["code"]) == (param, code)
+    assert body["error"]["type"] == "invalid_request_error"
+    return str(body["error"]["message"])
+
+
+def test_unknown_model_is_404(client: openai.OpenAI, server: ServerProcess) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="nope", input="x")
+    message = _error(
+        _post(server, "/v1/embeddings", {"model": "nope", "input": "x"}),
+        404,
+        "model",
+        "model_not_found",
+    )
+    assert message == "The model `nope` does not exist or you do not have access to it."
+    r = _post(
+        server,
+        "/v1/chat/completions",
+        {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+    )
+    _error(r, 404, "model", "model_not_found")
+
+
+@pytest.mark.parametrize(
+    ("doc", "param", "code"),
+    [
+        ({"input": [[1, 2, 3]]}, "input", None),  # token ids: the models take text
+        ({"input": 42}, "input", None),
+        ({"input": []}, "input", None),
+        ({"input": ["x"] * 2049}, "input", None),  # over OpenAI's 2048 inputs
+        ({"input": "x", "encoding_format": "int8"}, "encoding_format", None),
+        ({"input": "x", "dimensions": 128}, "dimensions", None),  # the model does not allow it
+        ({"input": "x", "model": "text_generator"}, "model", "model_not_supported"),
+    ],
+)
+def test_bad_embedding_requests_are_400(
+    client: openai.OpenAI, server: ServerProcess, doc: dict, param: str, code: str | None
+) -> None:
+    doc = {"model": "text_embedding", **doc}
+    _error(_post(server, "/v1/embeddings", doc), 400, param, code)
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(**doc)
+
+
+def test_bad_completion_requests_are_400(client: openai.OpenAI, server: ServerProcess) -> None:
+    r = _post(server, "/v1/completions", {"model": "text_embedding", "prompt": "x"})
+    _error(r, 400, "model", "model_not_supported")
+    _error(
+        _post(server, "/v1/completions", {"model": "text_generator", "prompt": "x", "n": 3}),
+        400,
+        "n",
+        None,
+    )
+    r = _post(server, "/v1/chat/completions", {"model": "text_generator", "messages": "hi"})
+    _error(r, 400, "messages", None)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="text_generator", prompt="x", max_tokens=0)
+    r = _post(server, "/v1/completions", {"model": "text_generator", "prompt": "x", "triton_x": 1})
+    _error(r, 400, None, None)  # a parameter name reserved for Triton, as on V2
+
+
+def test_api_key_is_required(server: ServerProcess) -> None:
+    r = _post(server, "/v1/embeddings", {"model": "text_embedding", "input": "x"}, key=None)
+    _error(r, 401, None, "invalid_api_key")
+    assert r.headers["www-authenticate"] == 'Bearer realm="pdserve"'
+    r = httpx.get(f"http://{server.http_url}/v1/bogus", timeout=30)
+    _error(r, 401, None, "invalid_api_key")  # an unknown route is checked as V2's are
+    wrong = openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+
+
+def test_a_model_scoped_key_sees_and_uses_its_models_only(server: ServerProcess) -> None:
+    scoped = openai.OpenAI(
+        base_url=f"http://{server.http_url}/v1", api_key=EMBED_KEY, max_retries=0
+    )
+    assert [m.id for m in scoped.models.list()] == ["text_embedding"]
+    assert len(scoped.embeddings.create(model="text_embedding", input="x").data) == 1
+    with pytest.raises(openai.PermissionDeniedError):
+        scoped.completions.create(model="text_generator", prompt="x")
+    r = _post(server, "/v1/completions", {"model": "text_generator", "prompt": "x"}, EMBED_KEY)
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+
+
+def _minilm_counts(server: ServerProcess) -> tuple[int, int]:
+    r = httpx.get(
+        f"http://{server.http_url}/v2/models/minilm/stats",
+        headers={"authorization": f"Bearer {KEY}"},
+        timeout=30,
+    )
+    stats = r.json()["model_stats"][0]
+    return int(stats["inference_count"]), int(stats["execution_count"])
+
+
+def test_concurrent_embedding_calls_batch_dynamically(server: ServerProcess) -> None:
+    """16 concurrent one-sentence calls run through the pipeline's schedulers: the
+    predictor (dynamic_batching) runs fewer batches than it got rows."""
+    before = _minilm_counts(server)
+    doc = {"model": "text_embedding", "input": "The cat sleeps on the warm windowsill."}
+    with ThreadPoolExecutor(16) as pool:
+        replies = list(pool.map(lambda _: _post(server, "/v1/embeddings", doc), range(16)))
+    assert all(r.status_code == 200 for r in replies)
+    first = replies[0].json()["data"][0]["embedding"]
+    assert all(r.json()["data"][0]["embedding"] == first for r in replies)
+    after = _minilm_counts(server)
+    rows, batches = after[0] - before[0], after[1] - before[1]
+    assert rows == 16 and batches < rows, (rows, batches)
