@@ -340,19 +340,33 @@ class Checker:
     ) -> None:
         """The golden inputs through a python model's worker, on its completed
         configuration (:func:`~.check_python_golden.check_python_golden`)."""
-        completed = mr.completed.get(v)
-        if completed is None:
-            r.skip("the configuration did not pass the checks above")
-            return
-        spec = ModelSpec(
+        spec = self._completed_spec(r, mdir, mr, v)
+        if spec is not None:
+            await check_python_golden(r, golden, spec, self.options.timeout_s)
+
+    def _spec(
+        self, mdir: layout.ModelDir, mr: ModelReport, version: int, config: cfgmod.ModelConfig
+    ) -> ModelSpec:
+        """The load spec serve builds for ``version``, on a copy of ``config``."""
+        return ModelSpec(
             name=mr.name,
-            version=v,
-            config=completed,
+            version=version,
+            config=copy.deepcopy(config),
             model_dir=mdir.path,
-            version_dir=mdir.version_path(v),
+            version_dir=mdir.version_path(version),
             repository=self.repository,
         )
-        await check_python_golden(r, golden, spec, self.options.timeout_s)
+
+    def _completed_spec(
+        self, r: CheckResult, mdir: layout.ModelDir, mr: ModelReport, version: int
+    ) -> ModelSpec | None:
+        """:meth:`_spec` on the version's completed configuration; None (``r`` skipped)
+        when the configuration did not pass the checks before."""
+        completed = mr.completed.get(version)
+        if completed is None:
+            r.skip("the configuration did not pass the checks above")
+            return None
+        return self._spec(mdir, mr, version, completed)
 
     async def _complete(
         self,
@@ -366,14 +380,7 @@ class Checker:
     ) -> None:
         """What serve does before loading the version; its completed config in ``mr``."""
         assert mr.config is not None
-        spec = ModelSpec(
-            name=mr.name,
-            version=version,
-            config=copy.deepcopy(mr.config),
-            model_dir=mdir.path,
-            version_dir=vdir,
-            repository=self.repository,
-        )
+        spec = self._spec(mdir, mr, version, mr.config)
         policies = {n: frozenset[int]() for n in self.options.host_policies}
         errors: list[cfgmod.ConfigError] = []
         try:
@@ -403,19 +410,11 @@ class Checker:
     ) -> None:
         """``model_warmup`` as serve checks it before running the samples
         (:func:`pdserve.repository.warmup.check_samples`), on the completed configuration."""
-        completed = mr.completed.get(version)
-        if completed is None:
-            r.skip("the configuration did not pass the checks above")
+        spec = self._completed_spec(r, mdir, mr, version)
+        if spec is None:
             return
-        spec = ModelSpec(
-            name=mr.name,
-            version=version,
-            config=copy.deepcopy(completed),
-            model_dir=mdir.path,
-            version_dir=mdir.version_path(version),
-            repository=self.repository,
-        )
-        mv = ModelVersion(spec, completed.platform or completed.backend, completed.backend)
+        cfg = spec.config
+        mv = ModelVersion(spec, cfg.platform or cfg.backend, cfg.backend)
         for problem in await check_samples(mv):
             r.add(str(problem), mdir.config_path, problem.field)
 

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from pdserve.backends.host_policy import HostPolicyError, parse_option, resolve_policy
+from pdserve.backends.host_policy import parse_option, resolve_policy
 from pdserve.core.procmem import parse_size
 
 #: Help sections of ``pdserve serve --help``, in order.
@@ -42,14 +42,12 @@ class StrictArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-class HostPolicyAction(argparse.Action):
-    """``--host-policy NAME,SETTING=VALUE`` (repeatable): collect and check host policies.
+class FlagAction(argparse.Action):
+    """An argparse action whose :meth:`take` reads the flag's value into the namespace.
 
-    The namespace attribute holds ``policy name -> {setting: value}``; options with
-    the same name merge (a later value of a setting wins), as in Triton. Each
-    option is checked as soon as it is read (its syntax, the setting, and the cores
-    of the merged policy: see :func:`pdserve.backends.host_policy.resolve_policy`), so a bad
-    one is an argparse error (exit code 2) naming the option.
+    A ``ValueError`` or ``argparse.ArgumentTypeError`` that :meth:`take` raises is an
+    argparse error (exit code 2): ``argument FLAG: message``, the flag named as
+    :meth:`named` says.
     """
 
     def __call__(
@@ -59,34 +57,48 @@ class HostPolicyAction(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        policies: dict[str, dict[str, str]] = dict(getattr(namespace, self.dest, None) or {})
         try:
-            name, setting, value = parse_option(str(values))
-            settings = {**policies.get(name, {}), setting: value}
-            resolve_policy(name, settings)
-        except HostPolicyError as e:
-            raise argparse.ArgumentError(self, str(e)) from None
+            self.take(namespace, values, option_string)
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            parser.error(f"argument {self.named(option_string)}: {e}")
+
+    def take(self, namespace: argparse.Namespace, values: Any, option_string: str | None) -> None:
+        """Read ``values`` (the flag's value, after its ``type``) into ``namespace``."""
+        raise NotImplementedError
+
+    def named(self, option_string: str | None) -> str:
+        """The flag as an error names it: all its spellings, as argparse does."""
+        return "/".join(self.option_strings)
+
+
+class HostPolicyAction(FlagAction):
+    """``--host-policy NAME,SETTING=VALUE`` (repeatable): collect and check host policies.
+
+    The namespace attribute holds ``policy name -> {setting: value}``; options with
+    the same name merge (a later value of a setting wins), as in Triton. Each
+    option is checked as soon as it is read (its syntax, the setting, and the cores
+    of the merged policy: see :func:`pdserve.backends.host_policy.resolve_policy`), so a bad
+    one is an argparse error (exit code 2) naming the option.
+    """
+
+    def take(self, namespace: argparse.Namespace, values: Any, option_string: str | None) -> None:
+        policies: dict[str, dict[str, str]] = dict(getattr(namespace, self.dest, None) or {})
+        name, setting, value = parse_option(str(values))
+        settings = {**policies.get(name, {}), setting: value}
+        resolve_policy(name, settings)
         policies[name] = settings
         setattr(namespace, self.dest, policies)
 
 
-class RepositoryAction(argparse.Action):
+class RepositoryAction(FlagAction):
     """``--model-repository`` / ``--model-store``: tritonserver takes several
     repositories; pdserve serves one, so a second, different one is an argparse
     error (exit code 2) naming both."""
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
+    def take(self, namespace: argparse.Namespace, values: Any, option_string: str | None) -> None:
         before = getattr(namespace, self.dest, None)
         if before is not None and str(before) != str(values):
-            raise argparse.ArgumentError(
-                self, f"pdserve serves one model repository, got {before} and {values}"
-            )
+            raise ValueError(f"pdserve serves one model repository, got {before} and {values}")
         setattr(namespace, self.dest, values)
 
 
@@ -128,59 +140,41 @@ def lower(text: str) -> str:
     return text.strip().lower()
 
 
-class TritonBoolAction(argparse.BooleanOptionalAction):
+class TritonBoolAction(FlagAction, argparse.BooleanOptionalAction):
     """An on/off flag that takes both spellings: pdserve's ``--allow-grpc`` /
     ``--no-allow-grpc`` and tritonserver's ``--allow-grpc=false`` (any value
     :func:`parse_bool` reads; a value may also follow as the next argument).
 
+    ``implies`` (``--grpc-use-ssl-mutual``'s ``grpc_use_ssl``): a field that the flag,
+    given in its positive form with any value, also turns on, as tritonserver's parser
+    does; a later ``--grpc-use-ssl=false`` turns it off again (tritonserver reads its
+    flags in order too).
+
     Raises (through the parser, exit status 2): a value :func:`parse_bool` does not
-    read, or a value after the ``--no-`` form.
+    read, or a value after the ``--no-`` form; the error names the spelling given.
     """
 
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+    def __init__(
+        self, option_strings: list[str], dest: str, implies: str | None = None, **kwargs: Any
+    ) -> None:
         kwargs.setdefault("metavar", "BOOL")
         super().__init__(option_strings, dest, **kwargs)
         self.nargs = "?"  # the base class takes no value
+        self.implies = implies
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
+    def take(self, namespace: argparse.Namespace, values: Any, option_string: str | None) -> None:
         negative = option_string is not None and option_string.startswith("--no-")
         if values is None:
             setattr(namespace, self.dest, not negative)
-            return
-        if negative:
-            parser.error(f"argument {option_string}: takes no value (got {values!r})")
-        try:
+        elif negative:
+            raise ValueError(f"takes no value (got {values!r})")
+        else:
             setattr(namespace, self.dest, parse_bool(values))
-        except argparse.ArgumentTypeError as e:
-            parser.error(f"argument {option_string}: {e}")
-
-
-class MutualTlsAction(TritonBoolAction):
-    """``--grpc-use-ssl-mutual`` (and ``--http-use-ssl-mutual``): an on/off flag that,
-    given in its positive form with any value, also turns TLS on (the field named by
-    ``implies``), as tritonserver's parser does. A later ``--grpc-use-ssl=false`` turns
-    TLS off again (tritonserver reads its flags in order too)."""
-
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
-        self.implies = kwargs.pop("implies")
-        super().__init__(option_strings, dest, **kwargs)
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        super().__call__(parser, namespace, values, option_string)
-        if option_string is None or not option_string.startswith("--no-"):
+        if self.implies is not None and not negative:
             setattr(namespace, self.implies, True)
+
+    def named(self, option_string: str | None) -> str:
+        return str(option_string)
 
 
 class ServeHelpFormatter(argparse.HelpFormatter):

@@ -42,8 +42,8 @@ from pdserve.scheduling.rate_limiter import ResourceGrant, parse_resource
 
 from .flag_syntax import (
     HostPolicyAction,
-    MutualTlsAction,
     RepositoryAction,
+    TritonBoolAction,
     flag,
     int_bool,
     lower,
@@ -578,7 +578,7 @@ class ServeFlags:
         "mutual TLS for gRPC: a client must present a certificate signed by "
         "--grpc-root-cert. As in tritonserver, giving it (any value) also sets "
         "--grpc-use-ssl (default {default})",
-        action=MutualTlsAction,
+        action=TritonBoolAction,
         implies="grpc_use_ssl",
     )
     grpc_server_cert: Path | None = flag(
@@ -621,7 +621,7 @@ class ServeFlags:
         "mutual TLS for HTTP: a client must present a certificate signed by "
         "--http-root-cert; giving it (any value) also sets --http-use-ssl, as "
         "--grpc-use-ssl-mutual does (default {default})",
-        action=MutualTlsAction,
+        action=TritonBoolAction,
         implies="http_use_ssl",
     )
     http_server_cert: Path | None = flag(

@@ -15,9 +15,11 @@ import argparse
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from .flag_syntax import TritonBoolAction, parse_bool
+from .flag_syntax import FlagAction, TritonBoolAction, parse_bool
+
+_N = TypeVar("_N", int, float)
 
 #: Every flag of ``tritonserver --help``, in its order (2.71; 2.50 lacks
 #: --grpc-infer-thread-count, --grpc-max-response-pool-size, --http-max-input-size
@@ -94,18 +96,20 @@ NOTES = {
 }
 
 
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"Invalid option value. Got {text}") from None
+def _number(kind: Callable[[str], _N]) -> Callable[[str], _N]:
+    """A number value read by ``kind`` (``int``, ``float``), refused as tritonserver does."""
+
+    def parse(text: str) -> _N:
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"Invalid option value. Got {text}") from None
+
+    return parse
 
 
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"Invalid option value. Got {text}") from None
+_int = _number(int)
+_float = _number(float)
 
 
 def _bool(text: str) -> bool:
@@ -309,22 +313,13 @@ IGNORED: dict[str, IgnoredFlag] = {
 }
 
 
-class IgnoredFlagAction(argparse.Action):
+class IgnoredFlagAction(FlagAction):
     """A flag of :data:`IGNORED`: check its value, then note ``(flag, value)`` in
     the namespace's ``ignored_flags`` list for :func:`log_ignored`."""
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
+    def take(self, namespace: argparse.Namespace, values: Any, option_string: str | None) -> None:
         name = self.option_strings[0]
-        try:
-            IGNORED[name].parse(str(values))
-        except argparse.ArgumentTypeError as e:
-            raise argparse.ArgumentError(self, str(e)) from None
+        IGNORED[name].parse(str(values))
         noted = list(getattr(namespace, "ignored_flags", None) or [])
         if not IGNORED[name].repeatable:
             noted = [(f, v) for f, v in noted if f != name]  # the last one wins
@@ -332,7 +327,7 @@ class IgnoredFlagAction(argparse.Action):
         namespace.ignored_flags = noted
 
 
-class TraceFlagAction(argparse.Action):
+class TraceFlagAction(FlagAction):
     """tritonserver's deprecated ``--trace-file/-level/-rate/-count/-log-frequency``:
     appended to ``--trace-config`` as the setting Triton's deprecation message names."""
 
@@ -344,13 +339,7 @@ class TraceFlagAction(argparse.Action):
         "--trace-log-frequency": "triton,log-frequency=",
     }
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
+    def take(self, namespace: argparse.Namespace, values: Any, option_string: str | None) -> None:
         options = list(getattr(namespace, "trace_config", None) or [])
         options.append(self.SETTINGS[self.option_strings[0]] + str(values))
         namespace.trace_config = options

@@ -297,25 +297,41 @@ def split_batch(batch: list[ExecRequest], outputs: dict[str, np.ndarray]) -> lis
 _T = TypeVar("_T")
 
 
-class InstanceClosed(Exception):
-    """The instance closed (its model is unloading) before a batch could run on it."""
-
-
 async def run_on_thread(
-    executor: ThreadPoolExecutor, closed: bool, fn: Callable[..., _T], *args: object
+    executor: ThreadPoolExecutor, closed: bool, instance: str, fn: Callable[..., _T], *args: object
 ) -> _T:
-    """``fn(*args)`` on an instance's own thread (``executor``).
+    """``fn(*args)`` on the own thread (``executor``) of the model instance ``instance``.
 
     Raises:
-        InstanceClosed: ``closed``, or the executor was shut down meanwhile.
+        InferError: :func:`unloading` when ``closed``, or when the executor was shut
+            down meanwhile (the batch did not run).
     """
     if closed:
-        raise InstanceClosed
+        raise unloading(instance)
     try:
         return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
     except RuntimeError as e:
         if "shutdown" in str(e) and executor._shutdown:  # ThreadPoolExecutor's own flag
-            raise InstanceClosed from None
+            raise unloading(instance) from None
+        raise
+
+
+async def gather_loads(
+    futures: list[asyncio.Future[_T]], executors: Iterable[ThreadPoolExecutor | None]
+) -> list[_T]:
+    """The results of the instances' loads (one future each, on their ``executors``).
+
+    Raises:
+        BaseException: the first load's error, once every other load has finished and
+            every executor has been shut down (without waiting for its thread).
+    """
+    try:
+        return await asyncio.gather(*futures)
+    except BaseException:
+        await asyncio.gather(*futures, return_exceptions=True)
+        for executor in executors:
+            if executor is not None:
+                executor.shutdown(wait=False)
         raise
 
 

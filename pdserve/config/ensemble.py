@@ -13,7 +13,7 @@ needs steps whose ``max_batch_size`` is at least its own. Every error is a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from tritonclient.grpc import model_config_pb2
@@ -196,64 +196,72 @@ def _add_step(
     output_map = dict(step.output_map)
     if not output_map:
         raise fail(f"{field_name}.output_map", f"{label} maps no output")
-    _add_reads(wiring, model, index, input_map, label, field_name, fail)
-    _add_writes(wiring, model, index, output_map, label, field_name, fail)
+    checked = _Step(index, model, label, field_name, fail)
+    _add_reads(wiring, checked, input_map)
+    _add_writes(wiring, checked, output_map)
     wiring.steps.append(EnsembleStep(index, step.model_name, version, input_map, output_map))
 
 
-def _add_reads(
-    wiring: _Wiring,
-    model: ModelConfig,
-    index: int,
-    input_map: dict[str, str],
-    label: str,
-    field_name: str,
-    fail: _Fail,
-) -> None:
+#: How a step's map key that names no tensor of its model is refused, by map.
+_NOT_THE_MODELS = {
+    "input": "ensemble tensor '{tensor}' is mapped to '{name}', which is not an input of the model",
+    "output": "'{name}' (mapped to ensemble tensor '{tensor}') is not an output of the model",
+}
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One step under check: its index, its model's configuration, how errors name it
+    (``label``: step 0 (model 'm'); ``field_name``: ensemble_scheduling.step[0])."""
+
+    index: int
+    model: ModelConfig
+    label: str
+    field_name: str
+    fail: _Fail
+
+    def refuse(self, side: str, message: str) -> ConfigError:
+        """The error of the step's ``{side}_map`` (side: ``input`` or ``output``)."""
+        return self.fail(f"{self.field_name}.{side}_map", message)
+
+    def mapped(
+        self, side: str, mapping: dict[str, str], ios: Iterable[ModelInput | ModelOutput]
+    ) -> Iterator[tuple[str, str, ModelInput | ModelOutput]]:
+        """The step's ``{side}_map`` entries, in order, as (model tensor, ensemble
+        tensor, its config); a key that names none of the model's ``ios`` is refused
+        (when reached), listing them."""
+        by_name = {io.name: io for io in ios}
+        for name, tensor in mapping.items():
+            io = by_name.get(name)
+            if io is None:
+                known = sorted(by_name) or "none"
+                message = _NOT_THE_MODELS[side].format(tensor=tensor, name=name)
+                raise self.refuse(side, f"{self.label}: {message} (its {side}s: {known})")
+            yield name, tensor, io
+
+
+def _add_reads(wiring: _Wiring, step: _Step, input_map: dict[str, str]) -> None:
     """A step's ``input_map``: every key a model input, every required input mapped."""
-    model_inputs = {io.name: io for io in model.input}
-    for model_in, tensor in input_map.items():
-        io = model_inputs.get(model_in)
-        if io is None:
-            raise fail(
-                f"{field_name}.input_map",
-                f"{label}: ensemble tensor '{tensor}' is mapped to '{model_in}', which is "
-                f"not an input of the model (its inputs: {sorted(model_inputs) or 'none'})",
-            )
-        info = _info(model, io, f"input '{model_in}' of {label}")
-        wiring.reads.append((index, tensor, info, io.optional))
-    for model_in, io in model_inputs.items():
-        if model_in not in input_map and not io.optional:
-            raise fail(
-                f"{field_name}.input_map",
-                f"{label}: required input '{model_in}' of the model is not mapped from any "
+    for model_in, tensor, io in step.mapped("input", input_map, step.model.input):
+        info = _info(step.model, io, f"input '{model_in}' of {step.label}")
+        wiring.reads.append((step.index, tensor, info, io.optional))
+    for io in step.model.input:
+        if io.name not in input_map and not io.optional:
+            raise step.refuse(
+                "input",
+                f"{step.label}: required input '{io.name}' of the model is not mapped from any "
                 "ensemble tensor",
             )
 
 
-def _add_writes(
-    wiring: _Wiring,
-    model: ModelConfig,
-    index: int,
-    output_map: dict[str, str],
-    label: str,
-    field_name: str,
-    fail: _Fail,
-) -> None:
+def _add_writes(wiring: _Wiring, step: _Step, output_map: dict[str, str]) -> None:
     """A step's ``output_map``: every key a model output, no tensor written twice."""
-    model_outputs = {io.name: io for io in model.output}
     producer = wiring.producer
-    for model_out, tensor in output_map.items():
-        io = model_outputs.get(model_out)
-        if io is None:
-            raise fail(
-                f"{field_name}.output_map",
-                f"{label}: '{model_out}' (mapped to ensemble tensor '{tensor}') is not an "
-                f"output of the model (its outputs: {sorted(model_outputs) or 'none'})",
-            )
+    label = step.label
+    for model_out, tensor, io in step.mapped("output", output_map, step.model.output):
         if tensor in wiring.ens_inputs:
-            raise fail(
-                f"{field_name}.output_map",
+            raise step.refuse(
+                "output",
                 f"ensemble tensor '{tensor}' is an ensemble input and cannot also be "
                 f"produced by {label}",
             )
@@ -264,12 +272,12 @@ def _add_writes(
                 if other
                 else f"step {producer[tensor]}"
             )
-            raise fail(
-                f"{field_name}.output_map",
+            raise step.refuse(
+                "output",
                 f"ensemble tensor '{tensor}' is produced twice: by {first} and by {label}",
             )
-        producer[tensor] = index
-        wiring.produced[tensor] = _info(model, io, f"output '{model_out}' of {label}")
+        producer[tensor] = step.index
+        wiring.produced[tensor] = _info(step.model, io, f"output '{model_out}' of {label}")
 
 
 def _connect(wiring: _Wiring, fail: _Fail) -> dict[str, list[int]]:

@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from random import getrandbits
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -87,6 +88,7 @@ def parse_traceparent(value: str | bytes | None) -> tuple[str, str, int] | None:
     return trace_id, parent_id, int(flags, 16)
 
 
+@dataclass(slots=True, eq=False)
 class SpanRecord:
     """One finished (or, for the root span, open) span of a :class:`Trace`.
 
@@ -98,23 +100,12 @@ class SpanRecord:
         attributes: OpenTelemetry attributes (str, int, float or bool values).
     """
 
-    __slots__ = ("name", "span_id", "parent_id", "start_ns", "end_ns", "attributes")
-
-    def __init__(
-        self,
-        name: str,
-        span_id: str,
-        parent_id: str,
-        start_ns: int,
-        end_ns: int,
-        attributes: dict[str, Any] | None,
-    ) -> None:
-        self.name = name
-        self.span_id = span_id
-        self.parent_id = parent_id
-        self.start_ns = start_ns
-        self.end_ns = end_ns
-        self.attributes = attributes
+    name: str
+    span_id: str
+    parent_id: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any] | None
 
     def __repr__(self) -> str:
         return (

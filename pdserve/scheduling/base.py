@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -490,6 +491,16 @@ class Scheduler(abc.ABC):
 
     async def cancel_running(self) -> None:  # noqa: B027 - optional hook
         """Fail (``UNAVAILABLE``) what the scheduler still runs; the instances are stopping."""
+
+
+@dataclass(slots=True, eq=False)
+class QueuedRequest:
+    """A request waiting in a batcher's queue: the future its ``submit`` awaits and
+    when it was queued (``time.monotonic_ns``). Equal only to itself."""
+
+    req: ExecRequest
+    fut: asyncio.Future[dict[str, np.ndarray]]
+    enq_ns: int
 
 
 class BatchingScheduler(Scheduler):

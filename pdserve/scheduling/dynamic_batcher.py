@@ -18,6 +18,7 @@ import heapq
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from pdserve.scheduling.base import (
     BatchingScheduler,
     InstancePool,
     OutputCheck,
+    QueuedRequest,
     SchedulerSpec,
     run_batch,
 )
@@ -45,43 +47,18 @@ _DEAD = 2
 _monotonic_ns = time.monotonic_ns
 
 
-class _Item:
-    """One queued request."""
+@dataclass(slots=True, eq=False)
+class _Item(QueuedRequest):
+    """One queued request (a queue finds it by identity)."""
 
-    __slots__ = (
-        "req",
-        "fut",
-        "rows",
-        "key",
-        "level",
-        "enq_ns",
-        "deadline_ns",
-        "state",
-        "delayed",
-        "length",
-    )
-
-    def __init__(
-        self,
-        req: ExecRequest,
-        fut: asyncio.Future[dict[str, np.ndarray]],
-        rows: int,
-        key: Any,
-        level: int,
-        enq_ns: int,
-        deadline_ns: int,
-    ) -> None:
-        self.req = req
-        self.fut = fut
-        self.rows = rows
-        self.key = key
-        self.level = level
-        self.enq_ns = enq_ns
-        self.deadline_ns = deadline_ns
-        self.state = _QUEUED
-        self.delayed = False
-        #: the request's length along the padded dimension (padding policy; -1: none)
-        self.length = -1
+    rows: int
+    key: Any
+    level: int
+    deadline_ns: int
+    state: int = field(default=_QUEUED, init=False)
+    delayed: bool = field(default=False, init=False)
+    #: the request's length along the padded dimension (padding policy; -1: none)
+    length: int = field(default=-1, init=False)
 
     def __lt__(self, other: _Item) -> bool:  # heap tie-break only
         return self.enq_ns < other.enq_ns
@@ -330,7 +307,7 @@ class DynamicBatcher(BatchingScheduler):
             key = self._key(request.inputs) if self._key_inputs else None
         fut: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
         rows = request.batch_size if request.batch_size > 0 else 1
-        item = _Item(request, fut, rows, key, level, now, deadline)
+        item = _Item(request, fut, now, rows, key, level, deadline)
         item.length = length
         qi = 2 * level
         self._queues[qi].append(item)

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from pdserve.scheduling.base import (
     BatchingScheduler,
     InstancePool,
     OutputCheck,
+    QueuedRequest,
     SchedulerSpec,
     is_cancelled,
     run_batch,
@@ -43,25 +45,13 @@ _Control = _SB.Control
 _EXPIRED_MEMORY = 4096
 
 
-class _Item:
+@dataclass(slots=True, eq=False)
+class _Item(QueuedRequest):
     """One queued request of a sequence."""
 
-    __slots__ = ("req", "fut", "start", "end", "enq_ns", "dead")
-
-    def __init__(
-        self,
-        req: ExecRequest,
-        fut: asyncio.Future[dict[str, np.ndarray]],
-        start: bool,
-        end: bool,
-        enq_ns: int,
-    ) -> None:
-        self.req = req
-        self.fut = fut
-        self.start = start
-        self.end = end
-        self.enq_ns = enq_ns
-        self.dead = False
+    start: bool
+    end: bool
+    dead: bool = field(default=False, init=False)
 
 
 class _Seq:
@@ -325,7 +315,7 @@ class SequenceBatcher(BatchingScheduler):
             # a later request with this id starts a new sequence (Triton forgets the id now)
             del self._active[cid]
         fut: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
-        item = _Item(request, fut, start, end, now)
+        item = _Item(request, fut, now, start, end)
         seq.queue.append(item)
         self.stats.pending += 1
         self._arm_reaper()

@@ -22,7 +22,7 @@ from pdserve.app.analyze.report import (
 from pdserve.app.analyze.runner import run_analyze
 from pdserve.app.analyze.server import AnalyzeError, parse_cpus
 from pdserve.app.analyze.space import OFF, check_preferred_token
-from pdserve.app.perf.cli import add_window_flags, parse_shapes
+from pdserve.app.perf.cli import add_request_flags, add_window_flags, load_fields
 from pdserve.app.subcommands import (
     Subparsers,
     add_subcommand,
@@ -275,14 +275,7 @@ def _add_load_flags(p: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help="levels, in order (default %(default)s)",
     )
-    g.add_argument("-b", dest="batch_size", type=int, default=1, help="batch size (default 1)")
-    g.add_argument(
-        "--input-data",
-        default="random",
-        metavar="random|zero|FILE.json",
-        help="as pdserve perf (an image model needs real images: a JSON file)",
-    )
-    g.add_argument("--shape", action="append", default=[], metavar="NAME:D1,D2")
+    add_request_flags(g, "as pdserve perf (an image model needs real images: a JSON file)")
     add_window_flags(
         g,
         (1000, 15.0, 6),
@@ -326,7 +319,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         parser.error("--min-gain and --bisect-steps must be 0 or more")
     if args.batch_size < 1 or args.measurement_interval < 10 or args.max_trials < 1:
         parser.error("-b and -r must be at least 1, -p at least 10 ms")
-    shapes = parse_shapes(parser, args.shape)
+    load = load_fields(args, parser)
     preferred = None
     if args.preferred_batch_sizes:
         preferred = [
@@ -334,6 +327,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
             for t in args.preferred_batch_sizes.split(",")
         ]
     return AnalyzeOptions(
+        **load,
         model=args.model,
         repository=args.model_repository,
         url=args.url,
@@ -361,12 +355,6 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         max_minutes=args.max_minutes,
         min_gain=args.min_gain / 100.0,
         concurrency=parsed(parser, parse_int_list, args.concurrency, "--concurrency"),
-        batch_size=args.batch_size,
-        input_data=args.input_data,
-        shapes=shapes,
-        measurement_interval_ms=args.measurement_interval,
-        stability_percentage=args.stability_percentage,
-        max_trials=args.max_trials,
         perf_workers=args.perf_workers,
         bisect_steps=args.bisect_steps,
         confirm=args.confirm,

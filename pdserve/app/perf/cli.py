@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from typing import TypedDict
 
 from pdserve.app.perf.options import (
     PerfError,
@@ -55,13 +55,33 @@ windows.
 """
 
 
-def parse_shapes(parser: argparse.ArgumentParser, texts: Sequence[str]) -> dict[str, list[int]]:
-    """The ``--shape NAME:D1,D2`` flags: input name -> dims (exits 2 on a bad one)."""
+class LoadFields(TypedDict):
+    """What the flags of :func:`add_request_flags` and :func:`add_window_flags` set:
+    fields of :class:`PerfOptions` and of ``pdserve analyze``'s options alike."""
+
+    batch_size: int
+    input_data: str
+    shapes: dict[str, list[int]]
+    measurement_interval_ms: int
+    stability_percentage: float
+    max_trials: int
+
+
+def load_fields(args: argparse.Namespace, parser: argparse.ArgumentParser) -> LoadFields:
+    """The values of the :func:`add_request_flags` and :func:`add_window_flags` flags
+    (``--shape NAME:D1,D2``: input name -> dims; a bad one exits 2 via ``parser.error``)."""
     shapes = {}
-    for text in texts:
+    for text in args.shape:
         name, dims = parsed(parser, parse_shape, text, "--shape")
         shapes[name] = dims
-    return shapes
+    return LoadFields(
+        batch_size=args.batch_size,
+        input_data=args.input_data,
+        shapes=shapes,
+        measurement_interval_ms=args.measurement_interval,
+        stability_percentage=args.stability_percentage,
+        max_trials=args.max_trials,
+    )
 
 
 def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
@@ -108,7 +128,6 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_load_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("load")
-    g.add_argument("-b", dest="batch_size", type=int, default=1, help="batch size (default 1)")
     g.add_argument(
         "--concurrency-range",
         metavar="START[:END[:STEP]]",
@@ -143,19 +162,7 @@ def _add_load_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_input_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("input data")
-    g.add_argument(
-        "--input-data",
-        default="random",
-        metavar="random|zero|FILE.json",
-        help="random (default), zero, or a perf_analyzer input-data JSON file",
-    )
-    g.add_argument(
-        "--shape",
-        action="append",
-        default=[],
-        metavar="NAME:D1,D2",
-        help="shape of an input with variable dims, without the batch dim (repeatable)",
-    )
+    add_request_flags(g, "random (default), zero, or a perf_analyzer input-data JSON file")
     g.add_argument(
         "--string-length", type=int, default=128, help="length of random BYTES elements (128)"
     )
@@ -225,6 +232,22 @@ def _add_measurement_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_request_flags(g: argparse._ArgumentGroup, input_data_help: str) -> None:
+    """``-b`` / ``--input-data`` / ``--shape``: what each request holds (``pdserve
+    analyze`` passes them on to perf)."""
+    g.add_argument("-b", dest="batch_size", type=int, default=1, help="batch size (default 1)")
+    g.add_argument(
+        "--input-data", default="random", metavar="random|zero|FILE.json", help=input_data_help
+    )
+    g.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME:D1,D2",
+        help="shape of an input with variable dims, without the batch dim (repeatable)",
+    )
+
+
 def add_window_flags(
     g: argparse._ArgumentGroup, defaults: tuple[int, float, int], helps: tuple[str, str, str]
 ) -> None:
@@ -265,13 +288,12 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
     bad range, shape or combination)."""
     if args.concurrency_range and args.request_rate_range:
         parser.error("give --concurrency-range or --request-rate-range, not both")
-    shapes = parse_shapes(parser, args.shape)
     opts = PerfOptions(
+        **load_fields(args, parser),
         model=args.model,
         url=args.url,
         protocol=args.protocol,
         model_version=args.model_version,
-        batch_size=args.batch_size,
         concurrency=parsed_or_none(
             parser, parse_concurrency_range, args.concurrency_range, "--concurrency-range"
         ),
@@ -279,14 +301,9 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
             parser, parse_rate_range, args.request_rate_range, "--request-rate-range"
         ),
         distribution=args.request_distribution,
-        input_data=args.input_data,
-        shapes=shapes,
         string_length=args.string_length,
         input_format=args.input_tensor_format,
         output_format=args.output_tensor_format,
-        measurement_interval_ms=args.measurement_interval,
-        stability_percentage=args.stability_percentage,
-        max_trials=args.max_trials,
         percentile=args.percentile,
         latency_threshold_ms=args.latency_threshold,
         workers=args.workers,

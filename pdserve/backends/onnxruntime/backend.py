@@ -32,14 +32,13 @@ from pdserve.backends.base import (
     Backend,
     ExecRequest,
     ExecResult,
-    InstanceClosed,
     ModelInstance,
     ModelSpec,
     batch_input_tensors,
+    gather_loads,
     merge_batch,
     run_on_thread,
     split_batch,
-    unloading,
     wanted_outputs,
 )
 from pdserve.backends.devices import check_gpu_ids, visible_gpus
@@ -317,20 +316,13 @@ class OnnxRuntimeBackend(Backend):
             # A pinned instance creates its session on its own (pinned) thread: the
             # pool threads ORT starts there inherit the mask.
             futures.append(loop.run_in_executor(executor, make))
-        try:
-            sessions = await asyncio.gather(*futures)
-            return [
-                OnnxRuntimeInstance(f"{spec.name}_{i}", kind, sess, spec, cores, executor)
-                for i, ((kind, _, cores), sess, executor) in enumerate(
-                    zip(plans, sessions, executors, strict=True)
-                )
-            ]
-        except BaseException:
-            await asyncio.gather(*futures, return_exceptions=True)
-            for executor in executors:
-                if executor is not None:
-                    executor.shutdown(wait=False)
-            raise
+        sessions = await gather_loads(futures, executors)
+        return [
+            OnnxRuntimeInstance(f"{spec.name}_{i}", kind, sess, spec, cores, executor)
+            for i, ((kind, _, cores), sess, executor) in enumerate(
+                zip(plans, sessions, executors, strict=True)
+            )
+        ]
 
 
 def _start_pinned_thread(name: str, cores: frozenset[int]) -> None:
@@ -544,10 +536,10 @@ class OnnxRuntimeInstance(ModelInstance):
                             )
             else:
                 outputs = await run_on_thread(
-                    self._executor, self._closed, self._timed_run, feeds, wanted
+                    self._executor, self._closed, self.name, self._timed_run, feeds, wanted
                 )
-        except InstanceClosed:
-            raise unloading(self.name) from None
+        except InferError:
+            raise  # unloading: the batch reached a closed instance
         except Exception as e:  # ORT raises its own exception types
             raise internal(f"onnxruntime execution failed: {e}") from e
         if traced:

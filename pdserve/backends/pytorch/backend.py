@@ -34,13 +34,12 @@ from pdserve.backends.base import (
     Backend,
     ExecRequest,
     ExecResult,
-    InstanceClosed,
     ModelInstance,
     ModelSpec,
+    gather_loads,
     merge_batch,
     run_on_thread,
     split_batch,
-    unloading,
     wanted_outputs,
 )
 from pdserve.backends.devices import visible_gpu_count, visible_gpus
@@ -396,13 +395,7 @@ class PyTorchBackend(Backend):
             future = loop.run_in_executor(executor, make)
             shared.setdefault(device, future)
             futures.append(future)
-        try:
-            loaded = await asyncio.gather(*futures)
-        except BaseException:
-            await asyncio.gather(*futures, return_exceptions=True)
-            for executor in executors:
-                executor.shutdown(wait=False)
-            raise
+        loaded = await gather_loads(futures, executors)
         return [
             PyTorchInstance(f"{spec.name}_{i}", kind, item, spec, options, executor, cores)
             for i, ((kind, _, cores), item, executor) in enumerate(
@@ -574,11 +567,11 @@ class PyTorchInstance(ModelInstance):
         inputs = merge_batch(batch)
         wanted = wanted_outputs(batch)
         try:
-            outputs = await run_on_thread(self._executor, self._closed, self._run, inputs, wanted)
-        except InstanceClosed:
-            raise unloading(self.name) from None
+            outputs = await run_on_thread(
+                self._executor, self._closed, self.name, self._run, inputs, wanted
+            )
         except InferError:
-            raise
+            raise  # unloading, or the model's own error
         except Exception as e:
             raise internal(
                 f"pytorch execution of model '{self._model}' failed: {_summary(e)}"

@@ -298,6 +298,50 @@ def log_settings_response(settings: Mapping[str, object]) -> service_pb2.LogSett
     return msg
 
 
+def _shm_status(regions: list[dict[str, Any]]) -> service_pb2.SystemSharedMemoryStatusResponse:
+    """The status response of the system regions ``regions`` (the registry's ``status``)."""
+    msg = service_pb2.SystemSharedMemoryStatusResponse()
+    for r in regions:
+        slot = msg.regions[r["name"]]
+        slot.name, slot.key = r["name"], r["key"]
+        slot.offset, slot.byte_size = r["offset"], r["byte_size"]
+    return msg
+
+
+#: The shared-memory extension's RPCs, each one call of the registry
+#: (:class:`~pdserve.frontends.shared_memory.SharedMemoryRegistry`): a status of the
+#: system regions (``name`` empty: all; unknown: NOT_FOUND), register ``byte_size``
+#: bytes at ``offset`` of the object ``key`` as ``name``, unregister ``name`` (empty:
+#: all); CUDA regions: never any (status: empty or NOT_FOUND; register:
+#: INVALID_ARGUMENT saying why; unregister: success). Installed by :func:`_shm_rpc`.
+_SHM_RPCS: dict[str, Callable[[SharedMemoryRegistry, Any], object]] = {
+    "SystemSharedMemoryStatus": lambda shm, r: _shm_status(shm.status(r.name)),
+    "SystemSharedMemoryRegister": lambda shm, r: shm.register(r.name, r.key, r.offset, r.byte_size),
+    "SystemSharedMemoryUnregister": lambda shm, r: shm.unregister(r.name),
+    "CudaSharedMemoryStatus": lambda shm, r: shm.cuda_status(r.name),
+    "CudaSharedMemoryRegister": lambda shm, r: shm.cuda_register(r.name),
+    "CudaSharedMemoryUnregister": lambda shm, r: shm.cuda_unregister(r.name),
+}
+
+
+def _shm_rpc(
+    rpc: str, call: Callable[[SharedMemoryRegistry, Any], object]
+) -> Callable[..., Awaitable[object]]:
+    """The servicer method of the shared-memory RPC ``rpc``: ``call(registry, request)``;
+    it answers the response message ``call`` gives, else the RPC's empty response,
+    and its errors as every RPC's (:func:`_guarded`)."""
+    empty = getattr(service_pb2, f"{rpc}Response")
+
+    async def handle(
+        self: GrpcService, request: Message, context: grpc.aio.ServicerContext
+    ) -> object:
+        answer = call(self.shm, request)
+        return answer if isinstance(answer, Message) else empty()
+
+    handle.__name__ = handle.__qualname__ = rpc
+    return _guarded(handle)
+
+
 class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` around one ``InferenceServer``.
 
@@ -501,72 +545,6 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in list(running):
                 task.cancel()
 
-    # -- shared-memory extension ----------------------------------------------
-
-    @_guarded
-    async def SystemSharedMemoryStatus(  # noqa: N802
-        self,
-        request: service_pb2.SystemSharedMemoryStatusRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> service_pb2.SystemSharedMemoryStatusResponse:
-        """The regions registered (``name`` empty: all; unknown: NOT_FOUND)."""
-        msg = service_pb2.SystemSharedMemoryStatusResponse()
-        for r in self.shm.status(request.name):
-            slot = msg.regions[r["name"]]
-            slot.name, slot.key = r["name"], r["key"]
-            slot.offset, slot.byte_size = r["offset"], r["byte_size"]
-        return msg
-
-    @_guarded
-    async def SystemSharedMemoryRegister(  # noqa: N802
-        self,
-        request: service_pb2.SystemSharedMemoryRegisterRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> service_pb2.SystemSharedMemoryRegisterResponse:
-        """Register ``byte_size`` bytes at ``offset`` of the object ``key`` as ``name``."""
-        self.shm.register(request.name, request.key, request.offset, request.byte_size)
-        return service_pb2.SystemSharedMemoryRegisterResponse()
-
-    @_guarded
-    async def SystemSharedMemoryUnregister(  # noqa: N802
-        self,
-        request: service_pb2.SystemSharedMemoryUnregisterRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> service_pb2.SystemSharedMemoryUnregisterResponse:
-        """Unregister ``name`` (empty: all)."""
-        self.shm.unregister(request.name)
-        return service_pb2.SystemSharedMemoryUnregisterResponse()
-
-    @_guarded
-    async def CudaSharedMemoryStatus(  # noqa: N802
-        self,
-        request: service_pb2.CudaSharedMemoryStatusRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> service_pb2.CudaSharedMemoryStatusResponse:
-        """No CUDA region is ever registered: an empty status, or NOT_FOUND for a
-        name (:meth:`SharedMemoryRegistry.cuda_status`)."""
-        self.shm.cuda_status(request.name)
-        return service_pb2.CudaSharedMemoryStatusResponse()
-
-    @_guarded
-    async def CudaSharedMemoryRegister(  # noqa: N802
-        self,
-        request: service_pb2.CudaSharedMemoryRegisterRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> NoReturn:
-        """INVALID_ARGUMENT, saying why (:meth:`SharedMemoryRegistry.cuda_register`)."""
-        self.shm.cuda_register(request.name)
-
-    @_guarded
-    async def CudaSharedMemoryUnregister(  # noqa: N802
-        self,
-        request: service_pb2.CudaSharedMemoryUnregisterRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> service_pb2.CudaSharedMemoryUnregisterResponse:
-        """Success: nothing to unregister (:meth:`SharedMemoryRegistry.cuda_unregister`)."""
-        self.shm.cuda_unregister(request.name)
-        return service_pb2.CudaSharedMemoryUnregisterResponse()
-
     async def _stream_decoupled(
         self,
         req: InferRequest,
@@ -740,6 +718,11 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 raise InferError("unload parameter 'unload_dependents' must be a bool_param")
         await _call(self.server.unload_model, request.model_name, dependents)
         return service_pb2.RepositoryModelUnloadResponse()
+
+
+for _rpc, _shm_call in _SHM_RPCS.items():
+    setattr(GrpcService, _rpc, _shm_rpc(_rpc, _shm_call))
+del _rpc, _shm_call
 
 
 def grpc_cancel_token(context: grpc.aio.ServicerContext) -> CancelToken:

@@ -11,6 +11,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote
 
@@ -57,29 +58,18 @@ NONE, IDLE, HEAD, BODY, LINGER = 0, 1, 2, 3, 4
 PIPE, WRITE = 1, 2
 
 
+@dataclass(slots=True, eq=False)
 class ParsedRequest:
     """One parsed request waiting to be (or being) answered."""
 
-    __slots__ = ("method", "url", "headers", "body", "keep_alive", "http10", "accept")
-
-    def __init__(
-        self,
-        method: bytes,
-        url: bytes,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        keep_alive: bool,
-        http10: bool,
-        accept: bytes,
-    ) -> None:
-        self.method = method
-        self.url = url
-        self.headers = headers
-        self.body = body
-        self.keep_alive = keep_alive
-        self.http10 = http10
-        #: the ``Accept-Encoding`` value (b"": none)
-        self.accept = accept
+    method: bytes
+    url: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    keep_alive: bool
+    http10: bool
+    #: the ``Accept-Encoding`` value (b"": none)
+    accept: bytes
 
     def gzip(self) -> bool:
         """The client accepts a gzip response (asked only of a response large enough to
