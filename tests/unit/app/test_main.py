@@ -109,7 +109,9 @@ def test_serve_logging_follows_the_log_flags(
     from pdserve.observability import logs
 
     states: list[logs.LogState] = []
-    monkeypatch.setattr(logs, "configure", lambda state, stream=None: states.append(state))
+    monkeypatch.setattr(
+        logs, "configure", lambda state, stream=None, log_file="": states.append(state)
+    )
     setup_serve_logging(
         Settings(model_repository=tmp_path, log_verbose=1, log_info=False, log_format="json")
     )
