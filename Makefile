@@ -55,7 +55,7 @@ format: $(STAMP)
 # and are not repeated.
 HTTP_TESTS := $(addprefix tests/integration/test_,http_api.py http_server.py \
 	http_openapi.py error_codes.py shutdown.py decoupled.py auth.py cancellation.py \
-	robustness.py tls.py)
+	robustness.py tls.py openai.py)
 
 # The documentation site (mkdocs.yml, docs/): --strict fails on a broken link or a page
 # missing from the nav; `make docs` serves it with live reload.
