@@ -9,8 +9,8 @@ line written while a request is handled carries its request id and trace id
 
 Triton's logging extension (``/v2/logging``, gRPC ``LogSettings``) reads and changes
 the same settings (:func:`settings_dict`, :func:`update_settings`) with Triton's names,
-types and semantics (``log_file``: the file lines are appended to, ``""`` for stderr),
-and an unknown name is refused so a typo is not lost. :class:`RedactFilter` masks
+types and semantics (``log_file``: the ``--log-file`` lines are appended to, ``""`` for
+stderr; fixed at start), and an unknown name is refused so a typo is not lost. :class:`RedactFilter` masks
 ``Authorization``/``Bearer`` credentials a message might carry.
 """
 
@@ -266,6 +266,13 @@ def _check(name: str, value: object) -> bool | int | str:
     if name == "log_file":
         if type(value) is not str:
             raise InferError(f"log setting '{name}' must be a string, got {_kind(value)}")
+        if value != _LOG_FILE:
+            where = repr(_LOG_FILE) if _LOG_FILE else "stderr"
+            raise InferError(
+                f"log setting 'log_file' cannot be changed at run time: the log goes to "
+                f"{where} (--log-file at start); a request may not make the server write "
+                "a file of its choosing"
+            )
         return value
     raise InferError(f"unknown log setting {name!r}; the settings are {', '.join(SETTING_NAMES)}")
 
@@ -298,38 +305,16 @@ def update_settings(changes: Mapping[str, object]) -> dict[str, object]:
         InferError(INVALID_ARG): an unknown name, a value of the wrong type (a bool
             that is not ``true``/``false``, a ``log_verbose_level`` that is not an
             integer 0-4294967295, a ``log_format`` not in :data:`FORMATS`), or a
-            ``log_file`` that cannot be opened for appending. Nothing is changed then.
+            ``log_file`` other than the current one (Triton moves the log; pdserve
+            does not let a request choose a file the server writes). Nothing is changed
+            then.
     """
     checked = {name: _check(name, value) for name, value in changes.items()}
-    path = checked.get("log_file", _LOG_FILE)
-    if path != _LOG_FILE:
-        _switch_file(str(path))
     for name, value in checked.items():
         if name != "log_file":
             setattr(STATE, name, value)
     _apply()
     return settings_dict()
-
-
-def _switch_file(path: str) -> None:
-    """Append the log to ``path`` from now on (``""``: stderr), as Triton's
-    ``log_file`` setting does; the file pdserve opened before is closed.
-
-    Raises:
-        InferError(INVALID_ARG): ``path`` cannot be opened for appending.
-    """
-    global _LOG_FILE
-    try:
-        stream: TextIO = open(path, "a", buffering=1, encoding="utf-8") if path else sys.stderr  # noqa: SIM115 - process-long
-    except OSError as e:
-        raise InferError(
-            f"log setting 'log_file': cannot open {path!r}: {e.strerror or e}"
-        ) from None
-    if _HANDLER is not None:
-        old = _HANDLER.setStream(stream)
-        if _LOG_FILE and old is not None and old not in (sys.stderr, sys.stdout):
-            old.close()
-    _LOG_FILE = path
 
 
 def state_from_flags(*, info: bool, warning: bool, error: bool, verbose: int, fmt: str) -> LogState:

@@ -192,7 +192,7 @@ BAD = [
     ({"log_verbose_level": "2"}, "log_verbose_level", "unsigned integer"),
     ({"log_format": "xml"}, "log_format", "default, ISO8601, json"),
     ({"log_format": 3}, "log_format", "string"),
-    ({"log_file": "/nonexistent-dir/x.log"}, "log_file", "cannot open"),
+    ({"log_file": "/tmp/x.log"}, "log_file", "cannot be changed"),
     ({"log_file": 3}, "log_file", "string"),
     ({"log_levels": True}, "log_levels", "unknown log setting"),
     ({"log_info": False, "log_format": "nope"}, "log_format", "must be one of"),
@@ -207,33 +207,6 @@ def test_bad_setting_is_400_and_changes_nothing(
     assert status == 400, doc
     assert name in doc["error"] and words in doc["error"], doc
     assert _http(server, "GET") == (200, DEFAULTS)  # all or nothing: log_info unchanged
-
-
-def test_log_file_moves_the_log_and_back(
-    server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    """Triton's ``log_file`` setting: lines are appended to the named file from then on,
-    and ``""`` brings them back to stderr."""
-    path = tmp_path_factory.mktemp("logfile") / "switched.log"
-    try:
-        assert _http(server, "POST", {"log_file": str(path)}) == (
-            200,
-            {**DEFAULTS, "log_file": str(path)},
-        )
-        _infer_tiny(server, "req-in-file", {})
-        client = httpclient.InferenceServerClient(server.http_url)
-        with pytest.raises(InferenceServerException):  # a request the server logs
-            client.infer("no_such_model", [], request_id="req-in-file-2")
-        deadline = time.monotonic() + 5
-        while "req-in-file" not in path.read_text() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert "req-in-file" in path.read_text()
-    finally:
-        assert _http(server, "POST", {"log_file": ""}) == (200, DEFAULTS)
-    before = path.read_text()
-    _infer_tiny(server, "req-after-file", {})
-    time.sleep(0.3)
-    assert path.read_text() == before
 
 
 @pytest.mark.parametrize("raw", [b"[1]", b"not json", b'"log_info"'])

@@ -213,6 +213,8 @@ def test_disable_auto_complete_config(tmp_path: Path) -> None:
         index = {m["name"]: m for m in client.get_model_repository_index()}
         assert index["tiny_autocomplete"]["state"] == "UNAVAILABLE"
         assert "auto-complete is off" in index["tiny_autocomplete"]["reason"]
+        # the logging extension reports where the log goes
+        assert client.get_log_settings()["log_file"] == str(log_file)
     finally:
         assert server.stop() == 0
     # --log-file: the log goes there, not to stderr
