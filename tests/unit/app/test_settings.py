@@ -359,6 +359,16 @@ def test_bad_flags_exit_2_naming_the_flag(
     assert needle in err
 
 
+@pytest.mark.parametrize("flag", ["--model-repository", "--model-store"])
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_repository_exits_2(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    # an unset variable in `--model-store=$(DIR)` must not serve the working directory
+    err = serve_error(capsys, f"{flag}={value}", "--http-workers=0")  # never serves
+    assert "argument --model-repository/--model-store: expected a folder or a URL, got" in err
+
+
 def test_missing_repository_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "nope"
     err = serve_error(capsys, "--model-repository", str(missing))
