@@ -38,6 +38,8 @@ EXAMPLE_REPOSITORY = Path(__file__).resolve().parents[2] / "examples" / "model_r
 
 #: The largest gRPC message size grpc accepts (a signed 32-bit int; Triton's maximum).
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
+#: Most ``--http-workers`` processes.
+MAX_HTTP_WORKERS = 256
 
 
 #: Where the ``tritonserver`` program's defaults differ from ``pdserve serve``'s (field
@@ -194,6 +196,10 @@ class Settings(ServeFlags):
         ):
             if count < least:
                 raise SettingsError(flag, f"must be >= {least}{unit}, got {count}")
+        if self.http_workers > MAX_HTTP_WORKERS:  # each is a process, started at once
+            raise SettingsError(
+                "--http-workers", f"must be 1-{MAX_HTTP_WORKERS}, got {self.http_workers}"
+            )
 
     def _validate_grpc(self) -> None:
         """The gRPC message size, keepalive and server flags."""

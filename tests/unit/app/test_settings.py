@@ -348,6 +348,11 @@ def test_cache_config_wins_over_byte_size(tmp_path: Path) -> None:
         (["--log-verbose=-1"], "argument --log-verbose: must be >= 0, got -1"),
         (["--max-instance-count=0"], "argument --max-instance-count: must be >= 1, got 0"),
         (["--http-workers=0"], "argument --http-workers: must be >= 1, got 0"),
+        # a huge count is refused before a worker starts (it once spawned until OOM)
+        (
+            ["--http-workers=99999999999999999999999"],
+            "argument --http-workers: must be 1-256, got 99999999999999999999999",
+        ),
         (["--http-port=eighty"], "argument --http-port: invalid int value: 'eighty'"),
     ],
 )
