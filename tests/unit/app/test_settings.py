@@ -353,6 +353,16 @@ def test_cache_config_wins_over_byte_size(tmp_path: Path) -> None:
             ["--http-workers=99999999999999999999999"],
             "argument --http-workers: must be 1-256, got 99999999999999999999999",
         ),
+        # grpc core takes its channel arguments as C ints (Triton's flags are ints)
+        (
+            ["--grpc-keepalive-time=2147483648"],
+            "argument --grpc-keepalive-time: must be 1-2147483647 milliseconds, got 2147483648",
+        ),
+        (
+            ["--grpc-http2-max-ping-strikes=99999999999999999999999"],
+            "argument --grpc-http2-max-ping-strikes: must be 0-2147483647, "
+            "got 99999999999999999999999",
+        ),
         (["--http-port=eighty"], "argument --http-port: invalid int value: 'eighty'"),
     ],
 )
