@@ -625,7 +625,11 @@ class ModelManager(ServedModels):
             rss_before = procmem.own_rss() if in_process else None
             gpu_before = await asyncio.to_thread(procmem.gpu_memory_by_pid)
             mv.instances = await backend.load(spec)
-            mv.scheduler = create_scheduler(mv)
+            try:
+                mv.scheduler = create_scheduler(mv)
+            except Exception:  # the rate limiter refused them: stop the instances
+                await mv.close()
+                raise
             if self.server is not None:
                 try:
                     await self.server.warmup(mv)
