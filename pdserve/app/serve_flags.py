@@ -71,7 +71,13 @@ def rate_limit_resource_arg(text: str) -> ResourceGrant:
 
 
 def repository_arg(text: str) -> Path | str:
-    """``--model-repository``: a URL (``scheme://...``) stays a string, else a Path."""
+    """``--model-repository``: a URL (``scheme://...``) stays a string, else a Path.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty value (``Path("")`` is the working folder).
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder or a URL, got {text!r}")
     return text if is_remote_url(text) else Path(text)
 
 

@@ -38,6 +38,10 @@ EXAMPLE_REPOSITORY = Path(__file__).resolve().parents[2] / "examples" / "model_r
 
 #: The largest gRPC message size grpc accepts (a signed 32-bit int; Triton's maximum).
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
+#: Largest value of a flag tritonserver reads as a C ``int`` (the gRPC channel arguments).
+INT_MAX = 2**31 - 1
+#: Most ``--http-workers`` processes.
+MAX_HTTP_WORKERS = 256
 
 
 #: Where the ``tritonserver`` program's defaults differ from ``pdserve serve``'s (field
@@ -194,6 +198,10 @@ class Settings(ServeFlags):
         ):
             if count < least:
                 raise SettingsError(flag, f"must be >= {least}{unit}, got {count}")
+        if self.http_workers > MAX_HTTP_WORKERS:  # each is a process, started at once
+            raise SettingsError(
+                "--http-workers", f"must be 1-{MAX_HTTP_WORKERS}, got {self.http_workers}"
+            )
 
     def _validate_grpc(self) -> None:
         """The gRPC message size, keepalive and server flags."""
@@ -212,12 +220,16 @@ class Settings(ServeFlags):
         ):
             if count < 1:
                 raise SettingsError(flag, f"must be >= 1 millisecond, got {count}")
+            if count > INT_MAX:  # grpc core's channel arguments are C ints
+                raise SettingsError(flag, f"must be 1-{INT_MAX} milliseconds, got {count}")
         for flag, count in (
             ("--grpc-http2-max-pings-without-data", self.grpc_http2_max_pings_without_data),
             ("--grpc-http2-max-ping-strikes", self.grpc_http2_max_ping_strikes),
         ):
             if count < 0:
                 raise SettingsError(flag, f"must be >= 0, got {count}")
+            if count > INT_MAX:
+                raise SettingsError(flag, f"must be 0-{INT_MAX}, got {count}")
         if self.grpc_server not in GRPC_SERVERS:
             raise SettingsError(
                 "--grpc-server",

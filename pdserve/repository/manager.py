@@ -626,7 +626,11 @@ class ModelManager(ServedModels):
             rss_before = procmem.own_rss() if in_process else None
             gpu_before = await asyncio.to_thread(procmem.gpu_memory_by_pid)
             mv.instances = await backend.load(spec)
-            mv.scheduler = create_scheduler(mv)
+            try:
+                mv.scheduler = create_scheduler(mv)
+            except Exception:  # the rate limiter refused them: stop the instances
+                await mv.close()
+                raise
             if self.server is not None:
                 await mv.warm_up(self.server.warmup)
             self._meter.measure(mv, in_process, ensemble, rss_before, gpu_before)

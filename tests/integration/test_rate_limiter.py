@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,3 +189,85 @@ def test_bad_rate_limit_flags_exit_2(flag: str, needle: str) -> None:
         assert "--rate-limit-resource option format is '<resource_name>:<count>:<device>' or " in (
             proc.stderr
         )
+
+
+# -- two models loading at once whose resources conflict -------------------------------
+
+
+def _descendants(pid: int) -> int:
+    """How many processes descend from ``pid`` (python-backend workers among them)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = 0, {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found += len(frontier)
+    return found
+
+
+def _global_or_device(name: str, is_global: bool) -> str:
+    flag = " global: true" if is_global else ""
+    return (
+        "instance_group [ { count: 2, kind: KIND_CPU, rate_limiter { "
+        f'resources [ {{ name: "Q" count: 1{flag} }} ] }} }} ]\n'
+    )
+
+
+def test_a_model_refused_when_registering_frees_its_instances(tmp_path: Path) -> None:
+    """``Q`` global in one model and per device in another, both loaded at once: each
+    passes the check before loading (the other is not registered yet); the second to
+    register is refused and its python workers must stop with it."""
+    repo = tmp_path / "repo"
+    _model(repo, "q_global", _global_or_device("q_global", True))
+    _model(repo, "q_device", _global_or_device("q_device", False))
+    server = start_server(
+        repo,
+        tmp_path / "pdserve.log",
+        "--rate-limit=execution_count",
+        "--model-control-mode=explicit",
+    )
+    try:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+        client.load_model("q_global")  # the python backend's own helpers start once
+        client.unload_model("q_global")
+        time.sleep(1)
+        baseline = _descendants(server.proc.pid)
+        for _ in range(3):
+            results: dict[str, str] = {}
+
+            def load(name: str, results: dict[str, str] = results) -> None:
+                own = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+                try:
+                    own.load_model(name)
+                    results[name] = "loaded"
+                except Exception as e:  # noqa: BLE001 - the refusal is the point
+                    results[name] = str(e)
+                finally:
+                    own.close()
+
+            threads = [threading.Thread(target=load, args=(m,)) for m in ("q_global", "q_device")]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert sorted(results.values()).count("loaded") == 1, results
+            refused = next(v for v in results.values() if v != "loaded")
+            assert 'Resource "Q" is present as both global and device-specific' in refused
+            loaded = next(m for m, v in results.items() if v == "loaded")
+            client.unload_model(loaded)
+            deadline = time.monotonic() + 30
+            while _descendants(server.proc.pid) > baseline:
+                assert time.monotonic() < deadline, "a refused model's workers kept running"
+                time.sleep(0.2)
+        x = httpclient.InferInput("X", [1], "FP32")  # the limiter still serves
+        x.set_data_from_numpy(np.array([0.0], dtype=np.float32))
+        client.load_model("q_global")
+        assert client.infer("q_global", [x]).as_numpy("T").shape == (2,)
+        client.close()
+    finally:
+        server.stop()

@@ -348,6 +348,21 @@ def test_cache_config_wins_over_byte_size(tmp_path: Path) -> None:
         (["--log-verbose=-1"], "argument --log-verbose: must be >= 0, got -1"),
         (["--max-instance-count=0"], "argument --max-instance-count: must be >= 1, got 0"),
         (["--http-workers=0"], "argument --http-workers: must be >= 1, got 0"),
+        # a huge count is refused before a worker starts (it once spawned until OOM)
+        (
+            ["--http-workers=99999999999999999999999"],
+            "argument --http-workers: must be 1-256, got 99999999999999999999999",
+        ),
+        # grpc core takes its channel arguments as C ints (Triton's flags are ints)
+        (
+            ["--grpc-keepalive-time=2147483648"],
+            "argument --grpc-keepalive-time: must be 1-2147483647 milliseconds, got 2147483648",
+        ),
+        (
+            ["--grpc-http2-max-ping-strikes=99999999999999999999999"],
+            "argument --grpc-http2-max-ping-strikes: must be 0-2147483647, "
+            "got 99999999999999999999999",
+        ),
         (["--http-port=eighty"], "argument --http-port: invalid int value: 'eighty'"),
     ],
 )
@@ -357,6 +372,16 @@ def test_bad_flags_exit_2_naming_the_flag(
     err = serve_error(capsys, "--model-repository", str(tmp_path), *argv)
     assert "pdserve serve: error: " in err
     assert needle in err
+
+
+@pytest.mark.parametrize("flag", ["--model-repository", "--model-store"])
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_repository_exits_2(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    # an unset variable in `--model-store=$(DIR)` must not serve the working directory
+    err = serve_error(capsys, f"{flag}={value}", "--http-workers=0")  # never serves
+    assert "argument --model-repository/--model-store: expected a folder or a URL, got" in err
 
 
 def test_missing_repository_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
