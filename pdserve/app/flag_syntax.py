@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from pdserve.backends.host_policy import parse_option, resolve_policy
@@ -188,6 +189,17 @@ class ServeHelpFormatter(argparse.HelpFormatter):
                 for o in action.option_strings
             )
         return super()._format_action_invocation(action)
+
+
+def path_arg(text: str) -> Path:
+    """A file or folder flag's value.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty value (``Path("")`` is the working folder).
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a path, got {text!r}")
+    return Path(text)
 
 
 def size_arg(text: str) -> int:

@@ -48,6 +48,7 @@ from .flag_syntax import (
     int_bool,
     lower,
     parse_bool,
+    path_arg,
     size_arg,
     switch,
 )
@@ -105,7 +106,7 @@ class ServeFlags:
         "server",
         "local cache folder of a --model-repository URL (default: "
         "$XDG_CACHE_HOME/pdserve/repositories/<hash of the URL>, ~/.cache when unset)",
-        type=Path,
+        type=path_arg,
     )
     host: str = flag("--host", "127.0.0.1", "server", "address to listen on (default {default})")
     log_verbose: int = flag(
@@ -511,7 +512,7 @@ class ServeFlags:
         "auth config file (YAML/JSON): API keys (sha256/scrypt hashes or env vars), JWT "
         "(JWKS file, audience, issuer, leeway), what each may use, rate limits; reloaded "
         "when it changes and on SIGHUP. See docs/user-guide/security.md",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
     )
     http_restricted_api: tuple[str, ...] = flag(
@@ -592,7 +593,7 @@ class ServeFlags:
         None,
         "TLS",
         "PEM file of the gRPC server certificate (chain); ignored unless --grpc-use-ssl",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
     )
     grpc_server_key: Path | None = flag(
@@ -600,7 +601,7 @@ class ServeFlags:
         None,
         "TLS",
         "PEM file of the gRPC server's private key; ignored unless --grpc-use-ssl",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
     )
     grpc_root_cert: Path | None = flag(
@@ -609,7 +610,7 @@ class ServeFlags:
         "TLS",
         "PEM file of the CA certificate(s) that sign client certificates; needed by "
         "--grpc-use-ssl-mutual",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
     )
     http_use_ssl: bool = switch(
@@ -636,7 +637,7 @@ class ServeFlags:
         "TLS",
         "PEM file of the HTTP server certificate (chain); ignored unless --http-use-ssl "
         "or --metrics-use-ssl",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
     )
     http_server_key: Path | None = flag(
@@ -645,7 +646,7 @@ class ServeFlags:
         "TLS",
         "PEM file of the HTTP server's private key; ignored unless --http-use-ssl or "
         "--metrics-use-ssl",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
     )
     http_root_cert: Path | None = flag(
@@ -654,7 +655,7 @@ class ServeFlags:
         "TLS",
         "PEM file of the CA certificate(s) that sign HTTP client certificates; needed by "
         "--http-use-ssl-mutual",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
     )
     metrics_use_ssl: bool = switch(
@@ -754,7 +755,7 @@ class ServeFlags:
         None,
         "logging",
         "write the log to this file (appended) instead of stderr",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
     )
     allow_http: bool = switch(

@@ -384,6 +384,15 @@ def test_an_empty_repository_exits_2(
     assert "argument --model-repository/--model-store: expected a folder or a URL, got" in err
 
 
+@pytest.mark.parametrize(
+    "flag", ["--http-server-cert", "--grpc-root-cert", "--log-file", "--model-repository-cache"]
+)
+def test_an_empty_path_exits_2(capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    # Path("") is the working folder: an empty value must not mean it
+    err = serve_error(capsys, f"{flag}=", "--http-workers=0")  # never serves
+    assert f"argument {flag}: expected a path, got ''" in err
+
+
 def test_missing_repository_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "nope"
     err = serve_error(capsys, "--model-repository", str(missing))
