@@ -44,7 +44,9 @@ class TritonPythonModel:
                     time.sleep(delay)
                 if sender.is_cancelled():
                     break
-                out = pb_utils.Tensor("text_output", np.array([piece.encode("utf-8")], dtype=object))
+                out = pb_utils.Tensor(
+                    "text_output", np.array([piece.encode("utf-8")], dtype=object)
+                )
                 sender.send(pb_utils.InferenceResponse([out]))
             sender.send(flags=FINAL)
         return None
