@@ -6,34 +6,57 @@ flight) sends the same sentences (the ordinary ones of ``examples/perf/sentences
 
 - ``v2``: ``POST /v2/models/text_embedding/infer``, JSON ``BYTES [B, 1]`` in, JSON out;
 - ``openai-float``: ``POST /v1/embeddings`` with ``encoding_format: float``;
-- ``openai-base64``: the same with ``base64`` (what the ``openai`` client asks for).
+- ``openai-base64``: the same with ``base64`` (what the ``openai`` client asks for);
+- ``fastapi-float``, ``fastapi-base64``: the same two requests to the plainest common
+  alternative, ``benchmarks/peers/fastapi_embeddings.py`` (FastAPI + the same ONNX
+  model and tokenizer, one uvicorn process). Before the rounds, its vectors are checked
+  against pdserve's (within 1e-5).
 
-Rounds alternate the order of the routes; each point is bounded in time. Server and
-client share the machine's cores (the pipeline's python stages need them). With
+Rounds alternate the order of the routes; each point is bounded in time and requests.
+Servers and client share the machine's cores (the pipeline's python stages need them). With
 ``--codec``, no server: the front ends' own work per request in process (the body
 parsed into the request, the vectors encoded into the answer), the least of 5 rounds.
 Usage::
 
-    .venv/bin/python benchmarks/bench_openai.py [--duration 4] [--rounds 4] [--concurrency 8]
+    .venv/bin/python benchmarks/bench_openai.py [--duration 4] [--rounds 4] [--concurrency 8] [--batches 1,16]
     .venv/bin/python benchmarks/bench_openai.py --codec
 
-Prints a Markdown table (medians over the rounds, and each route's ratio to v2) and
-writes the raw figures to ``benchmarks/out/openai.json``.
+Prints a Markdown table (medians over the rounds, and each route's ratio to v2 and
+to the FastAPI route of the same encoding, each the median of the per-round ratios
+with their range) and writes the raw figures to ``benchmarks/out/openai.json``.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import statistics
+import subprocess
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-from common import LOADGEN, REPO, ROOT, cli_parser, run_client, start_server, stop_process
+import numpy as np
+from common import (
+    LOADGEN,
+    PY,
+    REPO,
+    ROOT,
+    cli_parser,
+    free_port,
+    run_client,
+    start_server,
+    stop_process,
+    taskset,
+)
 
 MODELS = ("text_embedding", "tokenize", "minilm", "pool")
-ROUTES = ("v2", "openai-float", "openai-base64")
+ROUTES = ("v2", "openai-float", "openai-base64", "fastapi-float", "fastapi-base64")
+PEER = ROOT / "benchmarks" / "peers" / "fastapi_embeddings.py"
+MAX_REQUESTS = 200_000
 
 
 def sentences(n: int) -> list[str]:
@@ -57,6 +80,56 @@ def request(route: str, port: int, batch: int) -> tuple[str, bytes]:
     return f"{base}/v1/embeddings", json.dumps(doc).encode()
 
 
+def start_fastapi() -> tuple[subprocess.Popen[bytes], int]:
+    """Start the FastAPI peer on cores 0-1; return (process, port) once it answers."""
+    port = free_port()
+    onnx = REPO / "minilm" / "1" / "model.onnx"
+    tok = REPO / "tokenize" / "1" / "tokenizer.json"
+    cmd = [*taskset("0-1"), PY, str(PEER), str(onnx), str(tok), str(port)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("the FastAPI peer exited")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/openapi.json", timeout=1):
+                return proc, port
+        except OSError:
+            time.sleep(0.2)
+    stop_process(proc)
+    raise RuntimeError("the FastAPI peer did not answer")
+
+
+def vectors(route: str, port: int, batch: int) -> np.ndarray:
+    """The embeddings one request of ``route`` answers, FP32 ``[batch, 384]``."""
+    url, body = request(route, port, batch)
+    req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        doc = json.loads(r.read())
+    if route == "v2":
+        out = doc["outputs"][0]
+        return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+    items = sorted(doc["data"], key=lambda d: d["index"])
+    if route.endswith("base64"):
+        return np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in items])
+    return np.asarray([d["embedding"] for d in items], dtype=np.float32)
+
+
+def check_vectors(pd_port: int, fa_port: int, batch: int) -> float:
+    """Largest absolute difference between pdserve's and the peer's vectors (raises
+    over 1e-5, or when the routes' shapes differ)."""
+    ref = vectors("v2", pd_port, batch)
+    worst = 0.0
+    for route in ROUTES[1:]:
+        got = vectors(route, fa_port if route.startswith("fastapi") else pd_port, batch)
+        if got.shape != ref.shape:
+            raise RuntimeError(f"{route}: shape {got.shape} != {ref.shape}")
+        worst = max(worst, float(np.abs(got - ref).max()))
+    if worst > 1e-5:
+        raise RuntimeError(f"vectors differ by {worst:g} (> 1e-5)")
+    return worst
+
+
 def point(route: str, port: int, batch: int, concurrency: int, duration: float) -> dict[str, Any]:
     url, body = request(route, port, batch)
     result: dict[str, Any] = run_client(
@@ -66,7 +139,14 @@ def point(route: str, port: int, batch: int, concurrency: int, duration: float) 
         body,
         concurrency,
         duration,
-        extra=["--warmup", "1"],
+        extra=[
+            "--warmup",
+            "1",
+            "--max-requests",
+            str(MAX_REQUESTS),
+            "--header",
+            "Content-Type: application/json",
+        ],
         timeout=duration + 60,
         core="0-1",
     )
@@ -141,12 +221,20 @@ def main() -> int:
             shutil.copytree(REPO / name, repo / name, symlinks=True)
         proc, port, _, _ = start_server(repo, core="0-1")
         try:
-            for r in range(args.rounds):
-                order = ROUTES if r % 2 == 0 else tuple(reversed(ROUTES))
+            peer, peer_port = start_fastapi()
+            try:
                 for batch in batches:
-                    for route in order:
-                        res = point(route, port, batch, args.concurrency, args.duration)
-                        runs.setdefault(f"{route} b={batch}", []).append(res)
+                    diff = check_vectors(port, peer_port, batch)
+                    print(f"batch {batch}: vectors of every route within {diff:.1e} of v2's")
+                for r in range(args.rounds):
+                    order = ROUTES if r % 2 == 0 else tuple(reversed(ROUTES))
+                    for batch in batches:
+                        for route in order:
+                            target = peer_port if route.startswith("fastapi") else port
+                            res = point(route, target, batch, args.concurrency, args.duration)
+                            runs.setdefault(f"{route} b={batch}", []).append(res)
+            finally:
+                stop_process(peer)
         finally:
             stop_process(proc)
     out = ROOT / "benchmarks" / "out"
@@ -156,23 +244,36 @@ def main() -> int:
     return 0
 
 
+def ratio(runs: dict[str, list[dict[str, Any]]], num: str, den: str) -> str:
+    """Median [min-max] of the per-round req/s ratios ``num / den``."""
+    rs = [
+        a["rps"] / b["rps"] if b["rps"] else float("nan")
+        for a, b in zip(runs[num], runs[den], strict=True)
+    ]
+    return f"{statistics.median(rs):.2f} [{min(rs):.2f}-{max(rs):.2f}]"
+
+
 def table(runs: dict[str, list[dict[str, Any]]], batches: list[int], concurrency: int) -> str:
-    """Medians per point (ranges in brackets) and the ratio to the V2 route."""
+    """Medians per point (ranges in brackets), each round's req/s, and the ratios to the
+    V2 route and (pdserve's OpenAI routes) to the FastAPI route of the same encoding."""
     lines = [
-        f"| route, batch (c={concurrency}) | req/s | p99 ms | errors | req/s vs v2 |",
-        "|---|---|---|---|---|",
+        f"| route, batch (c={concurrency}) | req/s | req/s per round | p99 ms | errors"
+        " | req/s vs v2 | req/s vs fastapi |",
+        "|---|---|---|---|---|---|---|",
     ]
     for batch in batches:
-        base = statistics.median(r["rps"] for r in runs[f"v2 b={batch}"]) or float("nan")
         for route in ROUTES:
             rs = runs[f"{route} b={batch}"]
             rps = [r["rps"] for r in rs]
             p99 = [r["p99_ms"] for r in rs]
             errors = sum(r["errors"] for r in rs)
+            peer = "fastapi-" + route.split("-", 1)[1] if route.startswith("openai") else None
+            vs_peer = ratio(runs, f"{route} b={batch}", f"{peer} b={batch}") if peer else ""
             lines.append(
                 f"| {route}, {batch} | {statistics.median(rps):.1f} [{min(rps):.1f}-{max(rps):.1f}]"
+                f" | {', '.join(f'{x:.1f}' for x in rps)}"
                 f" | {statistics.median(p99):.1f} [{min(p99):.1f}-{max(p99):.1f}] | {errors}"
-                f" | {statistics.median(rps) / base:.2f} |"
+                f" | {ratio(runs, f'{route} b={batch}', f'v2 b={batch}')} | {vs_peer} |"
             )
     return "\n".join(lines)
 
