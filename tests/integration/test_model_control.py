@@ -561,9 +561,10 @@ def test_on_demand_ensemble_steps_leave_with_unload_dependents(tmp_path: Path) -
 def test_health_answers_while_an_onnx_model_loads(tmp_path: Path) -> None:
     """Loading an ONNX model (ORT session build for auto-complete and instances:
     ~0.2-0.5 s for minilm, seconds for a 400 MB graph) runs off the event loop, so
-    /v2/health/live keeps answering during the load. 150 ms is far above a health
-    answer on a busy 2-core machine (~1-5 ms) and below the 200-500 ms minilm's
-    session build held the loop before the fix."""
+    /v2/health/live keeps answering during the load: no health answer waits half as
+    long as a load takes. A load that held the loop would hold a health request for
+    about the whole load; the bar is relative because both stretch alike on a busy
+    machine (a health answer takes ~1-5 ms, minilm's load 0.2-0.5 s on a quiet one)."""
     import threading
     from http.client import HTTPConnection
 
@@ -588,8 +589,11 @@ def test_health_answers_while_an_onnx_model_loads(tmp_path: Path) -> None:
     try:
         thread.start()
         time.sleep(0.2)
+        loads: list[float] = []
         for _ in range(2):  # the first load also imports onnxruntime in the server
+            t = time.monotonic()
             assert http(server, "POST", "/v2/repository/models/minilm/load", {})[0] == 200
+            loads.append(time.monotonic() - t)
             assert http(server, "POST", "/v2/repository/models/minilm/unload", {})[0] == 200
         time.sleep(0.1)
     finally:
@@ -597,7 +601,10 @@ def test_health_answers_while_an_onnx_model_loads(tmp_path: Path) -> None:
         thread.join()
         assert server.stop() == 0
     assert len(latencies) > 20, latencies
-    assert max(latencies) < 0.150, f"worst /v2/health/live {max(latencies) * 1000:.0f} ms"
+    bar = 0.5 * min(loads)
+    assert max(latencies) < bar, (
+        f"worst /v2/health/live {max(latencies) * 1000:.0f} ms, loads {loads} s"
+    )
 
 
 def test_reload_that_would_close_an_ensemble_cycle_is_refused(tmp_path: Path) -> None:
