@@ -154,3 +154,21 @@ def copy_models(dst: Path, *models: str) -> Path:
     for name in models:
         shutil.copytree(EXAMPLE_REPO / name, dst / name, symlinks=True)
     return dst
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (workers are children of the fork server)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+    return found

@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 from pdserve.core.errors import InferError
 from pdserve.frontends.http.status import http_status
 from pdserve.server import InferenceServer
-from tests.conftest import copy_models, start_server
+from tests.conftest import copy_models, descendants, start_server
 from tests.goldens import tiny_reference
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "python_models"
@@ -48,24 +48,6 @@ def _threads(pid: int) -> list[dict[str, str]]:
         except OSError:  # the thread ended meanwhile
             continue
     return rows
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (workers are children of the forkserver child)."""
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = (task / "children").read_text().split()
-            except OSError:
-                continue
-            for child in map(int, children):
-                if child not in found:
-                    found.add(child)
-                    todo.append(child)
-    return found
 
 
 def _variant(repo: Path, src: str, name: str, extra: str) -> None:
@@ -118,7 +100,7 @@ def test_python_workers_pinned(pinned_server) -> None:
     for r in results:
         assert r.as_numpy("CPUS").tolist() == [CORE]
         assert r.as_numpy("THREAD_CPUS").tolist() == [CORE]  # threads it starts inherit
-    workers = _descendants(pinned_server.proc.pid)
+    workers = descendants(pinned_server.proc.pid)
     assert pids <= workers, (pids, workers)
     for pid in pids:
         assert _status(Path(f"/proc/{pid}/status"))["Cpus_allowed_list"] == str(CORE)
@@ -136,7 +118,7 @@ def test_python_worker_pinned_again_after_crash(pinned_server) -> None:
         new = {int(_affinity(client).as_numpy("PID")[0]) for _ in range(4)} - before
     assert new, "no restarted worker answered"
     for pid in new:
-        assert pid in _descendants(pinned_server.proc.pid)
+        assert pid in descendants(pinned_server.proc.pid)
         assert _status(Path(f"/proc/{pid}/status"))["Cpus_allowed_list"] == str(CORE)
     result = _affinity(client)
     assert result.as_numpy("CPUS").tolist() == [CORE]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.conftest import ROOT, ServerProcess, copy_models, start_server
+from tests.conftest import ROOT, ServerProcess, copy_models, descendants, start_server
 
 MODELS = ROOT / "tests" / "data" / "python_models"
 CYCLES = 100
@@ -132,7 +132,7 @@ def test_signal_during_blocking_warmup_exits_promptly_with_0(
     )
     try:
         deadline = time.monotonic() + 60
-        while not _worker_started(server.proc.pid):
+        while len(descendants(server.proc.pid)) < 3:  # resource tracker, fork server, worker
             assert time.monotonic() < deadline, server.log()
             time.sleep(0.05)
         time.sleep(1.0)  # initialize() returned (it sleeps 0 s): execute() sleeps now
@@ -150,19 +150,3 @@ def test_signal_during_blocking_warmup_exits_promptly_with_0(
     assert "shutdown did not finish" not in log, log
     assert "abandoning the loads in progress" in log, log
     assert "pdserve stopped" in log, log
-
-
-def _worker_started(pid: int) -> bool:
-    """The resource tracker, the fork server and a worker run below the server."""
-    found = 0
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = (task / "children").read_text().split()
-            except OSError:
-                continue
-            found += len(children)
-            todo += [int(c) for c in children]
-    return found >= 3

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.conftest import ROOT, ServerProcess, start_server
+from tests.conftest import ROOT, ServerProcess, descendants, start_server
 
 MODEL_PY = """\
 import time
@@ -194,22 +194,6 @@ def test_bad_rate_limit_flags_exit_2(flag: str, needle: str) -> None:
 # -- two models loading at once whose resources conflict -------------------------------
 
 
-def _descendants(pid: int) -> int:
-    """How many processes descend from ``pid`` (python-backend workers among them)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = 0, {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier}
-        found += len(frontier)
-    return found
-
-
 def _global_or_device(name: str, is_global: bool) -> str:
     flag = " global: true" if is_global else ""
     return (
@@ -236,7 +220,7 @@ def test_a_model_refused_when_registering_frees_its_instances(tmp_path: Path) ->
         client.load_model("q_global")  # the python backend's own helpers start once
         client.unload_model("q_global")
         time.sleep(1)
-        baseline = _descendants(server.proc.pid)
+        baseline = len(descendants(server.proc.pid))
         for _ in range(3):
             results: dict[str, str] = {}
 
@@ -261,7 +245,7 @@ def test_a_model_refused_when_registering_frees_its_instances(tmp_path: Path) ->
             loaded = next(m for m, v in results.items() if v == "loaded")
             client.unload_model(loaded)
             deadline = time.monotonic() + 30
-            while _descendants(server.proc.pid) > baseline:
+            while len(descendants(server.proc.pid)) > baseline:
                 assert time.monotonic() < deadline, "a refused model's workers kept running"
                 time.sleep(0.2)
         x = httpclient.InferInput("X", [1], "FP32")  # the limiter still serves

@@ -24,7 +24,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ROOT, ServerProcess, start_server
+from tests.conftest import ROOT, ServerProcess, descendants, start_server
 
 MODELS = ROOT / "tests" / "data" / "python_models"
 
@@ -40,24 +40,6 @@ def repo_with(tmp_path: Path, *models: str, **params: str) -> Path:
         pattern = rf'(key: "{key}" value: {{ string_value: ")[^"]*"'
         cfg.write_text(re.sub(pattern, rf'\g<1>{value}"', cfg.read_text()))
     return repo
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (workers are children of the fork server)."""
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = (task / "children").read_text().split()
-            except OSError:
-                continue
-            for child in map(int, children):
-                if child not in found:
-                    found.add(child)
-                    todo.append(child)
-    return found
 
 
 def alive(pid: int) -> bool:

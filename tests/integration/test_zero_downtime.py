@@ -37,7 +37,14 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from pdserve.app.rollback import rollback
-from tests.conftest import EXAMPLE_REPO, GOLDENS, ServerProcess, copy_models, start_server
+from tests.conftest import (
+    EXAMPLE_REPO,
+    GOLDENS,
+    ServerProcess,
+    copy_models,
+    descendants,
+    start_server,
+)
 from tests.http_wire import tiny_body
 
 SOURCE = EXAMPLE_REPO / "tiny_all_versions"  # version N computes relu(x @ W) + N
@@ -520,27 +527,6 @@ def test_exit_timeout_bounds_shutdown(tmp_path: Path) -> None:
     assert not any(t.is_alive() for t in threads)
 
 
-def _descendants(pid: int) -> set[int]:
-    rows = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            rows.append((int(entry), int(fields[1])))
-    found: set[int] = set()
-    stack = [pid]
-    while stack:
-        parent = stack.pop()
-        for child, ppid in rows:
-            if ppid == parent and child not in found:
-                found.add(child)
-                stack.append(child)
-    return found
-
-
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -572,7 +558,7 @@ def test_exit_timeout_bounds_shutdown_with_a_hung_python_model(tmp_path: Path) -
             outcome.append(e)
 
     try:
-        workers = _descendants(server.proc.pid)
+        workers = descendants(server.proc.pid)
         assert workers, "no worker processes found"
         thread = threading.Thread(target=hang)
         thread.start()
