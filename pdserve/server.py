@@ -347,6 +347,16 @@ class InferenceServer:
         finally:
             tracer.end(request, ref, error)
 
+    def model_folders(self, name: str, version: str = "") -> list[str]:
+        """The served version's folder and its model folder (absolute paths), where a
+        front end reads files shipped beside the model (a tokenizer's chat template).
+
+        Raises:
+            InferError(404 / 503): as :meth:`model_version`.
+        """
+        spec = self.manager.get(name, version).spec
+        return [str(spec.version_dir), str(spec.model_dir)]
+
     def model_version(self, name: str, version: str = "") -> ModelVersion:
         """The ready model version for a step or BLS request (see :meth:`infer_on`).
 

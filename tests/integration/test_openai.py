@@ -12,6 +12,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx2 as httpx
 import numpy as np
@@ -31,9 +32,8 @@ TEMPLATE = (
 )
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    base = tmp_path_factory.mktemp("openai")
+def _repository(base: Path) -> tuple[Path, Path]:
+    """The model repository and the auth config the servers of this module serve."""
     repo = copy_models(base / "models", "text_embedding", "tokenize", "minilm", "pool", "tiny")
     shutil.copytree(GENERATOR, repo / "text_generator")
     chat = repo / "chat_generator"
@@ -48,14 +48,49 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         f"  - name: retrieval\n    hash: {sha256_hash(EMBED_KEY)}\n"
         "    models: [text_embedding]\n    apis: [metadata, inference]\n"
     )
-    proc = start_server(repo, base / "pdserve.log", "--auth-config", str(auth))
+    return repo, auth
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return _repository(tmp_path_factory.mktemp("openai"))
+
+
+@pytest.fixture(scope="module")
+def server(repository: tuple[Path, Path]) -> Iterator[ServerProcess]:
+    """One process: the HTTP transport in the main process (native, or asgi)."""
+    repo, auth = repository
+    proc = start_server(repo, repo.parent / "pdserve.log", "--auth-config", str(auth))
     yield proc
     proc.stop()
 
 
 @pytest.fixture(scope="module")
+def workers_server(repository: tuple[Path, Path]) -> Iterator[ServerProcess]:
+    """``--http-workers 2``: the OpenAI routes run in front-end processes that forward
+    to the main process (the gate, the models and their files are there)."""
+    repo, auth = repository
+    proc = start_server(
+        repo, repo.parent / "workers.log", "--auth-config", str(auth), "--http-workers", "2"
+    )
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(params=["one-process", "http-workers"])
+def each_server(request: pytest.FixtureRequest) -> ServerProcess:
+    """Each of the module's servers in turn (the same behaviour is expected of both)."""
+    name = "server" if request.param == "one-process" else "workers_server"
+    return request.getfixturevalue(name)  # type: ignore[no-any-return]
+
+
+def _client(server: ServerProcess, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key=key, max_retries=0)
+
+
+@pytest.fixture(scope="module")
 def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key=KEY, max_retries=0)
+    return _client(server)
 
 
 def _post(server: ServerProcess, path: str, doc: dict, key: str | None = KEY) -> httpx.Response:
@@ -73,7 +108,8 @@ def _v2_embeddings(server: ServerProcess, texts: list[str]) -> np.ndarray:
     return np.array(out["data"], dtype=np.float32).reshape(out["shape"])
 
 
-def test_lists_the_models_that_qualify(client: openai.OpenAI) -> None:
+def test_lists_the_models_that_qualify(each_server: ServerProcess) -> None:
+    client = _client(each_server)
     ids = [m.id for m in client.models.list()]
     assert ids == ["chat_generator", "text_embedding", "text_generator"]
     model = client.models.retrieve("text_embedding")
@@ -85,9 +121,8 @@ def test_lists_the_models_that_qualify(client: openai.OpenAI) -> None:
 
 # without encoding_format the client asks for base64 and decodes it itself
 @pytest.mark.parametrize("fmt", [{"encoding_format": "float"}, {}], ids=["float", "base64"])
-def test_embeddings_equal_the_v2_routes(
-    client: openai.OpenAI, server: ServerProcess, fmt: dict
-) -> None:
+def test_embeddings_equal_the_v2_routes(each_server: ServerProcess, fmt: dict) -> None:
+    client, server = _client(each_server), each_server
     texts = ["A man is eating food.", "The new movie is awesome.", "pdserve"]
     want = _v2_embeddings(server, texts)
     got = client.embeddings.create(model="text_embedding", input=texts, **fmt)
@@ -111,8 +146,8 @@ def test_base64_is_little_endian_float32_on_the_wire(server: ServerProcess) -> N
     )
 
 
-def test_streams_a_chat_completion(client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(
+def test_streams_a_chat_completion(each_server: ServerProcess) -> None:
+    stream = _client(each_server).chat.completions.create(
         model="text_generator",
         messages=[{"role": "user", "content": "hello big world"}],
         stream=True,
@@ -126,8 +161,8 @@ def test_streams_a_chat_completion(client: openai.OpenAI) -> None:
     assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
 
 
-def test_chat_uses_the_models_chat_template(client: openai.OpenAI) -> None:
-    reply = client.chat.completions.create(
+def test_chat_uses_the_models_chat_template(each_server: ServerProcess) -> None:
+    reply = _client(each_server).chat.completions.create(
         model="chat_generator", messages=[{"role": "user", "content": "hi there"}]
     )
     # "<s>[user] hi there [assistant]" reversed word by word
@@ -159,7 +194,8 @@ def test_stream_ends_with_done(server: ServerProcess) -> None:
     assert events[-1] == "data: [DONE]" and len(events) == 4
 
 
-def test_client_disconnect_cancels_the_generation(server: ServerProcess) -> None:
+def test_client_disconnect_cancels_the_generation(each_server: ServerProcess) -> None:
+    server = each_server
     slow = {
         "model": "text_generator",
         "prompt": " ".join(["w"] * 40),
@@ -256,10 +292,9 @@ def test_api_key_is_required(server: ServerProcess) -> None:
         wrong.models.list()
 
 
-def test_a_model_scoped_key_sees_and_uses_its_models_only(server: ServerProcess) -> None:
-    scoped = openai.OpenAI(
-        base_url=f"http://{server.http_url}/v1", api_key=EMBED_KEY, max_retries=0
-    )
+def test_a_model_scoped_key_sees_and_uses_its_models_only(each_server: ServerProcess) -> None:
+    server = each_server
+    scoped = _client(server, EMBED_KEY)
     assert [m.id for m in scoped.models.list()] == ["text_embedding"]
     assert len(scoped.embeddings.create(model="text_embedding", input="x").data) == 1
     with pytest.raises(openai.PermissionDeniedError):

@@ -117,8 +117,6 @@ async def _route(
             may_use: Callable[[str], bool] | None = None
             if gate is not None:
                 principal = await gate.check("http", METADATA, model, header_getter(headers))
-                # (an --http-workers worker's gate answers the principal's name only: its
-                # list is not filtered, and using a model checks the key in full)
                 may_use = getattr(principal, "may_use_model", None)
             return await (get_model(core, model) if model else list_models(core, may_use))
     if path not in _POST_ROUTES:
@@ -152,24 +150,23 @@ async def _resolve(core: InferenceCore, model: str) -> tuple[dict[str, Any], dic
     return config, metadata
 
 
-def _model_folders(core: InferenceCore, model: str) -> list[Path]:
-    """The model's version folder and model folder (where it runs in this process;
-    none for a core that does not hold the models, such as an HTTP worker's)."""
-    lookup = getattr(core, "model_version", None)
+async def _model_folders(core: InferenceCore, model: str) -> list[Path]:
+    """The model's served version folder and model folder (the core's
+    ``model_folders``, in this process or the main one); none for a core without it."""
+    lookup = getattr(core, "model_folders", None)
     if lookup is None:
         return []
     try:
-        spec = lookup(model, "").spec
-        return [Path(spec.version_dir), Path(spec.model_dir)]
-    except (InferError, AttributeError):
+        return [Path(p) for p in await call(lookup, model, "")]
+    except InferError:  # unloaded meanwhile
         return []
 
 
-def _model_object(core: InferenceCore, model: str) -> dict[str, Any]:
+async def _model_object(core: InferenceCore, model: str) -> dict[str, Any]:
     """OpenAI's model object; ``created`` the served version folder's modification
     time (0 when unknown)."""
     created = 0
-    folders = _model_folders(core, model)
+    folders = await _model_folders(core, model)
     if folders:
         with contextlib.suppress(OSError):
             created = int(folders[0].stat().st_mtime)
@@ -196,7 +193,7 @@ async def list_models(core: InferenceCore, may_use: Callable[[str], bool] | None
         except (OpenAIError, InferError):  # unloaded meanwhile
             continue
         if kind is not None:
-            data.append(_model_object(core, name))
+            data.append(await _model_object(core, name))
     return json_answer(orjson.dumps({"object": "list", "data": data}))
 
 
@@ -205,7 +202,7 @@ async def get_model(core: InferenceCore, model: str) -> Answer:
     not served on this front end."""
     if await _served_kind(core, model) is None:
         raise codec.model_not_found(model)
-    return json_answer(orjson.dumps(_model_object(core, model)))
+    return json_answer(orjson.dumps(await _model_object(core, model)))
 
 
 # ----------------------------------------------------------------- admission
@@ -331,7 +328,7 @@ async def completions(
         )
     prompt = req.prompt
     if req.messages is not None:
-        tokenizer = catalog.chat_template(_model_folders(core, req.model))
+        tokenizer = catalog.chat_template(await _model_folders(core, req.model))
         try:
             prompt = catalog.render_chat(req.messages, tokenizer)
         except ValueError as e:

@@ -83,6 +83,7 @@ CALLS = frozenset(
         "model_metadata",
         "model_config",
         "model_ready",
+        "model_folders",
         "model_statistics",
         "repository_index",
         "load_model",

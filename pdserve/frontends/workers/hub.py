@@ -272,8 +272,10 @@ class FrontendHub:
             if self.gate is None:
                 raise not_found("this server has no gate")
             protocol, category, model, headers = args
-            await self.gate.check(protocol, category, model, headers.get)
-            return principal_name.get()
+            principal = await self.gate.check(protocol, category, model, headers.get)
+            # the name (None: no credential checked), the model grants and the kind,
+            # so the worker's principal filters a model list as this process's would
+            return principal_name.get(), tuple(principal.models), principal.kind
         if method == "logs.update":
             settings = logs.update_settings(args[0])
             self.broadcast(ch.LOGS, (args[0],))

@@ -24,6 +24,7 @@ from pdserve.core.errors import InferError, unavailable
 from pdserve.core.streaming import StreamResponse
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends.shared_memory import SharedMemoryRegistry
+from pdserve.frontends.traffic.auth import Principal
 from pdserve.frontends.traffic.gate import TrafficGate, principal_name
 from pdserve.frontends.workers import channel as ch
 from pdserve.observability import logs
@@ -229,6 +230,11 @@ class ProxyCore:
         """Model readiness."""
         return bool(await self.client.call("model_ready", name, version))
 
+    async def model_folders(self, name: str, version: str = "") -> list[str]:
+        """The served version's folder and model folder (same machine: the worker
+        reads files there itself)."""
+        return list(await self.client.call("model_folders", name, version))
+
     async def model_statistics(self, name: str = "", version: str = "") -> dict[str, object]:
         """Statistics, kept (once) in the main process."""
         return dict(await self.client.call("model_statistics", name, version))
@@ -370,17 +376,22 @@ class ProxyGate(TrafficGate):
         category: str,
         model: str,
         header: Callable[[str], str | None],
-    ) -> Any:
-        """Admit one request or raise what the main gate raised (401, 403, 429...)."""
+    ) -> Principal:
+        """Admit one request or raise what the main gate raised (401, 403, 429...).
+
+        Returns the principal as the main gate found it: its name and the models it
+        may use (its API grants were checked there and are left empty here)."""
         headers = {}
         for name in self.header_names:
             value = header(name)
             if value is not None:
                 headers[name] = value
-        name = await self.client.call("gate.check", protocol, category, model, headers)
+        name, models, kind = await self.client.call(
+            "gate.check", protocol, category, model, headers
+        )
         if name is not None:
             principal_name.set(name)
-        return name
+        return Principal(name=name or "", models=tuple(models), apis=frozenset(), kind=kind)
 
 
 class ProxySharedMemory(SharedMemoryRegistry):
