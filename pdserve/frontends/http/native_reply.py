@@ -35,6 +35,7 @@ from pdserve.frontends.http.wire import (
     unread_bytes,
 )
 from pdserve.frontends.offload import off_loop
+from pdserve.frontends.openai.codec import OpenAIError
 
 logger = logging.getLogger("pdserve.http")
 
@@ -108,6 +109,7 @@ class Replies:
     _queue: collections.deque[ParsedRequest]
     _pending_error: bytes | None
     _rejection: tuple[int, str] | None
+    _url: bytes
     _token: CancelToken | None
     _write_paused: bool
     _drain_waiter: asyncio.Future[None] | None
@@ -383,7 +385,9 @@ class Replies:
         self._rejection = None
         self.deadline = 0.0
         self.deadline_kind = NONE
-        data = error_bytes(status, message)
+        # a refused /v1/ request (the OpenAI routes) gets OpenAI's error body
+        body = OpenAIError(status, message).body() if self._url.startswith(b"/v1/") else b""
+        data = error_bytes(status, message, body=body)
         if self._busy or self._queue:
             self._pending_error = data
             return

@@ -40,9 +40,10 @@ def status_line(status: int) -> bytes:
     return line
 
 
-def error_bytes(status: int, message: str, close: bool = True) -> bytes:
-    """A whole response ``{"error": message}`` (with ``connection: close``)."""
-    body = encode_error(message)
+def error_bytes(status: int, message: str, close: bool = True, body: bytes = b"") -> bytes:
+    """A whole JSON error response (with ``connection: close``): ``body``, or when
+    empty V2's ``{"error": message}``."""
+    body = body or encode_error(message)
     return b"%scontent-type: application/json\r\ncontent-length: %d%s%s" % (
         status_line(status),
         len(body),
