@@ -772,6 +772,8 @@ def _stream_response(
     response = None
     if item.outputs is not None:
         response = InferResponse(stream.model[0], stream.model[1], item.outputs, request.id)
+        if item.parameters:
+            response.parameters = item.parameters
     return StreamResponse(response, item.error, item.final, stream.model)
 
 

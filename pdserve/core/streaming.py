@@ -56,6 +56,8 @@ class StreamItem(NamedTuple):
     error: InferError | None
     #: The request's last item.
     final: bool
+    #: The response's parameters (a python model's ``InferenceResponse(parameters=)``).
+    parameters: dict[str, Any] | None = None
 
 
 class StreamResponse(NamedTuple):
@@ -110,8 +112,14 @@ class ResponseStream:
         #: (model name, version) that answers, set by the core.
         self.model: tuple[str, str] = ("", "")
 
-    def put(self, outputs: dict[str, np.ndarray] | None, final: bool) -> None:
-        """Queue one response (``outputs`` None: the final flag alone)."""
+    def put(
+        self,
+        outputs: dict[str, np.ndarray] | None,
+        final: bool,
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
+        """Queue one response (``outputs`` None: the final flag alone) with its
+        response ``parameters``."""
         if self.closed:
             return
         error: InferError | None = None
@@ -121,7 +129,7 @@ class ResponseStream:
                 outputs, error = None, converted
             else:
                 outputs = converted
-        self._push(StreamItem(outputs, error, final))
+        self._push(StreamItem(outputs, error, final, parameters))
 
     def put_converted(self, outputs: dict[str, np.ndarray], final: bool) -> None:
         """Queue a response whose outputs are already converted (no ``convert``)."""

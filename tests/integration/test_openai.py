@@ -326,3 +326,112 @@ def test_concurrent_embedding_calls_batch_dynamically(server: ServerProcess) -> 
     after = _minilm_counts(server)
     rows, batches = after[0] - before[0], after[1] - before[1]
     assert rows == 16 and batches < rows, (rows, batches)
+
+
+_CHAT = {"model": "text_generator", "messages": [{"role": "user", "content": "x"}]}
+_COMPLETION = {"model": "text_generator", "prompt": "x"}
+_EMBED = {"model": "text_embedding", "input": "x"}
+
+
+@pytest.mark.parametrize(
+    ("path", "doc", "status", "param", "code"),
+    [
+        # unknown model, a model not served on these routes, the wrong kind of model
+        ("/v1/completions", {**_COMPLETION, "model": "nope"}, 404, "model", "model_not_found"),
+        ("/v1/embeddings", {**_EMBED, "model": "tiny"}, 400, "model", "model_not_supported"),
+        ("/v1/chat/completions", {**_CHAT, "model": "tiny"}, 400, "model", "model_not_supported"),
+        (
+            "/v1/chat/completions",
+            {**_CHAT, "model": "text_embedding"},
+            400,
+            "model",
+            "model_not_supported",
+        ),
+        # missing or mistyped fields
+        ("/v1/embeddings", {"input": "x"}, 400, "model", None),
+        ("/v1/embeddings", {**_EMBED, "model": 42}, 400, "model", None),
+        ("/v1/embeddings", {"model": "text_embedding"}, 400, "input", None),
+        ("/v1/embeddings", {**_EMBED, "input": ["ok", ""]}, 400, "input", None),
+        ("/v1/embeddings", {**_EMBED, "input": ["ok", 3]}, 400, "input", None),
+        ("/v1/embeddings", {**_EMBED, "input": {"text": "x"}}, 400, "input", None),
+        ("/v1/embeddings", {**_EMBED, "dimensions": -1}, 400, "dimensions", None),
+        ("/v1/embeddings", {**_EMBED, "dimensions": "384"}, 400, "dimensions", None),
+        ("/v1/embeddings", {**_EMBED, "dimensions": 384.5}, 400, "dimensions", None),
+        ("/v1/embeddings", {**_EMBED, "encoding_format": None}, 400, "encoding_format", None),
+        ("/v1/completions", {**_COMPLETION, "max_tokens": -5}, 400, "max_tokens", None),
+        ("/v1/completions", {**_COMPLETION, "max_tokens": "ten"}, 400, "max_tokens", None),
+        (
+            "/v1/chat/completions",
+            {**_CHAT, "max_completion_tokens": 0},
+            400,
+            "max_completion_tokens",
+            None,
+        ),
+        ("/v1/completions", {**_COMPLETION, "prompt": []}, 400, "prompt", None),
+        ("/v1/completions", {**_COMPLETION, "prompt": ["a", "b"]}, 400, "prompt", None),
+        ("/v1/completions", {**_COMPLETION, "prompt": [1, 2]}, 400, "prompt", None),
+        ("/v1/completions", {**_COMPLETION, "stream": "yes"}, 400, "stream", None),
+        ("/v1/completions", {**_COMPLETION, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
+        ("/v1/completions", {**_COMPLETION, "temperature": 2.5}, 400, "temperature", None),
+        ("/v1/completions", {**_COMPLETION, "top_p": "high"}, 400, "top_p", None),
+        ("/v1/completions", {**_COMPLETION, "presence_penalty": -3}, 400, "presence_penalty", None),
+        ("/v1/completions", {**_COMPLETION, "seed": 1.5}, 400, "seed", None),
+        ("/v1/completions", {**_COMPLETION, "logprobs": 2}, 400, "logprobs", None),
+        ("/v1/completions", {**_COMPLETION, "echo": True}, 400, "echo", None),
+        ("/v1/chat/completions", {**_CHAT, "messages": []}, 400, "messages", None),
+        ("/v1/chat/completions", {**_CHAT, "messages": [{"content": "x"}]}, 400, "messages", None),
+        (
+            "/v1/chat/completions",
+            {**_CHAT, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            400,
+            "messages[0].content",
+            None,
+        ),
+        ("/v1/chat/completions", {**_CHAT, "tools": [{"type": "function"}]}, 400, "tools", None),
+        (
+            "/v1/chat/completions",
+            {**_CHAT, "response_format": {"type": "json_object"}},
+            400,
+            "response_format",
+            None,
+        ),
+    ],
+)
+def test_bad_requests_get_openais_error_shape(
+    server: ServerProcess, path: str, doc: dict, status: int, param: str | None, code: str | None
+) -> None:
+    _error(_post(server, path, doc), status, param, code)
+
+
+def test_malformed_bodies_and_wrong_methods_get_openais_error_shape(
+    server: ServerProcess,
+) -> None:
+    url = f"http://{server.http_url}"
+    auth = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    for body in (b"{not json", b"[1, 2]", b'"text"'):
+        r = httpx.post(f"{url}/v1/embeddings", content=body, headers=auth, timeout=30)
+        _error(r, 400, None, None)
+    r = httpx.get(f"{url}/v1/embeddings", headers=auth, timeout=30)
+    _error(r, 405, None, None)
+    assert r.headers["allow"] == "POST"
+    r = httpx.post(f"{url}/v1/models", headers=auth, timeout=30)
+    _error(r, 405, None, None)
+    _error(
+        httpx.get(f"{url}/v1/models/nope", headers=auth, timeout=30),
+        404,
+        "model",
+        "model_not_found",
+    )
+    _error(httpx.get(f"{url}/v1/bogus", headers=auth, timeout=30), 404, None, "unknown_url")
+
+
+def test_a_model_error_keeps_openais_shape(server: ServerProcess) -> None:
+    """The model fails on a parameter it cannot read: a 500 ``server_error`` in
+    OpenAI's shape (a model's failure, not a bad request to the front end), and the
+    server carries on."""
+    r = _post(server, "/v1/completions", {**_COMPLETION, "delay_ms": "soon"})
+    assert r.status_code == 500, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "server_error" and "soon" in error["message"]
+    assert _post(server, "/v1/completions", _COMPLETION).json()["choices"][0]["text"] == "x"

@@ -383,7 +383,7 @@ class WorkerConnection:
                 stream.fail(checked, final=message.final)
                 return
             outputs = checked
-        stream.put(outputs, message.final)
+        stream.put(outputs, message.final, message.parameters)
 
     def read_outputs(self, outputs: dict[str, TensorDesc]) -> dict[str, np.ndarray]:
         """Views of a result's output tensors (released when garbage-collected)."""

@@ -212,6 +212,8 @@ class Respond(NamedTuple):
     outputs: dict[str, TensorDesc] | Error | None
     #: ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` was set: the request's last message.
     final: bool
+    #: The response's parameters (``InferenceResponse(parameters=...)``), or None.
+    parameters: dict[str, object] | None = None
 
 
 class CancelStream(NamedTuple):
@@ -272,7 +274,9 @@ _WireResult = tuple[
 ]
 _WireBls = tuple[int, str, str, str, dict[str, object], _WireDescs, list[str], str, bool]
 _WireBlsResult = tuple[int, _WireDescs | None, _WireError | None, bool]
-_WireRespond = tuple[int, int, _WireDescs | tuple[str, _WireError] | None, bool]
+_WireRespond = tuple[
+    int, int, _WireDescs | tuple[str, _WireError] | None, bool, dict[str, object] | None
+]
 _WireControl = tuple[list[tuple[int, ...]], list[tuple[int, ...]]]
 #: A frame: (tag, the message's wire form, the arena control's or None).
 Wire = tuple[int, tuple[object, ...], _WireControl | None]
@@ -361,7 +365,7 @@ def _respond_to(m: Respond) -> _WireRespond:
         }
     else:
         wire = None if out is None else ("error", tuple(out))
-    return (m.batch_id, m.slot, wire, m.final)
+    return (m.batch_id, m.slot, wire, m.final, m.parameters)
 
 
 def _respond_from(f: _WireRespond) -> Respond:
@@ -371,7 +375,7 @@ def _respond_from(f: _WireRespond) -> Respond:
         out = {name: _new(TensorDesc, desc) for name, desc in wire.items()}
     elif wire is not None:
         out = _new(Error, wire[1])
-    return _new(Respond, (f[0], f[1], out, f[3]))
+    return _new(Respond, (f[0], f[1], out, f[3], f[4]))
 
 
 def _flat(

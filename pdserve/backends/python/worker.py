@@ -401,7 +401,10 @@ class Worker:
             if cancelled:  # the server no longer listens: drop it
                 return
             outputs = None if response is None else self._encode_response(request, response)
-            self.send(Respond(batch_id, index, outputs, final))
+            params = None
+            if type(outputs) is dict and isinstance(response, pb.InferenceResponse):
+                params = response._parameters or None
+            self.send(Respond(batch_id, index, outputs, final, params))
 
         def cancelled() -> bool:
             if not streams.get(key, False):

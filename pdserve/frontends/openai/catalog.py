@@ -15,6 +15,7 @@ models): the first ``dimensions`` values, scaled back to unit length.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -25,8 +26,10 @@ COMPLETIONS = "completions"
 
 _FLOATS = frozenset(("FP16", "FP32", "FP64"))
 
-#: The tokenizer file whose ``chat_template`` a generator's chat requests use.
+#: The tokenizer file whose ``chat_template`` (and special tokens) chat requests use.
 TOKENIZER_CONFIG = "tokenizer_config.json"
+#: The chat template file newer Hugging Face tokenizers save beside it.
+CHAT_TEMPLATE = "chat_template.jinja"
 
 log = logging.getLogger("pdserve.openai")
 
@@ -90,15 +93,21 @@ def model_kind(config: dict[str, Any], metadata: dict[str, Any]) -> str | None:
 
 
 def chat_template(folders: list[Path]) -> dict[str, Any] | None:
-    """The first ``tokenizer_config.json`` in ``folders`` (version folder first) that
-    holds a ``chat_template``, as loaded; None when none does."""
+    """The chat template of the first folder in ``folders`` (version folder first) that
+    ships one, as Hugging Face tokenizers save it: ``chat_template.jinja`` beside
+    ``tokenizer_config.json`` (whose special tokens it uses), or the config's own
+    ``chat_template``. Returned as the tokenizer config with ``chat_template`` set;
+    None when no folder has one."""
     for folder in folders:
-        path = folder / TOKENIZER_CONFIG
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads((folder / TOKENIZER_CONFIG).read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and doc.get("chat_template"):
+            doc = {}
+        if not isinstance(doc, dict):
+            doc = {}
+        with contextlib.suppress(OSError):
+            doc["chat_template"] = (folder / CHAT_TEMPLATE).read_text(encoding="utf-8")
+        if doc.get("chat_template"):
             return doc
     return None
 

@@ -223,6 +223,53 @@ def _stop_list(value: Any) -> list[str]:
     return value
 
 
+#: OpenAI's ranges of the sampling fields (inclusive).
+_RANGES = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+
+#: Fields that ask for what this front end does not do: refused while set (a value
+#: other than these), so a client never takes their silent absence for an answer.
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none"),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+def _check_sampling(doc: dict[str, Any]) -> None:
+    """The sampling fields' types and ranges, and no unsupported field set.
+
+    Raises:
+        OpenAIError(400): naming the field.
+    """
+    for key, (low, high) in _RANGES.items():
+        value = doc.get(key)
+        if value is None:
+            continue
+        if type(value) not in (int, float) or not low <= value <= high:
+            raise bad_request(
+                f"'{key}' must be a number from {low:g} to {high:g}, got {value!r:.40}", key
+            )
+    seed = doc.get("seed")
+    if seed is not None and type(seed) is not int:
+        raise bad_request(f"'seed' must be an integer, got {seed!r:.40}", "seed")
+    for key, allowed in _UNSUPPORTED.items():
+        if key in doc and doc[key] not in allowed:
+            raise bad_request(f"'{key}' is not supported by this server", key)
+
+
 def _message_text(content: Any, where: str) -> str:
     """A message's content: a string, or the ``text`` parts of a list of parts."""
     if isinstance(content, str):
@@ -254,7 +301,10 @@ def _messages(value: Any) -> list[dict[str, str]]:
 def completion_request(doc: dict[str, Any], chat: bool) -> CompletionRequest:
     """Check a (chat) completion request: ``model``; ``prompt`` one string (or a list
     of one) / ``messages``; ``stream`` a boolean; ``stop`` up to 4 strings; ``n`` 1;
-    ``max_tokens`` (or ``max_completion_tokens``) a positive integer. Every other
+    ``max_tokens`` (or ``max_completion_tokens``) a positive integer; ``temperature``,
+    ``top_p``, ``presence_penalty`` and ``frequency_penalty`` numbers in OpenAI's
+    ranges, ``seed`` an integer; ``logprobs``, ``echo``, ``tools``, ``response_format``
+    (other than text) and the like refused while set. Every other
     field whose value is a string, number or boolean (``temperature``, ``top_p``,
     ``seed`` ...) is passed to the model as a request parameter of that name; ``stop``
     as a JSON array string.
@@ -281,6 +331,7 @@ def completion_request(doc: dict[str, Any], chat: bool) -> CompletionRequest:
     if n not in (1, None) or type(n) is bool:
         raise bad_request("'n' must be 1: this server returns one choice", "n")
     stop = _stop_list(doc.get("stop"))
+    _check_sampling(doc)
     params: dict[str, Any] = {}
     for key, value in doc.items():
         if key not in _CLIENT_ONLY and isinstance(value, str | int | float) and key != "n":

@@ -46,6 +46,7 @@ MESSAGES: list[Any] = [
     m.Respond(2, 0, {"OUT": SMALL, "T": TEXT}, False),
     m.Respond(2, 1, m.Error("boom", ErrorCode.INTERNAL.value), True),
     m.Respond(2, 2, None, True),
+    m.Respond(2, 3, {"T": TEXT}, False, {"finish_reason": "stop", "completion_tokens": 7}),
     m.CancelStream(2, 1),
 ]
 

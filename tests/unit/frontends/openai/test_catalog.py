@@ -78,3 +78,22 @@ def test_tokenizer_chat_template(tmp_path: Path) -> None:
     broken = {"chat_template": "{{ raise_exception('roles must alternate') }}"}
     with pytest.raises(ValueError, match="roles must alternate"):
         catalog.render_chat([], broken)
+
+
+def test_chat_template_jinja_file_beside_the_tokenizer_config(tmp_path: Path) -> None:
+    """Newer Hugging Face tokenizers save the template as chat_template.jinja; the
+    special tokens stay in tokenizer_config.json. The version folder comes first."""
+    pytest.importorskip("jinja2")
+    model, version = tmp_path, tmp_path / "1"
+    version.mkdir()
+    (version / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|end|>"}))
+    (version / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    )
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": "unused"}))
+    tokenizer = catalog.chat_template([version, model])
+    assert tokenizer is not None
+    assert catalog.render_chat([{"role": "user", "content": "hi"}], tokenizer) == "hi<|end|>"
+    (version / "chat_template.jinja").unlink()
+    assert catalog.chat_template([version, model]) == {"chat_template": "unused"}
+    assert catalog.chat_template([tmp_path / "missing"]) is None
