@@ -6,8 +6,9 @@ Checks: schemathesis's defaults but ``positive_data_acceptance`` (a schema-valid
 inference request is still refused when it does not fit the model: 400 is right), with
 ``negative_data_rejection`` accepting any 4xx (a JSON part over the limit is 413).
 ``not_a_server_error`` fails on any 5xx. Half of the examples aim at the real model
-(``tiny``, version 2) instead of a generated name, so that inference, metadata, config,
-statistics, load and unload run their real paths. Examples are bounded and derandomized:
+(``tiny``, version 2; the example generator ``text_generator`` for the OpenAI routes)
+instead of a generated name, so that inference, metadata, config, statistics, load,
+unload and completions run their real paths. Examples are bounded and derandomized:
 the run takes seconds and is the same every time.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +33,7 @@ from schemathesis.checks import positive_data_acceptance
 from schemathesis.config._checks import NegativeDataRejectionConfig
 
 from pdserve.frontends.http.routes import openapi_document
-from tests.conftest import ServerProcess, copy_models, start_server
+from tests.conftest import ROOT, ServerProcess, copy_models, start_server
 
 #: Examples per operation and generation mode (28 operations, 10 with negative examples
 #: too); PDSERVE_FUZZ_EXAMPLES=300 for a longer run (about 90 s).
@@ -39,16 +41,21 @@ MAX_EXAMPLES = int(os.environ.get("PDSERVE_FUZZ_EXAMPLES", "25"))
 
 STATUSES: Counter[int] = Counter()
 
+#: The example generator, which the OpenAI completion routes serve.
+GENERATOR = ROOT / "examples" / "generator_repository" / "text_generator"
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root: Path = tmp_path_factory.mktemp("openapi")
     repo = copy_models(root / "repo", "tiny")
+    shutil.copytree(GENERATOR, repo / "text_generator")
     proc = start_server(
         repo,
         root / "pdserve.log",
         "--model-control-mode=explicit",
         "--load-model=tiny",
+        "--load-model=text_generator",
         "--http-body-timeout-secs=5",
     )
     yield proc
@@ -105,6 +112,11 @@ def test_fuzz_the_http_api(api_schema: Any) -> None:
                         case.path_parameters["model_name"] = "tiny"
                     if "model_version" in case.path_parameters:
                         case.path_parameters["model_version"] = "2"
+                    # the OpenAI routes: the example generator, by path or in the body
+                    if "model" in case.path_parameters:
+                        case.path_parameters["model"] = "text_generator"
+                    if isinstance(case.body, dict) and "model" in case.body:
+                        case.body["model"] = "text_generator"
                 response = case.call_and_validate(excluded_checks=[positive_data_acceptance])
                 STATUSES[response.status_code] += 1
 
