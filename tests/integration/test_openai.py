@@ -194,18 +194,20 @@ def test_stream_ends_with_done(server: ServerProcess) -> None:
     assert events[-1] == "data: [DONE]" and len(events) == 4
 
 
-def test_client_disconnect_cancels_the_generation(each_server: ServerProcess) -> None:
+@pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
+def test_client_disconnect_cancels_the_generation(each_server: ServerProcess, chat: bool) -> None:
+    """A streaming client that goes away after the first event cancels the request in
+    the model (its sender's ``is_cancelled()``), through every transport."""
     server = each_server
-    slow = {
-        "model": "text_generator",
-        "prompt": " ".join(["w"] * 40),
-        "stream": True,
-        "delay_ms": 200,
-    }
+    words = " ".join(["w"] * 40)
+    slow: dict = {"model": "text_generator", "stream": True, "delay_ms": 200}
+    if chat:
+        slow["messages"] = [{"role": "user", "content": words}]
+    else:
+        slow["prompt"] = words
+    path = "/v1/chat/completions" if chat else "/v1/completions"
     headers = {"authorization": f"Bearer {KEY}"}
-    with httpx.stream(
-        "POST", f"http://{server.http_url}/v1/completions", json=slow, headers=headers
-    ) as r:
+    with httpx.stream("POST", f"http://{server.http_url}{path}", json=slow, headers=headers) as r:
         first = next(r.iter_lines())
         assert first.startswith("data: ")
     # the model has one instance: had the 8 s generation gone on, this would wait for it
