@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,10 +19,13 @@ from pdserve.core.cancel import CancelToken
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferRequest, InferResponse, RequestedOutput
 from pdserve.frontends.shared_memory import SharedMemoryRegistry
+from pdserve.frontends.traffic.auth import load_auth_config
+from pdserve.frontends.traffic.gate import TrafficGate
 from pdserve.frontends.workers import channel as ch
 from pdserve.frontends.workers.hub import FrontendHub
-from pdserve.frontends.workers.proxy import ProxyCore, WorkerClient
+from pdserve.frontends.workers.proxy import ProxyCore, ProxyGate, WorkerClient
 from tests.cyclic import collector_off
+from tests.traffic_keys import sha256_hash
 
 
 class _TurnCore:
@@ -196,3 +200,38 @@ def test_finished_requests_form_no_reference_cycles() -> None:
 
     kinds = asyncio.run(run())
     assert not kinds & {"InferRequest", "InferResponse", "CancelToken", "Future", "Task"}, kinds
+
+
+def test_the_proxy_gate_answers_the_main_gates_principal_and_model_folders_pass_through(
+    tmp_path: Path,
+) -> None:
+    """A worker's gate check returns the principal the main gate found (its name, kind
+    and model grants, so a worker filters a model list as the main process would), and
+    ``model_folders`` is the main core's answer."""
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(
+        f"keys:\n  - name: scoped\n    hash: {sha256_hash('k-1')}\n"
+        "    models: ['emb*']\n    apis: [metadata]\n"
+    )
+    gate = TrafficGate(load_auth_config(auth))
+
+    async def run() -> None:
+        hub_sock, worker_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        core = _TurnCore()
+        core.model_folders = lambda name, version: [f"/m/{name}/1", f"/m/{name}"]  # type: ignore[attr-defined]
+        hub = FrontendHub(core, SharedMemoryRegistry(enabled=False), gate)  # type: ignore[arg-type]  # the stand-in core
+        hub.attach(hub_sock, 0, lambda: None)
+        client = WorkerClient()
+        client.connect(lambda on_frame, on_close: ch.Channel(worker_sock, "t", on_frame, on_close))
+        proxy_gate = ProxyGate(client, ["authorization"])
+        headers = {"authorization": "Bearer k-1"}
+        principal = await proxy_gate.check("http", "metadata", "", headers.get)
+        assert (principal.name, principal.kind, principal.models) == ("scoped", "key", ("emb*",))
+        assert principal.may_use_model("embedder") and not principal.may_use_model("gen")
+        with pytest.raises(InferError) as refused:
+            await proxy_gate.check("http", "metadata", "", {}.get)
+        assert refused.value.code is ErrorCode.UNAUTHENTICATED
+        assert await ProxyCore(client).model_folders("gen") == ["/m/gen/1", "/m/gen"]
+        client.channel.close()  # type: ignore[union-attr]
+
+    asyncio.run(run())
