@@ -122,3 +122,38 @@ def test_stream_chunks_are_sse_events() -> None:
     assert doc["choices"][0]["delta"] == {"content": "x"}
     usage = orjson.loads(codec.chunk_event("c", "g", False, None, None, codec.usage_of(2, 3))[6:])
     assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 5
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "ok"),
+    [
+        ("temperature", 0, True),
+        ("temperature", 2.0, True),
+        ("temperature", 2.01, False),
+        ("temperature", True, False),
+        ("top_p", 1, True),
+        ("top_p", -0.1, False),
+        ("frequency_penalty", -2, True),
+        ("presence_penalty", "0", False),
+        ("seed", 7, True),
+        ("seed", 7.0, False),
+        ("logprobs", False, True),
+        ("logprobs", True, False),
+        ("best_of", 1, True),
+        ("best_of", 2, False),
+        ("response_format", {"type": "text"}, True),
+        ("response_format", {"type": "json_object"}, False),
+        ("tools", [], True),
+        ("tools", [{"type": "function"}], False),
+    ],
+)
+def test_sampling_fields_in_openais_ranges_and_unsupported_ones_refused(
+    field: str, value: object, ok: bool
+) -> None:
+    doc = {"model": "g", "prompt": "x", field: value}
+    if ok:
+        codec.completion_request(doc, chat=False)
+        return
+    with pytest.raises(OpenAIError) as e:
+        codec.completion_request(doc, chat=False)
+    assert (e.value.status, e.value.param) == (400, field)
