@@ -12,12 +12,15 @@ generation before the next token. Requests run one after the other (one instance
 """
 
 import json
+import os
 from pathlib import Path
 
-import numpy as np
-import torch
-import triton_python_backend_utils as pb_utils
-from transformers import AutoModelForCausalLM, AutoTokenizer
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every file is in this folder
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 HERE = Path(__file__).resolve().parent
