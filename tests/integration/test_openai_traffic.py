@@ -83,7 +83,7 @@ def _metric(server: ServerProcess, name: str, **labels: str) -> float:
     return total
 
 
-def _traffic_counts(server: ServerProcess) -> dict[str, int]:
+def _successes_by_version(server: ServerProcess) -> dict[str, int]:
     r = httpx.get(
         f"http://{server.http_url}/v2/models/text_generator/stats",
         headers={"authorization": f"Bearer {KEY}"},
@@ -95,7 +95,7 @@ def _traffic_counts(server: ServerProcess) -> dict[str, int]:
 
 
 def test_the_split_applies_to_the_model_the_body_names(server: ServerProcess) -> None:
-    before = _traffic_counts(server)
+    before = _successes_by_version(server)
     client = openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key=KEY, max_retries=0)
     for _ in range(3):
         assert client.completions.create(model="text_generator", prompt="a b").choices[0].text
@@ -103,7 +103,7 @@ def test_the_split_applies_to_the_model_the_body_names(server: ServerProcess) ->
         server, {"model": "text_generator", "prompt": "x"}, **{"x-pdserve-model-version": "1"}
     )
     assert pinned.status_code == 200 and pinned.json()["choices"][0]["text"] == "x"
-    after = _traffic_counts(server)
+    after = _successes_by_version(server)
     assert after["2"] - before.get("2", 0) == 3 and after["1"] - before.get("1", 0) == 1
     # with auth on, a request without a route key is sticky by its key's name
     assert (
