@@ -1,8 +1,11 @@
 """The OpenAI-compatible front end end to end: the official ``openai`` client, unchanged
-(``base_url`` pointed at pdserve), against a real pdserve with an API key configured,
+(``base_url`` pointed at pdserve), against a real pdserve with API keys configured,
 serving the example ``text_embedding`` pipeline, the example generator
 (``examples/generator_repository/text_generator``), a copy of it that ships a
-``tokenizer_config.json`` chat template, and ``tiny`` (not an OpenAI model)."""
+``tokenizer_config.json`` chat template, and ``tiny`` (not an OpenAI model). The tests
+that depend on where the routes run (model lists filtered by key, chat templates, model
+objects, streaming, cancellation) run on one process and on ``--http-workers 2``; every
+error case is checked for OpenAI's exact error shape and status."""
 
 from __future__ import annotations
 
