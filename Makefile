@@ -37,6 +37,7 @@ sysdeps:
 
 examples: $(STAMP)
 	$(PY) examples/build.py
+	$(PY) examples/build_generator.py
 
 serve: examples
 	$(PY) -m pdserve serve --model-repository $(REPO) --host $(HOST) --http-port $(HTTP_PORT) \

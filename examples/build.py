@@ -1327,12 +1327,6 @@ def main(argv: list[str] | None = None) -> int:
         else:  # run as a script: examples/ is sys.path[0]
             import build_pipelines
         build_pipelines.build(out, goldens, force=args.force)
-        # and the example language model (examples/generator_repository/smollm2)
-        if __package__:
-            from . import build_generator
-        else:
-            import build_generator
-        build_generator.build(force=args.force)
     except RuntimeError as exc:
         print(f"build failed: {exc}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """Build the example language model ``examples/generator_repository/smollm2``.
 
-``examples/build.py`` calls :func:`build` after the other examples; run alone it is::
+``make examples`` (and so ``make test``) runs it after ``examples/build.py``::
 
     python examples/build_generator.py [--force]
 

@@ -21,7 +21,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     if not (MODEL / "1" / "model.safetensors").is_file():
-        pytest.fail("the smollm2 example is not built: run `python examples/build.py`")
+        pytest.fail("the smollm2 example is not built: run `python examples/build_generator.py`")
     repo = tmp_path_factory.mktemp("smollm2") / "models"
     repo.mkdir()
     (repo / "smollm2").symlink_to(MODEL, target_is_directory=True)
