@@ -61,6 +61,12 @@ REGISTRY: dict[str, BackendEntry] = {
             extra="pytorch",
         ),
         BackendEntry(
+            cfgmod.FIL_BACKEND,
+            "pdserve.backends.fil.backend:FilBackend",
+            requires=("treelite", "tl2cgen", "xgboost", "lightgbm"),
+            extra="fil",
+        ),
+        BackendEntry(
             cfgmod.REMOTE_BACKEND,
             "pdserve.backends.remote.backend:RemoteBackend",
             requires=("grpc", "aiohttp"),

@@ -24,9 +24,9 @@ def parse(pbtxt: str) -> model_config_pb2.ModelConfig:
 
 
 def test_registry_serves_onnxruntime_python_pytorch_and_remote() -> None:
-    assert served_backends() == ["onnxruntime", "python", "pytorch", "remote"]
+    assert served_backends() == ["fil", "onnxruntime", "python", "pytorch", "remote"]
     # an ensemble is not a backend
-    assert sorted(REGISTRY) == ["onnxruntime", "python", "pytorch", "remote"]
+    assert sorted(REGISTRY) == ["fil", "onnxruntime", "python", "pytorch", "remote"]
     for name in REGISTRY:
         assert unavailable_reason(name) is None
         assert get_backend(name).name == name
@@ -90,9 +90,7 @@ def test_pytorch_is_served_when_torch_is_installed() -> None:
 
 
 def test_unknown_backend_names_the_served_ones() -> None:
-    reason = (
-        "unknown backend 'tensorflow'; pdserve serves 'onnxruntime', 'python', 'pytorch', 'remote'"
-    )
+    reason = "unknown backend 'tensorflow'; pdserve serves 'fil', 'onnxruntime', 'python', 'pytorch', 'remote'"
     assert unavailable_reason("tensorflow") == reason
     with pytest.raises(ConfigError) as e:
         cfgmod.normalize_platform(
@@ -102,7 +100,7 @@ def test_unknown_backend_names_the_served_ones() -> None:
     with pytest.raises(ConfigError) as e:  # without the registry: Triton's names
         cfgmod.normalize_platform(parse('backend: "tensorflow"'), "m/config.pbtxt")
     assert e.value.message == (
-        "unknown backend 'tensorflow'; pdserve knows 'onnxruntime', 'python', 'pytorch', 'remote'"
+        "unknown backend 'tensorflow'; pdserve knows 'fil', 'onnxruntime', 'python', 'pytorch', 'remote'"
     )
     with pytest.raises(ValueError, match="unknown backend 'tensorflow'"):
         get_backend("tensorflow")
