@@ -91,9 +91,7 @@ instance_group [{{ kind: KIND_CPU count: 1 }}]
 parameters [
 {parameters}
 ]
-dynamic_batching {{
-  max_queue_delay_microseconds: 200
-}}
+dynamic_batching {{ }}
 """
 
 

@@ -22,6 +22,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from examples import build_trees
+from pdserve.app.analyze import AnalyzeOptions, run_analyze
 from pdserve.app.check import check_repository
 from pdserve.backends.devices import visible_gpu_count
 from tests.conftest import ServerProcess, start_server
@@ -212,3 +213,34 @@ def test_pdserve_check_passes(tree_repo: Path) -> None:
     ran = {(r.model, r.check) for r in report.all_results if r.status == "passed"}
     for model in MODELS:
         assert {(model, "fil-config"), (model, "golden"), (model, "identity")} <= ran
+
+
+def test_pdserve_analyze_tunes_a_fil_model(tree_repo: Path, tmp_path: Path) -> None:
+    res = run_analyze(
+        AnalyzeOptions(
+            model="lightgbm_diabetes",
+            repository=tree_repo,
+            server_mode="reload",
+            search="grid",
+            instance_counts=[1, 2],
+            max_batch_sizes=[4096],
+            preferred=["none"],
+            queue_delays_us=[0],
+            concurrency=[4],
+            measurement_interval_ms=200,
+            max_trials=3,
+            stability_percentage=100,
+            confirm=0,
+            max_minutes=0.4,
+            output_dir=tmp_path / "out",
+        )
+    )
+    measured = [r for r in res.results if r.levels]
+    assert len(measured) >= 2
+    assert all(lv.infer_per_sec > 0 for r in measured for lv in r.levels)
+    assert res.recommended in res.results
+    points = {
+        (r.point["lightgbm_diabetes"].instances, r.point["lightgbm_diabetes"].delay_us)
+        for r in measured
+    }
+    assert points == {(1, 0), (2, 0)}

@@ -3,7 +3,7 @@
 Triton's fil_backend (``shared_state.h``) reads ``model_type`` (default ``xgboost``),
 ``is_classifier`` (or the older ``output_class``, still honoured),
 ``predict_proba``, ``threshold`` (classifiers; default 0.5),
-``xgboost_allow_unknown_field`` and ``cpu_nthread`` (-1: every CPU). Its GPU tuning
+``xgboost_allow_unknown_field`` and ``cpu_nthread`` (unset: 1 here; <= 0: every CPU). Its GPU tuning
 knobs (``layout``, ``chunk_size``, ``transfer_threshold``, and the removed
 ``storage_type``, ``algo``, ``threads_per_tree``, ``blocks_per_sm``,
 ``use_experimental_optimizations``) do not change results and are accepted and
@@ -53,7 +53,9 @@ class FilParams:
         allow_unknown_field: XGBoost JSON / UBJSON files may hold fields Treelite
             does not know.
         cpu_nthread: threads per prediction; <= 0: the CPUs, shared among the
-            model's instances.
+            model's instances. Unset: 1 (FIL's default is every CPU): a server's
+            batches are small, and OpenMP threads waiting on each other on a busy
+            machine cost more than they save; more instances scale instead.
         predictor: one of :data:`PREDICTORS`.
     """
 
@@ -62,7 +64,7 @@ class FilParams:
     predict_proba: bool = False
     threshold: float = 0.5
     allow_unknown_field: bool = False
-    cpu_nthread: int = -1
+    cpu_nthread: int = 1
     predictor: str = "auto"
 
 
@@ -127,6 +129,6 @@ def read_params(cfg: ModelConfig, where: str) -> FilParams:
         predict_proba=bool(_bool(cfg, "predict_proba", where)),
         threshold=0.5 if threshold is None else float(threshold),
         allow_unknown_field=bool(_bool(cfg, "xgboost_allow_unknown_field", where)),
-        cpu_nthread=-1 if nthread is None else int(nthread),
+        cpu_nthread=1 if nthread is None else int(nthread),
         predictor=predictor,
     )

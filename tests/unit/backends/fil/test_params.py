@@ -24,7 +24,7 @@ def test_defaults_are_fils() -> None:
         predict_proba=False,
         threshold=0.5,
         allow_unknown_field=False,
-        cpu_nthread=-1,
+        cpu_nthread=1,
         predictor="auto",
     )
 
