@@ -10,6 +10,7 @@ from tritonclient.grpc import model_config_pb2
 from pdserve import config as cfgmod
 from pdserve.backends import registry as backends
 from pdserve.backends.registry import (
+    NOT_SERVED,
     REGISTRY,
     BackendEntry,
     get_backend,
@@ -149,3 +150,16 @@ def test_split_batch_names_the_model_output_and_rows_when_rows_are_wrong() -> No
         "model 'm' returned output 'Y' with shape [2,2], expected [3,...]: 2 rows for a "
         "batch of 3 rows from 2 requests"
     )
+
+
+def test_triton_backends_not_served_say_why() -> None:
+    assert unavailable_reason("tensorrt") == (
+        "backend 'tensorrt' is not served by pdserve: TensorRT plans are built for one GPU and "
+        "TensorRT version; serve the ONNX model the plan was built from (backend 'onnxruntime')"
+    )
+    with pytest.raises(ConfigError) as e:
+        cfgmod.normalize_platform(
+            parse('backend: "dali"'), "m/config.pbtxt", backends=unavailable_reason
+        )
+    assert e.value.message.startswith("backend 'dali' is not served by pdserve: DALI pipelines")
+    assert set(NOT_SERVED).isdisjoint(REGISTRY)
