@@ -12,6 +12,10 @@ Models: ``examples/tree_repository`` (``examples/build_trees.py``; built if miss
     rows, one thread, pinned to the server's core: XGBoost ``Booster.inplace_predict``,
     LightGBM ``Booster.predict``, scikit-learn ``predict_proba`` (the forest is trained
     again with the example's seed: the same trees). Goal: pdserve within 10%.
+``predictors``
+    The CPU predictors pdserve can run a FIL model on (TL2cgen-compiled, the framework's
+    own, Treelite's GTIL), in process on one thread, on the same models and batch sizes
+    (two rounds): what the ``auto`` choice is based on.
 ``http``
     ``xgboost_breast_cancer`` (its ``xgboost.json``), one row of 30 FP32 per V2 JSON
     request, ``wrk -t1 -c32`` pinned to the client core, each server pinned to the
@@ -28,7 +32,7 @@ hits all of them; medians are reported. The default run takes under 4 minutes.
 Usage::
 
     .venv/bin/python benchmarks/bench_trees.py [--only compute,http] [--rounds 4]
-        [--duration 5] [--install]
+        [--duration 4] [--install]
 
 Writes ``benchmarks/out/bench_trees.json`` and prints Markdown tables.
 """
@@ -158,15 +162,52 @@ def rows(repo: Path, model: str, n: int) -> np.ndarray:
     return np.ascontiguousarray(np.resize(x, (n, x.shape[1])), dtype=np.float32)
 
 
+#: A compute or predictor point stops after ``--calls`` calls or this many seconds, whichever is first.
+POINT_S = 0.5
+
+
 def time_call(fn: Any, x: np.ndarray, calls: int) -> float:
-    """Mean µs of ``fn(x)`` over ``calls`` calls, after 20 warm-up calls (a mean, as the
-    statistics extension's compute time is: preemption on a busy machine counts in both)."""
-    for _ in range(20):
+    """Mean µs of ``fn(x)`` over up to ``calls`` calls (at least 10, at most
+    :data:`POINT_S` s after that), after 5 warm-up calls: a mean, as the statistics
+    extension's compute time is, so preemption on a busy machine counts in both."""
+    for _ in range(5):
         fn(x)
-    t0 = time.perf_counter_ns()
-    for _ in range(calls):
+    n, t0 = 0, time.perf_counter_ns()
+    deadline = time.monotonic() + POINT_S
+    while n < calls and (n < 10 or time.monotonic() < deadline):
         fn(x)
-    return (time.perf_counter_ns() - t0) / calls / 1e3
+        n += 1
+    return (time.perf_counter_ns() - t0) / n / 1e3
+
+
+def run_predictors(args: Any, repo: Path) -> dict[str, Any]:
+    """µs per call of each CPU predictor of the fil backend, pinned to the server core."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from pdserve.backends.fil.backend import InstancePlan, build_predictors, read_forest
+
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {int(args.server_cpu)})
+    runs: dict[str, list[float]] = {}
+    try:
+        for _ in range(min(args.rounds, 2)):
+            for model in COMPUTE_MODELS:
+                cfg = text_format.Parse(
+                    (repo / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+                )
+                for name in ("tl2cgen", "native", "gtil"):
+                    if name == "native" and model == "sklearn_forest_iris":
+                        continue  # a Treelite checkpoint has no framework predictor
+                    cfg.parameters["predictor"].string_value = name
+                    forest = read_forest(cfg, repo / model / "1", model)
+                    pred = build_predictors(forest, [InstancePlan("KIND_CPU", 0, None)])[0]
+                    for b in BATCHES:
+                        us = time_call(pred.predict, rows(repo, model, b), args.calls)
+                        runs.setdefault(f"{model}@{b}@{name}", []).append(us)
+    finally:
+        os.sched_setaffinity(0, own)
+    return {k: round(statistics.median(v), 1) for k, v in runs.items()}
 
 
 def compute_stats(base: str, model: str) -> tuple[int, int]:
@@ -182,11 +223,13 @@ def pdserve_compute(base: str, model: str, x: np.ndarray, calls: int) -> float:
     client = httpclient.InferenceServerClient(base.removeprefix("http://"))
     tensor = httpclient.InferInput("input__0", list(x.shape), "FP32")
     tensor.set_data_from_numpy(x, binary_data=True)
-    for _ in range(20):
+    for _ in range(5):
         client.infer(model, [tensor])
     n0, ns0 = compute_stats(base, model)
-    for _ in range(calls):
+    n, deadline = 0, time.monotonic() + POINT_S
+    while n < calls and (n < 10 or time.monotonic() < deadline):
         client.infer(model, [tensor])
+        n += 1
     n1, ns1 = compute_stats(base, model)
     client.close()
     return (ns1 - ns0) / max(1, n1 - n0) / 1e3
@@ -347,8 +390,8 @@ def run_http(args: Any, repo: Path) -> dict[str, Any]:
     for name, rs in results.items():
         summary[name] = {
             "rps": round(statistics.median(r["rps"] for r in rs), 1),
-            "p50_ms": statistics.median(r["p50_ms"] or 0 for r in rs),
-            "p99_ms": statistics.median(r["p99_ms"] or 0 for r in rs),
+            "p50_ms": round(statistics.median(r["p50_ms"] or 0 for r in rs), 2),
+            "p99_ms": round(statistics.median(r["p99_ms"] or 0 for r in rs), 2),
             "errors": sum(r["errors"] for r in rs),
             "rounds_rps": [r["rps"] for r in rs],
         }
@@ -368,6 +411,16 @@ def run_http(args: Any, repo: Path) -> dict[str, Any]:
 
 def markdown(res: dict[str, Any]) -> str:
     out = []
+    if "predictors" in res:
+        out.append("| model | batch | tl2cgen µs | native µs | gtil µs |")
+        out.append("|---|---|---|---|---|")
+        p = res["predictors"]
+        for model in COMPUTE_MODELS:
+            for b in BATCHES:
+                cells = [p.get(f"{model}@{b}@{n}") for n in ("tl2cgen", "native", "gtil")]
+                shown = " | ".join("-" if c is None else f"{c:,.1f}" for c in cells)
+                out.append(f"| {model} | {b} | {shown} |")
+        out.append("")
     if "compute" in res:
         out.append("| model | batch | framework µs | pdserve compute µs | ratio |")
         out.append("|---|---|---|---|---|")
@@ -397,10 +450,12 @@ def markdown(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = cli_parser(__doc__, __file__)
-    p.add_argument("--only", default="compute,http", help="sections: compute,http")
+    p.add_argument(
+        "--only", default="predictors,compute,http", help="sections: predictors,compute,http"
+    )
     p.add_argument("--servers", default="pdserve,mlserver,kserve", help="http contenders")
     p.add_argument("--rounds", type=int, default=4, help="alternated rounds (default 4)")
-    p.add_argument("--duration", type=float, default=5, help="seconds per wrk run (default 5)")
+    p.add_argument("--duration", type=float, default=4, help="seconds per wrk run (default 4)")
     p.add_argument("--concurrency", type=int, default=32, help="wrk connections (default 32)")
     p.add_argument("--calls", type=int, default=200, help="calls per compute point (default 200)")
     p.add_argument("--server-cpu", default="0", help="the servers' core (default 0)")
@@ -412,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     repo = tree_repo()
     t0 = time.monotonic()
     res: dict[str, Any] = {"machine": os.uname().nodename, "cpus": os.cpu_count()}
+    if "predictors" in sections:
+        sys.path.insert(0, str(ROOT))
+        res["predictors"] = run_predictors(args, repo)
     if "compute" in sections:
         res["compute"] = run_compute(args, repo)
     if "http" in sections:
