@@ -99,4 +99,4 @@ bench-frontend: examples $(PA_VENV)/bin/perf_analyzer
 		--concurrency 32,128 --duration 8 --repeats 3
 
 clean:
-	rm -rf $(VENV) $(REPO) examples/goldens
+	rm -rf $(VENV) $(REPO) examples/goldens examples/tree_repository

@@ -231,7 +231,7 @@ def test_pdserve_analyze_tunes_a_fil_model(tree_repo: Path, tmp_path: Path) -> N
             max_trials=3,
             stability_percentage=100,
             confirm=0,
-            max_minutes=0.4,
+            max_minutes=1.5,
             output_dir=tmp_path / "out",
         )
     )
@@ -244,3 +244,24 @@ def test_pdserve_analyze_tunes_a_fil_model(tree_repo: Path, tmp_path: Path) -> N
         for r in measured
     }
     assert points == {(1, 0), (2, 0)}
+
+
+def test_pdserve_check_finds_wrong_dims_and_goldens(tree_repo: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    for m in ("xgboost_breast_cancer", "lightgbm_diabetes"):
+        shutil.copytree(tree_repo / m, repo / m)
+    cfg = repo / "xgboost_breast_cancer" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace("dims: [ 30 ]", "dims: [ 29 ]"))
+    npz = repo / "lightgbm_diabetes" / "1" / "golden.npz"
+    with np.load(npz) as g:
+        arrays = {k: g[k] for k in g.files}
+    arrays["output_0"] = arrays["output_0"] + 1.0
+    np.savez(npz, **arrays)
+    report = check_repository(repo)
+    problems = {(p.model, p.check): p.message for r in report.all_results for p in r.problems}
+    assert (
+        "disagree with the model file's shape [-1,30]"
+        in (problems[("xgboost_breast_cancer", "fil-config")])
+    )
+    assert "32 of 32 values differ" in problems[("lightgbm_diabetes", "golden")]
+    assert report.exit_code == 1
