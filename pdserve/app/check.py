@@ -43,7 +43,7 @@ from .check_files import (
     guess_model_file,
     read_identity,
 )
-from .check_golden import check_golden, check_torch_golden
+from .check_golden import check_fil_golden, check_golden, check_torch_golden
 from .check_output import render
 from .check_python_golden import check_python_golden
 from .check_report import WARNING, CheckResult, ModelReport, Report
@@ -280,6 +280,7 @@ class Checker:
                 cfgmod.ONNXRUNTIME_BACKEND: "onnx-config",
                 cfgmod.PYTHON_BACKEND: "python-import",
                 cfgmod.PYTORCH_BACKEND: "pytorch-config",
+                cfgmod.FIL_BACKEND: "fil-config",
             }.get(cfg.backend, "complete")
             await _run(mr.results, mr.name, name, v, complete)
             if cfg.model_warmup:
@@ -325,6 +326,15 @@ class Checker:
                 "golden",
                 v,
                 lambda r: check_torch_golden(r, golden, vdir, runnable, torch_cfg, mr.name),
+            )
+        elif cfg is not None and cfg.backend == cfgmod.FIL_BACKEND:
+            fil_cfg = mr.completed.get(v)
+            await _run(
+                mr.results,
+                mr.name,
+                "golden",
+                v,
+                lambda r: check_fil_golden(r, golden, vdir, model_path, fil_cfg),
             )
         else:
             await _run(

@@ -1,6 +1,6 @@
 """The ``golden`` check of ``pdserve check``: the inputs stored beside a model version
 (``MODEL_IDENTITY.json``'s ``golden`` entry and its ``.npz``), run through the model
-file on the CPU (ONNX Runtime, or torch for PyTorch models), must give the stored
+file on the CPU (ONNX Runtime, torch for PyTorch models, a CPU predictor for FIL models), must give the stored
 outputs within the stored tolerance (``|got - want| <= atol + rtol * |want|``; other
 datatypes exactly)."""
 
@@ -95,6 +95,53 @@ def check_torch_golden(
         problem = compare(np.asarray(got[name]), arrays[key], atol, rtol)
         if problem:
             r.add(f"output '{name}': {problem}", npz_path, name)
+
+
+def check_fil_golden(
+    r: CheckResult,
+    golden: object,
+    vdir: Path,
+    model_path: Path | None,
+    cfg: cfgmod.ModelConfig | None,
+) -> None:
+    """The golden check of a FIL model: the stored ``input__0`` rows through a CPU
+    predictor of the completed configuration, ``output__0`` compared like ONNX's."""
+    read = golden_arrays(r, golden, vdir)
+    if read is None:
+        return
+    inputs, outputs, atol, rtol, arrays, npz_path = read
+    if model_path is None or not model_path.is_file():
+        r.skip("no model file")
+        return
+    if cfg is None:
+        r.skip("the configuration did not pass the checks above")
+        return
+    from pdserve.backends.registry import unavailable_reason
+
+    reason = unavailable_reason(cfgmod.FIL_BACKEND)
+    if reason:
+        r.skip(reason)
+        return
+    from pdserve.backends.fil.backend import INPUT_NAME, OUTPUT_NAME, predict_on_cpu
+
+    unknown = [n for n in (*inputs, *outputs) if n not in (INPUT_NAME, OUTPUT_NAME)]
+    if unknown or INPUT_NAME not in inputs:
+        r.add(
+            f"golden must name FIL's tensors {INPUT_NAME} / {OUTPUT_NAME}, got "
+            f"{', '.join(unknown) or 'no ' + INPUT_NAME}",
+            vdir / IDENTITY_FILENAME,
+            "golden",
+        )
+        return
+    try:
+        got = predict_on_cpu(cfg, vdir, arrays[inputs[INPUT_NAME]])
+    except Exception as e:
+        r.add(f"running the golden inputs failed: {type(e).__name__}: {e}", npz_path)
+        return
+    if OUTPUT_NAME in outputs:
+        problem = compare(got, arrays[outputs[OUTPUT_NAME]], atol, rtol)
+        if problem:
+            r.add(f"output '{OUTPUT_NAME}': {problem}", npz_path, OUTPUT_NAME)
 
 
 def _golden_entry(

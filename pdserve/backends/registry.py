@@ -61,11 +61,35 @@ REGISTRY: dict[str, BackendEntry] = {
             extra="pytorch",
         ),
         BackendEntry(
+            cfgmod.FIL_BACKEND,
+            "pdserve.backends.fil.backend:FilBackend",
+            requires=("treelite", "tl2cgen", "xgboost", "lightgbm"),
+            extra="fil",
+        ),
+        BackendEntry(
             cfgmod.REMOTE_BACKEND,
             "pdserve.backends.remote.backend:RemoteBackend",
             requires=("grpc", "aiohttp"),
         ),
     )
+}
+
+#: Triton backends pdserve does not run -> why, and what to do instead (the load
+#: error says it; docs/user-guide/backends.md lists every Triton backend).
+NOT_SERVED: dict[str, str] = {
+    "tensorrt": (
+        "TensorRT plans are built for one GPU and TensorRT version; serve the ONNX model the "
+        "plan was built from (backend 'onnxruntime')"
+    ),
+    "dali": "DALI pipelines are not run; do the preprocessing in a python backend model",
+    "vllm": (
+        "vLLM engines are not run in the server; run vLLM's own server, or call it from a "
+        "python backend model"
+    ),
+    "tensorrtllm": "TensorRT-LLM engines are not run; run them in Triton or TensorRT-LLM's server",
+    "identity": "Triton's test backend; an ONNX Identity model does the same (backend 'onnxruntime')",
+    "repeat": "Triton's test backend; a decoupled python backend model does the same",
+    "square": "Triton's test backend; a decoupled python backend model does the same",
 }
 
 _instances: dict[str, Backend] = {}
@@ -87,6 +111,8 @@ def unavailable_reason(name: str) -> str | None:
     """
     served = ", ".join(f"'{n}'" for n in served_backends())
     entry = REGISTRY.get(name)
+    if entry is None and name in NOT_SERVED:
+        return f"backend '{name}' is not served by pdserve: {NOT_SERVED[name]}"
     if entry is None:
         if name in cfgmod.KNOWN_BACKENDS:  # a Triton backend pdserve has no implementation of
             platform = cfgmod.BACKEND_TO_PLATFORM.get(name)

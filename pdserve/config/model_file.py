@@ -7,9 +7,13 @@ from pathlib import Path
 from pdserve.config.schema import (
     DEFAULT_MODEL_FILENAMES,
     ENSEMBLE_PLATFORM,
+    FIL_BACKEND,
+    FIL_DEFAULT_MODEL_TYPE,
+    FIL_MODEL_FILENAMES,
     ONNXRUNTIME_BACKEND,
     PYTORCH_BACKEND,
     ModelConfig,
+    get_parameter,
 )
 
 
@@ -23,14 +27,23 @@ def model_file_path(cfg: ModelConfig, version_dir: Path) -> Path | None:
     :data:`pdserve.config.DEFAULT_MODEL_FILENAMES`). An ensemble has no model file
     (None). As in Triton's onnxruntime backend, an ONNX "file" that is a folder
     means ``<folder>/model.onnx``. A PyTorch model with ``runtime: "model.py"``
-    (Triton's PyTorch 2 form) and no ``default_model_filename`` is its ``model.py``. The path is not checked for existence
-    (:func:`find_model_file` checks).
+    (Triton's PyTorch 2 form) and no ``default_model_filename`` is its ``model.py``.
+    A FIL model's file is named by its ``model_type`` parameter (``xgboost.json``,
+    ``model.txt``...: :data:`pdserve.config.FIL_MODEL_FILENAMES`), also inside a folder
+    named by ``default_model_filename``, as in Triton's FIL backend. The path is not
+    checked for existence (:func:`find_model_file` checks).
 
     Raises:
         ValueError: no file name can be determined (no backend).
     """
     if cfg.platform == ENSEMBLE_PLATFORM:
         return None
+    if cfg.backend == FIL_BACKEND:
+        fil_name = FIL_MODEL_FILENAMES.get(
+            get_parameter(cfg, "model_type") or FIL_DEFAULT_MODEL_TYPE, ""
+        )
+        path = version_dir / (cfg.default_model_filename or fil_name)
+        return path / fil_name if fil_name and path.is_dir() else path
     filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAMES.get(cfg.backend, "")
     if (
         not cfg.default_model_filename

@@ -52,6 +52,19 @@ PLATFORM_TO_BACKEND: dict[str, str] = {
 BACKEND_TO_PLATFORM: dict[str, str] = {v: k for k, v in PLATFORM_TO_BACKEND.items()}
 #: Backend names a configuration may give (the registry says which can run here).
 KNOWN_BACKENDS = frozenset({ONNXRUNTIME_BACKEND, PYTORCH_BACKEND, PYTHON_BACKEND, REMOTE_BACKEND})
+#: Triton's FIL backend: tree models (XGBoost, LightGBM, Treelite checkpoints).
+FIL_BACKEND = "fil"
+KNOWN_BACKENDS = KNOWN_BACKENDS | {FIL_BACKEND}
+#: FIL's ``model_type`` parameter -> the model file it looks for in a version folder
+#: (Triton's fil_backend ``model.h``); ``xgboost`` when the parameter is absent.
+FIL_MODEL_FILENAMES: dict[str, str] = {
+    "xgboost": "xgboost.model",
+    "xgboost_json": "xgboost.json",
+    "xgboost_ubj": "xgboost.ubj",
+    "lightgbm": "model.txt",
+    "treelite_checkpoint": "checkpoint.tl",
+}
+FIL_DEFAULT_MODEL_TYPE = "xgboost"
 #: Platform names a configuration may give.
 KNOWN_PLATFORMS = frozenset({*PLATFORM_TO_BACKEND, ENSEMBLE_PLATFORM})
 

@@ -10,6 +10,7 @@ from tritonclient.grpc import model_config_pb2
 from pdserve import config as cfgmod
 from pdserve.backends import registry as backends
 from pdserve.backends.registry import (
+    NOT_SERVED,
     REGISTRY,
     BackendEntry,
     get_backend,
@@ -24,9 +25,9 @@ def parse(pbtxt: str) -> model_config_pb2.ModelConfig:
 
 
 def test_registry_serves_onnxruntime_python_pytorch_and_remote() -> None:
-    assert served_backends() == ["onnxruntime", "python", "pytorch", "remote"]
+    assert served_backends() == ["fil", "onnxruntime", "python", "pytorch", "remote"]
     # an ensemble is not a backend
-    assert sorted(REGISTRY) == ["onnxruntime", "python", "pytorch", "remote"]
+    assert sorted(REGISTRY) == ["fil", "onnxruntime", "python", "pytorch", "remote"]
     for name in REGISTRY:
         assert unavailable_reason(name) is None
         assert get_backend(name).name == name
@@ -90,9 +91,7 @@ def test_pytorch_is_served_when_torch_is_installed() -> None:
 
 
 def test_unknown_backend_names_the_served_ones() -> None:
-    reason = (
-        "unknown backend 'tensorflow'; pdserve serves 'onnxruntime', 'python', 'pytorch', 'remote'"
-    )
+    reason = "unknown backend 'tensorflow'; pdserve serves 'fil', 'onnxruntime', 'python', 'pytorch', 'remote'"
     assert unavailable_reason("tensorflow") == reason
     with pytest.raises(ConfigError) as e:
         cfgmod.normalize_platform(
@@ -102,7 +101,7 @@ def test_unknown_backend_names_the_served_ones() -> None:
     with pytest.raises(ConfigError) as e:  # without the registry: Triton's names
         cfgmod.normalize_platform(parse('backend: "tensorflow"'), "m/config.pbtxt")
     assert e.value.message == (
-        "unknown backend 'tensorflow'; pdserve knows 'onnxruntime', 'python', 'pytorch', 'remote'"
+        "unknown backend 'tensorflow'; pdserve knows 'fil', 'onnxruntime', 'python', 'pytorch', 'remote'"
     )
     with pytest.raises(ValueError, match="unknown backend 'tensorflow'"):
         get_backend("tensorflow")
@@ -151,3 +150,16 @@ def test_split_batch_names_the_model_output_and_rows_when_rows_are_wrong() -> No
         "model 'm' returned output 'Y' with shape [2,2], expected [3,...]: 2 rows for a "
         "batch of 3 rows from 2 requests"
     )
+
+
+def test_triton_backends_not_served_say_why() -> None:
+    assert unavailable_reason("tensorrt") == (
+        "backend 'tensorrt' is not served by pdserve: TensorRT plans are built for one GPU and "
+        "TensorRT version; serve the ONNX model the plan was built from (backend 'onnxruntime')"
+    )
+    with pytest.raises(ConfigError) as e:
+        cfgmod.normalize_platform(
+            parse('backend: "dali"'), "m/config.pbtxt", backends=unavailable_reason
+        )
+    assert e.value.message.startswith("backend 'dali' is not served by pdserve: DALI pipelines")
+    assert set(NOT_SERVED).isdisjoint(REGISTRY)
