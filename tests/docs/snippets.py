@@ -73,21 +73,24 @@ def pages() -> list[str]:
 
 
 def snippets(page: str) -> list[Snippet]:
-    """The sh / bash / python fences of ``page`` with their markers, in page order."""
+    """The sh / bash / python fences of ``page`` (indented ones in lists too, dedented)
+    with their markers, in page order."""
     lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
     out: list[Snippet] = []
     i = 0
     while i < len(lines):
-        m = FENCE.match(lines[i])
-        if not lines[i].startswith("```"):
+        indent = len(lines[i]) - len(lines[i].lstrip())
+        m = FENCE.match(lines[i].strip())
+        if not lines[i].lstrip().startswith("```"):
             i += 1
             continue
         start, i = i, i + 1
-        while i < len(lines) and not lines[i].startswith("```"):
+        while i < len(lines) and not lines[i].lstrip().startswith("```"):
             i += 1
         if m:
+            body = "\n".join(line[indent:] for line in lines[start + 1 : i]) + "\n"
             marker = MARKER.match(lines[start - 1].strip()) if start else None
-            s = Snippet(page, start + 1, m.group(1), "\n".join(lines[start + 1 : i]) + "\n")
+            s = Snippet(page, start + 1, m.group(1), body)
             if marker:
                 s.marker, s.text = marker.group(1), marker.group(2)
             out.append(s)

@@ -31,7 +31,7 @@ def test_markers_are_well_formed() -> None:
         lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
         for n, line in enumerate(lines, 1):
             if re.match(r"^<!--\s*(skip|expect|serve)\b", line.strip()):
-                nxt = lines[n] if n < len(lines) else ""
+                nxt = lines[n].strip() if n < len(lines) else ""
                 assert re.match(r"^```(sh|bash|python)\s*$", nxt), (
                     f"{page}:{n}: a marker must be on the line before a sh/bash/python fence"
                 )
