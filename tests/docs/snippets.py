@@ -176,17 +176,33 @@ class Server:
         _stop_group(self.proc, 30)
 
 
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def _stop_group(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM to ``proc``'s process group; SIGKILL to what is left of it after ``grace`` s."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        proc.poll()
+        if not group_members(proc.pid):
+            break
+        time.sleep(0.1)
     try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # whatever the group left behind
+        os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     if proc.poll() is None:

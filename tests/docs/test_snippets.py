@@ -10,7 +10,42 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ServerProcess
-from tests.docs.snippets import ROOT, needs_default, pages, run_page, shard, snippets
+from tests.docs.snippets import (
+    ROOT,
+    PageRun,
+    group_members,
+    needs_default,
+    pages,
+    run_page,
+    shard,
+    snippets,
+)
+
+RUNNER_PAGE = """# A page
+
+<!-- serve -->
+```sh
+pdserve serve --model-repository examples/model_repository --model-control-mode explicit
+```
+
+```sh
+GREETING=hello
+echo "written in the page's tmp" > /tmp/note.txt
+```
+
+<!-- expect: 200 hello written in the page's tmp -->
+```bash
+echo "$(curl -s -o /dev/null -w '%{http_code}' 127.0.0.1:8000/v2/health/ready) $GREETING $(cat /tmp/note.txt)"
+```
+
+<!-- expect: loaded: [] -->
+```python
+import json, urllib.request
+
+index = json.load(urllib.request.urlopen("http://localhost:8000/v2/repository/index", data=b"{}"))
+print("loaded:", [m["name"] for m in index if m.get("state") == "READY"])
+```
+"""
 
 
 def test_readme_is_short() -> None:
@@ -53,6 +88,44 @@ def test_every_page_is_in_a_shard() -> None:
 def test_page_runs(page: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     default = request.getfixturevalue("example_server") if needs_default(page) else None
     run_page(page, tmp_path, default)
+
+
+def test_the_runner_serves_shares_variables_and_stops_the_server(tmp_path: Path) -> None:
+    """A page's serve fence, shell variables carried between fences, /tmp/ and ports
+    rewritten, expect markers; the server is gone once the page is done."""
+    page = tmp_path / "page.md"
+    page.write_text(RUNNER_PAGE)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    run = PageRun(str(page), scratch, None)
+    run.setup()
+    try:
+        for s in snippets(str(page)):
+            run.serve(s) if s.marker == "serve" else run.run(s)
+        (server,) = run.servers
+        assert run.ports[8000] != 8000
+        assert (scratch / "tmp" / "note.txt").read_text() == "written in the page's tmp\n"
+    finally:
+        run.close()
+    assert server.proc.poll() is not None
+    assert group_members(server.proc.pid) == []
+
+
+@pytest.mark.parametrize(
+    ("fence", "message"),
+    [
+        ("```sh\nfalse\necho not reached\n```\n", "exited 1"),
+        ("<!-- expect: palace -->\n```sh\necho tower\n```\n", "no 'palace' in"),
+        ("```python\nraise SystemExit(3)\n```\n", "exited 3"),
+        ("<!-- serve -->\n```sh\npdserve serve --no-such-flag\n```\n", "the server exited with 2"),
+    ],
+)
+def test_a_wrong_snippet_fails(tmp_path: Path, fence: str, message: str) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(f"# A page\n\n{fence}")
+    (tmp_path / "scratch").mkdir()
+    with pytest.raises(AssertionError, match=re.escape(message)):
+        run_page(str(page), tmp_path / "scratch", None)
 
 
 def test_metrics_reference_lists_every_exported_family(example_server: ServerProcess) -> None:
