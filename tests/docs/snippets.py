@@ -1,18 +1,16 @@
-"""Docs that run: every ```sh / ```bash / ```python fence of README.md and docs/**/*.md.
+"""Docs that run: every ```sh / ```bash / ```python fence of README.md and docs/**/*.md
+(CONTRIBUTING.md, "Docs that run", is the authors' guide).
 
-A marker on the line before a fence: ``<!-- skip: why -->`` (not run), ``<!-- expect: TEXT
--->`` (the output must contain TEXT), ``<!-- serve -->`` (the fence runs a server in the
-foreground: started in the background, awaited until /v2/health/ready answers 200, or for a
-TLS listener until its log reports the initial load; stopped at the page's end or at the
-next serve fence on the same HTTP port). Other fences run in order and must exit 0 within
-SNIPPET_SECS. Before a page's first serve fence its snippets talk to the default server on
-examples/model_repository. Each page runs in its own scratch folder that mirrors the
-repository root (symlinks), so relative paths work and written files stay there (paths
-under /tmp/ are rewritten to its tmp/); its shell
-snippets share variables like one terminal; each python fence is a whole program. Loopback
-ports (``127.0.0.1:N`` / ``localhost:N``) become free ports; ``pdserve`` and ``tritonserver``
-on PATH (and .venv/bin) put their servers on them and on 127.0.0.1, and point ``pdserve
-perf`` / ``top`` / ``rollback`` at them. A process a snippet leaves in the background ends with it.
+Markers on the line before a fence: ``<!-- skip: why -->`` (not run), ``<!-- expect: TEXT
+-->`` (output must contain TEXT), ``<!-- serve -->`` (a server in the foreground: run in the
+background in its own process group until /v2/health/ready is 200, or a TLS listener logs its
+initial load; stopped at the page's end or the next serve fence on its HTTP port). Other
+fences run in order, exit 0 within SNIPPET_SECS. Before a page's first serve fence, snippets
+talk to the default server on examples/model_repository. A page runs in a scratch folder
+mirroring the repository root (symlinks; /tmp/ rewritten to its tmp/); its shell fences share
+variables like one terminal, each python fence is a whole program, and background processes
+end with their fence. Loopback ports (``127.0.0.1:N``, ``--port N``...) become free ports; the
+``pdserve`` / ``tritonserver`` wrappers first on PATH put servers on them and on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -38,6 +36,7 @@ MARKER = re.compile(r"^<!--\s*(skip|expect|serve)\s*(?::\s*(.*?))?\s*-->$")
 LOOPBACK = re.compile(
     r"(\b(?:127\.0\.0\.1|localhost|0\.0\.0\.0):|(?<![\w-])--port[= ]|(?<![\w-])port=)(\d{4,5})\b"
 )
+PYTHON_M = re.compile(r"(?<![\w/.-])(?:\S*/)?python3? -m pdserve\b")
 TMP = re.compile(r"(?<![\w./])/tmp/")
 PORT_FLAG = re.compile(r"--(http|grpc|metrics)-port[= ](\d+)")
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
@@ -121,6 +120,8 @@ import json, os, sys
 ports = {{int(k): v for k, v in json.loads(os.environ["DOCS_PORTS"]).items()}}
 args, prog = sys.argv[1:], {prog!r}
 flags = {{"--http-port": 8000, "--grpc-port": 8001, "--metrics-port": 8002}}
+if prog == "pdserve" and args[:1] == ["tritonserver"]:
+    prog, args = "tritonserver", args[1:]
 serving = prog == "tritonserver" or args[:1] == ["serve"]
 def port(p):
     return str(ports.get(int(p), p)) if p.isdigit() else p
@@ -262,6 +263,7 @@ class PageRun:
         """``code`` with every loopback port replaced by this page's free port for it, and
         /tmp/ by the scratch folder's tmp/."""
         code = TMP.sub(f"{self.scratch}/tmp/", code)
+        code = PYTHON_M.sub("pdserve", code)
         return LOOPBACK.sub(lambda m: f"{m.group(1)}{self.port(int(m.group(2)))}", code)
 
     def command(self, s: Snippet) -> list[str]:
@@ -281,7 +283,7 @@ class PageRun:
             try:
                 rc: int | str = proc.wait(SNIPPET_SECS)
             except subprocess.TimeoutExpired:
-                rc = f"nothing (still running after {SNIPPET_SECS} s)"
+                rc = f"nothing: still running after {SNIPPET_SECS} s (a server? mark it serve)"
             _stop_group(proc, 5)  # background processes it started end with it
         output = out.read_text(errors="replace")
         shown = self.with_ports(s.code)
