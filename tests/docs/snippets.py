@@ -1,16 +1,17 @@
 """Docs that run: every ```sh / ```bash / ```python fence of README.md and docs/**/*.md
 (CONTRIBUTING.md, "Docs that run", is the authors' guide).
 
-Markers on the line before a fence: ``<!-- skip: why -->`` (not run), ``<!-- expect: TEXT
--->`` (output must contain TEXT), ``<!-- serve -->`` (a server in the foreground: run in the
-background in its own process group until /v2/health/ready is 200, or a TLS listener logs its
-initial load; stopped at the page's end or the next serve fence on its HTTP port). Other
-fences run in order, exit 0 within SNIPPET_SECS. Before a page's first serve fence, snippets
-talk to the default server on examples/model_repository. A page runs in a scratch folder
-mirroring the repository root (symlinks; /tmp/ rewritten to its tmp/); its shell fences share
-variables like one terminal, each python fence is a whole program, and background processes
-end with their fence. Loopback ports (``127.0.0.1:N``, ``--port N``...) become free ports; the
-``pdserve`` / ``tritonserver`` wrappers first on PATH put servers on them and on 127.0.0.1.
+Markers on the lines right above a fence: ``<!-- skip: why -->`` (not run), ``<!-- expect:
+TEXT -->`` (output must contain TEXT; several may stack), ``<!-- serve -->`` (a server in the
+foreground: run in the background in its own process group until /v2/health/ready is 200, or
+a TLS listener logs its initial load; stopped at the page's end or the next serve fence on its
+HTTP port). Other fences run in order, exit 0 within SNIPPET_SECS. Before a page's first serve
+fence, snippets talk to the default server on examples/model_repository. A page runs in a
+scratch folder mirroring the repository root (symlinks; /tmp/ rewritten to its tmp/); its
+shell fences share variables like one terminal, each python fence is a whole program, and
+background processes end with their fence. Loopback ports (``127.0.0.1:N``, ``--port N``...)
+become free ports; the ``pdserve`` / ``tritonserver`` wrappers first on PATH put servers on
+them and on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Snippet:
     code: str
     marker: str | None = None
     text: str | None = None
+    expects: list[str] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -88,10 +90,15 @@ def snippets(page: str) -> list[Snippet]:
             i += 1
         if m:
             body = "\n".join(line[indent:] for line in lines[start + 1 : i]) + "\n"
-            marker = MARKER.match(lines[start - 1].strip()) if start else None
             s = Snippet(page, start + 1, m.group(1), body)
-            if marker:
-                s.marker, s.text = marker.group(1), marker.group(2)
+            above = start - 1  # the markers: the lines right above the fence
+            while above >= 0 and (marker := MARKER.match(lines[above].strip())):
+                kind, text = marker.group(1), marker.group(2)
+                if kind == "expect":
+                    s.expects.insert(0, text or "")
+                if s.marker in (None, "expect"):  # skip or serve decides over expect
+                    s.marker, s.text = kind, text
+                above -= 1
             out.append(s)
         i += 1
     return out
@@ -288,8 +295,8 @@ class PageRun:
         output = out.read_text(errors="replace")
         shown = self.with_ports(s.code)
         assert rc == 0, f"{s.id} exited {rc}:\n{shown}\n--- output:\n{output[-6000:]}"
-        if s.marker == "expect":
-            assert s.text and s.text in output, f"{s.id}: no {s.text!r} in:\n{output[-6000:]}"
+        for text in s.expects:
+            assert text in output, f"{s.id}: no {text!r} in:\n{output[-6000:]}"
 
     def serve(self, s: Snippet) -> None:
         """Start a serve fence's server on fresh ports and wait until it is ready."""

@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import ServerProcess
 from tests.docs.snippets import (
+    MARKER,
     ROOT,
     PageRun,
     group_members,
@@ -33,7 +34,8 @@ GREETING=hello
 echo "written in the page's tmp" > /tmp/note.txt
 ```
 
-<!-- expect: 200 hello written in the page's tmp -->
+<!-- expect: 200 -->
+<!-- expect: hello written in the page's tmp -->
 ```bash
 echo "$(curl -s -o /dev/null -w '%{http_code}' 127.0.0.1:8000/v2/health/ready) $GREETING $(cat /tmp/note.txt)"
 ```
@@ -59,14 +61,16 @@ def test_markers_are_well_formed() -> None:
         for s in snippets(page):
             if s.marker == "skip":
                 assert s.text, f"{s.id}: a skip marker must say why"
-            if s.marker == "expect":
-                assert s.text, f"{s.id}: an expect marker must say what"
+            assert all(s.expects), f"{s.id}: an expect marker must say what"
             if s.marker == "serve":
                 assert not s.text, f"{s.id}: <!-- serve --> takes no text"
         lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
         for n, line in enumerate(lines, 1):
             if re.match(r"^<!--\s*(skip|expect|serve)\b", line.strip()):
-                nxt = lines[n].strip() if n < len(lines) else ""
+                below = n
+                while below < len(lines) and MARKER.match(lines[below].strip()):
+                    below += 1
+                nxt = lines[below].strip() if below < len(lines) else ""
                 assert re.match(r"^```(sh|bash|python)\s*$", nxt), (
                     f"{page}:{n}: a marker must be on the line before a sh/bash/python fence"
                 )
@@ -116,6 +120,7 @@ def test_the_runner_serves_shares_variables_and_stops_the_server(tmp_path: Path)
     [
         ("```sh\nfalse\necho not reached\n```\n", "exited 1"),
         ("<!-- expect: palace -->\n```sh\necho tower\n```\n", "no 'palace' in"),
+        ("<!-- expect: a -->\n<!-- expect: b -->\n```sh\necho a\n```\n", "no 'b' in"),
         ("```python\nraise SystemExit(3)\n```\n", "exited 3"),
         ("<!-- serve -->\n```sh\npdserve serve --no-such-flag\n```\n", "the server exited with 2"),
     ],
