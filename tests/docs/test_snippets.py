@@ -124,6 +124,7 @@ def test_the_runner_serves_shares_variables_and_stops_the_server(tmp_path: Path)
         ("```python\nraise SystemExit(3)\n```\n", "exited 3"),
         ("<!-- serve -->\n```sh\npdserve serve --no-such-flag\n```\n", "the server exited with 2"),
     ],
+    ids=["exit-status", "expect", "two-expects", "python", "serve"],
 )
 def test_a_wrong_snippet_fails(tmp_path: Path, fence: str, message: str) -> None:
     page = tmp_path / "page.md"
