@@ -1,86 +1,53 @@
-"""Docs that run: the shell and Python snippets of README.md and docs/getting-started.md,
-executed against a real pdserve serving examples/model_repository.
-
-Each ```sh / ```bash / ```python fence is a snippet. A marker on the line before the fence
-changes what is done with it: ``<!-- skip: why -->`` (not run; the reason is required) or
-``<!-- expect: TEXT -->`` (run; its output must contain TEXT). Every other snippet runs
-and must exit 0. The documented ports (8000 HTTP, 8001 gRPC, 8002 metrics) are replaced
-with the test server's; the virtual environment's bin/ comes first on PATH, as the docs
-tell readers to activate it; the working directory is the repository root.
-"""
+"""Docs that run (first half of the pages; :mod:`tests.docs.snippets` says how), the
+rules every page's markers follow, and the metrics reference against a real server."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ServerProcess
+from tests.docs.snippets import (
+    MARKER,
+    ROOT,
+    PageRun,
+    group_members,
+    needs_default,
+    pages,
+    run_page,
+    shard,
+    snippets,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-PAGES = ("README.md", "docs/getting-started.md")
-FENCE = re.compile(r"^```(sh|bash|python)\s*$")
-MARKER = re.compile(r"^<!--\s*(skip|expect):\s*(.*?)\s*-->$")
+RUNNER_PAGE = """# A page
 
+<!-- serve -->
+```sh
+pdserve serve --model-repository examples/model_repository --model-control-mode explicit
+```
 
-@dataclass
-class Snippet:
-    page: str
-    line: int
-    lang: str
-    code: str
-    skip: str | None
-    expect: str | None
+```sh
+GREETING=hello
+echo "written in the page's tmp" > /tmp/note.txt
+```
 
-    @property
-    def id(self) -> str:
-        return f"{self.page}:{self.line}"
+<!-- expect: 200 -->
+<!-- expect: hello written in the page's tmp -->
+```bash
+echo "$(curl -s -o /dev/null -w '%{http_code}' 127.0.0.1:8000/v2/health/ready) $GREETING $(cat /tmp/note.txt)"
+```
 
+<!-- expect: loaded: [] -->
+```python
+import json, urllib.request
 
-def snippets(page: str) -> list[Snippet]:
-    """The runnable-language fences of ``page``, with their markers."""
-    lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
-    out = []
-    i = 0
-    while i < len(lines):
-        m = FENCE.match(lines[i])
-        if not m:
-            if lines[i].startswith("```"):  # another language: skip to its end
-                i += 1
-                while i < len(lines) and not lines[i].startswith("```"):
-                    i += 1
-            i += 1
-            continue
-        start = i
-        i += 1
-        body = []
-        while not lines[i].startswith("```"):
-            body.append(lines[i])
-            i += 1
-        prev = lines[start - 1].strip() if start else ""
-        marker = MARKER.match(prev)
-        kind, text = (marker.group(1), marker.group(2)) if marker else (None, None)
-        out.append(
-            Snippet(
-                page,
-                start + 1,
-                m.group(1),
-                "\n".join(body) + "\n",
-                text if kind == "skip" else None,
-                text if kind == "expect" else None,
-            )
-        )
-        i += 1
-    return out
-
-
-ALL = [s for page in PAGES for s in snippets(page)]
+index = json.load(urllib.request.urlopen("http://localhost:8000/v2/repository/index", data=b"{}"))
+print("loaded:", [m["name"] for m in index if m.get("state") == "READY"])
+```
+"""
 
 
 def test_readme_is_short() -> None:
@@ -88,38 +55,83 @@ def test_readme_is_short() -> None:
     assert size <= 10 * 1024, f"README.md is {size} bytes: move detail to a page under docs/"
 
 
-def test_every_page_has_snippets_that_run() -> None:
-    for page in PAGES:
-        runs = [s for s in ALL if s.page == page and s.skip is None]
+def test_markers_are_well_formed() -> None:
+    """A skip says why, an expect says what, a serve says nothing; no other marker."""
+    for page in pages():
+        for s in snippets(page):
+            if s.marker == "skip":
+                assert s.text, f"{s.id}: a skip marker must say why"
+            assert all(s.expects), f"{s.id}: an expect marker must say what"
+            if s.marker == "serve":
+                assert not s.text, f"{s.id}: <!-- serve --> takes no text"
+        lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
+        for n, line in enumerate(lines, 1):
+            if re.match(r"^<!--\s*(skip|expect|serve)\b", line.strip()):
+                below = n
+                while below < len(lines) and MARKER.match(lines[below].strip()):
+                    below += 1
+                nxt = lines[below].strip() if below < len(lines) else ""
+                assert re.match(r"^```(sh|bash|python)\s*$", nxt), (
+                    f"{page}:{n}: a marker must be on the line before a sh/bash/python fence"
+                )
+
+
+def test_the_getting_started_pages_run_snippets() -> None:
+    for page in ("README.md", "docs/getting-started.md"):
+        runs = [s for s in snippets(page) if s.runs]
         assert len(runs) >= 3, f"{page}: only {len(runs)} snippets run"
-    for s in ALL:
-        assert s.skip is None or s.skip, f"{s.id}: a skip marker must say why"
 
 
-def _with_ports(code: str, server: ServerProcess) -> str:
-    for port, real in (
-        ("8000", server.http_port),
-        ("8001", server.grpc_port),
-        ("8002", server.metrics_port),
-    ):
-        code = re.sub(rf"\b(127\.0\.0\.1|localhost):{port}\b", rf"\g<1>:{real}", code)
-    return code
+def test_every_page_is_in_a_shard() -> None:
+    runnable = {p for p in pages() if any(s.runs for s in snippets(p))}
+    assert set(shard(0)) | set(shard(1)) == runnable
+    assert not set(shard(0)) & set(shard(1))
 
 
-@pytest.mark.parametrize("snippet", [s for s in ALL if s.skip is None], ids=lambda s: s.id)
-def test_snippet_runs(snippet: Snippet, example_server: ServerProcess) -> None:
-    code = _with_ports(snippet.code, example_server)
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    if snippet.lang == "python":
-        cmd = [sys.executable, "-c", code]
-    else:
-        cmd = ["bash", "-e", "-o", "pipefail", "-c", code]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{snippet.id} exited {proc.returncode}:\n{code}\n{output}"
-    if snippet.expect is not None:
-        assert snippet.expect in proc.stdout, f"{snippet.id}: no {snippet.expect!r} in:\n{output}"
+@pytest.mark.parametrize("page", shard(0))
+def test_page_runs(page: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    default = request.getfixturevalue("example_server") if needs_default(page) else None
+    run_page(page, tmp_path, default)
+
+
+def test_the_runner_serves_shares_variables_and_stops_the_server(tmp_path: Path) -> None:
+    """A page's serve fence, shell variables carried between fences, /tmp/ and ports
+    rewritten, expect markers; the server is gone once the page is done."""
+    page = tmp_path / "page.md"
+    page.write_text(RUNNER_PAGE)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    run = PageRun(str(page), scratch, None)
+    run.setup()
+    try:
+        for s in snippets(str(page)):
+            run.serve(s) if s.marker == "serve" else run.run(s)
+        (server,) = run.servers
+        assert run.ports[8000] != 8000
+        assert (scratch / "tmp" / "note.txt").read_text() == "written in the page's tmp\n"
+    finally:
+        run.close()
+    assert server.proc.poll() is not None
+    assert group_members(server.proc.pid) == []
+
+
+@pytest.mark.parametrize(
+    ("fence", "message"),
+    [
+        ("```sh\nfalse\necho not reached\n```\n", "exited 1"),
+        ("<!-- expect: palace -->\n```sh\necho tower\n```\n", "no 'palace' in"),
+        ("<!-- expect: a -->\n<!-- expect: b -->\n```sh\necho a\n```\n", "no 'b' in"),
+        ("```python\nraise SystemExit(3)\n```\n", "exited 3"),
+        ("<!-- serve -->\n```sh\npdserve serve --no-such-flag\n```\n", "the server exited with 2"),
+    ],
+    ids=["exit-status", "expect", "two-expects", "python", "serve"],
+)
+def test_a_wrong_snippet_fails(tmp_path: Path, fence: str, message: str) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(f"# A page\n\n{fence}")
+    (tmp_path / "scratch").mkdir()
+    with pytest.raises(AssertionError, match=re.escape(message)):
+        run_page(str(page), tmp_path / "scratch", None)
 
 
 def test_metrics_reference_lists_every_exported_family(example_server: ServerProcess) -> None:
