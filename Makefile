@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[examples,test,perf,check,traffic,pytorch,tracing,ray,remote-repo,docs]'
+	$(PY) -m pip install -q -e '.[examples,test,perf,check,traffic,pytorch,tracing,ray,remote-repo,monitoring,docs]'
 	touch $(STAMP)
 
 sysdeps:

@@ -1,0 +1,147 @@
+"""One logged request as CloudEvents, as KServe's inference logger writes them.
+
+A request gives a ``org.kubeflow.serving.inference.request`` event (its inputs) and a
+``org.kubeflow.serving.inference.response`` event (its outputs, or its error), both with
+the request id as ``id`` and KServe's extension attributes (``inferenceservicename``,
+``namespace``, ``component``, ``endpoint``) plus ``modelname`` / ``modelversion``. The
+``data`` of an event is a KServe V2 body: tensors with ``name``, ``datatype``, ``shape``
+and ``data`` (JSON: numbers row-major, BOOL as booleans, BYTES base64). Parquet rows keep
+each tensor's ``data`` as the V2 binary tensor encoding (little-endian, BYTES
+length-prefixed), which :func:`tensor_from_row` decodes.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pdserve.core.datatypes import array_from_raw, numpy_to_v2, raw_tensor, v2_to_numpy
+
+REQUEST_TYPE = "org.kubeflow.serving.inference.request"
+RESPONSE_TYPE = "org.kubeflow.serving.inference.response"
+SPEC_VERSION = "1.0"
+CONTENT_TYPE = "application/json"
+
+
+@dataclass(slots=True)
+class Entry:
+    """What the request path hands the logger for one sampled request: references,
+    encoded later on the logger's thread."""
+
+    id: str
+    model: str
+    version: str
+    time_ns: int
+    inputs: dict[str, np.ndarray] | None
+    outputs: dict[str, np.ndarray] | None
+    error: str | None
+    parameters: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Event:
+    """One CloudEvent: its attributes (``type``, ``id``... as in structured mode) and
+    its ``data`` tensors (name -> array) or error."""
+
+    attributes: dict[str, str]
+    tensors: dict[str, np.ndarray] | None
+    error: str | None = None
+
+
+def _rfc3339(time_ns: int) -> str:
+    t = dt.datetime.fromtimestamp(time_ns / 1e9, tz=dt.UTC)
+    return t.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def events_of(entry: Entry, record: str, source: str, namespace: str = "") -> list[Event]:
+    """The events of ``entry``: request and response (``record`` ``all``), one of them
+    (``inputs`` / ``outputs``), or both without tensors (``metadata``)."""
+    common = {
+        "specversion": SPEC_VERSION,
+        "id": entry.id,
+        "source": source,
+        "time": _rfc3339(entry.time_ns),
+        "datacontenttype": CONTENT_TYPE,
+        "inferenceservicename": entry.model,
+        "namespace": namespace,
+        "component": "predictor",
+        "endpoint": "",
+        "modelname": entry.model,
+        "modelversion": entry.version,
+    }
+    events = []
+    if record in ("all", "inputs", "metadata"):
+        tensors = None if record == "metadata" else entry.inputs
+        events.append(Event({**common, "type": REQUEST_TYPE}, tensors))
+    if record in ("all", "outputs", "metadata"):
+        tensors = None if record == "metadata" else entry.outputs
+        events.append(Event({**common, "type": RESPONSE_TYPE}, tensors, entry.error))
+    return events
+
+
+def tensor_json(name: str, array: np.ndarray) -> dict[str, Any]:
+    """A V2 JSON tensor: numbers row-major, BYTES elements base64 (strings)."""
+    datatype = "BYTES" if array.dtype.kind in "OSU" else numpy_to_v2(array.dtype)
+    if datatype == "BYTES":
+        flat = array.reshape(-1)
+        data: list[Any] = [
+            base64.b64encode(x if isinstance(x, bytes) else str(x).encode()).decode() for x in flat
+        ]
+    elif datatype == "FP16":
+        data = array.astype(np.float32).reshape(-1).tolist()
+    else:
+        data = array.reshape(-1).tolist()
+    return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": data}
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """A structured-mode CloudEvent (JSON object) with its V2 body as ``data``."""
+    attrs = event.attributes
+    body: dict[str, Any] = {
+        "id": attrs["id"],
+        "model_name": attrs["modelname"],
+        "model_version": attrs["modelversion"],
+    }
+    if event.error is not None:
+        body["error"] = event.error
+    elif event.tensors is not None:
+        key = "inputs" if attrs["type"] == REQUEST_TYPE else "outputs"
+        body[key] = [tensor_json(n, a) for n, a in event.tensors.items()]
+    return {**attrs, "data": body}
+
+
+def tensor_from_json(doc: dict[str, Any]) -> np.ndarray:
+    """The array of a :func:`tensor_json` tensor (BYTES: an object array of bytes)."""
+    shape = tuple(doc["shape"])
+    if doc["datatype"] == "BYTES":
+        out = np.empty(len(doc["data"]), dtype=object)
+        out[:] = [base64.b64decode(x) for x in doc["data"]]
+        return out.reshape(shape)
+    return np.asarray(doc["data"], dtype=v2_to_numpy(doc["datatype"])).reshape(shape)
+
+
+def tensor_row(name: str, array: np.ndarray) -> dict[str, Any]:
+    """A Parquet tensor struct: name, datatype, shape, V2 binary data."""
+    datatype, raw = raw_tensor(array)
+    return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": raw}
+
+
+def tensor_from_row(row: dict[str, Any]) -> np.ndarray:
+    """The array of a :func:`tensor_row` struct (BYTES: an object array of bytes)."""
+    shape = [int(d) for d in row["shape"]]
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    return array_from_raw(row["data"], row["datatype"], shape, count, f"tensor {row['name']!r}")
+
+
+def kafka_headers(event: Event) -> list[tuple[str, bytes]]:
+    """The CloudEvents Kafka binding's binary-mode headers: ``ce_<attribute>`` and
+    ``content-type``."""
+    headers = [
+        ("ce_" + k, v.encode()) for k, v in event.attributes.items() if k != "datacontenttype"
+    ]
+    headers.append(("content-type", CONTENT_TYPE.encode()))
+    return headers

@@ -1,0 +1,191 @@
+"""The payload logger: a bounded queue between the request path and a sink, drained
+by one thread.
+
+:meth:`PayloadLogger.offer` is all the request path does: a sampling draw, the
+filters, and a non-blocking put of references to the request's tensors. When the queue
+is full the request is dropped and counted (``queue_full``); when the sink fails its
+requests are dropped and counted (``sink_error``) with a log line at most every
+:data:`LOG_EVERY_S` seconds. So ``sampled = written + dropped + queued`` at any time.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pdserve.observability.monitoring.events import Entry, events_of
+from pdserve.observability.monitoring.sinks import Sink, SinkError, make_sink
+from pdserve.observability.monitoring.spec import LogSpec
+
+log = logging.getLogger("pdserve.monitoring")
+
+#: At most one log line per logger and failure kind this often (seconds).
+LOG_EVERY_S = 30.0
+#: Requests the thread encodes and hands the sink at once, at most.
+BATCH = 256
+#: How often the thread wakes to roll files by age (seconds).
+TICK_S = 0.5
+
+
+class PayloadLogger:
+    """One model's payload log: sampling, filters, the queue and the writer thread.
+
+    Args:
+        model: the model name (the file sink's folder, ``inferenceservicename``).
+        spec: the model's :class:`~pdserve.observability.monitoring.spec.LogSpec`.
+        source: the events' ``source`` attribute.
+        sink: the sink (default: the one ``spec`` names).
+
+    Raises:
+        ImportError: the sink's package is missing.
+    """
+
+    def __init__(self, model: str, spec: LogSpec, source: str, sink: Sink | None = None) -> None:
+        self.model = model
+        self.spec = spec
+        self.source = source
+        self.sink = sink if sink is not None else make_sink(spec, model)
+        self._queue: queue.Queue[Entry | None] = queue.Queue(spec.queue)
+        self.sampled = 0
+        self.written = 0
+        self.dropped: Counter[str] = Counter()
+        self._pending = 0  #: taken from the queue, not yet written or dropped
+        self._last_log: dict[str, float] = {}
+        self._thread = threading.Thread(target=self._run, name=f"payload-log-{model}", daemon=True)
+        self._closing = False
+        self._thread.start()
+
+    # -- the request path --------------------------------------------------------------
+
+    def offer(
+        self,
+        version: str,
+        request_id: str,
+        inputs: dict[str, np.ndarray],
+        outputs: dict[str, np.ndarray] | None,
+        error: str | None,
+        parameters: dict[str, Any],
+    ) -> None:
+        """Record one finished request when it is sampled and passes the filters; never
+        blocks (a full queue drops it, counted)."""
+        spec = self.spec
+        if spec.rate < 1.0 and random.random() >= spec.rate:
+            return
+        if spec.status != "all" and (spec.status == "error") != (error is not None):
+            return
+        if spec.versions and version not in spec.versions:
+            return
+        if spec.parameter is not None:
+            key, value = spec.parameter
+            if str(parameters.get(key, "")) != value:
+                return
+        self.sampled += 1
+        entry = Entry(
+            request_id or str(uuid.uuid4()),
+            self.model,
+            version,
+            time.time_ns(),
+            inputs,
+            outputs,
+            error,
+            parameters,
+        )
+        try:
+            self._queue.put_nowait(entry)
+        except queue.Full:
+            self.dropped["queue_full"] += 1
+
+    # -- the writer thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            try:
+                first = self._queue.get(timeout=TICK_S)
+            except queue.Empty:
+                self._sink_call(self.sink.tick)
+                continue
+            batch = [first]
+            while len(batch) < BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(e is None for e in batch)
+            entries = [e for e in batch if e is not None]
+            self._write(entries)
+            self._sink_call(self.sink.tick)
+            if stop:
+                self._sink_call(self.sink.close)
+                return
+
+    def _write(self, entries: list[Entry]) -> None:
+        if not entries:
+            return
+        self._pending += len(entries)
+        try:
+            requests = [events_of(e, self.spec.record, self.source) for e in entries]
+        except Exception as e:  # a tensor that cannot be encoded (should not happen)
+            self._pending -= len(entries)
+            self.dropped["encode_error"] += len(entries)
+            self._warn("encode_error", f"cannot encode a record: {type(e).__name__}: {e}")
+            return
+        self._sink_call(lambda: self.sink.write(requests))
+
+    def _sink_call(self, call: Callable[[], int]) -> None:
+        try:
+            done = call()
+        except SinkError as e:
+            self._pending -= e.lost
+            self.dropped["sink_error"] += e.lost
+            self._warn(
+                "sink_error", f"payload log of model '{self.model}' lost {e.lost} request(s): {e}"
+            )
+            return
+        except Exception as e:  # a sink bug must not end the thread
+            self._warn(
+                "sink_error", f"payload log of model '{self.model}': {type(e).__name__}: {e}"
+            )
+            return
+        self._pending -= done
+        self.written += done
+
+    def _warn(self, kind: str, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last_log.get(kind, -LOG_EVERY_S) >= LOG_EVERY_S:
+            self._last_log[kind] = now
+            log.warning("%s", message)
+
+    # -- control -----------------------------------------------------------------------
+
+    @property
+    def queued(self) -> int:
+        """Requests sampled and neither written nor dropped yet (queued or buffered)."""
+        return self._queue.qsize() + self._pending
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued and buffered, then stop the thread (at most ``timeout``
+        seconds; what is left then is counted as dropped, ``shutdown``)."""
+        if self._closing:
+            return
+        self._closing = True
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._queue.put(None, timeout=max(0.01, deadline - time.monotonic()))
+                break
+            except queue.Full:
+                if time.monotonic() >= deadline:
+                    break
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        left = self.sampled - self.written - sum(self.dropped.values())
+        if left > 0:
+            self.dropped["shutdown"] += left

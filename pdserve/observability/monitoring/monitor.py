@@ -1,0 +1,340 @@
+"""The server's monitoring hook: :class:`Monitor` attaches a :class:`VersionMonitor`
+to each loaded model version whose configuration asks for monitoring, and renders the
+metrics of all of them.
+
+:meth:`VersionMonitor.observe` runs once per finished request (the server calls it
+where a response or an error is produced): it offers the request to the payload logger
+(a non-blocking put) and updates the version's histograms and drift windows.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pdserve import config as cfgmod
+from pdserve.observability.monitoring.distributions import (
+    ClassHistogram,
+    ScoreHistogram,
+    Window,
+    numeric,
+)
+from pdserve.observability.monitoring.drift import Reference, load_reference
+from pdserve.observability.monitoring.logger import PayloadLogger
+from pdserve.observability.monitoring.spec import (
+    DriftSpec,
+    LogSpec,
+    ModelMonitoring,
+    SpecError,
+    parse_parameters,
+)
+
+#: A metric sample: (name, type, help, labels, value) as the metrics exporter takes it.
+Sample = tuple[str, str, str, dict[str, str], float]
+
+NUMERIC_TYPES = frozenset(
+    (
+        "UINT8",
+        "UINT16",
+        "UINT32",
+        "UINT64",
+        "INT8",
+        "INT16",
+        "INT32",
+        "INT64",
+        "FP16",
+        "FP32",
+        "FP64",
+    )
+)
+
+#: name -> (type, help) of every family this module exports.
+METRICS: dict[str, tuple[str, str]] = {
+    "pdserve_payload_log_sampled_total": ("counter", "Requests sampled for the payload log (written + dropped + queued)"),
+    "pdserve_payload_log_written_total": ("counter", "Sampled requests whose records the sink accepted"),
+    "pdserve_payload_log_dropped_total": ("counter", "Sampled requests whose records were dropped, by reason (queue_full, sink_error, encode_error, shutdown)"),
+    "pdserve_payload_log_queue_size": ("gauge", "Sampled requests queued or buffered, not yet written"),
+    "pdserve_prediction_value": ("histogram", "Values of a monitored output"),
+    "pdserve_prediction_out_of_range_total": ("counter", "Values of a monitored output outside its configured range"),
+    "pdserve_prediction_nan_total": ("counter", "NaN values of a monitored output"),
+    "pdserve_prediction_class_total": ("counter", "Rows of a classification output by predicted class (argmax)"),
+    "pdserve_drift_psi": ("gauge", "Population stability index of a tensor's sliding window against its reference"),
+    "pdserve_drift_psi_threshold": ("gauge", "The configured PSI above which a tensor has drifted"),
+    "pdserve_drift_ks_statistic": ("gauge", "Two-sample Kolmogorov-Smirnov statistic of the window against the reference"),
+    "pdserve_drift_ks_pvalue": ("gauge", "Two-sample Kolmogorov-Smirnov p-value of the window against the reference"),
+    "pdserve_drift_window_values": ("gauge", "Values in a tensor's drift window"),
+    "pdserve_version_divergence_psi": ("gauge", "PSI of a version's window against the window of the model's baseline version (the one with the most monitored requests): canary and shadow shift"),
+}  # fmt: skip
+
+
+def _parameters(cfg: Any) -> dict[str, str]:
+    return {k: v.string_value for k, v in cfg.parameters.items()}
+
+
+class _Drift:
+    """One tensor's window and reference (fixed, or the first N values)."""
+
+    def __init__(self, spec: DriftSpec, reference: Reference | None) -> None:
+        self.spec = spec
+        self.reference = reference
+        self.window = Window(spec.window)
+        self._first: list[np.ndarray] = []
+        self._first_count = 0
+
+    def add(self, array: np.ndarray, what: str) -> None:
+        if self.reference is None:  # first:N: fill the reference first
+            flat = np.asarray(array, dtype=np.float64).reshape(-1)
+            self._first.append(flat)
+            self._first_count += len(flat)
+            if self._first_count >= self.spec.first_n:
+                values = np.concatenate(self._first)[: self.spec.first_n]
+                self._first = []
+                try:
+                    self.reference = Reference(values, self.spec.bins, what)
+                except SpecError:  # no finite values among them: start again
+                    self._first_count = 0
+            return
+        self.window.add(array)
+
+
+class VersionMonitor:
+    """What is monitored of one model version.
+
+    Raises (constructor):
+        SpecError: the monitoring settings or the reference file are invalid.
+    """
+
+    def __init__(self, monitor: Monitor, mv: Any, model_dir: Path, spec: ModelMonitoring) -> None:
+        self.model = mv.name
+        self.version = mv.version_str
+        self.spec = spec
+        self.observed = 0
+        cfg = mv.config
+        outputs = {o.name: cfgmod.datatype_of(o) for o in cfg.output}
+        inputs = {i.name: cfgmod.datatype_of(i) for i in cfg.input}
+        self.logger = monitor.logger_for(self.model, spec.log) if spec.log is not None else None
+        self.scores: dict[str, ScoreHistogram] = {}
+        self.classes: dict[str, ClassHistogram] = {}
+        m = spec.metrics
+        if m is not None:
+            for name in (*m.outputs, *m.classification):
+                if outputs.get(name) not in NUMERIC_TYPES:
+                    raise SpecError(f"prediction_metrics: no numeric output named {name!r}")
+            labels = {o.name: o.label_filename for o in cfg.output}
+            for name in m.classification:
+                label_file = labels.get(name)
+                names = (model_dir / label_file).read_text().splitlines() if label_file else None
+                self.classes[name] = ClassHistogram(names, m.max_classes)
+            watched = m.outputs or tuple(
+                n for n, t in outputs.items() if t in NUMERIC_TYPES and n not in m.classification
+            )
+            for name in watched:
+                self.scores[name] = ScoreHistogram(m.bins, m.range)
+        self.drift: dict[str, _Drift] = {}
+        self.drift_inputs: list[str] = []
+        d = spec.drift
+        if d is not None:
+            try:
+                import scipy.stats  # noqa: F401 - the KS test, at scrape time
+            except ImportError as e:
+                raise SpecError(f"drift needs scipy (pdserve[monitoring]): {e}") from None
+            tensors = list(d.tensors) or [n for n, t in outputs.items() if t in NUMERIC_TYPES]
+            for name in tensors:
+                if {**inputs, **outputs}.get(name) not in NUMERIC_TYPES:
+                    raise SpecError(f"drift: no numeric input or output named {name!r}")
+            refs = {} if d.first_n else load_reference(model_dir / d.reference, tensors, d.bins)
+            for name in tensors:
+                self.drift[name] = _Drift(d, refs.get(name))
+            self.drift_inputs = [n for n in tensors if n not in outputs]
+
+    def observe(
+        self, request: Any, outputs: dict[str, np.ndarray] | None, error: BaseException | None
+    ) -> None:
+        """One finished request: ``outputs`` on success, ``error`` on failure."""
+        self.observed += 1
+        if self.logger is not None:
+            message = (
+                None
+                if error is None
+                else (getattr(error, "message", None) or str(error) or type(error).__name__)
+            )
+            self.logger.offer(
+                self.version, request.id, request.inputs, outputs, message, request.parameters
+            )
+        if outputs is None:
+            return
+        for name, h in self.scores.items():
+            a = outputs.get(name)
+            if a is not None and numeric(a):
+                h.add(a)
+        for name, c in self.classes.items():
+            a = outputs.get(name)
+            if a is not None and numeric(a):
+                c.add(a)
+        for name, d in self.drift.items():
+            a = outputs.get(name)
+            if a is None:
+                a = request.inputs.get(name)
+            if a is not None and numeric(a):
+                d.add(a, f"drift: first values of {name!r}")
+
+    def samples(self) -> list[Sample]:
+        """The version's distribution and drift samples."""
+        base = {"model": self.model, "version": self.version}
+        out: list[Sample] = []
+
+        def add(name: str, labels: dict[str, str], value: float) -> None:
+            kind, doc = METRICS[
+                name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
+            ]
+            out.append((name, kind, doc, labels, value))
+
+        for name, h in self.scores.items():
+            labels = {**base, "output": name}
+            for le, n in h.cumulative():
+                add("pdserve_prediction_value_bucket", {**labels, "le": le}, n)
+            add("pdserve_prediction_value_sum", labels, h.sum)
+            add("pdserve_prediction_value_count", labels, h.count)
+            if h.range is not None:
+                add("pdserve_prediction_out_of_range_total", labels, h.out_of_range)
+            add("pdserve_prediction_nan_total", labels, h.nan)
+        for name, c in self.classes.items():
+            for label, n in c.items():
+                add("pdserve_prediction_class_total", {**base, "output": name, "class": label}, n)
+        for name, d in self.drift.items():
+            labels = {**base, "tensor": name}
+            window = d.window.values()
+            add("pdserve_drift_window_values", labels, len(window))
+            if d.reference is None or len(window) < d.spec.min_values:
+                continue
+            add("pdserve_drift_psi", labels, d.reference.psi(window))
+            add("pdserve_drift_psi_threshold", labels, d.spec.threshold)
+            stat, p = d.reference.ks(window)
+            add("pdserve_drift_ks_statistic", labels, stat)
+            add("pdserve_drift_ks_pvalue", labels, p)
+        return out
+
+
+class Monitor:
+    """The server's monitoring hook (``InferenceServer.monitor``) and metrics source.
+
+    Args:
+        default_log: the ``payload_log`` of models that set none (``--payload-log``).
+        source: the events' ``source`` attribute (default ``pdserve://<hostname>``).
+    """
+
+    def __init__(self, default_log: str | None = None, source: str | None = None) -> None:
+        if default_log:
+            LogSpec.parse(default_log, "--payload-log")  # SpecError at start, not per model
+        self.default_log = default_log
+        self.source = source or f"pdserve://{socket.gethostname()}"
+        self.versions: dict[tuple[str, str], VersionMonitor] = {}
+        self.loggers: dict[tuple[str, LogSpec], PayloadLogger] = {}
+
+    def attach(self, mv: Any, model_dir: Path) -> VersionMonitor | None:
+        """The monitor of a freshly loaded version; None when nothing is monitored.
+
+        Raises:
+            SpecError: a malformed setting, a missing / invalid reference file, or a
+                sink whose package is missing (the version's load fails with it).
+        """
+        spec = parse_parameters(_parameters(mv.config), self.default_log)
+        if not spec.active:
+            self.versions.pop((mv.name, mv.version_str), None)
+            return None
+        vm = VersionMonitor(self, mv, model_dir, spec)
+        self.versions[(mv.name, mv.version_str)] = vm
+        return vm
+
+    def logger_for(self, model: str, spec: LogSpec) -> PayloadLogger:
+        """The payload logger of ``model`` with ``spec`` (one per model and spec).
+
+        Raises:
+            SpecError: the sink's package is missing.
+        """
+        key = (model, spec)
+        logger = self.loggers.get(key)
+        if logger is None:
+            try:
+                logger = PayloadLogger(model, spec, self.source)
+            except ImportError as e:
+                raise SpecError(
+                    f"payload_log: sink {spec.sink.kind} needs a package: {e}"
+                ) from None
+            self.loggers[key] = logger
+        return logger
+
+    def samples(self) -> list[Sample]:
+        """Every monitoring sample, read at each scrape."""
+        out: list[Sample] = []
+        for (model, _), logger in sorted(self.loggers.items(), key=lambda kv: kv[0][0]):
+            labels = {"model": model}
+            for name, value in (
+                ("pdserve_payload_log_sampled_total", logger.sampled),
+                ("pdserve_payload_log_written_total", logger.written),
+                ("pdserve_payload_log_queue_size", logger.queued),
+            ):
+                kind, doc = METRICS[name]
+                out.append((name, kind, doc, labels, value))
+            kind, doc = METRICS["pdserve_payload_log_dropped_total"]
+            for reason in ("queue_full", "sink_error", "encode_error", "shutdown"):
+                out.append(
+                    (
+                        "pdserve_payload_log_dropped_total",
+                        kind,
+                        doc,
+                        {**labels, "reason": reason},
+                        logger.dropped[reason],
+                    )
+                )
+        for _, vm in sorted(self.versions.items()):
+            out += vm.samples()
+        out += self.divergence()
+        return out
+
+    def divergence(self) -> list[Sample]:
+        """PSI of each version's drift window against the baseline version's (the
+        version of the model with the most monitored requests)."""
+        by_model: dict[str, list[VersionMonitor]] = {}
+        for (model, _), vm in self.versions.items():
+            if vm.drift:
+                by_model.setdefault(model, []).append(vm)
+        out: list[Sample] = []
+        kind, doc = METRICS["pdserve_version_divergence_psi"]
+        for model, vms in sorted(by_model.items()):
+            if len(vms) < 2:
+                continue
+            base = max(vms, key=lambda v: v.observed)
+            for name, bd in base.drift.items():
+                ref_values = bd.window.values()
+                if len(ref_values) < bd.spec.min_values:
+                    continue
+                try:
+                    ref = Reference(ref_values, bd.spec.bins, name)
+                except SpecError:
+                    continue
+                for vm in vms:
+                    d = vm.drift.get(name)
+                    if vm is base or d is None:
+                        continue
+                    window = d.window.values()
+                    if len(window) < d.spec.min_values:
+                        continue
+                    labels = {
+                        "model": model,
+                        "version": vm.version,
+                        "baseline": base.version,
+                        "tensor": name,
+                    }
+                    out.append(
+                        ("pdserve_version_divergence_psi", kind, doc, labels, ref.psi(window))
+                    )
+        return out
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what the payload loggers hold and stop their threads."""
+        for logger in self.loggers.values():
+            logger.close(timeout)
