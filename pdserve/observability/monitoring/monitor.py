@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -107,7 +108,9 @@ class VersionMonitor:
         SpecError: the monitoring settings or the reference file are invalid.
     """
 
-    def __init__(self, monitor: Monitor, mv: Any, model_dir: Path, spec: ModelMonitoring) -> None:
+    def __init__(
+        self, monitor: Monitor | None, mv: Any, model_dir: Path, spec: ModelMonitoring
+    ) -> None:
         self.model = mv.name
         self.version = mv.version_str
         self.spec = spec
@@ -115,7 +118,9 @@ class VersionMonitor:
         cfg = mv.config
         outputs = {o.name: cfgmod.datatype_of(o) for o in cfg.output}
         inputs = {i.name: cfgmod.datatype_of(i) for i in cfg.input}
-        self.logger = monitor.logger_for(self.model, spec.log) if spec.log is not None else None
+        self.logger = None
+        if monitor is not None and spec.log is not None:
+            self.logger = monitor.logger_for(self.model, spec.log)
         self.scores: dict[str, ScoreHistogram] = {}
         self.classes: dict[str, ClassHistogram] = {}
         m = spec.metrics
@@ -216,6 +221,21 @@ class VersionMonitor:
             add("pdserve_drift_ks_statistic", labels, stat)
             add("pdserve_drift_ks_pvalue", labels, p)
         return out
+
+
+def validate(cfg: Any, model_dir: Path) -> ModelMonitoring:
+    """Check a model's monitoring parameters and reference file as a load would
+    (``pdserve check``), without starting a payload logger.
+
+    Raises:
+        SpecError: what would fail the load.
+    """
+    spec = parse_parameters(_parameters(cfg))
+    if spec.active:
+        VersionMonitor(
+            None, SimpleNamespace(name=cfg.name, version_str="", config=cfg), model_dir, spec
+        )
+    return spec
 
 
 class Monitor:
