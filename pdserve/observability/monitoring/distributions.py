@@ -1,5 +1,4 @@
-"""Prediction distributions with bounded memory, updated per response with a few
-numpy calls: :class:`ScoreHistogram` (fixed buckets: Prometheus' ``histogram_quantile``
+"""Prediction distributions with bounded memory, updated per response with one copy: :class:`ScoreHistogram` (fixed buckets: Prometheus' ``histogram_quantile``
 over ``rate(...[5m])`` gives streaming quantiles; values outside a configured range are
 counted), :class:`ClassHistogram` (argmax per row, at most ``max_classes`` labels plus
 ``other``) and :class:`Window` (the last N values of a tensor, for drift).
@@ -21,9 +20,18 @@ def numeric(array: np.ndarray) -> bool:
     return array.dtype.kind in "iuf"
 
 
+#: Values a score histogram holds before it folds them into its buckets.
+PENDING = 1 << 16
+
+
 class ScoreHistogram:
     """Counts of an output's values per bucket (upper bounds ``bounds``, then +Inf),
-    their sum, and the values outside ``range``."""
+    their sum, and the values outside ``range``.
+
+    :meth:`add` only copies the values into a fixed buffer; they are counted in bulk
+    (:meth:`fold`) when it is full and before every read, so the per-response cost is
+    one copy whatever the number of buckets.
+    """
 
     def __init__(self, bounds: Sequence[float], value_range: tuple[float, float] | None) -> None:
         self.bounds = np.asarray(bounds, dtype=np.float64)
@@ -32,29 +40,48 @@ class ScoreHistogram:
         self.range = value_range
         self.out_of_range = 0
         self.nan = 0
+        self._pending = np.empty(PENDING, dtype=np.float64)
+        self._n = 0
 
     @property
     def count(self) -> int:
         """Values counted (NaN excluded)."""
+        self.fold()
         return int(self.counts.sum())
 
     def add(self, array: np.ndarray) -> None:
         """Count every value of ``array`` (any shape); NaNs are counted apart."""
-        values = array.reshape(-1)
-        if values.dtype.kind == "f":
-            nan = np.isnan(values)
-            if nan.any():
-                self.nan += int(nan.sum())
-                values = values[~nan]
+        flat = array.reshape(-1)
+        n = len(flat)
+        if self._n + n > PENDING:
+            self.fold()
+            if n > PENDING:
+                self._count(flat.astype(np.float64))
+                return
+        self._pending[self._n : self._n + n] = flat
+        self._n += n
+
+    def fold(self) -> None:
+        """Count the buffered values into the buckets."""
+        if self._n:
+            self._count(self._pending[: self._n])
+            self._n = 0
+
+    def _count(self, values: np.ndarray) -> None:
+        nan = np.isnan(values)
+        if nan.any():
+            self.nan += int(nan.sum())
+            values = values[~nan]
         idx = np.searchsorted(self.bounds, values, side="left")
         self.counts += np.bincount(idx, minlength=len(self.counts))
-        self.sum += float(values.sum(dtype=np.float64))
+        self.sum += float(values.sum())
         if self.range is not None:
             low, high = self.range
             self.out_of_range += int(np.count_nonzero((values < low) | (values > high)))
 
     def cumulative(self) -> list[tuple[str, int]]:
         """``(le, cumulative count)`` per bucket, +Inf last (Prometheus' histogram)."""
+        self.fold()
         cum = np.cumsum(self.counts)
         les = [repr(float(b)) for b in self.bounds] + ["+Inf"]
         return list(zip(les, (int(c) for c in cum), strict=True))

@@ -13,7 +13,7 @@ length-prefixed), which :func:`tensor_from_row` decodes.
 from __future__ import annotations
 
 import base64
-import datetime as dt
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,49 +52,60 @@ class Event:
     error: str | None = None
 
 
+_second: list[object] = [None, ""]  #: the last second formatted: [epoch second, text]
+
+
 def _rfc3339(time_ns: int) -> str:
-    t = dt.datetime.fromtimestamp(time_ns / 1e9, tz=dt.UTC)
-    return t.isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """``2026-12-07T04:12:26.255185Z`` (the date and time part cached per second)."""
+    sec, ns = divmod(time_ns, 1_000_000_000)
+    if _second[0] != sec:
+        _second[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+        _second[0] = sec
+    return f"{_second[1]}.{ns // 1000:06d}Z"
 
 
 def events_of(entry: Entry, record: str, source: str, namespace: str = "") -> list[Event]:
     """The events of ``entry``: request and response (``record`` ``all``), one of them
     (``inputs`` / ``outputs``), or both without tensors (``metadata``)."""
-    common = {
-        "specversion": SPEC_VERSION,
-        "id": entry.id,
-        "source": source,
-        "time": _rfc3339(entry.time_ns),
-        "datacontenttype": CONTENT_TYPE,
-        "inferenceservicename": entry.model,
-        "namespace": namespace,
-        "component": "predictor",
-        "endpoint": "",
-        "modelname": entry.model,
-        "modelversion": entry.version,
-    }
+    when = _rfc3339(entry.time_ns)
     events = []
-    if record in ("all", "inputs", "metadata"):
-        tensors = None if record == "metadata" else entry.inputs
-        events.append(Event({**common, "type": REQUEST_TYPE}, tensors))
-    if record in ("all", "outputs", "metadata"):
-        tensors = None if record == "metadata" else entry.outputs
-        events.append(Event({**common, "type": RESPONSE_TYPE}, tensors, entry.error))
+    for kind, tensors, error in (
+        (REQUEST_TYPE, entry.inputs, None),
+        (RESPONSE_TYPE, entry.outputs, entry.error),
+    ):
+        if record == ("outputs" if kind == REQUEST_TYPE else "inputs"):
+            continue
+        attributes = {
+            "specversion": SPEC_VERSION,
+            "id": entry.id,
+            "source": source,
+            "type": kind,
+            "time": when,
+            "datacontenttype": CONTENT_TYPE,
+            "inferenceservicename": entry.model,
+            "namespace": namespace,
+            "component": "predictor",
+            "endpoint": "",
+            "modelname": entry.model,
+            "modelversion": entry.version,
+        }
+        events.append(Event(attributes, None if record == "metadata" else tensors, error))
     return events
 
 
 def tensor_json(name: str, array: np.ndarray) -> dict[str, Any]:
-    """A V2 JSON tensor: numbers row-major, BYTES elements base64 (strings)."""
-    datatype = "BYTES" if array.dtype.kind in "OSU" else numpy_to_v2(array.dtype)
-    if datatype == "BYTES":
-        flat = array.reshape(-1)
-        data: list[Any] = [
-            base64.b64encode(x if isinstance(x, bytes) else str(x).encode()).decode() for x in flat
+    """A V2 JSON tensor: numbers row-major, BYTES elements base64 (strings). Numeric
+    ``data`` stays a numpy array: serialise with ``orjson.OPT_SERIALIZE_NUMPY``."""
+    if array.dtype.kind in "OSU":
+        data: Any = [
+            base64.b64encode(x if isinstance(x, bytes) else str(x).encode()).decode()
+            for x in array.reshape(-1)
         ]
-    elif datatype == "FP16":
-        data = array.astype(np.float32).reshape(-1).tolist()
-    else:
-        data = array.reshape(-1).tolist()
+        return {"name": name, "datatype": "BYTES", "shape": list(array.shape), "data": data}
+    datatype = numpy_to_v2(array.dtype)
+    data = np.ascontiguousarray(array.reshape(-1))
+    if data.dtype.byteorder == ">":
+        data = data.astype(data.dtype.newbyteorder("<"))
     return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": data}
 
 

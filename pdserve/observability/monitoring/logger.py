@@ -11,12 +11,11 @@ requests are dropped and counted (``sink_error``) with a log line at most every
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -54,12 +53,19 @@ class PayloadLogger:
         self.spec = spec
         self.source = source
         self.sink = sink if sink is not None else make_sink(spec, model)
-        self._queue: queue.Queue[Entry | None] = queue.Queue(spec.queue)
+        #: the bounded queue: a deque the request path appends to (``len`` checked first)
+        #: and the writer thread pops from; ``_wake`` rouses a writer that waits idle.
+        self._queue: deque[Entry] = deque()
+        self._limit = spec.queue
+        self._wake = threading.Event()
+        self._idle = False
         self.sampled = 0
         self.written = 0
         self.dropped: Counter[str] = Counter()
         self._pending = 0  #: taken from the queue, not yet written or dropped
         self._last_log: dict[str, float] = {}
+        self._ids = f"{uuid.uuid4().hex[:12]}-"  #: ids of requests without one: prefix-N
+        self._next_id = 0
         self._thread = threading.Thread(target=self._run, name=f"payload-log-{model}", daemon=True)
         self._closing = False
         self._thread.start()
@@ -89,41 +95,35 @@ class PayloadLogger:
             if str(parameters.get(key, "")) != value:
                 return
         self.sampled += 1
-        entry = Entry(
-            request_id or str(uuid.uuid4()),
-            self.model,
-            version,
-            time.time_ns(),
-            inputs,
-            outputs,
-            error,
-            parameters,
-        )
-        try:
-            self._queue.put_nowait(entry)
-        except queue.Full:
+        if len(self._queue) >= self._limit:
             self.dropped["queue_full"] += 1
+            return
+        self._queue.append(
+            Entry(
+                request_id, self.model, version, time.time_ns(), inputs, outputs, error, parameters
+            )
+        )
+        if self._idle:
+            self._idle = False
+            self._wake.set()
 
     # -- the writer thread -------------------------------------------------------------
 
     def _run(self) -> None:
+        q = self._queue
         while True:
-            try:
-                first = self._queue.get(timeout=TICK_S)
-            except queue.Empty:
-                self._sink_call(self.sink.tick)
-                continue
-            batch = [first]
-            while len(batch) < BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = any(e is None for e in batch)
-            entries = [e for e in batch if e is not None]
-            self._write(entries)
+            if not q:
+                self._idle = True
+                if not q and not self._closing:  # (an append may have come in between)
+                    self._wake.wait(TICK_S)
+                self._wake.clear()
+                self._idle = False
+            batch: list[Entry] = []
+            while q and len(batch) < BATCH:
+                batch.append(q.popleft())
+            self._write(batch)
             self._sink_call(self.sink.tick)
-            if stop:
+            if self._closing and not q:
                 self._sink_call(self.sink.close)
                 return
 
@@ -131,6 +131,10 @@ class PayloadLogger:
         if not entries:
             return
         self._pending += len(entries)
+        for e in entries:
+            if not e.id:
+                self._next_id += 1
+                e.id = f"{self._ids}{self._next_id}"
         try:
             requests = [events_of(e, self.spec.record, self.source) for e in entries]
         except Exception as e:  # a tensor that cannot be encoded (should not happen)
@@ -169,7 +173,7 @@ class PayloadLogger:
     @property
     def queued(self) -> int:
         """Requests sampled and neither written nor dropped yet (queued or buffered)."""
-        return self._queue.qsize() + self._pending
+        return len(self._queue) + self._pending
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued and buffered, then stop the thread (at most ``timeout``
@@ -177,15 +181,8 @@ class PayloadLogger:
         if self._closing:
             return
         self._closing = True
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self._queue.put(None, timeout=max(0.01, deadline - time.monotonic()))
-                break
-            except queue.Full:
-                if time.monotonic() >= deadline:
-                    break
-        self._thread.join(max(0.0, deadline - time.monotonic()))
+        self._wake.set()
+        self._thread.join(timeout)
         left = self.sampled - self.written - sum(self.dropped.values())
         if left > 0:
             self.dropped["shutdown"] += left

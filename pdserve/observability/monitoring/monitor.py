@@ -94,7 +94,7 @@ class _Drift:
                 values = np.concatenate(self._first)[: self.spec.first_n]
                 self._first = []
                 try:
-                    self.reference = Reference(values, self.spec.bins, what)
+                    self.reference = Reference(values, self.spec.bins, f"drift: first {what!r}")
                 except SpecError:  # no finite values among them: start again
                     self._first_count = 0
             return
@@ -184,7 +184,7 @@ class VersionMonitor:
             if a is None:
                 a = request.inputs.get(name)
             if a is not None and numeric(a):
-                d.add(a, f"drift: first values of {name!r}")
+                d.add(a, name)
 
     def samples(self) -> list[Sample]:
         """The version's distribution and drift samples."""
@@ -198,6 +198,7 @@ class VersionMonitor:
             out.append((name, kind, doc, labels, value))
 
         for name, h in self.scores.items():
+            h.fold()
             labels = {**base, "output": name}
             for le, n in h.cumulative():
                 add("pdserve_prediction_value_bucket", {**labels, "le": le}, n)
