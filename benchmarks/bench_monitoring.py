@@ -9,7 +9,8 @@ Variants, each a repository whose ``tiny`` differs only in its monitoring parame
 ``off``
     no monitoring (``bench_frontend.py``'s repository as it is).
 ``log100`` / ``log1``
-    ``payload_log`` ``sink=jsonl:DIR,rate=1`` (or ``rate=0.01``), ``record=all``.
+    ``payload_log`` ``sink=jsonl:DIR,rate=1`` (or ``rate=0.01``), ``record=all``,
+    ``roll_secs=1`` (a file written every second during the run).
 ``metrics``
     ``prediction_metrics`` ``bins=0:10:40,range=0:5`` and ``drift``
     ``reference=first:2000,window=10000`` (histogram, out-of-range count, drift window).
@@ -20,7 +21,8 @@ Variants, each a repository whose ``tiny`` differs only in its monitoring parame
 
 Variants are interleaved per round (``--repeats``, default 4) so drift on a loaded
 machine hits all of them; medians are reported with the ratio of each variant's
-requests/s and p99 to ``off``. The payload log's counters are read from ``/metrics``
+requests/s, p99 and server CPU-seconds per request to ``off`` (on a shared machine the
+CPU per request moves least). The payload log's counters are read from ``/metrics``
 after each run (written / dropped per sampled request).
 
 Usage::
@@ -64,8 +66,8 @@ def variant_repo(base: Path, name: str, stall_port: int) -> Path:
     shutil.rmtree(logs, ignore_errors=True)
     extra = {
         "off": "",
-        "log100": _param("payload_log", f"sink=jsonl:{logs},rate=1,record=all"),
-        "log1": _param("payload_log", f"sink=jsonl:{logs},rate=0.01,record=all"),
+        "log100": _param("payload_log", f"sink=jsonl:{logs},rate=1,record=all,roll_secs=1"),
+        "log1": _param("payload_log", f"sink=jsonl:{logs},rate=0.01,record=all,roll_secs=1"),
         "metrics": _param("prediction_metrics", "bins=0:10:40,range=0:5")
         + _param("drift", "reference=first:2000,window=10000"),
         "stalled": _param("payload_log", f"sink=kafka://127.0.0.1:{stall_port}/t,queue=1000"),
@@ -125,7 +127,8 @@ def summarise(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, An
     out: dict[str, dict[str, Any]] = {}
     for name in rounds[0]:
         runs = [r[name] for r in rounds if name in r]
-        med = {k: statistics.median(float(x[k]) for x in runs) for k in ("rps", "p50_ms", "p99_ms")}
+        keys = ("rps", "p50_ms", "p99_ms", "cpu_us_per_request")
+        med = {k: statistics.median(float(x[k]) for x in runs) for k in keys}
         med["rps_range"] = [min(float(x["rps"]) for x in runs), max(float(x["rps"]) for x in runs)]
         out[name] = med
     off = out.get("off")
@@ -133,6 +136,7 @@ def summarise(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, An
         if off:
             med["rps_ratio"] = round(med["rps"] / off["rps"], 3)
             med["p99_ratio"] = round(med["p99_ms"] / off["p99_ms"], 3)
+            med["cpu_ratio"] = round(med["cpu_us_per_request"] / off["cpu_us_per_request"], 3)
             # per-round ratios against the same round's off: their spread is the noise
             med["rps_ratio_rounds"] = [
                 round(float(r[name]["rps"]) / float(r["off"]["rps"]), 3)
@@ -146,14 +150,15 @@ def markdown(summary: dict[str, dict[str, Any]], rounds: int, args: Any) -> str:
     lines = [
         f"c={args.concurrency}, {args.duration:g} s per run, {rounds} alternated rounds, medians",
         "",
-        "| variant | req/s | x off | per-round x off | p50 ms | p99 ms | p99 x off |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | req/s | x off | per-round x off | p50 ms | p99 ms | p99 x off "
+        "| server CPU-us/req | x off |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in summary.items():
         lines.append(
             f"| {name} | {m['rps']:.0f} | {m.get('rps_ratio', '')} | "
             f"{m.get('rps_ratio_rounds', '')} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | "
-            f"{m.get('p99_ratio', '')} |"
+            f"{m.get('p99_ratio', '')} | {m['cpu_us_per_request']:.1f} | {m.get('cpu_ratio', '')} |"
         )
     return "\n".join(lines)
 

@@ -40,6 +40,7 @@ class Entry:
     outputs: dict[str, np.ndarray] | None
     error: str | None
     parameters: dict[str, Any]
+    size: int = 0  #: tensor bytes held (the queue's byte bound)
 
 
 @dataclass(slots=True)

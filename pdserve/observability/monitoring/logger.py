@@ -57,6 +57,9 @@ class PayloadLogger:
         #: and the writer thread pops from; ``_wake`` rouses a writer that waits idle.
         self._queue: deque[Entry] = deque()
         self._limit = spec.queue
+        #: tensor bytes queued = _bytes_in (request path only) - _bytes_out (writer only)
+        self._bytes_in = 0
+        self._bytes_out = 0
         self._wake = threading.Event()
         self._idle = False
         self.sampled = 0
@@ -95,12 +98,31 @@ class PayloadLogger:
             if str(parameters.get(key, "")) != value:
                 return
         self.sampled += 1
-        if len(self._queue) >= self._limit:
+        size = 0
+        if spec.record != "metadata":
+            for a in inputs.values():
+                size += a.nbytes
+            if outputs is not None:
+                for a in outputs.values():
+                    size += a.nbytes
+        if (
+            len(self._queue) >= self._limit
+            or self._bytes_in + size - self._bytes_out > spec.queue_bytes
+        ):
             self.dropped["queue_full"] += 1
             return
+        self._bytes_in += size
         self._queue.append(
             Entry(
-                request_id, self.model, version, time.time_ns(), inputs, outputs, error, parameters
+                request_id,
+                self.model,
+                version,
+                time.time_ns(),
+                inputs,
+                outputs,
+                error,
+                parameters,
+                size,
             )
         )
         if self._idle:
@@ -120,7 +142,9 @@ class PayloadLogger:
                 self._idle = False
             batch: list[Entry] = []
             while q and len(batch) < BATCH:
-                batch.append(q.popleft())
+                entry = q.popleft()
+                self._bytes_out += entry.size
+                batch.append(entry)
             self._write(batch)
             self._sink_call(self.sink.tick)
             if self._closing and not q:

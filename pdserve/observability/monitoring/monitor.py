@@ -71,6 +71,21 @@ METRICS: dict[str, tuple[str, str]] = {
 }  # fmt: skip
 
 
+#: A sample before its type and help are added: (name, labels, value).
+Row = tuple[str, dict[str, str], float]
+
+
+def _samples(rows: list[Row]) -> list[Sample]:
+    """Rows with their type and help from :data:`METRICS` (a histogram's ``_bucket`` /
+    ``_sum`` / ``_count`` rows from its family's)."""
+    out: list[Sample] = []
+    for name, labels, value in rows:
+        family = name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
+        kind, doc = METRICS[family if family in METRICS else name]
+        out.append((name, kind, doc, labels, value))
+    return out
+
+
 def _parameters(cfg: Any) -> dict[str, str]:
     return {k: v.string_value for k, v in cfg.parameters.items()}
 
@@ -189,39 +204,35 @@ class VersionMonitor:
     def samples(self) -> list[Sample]:
         """The version's distribution and drift samples."""
         base = {"model": self.model, "version": self.version}
-        out: list[Sample] = []
-
-        def add(name: str, labels: dict[str, str], value: float) -> None:
-            kind, doc = METRICS[
-                name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
-            ]
-            out.append((name, kind, doc, labels, value))
+        rows: list[Row] = []
 
         for name, h in self.scores.items():
             h.fold()
             labels = {**base, "output": name}
             for le, n in h.cumulative():
-                add("pdserve_prediction_value_bucket", {**labels, "le": le}, n)
-            add("pdserve_prediction_value_sum", labels, h.sum)
-            add("pdserve_prediction_value_count", labels, h.count)
+                rows.append(("pdserve_prediction_value_bucket", {**labels, "le": le}, n))
+            rows.append(("pdserve_prediction_value_sum", labels, h.sum))
+            rows.append(("pdserve_prediction_value_count", labels, h.count))
             if h.range is not None:
-                add("pdserve_prediction_out_of_range_total", labels, h.out_of_range)
-            add("pdserve_prediction_nan_total", labels, h.nan)
+                rows.append(("pdserve_prediction_out_of_range_total", labels, h.out_of_range))
+            rows.append(("pdserve_prediction_nan_total", labels, h.nan))
         for name, c in self.classes.items():
             for label, n in c.items():
-                add("pdserve_prediction_class_total", {**base, "output": name, "class": label}, n)
+                rows.append(
+                    ("pdserve_prediction_class_total", {**base, "output": name, "class": label}, n)
+                )
         for name, d in self.drift.items():
             labels = {**base, "tensor": name}
             window = d.window.values()
-            add("pdserve_drift_window_values", labels, len(window))
+            rows.append(("pdserve_drift_window_values", labels, len(window)))
             if d.reference is None or len(window) < d.spec.min_values:
                 continue
-            add("pdserve_drift_psi", labels, d.reference.psi(window))
-            add("pdserve_drift_psi_threshold", labels, d.spec.threshold)
+            rows.append(("pdserve_drift_psi", labels, d.reference.psi(window)))
+            rows.append(("pdserve_drift_psi_threshold", labels, d.spec.threshold))
             stat, p = d.reference.ks(window)
-            add("pdserve_drift_ks_statistic", labels, stat)
-            add("pdserve_drift_ks_pvalue", labels, p)
-        return out
+            rows.append(("pdserve_drift_ks_statistic", labels, stat))
+            rows.append(("pdserve_drift_ks_pvalue", labels, p))
+        return _samples(rows)
 
 
 def validate(cfg: Any, model_dir: Path) -> ModelMonitoring:
@@ -290,41 +301,34 @@ class Monitor:
 
     def samples(self) -> list[Sample]:
         """Every monitoring sample, read at each scrape."""
-        out: list[Sample] = []
+        rows: list[Row] = []
         for (model, _), logger in sorted(self.loggers.items(), key=lambda kv: kv[0][0]):
-            labels = {"model": model}
-            for name, value in (
-                ("pdserve_payload_log_sampled_total", logger.sampled),
-                ("pdserve_payload_log_written_total", logger.written),
-                ("pdserve_payload_log_queue_size", logger.queued),
-            ):
-                kind, doc = METRICS[name]
-                out.append((name, kind, doc, labels, value))
-            kind, doc = METRICS["pdserve_payload_log_dropped_total"]
+            rows.append(("pdserve_payload_log_sampled_total", {"model": model}, logger.sampled))
+            rows.append(("pdserve_payload_log_written_total", {"model": model}, logger.written))
+            rows.append(("pdserve_payload_log_queue_size", {"model": model}, logger.queued))
             for reason in ("queue_full", "sink_error", "encode_error", "shutdown"):
-                out.append(
+                dropped = logger.dropped[reason]
+                rows.append(
                     (
                         "pdserve_payload_log_dropped_total",
-                        kind,
-                        doc,
-                        {**labels, "reason": reason},
-                        logger.dropped[reason],
+                        {"model": model, "reason": reason},
+                        dropped,
                     )
                 )
+        out = _samples(rows)
         for _, vm in sorted(self.versions.items()):
             out += vm.samples()
-        out += self.divergence()
+        out += _samples(self.divergence())
         return out
 
-    def divergence(self) -> list[Sample]:
+    def divergence(self) -> list[Row]:
         """PSI of each version's drift window against the baseline version's (the
         version of the model with the most monitored requests)."""
         by_model: dict[str, list[VersionMonitor]] = {}
         for (model, _), vm in self.versions.items():
             if vm.drift:
                 by_model.setdefault(model, []).append(vm)
-        out: list[Sample] = []
-        kind, doc = METRICS["pdserve_version_divergence_psi"]
+        out: list[Row] = []
         for model, vms in sorted(by_model.items()):
             if len(vms) < 2:
                 continue
@@ -350,9 +354,7 @@ class Monitor:
                         "baseline": base.version,
                         "tensor": name,
                     }
-                    out.append(
-                        ("pdserve_version_divergence_psi", kind, doc, labels, ref.psi(window))
-                    )
+                    out.append(("pdserve_version_divergence_psi", labels, ref.psi(window)))
         return out
 
     def close(self, timeout: float = 10.0) -> None:

@@ -132,6 +132,7 @@ class LogSpec:
         versions: record only these versions (empty: all).
         parameter: record only requests whose parameter ``[0]`` equals ``[1]``.
         queue: bound of the queue between the request path and the sink (requests).
+        queue_bytes: ... and of the tensor bytes it holds (``queue_mb``).
         roll_bytes: files: a file is closed once this many bytes are in it.
         roll_secs: files: ... or once its first record is this old.
     """
@@ -143,6 +144,7 @@ class LogSpec:
     versions: frozenset[str] = frozenset()
     parameter: tuple[str, str] | None = None
     queue: int = 10000
+    queue_bytes: int = 256 << 20
     roll_bytes: int = 64 << 20
     roll_secs: float = 60.0
 
@@ -154,6 +156,7 @@ class LogSpec:
         "versions",
         "parameter",
         "queue",
+        "queue_mb",
         "roll_mb",
         "roll_secs",
     )
@@ -190,6 +193,7 @@ class LogSpec:
             versions=frozenset(v for v in items.get("versions", "").split("|") if v),
             parameter=parameter,
             queue=_int(items, "queue", 10000, what),
+            queue_bytes=int(_float(items, "queue_mb", 256.0, what) * (1 << 20)) or 1,
             roll_bytes=int(_float(items, "roll_mb", 64.0, what) * (1 << 20)) or 1,
             roll_secs=roll_secs,
         )

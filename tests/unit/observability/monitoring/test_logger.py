@@ -89,3 +89,17 @@ def test_filters_and_rate(tmp_path: Path) -> None:
     assert 350 < sampled.sampled < 650
     sampled.sink.release.set()  # type: ignore[attr-defined]
     sampled.close(5)
+
+
+def test_the_queue_is_bounded_in_bytes_too() -> None:
+    sink = StalledSink()
+    logger = PayloadLogger("m", _spec("sink=jsonl:/unused,queue_mb=1"), "s", sink)
+    big = {"IN": np.zeros((1, 128 * 1024), np.float32)}  # 512 KiB
+    for i in range(10):
+        logger.offer("1", f"r{i}", big, None, None, {})
+    # 2 fit in 1 MiB, and one more each time the (stalled) thread takes a batch
+    assert logger.dropped["queue_full"] >= 10 - 4
+    assert logger.sampled == 10
+    sink.release.set()
+    logger.close(5)
+    assert logger.sampled == logger.written + logger.dropped["queue_full"]
