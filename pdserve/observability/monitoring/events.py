@@ -103,15 +103,22 @@ def tensor_json(name: str, array: np.ndarray) -> dict[str, Any]:
             for x in array.reshape(-1)
         ]
         return {"name": name, "datatype": "BYTES", "shape": list(array.shape), "data": data}
-    datatype = numpy_to_v2(array.dtype)
-    data = np.ascontiguousarray(array.reshape(-1))
+    datatype = _V2.get(array.dtype)
+    if datatype is None:
+        datatype = _V2[array.dtype] = numpy_to_v2(array.dtype)
+    data = array.reshape(-1)  # a view when contiguous, else a contiguous copy
     if data.dtype.byteorder == ">":
         data = data.astype(data.dtype.newbyteorder("<"))
     return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": data}
 
 
+#: numpy dtype -> V2 datatype, filled as dtypes are met.
+_V2: dict[np.dtype, str] = {}
+
+
 def event_json(event: Event) -> dict[str, Any]:
-    """A structured-mode CloudEvent (JSON object) with its V2 body as ``data``."""
+    """A structured-mode CloudEvent (JSON object) with its V2 body as ``data`` (the
+    event's own attribute dict, ``data`` added: encode an event once)."""
     attrs = event.attributes
     body: dict[str, Any] = {
         "id": attrs["id"],
@@ -123,7 +130,9 @@ def event_json(event: Event) -> dict[str, Any]:
     elif event.tensors is not None:
         key = "inputs" if attrs["type"] == REQUEST_TYPE else "outputs"
         body[key] = [tensor_json(n, a) for n, a in event.tensors.items()]
-    return {**attrs, "data": body}
+    doc: dict[str, Any] = attrs  # an event is encoded once: its attributes become the document
+    doc["data"] = body
+    return doc
 
 
 def tensor_from_json(doc: dict[str, Any]) -> np.ndarray:
@@ -153,7 +162,9 @@ def kafka_headers(event: Event) -> list[tuple[str, bytes]]:
     """The CloudEvents Kafka binding's binary-mode headers: ``ce_<attribute>`` and
     ``content-type``."""
     headers = [
-        ("ce_" + k, v.encode()) for k, v in event.attributes.items() if k != "datacontenttype"
+        ("ce_" + k, v.encode())
+        for k, v in event.attributes.items()
+        if k not in ("datacontenttype", "data")
     ]
     headers.append(("content-type", CONTENT_TYPE.encode()))
     return headers

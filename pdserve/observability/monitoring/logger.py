@@ -31,8 +31,10 @@ log = logging.getLogger("pdserve.monitoring")
 LOG_EVERY_S = 30.0
 #: Requests the thread encodes and hands the sink at once, at most.
 BATCH = 256
-#: How often the thread wakes to roll files by age (seconds).
-TICK_S = 0.5
+#: The writer thread drains the queue this often (seconds), or sooner when it is half
+#: full: waking once per round rather than per request keeps thread switches (and GIL
+#: hand-overs) off the request path.
+ROUND_S = 0.05
 
 
 class PayloadLogger:
@@ -125,7 +127,7 @@ class PayloadLogger:
                 size,
             )
         )
-        if self._idle:
+        if self._idle and len(self._queue) > self._limit // 2:  # else: the next round
             self._idle = False
             self._wake.set()
 
@@ -134,10 +136,10 @@ class PayloadLogger:
     def _run(self) -> None:
         q = self._queue
         while True:
-            if not q:
+            if len(q) < BATCH:  # drain in rounds: one wake-up per round, not per request
                 self._idle = True
-                if not q and not self._closing:  # (an append may have come in between)
-                    self._wake.wait(TICK_S)
+                if not self._closing:
+                    self._wake.wait(ROUND_S)
                 self._wake.clear()
                 self._idle = False
             batch: list[Entry] = []
