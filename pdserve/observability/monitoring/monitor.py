@@ -208,30 +208,36 @@ class VersionMonitor:
 
         for name, h in self.scores.items():
             h.fold()
-            labels = {**base, "output": name}
+            out = {**base, "output": name}
             for le, n in h.cumulative():
-                rows.append(("pdserve_prediction_value_bucket", {**labels, "le": le}, n))
-            rows.append(("pdserve_prediction_value_sum", labels, h.sum))
-            rows.append(("pdserve_prediction_value_count", labels, h.count))
+                rows.append(("pdserve_prediction_value_bucket", {**out, "le": le}, n))
+            rows.append(("pdserve_prediction_value_sum", {**base, "output": name}, h.sum))
+            rows.append(("pdserve_prediction_value_count", {**base, "output": name}, h.count))
             if h.range is not None:
-                rows.append(("pdserve_prediction_out_of_range_total", labels, h.out_of_range))
-            rows.append(("pdserve_prediction_nan_total", labels, h.nan))
+                rows.append(
+                    (
+                        "pdserve_prediction_out_of_range_total",
+                        {**base, "output": name},
+                        h.out_of_range,
+                    )
+                )
+            rows.append(("pdserve_prediction_nan_total", {**base, "output": name}, h.nan))
         for name, c in self.classes.items():
             for label, n in c.items():
                 rows.append(
                     ("pdserve_prediction_class_total", {**base, "output": name, "class": label}, n)
                 )
         for name, d in self.drift.items():
-            labels = {**base, "tensor": name}
             window = d.window.values()
-            rows.append(("pdserve_drift_window_values", labels, len(window)))
+            rows.append(("pdserve_drift_window_values", {**base, "tensor": name}, len(window)))
             if d.reference is None or len(window) < d.spec.min_values:
                 continue
-            rows.append(("pdserve_drift_psi", labels, d.reference.psi(window)))
-            rows.append(("pdserve_drift_psi_threshold", labels, d.spec.threshold))
+            psi = d.reference.psi(window)
             stat, p = d.reference.ks(window)
-            rows.append(("pdserve_drift_ks_statistic", labels, stat))
-            rows.append(("pdserve_drift_ks_pvalue", labels, p))
+            rows.append(("pdserve_drift_psi", {**base, "tensor": name}, psi))
+            rows.append(("pdserve_drift_psi_threshold", {**base, "tensor": name}, d.spec.threshold))
+            rows.append(("pdserve_drift_ks_statistic", {**base, "tensor": name}, stat))
+            rows.append(("pdserve_drift_ks_pvalue", {**base, "tensor": name}, p))
         return _samples(rows)
 
 
@@ -348,13 +354,18 @@ class Monitor:
                     window = d.window.values()
                     if len(window) < d.spec.min_values:
                         continue
-                    labels = {
-                        "model": model,
-                        "version": vm.version,
-                        "baseline": base.version,
-                        "tensor": name,
-                    }
-                    out.append(("pdserve_version_divergence_psi", labels, ref.psi(window)))
+                    out.append(
+                        (
+                            "pdserve_version_divergence_psi",
+                            {
+                                "model": model,
+                                "version": vm.version,
+                                "baseline": base.version,
+                                "tensor": name,
+                            },
+                            ref.psi(window),
+                        )
+                    )
         return out
 
     def close(self, timeout: float = 10.0) -> None:
