@@ -359,7 +359,9 @@ class Settings(ServeFlags):
             try:
                 LogSpec.parse(self.payload_log, "--payload-log")
             except SpecError as e:
-                raise SettingsError("--payload-log", str(e)) from None
+                raise SettingsError(
+                    "--payload-log", str(e).removeprefix("--payload-log: ")
+                ) from None
         if self.auth_config is not None and not self.auth_config.is_file():
             raise SettingsError(
                 "--auth-config", f"auth config file {self.auth_config} does not exist"
