@@ -7,12 +7,11 @@ listener (live, not ready), 4 gRPC, 5 the metrics listener, 6 the repository pol
 7 the initial model load (ready). A step that fails stops those already started and
 :func:`serve` returns 1.
 
-Stop, on SIGTERM/SIGINT (or when the HTTP listener dies), in reverse: the models
-drain (``--exit-timeout-secs``) and unload, then the poller, metrics, gRPC and HTTP
-close without failing a request that reached them (:mod:`pdserve.app.listeners`), then
-the payload logs write what they hold and the traces go out; HTTP
-responses say ``Connection: close`` from the signal on. An :class:`ExitDeadline` bounds
-the whole shutdown; no worker process outlives the server.
+Stop, on SIGTERM/SIGINT (or when the HTTP listener dies), in reverse: the models drain
+(``--exit-timeout-secs``) and unload, the poller, metrics, gRPC and HTTP close without
+failing a request that reached them (:mod:`pdserve.app.listeners`), payload logs and
+traces flush; HTTP responses say ``Connection: close`` from the signal on. An
+:class:`ExitDeadline` bounds the whole shutdown; no worker process outlives the server.
 """
 
 from __future__ import annotations
