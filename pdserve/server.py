@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from pdserve.backends.base import ExecRequest
     from pdserve.cache import AnyResponseCache
     from pdserve.core.api import InferenceCore, ModelHost
+    from pdserve.core.monitor import ResponseMonitor
     from pdserve.core.stats import ModelStats
     from pdserve.core.tracing import RequestTracer, TraceRef
     from pdserve.repository.control import RepositoryHost
@@ -148,6 +149,10 @@ class InferenceServer:
         #: the tracing hook (:class:`pdserve.observability.tracing.TraceManager`, set by
         #: the app); None: no request is traced and the trace extension is unavailable.
         self.tracer: RequestTracer | None = None
+        #: the model-monitoring hook (payload logs, prediction distributions, drift:
+        #: :class:`pdserve.observability.monitoring.monitor.Monitor`, set by the app);
+        #: None: nothing is monitored.
+        self.monitor: ResponseMonitor | None = None
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -445,6 +450,8 @@ class InferenceServer:
             except BaseException as e:
                 ensemble = mv.platform == ENSEMBLE_PLATFORM
                 replacement = stats.record_error(e, request.arrival_ns, ensemble)
+                if mv.observer is not None:
+                    mv.observer.observe(request, None, replacement or e)
                 if replacement is None:
                     raise
                 raise replacement from e
@@ -457,6 +464,8 @@ class InferenceServer:
             )
         finally:
             mv.end()
+        if mv.observer is not None and not decoupled:  # monitoring: never blocks
+            mv.observer.observe(request, outputs, None)
         return InferResponse(mv.name, mv.version_str, outputs, request.id)
 
     async def _infer_on_traced(
@@ -754,10 +763,19 @@ class InferenceServer:
         The ``model_warmup`` samples of its configuration; none without
         ``model_warmup``, as in Triton (see :mod:`pdserve.repository.warmup`).
 
+        Then the version gets its monitoring observer (``payload_log``,
+        ``prediction_metrics``, ``drift`` parameters).
+
         Raises:
             WarmupError: a configured sample failed; the version does not serve.
+            InferError(INVALID_ARG): its monitoring settings are invalid.
         """
         await run_warmup(mv)
+        if self.monitor is not None:  # after warm-up: its samples are not monitored
+            try:
+                mv.observer = self.monitor.attach(mv, mv.spec.model_dir)
+            except ValueError as e:
+                raise InferError(f"monitoring: {e}", ErrorCode.INVALID_ARG) from None
 
 
 #: The running ``infer`` tasks of :meth:`InferenceServer.infer_stream` (kept alive until done:

@@ -21,6 +21,7 @@ from pdserve.backends.onnxruntime.autocomplete import set_default_max_batch_size
 from pdserve.cache import AnyResponseCache, RedisResponseCache, ResponseCache
 from pdserve.core.errors import InferError
 from pdserve.frontends.traffic.gate import TrafficGate
+from pdserve.observability.monitoring.monitor import Monitor
 from pdserve.observability.tracing import TraceManager
 from pdserve.repository.breaker import BreakerBoard, BreakerPolicy
 from pdserve.repository.layout import set_ready_marker
@@ -173,6 +174,7 @@ def build_server(settings: Settings) -> InferenceServer:
     )
     server.server_id = settings.server_id  # --id: the server metadata's name
     server.tracer = build_tracer(settings)
+    server.monitor = Monitor(settings.payload_log)  # --payload-log: checked by the settings
     if settings.model_control_mode in ("explicit", "on_demand"):
         log.info(
             "model control mode %s: loading %s at start",

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from pdserve import config as cfgmod
 from pdserve.backends.base import Backend, ModelSpec
+from pdserve.observability.monitoring.monitor import validate as validate_monitoring
+from pdserve.observability.monitoring.spec import SpecError
 from pdserve.repository import layout
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.prepare import backend_for, complete_config, read_config
@@ -179,6 +181,10 @@ class Checker:
             read_traffic_file(mdir.path)
         except TrafficError as e:  # as serve: the model would fail to load
             r.add(str(e), mdir.path / TRAFFIC_FILENAME)
+        try:  # payload_log / prediction_metrics / drift and the drift reference file
+            validate_monitoring(cfg, mdir.path)
+        except SpecError as e:
+            r.add(f"monitoring: {e}", mdir.config_path, "parameters")
         if not mdir.versions:
             r.add(
                 "no version folder: a model needs at least one numeric folder (1/, 2/ ...) "

@@ -23,6 +23,7 @@ GROUPS = (
     "HTTP",
     "gRPC",
     "metrics",
+    "monitoring",
     "model control",
     "response cache",
     "traffic control",

@@ -7,11 +7,11 @@ listener (live, not ready), 4 gRPC, 5 the metrics listener, 6 the repository pol
 7 the initial model load (ready). A step that fails stops those already started and
 :func:`serve` returns 1.
 
-Stop, on SIGTERM/SIGINT (or when the HTTP listener dies), in reverse: the models
-drain (``--exit-timeout-secs``) and unload, then the poller, metrics, gRPC and HTTP
-close without failing a request that reached them (:mod:`pdserve.app.listeners`); HTTP
-responses say ``Connection: close`` from the signal on. An :class:`ExitDeadline` bounds
-the whole shutdown; no worker process outlives the server.
+Stop, on SIGTERM/SIGINT (or when the HTTP listener dies), in reverse: the models drain
+(``--exit-timeout-secs``) and unload, the poller, metrics, gRPC and HTTP close without
+failing a request that reached them (:mod:`pdserve.app.listeners`), payload logs and
+traces flush; HTTP responses say ``Connection: close`` from the signal on. An
+:class:`ExitDeadline` bounds the whole shutdown; no worker process outlives the server.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from pdserve.core.procmem import settle_gc
 from pdserve.frontends.shared_memory import SharedMemoryRegistry
 from pdserve.frontends.tls import reload_all as reload_tls
 from pdserve.frontends.traffic.gate import TrafficGate
+from pdserve.observability.monitoring.monitor import Monitor
 from pdserve.observability.tracing import TraceManager
 from pdserve.repository.remote_store import RemoteRepository
 from pdserve.server import InferenceServer
@@ -61,6 +62,8 @@ EXIT_MARGIN_SECS = 5.0
 #: Seconds the span export gets at shutdown to send what is queued (the rest is
 #: counted as dropped); within EXIT_MARGIN_SECS.
 TRACE_FLUSH_SECS = 2.0
+#: Seconds the payload loggers get at shutdown to write what they hold.
+PAYLOAD_FLUSH_SECS = 10.0
 #: Seconds an abandoned initial load has to stop its workers.
 ABANDON_WAIT_SECS = 10.0
 
@@ -223,6 +226,13 @@ class _Serving:
                     await asyncio.to_thread(tracer.stop, TRACE_FLUSH_SECS)
 
             self.stops.append(("tracing", stop_tracing))
+        monitor = server.monitor
+        if isinstance(monitor, Monitor):  # after the models: the last requests are logged
+
+            async def stop_monitoring() -> None:
+                await asyncio.to_thread(monitor.close, PAYLOAD_FLUSH_SECS)
+
+            self.stops.append(("monitoring", stop_monitoring))
         shm = SharedMemoryRegistry(enabled=settings.allow_client_shm)  # --allow-client-shm
         draining = self.stop_event.is_set
         if not settings.allow_http:  # --allow-http=false: a task that ends with the server

@@ -569,6 +569,14 @@ class ServeFlags:
         "(default: only models with that parameter)",
         metavar="SPEC",
     )
+    payload_log: str | None = flag(
+        "--payload-log",
+        None,
+        "monitoring",
+        "a payload log for every model, e.g. sink=jsonl:/var/log/pdserve,rate=0.01 (see the "
+        "monitoring guide); a model's parameter payload_log overrides it (off: none)",
+        metavar="SPEC",
+    )
 
     # -- TLS (gRPC: tritonserver's flags; HTTP and metrics: pdserve's, of the same shape) --
     grpc_use_ssl: bool = switch(

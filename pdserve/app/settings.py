@@ -353,6 +353,15 @@ class Settings(ServeFlags):
                 BreakerPolicy.parse(self.circuit_breaker)
             except BreakerSpecError as e:
                 raise SettingsError("--circuit-breaker", str(e)) from None
+        if self.payload_log is not None:
+            from pdserve.observability.monitoring.spec import LogSpec, SpecError
+
+            try:
+                LogSpec.parse(self.payload_log, "--payload-log")
+            except SpecError as e:
+                raise SettingsError(
+                    "--payload-log", str(e).removeprefix("--payload-log: ")
+                ) from None
         if self.auth_config is not None and not self.auth_config.is_file():
             raise SettingsError(
                 "--auth-config", f"auth config file {self.auth_config} does not exist"

@@ -23,6 +23,7 @@ from pdserve.frontends.http.server import serve_http
 from pdserve.frontends.shared_memory import SharedMemoryRegistry
 from pdserve.frontends.tls import ALPN_GRPC, ALPN_HTTP, ServerTls, TlsError, TlsFiles
 from pdserve.frontends.traffic.gate import TrafficGate
+from pdserve.observability.monitoring.monitor import Monitor
 from pdserve.observability.tracing import TraceManager
 from pdserve.repository.control import RepositoryPoller
 from pdserve.server import InferenceServer
@@ -276,6 +277,8 @@ async def start_metrics(
         exporter.sources.append(server.tracer.samples)
     if gate is not None:
         exporter.sources.append(gate.samples)
+    if isinstance(server.monitor, Monitor):
+        exporter.sources.append(server.monitor.samples)
     host, port = settings.metrics_host, settings.metrics_port
     tls = listener_tls(settings.metrics_tls, ALPN_HTTP, "metrics")
     try:

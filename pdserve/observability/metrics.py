@@ -298,13 +298,20 @@ Sample = tuple[str, str, str, dict[str, str], float]
 
 
 def sample_families(samples: Iterable[Sample]) -> list[Family]:
-    """Families of ``samples``, grouped by name in first-seen order."""
+    """Families of ``samples``, grouped by name in first-seen order; a histogram's
+    samples are named with their suffix (``_bucket``, ``_sum``, ``_count``)."""
     by_name: dict[str, Family] = {}
     for name, kind, doc, labels, value in samples:
-        fam = by_name.get(name)
+        base, suffix = name, ""
+        if kind == "histogram":
+            for end in ("_bucket", "_sum", "_count"):
+                if name.endswith(end):
+                    base, suffix = name[: -len(end)], end
+                    break
+        fam = by_name.get(base)
         if fam is None:
-            fam = by_name[name] = Family(name, kind, doc)
-        fam.add(labels, value)
+            fam = by_name[base] = Family(base, kind, doc)
+        fam.add(labels, value, suffix)
     return list(by_name.values())
 
 

@@ -27,6 +27,7 @@ from pdserve.scheduling.base import OutputCheck, Scheduler, Unloaded
 from pdserve.scheduling.shapes import reshape_dims
 
 if TYPE_CHECKING:
+    from pdserve.core.monitor import VersionObserver
     from pdserve.repository.breaker import CircuitBreaker
 
 log = logging.getLogger("pdserve.model")
@@ -138,6 +139,9 @@ class ModelVersion:
         #: on the version's first request (``breaker_known``)
         self.breaker: CircuitBreaker | None = None
         self.breaker_known = False
+        #: the monitoring observer (:class:`pdserve.core.monitor.VersionObserver`) the
+        #: server attaches after warm-up; None: not monitored.
+        self.observer: VersionObserver | None = None
         self._idle = asyncio.Event()
         self._idle.set()
         self.config_json: dict[str, Any] = cfgmod.config_to_json(cfg)

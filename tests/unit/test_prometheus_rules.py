@@ -25,7 +25,7 @@ def _promtool(*args: str) -> str:
 
 
 def test_rules_check() -> None:
-    assert "SUCCESS: 11 rules found" in _promtool("check", "rules", "pdserve-rules.yml")
+    assert "SUCCESS: 13 rules found" in _promtool("check", "rules", "pdserve-rules.yml")
 
 
 def test_rules_unit_tests() -> None:

@@ -1156,3 +1156,30 @@ def test_identity_file_guess_and_inside(tmp_path: Path) -> None:
     (tmp_path / "MODEL_IDENTITY.json").write_text("[1]")
     assert read_identity(tmp_path / "MODEL_IDENTITY.json") is None
     assert inside(tmp_path, tmp_path / "a" / "b") and not inside(tmp_path, tmp_path / "..")
+
+
+def test_monitoring_settings_and_reference_file_are_checked(tmp_path: Path) -> None:
+    """A drift reference file that is missing or lacks the tensor is an error of
+    ``parameters``, with the message a load gives; a good one is clean."""
+    require_examples()
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPO / "tiny", repo / "tiny")
+    config = repo / "tiny" / "config.pbtxt"
+    config.write_text(
+        config.read_text()
+        + 'parameters { key: "drift" value { string_value: "reference=ref.npz,bins=4" } }\n'
+    )
+
+    def monitoring_problems() -> list[str]:
+        report = check(repo)
+        return [p.message for p in report.problems if p.field == "parameters"]
+
+    assert monitoring_problems() == [
+        "monitoring: drift: reference file ref.npz not found beside config.pbtxt"
+    ]
+    np.savez(repo / "tiny" / "ref.npz", OTHER=np.zeros(100))
+    assert monitoring_problems() == [
+        "monitoring: drift: reference file ref.npz has no array 'OUTPUT0' (it has ['OTHER'])"
+    ]
+    np.savez(repo / "tiny" / "ref.npz", OUTPUT0=np.linspace(0, 1, 100))
+    assert monitoring_problems() == []

@@ -78,6 +78,7 @@ FLAGS = {
     "--rate-limit-strategy",
     "--rate-limit-fail-mode",
     "--circuit-breaker",
+    "--payload-log",
     "--trace-config",
     # TLS
     "--grpc-use-ssl",
@@ -504,6 +505,10 @@ def test_memory_budget_bad_size(tmp_path: Path, capsys: pytest.CaptureFixture[st
             "token-bucket keeps its state in memory",
         ),
         (["--circuit-breaker", "open_secs=-1"], "argument --circuit-breaker: circuit breaker"),
+        (
+            ["--payload-log", "sink=csv:/x"],
+            "argument --payload-log: sink must be jsonl:PATH, parquet:PATH or kafka://",
+        ),
         (["--auth-config", "/nonexistent/auth.yaml"], "auth config file /nonexistent"),
     ],
 )

@@ -17,7 +17,8 @@ from pdserve.cache import ResponseCache, parse_cache_config
 from pdserve.core.errors import InferError
 from pdserve.core.stats import Histogram, ModelMetrics, ModelStats
 from pdserve.core.types import InferRequest
-from pdserve.observability.metrics import attach, cache_families, model_families
+from pdserve.observability.metrics import TRAFFIC_METRICS, attach, cache_families, model_families
+from pdserve.observability.monitoring.monitor import METRICS as MONITORING_METRICS
 from pdserve.scheduling.queue_policy import PriorityLevels, QueuePolicy
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -210,6 +211,8 @@ def test_dashboard_queries_use_exported_metric_names() -> None:
     exported |= {"nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes"}
     exported |= {"pdserve_worker_cpu_seconds_total", "pdserve_worker_resident_memory_bytes"}
     exported |= {"pdserve_model_ready"}
+    exported |= set(MONITORING_METRICS)  # the distributions-and-drift row
+    exported |= set(TRAFFIC_METRICS)  # (its shadow divergence)
     for expr in exprs:
         for name in re.findall(r"\b((?:nv|pdserve|process)_[a-z_]+)", expr):
             base = re.sub(r"_(bucket|sum|count)$", "", name)

@@ -1,0 +1,150 @@
+"""Prediction distributions with bounded memory, updated per response with one copy: :class:`ScoreHistogram` (fixed buckets: Prometheus' ``histogram_quantile``
+over ``rate(...[5m])`` gives streaming quantiles; values outside a configured range are
+counted), :class:`ClassHistogram` (argmax per row, at most ``max_classes`` labels plus
+``other``) and :class:`Window` (the last N values of a tensor, for drift).
+
+Fixed buckets rather than a sketch library: one ``searchsorted`` + ``bincount`` per
+response, exact merging across scrapes and replicas in Prometheus, and the same
+bucketing serves the dashboard's quantiles and the drift bins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def numeric(array: np.ndarray) -> bool:
+    """True for tensors whose values have a distribution (ints, floats; not BYTES/BOOL)."""
+    return array.dtype.kind in "iuf"
+
+
+#: Values a score histogram holds before it folds them into its buckets.
+PENDING = 1 << 16
+
+
+class ScoreHistogram:
+    """Counts of an output's values per bucket (upper bounds ``bounds``, then +Inf),
+    their sum, and the values outside ``range``.
+
+    :meth:`add` only copies the values into a fixed buffer; they are counted in bulk
+    (:meth:`fold`) when it is full and before every read, so the per-response cost is
+    one copy whatever the number of buckets.
+    """
+
+    def __init__(self, bounds: Sequence[float], value_range: tuple[float, float] | None) -> None:
+        self.bounds = np.asarray(bounds, dtype=np.float64)
+        self.counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)
+        self.sum = 0.0
+        self.range = value_range
+        self.out_of_range = 0
+        self.nan = 0
+        self._pending = np.empty(PENDING, dtype=np.float64)
+        self._n = 0
+
+    @property
+    def count(self) -> int:
+        """Values counted (NaN excluded)."""
+        self.fold()
+        return int(self.counts.sum())
+
+    def add(self, array: np.ndarray) -> None:
+        """Count every value of ``array`` (any shape); NaNs are counted apart."""
+        flat = array.reshape(-1)
+        n = len(flat)
+        if self._n + n > PENDING:
+            self.fold()
+            if n > PENDING:
+                self._count(flat.astype(np.float64))
+                return
+        self._pending[self._n : self._n + n] = flat
+        self._n += n
+
+    def fold(self) -> None:
+        """Count the buffered values into the buckets."""
+        if self._n:
+            self._count(self._pending[: self._n])
+            self._n = 0
+
+    def _count(self, values: np.ndarray) -> None:
+        nan = np.isnan(values)
+        if nan.any():
+            self.nan += int(nan.sum())
+            values = values[~nan]
+        idx = np.searchsorted(self.bounds, values, side="left")
+        self.counts += np.bincount(idx, minlength=len(self.counts))
+        self.sum += float(values.sum())
+        if self.range is not None:
+            low, high = self.range
+            self.out_of_range += int(np.count_nonzero((values < low) | (values > high)))
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """``(le, cumulative count)`` per bucket, +Inf last (Prometheus' histogram)."""
+        self.fold()
+        cum = np.cumsum(self.counts)
+        les = [repr(float(b)) for b in self.bounds] + ["+Inf"]
+        return list(zip(les, (int(c) for c in cum), strict=True))
+
+
+class ClassHistogram:
+    """Counts of the predicted class (argmax over the last axis of each row)."""
+
+    def __init__(self, labels: Sequence[str] | None, max_classes: int) -> None:
+        self.labels = list(labels or [])
+        self.max_classes = max_classes
+        self.counts = np.zeros(max_classes + 1, dtype=np.int64)  # the last: other
+
+    def add(self, array: np.ndarray) -> None:
+        """Count the argmax of each row of ``array`` (shape [..., classes])."""
+        if array.ndim == 0 or array.shape[-1] == 0:
+            return
+        rows = array.reshape(-1, array.shape[-1])
+        winners = np.minimum(rows.argmax(axis=1), self.max_classes)
+        self.counts += np.bincount(winners, minlength=len(self.counts))
+
+    def items(self) -> list[tuple[str, int]]:
+        """``(class label, count)`` for classes seen; index when there is no label."""
+        out = []
+        for i, n in enumerate(self.counts.tolist()):
+            if n:
+                if i == self.max_classes:
+                    name = "other"
+                else:
+                    name = self.labels[i] if i < len(self.labels) else str(i)
+                out.append((name, n))
+        return out
+
+
+class Window:
+    """The last ``size`` values of a tensor (a ring), plus how many were ever added."""
+
+    def __init__(self, size: int) -> None:
+        self.ring = np.empty(size, dtype=np.float64)
+        self.size = size
+        self.pos = 0
+        self.total = 0
+
+    def add(self, values: np.ndarray) -> None:
+        """Append the values of ``values`` (flattened; the newest ``size`` kept)."""
+        flat = values.reshape(-1)
+        n = len(flat)
+        if n >= self.size:
+            self.ring[:] = flat[n - self.size :]
+            self.pos = 0
+        else:
+            end = self.pos + n
+            if end <= self.size:
+                self.ring[self.pos : end] = flat
+            else:
+                cut = self.size - self.pos
+                self.ring[self.pos :] = flat[:cut]
+                self.ring[: n - cut] = flat[cut:]
+            self.pos = end % self.size
+        self.total += n
+
+    def values(self) -> np.ndarray:
+        """A copy of the values held (order not kept)."""
+        if self.total >= self.size:
+            return self.ring.copy()
+        return self.ring[: self.total].copy()

@@ -1,0 +1,214 @@
+"""The payload logger: a bounded queue between the request path and a sink, drained
+by one thread.
+
+:meth:`PayloadLogger.offer` is all the request path does: a sampling draw, the
+filters, and a non-blocking put of references to the request's tensors. When the queue
+is full the request is dropped and counted (``queue_full``); when the sink fails its
+requests are dropped and counted (``sink_error``) with a log line at most every
+:data:`LOG_EVERY_S` seconds. So ``sampled = written + dropped + queued`` at any time.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pdserve.observability.monitoring.events import Entry, events_of
+from pdserve.observability.monitoring.sinks import Sink, SinkError, make_sink
+from pdserve.observability.monitoring.spec import LogSpec
+
+log = logging.getLogger("pdserve.monitoring")
+
+#: At most one log line per logger and failure kind this often (seconds).
+LOG_EVERY_S = 30.0
+#: Requests the thread encodes and hands the sink at once, at most.
+BATCH = 256
+#: The writer thread drains the queue this often (seconds), or sooner when it is half
+#: full: waking once per round rather than per request keeps thread switches (and GIL
+#: hand-overs) off the request path.
+ROUND_S = 0.05
+
+
+class PayloadLogger:
+    """One model's payload log: sampling, filters, the queue and the writer thread.
+
+    Args:
+        model: the model name (the file sink's folder, ``inferenceservicename``).
+        spec: the model's :class:`~pdserve.observability.monitoring.spec.LogSpec`.
+        source: the events' ``source`` attribute.
+        sink: the sink (default: the one ``spec`` names).
+
+    Raises:
+        ImportError: the sink's package is missing.
+    """
+
+    def __init__(self, model: str, spec: LogSpec, source: str, sink: Sink | None = None) -> None:
+        self.model = model
+        self.spec = spec
+        self.source = source
+        self.sink = sink if sink is not None else make_sink(spec, model)
+        #: the bounded queue: a deque the request path appends to (``len`` checked first)
+        #: and the writer thread pops from; ``_wake`` rouses a writer that waits idle.
+        self._queue: deque[Entry] = deque()
+        self._limit = spec.queue
+        #: tensor bytes queued = _bytes_in (request path only) - _bytes_out (writer only)
+        self._bytes_in = 0
+        self._bytes_out = 0
+        self._wake = threading.Event()
+        self._idle = False
+        self.sampled = 0
+        self.written = 0
+        self.dropped: Counter[str] = Counter()
+        self._pending = 0  #: taken from the queue, not yet written or dropped
+        self._last_log: dict[str, float] = {}
+        self._ids = f"{uuid.uuid4().hex[:12]}-"  #: ids of requests without one: prefix-N
+        self._next_id = 0
+        self._thread = threading.Thread(target=self._run, name=f"payload-log-{model}", daemon=True)
+        self._closing = False
+        self._thread.start()
+
+    # -- the request path --------------------------------------------------------------
+
+    def offer(
+        self,
+        version: str,
+        request_id: str,
+        inputs: dict[str, np.ndarray],
+        outputs: dict[str, np.ndarray] | None,
+        error: str | None,
+        parameters: dict[str, Any],
+    ) -> None:
+        """Record one finished request when it is sampled and passes the filters; never
+        blocks (a full queue drops it, counted)."""
+        spec = self.spec
+        if spec.rate < 1.0 and random.random() >= spec.rate:
+            return
+        if spec.status != "all" and (spec.status == "error") != (error is not None):
+            return
+        if spec.versions and version not in spec.versions:
+            return
+        if spec.parameter is not None:
+            key, value = spec.parameter
+            if str(parameters.get(key, "")) != value:
+                return
+        self.sampled += 1
+        size = 0
+        if spec.record != "metadata":
+            for a in inputs.values():
+                size += a.nbytes
+            if outputs is not None:
+                for a in outputs.values():
+                    size += a.nbytes
+        if (
+            len(self._queue) >= self._limit
+            or self._bytes_in + size - self._bytes_out > spec.queue_bytes
+        ):
+            self.dropped["queue_full"] += 1
+            return
+        self._bytes_in += size
+        self._queue.append(
+            Entry(
+                request_id,
+                self.model,
+                version,
+                time.time_ns(),
+                inputs,
+                outputs,
+                error,
+                parameters,
+                size,
+            )
+        )
+        if self._idle and len(self._queue) > self._limit // 2:  # else: the next round
+            self._idle = False
+            self._wake.set()
+
+    # -- the writer thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        q = self._queue
+        while True:
+            if len(q) < BATCH:  # drain in rounds: one wake-up per round, not per request
+                self._idle = True
+                if not self._closing:
+                    self._wake.wait(ROUND_S)
+                self._wake.clear()
+                self._idle = False
+            batch: list[Entry] = []
+            while q and len(batch) < BATCH:
+                entry = q.popleft()
+                self._bytes_out += entry.size
+                batch.append(entry)
+            self._write(batch)
+            self._sink_call(self.sink.tick)
+            if self._closing and not q:
+                self._sink_call(self.sink.close)
+                return
+
+    def _write(self, entries: list[Entry]) -> None:
+        if not entries:
+            return
+        self._pending += len(entries)
+        for e in entries:
+            if not e.id:
+                self._next_id += 1
+                e.id = f"{self._ids}{self._next_id}"
+        try:
+            requests = [events_of(e, self.spec.record, self.source) for e in entries]
+        except Exception as e:  # a tensor that cannot be encoded (should not happen)
+            self._pending -= len(entries)
+            self.dropped["encode_error"] += len(entries)
+            self._warn("encode_error", f"cannot encode a record: {type(e).__name__}: {e}")
+            return
+        self._sink_call(lambda: self.sink.write(requests))
+
+    def _sink_call(self, call: Callable[[], int]) -> None:
+        try:
+            done = call()
+        except SinkError as e:
+            self._pending -= e.lost
+            self.dropped["sink_error"] += e.lost
+            self._warn(
+                "sink_error", f"payload log of model '{self.model}' lost {e.lost} request(s): {e}"
+            )
+            return
+        except Exception as e:  # a sink bug must not end the thread
+            self._warn(
+                "sink_error", f"payload log of model '{self.model}': {type(e).__name__}: {e}"
+            )
+            return
+        self._pending -= done
+        self.written += done
+
+    def _warn(self, kind: str, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last_log.get(kind, -LOG_EVERY_S) >= LOG_EVERY_S:
+            self._last_log[kind] = now
+            log.warning("%s", message)
+
+    # -- control -----------------------------------------------------------------------
+
+    @property
+    def queued(self) -> int:
+        """Requests sampled and neither written nor dropped yet (queued or buffered)."""
+        return len(self._queue) + self._pending
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued and buffered, then stop the thread (at most ``timeout``
+        seconds; what is left then is counted as dropped, ``shutdown``)."""
+        if self._closing:
+            return
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout)
+        left = self.sampled - self.written - sum(self.dropped.values())
+        if left > 0:
+            self.dropped["shutdown"] += left

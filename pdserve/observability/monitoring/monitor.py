@@ -1,0 +1,374 @@
+"""The server's monitoring hook: :class:`Monitor` attaches a :class:`VersionMonitor`
+to each loaded model version whose configuration asks for monitoring, and renders the
+metrics of all of them.
+
+:meth:`VersionMonitor.observe` runs once per finished request (the server calls it
+where a response or an error is produced): it offers the request to the payload logger
+(a non-blocking put) and updates the version's histograms and drift windows.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from pdserve import config as cfgmod
+from pdserve.observability.monitoring.distributions import (
+    ClassHistogram,
+    ScoreHistogram,
+    Window,
+    numeric,
+)
+from pdserve.observability.monitoring.drift import Reference, load_reference
+from pdserve.observability.monitoring.logger import PayloadLogger
+from pdserve.observability.monitoring.spec import (
+    DriftSpec,
+    LogSpec,
+    ModelMonitoring,
+    SpecError,
+    parse_parameters,
+)
+
+#: A metric sample: (name, type, help, labels, value) as the metrics exporter takes it.
+Sample = tuple[str, str, str, dict[str, str], float]
+
+NUMERIC_TYPES = frozenset(
+    (
+        "UINT8",
+        "UINT16",
+        "UINT32",
+        "UINT64",
+        "INT8",
+        "INT16",
+        "INT32",
+        "INT64",
+        "FP16",
+        "FP32",
+        "FP64",
+    )
+)
+
+#: name -> (type, help) of every family this module exports.
+METRICS: dict[str, tuple[str, str]] = {
+    "pdserve_payload_log_sampled_total": ("counter", "Requests sampled for the payload log (written + dropped + queued)"),
+    "pdserve_payload_log_written_total": ("counter", "Sampled requests whose records the sink accepted"),
+    "pdserve_payload_log_dropped_total": ("counter", "Sampled requests whose records were dropped, by reason (queue_full, sink_error, encode_error, shutdown)"),
+    "pdserve_payload_log_queue_size": ("gauge", "Sampled requests queued or buffered, not yet written"),
+    "pdserve_prediction_value": ("histogram", "Values of a monitored output"),
+    "pdserve_prediction_out_of_range_total": ("counter", "Values of a monitored output outside its configured range"),
+    "pdserve_prediction_nan_total": ("counter", "NaN values of a monitored output"),
+    "pdserve_prediction_class_total": ("counter", "Rows of a classification output by predicted class (argmax)"),
+    "pdserve_drift_psi": ("gauge", "Population stability index of a tensor's sliding window against its reference"),
+    "pdserve_drift_psi_threshold": ("gauge", "The configured PSI above which a tensor has drifted"),
+    "pdserve_drift_ks_statistic": ("gauge", "Two-sample Kolmogorov-Smirnov statistic of the window against the reference"),
+    "pdserve_drift_ks_pvalue": ("gauge", "Two-sample Kolmogorov-Smirnov p-value of the window against the reference"),
+    "pdserve_drift_window_values": ("gauge", "Values in a tensor's drift window"),
+    "pdserve_version_divergence_psi": ("gauge", "PSI of a version's window against the window of the model's baseline version (the one with the most monitored requests): canary and shadow shift"),
+}  # fmt: skip
+
+
+#: A sample before its type and help are added: (name, labels, value).
+Row = tuple[str, dict[str, str], float]
+
+
+def _samples(rows: list[Row]) -> list[Sample]:
+    """Rows with their type and help from :data:`METRICS` (a histogram's ``_bucket`` /
+    ``_sum`` / ``_count`` rows from its family's)."""
+    out: list[Sample] = []
+    for name, labels, value in rows:
+        family = name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
+        kind, doc = METRICS[family if family in METRICS else name]
+        out.append((name, kind, doc, labels, value))
+    return out
+
+
+def _parameters(cfg: Any) -> dict[str, str]:
+    return {k: v.string_value for k, v in cfg.parameters.items()}
+
+
+class _Drift:
+    """One tensor's window and reference (fixed, or the first N values)."""
+
+    def __init__(self, spec: DriftSpec, reference: Reference | None) -> None:
+        self.spec = spec
+        self.reference = reference
+        self.window = Window(spec.window)
+        self._first: list[np.ndarray] = []
+        self._first_count = 0
+
+    def add(self, array: np.ndarray, what: str) -> None:
+        if self.reference is None:  # first:N: fill the reference first
+            flat = np.asarray(array, dtype=np.float64).reshape(-1)
+            self._first.append(flat)
+            self._first_count += len(flat)
+            if self._first_count >= self.spec.first_n:
+                values = np.concatenate(self._first)[: self.spec.first_n]
+                self._first = []
+                try:
+                    self.reference = Reference(values, self.spec.bins, f"drift: first {what!r}")
+                except SpecError:  # no finite values among them: start again
+                    self._first_count = 0
+            return
+        self.window.add(array)
+
+
+class VersionMonitor:
+    """What is monitored of one model version.
+
+    Raises (constructor):
+        SpecError: the monitoring settings or the reference file are invalid.
+    """
+
+    def __init__(
+        self, monitor: Monitor | None, mv: Any, model_dir: Path, spec: ModelMonitoring
+    ) -> None:
+        self.model = mv.name
+        self.version = mv.version_str
+        self.spec = spec
+        self.observed = 0
+        cfg = mv.config
+        outputs = {o.name: cfgmod.datatype_of(o) for o in cfg.output}
+        inputs = {i.name: cfgmod.datatype_of(i) for i in cfg.input}
+        self.logger = None
+        if monitor is not None and spec.log is not None:
+            self.logger = monitor.logger_for(self.model, spec.log)
+        self.scores: dict[str, ScoreHistogram] = {}
+        self.classes: dict[str, ClassHistogram] = {}
+        m = spec.metrics
+        if m is not None:
+            for name in (*m.outputs, *m.classification):
+                if outputs.get(name) not in NUMERIC_TYPES:
+                    raise SpecError(f"prediction_metrics: no numeric output named {name!r}")
+            labels = {o.name: o.label_filename for o in cfg.output}
+            for name in m.classification:
+                label_file = labels.get(name)
+                names = (model_dir / label_file).read_text().splitlines() if label_file else None
+                self.classes[name] = ClassHistogram(names, m.max_classes)
+            watched = m.outputs or tuple(
+                n for n, t in outputs.items() if t in NUMERIC_TYPES and n not in m.classification
+            )
+            for name in watched:
+                self.scores[name] = ScoreHistogram(m.bins, m.range)
+        self.drift: dict[str, _Drift] = {}
+        self.drift_inputs: list[str] = []
+        d = spec.drift
+        if d is not None:
+            try:
+                import scipy.stats  # noqa: F401 - the KS test, at scrape time
+            except ImportError as e:
+                raise SpecError(f"drift needs scipy (pdserve[monitoring]): {e}") from None
+            tensors = list(d.tensors) or [n for n, t in outputs.items() if t in NUMERIC_TYPES]
+            for name in tensors:
+                if {**inputs, **outputs}.get(name) not in NUMERIC_TYPES:
+                    raise SpecError(f"drift: no numeric input or output named {name!r}")
+            refs = {} if d.first_n else load_reference(model_dir / d.reference, tensors, d.bins)
+            for name in tensors:
+                self.drift[name] = _Drift(d, refs.get(name))
+            self.drift_inputs = [n for n in tensors if n not in outputs]
+
+    def observe(
+        self, request: Any, outputs: dict[str, np.ndarray] | None, error: BaseException | None
+    ) -> None:
+        """One finished request: ``outputs`` on success, ``error`` on failure."""
+        self.observed += 1
+        if self.logger is not None:
+            message = (
+                None
+                if error is None
+                else (getattr(error, "message", None) or str(error) or type(error).__name__)
+            )
+            self.logger.offer(
+                self.version, request.id, request.inputs, outputs, message, request.parameters
+            )
+        if outputs is None:
+            return
+        for name, h in self.scores.items():
+            a = outputs.get(name)
+            if a is not None and numeric(a):
+                h.add(a)
+        for name, c in self.classes.items():
+            a = outputs.get(name)
+            if a is not None and numeric(a):
+                c.add(a)
+        for name, d in self.drift.items():
+            a = outputs.get(name)
+            if a is None:
+                a = request.inputs.get(name)
+            if a is not None and numeric(a):
+                d.add(a, name)
+
+    def samples(self) -> list[Sample]:
+        """The version's distribution and drift samples."""
+        base = {"model": self.model, "version": self.version}
+        rows: list[Row] = []
+
+        for name, h in self.scores.items():
+            h.fold()
+            out = {**base, "output": name}
+            for le, n in h.cumulative():
+                rows.append(("pdserve_prediction_value_bucket", {**out, "le": le}, n))
+            rows.append(("pdserve_prediction_value_sum", {**base, "output": name}, h.sum))
+            rows.append(("pdserve_prediction_value_count", {**base, "output": name}, h.count))
+            if h.range is not None:
+                rows.append(
+                    (
+                        "pdserve_prediction_out_of_range_total",
+                        {**base, "output": name},
+                        h.out_of_range,
+                    )
+                )
+            rows.append(("pdserve_prediction_nan_total", {**base, "output": name}, h.nan))
+        for name, c in self.classes.items():
+            for label, n in c.items():
+                rows.append(
+                    ("pdserve_prediction_class_total", {**base, "output": name, "class": label}, n)
+                )
+        for name, d in self.drift.items():
+            window = d.window.values()
+            rows.append(("pdserve_drift_window_values", {**base, "tensor": name}, len(window)))
+            if d.reference is None or len(window) < d.spec.min_values:
+                continue
+            psi = d.reference.psi(window)
+            stat, p = d.reference.ks(window)
+            rows.append(("pdserve_drift_psi", {**base, "tensor": name}, psi))
+            rows.append(("pdserve_drift_psi_threshold", {**base, "tensor": name}, d.spec.threshold))
+            rows.append(("pdserve_drift_ks_statistic", {**base, "tensor": name}, stat))
+            rows.append(("pdserve_drift_ks_pvalue", {**base, "tensor": name}, p))
+        return _samples(rows)
+
+
+def validate(cfg: Any, model_dir: Path) -> ModelMonitoring:
+    """Check a model's monitoring parameters and reference file as a load would
+    (``pdserve check``), without starting a payload logger.
+
+    Raises:
+        SpecError: what would fail the load.
+    """
+    spec = parse_parameters(_parameters(cfg))
+    if spec.active:
+        VersionMonitor(
+            None, SimpleNamespace(name=cfg.name, version_str="", config=cfg), model_dir, spec
+        )
+    return spec
+
+
+class Monitor:
+    """The server's monitoring hook (``InferenceServer.monitor``) and metrics source.
+
+    Args:
+        default_log: the ``payload_log`` of models that set none (``--payload-log``).
+        source: the events' ``source`` attribute (default ``pdserve://<hostname>``).
+    """
+
+    def __init__(self, default_log: str | None = None, source: str | None = None) -> None:
+        if default_log:
+            LogSpec.parse(default_log, "--payload-log")  # SpecError at start, not per model
+        self.default_log = default_log
+        self.source = source or f"pdserve://{socket.gethostname()}"
+        self.versions: dict[tuple[str, str], VersionMonitor] = {}
+        self.loggers: dict[tuple[str, LogSpec], PayloadLogger] = {}
+
+    def attach(self, mv: Any, model_dir: Path) -> VersionMonitor | None:
+        """The monitor of a freshly loaded version; None when nothing is monitored.
+
+        Raises:
+            SpecError: a malformed setting, a missing / invalid reference file, or a
+                sink whose package is missing (the version's load fails with it).
+        """
+        spec = parse_parameters(_parameters(mv.config), self.default_log)
+        if not spec.active:
+            self.versions.pop((mv.name, mv.version_str), None)
+            return None
+        vm = VersionMonitor(self, mv, model_dir, spec)
+        self.versions[(mv.name, mv.version_str)] = vm
+        return vm
+
+    def logger_for(self, model: str, spec: LogSpec) -> PayloadLogger:
+        """The payload logger of ``model`` with ``spec`` (one per model and spec).
+
+        Raises:
+            SpecError: the sink's package is missing.
+        """
+        key = (model, spec)
+        logger = self.loggers.get(key)
+        if logger is None:
+            try:
+                logger = PayloadLogger(model, spec, self.source)
+            except ImportError as e:
+                raise SpecError(
+                    f"payload_log: sink {spec.sink.kind} needs a package: {e}"
+                ) from None
+            self.loggers[key] = logger
+        return logger
+
+    def samples(self) -> list[Sample]:
+        """Every monitoring sample, read at each scrape."""
+        rows: list[Row] = []
+        for (model, _), logger in sorted(self.loggers.items(), key=lambda kv: kv[0][0]):
+            rows.append(("pdserve_payload_log_sampled_total", {"model": model}, logger.sampled))
+            rows.append(("pdserve_payload_log_written_total", {"model": model}, logger.written))
+            rows.append(("pdserve_payload_log_queue_size", {"model": model}, logger.queued))
+            for reason in ("queue_full", "sink_error", "encode_error", "shutdown"):
+                dropped = logger.dropped[reason]
+                rows.append(
+                    (
+                        "pdserve_payload_log_dropped_total",
+                        {"model": model, "reason": reason},
+                        dropped,
+                    )
+                )
+        out = _samples(rows)
+        for _, vm in sorted(self.versions.items()):
+            out += vm.samples()
+        out += _samples(self.divergence())
+        return out
+
+    def divergence(self) -> list[Row]:
+        """PSI of each version's drift window against the baseline version's (the
+        version of the model with the most monitored requests)."""
+        by_model: dict[str, list[VersionMonitor]] = {}
+        for (model, _), vm in self.versions.items():
+            if vm.drift:
+                by_model.setdefault(model, []).append(vm)
+        out: list[Row] = []
+        for model, vms in sorted(by_model.items()):
+            if len(vms) < 2:
+                continue
+            base = max(vms, key=lambda v: v.observed)
+            for name, bd in base.drift.items():
+                ref_values = bd.window.values()
+                if len(ref_values) < bd.spec.min_values:
+                    continue
+                try:
+                    ref = Reference(ref_values, bd.spec.bins, name)
+                except SpecError:
+                    continue
+                for vm in vms:
+                    d = vm.drift.get(name)
+                    if vm is base or d is None:
+                        continue
+                    window = d.window.values()
+                    if len(window) < d.spec.min_values:
+                        continue
+                    out.append(
+                        (
+                            "pdserve_version_divergence_psi",
+                            {
+                                "model": model,
+                                "version": vm.version,
+                                "baseline": base.version,
+                                "tensor": name,
+                            },
+                            ref.psi(window),
+                        )
+                    )
+        return out
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what the payload loggers hold and stop their threads."""
+        for logger in self.loggers.values():
+            logger.close(timeout)

@@ -1,0 +1,260 @@
+"""Where payload records go: :class:`FileSink` (JSON Lines or Parquet files rolled by
+size and age, on a local folder or any fsspec URL such as ``s3://bucket/prefix``) and
+:class:`KafkaSink` (one message per event on a topic, through aiokafka, CloudEvents'
+Kafka binding in binary mode). Sinks run on the payload logger's thread only; counts are
+in requests (the events of one request are written together or lost together).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import time
+from typing import Any, Protocol
+
+import orjson
+
+from pdserve.observability.monitoring.events import (
+    Event,
+    event_json,
+    kafka_headers,
+    tensor_row,
+)
+from pdserve.observability.monitoring.spec import LogSpec
+
+#: s3fs / botocore: give up on an unreachable store quickly (the logger drops and counts).
+S3_OPTIONS = {
+    "config_kwargs": {"connect_timeout": 3, "read_timeout": 10, "retries": {"max_attempts": 1}}
+}
+
+
+class SinkError(Exception):
+    """A write failed; ``lost`` requests' records are gone."""
+
+    def __init__(self, message: str, lost: int) -> None:
+        super().__init__(message)
+        self.lost = lost
+
+
+class Sink(Protocol):
+    """What the payload logger writes to (on its own thread)."""
+
+    def write(self, requests: list[list[Event]]) -> int:
+        """Take the events of some requests; return how many requests are now written
+        (a buffering sink returns those of the files it closed).
+
+        Raises:
+            SinkError: records were lost (``lost`` requests).
+        """
+        ...
+
+    def tick(self) -> int:
+        """Close what is due by age; return the requests written (SinkError as write)."""
+        ...
+
+    def close(self) -> int:
+        """Write what is buffered and release the sink; return the requests written."""
+        ...
+
+
+def _parquet_schema() -> Any:
+    import pyarrow as pa
+
+    tensor = pa.struct(
+        [
+            ("name", pa.string()),
+            ("datatype", pa.string()),
+            ("shape", pa.list_(pa.int64())),
+            ("data", pa.binary()),
+        ]
+    )
+    fields = [
+        (k, pa.string())
+        for k in (
+            "specversion", "id", "type", "source", "time", "datacontenttype",
+            "inferenceservicename", "namespace", "component", "endpoint",
+            "modelname", "modelversion", "error",
+        )
+    ]  # fmt: skip
+    return pa.schema([*fields, ("tensors", pa.list_(tensor))])
+
+
+class FileSink:
+    """JSON Lines or Parquet files under ``spec.sink.url``/``model``/, one file per roll:
+    a file is written whole once ``roll_bytes`` of records are buffered or its first
+    record is ``roll_secs`` old; a reader never sees a half-written file. Names: ``<UTC time>-<pid>-<seq>.jsonl|.parquet``.
+
+    Raises (constructor):
+        ImportError: fsspec, or pyarrow for Parquet, or the store's package is missing.
+    """
+
+    def __init__(self, spec: LogSpec, model: str) -> None:
+        import fsspec.core
+
+        url = spec.sink.url.rstrip("/")
+        options: dict[str, Any] = dict(S3_OPTIONS) if url.startswith(("s3://", "s3a://")) else {}
+        self.fs, root = fsspec.core.url_to_fs(url, **options)
+        self.root = f"{root.rstrip('/')}/{model}"
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        self._local = "file" in protocols
+        self.format = spec.sink.format
+        if self.format == "parquet":
+            self.schema = _parquet_schema()
+        self.roll_bytes = spec.roll_bytes
+        self.roll_secs = spec.roll_secs
+        self._lines: list[bytes] = []
+        self._rows: list[dict[str, Any]] = []
+        self._bytes = 0
+        self._requests = 0
+        self._since = 0.0
+        self._seq = 0
+        self.files = 0
+
+    def write(self, requests: list[list[Event]]) -> int:
+        if not requests:
+            return 0
+        if not self._requests:
+            self._since = time.monotonic()
+        for events in requests:
+            for e in events:
+                if self.format == "jsonl":
+                    line = orjson.dumps(event_json(e), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+                    self._lines.append(line)
+                    self._bytes += len(line)
+                else:
+                    row: dict[str, Any] = {**e.attributes, "error": e.error}
+                    tensors = [tensor_row(n, a) for n, a in (e.tensors or {}).items()]
+                    row["tensors"] = tensors
+                    self._rows.append(row)
+                    self._bytes += 256 + sum(len(t["data"]) for t in tensors)
+        self._requests += len(requests)
+        return self._roll() if self._bytes >= self.roll_bytes else 0
+
+    def tick(self) -> int:
+        if self._requests and time.monotonic() - self._since >= self.roll_secs:
+            return self._roll()
+        return 0
+
+    def close(self) -> int:
+        return self._roll() if self._requests else 0
+
+    def _roll(self) -> int:
+        """Write the buffer as one file; return its requests (SinkError: all lost)."""
+        n = self._requests
+        lines, rows = self._lines, self._rows
+        self._lines, self._rows, self._bytes, self._requests = [], [], 0, 0
+        self._seq += 1
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        path = f"{self.root}/{stamp}-{os.getpid()}-{self._seq:06d}.{self.format}"
+        try:
+            if self.format == "jsonl":
+                payload = b"".join(lines)
+            else:
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+
+                buf = io.BytesIO()
+                pq.write_table(pa.Table.from_pylist(rows, schema=self.schema), buf)
+                payload = buf.getvalue()
+            self.fs.makedirs(self.root, exist_ok=True)
+            if self._local:  # renamed into place: a reader never sees half a file
+                self.fs.pipe_file(path + ".tmp", payload)
+                self.fs.mv(path + ".tmp", path)
+            else:  # an object store takes the whole object at once
+                self.fs.pipe_file(path, payload)
+        except Exception as e:  # full disk, unreachable store, permissions...
+            raise SinkError(f"{path}: {type(e).__name__}: {e}", n) from e
+        self.files += 1
+        return n
+
+
+class KafkaSink:
+    """Each event a message on ``spec.sink.topic`` (key: the request id; value: the V2
+    body as JSON; headers: ``ce_*`` attributes), sent by aiokafka on the logger
+    thread's own event loop; a send not acknowledged within ``timeout_s`` loses its
+    request's records.
+
+    Raises (constructor):
+        ImportError: aiokafka is missing.
+    """
+
+    def __init__(self, spec: LogSpec, timeout_s: float = 5.0) -> None:
+        import aiokafka
+
+        self._aiokafka = aiokafka
+        self.servers = spec.sink.url
+        self.topic = spec.sink.topic
+        self.timeout_s = timeout_s
+        self._loop = asyncio.new_event_loop()
+        self._producer: Any = None
+
+    async def _producer_started(self) -> Any:
+        if self._producer is None:
+            producer = self._aiokafka.AIOKafkaProducer(
+                bootstrap_servers=self.servers,
+                request_timeout_ms=int(self.timeout_s * 1000),
+                acks=1,
+                linger_ms=5,
+            )
+            try:
+                await asyncio.wait_for(producer.start(), self.timeout_s)
+            except BaseException:
+                await producer.stop()
+                raise
+            self._producer = producer
+        return self._producer
+
+    async def _send(self, requests: list[list[Event]]) -> None:
+        producer = await self._producer_started()
+        futures = []
+        for events in requests:
+            for e in events:
+                doc = event_json(e)
+                value = orjson.dumps(doc["data"], option=orjson.OPT_SERIALIZE_NUMPY)
+                futures.append(
+                    await producer.send(
+                        self.topic, value, key=e.attributes["id"].encode(), headers=kafka_headers(e)
+                    )
+                )
+        await asyncio.wait_for(asyncio.gather(*futures), self.timeout_s)
+
+    def write(self, requests: list[list[Event]]) -> int:
+        if not requests:
+            return 0
+        try:
+            self._loop.run_until_complete(self._send(requests))
+        except Exception as e:  # broker gone, timeout, topic refused
+            self._reset()
+            raise SinkError(
+                f"kafka {self.servers}/{self.topic}: {type(e).__name__}: {e}", len(requests)
+            ) from e
+        return len(requests)
+
+    def _reset(self) -> None:
+        """Drop the producer after a failure: the next write connects afresh."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                self._loop.run_until_complete(asyncio.wait_for(producer.stop(), self.timeout_s))
+            except Exception:  # already broken: nothing more to release
+                pass
+
+    def tick(self) -> int:
+        return 0
+
+    def close(self) -> int:
+        self._reset()
+        self._loop.close()
+        return 0
+
+
+def make_sink(spec: LogSpec, model: str) -> Sink:
+    """The sink ``spec`` names, for ``model``'s records.
+
+    Raises:
+        ImportError: its package is missing (fsspec / s3fs, pyarrow, aiokafka).
+    """
+    if spec.sink.kind == "kafka":
+        return KafkaSink(spec)
+    return FileSink(spec, model)

@@ -1,0 +1,48 @@
+"""pdserve.observability.monitoring.distributions: bucket counts, out-of-range and NaN
+counts, class histograms and the sliding window hold exactly what was added."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pdserve.observability.monitoring.distributions import (
+    ClassHistogram,
+    ScoreHistogram,
+    Window,
+    numeric,
+)
+
+
+def test_score_histogram_buckets() -> None:
+    h = ScoreHistogram([0.0, 1.0, 2.0], (0.0, 1.5))
+    h.add(np.array([[-1.0, 0.0, 0.5], [1.0, 1.7, 9.0]], dtype=np.float32))
+    h.add(np.array([np.nan, 2.0]))
+    # le=0: -1, 0 | le=1: 0.5, 1 | le=2: 1.7, 2 | +Inf: 9
+    assert h.cumulative() == [("0.0", 2), ("1.0", 4), ("2.0", 6), ("+Inf", 7)]
+    assert h.count == 7 and h.nan == 1
+    assert h.sum == np.float32(-1) + 0 + 0.5 + 1 + float(np.float32(1.7)) + 9 + 2
+    assert h.out_of_range == 4  # -1, 1.7, 9, 2
+
+
+def test_class_histogram() -> None:
+    c = ClassHistogram(["cat", "dog"], max_classes=3)
+    logits = np.zeros((5, 6), dtype=np.float32)
+    for row, cls in enumerate([0, 1, 1, 2, 5]):
+        logits[row, cls] = 1.0
+    c.add(logits)
+    assert c.items() == [("cat", 1), ("dog", 2), ("2", 1), ("other", 1)]
+
+
+def test_window_keeps_the_newest() -> None:
+    w = Window(5)
+    w.add(np.arange(3))
+    assert sorted(w.values()) == [0, 1, 2]
+    w.add(np.arange(3, 7))
+    assert sorted(w.values()) == [2, 3, 4, 5, 6] and w.total == 7
+    w.add(np.arange(100, 112))
+    assert sorted(w.values()) == [107, 108, 109, 110, 111]
+
+
+def test_numeric() -> None:
+    assert numeric(np.zeros(1, np.float16)) and numeric(np.zeros(1, np.uint8))
+    assert not numeric(np.zeros(1, bool)) and not numeric(np.array([b"x"], dtype=object))

@@ -1,0 +1,105 @@
+"""pdserve.observability.monitoring.logger: sampling and filters, a request path that
+never waits on a stalled sink (full queue: dropped and counted), and counts that add up:
+sampled = written + dropped + queued."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pdserve.observability.monitoring.events import Event
+from pdserve.observability.monitoring.logger import PayloadLogger
+from pdserve.observability.monitoring.sinks import SinkError
+from pdserve.observability.monitoring.spec import LogSpec
+
+X = {"IN": np.zeros((1, 2), np.float32)}
+
+
+def _spec(text: str) -> LogSpec:
+    spec = LogSpec.parse(text)
+    assert spec is not None
+    return spec
+
+
+class StalledSink:
+    """Blocks in write until released; counts what it got."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.got = 0
+
+    def write(self, requests: list[list[Event]]) -> int:
+        self.release.wait(10)
+        self.got += len(requests)
+        return len(requests)
+
+    def tick(self) -> int:
+        return 0
+
+    def close(self) -> int:
+        return 0
+
+
+class FailingSink(StalledSink):
+    def write(self, requests: list[list[Event]]) -> int:
+        raise SinkError("disk full", len(requests))
+
+
+def test_stalled_sink_never_blocks_the_caller() -> None:
+    sink = StalledSink()
+    logger = PayloadLogger("m", _spec("sink=jsonl:/unused,queue=10"), "s", sink)
+    start = time.monotonic()
+    for i in range(1000):
+        logger.offer("1", f"r{i}", X, X, None, {})
+    assert time.monotonic() - start < 1.0
+    assert logger.sampled == 1000
+    assert logger.dropped["queue_full"] >= 1000 - 10 - 256
+    sink.release.set()
+    logger.close(5)
+    assert logger.written == sink.got
+    assert logger.sampled == logger.written + sum(logger.dropped.values())
+    assert logger.queued == 0
+
+
+def test_sink_errors_are_counted() -> None:
+    logger = PayloadLogger("m", _spec("sink=jsonl:/unused"), "s", FailingSink())
+    for i in range(20):
+        logger.offer("1", f"r{i}", X, X, None, {})
+    logger.close(5)
+    assert (logger.sampled, logger.written, logger.dropped["sink_error"]) == (20, 0, 20)
+
+
+def test_filters_and_rate(tmp_path: Path) -> None:
+    spec = _spec(f"sink=jsonl:{tmp_path},status=error,versions=2,parameter=tenant:a")
+    logger = PayloadLogger("m", spec, "s")
+    logger.offer("2", "ok", X, X, None, {"tenant": "a"})  # success: filtered
+    logger.offer("1", "v1", X, None, "boom", {"tenant": "a"})  # version 1: filtered
+    logger.offer("2", "other", X, None, "boom", {"tenant": "b"})  # tenant b: filtered
+    logger.offer("2", "kept", X, None, "boom", {"tenant": "a"})
+    logger.close(5)
+    assert (logger.sampled, logger.written) == (1, 1)
+    lines = (next((tmp_path / "m").iterdir())).read_text().splitlines()
+    assert len(lines) == 2 and '"kept"' in lines[0] and '"boom"' in lines[1]
+    sampled = PayloadLogger("m", _spec("sink=jsonl:/unused,rate=0.1"), "s", StalledSink())
+    for _ in range(5000):
+        sampled.offer("1", "", X, X, None, {})
+    assert 350 < sampled.sampled < 650
+    sampled.sink.release.set()  # type: ignore[attr-defined]
+    sampled.close(5)
+
+
+def test_the_queue_is_bounded_in_bytes_too() -> None:
+    sink = StalledSink()
+    logger = PayloadLogger("m", _spec("sink=jsonl:/unused,queue_mb=1"), "s", sink)
+    big = {"IN": np.zeros((1, 128 * 1024), np.float32)}  # 512 KiB
+    for i in range(10):
+        logger.offer("1", f"r{i}", big, None, None, {})
+    # 2 fit in 1 MiB, and one more each time the (stalled) thread takes a batch
+    assert logger.dropped["queue_full"] >= 10 - 4
+    assert logger.sampled == 10
+    sink.release.set()
+    logger.close(5)
+    assert logger.sampled == logger.written + logger.dropped["queue_full"]
