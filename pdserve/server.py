@@ -27,6 +27,7 @@ from pdserve.core.streaming import ResponseStream, StreamItem, StreamRequired, S
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.repository.breaker import BreakerBoard, CircuitBreaker, is_failure
 from pdserve.repository.control import EXPLICIT_MODES, MODES
+from pdserve.repository.health import DEFAULT_HANG_TIMEOUT_S, HealthBoard
 from pdserve.repository.manager import ModelManager
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.rollout import TrafficControl
@@ -94,6 +95,10 @@ class InferenceServer:
         breakers: the circuit breakers (:class:`~pdserve.repository.breaker.BreakerBoard`,
             with the ``--circuit-breaker`` default policy); None: only models with a
             ``circuit_breaker`` parameter have one.
+        instance_hang_timeout: ``--instance-hang-timeout``: seconds a model instance may
+            hold a batch without progress before it is declared wedged; a model's
+            ``instance_hang_timeout`` parameter overrides it; 0: off
+            (:mod:`pdserve.scheduling.watchdog`).
 
     Raises:
         ValueError: an unknown ``model_control_mode``.
@@ -115,6 +120,7 @@ class InferenceServer:
         pinned_models: Collection[str] = (),
         load_wait_s: float = 120.0,
         breakers: BreakerBoard | None = None,
+        instance_hang_timeout: float = DEFAULT_HANG_TIMEOUT_S,
     ) -> None:
         if model_control_mode not in MODES:
             raise ValueError(
@@ -145,6 +151,9 @@ class InferenceServer:
         #: circuit breakers per model version (``--circuit-breaker`` and the
         #: ``circuit_breaker`` config.pbtxt parameter; :mod:`pdserve.repository.breaker`).
         self.breakers = breakers if breakers is not None else BreakerBoard()
+        #: wedged instances, readiness hooks and canary probes of every served version
+        #: (:mod:`pdserve.repository.health`).
+        self.health = HealthBoard(instance_hang_timeout)
         #: the tracing hook (:class:`pdserve.observability.tracing.TraceManager`, set by
         #: the app); None: no request is traced and the trace extension is unavailable.
         self.tracer: RequestTracer | None = None
@@ -180,7 +189,11 @@ class InferenceServer:
         if not self._started or self._shutting_down:
             return False
         if self.strict_readiness:
-            return all(e.serving for e in self.manager.models.values() if e.wanted)
+            return all(
+                any(mv.instances_ready() for mv in e.serving.values())
+                for e in self.manager.models.values()
+                if e.wanted
+            )
         return True
 
     def metadata(self) -> dict[str, Any]:
@@ -748,6 +761,7 @@ class InferenceServer:
             WarmupError: a configured sample failed; the version does not serve.
         """
         await run_warmup(mv)
+        await self.health.attach(mv)
 
 
 #: The running ``infer`` tasks of :meth:`InferenceServer.infer_stream` (kept alive until done:

@@ -170,6 +170,7 @@ def build_server(settings: Settings) -> InferenceServer:
         pinned_models=settings.pin_models,
         load_wait_s=settings.model_load_wait_secs,
         breakers=BreakerBoard(breaker_policy),
+        instance_hang_timeout=settings.instance_hang_timeout,
     )
     server.server_id = settings.server_id  # --id: the server metadata's name
     server.tracer = build_tracer(settings)

@@ -54,6 +54,8 @@ from pdserve.backends.python.messages import (
     InitError,
     Message,
     Ready,
+    ReadyCheck,
+    ReadyState,
     Respond,
     Result,
     Stop,
@@ -103,7 +105,7 @@ class Worker:
         self.peer = shm.PeerArenas()
         self.frames = shm.FrameReader()
         #: Messages for the main thread; None: end of file (the server is gone).
-        self.inbox: deque[Exec | Stop | None] = deque()
+        self.inbox: deque[Exec | Stop | ReadyCheck | None] = deque()
         self._cond = threading.Condition()
         self._reading = False
         self.send_lock = threading.Lock()
@@ -162,8 +164,9 @@ class Worker:
                     self._reading = False
                     self._cond.notify_all()
 
-    def next_message(self) -> Exec | Stop | None:
-        """The next :class:`Exec` or :class:`Stop` for the main thread; None: end of file."""
+    def next_message(self) -> Exec | Stop | ReadyCheck | None:
+        """The next :class:`Exec`, :class:`ReadyCheck` or :class:`Stop` for the main
+        thread; None: end of file."""
         if self.eof and not self.inbox:
             return None
         self.wait_until(lambda: bool(self.inbox))
@@ -214,7 +217,7 @@ class Worker:
                 key = (message.batch_id, message.slot)
                 if key in self.streams:
                     self.streams[key] = True
-        elif isinstance(message, (Exec, Stop)):
+        elif isinstance(message, (Exec, Stop, ReadyCheck)):
             if isinstance(message, Stop):
                 self.stopping = True  # an end of file may follow at once
             self.inbox.append(message)
@@ -569,11 +572,13 @@ def _serve(worker: Worker) -> None:
         log.error("initialize of %s failed:\n%s", worker.instance_name, traceback.format_exc())
         worker.send(InitError(_format_exception(exc)))
         return
-    worker.send(Ready(os.getpid()))
+    worker.send(Ready(os.getpid(), callable(getattr(model, "is_ready", None))))
     while True:
         message = worker.next_message()
         if isinstance(message, Exec):
             worker.run_batch(model, message)
+        elif isinstance(message, ReadyCheck):
+            worker.send(_ask_is_ready(worker, model, message.check_id))
         else:  # Stop, or end of file
             worker.stopping = True
             break
@@ -584,6 +589,17 @@ def _serve(worker: Worker) -> None:
                 worker.run_coroutine(result)
         except Exception:
             log.error("finalize of %s failed:\n%s", worker.instance_name, traceback.format_exc())
+
+
+def _ask_is_ready(worker: Worker, model: Any, check_id: int) -> ReadyState:
+    """The model's ``is_ready()`` (a coroutine is run to its end) as a :class:`ReadyState`."""
+    try:
+        result = model.is_ready()
+        if inspect.isawaitable(result):
+            result = worker.run_coroutine(result)
+        return ReadyState(check_id, bool(result), None)
+    except Exception as exc:  # noqa: BLE001 - reported to the server: not ready
+        return ReadyState(check_id, False, _format_exception(exc))
 
 
 def _autocomplete(worker: Worker) -> None:
