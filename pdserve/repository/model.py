@@ -163,7 +163,7 @@ class ModelVersion:
             return True
         down = self.hooks_down
         for inst in instances:
-            watch = inst.watch
+            watch = getattr(inst, "watch", None)
             if inst.ready() and (watch is None or watch.healthy) and inst.name not in down:
                 return True
         return False

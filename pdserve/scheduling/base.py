@@ -377,7 +377,7 @@ async def run_batch(
             or (len(batch) > 1 and any(r.request.trace is not None for r in batch))
         ):
             traced = _trace_begin(batch)
-        watch = instance.watch
+        watch = getattr(instance, "watch", None)  # duck-typed instances have none
         if watch is not None:
             watch.begin(batch)
         start = time.monotonic_ns()
