@@ -451,13 +451,11 @@ class InferenceServer:
                 if replacement is None:
                     raise
                 raise replacement from e
-            stats.record_success(
-                exec_req.batch_size,
-                time.monotonic_ns() - request.arrival_ns,
-                exec_req.queue_ns,
-                exec_req.compute_ns,
-                cache_hit,
-            )
+            total_ns = time.monotonic_ns() - request.arrival_ns
+            queue_ns, compute_ns = exec_req.queue_ns, exec_req.compute_ns
+            stats.record_success(exec_req.batch_size, total_ns, queue_ns, compute_ns, cache_hit)
+            if request.timing is not None:  # asked for (pdserve.core.timing)
+                request.timing.append((mv.name, queue_ns, 0, compute_ns, 0, total_ns))
         finally:
             mv.end()
         return InferResponse(mv.name, mv.version_str, outputs, request.id)
