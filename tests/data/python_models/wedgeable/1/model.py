@@ -1,8 +1,10 @@
-"""Doubles IN; IN < 0 deadlocks ``execute`` (a lock taken twice); the model folder's
-files NOT_READY / IS_READY_RAISES / BROKEN drive ``is_ready()`` and failures."""
+"""Doubles IN and answers the worker's PID; IN < 0 deadlocks ``execute`` (a lock taken
+twice); the model folder's files NOT_READY / IS_READY_RAISES / BROKEN drive
+``is_ready()`` and failures."""
 
 import os
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -12,6 +14,7 @@ class TritonPythonModel:
     def initialize(self, args):
         self.folder = os.path.join(args["model_repository"])
         self.lock = threading.Lock()
+        time.sleep(0.3)  # a restart takes a moment: the tests see the model not ready
 
     def _flag(self, name):
         return os.path.exists(os.path.join(self.folder, name))
@@ -33,5 +36,6 @@ class TritonPythonModel:
                 self.lock.acquire()
                 self.lock.acquire()  # deadlock: never returns
             out = pb_utils.Tensor("OUT", (x * 2).astype(np.float32))
-            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+            pid = pb_utils.Tensor("PID", np.array([os.getpid()], dtype=np.int64))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out, pid]))
         return responses
