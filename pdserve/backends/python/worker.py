@@ -69,6 +69,41 @@ log = logging.getLogger("pdserve.python_worker")
 _T = TypeVar("_T")
 
 
+class LogContext(logging.Filter):
+    """Adds the model and the running batch's request ids and trace id to every log
+    line of the worker (the model's own ``pb_utils.Logger`` / ``logging`` lines too):
+    ``[model=M request_id=a,b trace_id=T]`` as the server's text format; ``-`` for a
+    request without an id, no trace id for untraced requests."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__()
+        self.model = model
+        self.suffix = f" [model={model}]"
+
+    def begin(self, batch: Exec) -> None:
+        """A batch starts: its requests' ids (and the first trace id) name the lines."""
+        ids = ",".join(r.id or "-" for r in batch.requests)
+        suffix = f" [model={self.model} request_id={ids}"
+        for r in batch.requests:
+            if r.trace:  # traceparent "00-<trace id>-<span id>-<flags>"
+                suffix += f" trace_id={r.trace.split('-')[1]}"
+                break
+        self.suffix = suffix + "]"
+
+    def end(self) -> None:
+        """The batch is answered."""
+        self.suffix = f" [model={self.model}]"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Set ``record.ids`` (the suffix)."""
+        record.ids = self.suffix
+        return True
+
+
+#: The worker's log context (set up by :func:`worker_main`; None in other processes).
+log_context: LogContext | None = None
+
+
 def _format_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -311,7 +346,17 @@ class Worker:
     # -- execute ------------------------------------------------------------------
 
     def run_batch(self, model: Any, batch: Exec) -> None:
-        """Build the requests, call ``execute``, send the results of the batch."""
+        """Build the requests, call ``execute``, send the results of the batch (its
+        log lines name its requests: :class:`LogContext`)."""
+        if log_context is not None:
+            log_context.begin(batch)
+        try:
+            self._run_batch(model, batch)
+        finally:
+            if log_context is not None:
+                log_context.end()
+
+    def _run_batch(self, model: Any, batch: Exec) -> None:
         model_name = self.init.model_name
         version = int(self.init.model_version)
         requests = []
@@ -677,12 +722,16 @@ def worker_main(sock: socket.socket, init: WorkerInit) -> None:
     # to the whole process group (Ctrl-C, systemd's KillMode=control-group, timeout)
     # must not kill workers under the server's orderly shutdown.
     shield_from_group_signals()
+    global log_context
+    log_context = LogContext(init.model_name)
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s %(levelname).1s {init.instance_name or 'worker'}"
-        f"[{os.getpid()}] %(name)s: %(message)s",
+        f"[{os.getpid()}] %(name)s: %(message)s%(ids)s",
         stream=sys.stderr,
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(log_context)
     sock.setblocking(True)
     worker = Worker(sock, init)
     pb._bls_submit = worker.submit_bls
