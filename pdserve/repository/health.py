@@ -335,7 +335,7 @@ class HealthBoard:
                     yield (
                         "pdserve_probe_total",
                         "counter",
-                        "canary probe inferences by result (not counted as requests)",
+                        "Canary probe inferences by result (not counted as requests)",
                         labels,
                         float(s[result]),
                     )

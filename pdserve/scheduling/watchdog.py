@@ -211,14 +211,14 @@ class Watchdog:
             yield (
                 "pdserve_instance_wedges_total",
                 "counter",
-                "batches declared wedged (held past the instance hang timeout without progress)",
+                "Batches declared wedged (held past the instance hang timeout without progress)",
                 labels,
                 float(w.wedges),
             )
             yield (
                 "pdserve_instance_restarts_total",
                 "counter",
-                "model instances restarted (a python worker that died or was wedged)",
+                "Model instances restarted (a python worker that died or was wedged)",
                 labels,
                 float(w.instance.restarts),
             )
