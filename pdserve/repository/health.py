@@ -104,6 +104,7 @@ class ModelHealth:
         mv = self.mv
         if self.probe_interval > 0:
             self.probe_request = await self._probe_sample(where)
+            mv.stats.probe = self.summary
         for inst in mv.instances:
             if not inst.has_ready_hook():
                 continue

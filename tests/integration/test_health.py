@@ -225,9 +225,13 @@ def test_failing_probe_takes_the_model_out_and_is_not_traffic(server: ServerProc
     finally:
         flag.unlink()
     _wait(lambda: _ready(f"{base}/v2/models/probed/ready"), 5)
-    after = client.get_inference_statistics("probed")["model_stats"][0]["inference_stats"]
+    entry = client.get_inference_statistics("probed")["model_stats"][0]
+    after = entry["inference_stats"]
     assert after["success"]["count"] == before["success"]["count"]  # probes are no traffic
     assert after["fail"]["count"] == before["fail"]["count"]
+    probe = entry["pdserve_probe"]  # labelled apart
+    assert probe["failure"] >= 2 and probe["success"] >= 1 and probe["failing_in_row"] == 0
+    assert probe["last_error"] == "the model is broken"
     with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as r:
         metrics = r.read().decode()
     failures = [
