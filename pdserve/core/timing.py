@@ -56,23 +56,25 @@ def asked(header: bytes | str | None, parameters: dict[str, Any]) -> bool:
     return wanted
 
 
-def _ms(ns: int) -> str:
-    return f"{ns / 1e6:.3f}".rstrip("0").rstrip(".") or "0"
+#: One model's entries (a ``%s`` prefix, then five durations in ms, 3 decimals).
+_ENTRY = (
+    "%squeue;dur=%.3f, %scompute_input;dur=%.3f, %scompute_infer;dur=%.3f, "
+    "%scompute_output;dur=%.3f, %stotal;dur=%.3f"
+)
 
 
 def server_timing(entries: list[Entry]) -> str:
     """The ``Server-Timing`` value of a request's entries (W3C syntax:
-    ``name;dur=ms`` joined by ``, ``). The last entry is the model the request named;
-    entries before it are an ensemble's steps, their names prefixed ``<model>.``."""
-    parts: list[str] = []
+    ``name;dur=ms`` joined by ``, ``, ms with 3 decimals). The last entry is the model the
+    request named; entries before it are an ensemble's steps, named ``<model>.<name>``."""
     last = len(entries) - 1
+    parts = []
     for i, (model, queue, c_in, c_infer, c_out, total) in enumerate(entries):
-        prefix = "" if i == last else _NOT_TOKEN.sub("_", model) + "."
-        parts.append(f"{prefix}queue;dur={_ms(queue)}")
-        parts.append(f"{prefix}compute_input;dur={_ms(c_in)}")
-        parts.append(f"{prefix}compute_infer;dur={_ms(c_infer)}")
-        parts.append(f"{prefix}compute_output;dur={_ms(c_out)}")
-        parts.append(f"{prefix}total;dur={_ms(total)}")
+        p = "" if i == last else _NOT_TOKEN.sub("_", model) + "."
+        parts.append(
+            _ENTRY
+            % (p, queue / 1e6, p, c_in / 1e6, p, c_infer / 1e6, p, c_out / 1e6, p, total / 1e6)
+        )
     return ", ".join(parts)
 
 

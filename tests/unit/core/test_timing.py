@@ -8,8 +8,8 @@ from pdserve.core.timing import asked, parse_server_timing, server_timing
 def test_one_model() -> None:
     value = server_timing([("tiny", 120_000, 0, 1_500_000, 0, 2_000_000)])
     assert value == (
-        "queue;dur=0.12, compute_input;dur=0, compute_infer;dur=1.5, "
-        "compute_output;dur=0, total;dur=2"
+        "queue;dur=0.120, compute_input;dur=0.000, compute_infer;dur=1.500, "
+        "compute_output;dur=0.000, total;dur=2.000"
     )
     assert parse_server_timing(value) == {
         "queue": 0.12,
