@@ -36,7 +36,21 @@ from pdserve.core.timing import parse_server_timing
 from tests.conftest import ServerProcess, start_server
 
 MODEL_SRC = Path(__file__).resolve().parents[1] / "data" / "python_models" / "wedgeable"
-MODELS = ("wedgeable", "hooked", "probed", "timed")
+MODELS = ("wedgeable", "hooked", "probed", "timed", "pipeline")
+#: an ensemble of two ``timed`` steps (x -> 2x -> 4x)
+PIPELINE = """
+name: "pipeline"
+platform: "ensemble"
+max_batch_size: 0
+input [{ name: "X", data_type: TYPE_FP32, dims: [1] }]
+output [{ name: "Y", data_type: TYPE_FP32, dims: [1] }]
+ensemble_scheduling { step [
+  { model_name: "timed", model_version: -1, input_map { key: "IN" value: "X" },
+    output_map { key: "OUT" value: "MID" } },
+  { model_name: "timed", model_version: -1, input_map { key: "IN" value: "MID" },
+    output_map { key: "OUT" value: "Y" } }
+] }
+"""
 HOOK_PARAMS = {"is_ready_interval": "0.1", "is_ready_timeout": "1"}
 PROBE_PARAMS = {
     "probe_interval": "0.15",
@@ -63,6 +77,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     _copy(repo, "probed", PROBE_PARAMS)
     _copy(repo, "timed", {})
     _copy(repo, "badcfg", {})
+    (repo / "pipeline" / "1").mkdir(parents=True)
+    (repo / "pipeline" / "config.pbtxt").write_text(PIPELINE)
     args = ["--instance-hang-timeout", "1", "--strict-readiness", "--server-timing"]
     args += ["--model-control-mode", "explicit"]
     for name in MODELS:
@@ -348,6 +364,22 @@ def test_worker_log_lines_name_model_and_request(server: ServerProcess) -> None:
     _wait(lambda: "seven requested" in server.log(), 5)
     line = next(x for x in server.log().splitlines() if "seven requested" in x)
     assert line.endswith("seven requested [model=timed request_id=req-seven]"), line
+
+
+def test_server_timing_of_an_ensemble_has_one_entry_per_step(server: ServerProcess) -> None:
+    body = json.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [3]}]})
+    out = subprocess.run(
+        ["curl", "-s", "-i", "-H", "x-pdserve-server-timing: 1", "-d", body,
+         f"http://{server.http_url}/v2/models/pipeline/infer"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    assert '"data":[12.0]' in out
+    header = next(x for x in out.splitlines() if x.lower().startswith("server-timing:"))
+    names = [e.strip().split(";")[0] for e in header.split(":", 1)[1].split(",")]
+    step = ["queue", "compute_input", "compute_infer", "compute_output", "total"]
+    assert names == [f"timed.{n}" for n in step] * 2 + step
+    durs = [float(e.split("dur=")[1]) for e in header.split(":", 1)[1].split(",")]
+    assert durs[-1] >= durs[4] + durs[9]  # the ensemble's total covers both steps
 
 
 @pytest.mark.parametrize(
