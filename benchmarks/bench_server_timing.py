@@ -126,7 +126,7 @@ def summary(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         ]
         out[f"{a}/{b}"] = {
             "per_round": pairs,
-            "median": statistics.median(pairs) if pairs else None,
+            "median": round(statistics.median(pairs), 3) if pairs else None,
         }
     return out
 
