@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import queue
 import shutil
 import subprocess
 import threading
@@ -36,7 +37,7 @@ from pdserve.core.timing import parse_server_timing
 from tests.conftest import ServerProcess, start_server
 
 MODEL_SRC = Path(__file__).resolve().parents[1] / "data" / "python_models" / "wedgeable"
-MODELS = ("wedgeable", "hooked", "probed", "timed", "pipeline")
+MODELS = ("wedgeable", "hooked", "probed", "timed", "pipeline", "decoupled_repeat")
 #: an ensemble of two ``timed`` steps (x -> 2x -> 4x)
 PIPELINE = """
 name: "pipeline"
@@ -77,6 +78,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     _copy(repo, "probed", PROBE_PARAMS)
     _copy(repo, "timed", {})
     _copy(repo, "badcfg", {})
+    shutil.copytree(MODEL_SRC.parent / "decoupled_repeat", repo / "decoupled_repeat")
     (repo / "pipeline" / "1").mkdir(parents=True)
     (repo / "pipeline" / "config.pbtxt").write_text(PIPELINE)
     args = ["--instance-hang-timeout", "1", "--strict-readiness", "--server-timing"]
@@ -213,6 +215,32 @@ def test_deadlocked_execute_is_wedged_and_restarted(server: ServerProcess) -> No
         if m.startswith('pdserve_instance_wedges_total{model="wedgeable"')
     )
     assert float(line.split()[-1]) >= 2
+
+
+def test_decoupled_model_that_keeps_sending_is_not_wedged(server: ServerProcess) -> None:
+    """Responses 0.4 s apart for 2.4 s, past the 1 s bound: progress, not a wedge."""
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = grpcclient.InferInput("IN", [6], "INT32")
+    x.set_data_from_numpy(np.arange(6, dtype=np.int32))
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        client.async_stream_infer(
+            "decoupled_repeat", [x], parameters={"delay_ms": 400}, enable_empty_final_response=True
+        )
+        values = []
+        while True:
+            result, error = got.get(timeout=10)
+            assert error is None, error
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+            values.append(int(result.as_numpy("OUT")[0]))
+    finally:
+        client.stop_stream()
+    assert values == [0, 1, 2, 3, 4, 5]
+    assert (
+        "decoupled_repeat_0_0' of model 'decoupled_repeat' version 1 is wedged" not in server.log()
+    )
 
 
 def test_is_ready_hook_toggles_readiness(server: ServerProcess) -> None:
