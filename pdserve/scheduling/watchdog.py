@@ -11,7 +11,7 @@ fail with ``UNAVAILABLE`` naming the model and instance, the instance is recover
 and started again) and, until it is, it counts as not ready. Wedges of one instance in
 quick succession back off (1 s, 2 s, ... at most :data:`MAX_BACKOFF_S`) before the restart.
 An instance that cannot be recovered (in-process backends: a thread cannot be killed)
-stays not ready until its batch returns; its requests still fail at the bound.
+stays not ready until its batch returns, whose requests then fail with ``UNAVAILABLE``.
 """
 
 from __future__ import annotations
