@@ -4,7 +4,7 @@
 config.pbtxt ``parameters`` (a bad value fails the load, naming it):
 ``instance_hang_timeout`` (s; 0 off; default ``--instance-hang-timeout``: the
 :class:`~pdserve.scheduling.watchdog.Watchdog` bound); ``is_ready_interval`` /
-``is_ready_timeout`` (s, default 5 / 2: a python model's ``is_ready()``);
+``is_ready_timeout`` (s, default 5 / 5, Triton's: a python model's ``is_ready()``);
 ``probe_interval`` (s; absent: no probe), ``probe_timeout`` (2), ``probe_failures`` (3),
 ``probe_input`` (JSON ``{"INPUT": nested list}``, default the first ``model_warmup``
 sample): a canary inference failing ``probe_failures`` times in a row makes the model
@@ -72,7 +72,7 @@ class ModelHealth:
         self.mv = mv
         self.watchdog = watchdog
         self.hook_interval = _seconds(cfg, "is_ready_interval", 5.0, where) or 5.0
-        self.hook_timeout = _seconds(cfg, "is_ready_timeout", 2.0, where) or 2.0
+        self.hook_timeout = _seconds(cfg, "is_ready_timeout", 5.0, where) or 5.0
         self.probe_interval = _seconds(cfg, "probe_interval", 0.0, where)
         self.probe_timeout = _seconds(cfg, "probe_timeout", 2.0, where) or 2.0
         p = cfg.parameters.get("probe_failures")
