@@ -266,6 +266,8 @@ def test_failing_probe_takes_the_model_out_and_is_not_traffic(server: ServerProc
     try:
         _wait(lambda: not _ready(f"{base}/v2/models/probed/ready"), 5)
         assert not _ready(f"{base}/v2/health/ready")
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as r:
+            assert 'pdserve_model_ready{model="probed",version="1"} 0' in r.read().decode()
     finally:
         flag.unlink()
     _wait(lambda: _ready(f"{base}/v2/models/probed/ready"), 5)
