@@ -379,7 +379,9 @@ class WorkerConnection:
         self.send(ReadyCheck(check_id))
         try:
             waits: list[asyncio.Future[Any]] = [future, self.died]
-            done, _ = await asyncio.wait(waits, timeout=timeout)
+            done, _ = await asyncio.wait(
+                waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             self._ready_checks.pop(check_id, None)
         if future in done:
