@@ -16,7 +16,6 @@ itself is :meth:`~pdserve.repository.model.ModelVersion.instances_ready`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -160,9 +159,8 @@ class ModelHealth:
             tasks.append(self._probe_task)
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        if tasks:  # a probe stuck in a wedged worker ends when the instances are aborted
+            await asyncio.wait(tasks, timeout=1.0)
         if self.watchdog is not None:
             await self.watchdog.stop()
         if self.on_stop is not None:

@@ -17,7 +17,6 @@ stays not ready until its batch returns, whose requests then fail with ``UNAVAIL
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Iterator
@@ -134,9 +133,8 @@ class Watchdog:
             tasks.append(self._sweeper)
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
         for w in self.watches:
             w.instance.watch = None
         self._sweeper = None
