@@ -27,10 +27,12 @@ from pdserve.core.streaming import ResponseStream, StreamItem, StreamRequired, S
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.repository.breaker import BreakerBoard, CircuitBreaker, is_failure
 from pdserve.repository.control import EXPLICIT_MODES, MODES
+from pdserve.repository.health import DEFAULT_HANG_TIMEOUT_S, HealthBoard
 from pdserve.repository.manager import ModelManager
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.rollout import TrafficControl
 from pdserve.repository.staging import check_model_name
+from pdserve.repository.statistics import statistics_of
 from pdserve.repository.warmup import warmup as run_warmup
 
 if TYPE_CHECKING:
@@ -95,6 +97,10 @@ class InferenceServer:
         breakers: the circuit breakers (:class:`~pdserve.repository.breaker.BreakerBoard`,
             with the ``--circuit-breaker`` default policy); None: only models with a
             ``circuit_breaker`` parameter have one.
+        instance_hang_timeout: ``--instance-hang-timeout``: seconds a model instance may
+            hold a batch without progress before it is declared wedged; a model's
+            ``instance_hang_timeout`` parameter overrides it; 0: off
+            (:mod:`pdserve.scheduling.watchdog`).
 
     Raises:
         ValueError: an unknown ``model_control_mode``.
@@ -116,6 +122,7 @@ class InferenceServer:
         pinned_models: Collection[str] = (),
         load_wait_s: float = 120.0,
         breakers: BreakerBoard | None = None,
+        instance_hang_timeout: float = DEFAULT_HANG_TIMEOUT_S,
     ) -> None:
         if model_control_mode not in MODES:
             raise ValueError(
@@ -146,6 +153,9 @@ class InferenceServer:
         #: circuit breakers per model version (``--circuit-breaker`` and the
         #: ``circuit_breaker`` config.pbtxt parameter; :mod:`pdserve.repository.breaker`).
         self.breakers = breakers if breakers is not None else BreakerBoard()
+        #: wedged instances, readiness hooks and canary probes of every served version
+        #: (:mod:`pdserve.repository.health`).
+        self.health = HealthBoard(instance_hang_timeout)
         #: the tracing hook (:class:`pdserve.observability.tracing.TraceManager`, set by
         #: the app); None: no request is traced and the trace extension is unavailable.
         self.tracer: RequestTracer | None = None
@@ -185,7 +195,11 @@ class InferenceServer:
         if not self._started or self._shutting_down:
             return False
         if self.strict_readiness:
-            return all(e.serving for e in self.manager.models.values() if e.wanted)
+            return all(
+                any(mv.instances_ready() for mv in e.serving.values())
+                for e in self.manager.models.values()
+                if e.wanted
+            )
         return True
 
     def metadata(self) -> dict[str, Any]:
@@ -455,13 +469,11 @@ class InferenceServer:
                 if replacement is None:
                     raise
                 raise replacement from e
-            stats.record_success(
-                exec_req.batch_size,
-                time.monotonic_ns() - request.arrival_ns,
-                exec_req.queue_ns,
-                exec_req.compute_ns,
-                cache_hit,
-            )
+            total_ns = time.monotonic_ns() - request.arrival_ns
+            queue_ns, compute_ns = exec_req.queue_ns, exec_req.compute_ns
+            stats.record_success(exec_req.batch_size, total_ns, queue_ns, compute_ns, cache_hit)
+            if request.timing is not None:  # asked for (pdserve.core.timing)
+                request.timing.append((mv.name, queue_ns, 0, compute_ns, 0, total_ns))
         finally:
             mv.end()
         if mv.observer is not None and not decoupled:  # monitoring: never blocks
@@ -652,26 +664,7 @@ class InferenceServer:
                 ``version`` is not one of them (HTTP 400, gRPC INVALID_ARGUMENT, as
                 Triton's ``TRITONSERVER_ServerModelStatistics`` answers).
         """
-        if name:
-            entry = self.manager.models.get(name)
-            if entry is None or not entry.serving:
-                raise InferError(f"requested model '{name}' is not available")
-            if version:
-                mv = None
-                if version.isascii() and version.isdigit() and len(version) <= 19:
-                    mv = entry.serving.get(int(version))
-                if mv is None:
-                    raise InferError(
-                        f"requested model version '{version}' is not available for model '{name}'"
-                    )
-                versions = [mv]
-            else:
-                versions = list(entry.serving.values())
-        else:
-            versions = [
-                mv for _, e in sorted(self.manager.models.items()) for mv in e.serving.values()
-            ]
-        return {"model_stats": [mv.stats.as_dict() for mv in versions]}
+        return statistics_of(self.manager.models, name, version)
 
     def served_model_stats(self) -> list[ModelStats]:
         """Statistics of every served model version, by model name then version (metrics)."""
@@ -776,6 +769,7 @@ class InferenceServer:
                 mv.observer = self.monitor.attach(mv, mv.spec.model_dir)
             except ValueError as e:
                 raise InferError(f"monitoring: {e}", ErrorCode.INVALID_ARG) from None
+        await self.health.attach(mv)
 
 
 #: The running ``infer`` tasks of :meth:`InferenceServer.infer_stream` (kept alive until done:

@@ -19,6 +19,7 @@ from pdserve.app.triton_flags import BACKEND_SETTING_IGNORED, log_ignored
 from pdserve.backends.host_policy import format_cpu_list
 from pdserve.backends.onnxruntime.autocomplete import set_default_max_batch_size
 from pdserve.cache import AnyResponseCache, RedisResponseCache, ResponseCache
+from pdserve.core import timing
 from pdserve.core.errors import InferError
 from pdserve.frontends.traffic.gate import TrafficGate
 from pdserve.observability.monitoring.monitor import Monitor
@@ -171,8 +172,10 @@ def build_server(settings: Settings) -> InferenceServer:
         pinned_models=settings.pin_models,
         load_wait_s=settings.model_load_wait_secs,
         breakers=BreakerBoard(breaker_policy),
+        instance_hang_timeout=settings.instance_hang_timeout,
     )
     server.server_id = settings.server_id  # --id: the server metadata's name
+    timing.state.enabled = settings.server_timing  # --server-timing (pdserve.core.timing)
     server.tracer = build_tracer(settings)
     server.monitor = Monitor(settings.payload_log)  # --payload-log: checked by the settings
     if settings.model_control_mode in ("explicit", "on_demand"):

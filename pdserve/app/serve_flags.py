@@ -52,6 +52,7 @@ from .flag_syntax import (
     size_arg,
     switch,
 )
+from .health_flags import HealthFlags
 
 #: ``--http-server`` choices: pdserve's native HTTP/1.1 transport, or the ASGI app on uvicorn.
 HTTP_SERVERS = ("native", "asgi")
@@ -83,7 +84,7 @@ def repository_arg(text: str) -> Path | str:
 
 
 @dataclass(frozen=True)
-class ServeFlags:
+class ServeFlags(HealthFlags):
     """One field per ``pdserve serve`` flag, defaults declared here only. Sizes are
     bytes, durations seconds."""
 

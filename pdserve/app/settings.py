@@ -177,6 +177,7 @@ class Settings(ServeFlags):
             ("--http-header-timeout-secs", self.http_header_timeout_secs),
             ("--http-idle-timeout-secs", self.http_idle_timeout_secs),
             ("--http-write-timeout-secs", self.http_write_timeout_secs),
+            ("--instance-hang-timeout", self.instance_hang_timeout),
         ):
             if not (math.isfinite(secs) and secs >= 0):
                 raise SettingsError(flag, f"must be a number of seconds >= 0, got {secs}")

@@ -273,6 +273,7 @@ async def start_metrics(
         server, cpu=settings.allow_cpu_metrics, gpu=settings.allow_gpu_metrics
     )
     exporter.sources.append(server.breakers.samples)
+    exporter.sources.append(server.health.samples)
     if isinstance(server.tracer, TraceManager):
         exporter.sources.append(server.tracer.samples)
     if gate is not None:

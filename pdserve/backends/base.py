@@ -92,6 +92,11 @@ class ModelInstance(abc.ABC):
     name: str = ""
     #: ``"KIND_CPU"`` / ``"KIND_GPU"`` / ``"KIND_MODEL"``.
     kind: str = "KIND_CPU"
+    #: the watchdog's record of this instance
+    #: (:class:`pdserve.scheduling.watchdog.InstanceWatch`); None: not watched.
+    watch: Any = None
+    #: times the instance was started again (a worker that died or was wedged).
+    restarts: int = 0
 
     @abc.abstractmethod
     async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
@@ -116,6 +121,34 @@ class ModelInstance(abc.ABC):
         (:mod:`pdserve.backends.remote.backend`); the model version's readiness
         (``/v2/models/<m>/ready``) requires every instance to be."""
         return True
+
+    def progress(self) -> int:
+        """A counter that moves while the instance makes progress on its batch without
+        finishing it (a decoupled model's responses); the watchdog does not declare an
+        instance wedged while it moves. Default: 0 (only finishing counts)."""
+        return 0
+
+    async def check_ready(self, timeout_s: float) -> tuple[bool, str] | None:
+        """The model's own readiness hook (a python model's ``is_ready()``), waited
+        for at most ``timeout_s`` s: ``(ready, why not)``, or None when there is no
+        hook or it cannot be asked now (the previous answer stands)."""
+        return None
+
+    def has_ready_hook(self) -> bool:
+        """The model has a readiness hook (:meth:`check_ready` asks it)."""
+        return False
+
+    async def recover(self, delay_s: float, reason: str) -> bool:
+        """Tear a wedged instance down and start it again, ``delay_s`` s after the
+        teardown (the watchdog's back-off); its batch in flight ends as it may (its
+        requests are failed by the watchdog).
+
+        Returns:
+            True once the instance serves again; False when it cannot be recovered
+            (the default: an in-process instance cannot stop a call in progress; it
+            counts as not ready until its batch returns).
+        """
+        return False
 
     def worker_pids(self) -> list[int]:
         """Process ids of the worker processes this instance runs in (empty: it runs

@@ -337,6 +337,9 @@ class ModelStats:
         self.memory_source = ""
         self.gpu_memory_bytes: int | None = None
         self.output_shape_mismatches: dict[str, int] = {}
+        #: the version's canary probe counts (``pdserve_probe`` in :meth:`as_dict`;
+        #: :mod:`pdserve.repository.health`), or None: no probe.
+        self.probe: Callable[[], dict[str, Any]] | None = None
         for listener in LISTENERS:
             listener(self)
 
@@ -453,10 +456,14 @@ class ModelStats:
 
     def as_dict(self) -> dict[str, Any]:
         """One entry of Triton's ``model_stats`` list, plus pdserve's ``memory_bytes``
-        and ``memory_source`` (HTTP JSON only; gRPC carries ``memory_usage``)."""
+        and ``memory_source`` (HTTP JSON only; gRPC carries ``memory_usage``) and, for a
+        version with a canary probe, ``pdserve_probe`` (``{success, failure,
+        failing_in_row, last_error}``)."""
         extras: dict[str, Any] = {}
         if self.memory_bytes is not None:
             extras = {"memory_bytes": self.memory_bytes, "memory_source": self.memory_source}
+        if self.probe is not None:  # canary probes: labelled apart, never user traffic
+            extras["pdserve_probe"] = self.probe()
         return {
             "name": self.name,
             "version": self.version,

@@ -61,6 +61,8 @@ class InferRequest:
             ``None``: none.
         stream: the :class:`~pdserve.core.streaming.ResponseStream` of a request to a
             decoupled model (set by ``InferenceServer.infer_stream``); None: one response.
+        timing: the request asked for its server timing: the core appends one
+            :data:`pdserve.core.timing.Entry` per model it ran on; None: not asked.
     """
 
     model_name: str
@@ -77,6 +79,7 @@ class InferRequest:
     trace: Any = None
     shm_inputs: dict[str, Any] | None = None
     stream: Any = None
+    timing: list[Any] | None = None
 
 
 @dataclass(slots=True)

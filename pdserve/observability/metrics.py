@@ -428,8 +428,9 @@ def worker_families(server: MetricsSource) -> list[Family]:
 
 
 def readiness_families(server: MetricsSource) -> list[Family]:
-    """``pdserve_model_ready{model, version}``: 1 for a READY version, 0 for a version
-    that is loading, failed or unavailable -- every row of the repository index that
+    """``pdserve_model_ready{model, version}``: 1 for a READY version that is ready now
+    (``model_ready``: not wedged, hooks and probe passing), 0 for a version that is not,
+    or is loading, failed or unavailable -- every row of the repository index that
     has a version, except versions unloaded on request (reason ``unloaded``)."""
     index = getattr(server, "repository_index", None)
     fam = Family("pdserve_model_ready", "gauge", "1 when the model version is ready to serve, 0 when it is loading, failed or unavailable")  # fmt: skip
@@ -440,13 +441,15 @@ def readiness_families(server: MetricsSource) -> list[Family]:
     except Exception as e:  # noqa: BLE001 - a scrape never fails on this
         log.debug("repository index unavailable for metrics: %s", e)
         return []
+    model_ready = getattr(server, "model_ready", None)
     for row in rows:
         version = row.get("version")
         if not version or str(row.get("reason", "")).startswith("unloaded"):
             continue
-        fam.add(
-            {"model": row["name"], "version": str(version)}, 1 if row.get("state") == "READY" else 0
-        )
+        ready = row.get("state") == "READY"
+        if ready and model_ready is not None:  # wedged, hook or probe (repository.health)
+            ready = bool(model_ready(row["name"], str(version)))
+        fam.add({"model": row["name"], "version": str(version)}, 1 if ready else 0)
     return [fam]
 
 

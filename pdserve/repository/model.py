@@ -146,11 +146,31 @@ class ModelVersion:
         self._idle.set()
         self.config_json: dict[str, Any] = cfgmod.config_to_json(cfg)
         self._metadata: dict[str, Any] | None = None
+        #: the version's :class:`~pdserve.repository.health.ModelHealth` (set by the
+        #: server once it is warmed up; stopped at close); None: none.
+        self.health: Any = None
+        #: instances whose readiness hook (``is_ready()``) says not ready.
+        self.hooks_down: set[str] = set()
+        #: the canary probe failed its allowed number of times in a row.
+        self.probe_down = False
 
     def instances_ready(self) -> bool:
-        """Every instance can serve now (:meth:`ModelInstance.ready`; a remote
-        model's instances follow their target's readiness)."""
-        return all(inst.ready() for inst in self.instances)
+        """The version can serve now: its canary probe is not failing and at least
+        one instance is healthy: :meth:`ModelInstance.ready` (a python worker runs; a
+        remote model's target answers ready), not wedged
+        (:mod:`pdserve.scheduling.watchdog`), its readiness hook not false. A version
+        without instances (an ensemble) is ready."""
+        if self.probe_down:
+            return False
+        instances = self.instances
+        if not instances:
+            return True
+        down = self.hooks_down
+        for inst in instances:
+            watch = getattr(inst, "watch", None)
+            if inst.ready() and (watch is None or watch.healthy) and inst.name not in down:
+                return True
+        return False
 
     # -- metadata -------------------------------------------------------------
 
@@ -415,6 +435,8 @@ class ModelVersion:
         and what is still in flight fails with 503, so a hung model never keeps the
         server from stopping or a retired version from unloading.
         """
+        if self.health is not None:
+            await self.health.stop()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + max(0.0, timeout)
 

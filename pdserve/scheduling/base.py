@@ -377,6 +377,9 @@ async def run_batch(
             or (len(batch) > 1 and any(r.request.trace is not None for r in batch))
         ):
             traced = _trace_begin(batch)
+        watch = getattr(instance, "watch", None)  # duck-typed instances have none
+        if watch is not None:
+            watch.begin(batch)
         start = time.monotonic_ns()
         try:
             results = await instance.execute(batch)
@@ -399,6 +402,12 @@ async def run_batch(
                 results = [internal(f"RuntimeError: {e}") for _ in batch]
         except Exception as e:  # a backend fault fails its batch only
             results = [internal(f"{type(e).__name__}: {e}") for _ in batch]
+        except BaseException:  # cancelled: the batch is over for the watchdog too
+            if watch is not None:
+                watch.end()
+            raise
+        if watch is not None and watch.end():  # declared wedged (scheduling.watchdog)
+            results = watch.failures(batch)
         elapsed = time.monotonic_ns() - start
         rows = sum(r.batch_size for r in batch)
         stats.record_execution(rows, 0, elapsed, 0)

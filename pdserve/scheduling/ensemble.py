@@ -298,6 +298,7 @@ class EnsembleScheduler(Scheduler):
             id=origin.id,
             parameters=_step_parameters(origin.parameters),
             cancelled=origin.cancelled,
+            timing=origin.timing,  # each step's entry goes into the ensemble request's
         )
         parent_token = token_of(origin)
         step_token: CancelToken | None = None

@@ -753,3 +753,50 @@ def test_bad_trace_config_flag(repo: Path) -> None:
     )
     assert proc.returncode == 2
     assert "argument --trace-config: 'rate' must be an integer, got 'often'" in proc.stderr
+
+
+REMOTE_TINY = """\
+name: "tiny_remote"
+backend: "remote"
+max_batch_size: 128
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 64 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 64 ] } ]
+parameters { key: "url" value: { string_value: "%s" } }
+parameters { key: "protocol" value: { string_value: "%s" } }
+parameters { key: "model_name" value: { string_value: "tiny" } }
+"""
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_remote_call_is_a_span_the_target_continues(
+    server: ServerProcess, receiver: Receiver, tmp_path: Path, protocol: str
+) -> None:
+    """A transformer's remote model sends its call's traceparent: the predictor's root
+    span is a child of the transformer's ``remote_infer`` span, in one trace."""
+    target = server.http_url if protocol == "http" else server.grpc_url
+    (tmp_path / "repo" / "tiny_remote" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "tiny_remote" / "config.pbtxt").write_text(
+        REMOTE_TINY % (target, protocol)
+    )
+    front = start_server(tmp_path / "repo", tmp_path / "front.log", *trace_flags(receiver.url))
+    try:
+        client = httpclient.InferenceServerClient(front.http_url)
+        t = httpclient.InferInput("INPUT0", [1, 64], "FP32")
+        t.set_data_from_numpy(np.ones((1, 64), dtype=np.float32))
+        trace_id = ("ab" if protocol == "http" else "cd") * 16
+        client.infer(
+            "tiny_remote", [t], headers={"traceparent": f"00-{trace_id}-2222222222222222-01"}
+        )
+        receiver.wait_for(
+            lambda s: sum(x.name == "InferRequest" and x.trace_id == trace_id for x in s) == 2
+        )
+    finally:
+        front.stop()
+    spans = receiver.trace(trace_id)
+    remote = _one(spans, "remote_infer")
+    assert remote.attrs["pdserve.remote_target"].endswith(target)
+    roots = sorted((s for s in spans if s.name == "InferRequest"), key=lambda s: s.start)
+    assert roots[0].parent_id == "2222222222222222"  # the transformer's, under the client
+    assert roots[1].parent_id == remote.span_id  # the predictor's, under the remote call
+    assert _is_below(spans, remote, roots[0])
+    _inside(roots[1], remote)

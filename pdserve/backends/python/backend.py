@@ -227,6 +227,8 @@ class PythonInstance(ModelInstance):
         self.restarts = 0
         self._retry_delay = 0.05
         self._retry_at = 0.0
+        #: the watchdog's back-off: no restart before this ``time.monotonic()``.
+        self._hold_until = 0.0
         self._out_types = {o.name: cfgmod.datatype_of(o) for o in spec.config.output}
         for st in spec.config.sequence_batching.state:  # implicit state: the batcher keeps it
             self._out_types[st.output_name] = cfgmod.datatype_of(st)
@@ -288,6 +290,9 @@ class PythonInstance(ModelInstance):
             Exception: the new worker failed to start (the next request tries again,
                 no sooner than the back-off delay).
         """
+        hold = self._hold_until - time.monotonic()
+        if hold > 0:
+            await asyncio.sleep(hold)
         try:
             conn = await self._start_once()
         except Exception as e:
@@ -308,6 +313,54 @@ class PythonInstance(ModelInstance):
         self.conn = conn
         log.info("restarted %s (worker pid %d)", self.name, conn.pid)
         return conn
+
+    def ready(self) -> bool:
+        """A worker is running (False between its death or teardown and its restart)."""
+        conn = self.conn
+        return conn is not None and not conn.died.done()
+
+    def progress(self) -> int:
+        """Decoupled responses the current worker sent (the watchdog's progress)."""
+        conn = self.conn
+        return conn.responses_seen if conn is not None else 0
+
+    async def check_ready(self, timeout_s: float) -> tuple[bool, str] | None:
+        """The model's ``is_ready()`` (see :meth:`ModelInstance.check_ready`); a worker
+        busy with a batch is not asked (None: the watchdog judges a batch that hangs)."""
+        conn = self.conn
+        if conn is None or conn.died.done():
+            return False, "its worker process is not running"
+        if not conn.has_is_ready or conn.batch is not None:
+            return None
+        return await conn.check_ready(timeout_s)
+
+    def has_ready_hook(self) -> bool:
+        """The model defines ``is_ready()``."""
+        conn = self.conn
+        return conn is not None and conn.has_is_ready
+
+    async def recover(self, delay_s: float, reason: str) -> bool:
+        """Kill the worker (SIGKILL: a stopped or deadlocked one too), reap it, and
+        start a new one no sooner than ``delay_s`` s from now.
+
+        Returns:
+            True once the new worker has initialized; False while unloading.
+
+        Raises:
+            InferError(UNAVAILABLE): the new worker failed to start (the next request
+                tries again, with the restart back-off).
+        """
+        if self._closing:
+            return False
+        self._hold_until = time.monotonic() + delay_s
+        conn = self.conn
+        if conn is not None:
+            log.error("killing worker pid %d of %s: %s", conn.pid, self.name, reason)
+            conn.kill_wedged()
+            await asyncio.shield(conn.died)
+            await asyncio.sleep(0)  # _watch_death begins the restart
+        await self._connection()
+        return not self._closing
 
     async def _connection(self) -> WorkerConnection:
         """The live worker, waiting for a restart in progress (or starting one).

@@ -18,6 +18,7 @@ import socket
 import time
 from collections.abc import Callable
 from multiprocessing.context import ForkServerProcess
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,8 @@ from pdserve.backends.python.messages import (
     InitError,
     Message,
     Ready,
+    ReadyCheck,
+    ReadyState,
     Request,
     Respond,
     Result,
@@ -105,6 +108,13 @@ class WorkerConnection:
         #: Open decoupled requests: (batch id, index) -> their stream and the check
         #: of each response's outputs.
         self.streams: dict[tuple[int, int], StreamEntry] = {}
+        #: decoupled responses received (the watchdog's progress counter).
+        self.responses_seen = 0
+        #: the model defines ``is_ready()`` (told by :class:`Ready`).
+        self.has_is_ready = False
+        #: ``is_ready()`` checks awaiting their :class:`ReadyState`, by id.
+        self._ready_checks: dict[int, asyncio.Future[ReadyState]] = {}
+        self._check_ids = itertools.count()
 
     # -- start ------------------------------------------------------------------
 
@@ -162,7 +172,12 @@ class WorkerConnection:
             task = self.loop.create_task(run_bls(self, message))
             self._bls_tasks.add(task)
             task.add_done_callback(self._bls_tasks.discard)
+        elif isinstance(message, ReadyState):
+            check = self._ready_checks.pop(message.check_id, None)
+            if check is not None and not check.done():
+                check.set_result(message)
         elif isinstance(message, Ready):
+            self.has_is_ready = bool(message.has_is_ready)
             if not self.ready.done():
                 self.ready.set_result(message.pid)
         elif isinstance(message, InitError):
@@ -223,6 +238,11 @@ class WorkerConnection:
             if code is not None or time.monotonic() >= deadline:
                 return code
             await asyncio.sleep(0.005)
+
+    def kill_wedged(self) -> None:
+        """SIGKILL a worker the watchdog declared wedged (also a stopped one); the
+        death is handled as any other (its batch fails, the instance restarts it)."""
+        self._kill()
 
     def _kill(self) -> None:
         with contextlib.suppress(ProcessLookupError, OSError):
@@ -343,6 +363,36 @@ class WorkerConnection:
                 begin, end = result.exec_ns
                 trace.add("execute", hop_id, max(begin, sent), min(end, received), None, exec_id)
 
+    async def check_ready(self, timeout: float) -> tuple[bool, str]:
+        """Ask the model's ``is_ready()`` (between batches: the worker answers once its
+        running batch is done).
+
+        Returns:
+            ``(ready, why not)``: False with the reason when it returned a false value,
+            raised, did not answer within ``timeout`` s, or the worker died.
+        """
+        if self.died.done():
+            return False, "its worker process is not running"
+        check_id = next(self._check_ids)
+        future: asyncio.Future[ReadyState] = self.loop.create_future()
+        self._ready_checks[check_id] = future
+        self.send(ReadyCheck(check_id))
+        try:
+            waits: list[asyncio.Future[Any]] = [future, self.died]
+            done, _ = await asyncio.wait(
+                waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            self._ready_checks.pop(check_id, None)
+        if future in done:
+            state = future.result()
+            if state.error is not None:
+                return False, f"is_ready() raised {state.error}"
+            return state.ready, "" if state.ready else "is_ready() returned False"
+        if self.died.done():
+            return False, "its worker process died"
+        return False, f"is_ready() did not answer within {timeout:g} s"
+
     # -- decoupled ----------------------------------------------------------------
 
     def _open_stream(self, batch_id: int, index: int, entry: StreamEntry) -> None:
@@ -362,6 +412,7 @@ class WorkerConnection:
     def _respond(self, message: Respond) -> None:
         """One response of a decoupled request: into its stream (dropped, its blocks
         released, when nobody listens any more)."""
+        self.responses_seen += 1
         key = (message.batch_id, message.slot)
         entry = self.streams.get(key)
         out = message.outputs

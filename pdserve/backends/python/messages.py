@@ -5,9 +5,9 @@
 crosses the worker's socket. Every frame (:func:`encode_frame`) carries one message
 and the :class:`~pdserve.shm.records.ArenaControl` that rides along with it.
 
-Server -> worker: :class:`Exec`, :class:`BlsResult`, :class:`CancelStream`, :class:`Stop`.
-Worker -> server: :class:`Ready`, :class:`InitError`, :class:`Result`, :class:`Bls`,
-:class:`AutoCompleteResult`, :class:`Respond`. :class:`WorkerInit`: start-up data.
+Server -> worker: :class:`Exec`, :class:`BlsResult`, :class:`CancelStream`, :class:`Stop`,
+:class:`ReadyCheck`. Worker -> server: :class:`Ready`, :class:`InitError`, :class:`Result`,
+:class:`Bls`, :class:`AutoCompleteResult`, :class:`Respond`, :class:`ReadyState`. :class:`WorkerInit`: start-up data.
 
 Records are ``NamedTuple`` s; on the wire they are plain tuples (:func:`to_wire`,
 :func:`from_wire`), which pickle and load in C. Error codes are Triton's
@@ -95,6 +95,27 @@ class Ready(NamedTuple):
 
     #: The worker's process id.
     pid: int
+    #: The model defines ``is_ready()`` (the server asks it with :class:`ReadyCheck`).
+    has_is_ready: bool = False
+
+
+class ReadyCheck(NamedTuple):
+    """Server -> worker: call the model's ``is_ready()`` between two batches and
+    answer :class:`ReadyState`."""
+
+    #: Identifies the check; the answer repeats it.
+    check_id: int
+
+
+class ReadyState(NamedTuple):
+    """Worker -> server: what ``is_ready()`` returned (``bool(...)``), or what it raised."""
+
+    #: The :attr:`ReadyCheck.check_id` answered.
+    check_id: int
+    #: Its truth value (False when it raised).
+    ready: bool
+    #: The exception, as ``"Type: message"``, or None.
+    error: str | None = None
 
 
 class InitError(NamedTuple):
@@ -239,6 +260,8 @@ Message = (
     | Cancel
     | Respond
     | CancelStream
+    | ReadyCheck
+    | ReadyState
 )
 
 
@@ -399,6 +422,8 @@ _KINDS: list[tuple[type[Message], Callable[..., tuple[object, ...]], Callable[..
     (Cancel, *_flat(Cancel)),
     (Respond, _respond_to, _respond_from),
     (CancelStream, *_flat(CancelStream)),
+    (ReadyCheck, *_flat(ReadyCheck)),
+    (ReadyState, *_flat(ReadyState)),
 ]
 _TAG: dict[type[Message], int] = {cls: tag for tag, (cls, _, _) in enumerate(_KINDS)}
 _TO = [to for _, to, _ in _KINDS]

@@ -54,6 +54,8 @@ from pdserve.backends.python.messages import (
     InitError,
     Message,
     Ready,
+    ReadyCheck,
+    ReadyState,
     Respond,
     Result,
     Stop,
@@ -65,6 +67,41 @@ from pdserve.shm import Block, TensorDesc
 
 log = logging.getLogger("pdserve.python_worker")
 _T = TypeVar("_T")
+
+
+class LogContext(logging.Filter):
+    """Adds the model and the running batch's request ids and trace id to every log
+    line of the worker (the model's own ``pb_utils.Logger`` / ``logging`` lines too):
+    ``[model=M request_id=a,b trace_id=T]`` as the server's text format; ``-`` for a
+    request without an id, no trace id for untraced requests."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__()
+        self.model = model
+        self.suffix = f" [model={model}]"
+
+    def begin(self, batch: Exec) -> None:
+        """A batch starts: its requests' ids (and the first trace id) name the lines."""
+        ids = ",".join(r.id or "-" for r in batch.requests)
+        suffix = f" [model={self.model} request_id={ids}"
+        for r in batch.requests:
+            if r.trace:  # traceparent "00-<trace id>-<span id>-<flags>"
+                suffix += f" trace_id={r.trace.split('-')[1]}"
+                break
+        self.suffix = suffix + "]"
+
+    def end(self) -> None:
+        """The batch is answered."""
+        self.suffix = f" [model={self.model}]"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Set ``record.ids`` (the suffix)."""
+        record.ids = self.suffix
+        return True
+
+
+#: The worker's log context (set up by :func:`worker_main`; None in other processes).
+log_context: LogContext | None = None
 
 
 def _format_exception(exc: BaseException) -> str:
@@ -103,7 +140,7 @@ class Worker:
         self.peer = shm.PeerArenas()
         self.frames = shm.FrameReader()
         #: Messages for the main thread; None: end of file (the server is gone).
-        self.inbox: deque[Exec | Stop | None] = deque()
+        self.inbox: deque[Exec | Stop | ReadyCheck | None] = deque()
         self._cond = threading.Condition()
         self._reading = False
         self.send_lock = threading.Lock()
@@ -162,8 +199,9 @@ class Worker:
                     self._reading = False
                     self._cond.notify_all()
 
-    def next_message(self) -> Exec | Stop | None:
-        """The next :class:`Exec` or :class:`Stop` for the main thread; None: end of file."""
+    def next_message(self) -> Exec | Stop | ReadyCheck | None:
+        """The next :class:`Exec`, :class:`ReadyCheck` or :class:`Stop` for the main
+        thread; None: end of file."""
         if self.eof and not self.inbox:
             return None
         self.wait_until(lambda: bool(self.inbox))
@@ -214,7 +252,7 @@ class Worker:
                 key = (message.batch_id, message.slot)
                 if key in self.streams:
                     self.streams[key] = True
-        elif isinstance(message, (Exec, Stop)):
+        elif isinstance(message, (Exec, Stop, ReadyCheck)):
             if isinstance(message, Stop):
                 self.stopping = True  # an end of file may follow at once
             self.inbox.append(message)
@@ -308,7 +346,17 @@ class Worker:
     # -- execute ------------------------------------------------------------------
 
     def run_batch(self, model: Any, batch: Exec) -> None:
-        """Build the requests, call ``execute``, send the results of the batch."""
+        """Build the requests, call ``execute``, send the results of the batch (its
+        log lines name its requests: :class:`LogContext`)."""
+        if log_context is not None:
+            log_context.begin(batch)
+        try:
+            self._run_batch(model, batch)
+        finally:
+            if log_context is not None:
+                log_context.end()
+
+    def _run_batch(self, model: Any, batch: Exec) -> None:
         model_name = self.init.model_name
         version = int(self.init.model_version)
         requests = []
@@ -572,11 +620,13 @@ def _serve(worker: Worker) -> None:
         log.error("initialize of %s failed:\n%s", worker.instance_name, traceback.format_exc())
         worker.send(InitError(_format_exception(exc)))
         return
-    worker.send(Ready(os.getpid()))
+    worker.send(Ready(os.getpid(), callable(getattr(model, "is_ready", None))))
     while True:
         message = worker.next_message()
         if isinstance(message, Exec):
             worker.run_batch(model, message)
+        elif isinstance(message, ReadyCheck):
+            worker.send(_ask_is_ready(worker, model, message.check_id))
         else:  # Stop, or end of file
             worker.stopping = True
             break
@@ -587,6 +637,17 @@ def _serve(worker: Worker) -> None:
                 worker.run_coroutine(result)
         except Exception:
             log.error("finalize of %s failed:\n%s", worker.instance_name, traceback.format_exc())
+
+
+def _ask_is_ready(worker: Worker, model: Any, check_id: int) -> ReadyState:
+    """The model's ``is_ready()`` (a coroutine is run to its end) as a :class:`ReadyState`."""
+    try:
+        result = model.is_ready()
+        if inspect.isawaitable(result):
+            result = worker.run_coroutine(result)
+        return ReadyState(check_id, bool(result), None)
+    except Exception as exc:  # noqa: BLE001 - reported to the server: not ready
+        return ReadyState(check_id, False, _format_exception(exc))
 
 
 def _autocomplete(worker: Worker) -> None:
@@ -664,12 +725,16 @@ def worker_main(sock: socket.socket, init: WorkerInit) -> None:
     # to the whole process group (Ctrl-C, systemd's KillMode=control-group, timeout)
     # must not kill workers under the server's orderly shutdown.
     shield_from_group_signals()
+    global log_context
+    log_context = LogContext(init.model_name)
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s %(levelname).1s {init.instance_name or 'worker'}"
-        f"[{os.getpid()}] %(name)s: %(message)s",
+        f"[{os.getpid()}] %(name)s: %(message)s%(ids)s",
         stream=sys.stderr,
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(log_context)
     sock.setblocking(True)
     worker = Worker(sock, init)
     pb._bls_submit = worker.submit_bls

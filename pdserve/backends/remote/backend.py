@@ -43,6 +43,7 @@ from pdserve.backends.remote.client import (
     make_client,
 )
 from pdserve.backends.remote.stats import TargetStats, stats_for
+from pdserve.core import tracing
 from pdserve.core.datatypes import CONFIG_TO_V2, V2_TO_CONFIG
 from pdserve.core.errors import InferError, unavailable
 
@@ -369,10 +370,15 @@ class RemoteTarget:
                 self.down_reason = reason
 
     async def infer(
-        self, inputs: dict[str, np.ndarray], outputs: list[str], request_id: str
+        self,
+        inputs: dict[str, np.ndarray],
+        outputs: list[str],
+        request_id: str,
+        traceparent: str = "",
     ) -> dict[str, np.ndarray]:
         """Send one request, repeating it (``retries``) after a refusal or a failed
-        connection, never past ``timeout_ms`` in all.
+        connection, never past ``timeout_ms`` in all; ``traceparent`` (the call's
+        span) goes with each attempt.
 
         Raises:
             InferError: UNAVAILABLE at once while the target is down; else the last
@@ -394,7 +400,9 @@ class RemoteTarget:
             start = time.perf_counter()
             st.requests += 1
             try:
-                result = await self.client.infer(inputs, outputs, request_id, max(left, 0.001))
+                result = await self.client.infer(
+                    inputs, outputs, request_id, max(left, 0.001), traceparent
+                )
             except RemoteError as e:
                 if e.answered:
                     st.observe(time.perf_counter() - start)
@@ -467,7 +475,23 @@ class RemoteInstance(ModelInstance):
         inputs = merge_batch(batch)
         wanted = wanted_outputs(batch)
         request_id = batch[0].request.id if len(batch) == 1 else ""
-        outputs = await self.target.infer(inputs, wanted, request_id)
+        marks = tracing.current_marks()
+        if marks is None or not marks.infer_spans:
+            outputs = await self.target.infer(inputs, wanted, request_id)
+            return split_batch(batch, outputs)
+        # a traced request: the call is a span under its compute_infer, and the target's
+        # spans are that span's children (its traceparent goes with the call)
+        traced = next(marks.infer_spans[id(r)] for r in batch if id(r) in marks.infer_spans)
+        ref, infer_id = traced
+        span_id = tracing.new_span_id()
+        start = time.monotonic_ns()
+        try:
+            outputs = await self.target.infer(
+                inputs, wanted, request_id, ref.trace.traceparent(span_id)
+            )
+        finally:
+            attrs = {"pdserve.remote_target": self.target.params.target}
+            ref.trace.add("remote_infer", infer_id, start, time.monotonic_ns(), attrs, span_id)
         return split_batch(batch, outputs)
 
     async def close(self) -> None:

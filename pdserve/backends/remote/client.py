@@ -172,6 +172,7 @@ class RemoteClient(abc.ABC):
         outputs: list[str],
         request_id: str,
         timeout_s: float,
+        traceparent: str = "",
     ) -> dict[str, np.ndarray]:
         """Run one inference on the target.
 
@@ -181,6 +182,8 @@ class RemoteClient(abc.ABC):
             outputs: output names to ask for.
             request_id: sent as the V2 request ``id`` (may be empty).
             timeout_s: the whole call's deadline.
+            traceparent: the W3C ``traceparent`` of the call's span, sent as the HTTP
+                header / gRPC metadata so the target's spans are its children ("": none).
 
         Returns:
             output name -> array, for each name of ``outputs``.
@@ -349,6 +352,7 @@ class GrpcClient(RemoteClient):
         outputs: list[str],
         request_id: str,
         timeout_s: float,
+        traceparent: str = "",
     ) -> dict[str, np.ndarray]:
         pb = self._pb
         req = pb.ModelInferRequest(
@@ -368,7 +372,8 @@ class GrpcClient(RemoteClient):
             req.outputs.add().name = name
         call = self._infer[next(self._next)]
         try:
-            resp = await call(req, timeout=timeout_s)
+            metadata = (("traceparent", traceparent),) if traceparent else None
+            resp = await call(req, timeout=timeout_s, metadata=metadata)
         except self._grpc.aio.AioRpcError as e:
             raise self._error(e, "ModelInfer") from None
         result: dict[str, np.ndarray] = {}
@@ -541,6 +546,7 @@ class HttpClient(RemoteClient):
         outputs: list[str],
         request_id: str,
         timeout_s: float,
+        traceparent: str = "",
     ) -> dict[str, np.ndarray]:
         chunks: list[bytes] = []
         header_inputs = []
@@ -567,6 +573,8 @@ class HttpClient(RemoteClient):
             "Inference-Header-Content-Length": str(len(head)),
             "Content-Type": "application/octet-stream",
         }
+        if traceparent:
+            headers["traceparent"] = traceparent
         try:
             async with self._client().post(
                 self._base + "/infer",

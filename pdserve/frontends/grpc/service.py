@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pdserve.config import config_from_json
+from pdserve.core import timing as timing_mod
 from pdserve.core.api import InferenceCore
 from pdserve.core.cancel import CancelToken
 from pdserve.core.errors import ErrorCode, InferError, client_gone, unavailable
@@ -440,6 +441,8 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 grpc_cancel_token(context),
                 *metadata_admission(context.invocation_metadata()),
             )
+            if timing_mod.state.enabled:
+                return await self._infer_timed(req, context)
             shm_outputs = shm_output_names(req) if req.outputs else None
             if req.shm_inputs is None and shm_outputs is None:
                 result = await self.server.infer(req)
@@ -449,6 +452,33 @@ class GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             return await encode_off_loop(resp, shm_outputs)
         except Exception as e:  # noqa: BLE001 - _fail answers every error
             await _fail(context, e, "ModelInfer")  # (not @_guarded: one frame less per call)
+
+    async def _infer_timed(
+        self, req: InferRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelInferResponse:
+        """:meth:`ModelInfer` with ``--server-timing``: a request that asks for its
+        timing (metadata :data:`~pdserve.core.timing.HEADER` or the request parameter)
+        gets it as the trailing metadata ``server-timing`` (:mod:`pdserve.core.timing`)."""
+        header = None
+        for key, value in context.invocation_metadata() or ():
+            if key == timing_mod.HEADER:
+                header = value
+        timing: list[timing_mod.Entry] = []
+        if timing_mod.asked(header, req.parameters):
+            req.timing = timing
+        shm_outputs = shm_output_names(req) if req.outputs else None
+        if req.shm_inputs is None and shm_outputs is None:
+            result = await self.server.infer(req)
+            inline = encode_inline(result)
+            msg = inline if inline is not None else await encode_off_loop(result)
+        else:
+            result = await infer_with_shm(self.shm, req, self.server.infer, shm_outputs)
+            msg = await encode_off_loop(result, shm_outputs)
+        if timing:
+            context.set_trailing_metadata(
+                ((timing_mod.RESPONSE_KEY, timing_mod.server_timing(timing)),)
+            )
+        return msg
 
     async def ModelStreamInfer(  # noqa: N802
         self,

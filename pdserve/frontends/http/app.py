@@ -15,6 +15,7 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+from pdserve.core import timing as timing_mod
 from pdserve.core.api import InferenceCore
 from pdserve.core.cancel import CancelToken
 from pdserve.core.errors import InferError, not_found
@@ -84,6 +85,8 @@ JOIN_LIMIT = 64 * 1024
 
 _ROUTE_KEY = ROUTE_KEY_HEADER.encode()
 _PIN = PIN_HEADER.encode()
+_TIMING = timing_mod.HEADER.encode()
+_SERVER_TIMING = timing_mod.RESPONSE_KEY.encode()
 #: The (lower-case) header names :func:`parse_infer_headers` reads, each to itself.
 _INFER_HEADER_KINDS = {
     name: name
@@ -94,6 +97,7 @@ _INFER_HEADER_KINDS = {
         b"inference-header-content-length",
         b"content-encoding",
         b"traceparent",
+        _TIMING,
     )
 }
 
@@ -189,10 +193,14 @@ class HttpApp:
         if header_length is not None:  # 400 past the body, 413 over the JSON limit
             self.body.check_header_length(header_length, -1 if head[1] else head[0])
         body = await exchange.read_body(head[0], head[1], header_length is None)
+        timing: list[timing_mod.Entry] | None = [] if timing_mod.state.enabled else None
         encoded = await self.infer_body(
-            body, head, model, version, arrival_ns, exchange.cancel_token()
+            body, head, model, version, arrival_ns, exchange.cancel_token(), timing
         )
-        return infer_answer(*encoded)
+        answer = infer_answer(*encoded)
+        if timing:
+            answer.headers.append((_SERVER_TIMING, timing_mod.server_timing(timing).encode()))
+        return answer
 
     async def infer_body(
         self,
@@ -202,6 +210,7 @@ class HttpApp:
         version: str,
         arrival_ns: int,
         token: CancelToken,
+        timing: list[timing_mod.Entry] | None = None,
     ) -> Encoded:
         """The transport-neutral body of an inference request: decode the (read and
         decompressed) ``body``, run it (with the shared-memory extension), encode the
@@ -215,6 +224,8 @@ class HttpApp:
             arrival_ns: ``time.monotonic_ns()`` when the request arrived.
             token: the request's :class:`~pdserve.core.cancel.CancelToken` (cancelled
                 when the client goes), handed to the request once it is decoded.
+            timing: with ``--server-timing``, the list the request's timing entries go
+                into when it asks for them (:mod:`pdserve.core.timing`); else None.
 
         Returns:
             ``(parts, json_length, total)``: the response body's parts (bytes-like),
@@ -225,7 +236,7 @@ class HttpApp:
             InferError: bad request or failed inference (mapped with
                 :data:`~pdserve.frontends.http.status.HTTP_STATUS`).
         """
-        request = self.decode_inline(body, head, model, version, arrival_ns, token)
+        request = self.decode_inline(body, head, model, version, arrival_ns, token, timing)
         if request is None:  # a large body: decoded off the loop
             header_length = head[2]
             json_size = len(body) if header_length is None else header_length
@@ -238,6 +249,8 @@ class HttpApp:
                     decode_infer_request, body, header_length, model, version, arrival_ns
                 )
             admit(request, "HTTP", token, head[3], head[4], head[5])
+            if timing is not None and timing_mod.asked(head[6], request.parameters):
+                request.timing = timing
         response = await self.run_decoded(request)
         encoded = self.encode_inline(response, request)
         if encoded is None:
@@ -255,6 +268,7 @@ class HttpApp:
         version: str,
         arrival_ns: int,
         token: CancelToken,
+        timing: list[timing_mod.Entry] | None = None,
     ) -> InferRequest | None:
         """:meth:`infer_body`'s decoding of a body small enough to decode on the event
         loop (the request then has its token and log ids); None for a larger one.
@@ -268,6 +282,8 @@ class HttpApp:
             return None
         request = decode_infer_request(body, header_length, model, version, arrival_ns)
         admit(request, "HTTP", token, head[3], head[4], head[5])
+        if timing is not None and timing_mod.asked(head[6], request.parameters):
+            request.timing = timing  # --server-timing on and the request asks
         return request
 
     def run_decoded(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
@@ -393,9 +409,9 @@ def infer_answer(parts: list[Any], json_length: int | None, total: int) -> Answe
 
 
 #: :func:`parse_infer_headers`'s result: ``(content_length, content_encoding,
-#: inference_header_content_length, traceparent, route_key, pinned_version)``
-#: (-1 / b"" / None / None / b"" / b"" when absent).
-InferHeaders = tuple[int, bytes, "int | None", "bytes | None", bytes, bytes]
+#: inference_header_content_length, traceparent, route_key, pinned_version,
+#: server_timing)`` (-1 / b"" / None / None / b"" / b"" / b"" when absent).
+InferHeaders = tuple[int, bytes, "int | None", "bytes | None", bytes, bytes, bytes]
 
 
 def _outputs_nbytes(response: InferResponse) -> int:
@@ -423,7 +439,7 @@ def parse_infer_headers(headers: list[tuple[bytes, bytes]]) -> InferHeaders:
     content_length = -1
     encoding = b""
     traceparent: bytes | None = None
-    route_key = pinned = b""
+    route_key = pinned = timing = b""
     kinds = _INFER_HEADER_KINDS
     for key, value in headers:
         # one dict lookup passes over the headers not used here (Host, Content-Type,
@@ -440,6 +456,8 @@ def parse_infer_headers(headers: list[tuple[bytes, bytes]]) -> InferHeaders:
             route_key = value
         elif kind == _PIN:
             pinned = value
+        elif kind == _TIMING:
+            timing = value
         elif kind == b"inference-header-content-length":
             try:
                 header_length = int(value)
@@ -454,7 +472,7 @@ def parse_infer_headers(headers: list[tuple[bytes, bytes]]) -> InferHeaders:
             encoding = value if not encoding else encoding + b"," + value
         else:  # traceparent
             traceparent = value
-    return content_length, encoding, header_length, traceparent, route_key, pinned
+    return content_length, encoding, header_length, traceparent, route_key, pinned, timing
 
 
 async def encode_json_off_loop(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote
 
+from pdserve.core import timing as timing_mod
 from pdserve.core.cancel import CancelToken
 from pdserve.core.errors import InferError, client_gone
 from pdserve.frontends.http.answer import CLOSE, Answer, error_answer, pump_stream
@@ -200,10 +201,11 @@ class Replies:
             # app.infer_body's steps, run here for the common small request: the server's
             # coroutine is awaited by this task directly (one coroutine level fewer)
             token = self._new_token()
-            decoded = app.decode_inline(body, head, model, version, arrival_ns, token)
+            timing: list[timing_mod.Entry] | None = [] if timing_mod.state.enabled else None
+            decoded = app.decode_inline(body, head, model, version, arrival_ns, token, timing)
             if decoded is None:
                 parts, json_length, total = await app.infer_body(
-                    body, head, model, version, arrival_ns, token
+                    body, head, model, version, arrival_ns, token, timing
                 )
             else:
                 response = await app.run_decoded(decoded)
@@ -220,6 +222,9 @@ class Replies:
             raise
         if self._gone:
             self._finish(request, None)
+            return
+        if timing:  # the request asked for its Server-Timing (pdserve.core.timing)
+            self._write_timed(request, parts, json_length, timing)
             return
         gzip_ok = total >= GZIP_MIN_BYTES and request.gzip()
         if json_length is None:
@@ -257,6 +262,24 @@ class Replies:
         else:
             self.transport.write(head_bytes)
         self._finish(request, None)
+
+    def _write_timed(
+        self,
+        request: ParsedRequest,
+        parts: list[Any],
+        json_length: int | None,
+        timing: list[timing_mod.Entry],
+    ) -> None:
+        """An inference response with its ``Server-Timing`` header."""
+        if json_length is None:
+            headers = [(b"content-type", b"application/json")]
+        else:
+            headers = [
+                (b"content-type", b"application/octet-stream"),
+                (b"inference-header-content-length", b"%d" % json_length),
+            ]
+        headers.append((b"server-timing", timing_mod.server_timing(timing).encode()))
+        self._write_whole(request, 200, headers, parts)
 
     def _end(self, request: ParsedRequest) -> bytes:
         """The end of the header block: the connection header, if one is needed."""

@@ -22,6 +22,8 @@ from tests.tls_certs import CertFiles, issue
 
 #: Every ``serve`` flag (Triton's names where Triton has the flag).
 FLAGS = {
+    "--instance-hang-timeout",
+    "--server-timing",
     "--model-repository",
     "--model-repository-cache",
     "--host",

@@ -75,3 +75,50 @@ def test_bls_token_of_a_cancelled_parent_is_cancelled(cancelled_first: bool) -> 
     if not cancelled_first:
         parent.cancel()
     assert token.error is not None
+
+
+def test_check_ready_answers_as_soon_as_the_worker_does() -> None:
+    """``is_ready()`` over the socket: the worker's answer (true, false, raised) comes
+    back at once, silence is a timeout, and ``Ready`` says whether there is a hook."""
+    from pdserve.backends.python.messages import ReadyState, read_frames
+    from pdserve.shm import FrameReader
+
+    async def run() -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        proc = SimpleNamespace(pid=4242, exitcode=0, close=lambda: None)
+        conn = WorkerConnection("m_0", proc, mine, None)  # type: ignore[arg-type]  # a stand-in process
+        send_frame(theirs, Ready(4242, True))
+        await asyncio.wait_for(conn.ready, 5)
+        assert conn.has_is_ready
+        theirs.setblocking(False)
+        reader = FrameReader()
+        loop = asyncio.get_running_loop()
+
+        async def answer(ready: bool, error: str | None) -> None:
+            while True:  # the ReadyCheck the server sent, then the worker's answer
+                try:
+                    data = theirs.recv(65536)
+                except BlockingIOError:
+                    await asyncio.sleep(0.005)
+                    continue
+                reader.feed(data, [])
+                frames = read_frames(reader)
+                if frames:
+                    send_frame(theirs, ReadyState(frames[0].message.check_id, ready, error))
+                    return
+
+        for ready, error, expected in (
+            (True, None, (True, "")),
+            (False, None, (False, "is_ready() returned False")),
+            (False, "RuntimeError: gone", (False, "is_ready() raised RuntimeError: gone")),
+        ):
+            task = loop.create_task(answer(ready, error))
+            start = loop.time()
+            assert await conn.check_ready(5.0) == expected
+            assert loop.time() - start < 2.0  # not the whole timeout
+            await task
+        assert await conn.check_ready(0.1) == (False, "is_ready() did not answer within 0.1 s")
+        theirs.close()
+        await asyncio.wait_for(conn.died, 5)
+
+    asyncio.run(run())

@@ -235,7 +235,12 @@ class ScriptedClient(RemoteClient):
         return {}
 
     async def infer(
-        self, inputs: dict[str, np.ndarray], outputs: list[str], request_id: str, timeout_s: float
+        self,
+        inputs: dict[str, np.ndarray],
+        outputs: list[str],
+        request_id: str,
+        timeout_s: float,
+        traceparent: str = "",
     ) -> dict[str, np.ndarray]:
         self.calls += 1
         if self.failures:

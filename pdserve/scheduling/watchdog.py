@@ -1,0 +1,222 @@
+"""Wedged model instances: a batch held longer than the model's bound without progress.
+
+Every batch runs through :func:`pdserve.scheduling.base.run_batch`, which tells the
+instance's :class:`InstanceWatch` when the batch starts and ends (two attribute writes;
+nothing at all for an instance without a watch). One :class:`Watchdog` per model version
+sweeps its instances every ``bound / 4`` (at most every second): a batch held for
+``bound`` seconds while the instance's :meth:`~pdserve.backends.base.ModelInstance.progress`
+did not move (a decoupled model's responses move it) is declared wedged. Its requests
+fail with ``UNAVAILABLE`` naming the model and instance, the instance is recovered
+(:meth:`~pdserve.backends.base.ModelInstance.recover`: a python worker is killed, reaped
+and started again) and, until it is, it counts as not ready. Wedges of one instance in
+quick succession back off (1 s, 2 s, ... at most :data:`MAX_BACKOFF_S`) before the restart.
+An instance that cannot be recovered (in-process backends: a thread cannot be killed)
+stays not ready until its batch returns, whose requests then fail with ``UNAVAILABLE``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from pdserve.core.errors import InferError, unavailable
+
+if TYPE_CHECKING:
+    from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance
+
+log = logging.getLogger("pdserve.watchdog")
+
+#: Longest wait before restarting an instance that wedged again soon after its restart.
+MAX_BACKOFF_S = 30.0
+#: A wedge this many bounds after the previous one starts the back-off afresh.
+BACKOFF_RESET_BOUNDS = 10.0
+
+
+class InstanceWatch:
+    """What the watchdog knows of one instance: its batch in flight and its health.
+
+    Attributes:
+        batch: the batch the instance runs (None: idle).
+        since: ``time.monotonic()`` of the batch's start or its last progress.
+        mark: the instance's progress counter when last looked at.
+        wedged: the running batch was declared wedged (its requests fail).
+        healthy: False from a wedge until the instance is recovered (or, when it
+            cannot be, until the wedged batch returns).
+        wedges / streak: wedges in all / in quick succession (the back-off's step).
+    """
+
+    __slots__ = (
+        "dog",
+        "instance",
+        "batch",
+        "since",
+        "mark",
+        "wedged",
+        "healthy",
+        "wedges",
+        "streak",
+        "last_wedge",
+        "recovering",
+    )
+
+    def __init__(self, dog: Watchdog, instance: ModelInstance) -> None:
+        self.dog = dog
+        self.instance = instance
+        self.batch: list[ExecRequest] | None = None
+        self.since = 0.0
+        self.mark = 0
+        self.wedged = False
+        self.healthy = True
+        self.wedges = 0
+        self.streak = 0
+        self.last_wedge = 0.0
+        self.recovering: asyncio.Task[None] | None = None
+
+    def begin(self, batch: list[ExecRequest]) -> None:
+        """A batch starts on the instance."""
+        self.since = time.monotonic()
+        self.mark = self.instance.progress()
+        self.wedged = False
+        self.batch = batch
+
+    def end(self) -> bool:
+        """The batch returned; True when it had been declared wedged (its results are
+        to be replaced by :meth:`failures`)."""
+        self.batch = None
+        if self.wedged:
+            return True
+        if self.recovering is None:
+            self.healthy = True
+        return False
+
+    def failures(self, batch: list[ExecRequest]) -> list[ExecResult]:
+        """``UNAVAILABLE`` for each request of a wedged batch."""
+        dog = self.dog
+        message = (
+            f"model instance '{self.instance.name}' of model '{dog.model}' version "
+            f"{dog.version} was wedged: it held this request more than {dog.bound_s:g} s "
+            "without progress and is being restarted"
+        )
+        return [unavailable(message) for _ in batch]
+
+
+class Watchdog:
+    """Declares a model version's instances wedged (see the module docstring).
+
+    Args:
+        model / version: names for messages, logs and metrics.
+        bound_s: seconds a batch may be held without progress (> 0).
+    """
+
+    def __init__(self, model: str, version: str, bound_s: float) -> None:
+        self.model = model
+        self.version = version
+        self.bound_s = bound_s
+        self.watches: list[InstanceWatch] = []
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def attach(self, instances: list[ModelInstance]) -> None:
+        """Watch ``instances`` and start sweeping (on the running loop)."""
+        for instance in instances:
+            watch = InstanceWatch(self, instance)
+            instance.watch = watch
+            self.watches.append(watch)
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def stop(self) -> None:
+        """Stop sweeping and recovering; the instances are no longer watched."""
+        tasks = [w.recovering for w in self.watches if w.recovering is not None]
+        if self._sweeper is not None:
+            tasks.append(self._sweeper)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        for w in self.watches:
+            w.instance.watch = None
+        self._sweeper = None
+
+    def healthy(self) -> int:
+        """Instances not wedged nor being recovered."""
+        return sum(1 for w in self.watches if w.healthy)
+
+    async def _sweep(self) -> None:
+        tick = min(max(self.bound_s / 4, 0.02), 1.0)
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            for w in self.watches:
+                if w.batch is None or w.wedged or now - w.since < self.bound_s:
+                    continue
+                mark = w.instance.progress()
+                if mark != w.mark:  # a decoupled model sent responses: it moves
+                    w.mark, w.since = mark, now
+                    continue
+                self._wedge(w, now)
+
+    def _wedge(self, w: InstanceWatch, now: float) -> None:
+        batch = w.batch or []
+        w.wedged = True
+        w.healthy = False
+        w.wedges += 1
+        if now - w.last_wedge > BACKOFF_RESET_BOUNDS * self.bound_s + MAX_BACKOFF_S:
+            w.streak = 0
+        delay = 0.0 if w.streak == 0 else min(2.0 ** (w.streak - 1), MAX_BACKOFF_S)
+        w.streak += 1
+        w.last_wedge = now
+        ids = [r.request.id or "-" for r in batch]
+        log.error(
+            "model instance '%s' of model '%s' version %s is wedged: a batch of %d "
+            "request(s) (ids %s) held %.1f s without progress (bound %g s); recovering "
+            "it%s",
+            w.instance.name,
+            self.model,
+            self.version,
+            len(batch),
+            ", ".join(ids),
+            now - w.since,
+            self.bound_s,
+            f" after {delay:g} s (wedge {w.streak} in a row)" if delay else "",
+        )
+        if w.recovering is None:
+            w.recovering = asyncio.get_running_loop().create_task(self._recover(w, delay))
+
+    async def _recover(self, w: InstanceWatch, delay: float) -> None:
+        reason = f"wedged for more than {self.bound_s:g} s"
+        try:
+            recovered = await w.instance.recover(delay, reason)
+        except InferError as e:
+            log.error("recovering %s failed: %s", w.instance.name, e.message)
+            recovered = False
+        except Exception as e:  # noqa: BLE001 - logged; the next wedge tries again
+            log.error("recovering %s failed: %s: %s", w.instance.name, type(e).__name__, e)
+            recovered = False
+        finally:
+            w.recovering = None
+        if recovered:
+            w.healthy = True
+            log.info("model instance '%s' of model '%s' recovered", w.instance.name, self.model)
+
+    def samples(self) -> Iterator[tuple[str, str, str, dict[str, str], float]]:
+        """Metric samples: ``pdserve_instance_wedges_total`` and
+        ``pdserve_instance_restarts_total`` per instance (labels model, version,
+        instance)."""
+        for w in self.watches:
+            labels = {"model": self.model, "version": self.version, "instance": w.instance.name}
+            yield (
+                "pdserve_instance_wedges_total",
+                "counter",
+                "Batches declared wedged (held past the instance hang timeout without progress)",
+                labels,
+                float(w.wedges),
+            )
+            yield (
+                "pdserve_instance_restarts_total",
+                "counter",
+                "Model instances restarted (a python worker that died or was wedged)",
+                labels,
+                float(w.instance.restarts),
+            )
