@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[examples,test,perf,check,traffic,pytorch,tracing,ray,remote-repo,docs]'
+	$(PY) -m pip install -q -e '.[examples,test,perf,check,traffic,pytorch,tracing,ray,remote-repo,docs,openvino,tensorflow]'
 	touch $(STAMP)
 
 sysdeps:
@@ -34,6 +34,7 @@ sysdeps:
 
 examples: $(STAMP)
 	$(PY) examples/build.py
+	$(PY) examples/build_frameworks.py
 
 serve: examples
 	$(PY) -m pdserve serve --model-repository $(REPO) --host $(HOST) --http-port $(HTTP_PORT) \

@@ -61,6 +61,18 @@ REGISTRY: dict[str, BackendEntry] = {
             extra="pytorch",
         ),
         BackendEntry(
+            cfgmod.OPENVINO_BACKEND,
+            "pdserve.backends.openvino.backend:OpenVinoBackend",
+            requires=("openvino",),
+            extra="openvino",
+        ),
+        BackendEntry(
+            cfgmod.TENSORFLOW_BACKEND,
+            "pdserve.backends.tensorflow.backend:TensorFlowBackend",
+            requires=("tensorflow",),
+            extra="tensorflow",
+        ),
+        BackendEntry(
             cfgmod.REMOTE_BACKEND,
             "pdserve.backends.remote.backend:RemoteBackend",
             requires=("grpc", "aiohttp"),

@@ -8,7 +8,10 @@ from pdserve.config.schema import (
     DEFAULT_MODEL_FILENAMES,
     ENSEMBLE_PLATFORM,
     ONNXRUNTIME_BACKEND,
+    OPENVINO_BACKEND,
+    PLATFORM_MODEL_FILENAMES,
     PYTORCH_BACKEND,
+    TENSORFLOW_BACKEND,
     ModelConfig,
 )
 
@@ -22,7 +25,8 @@ def model_file_path(cfg: ModelConfig, version_dir: Path) -> Path | None:
     default (``model.onnx``, ``model.pt``, ``model.py``:
     :data:`pdserve.config.DEFAULT_MODEL_FILENAMES`). An ensemble has no model file
     (None). As in Triton's onnxruntime backend, an ONNX "file" that is a folder
-    means ``<folder>/model.onnx``. A PyTorch model with ``runtime: "model.py"``
+    means ``<folder>/model.onnx``; a TensorFlow SavedModel is a folder
+    (``model.savedmodel/``), and OpenVINO reads one too. A PyTorch model with ``runtime: "model.py"``
     (Triton's PyTorch 2 form) and no ``default_model_filename`` is its ``model.py``. The path is not checked for existence
     (:func:`find_model_file` checks).
 
@@ -31,7 +35,11 @@ def model_file_path(cfg: ModelConfig, version_dir: Path) -> Path | None:
     """
     if cfg.platform == ENSEMBLE_PLATFORM:
         return None
-    filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAMES.get(cfg.backend, "")
+    filename = (
+        cfg.default_model_filename
+        or PLATFORM_MODEL_FILENAMES.get(cfg.platform)
+        or DEFAULT_MODEL_FILENAMES.get(cfg.backend, "")
+    )
     if (
         not cfg.default_model_filename
         and cfg.backend == PYTORCH_BACKEND
@@ -46,6 +54,12 @@ def model_file_path(cfg: ModelConfig, version_dir: Path) -> Path | None:
     return path
 
 
+def model_may_be_folder(cfg: ModelConfig) -> bool:
+    """Whether the backend of ``cfg`` reads a folder as its model: a TensorFlow
+    SavedModel (``model.savedmodel/``), or one that OpenVINO reads."""
+    return cfg.backend in (TENSORFLOW_BACKEND, OPENVINO_BACKEND)
+
+
 def find_model_file(cfg: ModelConfig, version_dir: Path) -> Path:
     """:func:`model_file_path`, which must be an existing file.
 
@@ -56,6 +70,7 @@ def find_model_file(cfg: ModelConfig, version_dir: Path) -> Path:
     path = model_file_path(cfg, version_dir)
     if path is None:
         raise ValueError(f"model '{cfg.name}': an ensemble has no model file")
-    if not path.is_file():
+    folder_ok = model_may_be_folder(cfg) and path.is_dir()
+    if not path.is_file() and not folder_ok:
         raise FileNotFoundError(f"model file {path} does not exist")
     return path

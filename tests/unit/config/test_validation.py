@@ -137,7 +137,7 @@ def test_normalize_platform_guesses_from_files(files: list[str], backend: str) -
     ("pbtxt", "field"),
     [
         ('platform: "tensorrt_plan"', "platform"),
-        ('backend: "tensorflow"', "backend"),
+        ('backend: "tensorrt"', "backend"),
         ('platform: "onnxruntime_onnx" backend: "pytorch"', "backend"),
         ('platform: "ensemble" backend: "python"', "backend"),
         ("", "platform"),
