@@ -167,6 +167,8 @@ def measure(rounds: int, seconds: float, batches: list[int]) -> dict[str, Any]:
                     }
                 )
                 print(f"  {model} b={b}: {rows[-1]['ratio']:.3f}", file=sys.stderr, flush=True)
+                OUT.mkdir(parents=True, exist_ok=True)  # what is measured so far survives a kill
+                (OUT / "bench_frameworks.partial.json").write_text(json.dumps(rows, indent=2))
     finally:
         stop_process(proc)
         shutil.rmtree(tmp, ignore_errors=True)
