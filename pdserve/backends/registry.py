@@ -92,7 +92,7 @@ def unavailable_reason(name: str) -> str | None:
     """Why backend ``name`` cannot run in this process, or None when it can.
 
     The reason names the backend and what to do: the backends served instead for an
-    unknown name or a Triton backend pdserve does not implement (``tensorflow``); the
+    unknown name or a Triton backend pdserve does not implement (``tensorrt``); the
     missing Python modules and the ``pdserve[<extra>]`` to install for a backend
     whose packages are not installed (``pytorch`` without torch: ``pdserve[pytorch]``).
     Nothing is imported.
