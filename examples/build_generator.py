@@ -1,6 +1,6 @@
 """Build the example language model ``examples/generator_repository/smollm2``.
 
-``make examples`` (and so ``make test``) runs it after ``examples/build.py``::
+``make examples-all`` (and so ``make test``) runs it after ``examples/build.py``::
 
     python examples/build_generator.py [--force]
 

@@ -37,6 +37,7 @@ from pdserve.repository.traffic import TRAFFIC_FILENAME, TrafficError, read_traf
 from pdserve.repository.warmup import check_samples
 from pdserve.scheduling.ensemble import EnsembleBackend
 
+from .check_backend_golden import check_backend_golden, runs_golden
 from .check_ensembles import Cycles, ensemble_cycles, ensemble_order
 from .check_files import (
     IDENTITY_FILENAME,
@@ -249,7 +250,10 @@ class Checker:
                 model_path = cfgmod.model_file_path(cfg, vdir)
             except ValueError:
                 model_path = None
-        present = model_path is not None and model_path.is_file()
+        present = model_path is not None and (
+            model_path.is_file()
+            or (model_path.is_dir() and cfg is not None and cfgmod.model_may_be_folder(cfg))
+        )
         is_onnx = model_path is not None and (
             cfg.backend == cfgmod.ONNXRUNTIME_BACKEND
             if cfg is not None
@@ -287,6 +291,8 @@ class Checker:
                 cfgmod.PYTHON_BACKEND: "python-import",
                 cfgmod.PYTORCH_BACKEND: "pytorch-config",
                 cfgmod.FIL_BACKEND: "fil-config",
+                cfgmod.OPENVINO_BACKEND: "openvino-config",
+                cfgmod.TENSORFLOW_BACKEND: "tensorflow-config",
             }.get(cfg.backend, "complete")
             await _run(mr.results, mr.name, name, v, complete)
             if cfg.model_warmup:
@@ -316,7 +322,15 @@ class Checker:
         cfg, vdir = mr.config, mdir.version_path(v)
         is_torch = cfg is not None and cfg.backend == cfgmod.PYTORCH_BACKEND
         runnable = model_path if is_onnx or is_torch else None
-        if cfg is not None and cfg.backend == cfgmod.PYTHON_BACKEND:
+        if runs_golden(cfg):
+            await _run(
+                mr.results,
+                mr.name,
+                "golden",
+                v,
+                lambda r: self._backend_golden(r, golden, mdir, mr, v),
+            )
+        elif cfg is not None and cfg.backend == cfgmod.PYTHON_BACKEND:
             await _run(
                 mr.results,
                 mr.name,
@@ -359,6 +373,15 @@ class Checker:
         spec = self._completed_spec(r, mdir, mr, v)
         if spec is not None:
             await check_python_golden(r, golden, spec, self.options.timeout_s)
+
+    async def _backend_golden(
+        self, r: CheckResult, golden: object, mdir: layout.ModelDir, mr: ModelReport, v: int
+    ) -> None:
+        """The golden inputs through one CPU instance of a framework backend
+        (:func:`~.check_backend_golden.check_backend_golden`)."""
+        spec = self._completed_spec(r, mdir, mr, v)
+        if spec is not None:
+            await check_backend_golden(r, golden, spec)
 
     def _spec(
         self, mdir: layout.ModelDir, mr: ModelReport, version: int, config: cfgmod.ModelConfig

@@ -106,7 +106,13 @@ def check_identity(
     if target is None:
         r.skip("no model file to verify (no model_file and an unusable configuration)")
         return
-    if recorded and model_path is not None and target.resolve() != model_path.resolve():
+    in_folder = model_path is not None and model_path.is_dir() and inside(model_path, target)
+    if (
+        recorded
+        and model_path is not None
+        and target.resolve() != model_path.resolve()
+        and not in_folder
+    ):
         r.add(
             f"describes '{recorded}', but the configuration loads '{model_path.name}'",
             path,

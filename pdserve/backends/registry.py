@@ -67,6 +67,18 @@ REGISTRY: dict[str, BackendEntry] = {
             extra="fil",
         ),
         BackendEntry(
+            cfgmod.OPENVINO_BACKEND,
+            "pdserve.backends.openvino.backend:OpenVinoBackend",
+            requires=("openvino",),
+            extra="openvino",
+        ),
+        BackendEntry(
+            cfgmod.TENSORFLOW_BACKEND,
+            "pdserve.backends.tensorflow.backend:TensorFlowBackend",
+            requires=("tensorflow",),
+            extra="tensorflow",
+        ),
+        BackendEntry(
             cfgmod.REMOTE_BACKEND,
             "pdserve.backends.remote.backend:RemoteBackend",
             requires=("grpc", "aiohttp"),
@@ -104,7 +116,7 @@ def unavailable_reason(name: str) -> str | None:
     """Why backend ``name`` cannot run in this process, or None when it can.
 
     The reason names the backend and what to do: the backends served instead for an
-    unknown name or a Triton backend pdserve does not implement (``tensorflow``); the
+    unknown name or a Triton backend pdserve does not implement (``tensorrt``); the
     missing Python modules and the ``pdserve[<extra>]`` to install for a backend
     whose packages are not installed (``pytorch`` without torch: ``pdserve[pytorch]``).
     Nothing is imported.

@@ -30,7 +30,7 @@ from pdserve.config.ensemble import (
 )
 from pdserve.config.json_form import config_from_json, config_to_json, parse_config_override
 from pdserve.config.loading import load_model_config, normalize_platform
-from pdserve.config.model_file import find_model_file, model_file_path
+from pdserve.config.model_file import find_model_file, model_file_path, model_may_be_folder
 from pdserve.config.schema import (
     BACKEND_TO_PLATFORM,
     CONFIG_FILENAME,
@@ -43,12 +43,17 @@ from pdserve.config.schema import (
     KNOWN_PLATFORMS,
     ONNXRUNTIME_BACKEND,
     ONNXRUNTIME_PLATFORM,
+    OPENVINO_BACKEND,
     OVERRIDE_PATH,
+    PLATFORM_MODEL_FILENAMES,
     PLATFORM_TO_BACKEND,
     PYTHON_BACKEND,
     PYTORCH_BACKEND,
     PYTORCH_PLATFORM,
     REMOTE_BACKEND,
+    TENSORFLOW_BACKEND,
+    TENSORFLOW_SAVEDMODEL_PLATFORM,
+    TORCH_AOTI_PLATFORM,
     BackendCheck,
     ConfigError,
     ModelConfig,
@@ -75,6 +80,11 @@ __all__ = [
     "KNOWN_PLATFORMS",
     "ONNXRUNTIME_BACKEND",
     "ONNXRUNTIME_PLATFORM",
+    "OPENVINO_BACKEND",
+    "PLATFORM_MODEL_FILENAMES",
+    "TENSORFLOW_BACKEND",
+    "TENSORFLOW_SAVEDMODEL_PLATFORM",
+    "TORCH_AOTI_PLATFORM",
     "OVERRIDE_PATH",
     "PLATFORM_TO_BACKEND",
     "PYTHON_BACKEND",
@@ -100,6 +110,7 @@ __all__ = [
     "max_instance_count",
     "model_config_pb2",
     "model_file_path",
+    "model_may_be_folder",
     "normalize_platform",
     "parse_config_override",
     "quoted_names",

@@ -21,8 +21,10 @@ from pdserve.config.schema import (
     ENSEMBLE_PLATFORM,
     KNOWN_BACKENDS,
     KNOWN_PLATFORMS,
+    PLATFORM_MODEL_FILENAMES,
     PLATFORM_TO_BACKEND,
     PYTORCH_BACKEND,
+    TORCH_AOTI_PLATFORM,
     BackendCheck,
     ConfigError,
     ModelConfig,
@@ -88,8 +90,11 @@ def normalize_platform(
     neither set, the backend is inferred like Triton's auto-complete: first from
     ``default_model_filename``, then from ``guess_from_files`` (the names in the
     model's first version folder): ``model.onnx`` -> onnxruntime, ``model.pt`` ->
-    pytorch, ``model.py`` -> python. ``default_model_filename`` is then set to the
-    backend's default when empty (Triton shows it in the served configuration).
+    pytorch, ``model.py`` -> python, ``model.xml`` -> openvino, ``model.savedmodel`` ->
+    tensorflow_savedmodel, ``model.pt2`` -> torch_aoti. A pytorch model whose
+    ``default_model_filename`` ends in ``.pt2`` is ``torch_aoti``. ``default_model_filename``
+    is then set to the platform's or backend's default when empty (Triton shows it in
+    the served configuration).
 
     Args:
         cfg: the configuration, updated in place.
@@ -119,14 +124,16 @@ def normalize_platform(
         raise ConfigError(where, "backend", _unknown_backend(backend, backends))
 
     if not platform and not backend:
-        backend = _guess_backend(cfg.default_model_filename, guess_from_files)
-        if backend is None:
+        guessed = _guess_backend(cfg.default_model_filename, guess_from_files)
+        if guessed is None:
             raise ConfigError(
                 where,
                 "platform",
-                "must specify 'platform' or 'backend' (no model.onnx, model.pt or "
-                "model.py in the version folder to infer it from)",
+                "must specify 'platform' or 'backend' (no model.onnx, model.pt, model.py, "
+                "model.xml, model.savedmodel or model.pt2 in the version folder to infer it "
+                "from)",
             )
+        backend, platform = guessed
 
     if platform == ENSEMBLE_PLATFORM:
         if backend:
@@ -148,6 +155,8 @@ def normalize_platform(
                 f"'{expected}', got '{backend}'",
             )
         backend = expected
+    elif backend == PYTORCH_BACKEND and cfg.default_model_filename.endswith(".pt2"):
+        platform = TORCH_AOTI_PLATFORM  # a PyTorch 2 package, not TorchScript
     else:
         platform = BACKEND_TO_PLATFORM.get(backend, "")
 
@@ -159,19 +168,24 @@ def normalize_platform(
     cfg.backend = backend
     # Triton: a pytorch model with runtime "model.py" keeps an empty default.
     python_runtime = backend == PYTORCH_BACKEND and cfg.runtime == "model.py"
-    if not cfg.default_model_filename and not python_runtime and backend in DEFAULT_MODEL_FILENAMES:
-        cfg.default_model_filename = DEFAULT_MODEL_FILENAMES[backend]
+    if not cfg.default_model_filename and not python_runtime:
+        default = PLATFORM_MODEL_FILENAMES.get(platform) or DEFAULT_MODEL_FILENAMES.get(backend)
+        if default:
+            cfg.default_model_filename = default
 
 
-def _guess_backend(default_filename: str, files: Iterable[str] | None) -> str | None:
-    """The backend Triton would infer from the model file name(s), or None."""
-    by_file = {filename: backend for backend, filename in DEFAULT_MODEL_FILENAMES.items()}
+def _guess_backend(default_filename: str, files: Iterable[str] | None) -> tuple[str, str] | None:
+    """The (backend, platform) Triton would infer from the model file name(s), or None."""
+    by_file = {filename: (backend, "") for backend, filename in DEFAULT_MODEL_FILENAMES.items()}
+    by_file.update(
+        {name: (PLATFORM_TO_BACKEND[p], p) for p, name in PLATFORM_MODEL_FILENAMES.items()}
+    )
     if default_filename:
         return by_file.get(default_filename)
     names = set(files or ())
-    for backend, filename in DEFAULT_MODEL_FILENAMES.items():  # Triton's order
+    for filename, found in by_file.items():  # Triton's order, then PyTorch 2's model.pt2
         if filename in names:
-            return backend
+            return found
     return None
 
 

@@ -11,7 +11,10 @@ from pdserve.config.schema import (
     FIL_DEFAULT_MODEL_TYPE,
     FIL_MODEL_FILENAMES,
     ONNXRUNTIME_BACKEND,
+    OPENVINO_BACKEND,
+    PLATFORM_MODEL_FILENAMES,
     PYTORCH_BACKEND,
+    TENSORFLOW_BACKEND,
     ModelConfig,
     get_parameter,
 )
@@ -26,12 +29,13 @@ def model_file_path(cfg: ModelConfig, version_dir: Path) -> Path | None:
     default (``model.onnx``, ``model.pt``, ``model.py``:
     :data:`pdserve.config.DEFAULT_MODEL_FILENAMES`). An ensemble has no model file
     (None). As in Triton's onnxruntime backend, an ONNX "file" that is a folder
-    means ``<folder>/model.onnx``. A PyTorch model with ``runtime: "model.py"``
-    (Triton's PyTorch 2 form) and no ``default_model_filename`` is its ``model.py``.
-    A FIL model's file is named by its ``model_type`` parameter (``xgboost.json``,
-    ``model.txt``...: :data:`pdserve.config.FIL_MODEL_FILENAMES`), also inside a folder
-    named by ``default_model_filename``, as in Triton's FIL backend. The path is not
-    checked for existence (:func:`find_model_file` checks).
+    means ``<folder>/model.onnx``; a TensorFlow SavedModel is a folder
+    (``model.savedmodel/``), and OpenVINO reads one too. A PyTorch model with
+    ``runtime: "model.py"`` (Triton's PyTorch 2 form) and no ``default_model_filename``
+    is its ``model.py``. A FIL model's file is named by its ``model_type`` parameter
+    (``xgboost.json``, ``model.txt``...: :data:`pdserve.config.FIL_MODEL_FILENAMES`),
+    also inside a folder named by ``default_model_filename``, as in Triton's FIL
+    backend. The path is not checked for existence (:func:`find_model_file` checks).
 
     Raises:
         ValueError: no file name can be determined (no backend).
@@ -44,7 +48,11 @@ def model_file_path(cfg: ModelConfig, version_dir: Path) -> Path | None:
         )
         path = version_dir / (cfg.default_model_filename or fil_name)
         return path / fil_name if fil_name and path.is_dir() else path
-    filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAMES.get(cfg.backend, "")
+    filename = (
+        cfg.default_model_filename
+        or PLATFORM_MODEL_FILENAMES.get(cfg.platform)
+        or DEFAULT_MODEL_FILENAMES.get(cfg.backend, "")
+    )
     if (
         not cfg.default_model_filename
         and cfg.backend == PYTORCH_BACKEND
@@ -59,6 +67,12 @@ def model_file_path(cfg: ModelConfig, version_dir: Path) -> Path | None:
     return path
 
 
+def model_may_be_folder(cfg: ModelConfig) -> bool:
+    """Whether the backend of ``cfg`` reads a folder as its model: a TensorFlow
+    SavedModel (``model.savedmodel/``), or one that OpenVINO reads."""
+    return cfg.backend in (TENSORFLOW_BACKEND, OPENVINO_BACKEND)
+
+
 def find_model_file(cfg: ModelConfig, version_dir: Path) -> Path:
     """:func:`model_file_path`, which must be an existing file.
 
@@ -69,6 +83,7 @@ def find_model_file(cfg: ModelConfig, version_dir: Path) -> Path:
     path = model_file_path(cfg, version_dir)
     if path is None:
         raise ValueError(f"model '{cfg.name}': an ensemble has no model file")
-    if not path.is_file():
+    folder_ok = model_may_be_folder(cfg) and path.is_dir()
+    if not path.is_file() and not folder_ok:
         raise FileNotFoundError(f"model file {path} does not exist")
     return path

@@ -33,6 +33,10 @@ OVERRIDE_PATH = "<config override>"
 ONNXRUNTIME_PLATFORM = "onnxruntime_onnx"
 #: ``platform`` of a TorchScript model (backend ``pytorch``).
 PYTORCH_PLATFORM = "pytorch_libtorch"
+#: ``platform`` of a PyTorch 2 exported model (``model.pt2``; backend ``pytorch``).
+TORCH_AOTI_PLATFORM = "torch_aoti"
+#: ``platform`` of a TensorFlow SavedModel (``model.savedmodel/``; backend ``tensorflow``).
+TENSORFLOW_SAVEDMODEL_PLATFORM = "tensorflow_savedmodel"
 #: The ensemble platform: no backend, no model file, ``ensemble_scheduling`` instead.
 ENSEMBLE_PLATFORM = "ensemble"
 
@@ -40,6 +44,10 @@ ENSEMBLE_PLATFORM = "ensemble"
 ONNXRUNTIME_BACKEND = "onnxruntime"
 PYTORCH_BACKEND = "pytorch"
 PYTHON_BACKEND = "python"
+OPENVINO_BACKEND = "openvino"
+TENSORFLOW_BACKEND = "tensorflow"
+#: Triton's FIL backend: tree models (XGBoost, LightGBM, Treelite checkpoints).
+FIL_BACKEND = "fil"
 #: pdserve's own backend forwarding to another V2 server (no model file, no platform).
 REMOTE_BACKEND = "remote"
 
@@ -47,14 +55,28 @@ REMOTE_BACKEND = "remote"
 PLATFORM_TO_BACKEND: dict[str, str] = {
     ONNXRUNTIME_PLATFORM: ONNXRUNTIME_BACKEND,
     PYTORCH_PLATFORM: PYTORCH_BACKEND,
+    TORCH_AOTI_PLATFORM: PYTORCH_BACKEND,
+    TENSORFLOW_SAVEDMODEL_PLATFORM: TENSORFLOW_BACKEND,
 }
-#: backend -> the platform Triton fills in for it (python has none).
-BACKEND_TO_PLATFORM: dict[str, str] = {v: k for k, v in PLATFORM_TO_BACKEND.items()}
+#: backend -> the platform Triton fills in for it (python and openvino have none; a
+#: pytorch model without a platform is TorchScript).
+BACKEND_TO_PLATFORM: dict[str, str] = {
+    ONNXRUNTIME_BACKEND: ONNXRUNTIME_PLATFORM,
+    PYTORCH_BACKEND: PYTORCH_PLATFORM,
+    TENSORFLOW_BACKEND: TENSORFLOW_SAVEDMODEL_PLATFORM,
+}
 #: Backend names a configuration may give (the registry says which can run here).
-KNOWN_BACKENDS = frozenset({ONNXRUNTIME_BACKEND, PYTORCH_BACKEND, PYTHON_BACKEND, REMOTE_BACKEND})
-#: Triton's FIL backend: tree models (XGBoost, LightGBM, Treelite checkpoints).
-FIL_BACKEND = "fil"
-KNOWN_BACKENDS = KNOWN_BACKENDS | {FIL_BACKEND}
+KNOWN_BACKENDS = frozenset(
+    {
+        ONNXRUNTIME_BACKEND,
+        PYTORCH_BACKEND,
+        PYTHON_BACKEND,
+        REMOTE_BACKEND,
+        OPENVINO_BACKEND,
+        TENSORFLOW_BACKEND,
+        FIL_BACKEND,
+    }
+)
 #: FIL's ``model_type`` parameter -> the model file it looks for in a version folder
 #: (Triton's fil_backend ``model.h``); ``xgboost`` when the parameter is absent.
 FIL_MODEL_FILENAMES: dict[str, str] = {
@@ -74,7 +96,11 @@ DEFAULT_MODEL_FILENAMES: dict[str, str] = {
     ONNXRUNTIME_BACKEND: "model.onnx",
     PYTORCH_BACKEND: "model.pt",
     PYTHON_BACKEND: "model.py",
+    OPENVINO_BACKEND: "model.xml",
+    TENSORFLOW_BACKEND: "model.savedmodel",
 }
+#: platform -> its default model file where it differs from its backend's.
+PLATFORM_MODEL_FILENAMES: dict[str, str] = {TORCH_AOTI_PLATFORM: "model.pt2"}
 
 #: The backend registry's answer to "can backend NAME run here?": None if it can, else
 #: the reason (:func:`pdserve.backends.registry.unavailable_reason`). The configuration sits

@@ -44,6 +44,12 @@ def set_default_max_batch_size(size: int) -> None:
     _DEFAULT_MAX_BATCH[0] = size
 
 
+def default_max_batch_size() -> int:
+    """The ``max_batch_size`` auto-complete gives a model that can batch, in this
+    process (:func:`set_default_max_batch_size`); every backend's auto-complete uses it."""
+    return _DEFAULT_MAX_BATCH[0]
+
+
 #: One model-file tensor: (name, V2 datatype, shape). A shape entry is an int
 #: (negative = variable) or None / a str for a symbolic (variable) dimension; a
 #: shape of None means the rank is unknown.

@@ -1,14 +1,13 @@
-"""PyTorch backend (``platform: "pytorch_libtorch"`` / ``backend: "pytorch"``).
+"""PyTorch backend (``platform: "pytorch_libtorch"`` / ``"torch_aoti"``, ``backend: "pytorch"``).
 
-Two forms of model, as in Triton's PyTorch backend: **TorchScript** (``<version>/model.pt``
-or ``default_model_filename``, ``torch.jit.load``), and **PyTorch 2**
-(``runtime: "model.py"``: one ``torch.nn.Module`` subclass built with no arguments, its
-weights in the optional ``model.pt`` state dict), run eagerly in the server process.
-The configuration lists every input and output (no auto-complete); tensors meet
-``forward``'s arguments by Triton's naming (:mod:`~pdserve.backends.pytorch.naming`);
-string tensors are refused at load. ``parameters``: :mod:`~pdserve.backends.pytorch.options`.
-
-``instance_group``: ``KIND_CPU``; ``KIND_GPU`` one instance per listed GPU on ``cuda:<id>``
+Three forms of model, as in Triton's PyTorch backend: **TorchScript** (``<version>/model.pt``
+or ``default_model_filename``, ``torch.jit.load``), **PyTorch 2** (``runtime: "model.py"``:
+one ``torch.nn.Module`` subclass built with no arguments, weights in the optional
+``model.pt`` state dict) run eagerly, and **exported** models (``torch_aoti``, ``model.pt2``:
+:mod:`~pdserve.backends.pytorch.exported`). The configuration lists every input and
+output; tensors meet ``forward``'s arguments by Triton's naming
+(:mod:`~pdserve.backends.pytorch.naming`); string tensors are refused at load.
+``parameters``: :mod:`~pdserve.backends.pytorch.options`. ``instance_group``: ``KIND_CPU``; ``KIND_GPU`` one instance per listed GPU on ``cuda:<id>``
 with its own stream and pinned host buffers (a GPU not visible fails the load);
 ``KIND_AUTO``; ``KIND_MODEL`` where the file put the module. Each instance runs batches
 on its own thread (pinned to its host policy's cores) under ``torch.inference_mode()``.
@@ -44,6 +43,12 @@ from pdserve.backends.base import (
 )
 from pdserve.backends.devices import visible_gpu_count, visible_gpus
 from pdserve.backends.host_policy import instance_cores, name_current_thread, pin_current_thread
+from pdserve.backends.pytorch.exported import (
+    check_config_against,
+    load_pt2,
+    pt2_input_plan,
+    pt2_output_plan,
+)
 from pdserve.backends.pytorch.naming import InputPlan, plan_inputs, plan_outputs
 from pdserve.backends.pytorch.options import (
     JIT_SWITCHES,
@@ -280,6 +285,8 @@ def load_module(spec: ModelSpec, device: str | None) -> _Loaded:
         if target is not None:
             module = module.to(target)
         scripted = False
+    elif cfg.platform == cfgmod.TORCH_AOTI_PLATFORM:
+        return _load_exported(spec, target or torch.device("cpu"))
     else:
         path = cfgmod.find_model_file(cfg, spec.version_dir)
         try:
@@ -306,6 +313,24 @@ def load_module(spec: ModelSpec, device: str | None) -> _Loaded:
     return _Loaded(module, target, plan, scripted)
 
 
+def _load_exported(spec: ModelSpec, device: torch.device) -> _Loaded:
+    """A ``torch_aoti`` model's ``.pt2`` (:mod:`~pdserve.backends.pytorch.exported`)."""
+    path = cfgmod.find_model_file(spec.config, spec.version_dir)
+    exported = load_pt2(spec.name, path, device)
+    try:
+        plan = pt2_input_plan([i.name for i in spec.config.input], exported.arguments)
+    except ValueError as e:
+        raise RuntimeError(f"model '{spec.name}': {e}") from None
+    log.info(
+        "%s: %s on %s, inputs matched by %s",
+        spec.name,
+        "AOTInductor package" if exported.aoti else "ExportedProgram",
+        device,
+        plan.rule,
+    )
+    return _Loaded(exported.module, device, plan, False)
+
+
 class PyTorchBackend(Backend):
     """Loads TorchScript (or ``runtime: "model.py"``) models onto CPU or CUDA GPUs."""
 
@@ -319,7 +344,9 @@ class PyTorchBackend(Backend):
         return visible_gpus()[: torch.cuda.device_count()]
 
     async def auto_complete(self, spec: ModelSpec) -> None:
-        """No auto-complete (as in Triton): check what the configuration must give.
+        """No auto-complete (as in Triton): check what the configuration must give, and
+        for a ``torch_aoti`` model the tensors against the program's own signature
+        (:func:`~pdserve.backends.pytorch.exported.check_config_against`).
 
         Also imports torch (seconds, the first time) on a worker thread, so that neither
         :meth:`usable_gpus` (Triton's defaults, next) nor :meth:`load` blocks the event
@@ -328,8 +355,12 @@ class PyTorchBackend(Backend):
         Raises:
             pdserve.config.ConfigError: see :func:`check_config`.
         """
-        check_config(spec.config, spec.model_dir / cfgmod.CONFIG_FILENAME)
+        where = spec.model_dir / cfgmod.CONFIG_FILENAME
+        check_config(spec.config, where)
         await asyncio.to_thread(import_torch)
+        if spec.config.platform == cfgmod.TORCH_AOTI_PLATFORM:
+            path = cfgmod.find_model_file(spec.config, spec.version_dir)
+            await asyncio.to_thread(check_config_against, spec.config, path, spec.name, str(where))
 
     async def load(self, spec: ModelSpec) -> list[ModelInstance]:
         """Create the instances of ``instance_group``; each loads the module on its
@@ -469,7 +500,11 @@ class PyTorchInstance(ModelInstance):
         self.cores = cores
         self._plan = loaded.inputs
         self._scripted = loaded.scripted
-        self._outputs, _ = plan_outputs([o.name for o in spec.config.output])
+        names = [o.name for o in spec.config.output]
+        if spec.config.platform == cfgmod.TORCH_AOTI_PLATFORM:
+            self._outputs = pt2_output_plan(names)
+        else:
+            self._outputs, _ = plan_outputs(names)
         self._options = options
         self._executor = executor
         self._model = spec.name

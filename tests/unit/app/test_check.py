@@ -189,8 +189,8 @@ CASES: dict[str, tuple[Callable[[Path], None], Expect]] = {
         [("c_name", "config", "name", "differs from its folder name")],
     ),
     "unknown_platform": (
-        lambda r: python_model(r, "c_platform", 'platform: "tensorflow_savedmodel"'),
-        [("c_platform", "config", "platform", "unknown platform 'tensorflow_savedmodel'")],
+        lambda r: python_model(r, "c_platform", 'platform: "tensorrt_plan"'),
+        [("c_platform", "config", "platform", "unknown platform 'tensorrt_plan'")],
     ),
     "pytorch_without_model_pt": (
         lambda r: python_model(r, "c_pytorch", 'backend: "pytorch"'),

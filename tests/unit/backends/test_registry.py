@@ -25,9 +25,17 @@ def parse(pbtxt: str) -> model_config_pb2.ModelConfig:
 
 
 def test_registry_serves_onnxruntime_python_pytorch_and_remote() -> None:
-    assert served_backends() == ["fil", "onnxruntime", "python", "pytorch", "remote"]
+    assert served_backends() == [
+        "fil",
+        "onnxruntime",
+        "openvino",
+        "python",
+        "pytorch",
+        "remote",
+        "tensorflow",
+    ]
     # an ensemble is not a backend
-    assert sorted(REGISTRY) == ["fil", "onnxruntime", "python", "pytorch", "remote"]
+    assert sorted(REGISTRY) == served_backends()
     for name in REGISTRY:
         assert unavailable_reason(name) is None
         assert get_backend(name).name == name
@@ -91,20 +99,24 @@ def test_pytorch_is_served_when_torch_is_installed() -> None:
 
 
 def test_unknown_backend_names_the_served_ones() -> None:
-    reason = "unknown backend 'tensorflow'; pdserve serves 'fil', 'onnxruntime', 'python', 'pytorch', 'remote'"
-    assert unavailable_reason("tensorflow") == reason
+    reason = (
+        "unknown backend 'tensorrt'; pdserve serves 'fil', 'onnxruntime', 'openvino', "
+        "'python', 'pytorch', 'remote', 'tensorflow'"
+    )
+    assert unavailable_reason("tensorrt") == reason
     with pytest.raises(ConfigError) as e:
         cfgmod.normalize_platform(
-            parse('backend: "tensorflow"'), "m/config.pbtxt", backends=unavailable_reason
+            parse('backend: "tensorrt"'), "m/config.pbtxt", backends=unavailable_reason
         )
     assert (e.value.field, e.value.message) == ("backend", reason)
     with pytest.raises(ConfigError) as e:  # without the registry: Triton's names
-        cfgmod.normalize_platform(parse('backend: "tensorflow"'), "m/config.pbtxt")
+        cfgmod.normalize_platform(parse('backend: "tensorrt"'), "m/config.pbtxt")
     assert e.value.message == (
-        "unknown backend 'tensorflow'; pdserve knows 'fil', 'onnxruntime', 'python', 'pytorch', 'remote'"
+        "unknown backend 'tensorrt'; pdserve knows 'fil', 'onnxruntime', 'openvino', "
+        "'python', 'pytorch', 'remote', 'tensorflow'"
     )
-    with pytest.raises(ValueError, match="unknown backend 'tensorflow'"):
-        get_backend("tensorflow")
+    with pytest.raises(ValueError, match="unknown backend 'tensorrt'"):
+        get_backend("tensorrt")
 
 
 def test_missing_optional_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

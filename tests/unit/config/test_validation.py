@@ -105,6 +105,16 @@ def test_config_error_str() -> None:
         ('backend: "pytorch"', "pytorch_libtorch", "pytorch", "model.pt"),
         ('backend: "python"', "", "python", "model.py"),
         ('platform: "ensemble"', "ensemble", "", ""),
+        ('backend: "openvino"', "", "openvino", "model.xml"),
+        ('platform: "torch_aoti"', "torch_aoti", "pytorch", "model.pt2"),
+        ('backend: "pytorch" default_model_filename: "m.pt2"', "torch_aoti", "pytorch", "m.pt2"),
+        (
+            'platform: "tensorflow_savedmodel"',
+            "tensorflow_savedmodel",
+            "tensorflow",
+            "model.savedmodel",
+        ),
+        ('backend: "tensorflow"', "tensorflow_savedmodel", "tensorflow", "model.savedmodel"),
         (
             'backend: "onnxruntime" default_model_filename: "net.onnx"',
             "onnxruntime_onnx",
@@ -125,6 +135,9 @@ def test_normalize_platform_pairs(pbtxt: str, platform: str, backend: str, filen
         (["model.onnx"], "onnxruntime"),
         (["model.pt"], "pytorch"),
         (["model.py", "helper.py"], "python"),
+        (["model.xml", "model.bin"], "openvino"),
+        (["model.savedmodel"], "tensorflow"),
+        (["model.pt2"], "pytorch"),
     ],
 )
 def test_normalize_platform_guesses_from_files(files: list[str], backend: str) -> None:
@@ -133,11 +146,17 @@ def test_normalize_platform_guesses_from_files(files: list[str], backend: str) -
     assert cfg.backend == backend
 
 
+def test_a_pt2_file_is_a_torch_aoti_model() -> None:
+    cfg = model_config_pb2.ModelConfig(name="m")
+    loading.normalize_platform(cfg, "m/config.pbtxt", guess_from_files=["model.pt2"])
+    assert (cfg.platform, cfg.default_model_filename) == ("torch_aoti", "model.pt2")
+
+
 @pytest.mark.parametrize(
     ("pbtxt", "field"),
     [
         ('platform: "tensorrt_plan"', "platform"),
-        ('backend: "tensorflow"', "backend"),
+        ('backend: "tensorrt"', "backend"),
         ('platform: "onnxruntime_onnx" backend: "pytorch"', "backend"),
         ('platform: "ensemble" backend: "python"', "backend"),
         ("", "platform"),

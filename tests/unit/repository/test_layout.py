@@ -207,3 +207,21 @@ def test_fingerprint_without_config(repo: Path) -> None:
     (repo / "beta" / "config.pbtxt").write_text('backend: "python"\n')
     assert layout.fingerprint(beta, 3) != fp
     assert isinstance(layout.fingerprint(beta), str)
+
+
+def test_framework_model_files(tmp_path: Path) -> None:
+    """A SavedModel is a folder (so may be what OpenVINO reads); torch_aoti is model.pt2."""
+    version = tmp_path / "m" / "1"
+    (version / "model.savedmodel").mkdir(parents=True)
+    tf_cfg = cfg('platform: "tensorflow_savedmodel" backend: "tensorflow"')
+    assert model_file.model_may_be_folder(tf_cfg)
+    assert model_file.find_model_file(tf_cfg, version) == version / "model.savedmodel"
+    ov_cfg = cfg('backend: "openvino" default_model_filename: "model.savedmodel"')
+    assert model_file.find_model_file(ov_cfg, version) == version / "model.savedmodel"
+    assert model_file.model_file_path(cfg('backend: "openvino"'), version) == version / "model.xml"
+    pt2 = cfg('platform: "torch_aoti" backend: "pytorch"')
+    assert not model_file.model_may_be_folder(pt2)
+    assert model_file.model_file_path(pt2, version) == version / "model.pt2"
+    (version / "model.pt2").mkdir()
+    with pytest.raises(FileNotFoundError, match="model.pt2 does not exist"):
+        model_file.find_model_file(pt2, version)

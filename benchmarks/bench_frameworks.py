@@ -1,0 +1,217 @@
+"""The framework backends against their frameworks' own in-process infer calls: pdserve's
+server-side compute time per batch (from the statistics extension) against the same
+model run by OpenVINO, TensorFlow and torch.export in this process, at batch 1, 8, 64.
+
+The models are examples/framework_repository's (``examples/build_frameworks.py``):
+``efficientnet_lite0_openvino`` (``CompiledModel`` infer request), ``iris_keras``
+(the SavedModel's ``serving_default`` signature) and ``efficientnet_lite0_pt2``
+(``torch.export.load(...).module()`` under ``torch.inference_mode``). One pdserve serves
+copies of them (``max_batch_size`` 64, dynamic batching on, one ``KIND_CPU`` instance,
+each framework's default threads); a client sends one request of ``b`` rows at a time,
+so each execution is one request, and the server's time per execution is the
+``compute_input + compute_infer + compute_output`` of ``/v2/models/<m>/stats``'s
+``batch_stats`` entry for size ``b``, differenced around the round. In-process the same
+framework call runs on the same rows. The two sides alternate per (model, batch) in
+``--rounds`` rounds; each side of a round runs at least one call and stops after
+``--seconds``. Reported: mean ms per batch each side (median over rounds), the
+pdserve/framework ratio (goal <= 1.10) with its range over rounds.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_frameworks.py [--rounds 4] [--seconds 0.5] [--batches 1,8,64]
+
+Prints a Markdown table and writes ``benchmarks/out/bench_frameworks.json``; ~3 minutes
+by default (the server's start, TensorFlow's import included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import cli_parser, interrupt_on_sigterm, start_server, stop_process
+
+ROOT = Path(__file__).resolve().parents[1]
+# As pdserve's PyTorch backend does before it imports torch: libgomp's threads otherwise
+# spin at every barrier, and the in-process side would not run as the server does.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+REPO = ROOT / "examples" / "framework_repository"
+OUT = ROOT / "benchmarks" / "out"
+#: calls on each side of a round at least
+MIN_CALLS = 1
+#: model -> (input, output, row shape)
+MODELS: dict[str, tuple[str, str, tuple[int, ...]]] = {
+    "efficientnet_lite0_openvino": ("input", "logits", (3, 224, 224)),
+    "iris_keras": ("features", "probabilities", (4,)),
+    "efficientnet_lite0_pt2": ("INPUT__0", "OUTPUT__0", (3, 224, 224)),
+}
+
+
+def _bench_repo(tmp: Path) -> Path:
+    """Copies of the models with max_batch_size 64 (one CPU instance each)."""
+    repo = tmp / "repo"
+    for name in MODELS:
+        shutil.copytree(REPO / name, repo / name)
+        cfg = repo / name / "config.pbtxt"
+        cfg.write_text(re.sub(r"max_batch_size: \d+", "max_batch_size: 64", cfg.read_text()))
+    return repo
+
+
+def _in_process(model: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The framework's own call on ``model`` (rows in, first output out)."""
+    version = REPO / model / "1"
+    name, output, _ = MODELS[model]
+    if model.endswith("openvino"):
+        import openvino as ov
+
+        request = ov.Core().compile_model(str(version / "model.xml"), "CPU").create_infer_request()
+        return lambda x: request.infer({name: x})[output]
+    if model == "iris_keras":
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tensorflow as tf
+
+        fn = tf.saved_model.load(str(version / "model.savedmodel")).signatures["serving_default"]
+        return lambda x: fn(**{name: tf.constant(x)})[output].numpy()
+    import torch
+
+    module = torch.export.load(str(version / "model.pt2")).module()
+
+    def run(x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return module(torch.from_numpy(x)).numpy()
+
+    return run
+
+
+def _batch_ns(port: int, model: str, size: int) -> tuple[int, int]:
+    """(executions, compute ns) of ``model``'s batches of ``size`` so far."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats") as r:
+        stats = json.loads(r.read())["model_stats"][0]
+    for b in stats.get("batch_stats", []):
+        if int(b["batch_size"]) == size:
+            ns = sum(int(b[k]["ns"]) for k in ("compute_input", "compute_infer", "compute_output"))
+            return int(b["compute_infer"]["count"]), ns
+    return 0, 0
+
+
+def _timed(fn: Callable[[], object], seconds: float) -> int:
+    """Run ``fn`` at least MIN_CALLS times and until ``seconds`` passed; the calls made."""
+    calls, t0 = 0, time.perf_counter()
+    while calls < MIN_CALLS or time.perf_counter() - t0 < seconds:
+        fn()
+        calls += 1
+    return calls
+
+
+def _server_side(client: Any, port: int, model: str, x: np.ndarray, seconds: float) -> float:
+    import tritonclient.http as httpclient
+
+    name, output, _ = MODELS[model]
+    tensor = httpclient.InferInput(name, list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=True)
+    wanted = [httpclient.InferRequestedOutput(output, binary_data=True)]
+    count0, ns0 = _batch_ns(port, model, len(x))
+    _timed(lambda: client.infer(model, [tensor], outputs=wanted), seconds)
+    count1, ns1 = _batch_ns(port, model, len(x))
+    return (ns1 - ns0) / max(count1 - count0, 1) / 1e6
+
+
+def _framework_side(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, seconds: float) -> float:
+    t0 = time.perf_counter()
+    calls = _timed(lambda: fn(x), seconds)
+    return (time.perf_counter() - t0) / calls * 1e3
+
+
+def measure(rounds: int, seconds: float, batches: list[int]) -> dict[str, Any]:
+    """Alternate server and in-process rounds per (model, batch); the figures."""
+    import tritonclient.http as httpclient
+
+    rng = np.random.default_rng(0)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-frameworks-"))
+    proc, port, _, ready_s = start_server(_bench_repo(tmp), core=None)  # type: ignore[arg-type]  # no pinning: each framework's threads
+    rows: list[dict[str, Any]] = []
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=300)
+        for model, (_, _, shape) in MODELS.items():
+            fn = _in_process(model)
+            for b in batches:
+                x = rng.standard_normal((b, *shape)).astype(np.float32)
+                fn(x), _server_side(client, port, model, x, 0)  # warm both sides
+                server, framework = [], []
+                for _ in range(rounds):
+                    server.append(_server_side(client, port, model, x, seconds))
+                    framework.append(_framework_side(fn, x, seconds))
+                ratios = [s / f for s, f in zip(server, framework, strict=True)]
+                rows.append(
+                    {
+                        "model": model,
+                        "batch": b,
+                        "server_ms": statistics.median(server),
+                        "framework_ms": statistics.median(framework),
+                        "ratio": statistics.median(server) / statistics.median(framework),
+                        "ratio_range": [min(ratios), max(ratios)],
+                        "server_rounds_ms": server,
+                        "framework_rounds_ms": framework,
+                    }
+                )
+                print(f"  {model} b={b}: {rows[-1]['ratio']:.3f}", file=sys.stderr, flush=True)
+                OUT.mkdir(parents=True, exist_ok=True)  # what is measured so far survives a kill
+                (OUT / "bench_frameworks.partial.json").write_text(json.dumps(rows, indent=2))
+    finally:
+        stop_process(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"ready_s": ready_s, "rounds": rounds, "seconds": seconds, "rows": rows}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as a Markdown table."""
+    lines = [
+        "| model | batch | pdserve compute ms | framework ms | ratio (range) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        lo, hi = r["ratio_range"]
+        lines.append(
+            f"| `{r['model']}` | {r['batch']} | {r['server_ms']:.3f} | {r['framework_ms']:.3f} "
+            f"| {r['ratio']:.2f} ({lo:.2f}-{hi:.2f}) |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print the table, write the JSON."""
+    parser = cli_parser(__doc__, __file__)
+    parser.add_argument("--rounds", type=int, default=4, help="alternated rounds (default 4)")
+    parser.add_argument("--seconds", type=float, default=0.5, help="per side of a round")
+    parser.add_argument("--batches", default="1,8,64", help="batch sizes (default 1,8,64)")
+    args = parser.parse_args(argv)
+    interrupt_on_sigterm()  # a SIGTERM still stops the server (finally)
+    if not REPO.is_dir():
+        print("examples/framework_repository is missing: run examples/build_frameworks.py")
+        return 1
+    t0 = time.monotonic()
+    report = measure(args.rounds, args.seconds, [int(b) for b in args.batches.split(",")])
+    report["elapsed_s"] = time.monotonic() - t0
+    report["nproc"] = os.cpu_count()
+    report["uname"] = subprocess.run(["uname", "-srm"], capture_output=True, text=True).stdout
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "bench_frameworks.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(markdown(report))
+    print(f"\n{report['elapsed_s']:.0f} s; server ready in {report['ready_s']:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""OpenVINO backend (``backend: "openvino"``): OpenVINO IR and ONNX models."""

@@ -1,0 +1,1 @@
+"""TensorFlow backend (``platform: "tensorflow_savedmodel"``): SavedModel folders."""

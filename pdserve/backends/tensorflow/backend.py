@@ -1,0 +1,252 @@
+"""TensorFlow backend (``platform: "tensorflow_savedmodel"`` / ``backend: "tensorflow"``).
+
+Serves a SavedModel folder (``<version>/model.savedmodel/`` or ``default_model_filename``)
+through its signature (:mod:`~pdserve.backends.tensorflow.savedmodel`), auto-completing
+the configuration from it with Triton's rules (every tensor with a variable first
+dimension: the model can batch). TensorFlow is imported when the first such model
+loads. The SavedModel is loaded once per device and shared by that device's instances
+(Triton's ``MAX_SESSION_SHARE_COUNT`` sharing); each instance runs batches on its own
+thread. ``TF_NUM_INTRA_THREADS`` / ``TF_NUM_INTER_THREADS`` set TensorFlow's
+process-wide thread pools (before TensorFlow first runs; later values are ignored).
+``instance_group``: ``KIND_CPU``; ``KIND_GPU`` on ``/GPU:<id>`` when TensorFlow sees that
+GPU (``tensorflow-cpu`` never does: the load then fails saying so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from typing import Any
+
+import numpy as np
+
+from pdserve import config as cfgmod
+from pdserve.backends.base import (
+    Backend,
+    ExecRequest,
+    ExecResult,
+    ModelInstance,
+    ModelSpec,
+    gather_loads,
+    merge_batch,
+    run_on_thread,
+    split_batch,
+    wanted_outputs,
+)
+from pdserve.backends.host_policy import name_current_thread, pin_current_thread
+from pdserve.backends.instance_plan import instance_plans
+from pdserve.backends.onnxruntime.autocomplete import autocomplete_from_io
+from pdserve.backends.tensorflow.savedmodel import Signature, import_tf, load_signature
+from pdserve.core.errors import InferError, internal
+
+log = logging.getLogger("pdserve.tensorflow")
+
+_THREADS = {
+    "TF_NUM_INTRA_THREADS": "set_intra_op_parallelism_threads",
+    "TF_NUM_INTER_THREADS": "set_inter_op_parallelism_threads",
+}
+
+
+def apply_threads(cfg: cfgmod.ModelConfig) -> None:
+    """Set TensorFlow's thread pools from ``TF_NUM_INTRA_THREADS`` / ``TF_NUM_INTER_THREADS``.
+
+    Raises:
+        ValueError: a value that is not a non-negative number.
+    """
+    tf = import_tf()
+    for key, setter in _THREADS.items():
+        value = (cfgmod.get_parameter(cfg, key) or "").strip()
+        if not value:
+            continue
+        if not value.isdigit():
+            raise ValueError(f"parameter '{key}' must be a non-negative number, got '{value}'")
+        try:
+            getattr(tf.config.threading, setter)(int(value))
+        except RuntimeError:
+            log.warning(
+                "%s: %s=%s ignored: TensorFlow's thread pools are set once per process, "
+                "before it first runs",
+                cfg.name,
+                key,
+                value,
+            )
+
+
+def tf_gpus() -> list[int]:
+    """The GPU ids TensorFlow sees (none with ``tensorflow-cpu``)."""
+    tf = import_tf()
+    return list(range(len(tf.config.list_physical_devices("GPU"))))
+
+
+def _gpu_problem(group: str, gpus: list[int]) -> str | None:
+    tf = import_tf()
+    have = tf_gpus()
+    missing = [g for g in gpus if g not in have]
+    if not missing:
+        return None
+    build = "" if tf.test.is_built_with_cuda() else " (this is a CPU-only build)"
+    return (
+        f"instance group '{group}' asks for KIND_GPU on {', '.join(f'/GPU:{g}' for g in missing)},"
+        f" but TensorFlow {tf.__version__}{build} sees {len(have)} GPU(s); install "
+        "tensorflow[and-cuda] on a machine with an NVIDIA GPU, or use KIND_CPU"
+    )
+
+
+class TensorFlowBackend(Backend):
+    """Loads TensorFlow SavedModels."""
+
+    name = cfgmod.TENSORFLOW_BACKEND
+
+    def usable_gpus(self) -> list[int]:
+        """The GPUs TensorFlow sees."""
+        return tf_gpus()
+
+    async def auto_complete(self, spec: ModelSpec) -> None:
+        """Complete and check the configuration from the signature (Triton's rules),
+        TensorFlow's import and the load on a worker thread.
+
+        Raises:
+            pdserve.config.ConfigError: the configuration disagrees with the signature.
+            RuntimeError: TensorFlow cannot load the SavedModel (names the folder).
+        """
+
+        def complete() -> None:
+            path = cfgmod.find_model_file(spec.config, spec.version_dir)
+            sig = load_signature(spec.config, path, spec.name)
+            batching = all(s and s[0] in (None, -1) for _, _, s in sig.inputs + sig.outputs)
+            autocomplete_from_io(
+                spec.config,
+                sig.inputs,
+                sig.outputs,
+                batching,
+                str(spec.model_dir / cfgmod.CONFIG_FILENAME),
+            )
+
+        await asyncio.to_thread(complete)
+
+    async def load(self, spec: ModelSpec) -> list[ModelInstance]:
+        """Load the SavedModel once per device; one thread per instance.
+
+        Raises:
+            RuntimeError: a SavedModel TensorFlow cannot load, a missing signature,
+                or a KIND_GPU group TensorFlow cannot serve (messages name the model).
+            ValueError: a malformed thread parameter.
+        """
+        cfg = spec.config
+        await asyncio.to_thread(apply_threads, cfg)
+        plans = await asyncio.to_thread(
+            instance_plans, spec, self.name, await asyncio.to_thread(tf_gpus), _gpu_problem
+        )
+        path = cfgmod.find_model_file(cfg, spec.version_dir)
+        signatures: dict[str | None, Signature] = {}
+        for plan in plans:
+            device = None if plan.gpu is None else f"/GPU:{plan.gpu}"
+            if device not in signatures:
+                signatures[device] = await asyncio.to_thread(
+                    load_signature, cfg, path, spec.name, device
+                )
+        loop = asyncio.get_running_loop()
+        executors: list[concurrent.futures.ThreadPoolExecutor] = []
+        futures = []
+        for i, plan in enumerate(plans):
+            name = f"{spec.name}_{i}"
+            executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+            executors.append(executor)
+
+            def start(cores: frozenset[int] | None = plan.cores, name: str = name) -> None:
+                if cores:
+                    pin_current_thread(cores)
+                    name_current_thread(name)
+
+            futures.append(loop.run_in_executor(executor, start))
+        await gather_loads(futures, executors)
+        return [
+            TensorFlowInstance(
+                f"{spec.name}_{i}",
+                plan.kind,
+                signatures[None if plan.gpu is None else f"/GPU:{plan.gpu}"],
+                None if plan.gpu is None else f"/GPU:{plan.gpu}",
+                spec,
+                executor,
+            )
+            for i, (plan, executor) in enumerate(zip(plans, executors, strict=True))
+        ]
+
+
+class TensorFlowInstance(ModelInstance):
+    """One instance of a SavedModel signature, run on its own thread.
+
+    Args:
+        name: instance name (``<model>_<n>``).
+        kind: ``KIND_CPU`` / ``KIND_GPU``.
+        signature: the loaded signature (shared by the device's instances).
+        device: the TensorFlow device (``/GPU:0``) or None (CPU).
+        spec: the model version.
+        executor: the instance's one-thread executor.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        signature: Signature,
+        device: str | None,
+        spec: ModelSpec,
+        executor: concurrent.futures.ThreadPoolExecutor,
+    ) -> None:
+        self.name = name
+        self.kind = kind
+        self.signature: Signature | None = signature
+        self._device = device
+        self._model = spec.name
+        self._executor = executor
+        self._closed = False
+        self._tf = import_tf()
+
+    def _run(self, feeds: dict[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
+        assert self.signature is not None
+        tf = self._tf
+        with tf.device(self._device or "/CPU:0"):
+            tensors = {n: tf.constant(a) for n, a in feeds.items()}
+            result = self.signature.function(**tensors)
+        out: dict[str, np.ndarray] = {}
+        for n in wanted:
+            value = result[n].numpy()
+            out[n] = value.astype(object) if value.dtype.kind == "S" else value
+        return out
+
+    async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
+        """Merge the batch, call the signature on the instance's thread, split the outputs.
+
+        A batch that reaches an instance already closed gets a 503; a TensorFlow error a
+        500 naming the model.
+        """
+        inputs = merge_batch(batch)
+        wanted = wanted_outputs(batch)
+        try:
+            outputs = await run_on_thread(
+                self._executor, self._closed, self.name, self._run, inputs, wanted
+            )
+        except InferError:
+            raise
+        except Exception as e:
+            text = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+            raise internal(
+                f"tensorflow execution of model '{self._model}' failed: "
+                f"{type(e).__name__}: {text[0] if text else ''}"
+            ) from e
+        return split_batch(batch, outputs)
+
+    async def close(self) -> None:
+        """Stop the instance's thread and drop its reference to the SavedModel."""
+        self._closed = True
+        self._executor.shutdown(wait=True)
+        self.signature = None
+
+
+def run_signature(sig: Signature, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Call ``sig`` once on ``inputs`` in the calling thread (numpy results by name)."""
+    tf = import_tf()
+    result = sig.function(**{n: tf.constant(a) for n, a in inputs.items()})
+    return {n: t.numpy() for n, t in result.items()}

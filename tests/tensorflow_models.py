@@ -1,0 +1,28 @@
+"""Small TensorFlow SavedModels written at test time, for the backend's tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_savedmodel(folder: Path, default: bool = True) -> Path:
+    """A SavedModel at ``folder``: signature ``serving_default`` (or ``double`` only when
+    not ``default``) ``x`` FP32 ``[-1, 4]`` -> ``y = 2x``, and ``plus_one`` ``x`` -> ``z``."""
+    from pdserve.backends.tensorflow.savedmodel import import_tf
+
+    tf = import_tf()
+    spec = [tf.TensorSpec([None, 4], tf.float32, name="x")]
+
+    @tf.function(input_signature=spec)
+    def double(x: object) -> dict[str, object]:
+        return {"y": x * 2.0}
+
+    @tf.function(input_signature=spec)
+    def plus_one(x: object) -> dict[str, object]:
+        return {"z": x + 1.0}
+
+    module = tf.Module()
+    module.double, module.plus_one = double, plus_one
+    first = "serving_default" if default else "double"
+    tf.saved_model.save(module, str(folder), signatures={first: double, "plus_one": plus_one})
+    return folder

@@ -1,0 +1,64 @@
+"""Opening a SavedModel and choosing its signature as Triton's tensorflow backend does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from pdserve.backends.tensorflow.backend import run_signature
+from pdserve.backends.tensorflow.savedmodel import load_signature
+from tests.tensorflow_models import write_savedmodel
+
+pytest.importorskip("tensorflow")
+
+
+def _cfg(**params: str) -> model_config_pb2.ModelConfig:
+    text = "".join(
+        f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in params.items()
+    )
+    return text_format.Parse(text, model_config_pb2.ModelConfig(name="m"))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_savedmodel(tmp_path_factory.mktemp("tf") / "model.savedmodel")
+
+
+def test_serving_default_is_the_default_signature(saved: Path) -> None:
+    sig = load_signature(_cfg(), saved, "m")
+    assert sig.key == "serving_default"
+    assert (sig.inputs, sig.outputs) == ([("x", "FP32", [None, 4])], [("y", "FP32", [None, 4])])
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(run_signature(sig, {"x": x})["y"], x * 2)
+
+
+def test_tf_signature_def_picks_another(saved: Path) -> None:
+    sig = load_signature(_cfg(TF_SIGNATURE_DEF="plus_one"), saved, "m")
+    assert sig.key == "plus_one" and sig.outputs[0][0] == "z"
+
+
+def test_a_missing_named_signature_fails_naming_the_ones_there(saved: Path) -> None:
+    with pytest.raises(RuntimeError) as e:
+        load_signature(_cfg(TF_SIGNATURE_DEF="nope"), saved, "m")
+    assert "expected 'nope' signature" in str(e.value)
+    assert "'plus_one'" in str(e.value) and "TF_SIGNATURE_DEF" in str(e.value)
+
+
+def test_without_serving_default_the_first_other_signature_serves(tmp_path: Path) -> None:
+    folder = write_savedmodel(tmp_path / "model.savedmodel", default=False)
+    assert load_signature(_cfg(), folder, "m").key in ("double", "plus_one")
+
+
+def test_a_wrong_tag_or_a_corrupt_folder_names_the_folder(saved: Path, tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError) as e:
+        load_signature(_cfg(TF_GRAPH_TAG="train"), saved, "m")
+    assert f"model 'm': TensorFlow cannot load the SavedModel {saved} (tag 'train')" in str(e.value)
+    broken = tmp_path / "broken.savedmodel"
+    broken.mkdir()
+    (broken / "saved_model.pb").write_bytes(b"not a protobuf")
+    with pytest.raises(RuntimeError, match="TensorFlow cannot load the SavedModel .*broken"):
+        load_signature(_cfg(), broken, "m")
