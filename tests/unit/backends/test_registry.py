@@ -100,23 +100,23 @@ def test_pytorch_is_served_when_torch_is_installed() -> None:
 
 def test_unknown_backend_names_the_served_ones() -> None:
     reason = (
-        "unknown backend 'tensorrt'; pdserve serves 'fil', 'onnxruntime', 'openvino', "
+        "unknown backend 'mxnet'; pdserve serves 'fil', 'onnxruntime', 'openvino', "
         "'python', 'pytorch', 'remote', 'tensorflow'"
     )
-    assert unavailable_reason("tensorrt") == reason
+    assert unavailable_reason("mxnet") == reason
     with pytest.raises(ConfigError) as e:
         cfgmod.normalize_platform(
-            parse('backend: "tensorrt"'), "m/config.pbtxt", backends=unavailable_reason
+            parse('backend: "mxnet"'), "m/config.pbtxt", backends=unavailable_reason
         )
     assert (e.value.field, e.value.message) == ("backend", reason)
     with pytest.raises(ConfigError) as e:  # without the registry: Triton's names
-        cfgmod.normalize_platform(parse('backend: "tensorrt"'), "m/config.pbtxt")
+        cfgmod.normalize_platform(parse('backend: "mxnet"'), "m/config.pbtxt")
     assert e.value.message == (
-        "unknown backend 'tensorrt'; pdserve knows 'fil', 'onnxruntime', 'openvino', "
+        "unknown backend 'mxnet'; pdserve knows 'fil', 'onnxruntime', 'openvino', "
         "'python', 'pytorch', 'remote', 'tensorflow'"
     )
-    with pytest.raises(ValueError, match="unknown backend 'tensorrt'"):
-        get_backend("tensorrt")
+    with pytest.raises(ValueError, match="unknown backend 'mxnet'"):
+        get_backend("mxnet")
 
 
 def test_missing_optional_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
