@@ -1,16 +1,16 @@
-"""Ray Serve deployment of a model repository (issue 14 item 2) on a real two-node
-Ray cluster.
+"""Ray Serve deployment of a model repository on a real two-node Ray cluster.
 
 The test runs :mod:`tests.integration.ray_cluster` under ``unshare -n``: inside that
 network namespace the script starts a Ray head on 127.0.0.2 and a worker node on
 127.0.0.3 (``ray start --block``; Ray binds every interface, the namespace keeps it
-off the machine's), deploys a repository with :func:`pdserve.ray.application` (tiny on
-two replicas, one per node; an ensemble whose steps are other deployments; a python
-model that autoscales), drives load with an HTTP client, kills a replica and then the
-worker node's raylet under load, and prints its measurements as JSON. Every Ray
-process is stopped by its process id. One cluster serves every assertion (starting one
-takes ~25 s here), so the test is one function; it is marked ``slow`` (``-m "not
-slow"`` leaves it out; CI runs it).
+off the machine's). It deploys a deployment per model (:func:`pdserve.ray.application`:
+tiny on both nodes, an ensemble whose steps are other deployments), then the one-hop
+application with ``pdserve ray deploy`` (tritonclient.http and tritonclient.grpc through
+Serve's proxies, ``status``, a deployment that cannot be placed, ``teardown``), then a
+one-hop application that autoscales under a load step and loses a replica and the
+worker node's raylet under load; it prints its measurements as JSON. Every Ray process
+is stopped by its process id. One cluster serves every assertion (starting one takes
+~25 s here), so the test is one function; it is marked ``slow`` (CI runs it).
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 str(temp),
                 "--load-seconds",
                 "6",
+                "--deadline",
+                "250",
             ],
             capture_output=True,
             text=True,
@@ -98,7 +100,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_ray_serve_two_nodes(scenario: dict[str, Any]) -> None:
     doc = scenario
-    # replicas of tiny on both nodes; the V2 API answers through Serve's proxy
+    # a deployment per model: replicas of tiny on both nodes, through Serve's proxy
     assert doc["tiny_nodes"] == ["127.0.0.2", "127.0.0.3"]
     assert doc["ready"] == 200
     assert doc["metadata"]["name"] == "tiny" and doc["metadata"]["versions"] == ["2"]
@@ -118,13 +120,45 @@ def test_ray_serve_two_nodes(scenario: dict[str, Any]) -> None:
     assert doc["unknown_model"][0] == 404
     assert doc["load_refused"] == 503
 
+
+def test_pdserve_ray_deploys_one_hop_for_http_and_grpc_clients(scenario: dict[str, Any]) -> None:
+    doc = scenario
+    assert doc["cli_deploy"][0] == 0, doc["cli_deploy"]
+    assert "application 'pdserve' RUNNING" in doc["cli_deploy"][1]
+    got = doc["through_serve"]
+    expected = np.array(got["tiny_expected"], dtype=np.float32)
+    for key in ("http_tiny", "grpc_tiny"):
+        np.testing.assert_array_equal(np.array(got[key], dtype=np.float32), expected)
+    # the ensemble's steps ran inside the replica: tiny of pre (tiny) of x
+    for key in ("http_pipe", "grpc_pipe"):
+        np.testing.assert_allclose(got[key], doc["tiny_of_tiny"], rtol=1e-5, atol=1e-6)
+    assert got["http_ready"] and got["grpc_ready"] and got["grpc_versions"] == ["2"]
+    assert got["grpc_bad"][0] == "StatusCode.INVALID_ARGUMENT", got["grpc_bad"]
+    assert "unexpected inference input 'WRONG'" in got["grpc_bad"][1]
+    (stream,) = got["grpc_stream"]
+    np.testing.assert_array_equal(np.array(stream, dtype=np.float32), expected)
+    status = json.loads(doc["cli_status"][1])
+    app = status["applications"]["pdserve"]
+    assert app["status"] == "RUNNING"
+    assert app["deployments"]["pdserve"] == {"status": "HEALTHY", "replicas": {"RUNNING": 2}}
+    code, text, seconds = doc["cli_unplaceable"]
+    assert code == 1 and seconds < 30, doc["cli_unplaceable"]
+    assert "deployment 'pdserve' cannot be placed: one replica asks for CPU 64" in text
+    assert "127.0.0.2: CPU 16" in text and "127.0.0.3: CPU 16" in text
+    assert doc["cli_teardown"][0] == 0
+
+
+def test_one_hop_autoscales_and_survives_replica_and_node_loss(
+    scenario: dict[str, Any],
+) -> None:
+    doc = scenario
     auto = doc["phases"]["autoscale"]
     assert auto["failed"] == 0 and auto["wrong"] == 0 and auto["ok"] > 20, auto
-    assert auto["trace"][0][1] == 1, auto["trace"]
-    assert auto["max_replicas"] >= 2, auto["trace"]
-    assert auto["final_replicas"] == 1, auto["trace"]
+    assert auto["trace"][0][1] == 2, auto["trace"]
+    assert auto["max_replicas"] >= 3, auto["trace"]
+    assert auto["final_replicas"] == 2, auto["trace"]
 
-    assert doc["slow_nodes"] == ["127.0.0.2", "127.0.0.3"]
+    assert doc["server_nodes"] == ["127.0.0.2", "127.0.0.3"]
     kill = doc["phases"]["kill_replica"]
     assert kill["victim_pid"] and not kill["victim_alive_after"], kill
     assert kill["failed"] == 0 and kill["wrong"] == 0 and kill["ok"] > 20, kill

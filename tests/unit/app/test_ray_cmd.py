@@ -1,0 +1,67 @@
+"""pdserve ray's flags: per-model values, autoscaling, the shapes' rules (no cluster)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdserve.app.cli import build_parser
+from pdserve.app.ray_cmd import autoscale, deployment_options, per_model, run
+
+
+def parse(*argv: str) -> object:
+    return build_parser().parse_args(["ray", *argv])
+
+
+def test_per_model_values() -> None:
+    assert per_model(["2", "tiny=3"], int) == (2, {"tiny": 3})
+    assert per_model([], int) == (None, {})
+    with pytest.raises(ValueError, match="two values for model 'tiny'"):
+        per_model(["tiny=1", "tiny=2"], int)
+    with pytest.raises(ValueError, match="every deployment"):
+        per_model(["1", "2"], int)
+
+
+def test_autoscale() -> None:
+    assert autoscale("1:4") == {
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "target_ongoing_requests": 2.0,
+    }
+    assert autoscale("0:2:8")["target_ongoing_requests"] == 8.0
+    for bad in ("4", "3:1", "1:2:3:4", "a:b"):
+        with pytest.raises(ValueError):
+            autoscale(bad)
+
+
+def test_server_shape_options() -> None:
+    args = parse("deploy", "repo", "--replicas", "2", "--num-cpus", "1.5")
+    assert deployment_options(args) == {  # type: ignore[arg-type]
+        "*": {"num_replicas": 2, "ray_actor_options": {"num_cpus": 1.5}}
+    }
+    args = parse("deploy", "repo", "--replicas", "tiny=2")
+    with pytest.raises(ValueError, match="needs --shape split"):
+        deployment_options(args)  # type: ignore[arg-type]
+    args = parse("deploy", "repo", "--replicas", "2", "--autoscale", "1:3")
+    with pytest.raises(ValueError, match="both given for every deployment"):
+        deployment_options(args)  # type: ignore[arg-type]
+
+
+def test_split_shape_options_per_model() -> None:
+    args = parse(
+        "deploy", "repo", "--shape", "split", "--autoscale", "preprocess=1:4",
+        "--num-gpus", "efficientnet_lite0=1", "--replicas", "1",
+    )  # fmt: skip
+    assert deployment_options(args) == {  # type: ignore[arg-type]
+        "*": {"num_replicas": 1},
+        "preprocess": {"autoscaling_config": autoscale("1:4")},
+        "efficientnet_lite0": {"ray_actor_options": {"num_gpus": 1.0}},
+    }
+
+
+def test_bad_flags_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse("deploy", "repo", "--replicas", "x")
+    with pytest.raises(SystemExit) as info:
+        args.run(args)  # type: ignore[attr-defined]
+    assert info.value.code == 2
+    assert "invalid literal" in capsys.readouterr().err
+    assert run is not None
