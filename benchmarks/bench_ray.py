@@ -109,9 +109,16 @@ def perf_grpc(url: str, conc: int, tmp: Path) -> dict[str, Any]:
         timeout=120,
         cwd=ROOT,
     )
-    doc = json.loads(out.read_text())
-    row = doc["results"][0] if "results" in doc else doc[0]
-    return {"conns": conc, **{k: row.get(k) for k in ("throughput", "p50_ms", "p99_ms")}}
+    (row,) = json.loads(out.read_text())["results"]
+    if sum(row["errors"].values()):
+        raise RuntimeError(f"pdserve perf {url} c={conc}: errors {row['errors']}")
+    lat = row["latency_us"]
+    return {
+        "conns": conc,
+        "throughput": round(row["infer_per_sec"], 1),
+        "p50_ms": round(lat["p50"] / 1000, 2),
+        "p99_ms": round(lat["p99"] / 1000, 2),
+    }
 
 
 def images_point(url: str, tmp: Path, conc: int, seconds: float) -> dict[str, Any]:
@@ -132,7 +139,9 @@ def images_point(url: str, tmp: Path, conc: int, seconds: float) -> dict[str, An
         timeout=seconds + 120,
     )
     doc = json.loads(out.stdout)
-    return {"conns": conc, "images_s": doc.get("rps"), "errors": doc.get("errors")}
+    if doc["errors"]:
+        raise RuntimeError(f"{url} c={conc}: {doc['errors']} errors: {doc.get('first_error')}")
+    return {"conns": conc, "images_s": doc["rps"], "p50_ms": doc["p50_ms"], "p99_ms": doc["p99_ms"]}
 
 
 def rounds(
@@ -266,7 +275,14 @@ def measure_all(
         {"pdserve": img1},
         route_prefix="/one",
     )
-    control.deploy(application(repo, ["image_classifier"]), "split", {}, route_prefix="/split")
+    steps = ("preprocess", "efficientnet_lite0", "postprocess", "image_classifier")
+    split = application(
+        repo,
+        ["image_classifier"],
+        {m: {"max_ongoing_requests": 64} for m in steps},
+        {"max_ongoing_requests": 64},
+    )
+    control.deploy(split, "split", {}, route_prefix="/split")
     res["image_deploy_s"] = round(time.monotonic() - t0, 1)
     img_urls = {
         k: f"http://{HEAD_IP}:8000/{k}/v2/models/image_classifier/infer" for k in ("one", "split")

@@ -36,7 +36,10 @@ def per_model(values: list[str], parse: Callable[[str], T]) -> tuple[T | None, d
     every: T | None = None
     models: dict[str, T] = {}
     for text in values:
-        model, sep, value = text.rpartition("=")
+        # a JSON value may hold "=": only a name before the first "=" is a model
+        model, sep, value = ("", "", text) if text.startswith("{") else text.partition("=")
+        if not sep:
+            model, value = "", text
         if sep and model:
             if model in models:
                 raise ValueError(f"two values for model '{model}'")
@@ -65,10 +68,25 @@ def autoscale(text: str) -> dict[str, object]:
     return {"min_replicas": lo, "max_replicas": hi, "target_ongoing_requests": target}
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """A JSON object.
+
+    Raises:
+        ValueError: not JSON, or not an object.
+    """
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 def deployment_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """The ``--replicas`` / ``--autoscale`` / ``--num-cpus`` / ``--num-gpus`` /
-    ``--max-ongoing-requests`` flags as Serve options: ``{"*": every deployment's,
-    MODEL: that model's}`` (``--shape server`` has only ``"*"``).
+    ``--max-ongoing-requests`` / ``--max-replicas-per-node`` / ``--serve-options`` flags
+    as Serve options: ``{"*": every deployment's, MODEL: that model's}`` (``--shape
+    server`` has only ``"*"``). ``--serve-options`` objects merge into what the other
+    flags set (``{"autoscaling_config": {"upscale_delay_s": 1}}`` keeps ``--autoscale``'s
+    replicas).
 
     Raises:
         ValueError: a bad value; a per-model value with ``--shape server``; replicas
@@ -96,6 +114,16 @@ def deployment_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     put("--num-gpus", args.num_gpus, float, "ray_actor_options.num_gpus")
     put("--max-ongoing-requests", args.max_ongoing_requests, int, "max_ongoing_requests")
     put("--max-replicas-per-node", args.max_replicas_per_node, int, "max_replicas_per_node")
+    every, models = per_model(args.serve_options, _json_object)
+    if models and args.shape == "server":
+        raise ValueError("--serve-options MODEL=JSON needs --shape split")
+    for target, extra in ([("*", every)] if every is not None else []) + list(models.items()):
+        opts = out.setdefault(target, {})
+        for key, value in extra.items():
+            if isinstance(value, dict) and isinstance(opts.get(key), dict):
+                opts[key] = {**opts[key], **value}  # e.g. autoscaling_config's delays
+            else:
+                opts[key] = value
     for target, opts in out.items():
         if "num_replicas" in opts and "autoscaling_config" in opts:
             who = "every deployment" if target == "*" else f"model '{target}'"
@@ -108,22 +136,41 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "ray",
         help="deploy a model repository onto a Ray cluster (Ray Serve), show it, tear it down",
-        description=__doc__.split("\n\n")[1].replace("\n", " ") if __doc__ else None,
+        description="deploy: a repository as a Ray Serve application on a running cluster "
+        "(--shape server: one deployment, every replica a whole server for HTTP and gRPC; "
+        "--shape split: a deployment per model behind an ingress), waiting at most --timeout "
+        "s; a deployment that cannot be placed fails naming what it asked for and what the "
+        "cluster has. status: the applications and their replicas. teardown: delete one. "
+        "`pdserve ray deploy --help` lists deploy's flags.",
     )
-    actions = p.add_subparsers(dest="ray_command", required=True)
+    actions = p.add_subparsers(
+        dest="ray_command", required=True, metavar="{deploy,status,teardown}"
+    )
     d = actions.add_parser("deploy", help="deploy a repository as a Serve application")
+    d.description = "Deploy a model repository onto a running Ray cluster (Ray Serve)."
     d.add_argument("model_repository", help="the repository folder (the same path on every node)")
     d.add_argument("--models", default="", help="comma-separated models (default: all)")
-    d.add_argument("--shape", choices=("server", "split"), default="server")
-    d.add_argument("--replicas", action="append", default=[], metavar="[MODEL=]N")
-    d.add_argument("--autoscale", action="append", default=[], metavar="[MODEL=]MIN:MAX[:TARGET]")
-    d.add_argument("--num-cpus", action="append", default=[], metavar="[MODEL=]CPUS")
-    d.add_argument("--num-gpus", action="append", default=[], metavar="[MODEL=]GPUS")
-    d.add_argument("--max-ongoing-requests", action="append", default=[], metavar="[MODEL=]N")
-    d.add_argument("--max-replicas-per-node", action="append", default=[], metavar="[MODEL=]N")
+    d.add_argument(
+        "--shape",
+        choices=("server", "split"),
+        default="server",
+        help="server (default): one deployment, every replica a whole server; split: a "
+        "deployment per model behind an ingress",
+    )
+    per = "MODEL=VALUE: that model's deployment (--shape split); VALUE: every deployment"
+    for flag, metavar, what in (
+        ("--replicas", "[MODEL=]N", "replicas"),
+        ("--autoscale", "[MODEL=]MIN:MAX[:TARGET]", "autoscaling (target ongoing requests 2)"),
+        ("--num-cpus", "[MODEL=]CPUS", "CPUs a replica reserves (default: its models')"),
+        ("--num-gpus", "[MODEL=]GPUS", "GPUs a replica reserves (default: its models')"),
+        ("--max-ongoing-requests", "[MODEL=]N", "Serve's per-replica limit (one hop: 64)"),
+        ("--max-replicas-per-node", "[MODEL=]N", "replicas on one node at most"),
+        ("--serve-options", "[MODEL=]JSON", "more Serve deployment options, as JSON"),
+    ):
+        d.add_argument(flag, action="append", default=[], metavar=metavar, help=f"{what}; {per}")
     d.add_argument("--host", default="127.0.0.1", help="Serve's proxies' address")
-    d.add_argument("--http-port", type=int, default=8000)
-    d.add_argument("--grpc-port", type=int, default=9000)
+    d.add_argument("--http-port", type=int, default=8000, help="Serve's HTTP proxy port")
+    d.add_argument("--grpc-port", type=int, default=9000, help="Serve's gRPC proxy port")
     d.add_argument(
         "--timeout", type=float, default=120.0, help="seconds to wait for RUNNING (default 120)"
     )
@@ -221,6 +268,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(
         f"application '{args.name}' RUNNING after {took:.1f} s; HTTP "
         f"http://{args.host}:{args.http_port}, gRPC {args.host}:{args.grpc_port} "
-        "(Serve's proxies, where Serve started them)"
+        "(a Serve already running keeps its own proxies)"
     )
     return 0

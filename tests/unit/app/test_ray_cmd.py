@@ -65,3 +65,19 @@ def test_bad_flags_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert info.value.code == 2
     assert "invalid literal" in capsys.readouterr().err
     assert run is not None
+
+
+def test_serve_options_merge_into_the_other_flags() -> None:
+    args = parse(
+        "deploy", "repo", "--autoscale", "2:3", "--serve-options",
+        '{"autoscaling_config": {"upscale_delay_s": 1}, "health_check_period_s": 2}',
+    )  # fmt: skip
+    assert deployment_options(args) == {  # type: ignore[arg-type]
+        "*": {
+            "autoscaling_config": {**autoscale("2:3"), "upscale_delay_s": 1},
+            "health_check_period_s": 2,
+        }
+    }
+    args = parse("deploy", "repo", "--serve-options", "[1]")
+    with pytest.raises(ValueError, match="JSON object"):
+        deployment_options(args)  # type: ignore[arg-type]
