@@ -1,18 +1,15 @@
 """What a Ray Serve application of a model repository is made of (no Ray import).
 
-:func:`plan_server` plans the one-hop deployment (every replica holds every model: it
-reserves the sum of their CPUs); :func:`plan_application` reads the repository's
-``config.pbtxt`` files and returns one :class:`DeploymentPlan` per model: the
-deployment's name, its Serve options and, for an ensemble, the step models it calls
-through ``DeploymentHandle``\\ s. Everything here
-is plain data so that it is tested without Ray and can be printed
-(``python -m pdserve.ray.plan REPO``).
+:func:`plan_server` plans the one-hop deployment (every replica holds every model and
+reserves the sum of their CPUs); :func:`plan_application` one deployment per model (its
+Serve options and, for an ensemble, the steps it calls through handles). Plain data, tested
+without Ray, printed by ``python -m pdserve.ray.plan REPO``.
 
 Resources come from the instance groups as auto-complete fills them (:func:`actor_options`;
-an ONNX Runtime model without ``instance_group`` runs 2 CPU instances). Per-model overrides
-(``options[model]``) replace any of ``num_replicas``, ``autoscaling_config``,
-``ray_actor_options``, ``max_ongoing_requests``, ``max_replicas_per_node``;
-``autoscaling_config`` and ``num_replicas`` exclude each other (Serve's rule).
+an ONNX Runtime model without ``instance_group`` runs 2 CPU instances). Overrides replace
+any of ``num_replicas``, ``autoscaling_config``, ``ray_actor_options`` (merged),
+``max_ongoing_requests``, ``max_replicas_per_node``; ``autoscaling_config`` and
+``num_replicas`` exclude each other (Serve's rule).
 """
 
 from __future__ import annotations
