@@ -201,6 +201,9 @@ def _build(args: argparse.Namespace, opts: dict[str, dict[str, Any]]) -> tuple[A
         app = server_application(args.model_repository, models, every)
         return app, {SERVER_NAME: plan.options}
     names = [p.model for p in plan_application(args.model_repository, models)]
+    unknown = sorted(set(opts) - set(names))
+    if unknown:
+        raise ValueError(f"options given for models that are not served: {unknown}")
     per: dict[str, dict[str, Any]] = {}
     for name in names:
         own = opts.get(name, {})

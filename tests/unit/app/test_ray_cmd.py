@@ -81,3 +81,30 @@ def test_serve_options_merge_into_the_other_flags() -> None:
     args = parse("deploy", "repo", "--serve-options", "[1]")
     with pytest.raises(ValueError, match="JSON object"):
         deployment_options(args)  # type: ignore[arg-type]
+
+
+def test_build_plans_both_shapes() -> None:
+    from pdserve.app.ray_cmd import _build
+    from tests.conftest import EXAMPLE_REPO
+
+    args = parse("deploy", str(EXAMPLE_REPO), "--models", "tiny", "--num-cpus", "1")
+    app, planned = _build(args, deployment_options(args))  # type: ignore[arg-type]
+    assert planned == {"pdserve": {"ray_actor_options": {"num_cpus": 1.0}}}
+    assert app._bound_deployment.name == "pdserve"
+    args = parse(
+        "deploy", str(EXAMPLE_REPO), "--shape", "split", "--models", "image_classifier",
+        "--replicas", "1", "--autoscale", "preprocess=1:4", "--num-cpus", "postprocess=0.5",
+    )  # fmt: skip
+    app, planned = _build(args, deployment_options(args))  # type: ignore[arg-type]
+    assert planned["preprocess"] == {
+        "ray_actor_options": {"num_cpus": 1},
+        "autoscaling_config": autoscale("1:4"),
+    }
+    assert planned["postprocess"] == {"ray_actor_options": {"num_cpus": 0.5}, "num_replicas": 1}
+    assert planned["efficientnet_lite0"]["num_replicas"] == 1
+    assert planned["pdserve-ingress"] == {"ray_actor_options": {"num_cpus": 0.5}}
+    assert app._bound_deployment.name == "pdserve-ingress"
+    args = parse("deploy", str(EXAMPLE_REPO), "--shape", "split", "--models", "tiny",
+                 "--replicas", "nope=2")  # fmt: skip
+    with pytest.raises(ValueError, match="not served"):
+        _build(args, deployment_options(args))  # type: ignore[arg-type]
