@@ -172,5 +172,7 @@ def test_one_hop_autoscales_and_survives_replica_and_node_loss(
     assert not node["raylet_alive_after"], node
     assert node["failed"] == 0 and node["wrong"] == 0 and node["ok"] > 20, node
     assert node["retried"] <= 2 * THREADS, node
+    # the node took a replica with it
+    assert doc["phases"]["worker_replicas_before_node_kill"] == 1, doc["phases"]
     assert node["alive_nodes_after"] == 1 and node["tiny_nodes_after"] == ["127.0.0.2"], node
     assert doc["after_node_loss_status"] == 200
