@@ -1,41 +1,43 @@
-"""Ray Serve (issue 14 item 2): the V2 API through Serve vs pdserve alone, and an
-autoscaling trace.
+"""Ray Serve: pdserve on Ray in one hop against a plain Ray Serve deployment and pdserve alone.
 
-Both servers get the same core (``taskset -c 0``: pdserve with its children; every Ray
-process of a one-node cluster: GCS, raylet, Serve controller, proxy, ingress and model
-replicas); wrk runs on core 1. Same model (the example ``tiny``: 64->64 MatMul+Relu,
-ONNX Runtime, no dynamic batching), same V2 JSON body of one row, ``-d`` seconds per
-point, after a 2 s warm-up. Serve's ``max_ongoing_requests`` is 64 for the ingress and
-the model so that its back-pressure does not cap concurrency 32.
+Same model (the example ``tiny``: 64->64 MatMul+Relu, ONNX Runtime), one row per
+request, both cores (nothing pinned), one Ray cluster (head only, 16 logical CPUs) for
+the whole run, every target up at once and measured in alternated rounds (the order
+rotates each round), each point bounded in time:
 
-Ray runs twice: Serve's defaults, then ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` (Serve's
-documented throughput mode: user code and router on the replica's own loop, buffered
-access logs). Then a load step on ``sleepy`` (python model, 0.5 s per request, 2 instances per
-replica) with ``autoscaling_config`` (min 1, max 4, target 2 ongoing requests): 8
-client threads for ``--step-seconds``, then none; replicas (RUNNING) sampled every
-0.5 s until the deployment is back to 1 replica (at most 60 s).
+1. **HTTP**, wrk, c=8 and c=32: (a) ``pdserve serve`` alone; (b) a plain Ray Serve
+   deployment (``benchmarks/peers/ray_serve_tiny.py``: ORT in a ``@serve.deployment``
+   with ``@serve.batch``, route ``/plain``); (c) pdserve on Ray in one hop
+   (``pdserve.ray.server_application``: Serve's proxy -> a replica that is a whole
+   pdserve server). One replica each, ``max_ongoing_requests`` 64.
+2. **gRPC**, ``pdserve perf -i grpc`` at concurrency 8 and 32: (a) against (c) through
+   Serve's gRPC proxy (the plain deployment is deleted first: with one application
+   left, the proxy needs no ``application`` metadata).
+3. **The image pipeline** (``image_classifier``: JPEG in, top-5 out), loadgen.py at
+   concurrency 8: one-hop (every step in one replica, route ``/one``) against a
+   deployment per step behind an ingress (``/split``), images/s.
 
-Ray's ports bind every interface, so the script runs itself inside a network namespace
-(``unshare -n``, root): pdserve on 127.0.0.1, the Ray head on 127.0.0.2. Every process is
-stopped by its process id (never ``ray stop``).
+Ray binds every interface, so the script runs itself inside a network namespace
+(``unshare -n``, root): pdserve on 127.0.0.1, the Ray head on 127.0.0.2. Every process
+is stopped by its process id (never ``ray stop``).
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_ray.py [-d 8] [--step-seconds 20] [--cores 0|all]
+    .venv/bin/python benchmarks/bench_ray.py [-d 3] [--rounds 4] [--parts http,grpc,images]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,21 +46,20 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE / "peers"))
 
-from common import REPO, cli_parser, start_server, stop_process  # noqa: E402
+from bench_pipeline import binary_body, bytes_element  # noqa: E402
+from common import REPO, cli_parser, start_server, stop_process, write_post_lua  # noqa: E402
 
 from tests.integration.ray_cluster import (  # noqa: E402
-    APP,
     HEAD_IP,
     infer_body,
-    run_load,
-    running,
     setup_namespace,
     start_cluster,
-    wait_for,
 )
 
-_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+GOLDENS = ROOT / "examples" / "goldens"
+PY = sys.executable
 
 
 def in_namespace() -> bool:
@@ -67,62 +68,120 @@ def in_namespace() -> bool:
     return [line.split(":")[1].strip() for line in out.splitlines()] == ["lo"]
 
 
-#: ``--cores``: "0" pins the servers to core 0 and wrk to core 1; "all" pins nothing.
-CORES = {"server": "0", "client": "1"}
+def make_repo(dst: Path) -> Path:
+    for name in ("tiny", "image_classifier", "preprocess", "efficientnet_lite0", "postprocess"):
+        shutil.copytree(REPO / name, dst / name, symlinks=False)
+    return dst
 
 
-def wrk(url: str, body: bytes, conns: int, seconds: int, lua_dir: Path) -> dict[str, Any]:
-    """One wrk point (on the client core): req/s, p50/p99 in ms, non-2xx count."""
-    lua = lua_dir / "post.lua"
-    lua.write_text(
-        'wrk.method = "POST"\n'
-        'wrk.headers["Content-Type"] = "application/json"\n'
-        f"wrk.body = [[{body.decode()}]]\n"
+def wrk_point(url: str, tmp: Path, body: bytes, conns: int, seconds: int) -> dict[str, Any]:
+    """One wrk point (2 threads, POST ``body``): req/s, p50/p99 in ms, non-2xx count.
+
+    Raises:
+        RuntimeError: a non-2xx answer or a socket error (the figures would lie).
+    """
+    lua = write_post_lua(tmp, json.loads(body))
+    cmd = ["wrk", "-t2", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", str(lua), url]
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+    def ms(label: str) -> float | None:
+        m = re.search(rf"^\s+{label}\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+        if not m:
+            return None
+        return round(float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)], 3)
+
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
+    bad = re.search(r"(Non-2xx or 3xx responses|Socket errors):.*", text)
+    if bad or not rps:
+        raise RuntimeError(f"wrk {url}: {bad.group(0) if bad else text[-500:]}")
+    return {"conns": conns, "rps": float(rps.group(1)), "p50_ms": ms("50%"), "p99_ms": ms("99%")}
+
+
+def perf_grpc(url: str, conc: int, tmp: Path) -> dict[str, Any]:
+    """``pdserve perf -i grpc`` on tiny at concurrency ``conc`` (bounded: 2 trials of 1.5 s)."""
+    out = tmp / f"perf-{conc}.json"
+    subprocess.run(
+        [PY, "-m", "pdserve", "perf", "-m", "tiny", "-i", "grpc", "-u", url]
+        + ["--concurrency-range", str(conc), "-p", "1500", "-r", "2", "-s", "100"]
+        + ["--no-server-stats", "-q", "--json", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
     )
-    pin = ["taskset", "-c", CORES["client"]] if CORES["client"] else []
-    cmd = [*pin, "wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--latency"]
-    out = subprocess.run(
-        [*cmd, "-s", str(lua), url], capture_output=True, text=True, timeout=seconds + 60
-    ).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-
-    def pct(p: str) -> float:
-        m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
-        return round(float(m.group(1)) * _UNITS[m.group(2)], 2) if m else float("nan")
-
-    bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    (row,) = json.loads(out.read_text())["results"]
+    if sum(row["errors"].values()):
+        raise RuntimeError(f"pdserve perf {url} c={conc}: errors {row['errors']}")
+    lat = row["latency_us"]
     return {
-        "conns": conns,
-        "rps": round(rps, 1),
-        "p50_ms": pct("50"),
-        "p99_ms": pct("99"),
-        "non_2xx": int(bad.group(1)) if bad else 0,
+        "conns": conc,
+        "throughput": round(row["infer_per_sec"], 1),
+        "p50_ms": round(lat["p50"] / 1000, 2),
+        "p99_ms": round(lat["p99"] / 1000, 2),
     }
 
 
-def measure(url: str, body: bytes, seconds: int, tmp: Path) -> list[dict[str, Any]]:
-    wrk(url, body, 8, 2, tmp)  # warm-up
-    return [wrk(url, body, c, seconds, tmp) for c in (8, 32)]
+def images_point(url: str, tmp: Path, conc: int, seconds: float) -> dict[str, Any]:
+    """loadgen.py with one JPEG per request (binary tensor extension) at ``conc``."""
+    jpeg = np.load(GOLDENS / "image_classifier.npz")["image_bytes_flower"].tobytes()
+    body, head_len = binary_body(
+        [("input_image_bytes", "BYTES", [1, 1], bytes_element(jpeg))],
+        ["top5_labels", "top5_confidences"],
+    )
+    path = tmp / "image.bin"
+    path.write_bytes(body)
+    out = subprocess.run(
+        [PY, str(HERE / "loadgen.py"), "--url", url, "--body-file", str(path)]
+        + ["--header", f"Inference-Header-Content-Length: {head_len}"]
+        + ["--header", "Content-Type: application/octet-stream"]
+        + ["--concurrency", str(conc), "--duration", str(seconds), "--warmup", "1"],
+        capture_output=True,
+        check=True,
+        timeout=seconds + 120,
+    )
+    doc = json.loads(out.stdout)
+    if doc["errors"]:
+        raise RuntimeError(f"{url} c={conc}: {doc['errors']} errors: {doc.get('first_error')}")
+    return {"conns": conc, "images_s": doc["rps"], "p50_ms": doc["p50_ms"], "p99_ms": doc["p99_ms"]}
 
 
-def make_repo(dst: Path) -> Path:
-    shutil.copytree(REPO / "tiny", dst / "tiny")
-    shutil.copytree(ROOT / "tests" / "data" / "python_models" / "sleepy", dst / "sleepy")
-    return dst
+def rounds(
+    targets: dict[str, Callable[[], list[dict[str, Any]]]], n: int
+) -> dict[str, list[list[dict[str, Any]]]]:
+    """``n`` rounds of every target's points, the order rotating each round."""
+    names = list(targets)
+    got: dict[str, list[list[dict[str, Any]]]] = {k: [] for k in names}
+    for r in range(n):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            got[name].append(targets[name]())
+            print(f"round {r + 1} {name}: {got[name][-1]}", flush=True)
+    return got
+
+
+def medians(runs: list[list[dict[str, Any]]], key: str) -> list[dict[str, Any]]:
+    """Per point (conns), the median of ``key`` and of the latencies over the rounds."""
+    out = []
+    for i, first in enumerate(runs[0]):
+        row: dict[str, Any] = {"conns": first["conns"]}
+        for k in (key, "p50_ms", "p99_ms"):
+            vals = [r[i][k] for r in runs if r[i].get(k) is not None]
+            row[k] = round(statistics.median(vals), 2) if vals else None
+        row[f"{key}_range"] = [min(r[i][key] for r in runs), max(r[i][key] for r in runs)]
+        out.append(row)
+    return out
 
 
 def main() -> int:
     p = cli_parser(__doc__, __file__)
-    p.add_argument("-d", "--seconds", type=int, default=8, help="seconds per wrk point")
-    p.add_argument("--step-seconds", type=float, default=20.0, help="autoscaling load step")
+    p.add_argument("-d", "--seconds", type=int, default=3, help="seconds per load point")
+    p.add_argument("--rounds", type=int, default=4, help="alternated rounds")
+    p.add_argument("--out", default="", help="JSON file (default benchmarks/out/ray.json)")
     p.add_argument(
-        "--cores", choices=("0", "all"), default="0", help="0: servers on core 0, wrk on core 1"
+        "--parts", default="http,grpc,images", help="comma-separated: http, grpc, images"
     )
-    p.add_argument("--out", default="", help="JSON file (default benchmarks/out/ray-CORES.json)")
     args = p.parse_args()
-    if args.cores == "all":
-        CORES.update(server="", client="")
-    out = Path(args.out or HERE / "out" / f"ray-{args.cores}.json")
+    out = Path(args.out or HERE / "out" / "ray.json")
     if not in_namespace():
         if os.geteuid() != 0 or shutil.which("unshare") is None:
             print("bench_ray.py needs root and unshare(1) (Ray binds every interface)")
@@ -130,94 +189,30 @@ def main() -> int:
         cmd = ["unshare", "-n", sys.executable, __file__, *sys.argv[1:]]
         return subprocess.run(cmd, check=False).returncode
     setup_namespace()
-    if CORES["client"]:
-        os.sched_setaffinity(0, {1})  # this driver (and the autoscaling clients) on core 1
     tmp = Path(tempfile.mkdtemp(prefix="pdray-bench-"))
-    repo = make_repo(tmp / "repo")
-    body = infer_body("tiny", "INPUT0", np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64))
     res: dict[str, Any] = {
-        "cores": args.cores,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "loadavg_start": os.getloadavg(),
         "seconds_per_point": args.seconds,
+        "rounds": args.rounds,
     }
-
-    # -- pdserve alone on core 0
-    proc, http_port, _, _ = start_server(
-        repo, "--load-model", "tiny", "--model-control-mode", "explicit", core="0"
+    t_start = time.monotonic()
+    repo = make_repo(tmp / "repo")
+    proc, http_port, grpc_port, _ = start_server(
+        repo,
+        "--load-model",
+        "tiny",
+        "--model-control-mode",
+        "explicit",
+        core=None,  # type: ignore[arg-type]
     )
+    cluster = start_cluster(tmp / "ray", cpus=16, with_worker=False)
     try:
-        res["pdserve"] = measure(
-            f"http://127.0.0.1:{http_port}/v2/models/tiny/infer", body, args.seconds, tmp
-        )
-    finally:
-        stop_process(proc)
-    print("pdserve alone:", res["pdserve"], flush=True)
-
-    # -- the same through Ray Serve, every Ray process on core 0: Serve's defaults (with
-    # the autoscaling step), then its documented throughput mode
-    ray_round(res, "ray", tmp, repo, body, args, autoscale=True)
-    ray_round(res, "ray_throughput", tmp, repo, body, args, autoscale=False)
-    shutil.rmtree(tmp, ignore_errors=True)
-    res["loadavg_end"] = os.getloadavg()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
-    report(res)
-    return 0
-
-
-def ray_round(
-    res: dict[str, Any],
-    name: str,
-    tmp: Path,
-    repo: Path,
-    body: bytes,
-    args: argparse.Namespace,
-    autoscale: bool,
-) -> None:
-    """One Ray cluster (head only, core 0): wrk points on tiny, then (``autoscale``)
-    the load step on sleepy. ``ray_throughput``: ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``."""
-    from ray import serve
-
-    from pdserve.ray import application
-
-    env = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"} if name == "ray_throughput" else None
-    cluster = start_cluster(
-        tmp / name, cpus=8, with_worker=False, cores=CORES["server"] or None, extra_env=env
-    )
-    try:
-        serve.start(http_options={"host": HEAD_IP, "port": 8000}, proxy_location="HeadOnly")
-        app = application(
-            repo,
-            options={
-                "tiny": {"num_replicas": 1, "max_ongoing_requests": 64},
-                "sleepy": {
-                    "autoscaling_config": {
-                        "min_replicas": 1,
-                        "max_replicas": 4,
-                        "target_ongoing_requests": 2,
-                        "upscale_delay_s": 2,
-                        "downscale_delay_s": 5,
-                        "metrics_interval_s": 0.5,
-                        "look_back_period_s": 2,
-                    },
-                    "max_ongoing_requests": 4,
-                    "ray_actor_options": {"num_cpus": 1},
-                },
-            },
-            ingress={"max_ongoing_requests": 64},
-        )
-        t0 = time.monotonic()
-        serve.run(app, name=APP, route_prefix="/", blocking=False)
-        wait_for(lambda: serve.status().applications[APP].status == "RUNNING", 180, "deploy")
-        res[f"{name}_deploy_s"] = round(time.monotonic() - t0, 1)
-        cluster.remember()
-        res[name] = measure(f"http://{HEAD_IP}:8000/v2/models/tiny/infer", body, args.seconds, tmp)
-        print(f"through Ray Serve ({name}):", res[name], flush=True)
-        if autoscale:
-            res["autoscale"] = autoscale_step(args.step_seconds, res)
+        measure_all(res, repo, tmp, http_port, grpc_port, args)
     finally:
         try:
+            from ray import serve
+
             serve.shutdown()
             import ray
 
@@ -225,70 +220,126 @@ def ray_round(
         except Exception:  # noqa: BLE001
             pass
         cluster.stop()
+        stop_process(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+    res["total_s"] = round(time.monotonic() - t_start, 1)
+    res["loadavg_end"] = os.getloadavg()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
+    report(res)
+    return 0
 
 
-def autoscale_step(seconds: float, res: dict[str, Any]) -> dict[str, Any]:
-    """8 clients on sleepy (0.5 s a request) for ``seconds``, then none; the replicas
-    (RUNNING) every 0.5 s until back to 1 (at most 60 s)."""
-    trace: list[tuple[float, int]] = []
-    stop = threading.Event()
-    t_auto = time.monotonic()
+def measure_all(
+    res: dict[str, Any], repo: Path, tmp: Path, http_port: int, grpc_port: int, args: Any
+) -> None:
+    import ray_serve_tiny
+    from ray import cloudpickle, serve
 
-    def sample() -> None:
-        while not stop.is_set():
-            trace.append((round(time.monotonic() - t_auto, 1), running("sleepy")))
-            stop.wait(0.5)
+    from pdserve.ray import application, control, server_application
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    load = run_load(
-        8000,
-        "/v2/models/sleepy/infer",
-        infer_body("sleepy", "X", np.array([0.5], dtype=np.float32)),
-        lambda d: bool(np.isclose(json.loads(d)["outputs"][0]["data"], 0.5).all()),
-        threads=8,
-        seconds=seconds,
-    )
-    res["step_end_s"] = round(time.monotonic() - t_auto, 1)
-    try:
-        wait_for(lambda: running("sleepy") == 1, 60, "back to 1 replica")
-    except TimeoutError as e:
-        res["autoscale_error"] = str(e)
-    time.sleep(1)
-    stop.set()
-    sampler.join(5)
-    return {
-        "trace": trace,
-        "ok": load.ok,
-        "failed": load.failed,
-        "retried": load.retried_errors,
-        "wrong": load.wrong,
-        "rps": round(load.ok / seconds, 1),
+    cloudpickle.register_pickle_by_value(ray_serve_tiny)  # the workers cannot import it
+    control.start_proxies(control.Proxies(HEAD_IP, 8000, 9000))
+    one = {"num_replicas": 1, "max_ongoing_requests": 64, "ray_actor_options": {"num_cpus": 1}}
+    t0 = time.monotonic()
+    control.deploy(server_application(repo, ["tiny"], one), "pdserve", {"pdserve": one})
+    plain = ray_serve_tiny.PlainTiny.bind(str(repo / "tiny" / "2" / "model.onnx"))
+    control.deploy(plain, "plain", {}, route_prefix="/plain")
+    res["deploy_s"] = round(time.monotonic() - t0, 1)
+    parts = set(args.parts.split(","))
+    body = infer_body("tiny", "INPUT0", np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64))
+    urls = {
+        "pdserve": f"http://127.0.0.1:{http_port}/v2/models/tiny/infer",
+        "ray_plain": f"http://{HEAD_IP}:8000/plain",
+        "pdserve_on_ray": f"http://{HEAD_IP}:8000/v2/models/tiny/infer",
     }
+    for url in urls.values():  # warm-up (a non-2xx answer fails the run)
+        wrk_point(url, tmp, body, 8, 1)
+
+    def http_target(url: str) -> Callable[[], list[dict[str, Any]]]:
+        return lambda: [wrk_point(url, tmp, body, c, args.seconds) for c in (8, 32)]
+
+    if "http" in parts:
+        http = rounds({k: http_target(u) for k, u in urls.items()}, args.rounds)
+        res["http"] = {k: medians(v, "rps") for k, v in http.items()}
+        res["http_rounds"] = http
+    serve.delete("plain")
+
+    def grpc_target(url: str) -> Callable[[], list[dict[str, Any]]]:
+        return lambda: [perf_grpc(url, c, tmp) for c in (8, 32)]
+
+    if "grpc" in parts:
+        grpc = rounds(
+            {
+                "pdserve": grpc_target(f"127.0.0.1:{grpc_port}"),
+                "pdserve_on_ray": grpc_target(f"{HEAD_IP}:9000"),
+            },
+            args.rounds,
+        )
+        res["grpc"] = {k: medians(v, "throughput") for k, v in grpc.items()}
+    serve.delete("pdserve")
+    if "images" not in parts:
+        return
+
+    t0 = time.monotonic()
+    img1 = {"num_replicas": 1, "max_ongoing_requests": 64, "ray_actor_options": {"num_cpus": 2}}
+    control.deploy(
+        server_application(repo, ["image_classifier"], img1),
+        "one",
+        {"pdserve": img1},
+        route_prefix="/one",
+    )
+    steps = ("preprocess", "efficientnet_lite0", "postprocess", "image_classifier")
+    split = application(
+        repo,
+        ["image_classifier"],
+        {m: {"max_ongoing_requests": 64} for m in steps},
+        {"max_ongoing_requests": 64},
+    )
+    control.deploy(split, "split", {}, route_prefix="/split")
+    res["image_deploy_s"] = round(time.monotonic() - t0, 1)
+    img_urls = {
+        k: f"http://{HEAD_IP}:8000/{k}/v2/models/image_classifier/infer" for k in ("one", "split")
+    }
+    for url in img_urls.values():
+        images_point(url, tmp, 2, 1)
+    images = rounds(
+        {k: (lambda u=u: [images_point(u, tmp, 8, args.seconds)]) for k, u in img_urls.items()},
+        args.rounds,
+    )
+    res["images"] = {k: medians(v, "images_s") for k, v in images.items()}
 
 
 def report(res: dict[str, Any]) -> None:
-    print("\n| path | conns | req/s | p50 ms | p99 ms | non-2xx |")
-    print("|---|---|---|---|---|---|")
-    for name in ("pdserve", "ray", "ray_throughput"):
-        for row in res[name]:
-            print(
-                f"| {name} | {row['conns']} | {row['rps']:,.0f} | {row['p50_ms']} | {row['p99_ms']} "
-                f"| {row['non_2xx']} |"
-            )
-    for a, b, c in zip(res["pdserve"], res["ray"], res["ray_throughput"], strict=True):
+    print("\n| protocol | path | conns | req/s (median) | range | p50 ms | p99 ms |")
+    print("|---|---|---|---|---|---|---|")
+    for proto, key in (("http", "rps"), ("grpc", "throughput")):
+        for name, rows in res.get(proto, {}).items():
+            for row in rows:
+                lo, hi = row[f"{key}_range"]
+                print(
+                    f"| {proto} | {name} | {row['conns']} | {row[key]:,.0f} | {lo:,.0f}-{hi:,.0f} "
+                    f"| {row['p50_ms']} | {row['p99_ms']} |"
+                )
+    h = res.get("http", {})
+    for i, row in enumerate(h.get("pdserve_on_ray", [])):
+        c = row["conns"]
         print(
-            f"c={a['conns']}: Serve / pdserve = {b['rps'] / a['rps']:.3f} "
-            f"(throughput mode {c['rps'] / a['rps']:.3f})"
+            f"HTTP c={c}: one hop / plain Serve = {row['rps'] / h['ray_plain'][i]['rps']:.2f}x "
+            f"(p99 {row['p99_ms']} vs {h['ray_plain'][i]['p99_ms']} ms); "
+            f"one hop / pdserve alone = {row['rps'] / h['pdserve'][i]['rps']:.3f}x"
         )
-    # replicas over time: one row per change
-    rows, last = [], None
-    for t, n in res["autoscale"]["trace"]:
-        if n != last:
-            rows.append((t, n))
-            last = n
-    print(f"\nautoscaling (load step 0 -> {res['step_end_s']} s):", rows)
-    print({k: v for k, v in res["autoscale"].items() if k != "trace"})
+    g = res.get("grpc", {})
+    for i, row in enumerate(g.get("pdserve_on_ray", [])):
+        ratio = row["throughput"] / g["pdserve"][i]["throughput"]
+        print(f"gRPC c={row['conns']}: one hop / pdserve alone = {ratio:.3f}x")
+    im = res.get("images")
+    if im:
+        print(
+            f"images/s at c=8: one replica {im['one'][0]['images_s']}, "
+            f"a deployment per step {im['split'][0]['images_s']}"
+        )
+    print(f"total {res.get('total_s')} s")
 
 
 if __name__ == "__main__":

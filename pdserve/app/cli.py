@@ -5,7 +5,8 @@ model repository; every flag is a field of :class:`~pdserve.app.settings.Setting
 ``rollback`` (pin a model to an earlier version on a running server), ``check`` (lint
 a repository for CI), ``perf`` (load-test a model, perf_analyzer's role), ``analyze``
 (search instance counts and batching under a latency SLO, model_analyzer's role) and
-``top`` (live per-model figures of a running server). The ``tritonserver`` script
+``top`` (live per-model figures of a running server) and ``ray`` (deploy a repository
+onto a Ray cluster). The ``tritonserver`` script
 (and ``pdserve tritonserver``) is ``serve`` with tritonserver's defaults.
 
 No parser takes an abbreviated flag. A flag with a bad value, or flags that do not
@@ -24,7 +25,7 @@ from pdserve.frontends.grpc import engine  # noqa: F401
 
 # isort: split
 from pdserve import __version__
-from pdserve.app import check, rollback, top
+from pdserve.app import check, ray_cmd, rollback, top
 from pdserve.app.analyze import cli as analyze_cli
 from pdserve.app.flag_syntax import ServeHelpFormatter, StrictArgumentParser
 from pdserve.app.logging_setup import setup_logging, setup_serve_logging
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     perf_cli.add_parser(sub)
     analyze_cli.add_parser(sub)
     top.add_parser(sub)
+    ray_cmd.add_parser(sub)
     return parser
 
 

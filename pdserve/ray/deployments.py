@@ -35,8 +35,9 @@ from pdserve import config as cfgmod
 from pdserve.core.api import InferenceCore
 from pdserve.core.errors import ErrorCode, InferError, internal, not_found, unavailable
 from pdserve.core.types import InferRequest, InferResponse
-from pdserve.frontends.http.app import HttpApp, create_http_app
+from pdserve.frontends.http.app import create_http_app
 from pdserve.ray.plan import INGRESS_NAME, plan_application
+from pdserve.ray.server_replica import RootPathApp, server_application
 from pdserve.repository.model import ModelVersion
 from pdserve.server import InferenceServer
 
@@ -397,9 +398,9 @@ class _V2IngressBase:
         self.core = RayCore(handles)
         self.http = dict(http or {})
 
-    def __serve_build_asgi_app__(self) -> HttpApp:
+    def __serve_build_asgi_app__(self) -> RootPathApp:
         # HttpApp awaits the core's methods that are async (RayCore's metadata calls)
-        return create_http_app(cast(InferenceCore, self.core), **self.http)
+        return RootPathApp(create_http_app(cast(InferenceCore, self.core), **self.http))
 
 
 #: The ingress deployment class (Serve wraps the ASGI app).
@@ -446,10 +447,15 @@ def build_app(args: dict[str, Any]) -> Application:
 
     ``args`` (from ``serve run ... key=value`` or a config file's ``args``):
     ``model_repository`` (required), ``models`` (list or comma-separated string),
-    ``options`` (model -> deployment options), ``ingress``, ``http``.
+    ``shape`` (``server``, the default: one deployment, each replica a whole server,
+    :func:`~pdserve.ray.server_replica.server_application`; ``split``: one deployment
+    per model behind an ingress, :func:`application`), ``http``; for ``server``:
+    ``deployment`` (its Serve options); for ``split``: ``options`` (model ->
+    deployment options), ``ingress``.
 
     Raises:
-        ValueError: no ``model_repository``, or see :func:`application`.
+        ValueError: no ``model_repository``, an unknown ``shape``, or see
+            :func:`application` / :func:`~pdserve.ray.server_replica.server_application`.
     """
     if "model_repository" not in args:
         raise ValueError(
@@ -458,6 +464,13 @@ def build_app(args: dict[str, Any]) -> Application:
     models = args.get("models")
     if isinstance(models, str):
         models = [m for m in models.split(",") if m]
+    shape = args.get("shape", "server")
+    if shape == "server":
+        return server_application(
+            args["model_repository"], models, args.get("deployment"), args.get("http")
+        )
+    if shape != "split":
+        raise ValueError(f"shape must be 'server' or 'split', not {shape!r}")
     return application(
         args["model_repository"],
         models,

@@ -1,15 +1,15 @@
 """What a Ray Serve application of a model repository is made of (no Ray import).
 
-:func:`plan_application` reads the repository's ``config.pbtxt`` files and returns one
-:class:`DeploymentPlan` per model: the deployment's name, its Serve options and, for
-an ensemble, the step models it calls through ``DeploymentHandle``\\ s. Everything here
-is plain data so that it is tested without Ray and can be printed
-(``python -m pdserve.ray.plan REPO``).
+:func:`plan_server` plans the one-hop deployment (every replica holds every model and
+reserves the sum of their CPUs); :func:`plan_application` one deployment per model (its
+Serve options and, for an ensemble, the steps it calls through handles). Plain data, tested
+without Ray, printed by ``python -m pdserve.ray.plan REPO``.
 
-Resources come from the instance groups (:func:`actor_options`). Per-model overrides
-(``options[model]``) replace any of ``num_replicas``, ``autoscaling_config``,
-``ray_actor_options``, ``max_ongoing_requests``, ``max_replicas_per_node``;
-``autoscaling_config`` and ``num_replicas`` exclude each other (Serve's rule).
+Resources come from the instance groups as auto-complete fills them (:func:`actor_options`;
+an ONNX Runtime model without ``instance_group`` runs 2 CPU instances). Overrides replace
+any of ``num_replicas``, ``autoscaling_config``, ``ray_actor_options`` (merged),
+``max_ongoing_requests``, ``max_replicas_per_node``; ``autoscaling_config`` and
+``num_replicas`` exclude each other (Serve's rule).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from pdserve import config as cfgmod
 from pdserve.config import ModelConfig
@@ -98,6 +99,59 @@ def actor_options(cfg: ModelConfig) -> dict[str, object]:
     return {"num_cpus": max(1, cpus)}
 
 
+def _completed(cfg: ModelConfig, model_dir: Path) -> ModelConfig:
+    """``cfg`` with the instance groups auto-complete gives it on a node without GPUs
+    (Triton's defaults: an ONNX Runtime model without ``instance_group`` runs 2 CPU
+    instances); ``cfg`` unchanged when its backend cannot be told."""
+    done = ModelConfig()
+    done.CopyFrom(cfg)
+    versions = sorted(
+        (d for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit()),
+        key=lambda d: int(d.name),
+    )
+    files = [f.name for f in versions[0].iterdir()] if versions else []
+    try:
+        cfgmod.normalize_platform(done, guess_from_files=files)
+    except cfgmod.ConfigError:
+        return cfg
+    cfgmod.apply_defaults(done)
+    return done
+
+
+def _collect(root: Path, models: list[str] | None) -> tuple[dict[str, ModelConfig], list[str]]:
+    """The completed configurations of ``models`` (all: None) and of every ensemble's
+    steps, and their order (steps before their ensembles).
+
+    Raises:
+        ValueError: an unknown model, a configuration that does not parse, a cycle.
+    """
+    on_disk = layout.scan_repository(root)
+    wanted = sorted(on_disk) if models is None else list(models)
+    configs: dict[str, ModelConfig] = {}
+    order: list[str] = []
+
+    def visit(name: str, chain: tuple[str, ...]) -> None:
+        if name in configs:
+            return
+        if name in chain:
+            raise ValueError(f"ensemble cycle: {' -> '.join((*chain, name))}")
+        if name not in on_disk:
+            raise ValueError(f"model '{name}' is not in the repository {root}")
+        try:
+            cfg = cfgmod.load_model_config(on_disk[name].path)
+        except Exception as e:  # noqa: BLE001 - any parse error names the model
+            raise ValueError(f"model '{name}': {e}") from None
+        if cfg.platform == cfgmod.ENSEMBLE_PLATFORM:
+            for step in cfg.ensemble_scheduling.step:
+                visit(step.model_name, (*chain, name))
+        configs[name] = _completed(cfg, Path(on_disk[name].path))
+        order.append(name)
+
+    for name in wanted:
+        visit(name, ())
+    return configs, order
+
+
 def plan_application(
     repository: Path | str,
     models: list[str] | None = None,
@@ -116,32 +170,8 @@ def plan_application(
             an unknown option key, ``num_replicas`` together with
             ``autoscaling_config``, or options for a model that is not served.
     """
-    root = Path(repository)
-    on_disk = layout.scan_repository(root)
-    wanted = sorted(on_disk) if models is None else list(models)
+    configs, order = _collect(Path(repository), models)
     options = dict(options or {})
-    configs: dict[str, ModelConfig] = {}
-    order: list[str] = []
-
-    def visit(name: str, chain: tuple[str, ...]) -> None:
-        if name in configs:
-            return
-        if name in chain:
-            raise ValueError(f"ensemble cycle: {' -> '.join((*chain, name))}")
-        if name not in on_disk:
-            raise ValueError(f"model '{name}' is not in the repository {root}")
-        try:
-            cfg = cfgmod.load_model_config(on_disk[name].path)
-        except Exception as e:  # noqa: BLE001 - any parse error names the model
-            raise ValueError(f"model '{name}': {e}") from None
-        if cfg.platform == cfgmod.ENSEMBLE_PLATFORM:
-            for step in cfg.ensemble_scheduling.step:
-                visit(step.model_name, (*chain, name))
-        configs[name] = cfg
-        order.append(name)
-
-    for name in wanted:
-        visit(name, ())
     unknown_models = sorted(set(options) - set(configs))
     if unknown_models:
         raise ValueError(f"options given for models that are not served: {unknown_models}")
@@ -170,9 +200,80 @@ def plan_application(
     return plans
 
 
+#: The one-hop deployment's name (:func:`plan_server`).
+SERVER_NAME = "pdserve"
+
+#: Options of the one-hop deployment (Serve's names).
+SERVER_KEYS = DEPLOYMENT_KEYS
+
+
+@dataclass
+class ServerPlan:
+    """The one-hop deployment: every replica a whole server for ``models``.
+
+    Attributes:
+        models: the models each replica loads, steps before their ensembles.
+        options: Serve deployment options; ``ray_actor_options`` reserve the sum of the
+            models' CPUs (their instances run in the replica's process) and the most
+            GPUs any one model asks for (the models share the replica's GPUs).
+        asked: each model's own ``ray_actor_options`` (what the sum is made of).
+    """
+
+    models: list[str]
+    options: dict[str, object]
+    asked: dict[str, dict[str, object]] = field(default_factory=dict)
+
+
+def plan_server(
+    repository: Path | str,
+    models: list[str] | None = None,
+    options: Mapping[str, object] | None = None,
+) -> ServerPlan:
+    """The one-hop deployment of ``models`` (all: None; ensembles bring their steps).
+
+    Args:
+        repository: the model repository root.
+        models: the models every replica serves.
+        options: the deployment's Serve options (keys: ``DEPLOYMENT_KEYS``);
+            ``ray_actor_options`` given here are merged over the planned ones.
+
+    Raises:
+        ValueError: as :func:`plan_application`; also an unknown option key or
+            ``num_replicas`` together with ``autoscaling_config``.
+    """
+    configs, order = _collect(Path(repository), models)
+    override = dict(options or {})
+    bad = sorted(set(override) - SERVER_KEYS)
+    if bad:
+        raise ValueError(
+            f"unknown deployment options {bad}; expected some of {sorted(SERVER_KEYS)}"
+        )
+    if "num_replicas" in override and "autoscaling_config" in override:
+        raise ValueError("give num_replicas or autoscaling_config, not both")
+    asked = {name: actor_options(configs[name]) for name in order}
+    # an ensemble routes tensors between steps inside the replica: nothing of its own
+    cpus = 0.0
+    gpus = 0
+    for name, a in asked.items():
+        if configs[name].platform != cfgmod.ENSEMBLE_PLATFORM:
+            cpus += float(cast(float, a["num_cpus"]))
+        gpus = max(gpus, int(cast(int, a.get("num_gpus", 0))))
+    actor: dict[str, object] = {"num_cpus": cpus}
+    if gpus:
+        actor["num_gpus"] = gpus
+    extra = override.pop("ray_actor_options", None)
+    if extra is not None:
+        if not isinstance(extra, Mapping):
+            raise ValueError("ray_actor_options must be a mapping")
+        actor = {**actor, **extra}
+    return ServerPlan(order, {"ray_actor_options": actor, **override}, asked)
+
+
 if __name__ == "__main__":  # pragma: no cover - a look at a repository's plan
     import json
     import sys
 
+    server = plan_server(sys.argv[1])
+    print(json.dumps({"deployment": SERVER_NAME, "models": server.models, **server.options}))
     for p in plan_application(sys.argv[1]):
         print(json.dumps({"model": p.model, "steps": p.steps, "options": p.options}))

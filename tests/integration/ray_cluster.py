@@ -34,7 +34,10 @@ sys.path.insert(0, str(ROOT))  # this checkout's pdserve, in the driver and (PYT
 HEAD_IP = "127.0.0.2"
 WORKER_IP = "127.0.0.3"
 GCS_PORT = 6380
-APP = "pdserve"
+GRPC_PORT = 9000
+APP = "pdserve"  #: the one-hop application (pdserve ray deploy's default name)
+SERVER = "pdserve"  #: its deployment
+SPLIT = "split"  #: the application of a deployment per model
 
 
 def log(msg: str) -> None:
@@ -365,11 +368,11 @@ def run_load(
 # --------------------------------------------------------------------------- scenario
 
 
-def replica_states(deployment: str) -> dict[str, int]:
+def replica_states(deployment: str, app_name: str = APP) -> dict[str, int]:
     """Serve's replica counts by state for ``deployment`` of the application."""
     from ray import serve
 
-    app = serve.status().applications.get(APP)
+    app = serve.status().applications.get(app_name)
     if app is None or deployment not in app.deployments:
         return {}
     return {str(k): v for k, v in app.deployments[deployment].replica_states.items()}
@@ -393,12 +396,12 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> float:
     raise TimeoutError(f"{what}: not within {timeout} s")
 
 
-def replicas_where(deployment: str, expect: int, tries: int = 60) -> dict[int, str]:
+def replicas_where(deployment: str, expect: int, tries: int = 60, app: str = APP) -> dict[int, str]:
     """pid -> node IP of the replicas of ``deployment`` (asked through its handle
     until ``expect`` distinct replicas answered, or ``tries`` calls)."""
     from ray import serve
 
-    handle = serve.get_deployment_handle(deployment, app_name=APP)
+    handle = serve.get_deployment_handle(deployment, app_name=app)
     seen: dict[int, str] = {}
     for _ in range(tries):
         w = handle.where.remote().result(timeout_s=30)
@@ -413,11 +416,26 @@ def main() -> None:
     parser.add_argument("--repo", required=True)
     parser.add_argument("--temp-dir", required=True)
     parser.add_argument("--load-seconds", type=float, default=8.0)
+    parser.add_argument(
+        "--deadline", type=float, default=0.0, help="stop everything after this many s"
+    )
     args = parser.parse_args()
     setup_namespace()
     out: dict[str, Any] = {"phases": {}}
     t_start = time.monotonic()
+    deadline = time.monotonic() + args.deadline
     cluster = start_cluster(Path(args.temp_dir))
+    if args.deadline:
+        # past the deadline: stop every Ray process and report what was measured
+        def expire() -> None:
+            out["error"] = f"deadline: not done within {args.deadline} s"
+            cluster.stop()
+            print(json.dumps(out, default=str), flush=True)
+            os._exit(1)
+
+        watchdog = threading.Timer(max(1.0, deadline - time.monotonic()), expire)
+        watchdog.daemon = True
+        watchdog.start()
     out["cluster_start_s"] = round(time.monotonic() - t_start, 1)
     log(f"cluster up in {out['cluster_start_s']} s")
     try:
@@ -442,63 +460,58 @@ def main() -> None:
 
 
 def scenario(cluster: Cluster, repo: Path, load_s: float, out: dict[str, Any]) -> None:
-    from ray import serve
-
-    from pdserve.ray import application
+    from pdserve.ray import control
 
     http_port = 8000
-    serve.start(http_options={"host": HEAD_IP, "port": http_port}, proxy_location="HeadOnly")
+    control.start_proxies(control.Proxies(HEAD_IP, http_port, GRPC_PORT))
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
+    tiny_out = split_phase(repo, http_port, x, out)
+    cli_phase(repo, x, tiny_out, out)
+    cluster.remember()
+    client = Client(http_port)
+    tiny_path = "/v2/models/tiny/infer"
+    tiny_body = infer_body("tiny", "INPUT0", x)
+
+    def tiny_ok(data: bytes) -> bool:
+        got = np.array(json.loads(data)["outputs"][0]["data"], dtype=np.float32)
+        return bool(np.array_equal(got, tiny_out))
+
+    out["server_nodes"] = sorted(set(replicas_where(SERVER, 2).values()))
+    fault_phases(cluster, client, load_s, tiny_path, tiny_body, tiny_ok, out)
+    out["cli_teardown"] = list(pdserve_ray_here("teardown"))
+
+
+def split_phase(repo: Path, http_port: int, x: np.ndarray, out: dict[str, Any]) -> np.ndarray:
+    """A deployment per model behind the ingress (tiny on both nodes; the ensemble's
+    steps are other deployments); deleted at the end. Returns tiny's output for ``x``."""
+    from ray import serve
+
+    from pdserve.ray import application, control
+
     head_only = {"resources": {"head": 0.001}}
+    options: dict[str, dict[str, Any]] = {
+        "tiny": {"num_replicas": 2, "max_replicas_per_node": 1},
+        "pre": {"num_replicas": 1},
+        "pipe": {"num_replicas": 1, "ray_actor_options": head_only},
+    }
     app = application(
         repo,
-        options={
-            # one replica on each node
-            "tiny": {"num_replicas": 2, "max_replicas_per_node": 1},
-            "pre": {"num_replicas": 1},
-            # a python model that holds each request 0.2 s: requests are in flight on the
-            # replica that is killed
-            "slow": {
-                "num_replicas": 2,
-                "max_replicas_per_node": 1,
-                "ray_actor_options": {"num_cpus": 1},
-            },
-            "pipe": {"num_replicas": 1, "ray_actor_options": head_only},
-            "sleepy": {
-                "autoscaling_config": {
-                    "min_replicas": 1,
-                    "max_replicas": 3,
-                    "target_ongoing_requests": 1,
-                    "upscale_delay_s": 1,
-                    "downscale_delay_s": 4,
-                    "metrics_interval_s": 0.5,
-                    "look_back_period_s": 2,
-                },
-                "max_ongoing_requests": 4,
-                "ray_actor_options": {"num_cpus": 1},
-            },
-        },
-        # the ingress stays on the head: the node kill must not take the proxy's path
+        models=["tiny", "pipe"],
+        options=options,
         ingress={"ray_actor_options": {"num_cpus": 0.5, **head_only}},
     )
     t0 = time.monotonic()
-    serve.run(app, name=APP, route_prefix="/", blocking=False)
-    wait_for(lambda: serve.status().applications[APP].status == "RUNNING", 150, "deploy")
-    out["deploy_s"] = round(time.monotonic() - t0, 1)
-    log(f"deployed in {out['deploy_s']} s")
-    cluster.remember()
-
-    # -- placement and answers
-    where = replicas_where("tiny", 2)
-    out["tiny_nodes"] = sorted(set(where.values()))
+    control.deploy(app, SPLIT, options, timeout_s=150)
+    out["split_deploy_s"] = round(time.monotonic() - t0, 1)
+    log(f"split deployed in {out['split_deploy_s']} s")
+    out["tiny_nodes"] = sorted(set(replicas_where("tiny", 2, app=SPLIT).values()))
     client = Client(http_port)
-    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
     st, body = client.post("/v2/models/tiny/infer", infer_body("tiny", "INPUT0", x))
     assert st == 200, body
     tiny_out = np.array(json.loads(body)["outputs"][0]["data"], dtype=np.float32)
     st, body = client.post("/v2/models/pipe/infer", infer_body("pipe", "INPUT0", x))
     out["pipe_status"] = st
-    pipe_doc = json.loads(body)
-    out["pipe"] = pipe_doc
+    out["pipe"] = json.loads(body)
     out["tiny_out"] = tiny_out.tolist()
     st, body = client.post("/v2/models/tiny/infer", infer_body("tiny", "INPUT0", tiny_out[None]))
     out["tiny_of_tiny"] = json.loads(body)["outputs"][0]["data"]
@@ -509,69 +522,123 @@ def scenario(cluster: Cluster, repo: Path, load_s: float, out: dict[str, Any]) -
     out["metadata"] = json.loads(client.get("/v2/models/tiny")[1])
     out["ready"] = client.get("/v2/health/ready")[0]
     out["load_refused"] = client.post("/v2/repository/models/tiny/load", b"{}")[0]
-    tiny_path = "/v2/models/tiny/infer"
-    tiny_body = infer_body("tiny", "INPUT0", x)
+    serve.delete(SPLIT)
+    return tiny_out
 
-    def tiny_ok(data: bytes) -> bool:
-        got = np.array(json.loads(data)["outputs"][0]["data"], dtype=np.float32)
-        return bool(np.array_equal(got, tiny_out))
 
-    # -- autoscaling: a load step on sleepy, 1 -> N -> 1
-    trace: list[tuple[float, int]] = []
-    t_auto = time.monotonic()
-    sampling = threading.Event()
+def pdserve_ray(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m pdserve ray ARGS`` against this cluster."""
+    cmd = [sys.executable, "-m", "pdserve", "ray", *args]
+    cmd += [f"--address={HEAD_IP}:{GCS_PORT}", f"--node-ip-address={HEAD_IP}"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=200, cwd=ROOT)
 
-    def sample() -> None:
-        while not sampling.is_set():
-            trace.append((round(time.monotonic() - t_auto, 1), running("sleepy")))
-            sampling.wait(0.5)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    sleepy_body = infer_body("sleepy", "X", np.array([0.1], dtype=np.float32))
-    auto = run_load(
-        http_port,
-        "/v2/models/sleepy/infer",
-        sleepy_body,
-        lambda d: bool(np.isclose(json.loads(d)["outputs"][0]["data"], 0.1).all()),
-        threads=6,
-        seconds=max(12.0, load_s * 1.5),
+def pdserve_ray_here(*args: str) -> tuple[int, str]:
+    """``pdserve ray ARGS`` in this process (already connected to the cluster): the exit
+    code and what it printed."""
+    import contextlib
+    import io
+
+    from pdserve.app.cli import main as cli_main
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = cli_main(["ray", *args])
+    return code, printed.getvalue()
+
+
+def cli_phase(repo: Path, x: np.ndarray, tiny_out: np.ndarray, out: dict[str, Any]) -> None:
+    """``pdserve ray deploy`` (one hop), tritonclient over HTTP and gRPC through Serve's
+    proxies, ``status``, a deployment that cannot be placed."""
+    import tritonclient.grpc as tgrpc
+    import tritonclient.http as thttp
+    from ray import serve
+
+    # the application of the fault phases too: 2 replicas (one per node), autoscaling to
+    # 3 when each has more than 3 requests (the kills' 4 clients keep it at 2), fast
+    # (Serve's delays are 30 s and 600 s)
+    delays = {"upscale_delay_s": 1, "downscale_delay_s": 4}
+    delays.update({"metrics_interval_s": 0.5, "look_back_period_s": 2})
+    t0 = time.monotonic()
+    done = pdserve_ray(
+        "deploy", str(repo), "--models", "tiny,pipe,sleepy", "--autoscale", "2:3:3",
+        "--num-cpus", "1", "--max-ongoing-requests", "8", "--max-replicas-per-node", "3",
+        "--serve-options", json.dumps({"autoscaling_config": delays}),
+    )  # fmt: skip
+    out["cli_deploy"] = [done.returncode, done.stdout[-1500:], done.stderr[-1500:]]
+    out["cli_deploy_s"] = round(time.monotonic() - t0, 1)
+    assert done.returncode == 0, out["cli_deploy"]
+    got: dict[str, Any] = {}
+    http = thttp.InferenceServerClient(f"{HEAD_IP}:8000")
+    inp = thttp.InferInput("INPUT0", [1, 64], "FP32")
+    inp.set_data_from_numpy(x)
+    got["http_tiny"] = http.infer("tiny", [inp]).as_numpy("OUTPUT0").ravel().tolist()
+    got["http_pipe"] = http.infer("pipe", [inp]).as_numpy("OUTPUT0").ravel().tolist()
+    got["http_ready"] = http.is_server_ready() and http.is_model_ready("pipe")
+    grpc = tgrpc.InferenceServerClient(f"{HEAD_IP}:{GRPC_PORT}")
+    ginp = tgrpc.InferInput("INPUT0", [1, 64], "FP32")
+    ginp.set_data_from_numpy(x)
+    # the `application` metadata picks the Serve application when there are several
+    headers = {"application": APP}
+    got["grpc_tiny"] = (
+        grpc.infer("tiny", [ginp], headers=headers).as_numpy("OUTPUT0").ravel().tolist()
     )
-    load_end = round(time.monotonic() - t_auto, 1)
+    got["grpc_pipe"] = (
+        grpc.infer("pipe", [ginp], headers=headers).as_numpy("OUTPUT0").ravel().tolist()
+    )
+    got["grpc_ready"] = grpc.is_server_ready(headers=headers) and grpc.is_model_ready(
+        "tiny", headers=headers
+    )
+    got["grpc_versions"] = list(grpc.get_model_metadata("tiny", headers=headers).versions)
+    bad = tgrpc.InferInput("WRONG", [1, 64], "FP32")
+    bad.set_data_from_numpy(x)
     try:
-        wait_for(lambda: running("sleepy") == 1, 40, "downscale to 1")
-    except TimeoutError as e:
-        out["phases"]["autoscale_error"] = str(e)
-    sampling.set()
-    sampler.join(5)
-    # the last word after the wait (the sampler may have stopped between two samples)
-    trace.append((round(time.monotonic() - t_auto, 1), running("sleepy")))
-    out["phases"]["autoscale"] = {
-        "trace": trace,
-        "load_end_s": load_end,
-        "ok": auto.ok,
-        "failed": auto.failed,
-        "retried": auto.retried_errors,
-        "wrong": auto.wrong,
-        "max_replicas": max((n for _, n in trace), default=0),
-        "final_replicas": trace[-1][1] if trace else 0,
-        "errors": auto.errors,
-    }
-    log(f"autoscale: {out['phases']['autoscale']}")
+        grpc.infer("tiny", [bad], headers=headers)
+    except Exception as e:  # noqa: BLE001 - the status is the answer
+        got["grpc_bad"] = [str(getattr(e, "status", lambda: "")()), str(e)]
+    answers: list[Any] = []
+    grpc.start_stream(
+        callback=lambda result, error: answers.append((result, error)), headers=headers
+    )
+    grpc.async_stream_infer("tiny", [ginp])
+    grpc.stop_stream()  # waits for the stream's responses
+    got["grpc_stream"] = [
+        r.as_numpy("OUTPUT0").ravel().tolist() if r is not None else str(e) for r, e in answers
+    ]
+    got["tiny_expected"] = tiny_out.tolist()
+    out["through_serve"] = got
+    # the other actions in this process: a `pdserve ray` process takes seconds to connect
+    out["cli_status"] = list(pdserve_ray_here("status"))
+    t0 = time.monotonic()
+    big = pdserve_ray_here("deploy", str(repo), "--name", "toobig", "--num-cpus", "64")
+    out["cli_unplaceable"] = [*big, round(time.monotonic() - t0, 1)]
+    out["apps_after_unplaceable"] = sorted(serve.status().applications)
 
-    # -- kill one replica of slow (the worker node's) under load
-    slow_where = replicas_where("slow", 2)
-    out["slow_nodes"] = sorted(set(slow_where.values()))
-    victim = next((p for p, ip in slow_where.items() if ip == WORKER_IP), None)
+
+def fault_phases(
+    cluster: Cluster,
+    client: Client,
+    load_s: float,
+    tiny_path: str,
+    tiny_body: bytes,
+    tiny_ok: Callable[[bytes], bool],
+    out: dict[str, Any],
+) -> None:
+    """A replica and then the worker node killed under load, autoscaling under a load
+    step (on the head: the downscale chooses which replica stops)."""
+    # -- kill the worker node's replica under load (sleepy holds each request 0.2 s, so
+    # requests are in flight on it)
+    where = replicas_where(SERVER, 2)
+    victim = next((p for p, ip in where.items() if ip == WORKER_IP), None)
 
     def kill_replica() -> None:
         if victim is not None:
             os.kill(victim, signal.SIGKILL)
 
     res = run_load(
-        http_port,
-        "/v2/models/slow/infer",
-        infer_body("slow", "X", np.array([0.2], dtype=np.float32)),
+        8000,
+        "/v2/models/sleepy/infer",
+        infer_body("sleepy", "X", np.array([0.2], dtype=np.float32)),
         lambda d: bool(np.isclose(json.loads(d)["outputs"][0]["data"], 0.2).all()),
         threads=4,
         seconds=load_s,
@@ -590,12 +657,13 @@ def scenario(cluster: Cluster, repo: Path, load_s: float, out: dict[str, Any]) -
     phase["victim_alive_after"] = victim is not None and _alive(victim)
     t_kill = time.monotonic()
     try:
-        # Serve starts a new replica on the worker node (one per node)
+        # Serve starts a replica in place of the lost one, on the worker node (it spreads
+        # a deployment's replicas over the nodes)
         def replaced() -> bool:
-            now = replicas_where("slow", 2, tries=10)
+            now = replicas_where(SERVER, 2, tries=10)
             return victim not in now and set(now.values()) == {HEAD_IP, WORKER_IP}
 
-        wait_for(replaced, 60, "slow replaced on the worker node")
+        wait_for(replaced, 60, "the lost replica replaced on the worker node")
         phase["replaced_s"] = round(time.monotonic() - t_kill, 1)
     except TimeoutError as e:
         phase["replace_error"] = str(e)
@@ -603,13 +671,14 @@ def scenario(cluster: Cluster, repo: Path, load_s: float, out: dict[str, Any]) -
 
     # -- kill the worker node (its raylet) under load
     raylet = cluster.worker_raylet()
+    out["phases"]["worker_replicas_before_node_kill"] = sum(
+        ip == WORKER_IP for ip in replicas_where(SERVER, running(SERVER), tries=20).values()
+    )
 
     def kill_node() -> None:
         os.kill(raylet, signal.SIGKILL)
 
-    res = run_load(
-        http_port, tiny_path, tiny_body, tiny_ok, threads=4, seconds=load_s, during=kill_node
-    )
+    res = run_load(8000, tiny_path, tiny_body, tiny_ok, threads=4, seconds=load_s, during=kill_node)
     out["phases"]["kill_node"] = {
         "raylet_pid": raylet,
         "ok": res.ok,
@@ -628,10 +697,59 @@ def scenario(cluster: Cluster, repo: Path, load_s: float, out: dict[str, Any]) -
     except TimeoutError as e:
         phase["node_error"] = str(e)
     phase["alive_nodes_after"] = sum(n["Alive"] for n in ray.nodes())
-    phase["tiny_nodes_after"] = sorted(set(replicas_where("tiny", 1, tries=5).values()))
+    phase["tiny_nodes_after"] = sorted(set(replicas_where(SERVER, 1, tries=5).values()))
     # after the node loss the head still answers
     st, _ = client.post(tiny_path, tiny_body)
     out["after_node_loss_status"] = st
+
+    # -- autoscaling (on the head alone): a load step on sleepy, 2 -> 3 -> 2
+    try:  # Serve replaced the lost node's replica on the head
+        out["phases"]["replaced_on_head_s"] = round(
+            wait_for(lambda: running(SERVER) == 2, 60, "2 replicas on the head"), 1
+        )
+    except TimeoutError as e:
+        out["phases"]["autoscale_error"] = str(e)
+    trace: list[tuple[float, int]] = []
+    t_auto = time.monotonic()
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            trace.append((round(time.monotonic() - t_auto, 1), running(SERVER)))
+            sampling.wait(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    sleepy_body = infer_body("sleepy", "X", np.array([0.3], dtype=np.float32))
+    auto = run_load(
+        8000,
+        "/v2/models/sleepy/infer",
+        sleepy_body,
+        lambda d: bool(np.isclose(json.loads(d)["outputs"][0]["data"], 0.3).all()),
+        threads=12,
+        seconds=max(12.0, load_s * 1.5),
+    )
+    load_end = round(time.monotonic() - t_auto, 1)
+    try:
+        wait_for(lambda: running(SERVER) == 2, 40, "downscale to 2")
+    except TimeoutError as e:
+        out["phases"]["autoscale_error"] = str(e)
+    sampling.set()
+    sampler.join(5)
+    # the last word after the wait (the sampler may have stopped between two samples)
+    trace.append((round(time.monotonic() - t_auto, 1), running(SERVER)))
+    out["phases"]["autoscale"] = {
+        "trace": trace,
+        "load_end_s": load_end,
+        "ok": auto.ok,
+        "failed": auto.failed,
+        "retried": auto.retried_errors,
+        "wrong": auto.wrong,
+        "max_replicas": max((n for _, n in trace), default=0),
+        "final_replicas": trace[-1][1] if trace else 0,
+        "errors": auto.errors,
+    }
+    log(f"autoscale: {out['phases']['autoscale']}")
 
 
 if __name__ == "__main__":

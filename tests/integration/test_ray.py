@@ -1,16 +1,16 @@
-"""Ray Serve deployment of a model repository (issue 14 item 2) on a real two-node
-Ray cluster.
+"""Ray Serve deployment of a model repository on a real two-node Ray cluster.
 
 The test runs :mod:`tests.integration.ray_cluster` under ``unshare -n``: inside that
 network namespace the script starts a Ray head on 127.0.0.2 and a worker node on
 127.0.0.3 (``ray start --block``; Ray binds every interface, the namespace keeps it
-off the machine's), deploys a repository with :func:`pdserve.ray.application` (tiny on
-two replicas, one per node; an ensemble whose steps are other deployments; a python
-model that autoscales), drives load with an HTTP client, kills a replica and then the
-worker node's raylet under load, and prints its measurements as JSON. Every Ray
-process is stopped by its process id. One cluster serves every assertion (starting one
-takes ~25 s here), so the test is one function; it is marked ``slow`` (``-m "not
-slow"`` leaves it out; CI runs it).
+off the machine's). It deploys a deployment per model (:func:`pdserve.ray.application`:
+tiny on both nodes, an ensemble whose steps are other deployments), then the one-hop
+application with ``pdserve ray deploy`` (tritonclient.http and tritonclient.grpc through
+Serve's proxies, ``status``, a deployment that cannot be placed, ``teardown``), then a
+one-hop application that autoscales under a load step and loses a replica and the
+worker node's raylet under load; it prints its measurements as JSON. Every Ray process
+is stopped by its process id. One cluster serves every assertion (starting one takes
+~25 s here), so the test is one function; it is marked ``slow`` (CI runs it).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ THREADS = 4  # the driver's client threads during the kills: at most one request
 
 
 def make_repository(dst: Path) -> Path:
-    """tiny, pre (tiny under another name), pipe (pre -> tiny), sleepy and slow (python
-    models that sleep their input's seconds)."""
+    """tiny, pre (tiny under another name), pipe (pre -> tiny), sleepy (a python model
+    that sleeps its input's seconds)."""
     copy_models(dst, "tiny")
     shutil.copytree(EXAMPLE_REPO / "tiny", dst / "pre")
     cfg = dst / "pre" / "config.pbtxt"
@@ -46,9 +46,6 @@ def make_repository(dst: Path) -> Path:
         ROOT / "tests" / "data" / "ray" / "pipe_config.pbtxt", dst / "pipe" / "config.pbtxt"
     )
     shutil.copytree(ROOT / "tests" / "data" / "python_models" / "sleepy", dst / "sleepy")
-    shutil.copytree(ROOT / "tests" / "data" / "python_models" / "sleepy", dst / "slow")
-    cfg = dst / "slow" / "config.pbtxt"
-    cfg.write_text(cfg.read_text().replace('name: "sleepy"', 'name: "slow"'))
     return dst
 
 
@@ -72,10 +69,12 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 str(temp),
                 "--load-seconds",
                 "6",
+                "--deadline",
+                "300",
             ],
             capture_output=True,
             text=True,
-            timeout=280,
+            timeout=330,
             cwd=ROOT,
         )
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -88,7 +87,11 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         assert "error" not in doc, (doc.get("traceback"), proc.stderr[-5000:])
         print(
             json.dumps(
-                {k: v for k, v in doc.items() if k not in ("pipe", "tiny_out", "tiny_of_tiny")}
+                {
+                    k: v
+                    for k, v in doc.items()
+                    if k not in ("pipe", "tiny_out", "tiny_of_tiny", "through_serve")
+                }
             )
         )
         return doc
@@ -98,7 +101,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_ray_serve_two_nodes(scenario: dict[str, Any]) -> None:
     doc = scenario
-    # replicas of tiny on both nodes; the V2 API answers through Serve's proxy
+    # a deployment per model: replicas of tiny on both nodes, through Serve's proxy
     assert doc["tiny_nodes"] == ["127.0.0.2", "127.0.0.3"]
     assert doc["ready"] == 200
     assert doc["metadata"]["name"] == "tiny" and doc["metadata"]["versions"] == ["2"]
@@ -118,13 +121,46 @@ def test_ray_serve_two_nodes(scenario: dict[str, Any]) -> None:
     assert doc["unknown_model"][0] == 404
     assert doc["load_refused"] == 503
 
+
+def test_pdserve_ray_deploys_one_hop_for_http_and_grpc_clients(scenario: dict[str, Any]) -> None:
+    doc = scenario
+    assert doc["cli_deploy"][0] == 0, doc["cli_deploy"]
+    assert "application 'pdserve' RUNNING" in doc["cli_deploy"][1]
+    got = doc["through_serve"]
+    expected = np.array(got["tiny_expected"], dtype=np.float32)
+    for key in ("http_tiny", "grpc_tiny"):
+        np.testing.assert_array_equal(np.array(got[key], dtype=np.float32), expected)
+    # the ensemble's steps ran inside the replica: tiny of pre (tiny) of x
+    for key in ("http_pipe", "grpc_pipe"):
+        np.testing.assert_allclose(got[key], doc["tiny_of_tiny"], rtol=1e-5, atol=1e-6)
+    assert got["http_ready"] and got["grpc_ready"] and got["grpc_versions"] == ["2"]
+    assert got["grpc_bad"][0] == "StatusCode.INVALID_ARGUMENT", got["grpc_bad"]
+    assert "unexpected inference input 'WRONG'" in got["grpc_bad"][1]
+    (stream,) = got["grpc_stream"]
+    np.testing.assert_array_equal(np.array(stream, dtype=np.float32), expected)
+    status = json.loads(doc["cli_status"][1])
+    app = status["applications"]["pdserve"]
+    assert app["status"] == "RUNNING"
+    assert app["deployments"]["pdserve"] == {"status": "HEALTHY", "replicas": {"RUNNING": 2}}
+    code, text, seconds = doc["cli_unplaceable"]
+    assert code == 1 and seconds < 30, doc["cli_unplaceable"]
+    assert "deployment 'pdserve' cannot be placed: one replica asks for CPU 64" in text
+    assert "127.0.0.2: CPU 16" in text and "127.0.0.3: CPU 16" in text
+    assert doc["apps_after_unplaceable"] == ["pdserve"]  # nothing left pending
+    assert doc["cli_teardown"] == [0, "deleted application 'pdserve'\n"]
+
+
+def test_one_hop_autoscales_and_survives_replica_and_node_loss(
+    scenario: dict[str, Any],
+) -> None:
+    doc = scenario
     auto = doc["phases"]["autoscale"]
     assert auto["failed"] == 0 and auto["wrong"] == 0 and auto["ok"] > 20, auto
-    assert auto["trace"][0][1] == 1, auto["trace"]
-    assert auto["max_replicas"] >= 2, auto["trace"]
-    assert auto["final_replicas"] == 1, auto["trace"]
+    assert auto["trace"][0][1] == 2, auto["trace"]
+    assert auto["max_replicas"] >= 3, auto["trace"]
+    assert auto["final_replicas"] == 2, auto["trace"]
 
-    assert doc["slow_nodes"] == ["127.0.0.2", "127.0.0.3"]
+    assert doc["server_nodes"] == ["127.0.0.2", "127.0.0.3"]
     kill = doc["phases"]["kill_replica"]
     assert kill["victim_pid"] and not kill["victim_alive_after"], kill
     assert kill["failed"] == 0 and kill["wrong"] == 0 and kill["ok"] > 20, kill
@@ -136,5 +172,7 @@ def test_ray_serve_two_nodes(scenario: dict[str, Any]) -> None:
     assert not node["raylet_alive_after"], node
     assert node["failed"] == 0 and node["wrong"] == 0 and node["ok"] > 20, node
     assert node["retried"] <= 2 * THREADS, node
+    # the node took a replica with it
+    assert doc["phases"]["worker_replicas_before_node_kill"] == 1, doc["phases"]
     assert node["alive_nodes_after"] == 1 and node["tiny_nodes_after"] == ["127.0.0.2"], node
     assert doc["after_node_loss_status"] == 200

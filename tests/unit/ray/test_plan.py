@@ -1,4 +1,5 @@
-"""pdserve.ray.plan: a repository's Serve deployments, resources from instance groups."""
+"""pdserve.ray.plan: a repository's Serve deployments, resources from instance groups
+(auto-completed), the one-hop deployment; pdserve.ray.deployments without a cluster."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.ray.deployments import Failure, ModelReplica, RayCore, build_app
-from pdserve.ray.plan import ENSEMBLE_CPUS, INGRESS_NAME, plan_application
+from pdserve.ray.plan import ENSEMBLE_CPUS, INGRESS_NAME, plan_application, plan_server
 from tests.conftest import EXAMPLE_REPO, copy_models
 
 CPU_MODEL = """
@@ -122,27 +123,61 @@ def test_broken_config_names_the_model(repo: Path) -> None:
     assert str(info.value).startswith("model 'pre':")
 
 
-def test_example_serve_config() -> None:
-    """examples/ray/serve_config.yaml is a valid Serve config whose builder args plan."""
+def test_onnx_models_reserve_what_auto_complete_gives_them() -> None:
+    """tiny has no instance_group: auto-complete gives an ONNX Runtime model 2 CPU
+    instances (Triton's default), so its replica reserves 2 CPUs."""
+    plans = {p.model: p for p in plan_application(EXAMPLE_REPO, ["tiny", "preprocess"])}
+    assert plans["tiny"].options == {"ray_actor_options": {"num_cpus": 2}}
+    assert plans["preprocess"].options == {"ray_actor_options": {"num_cpus": 1}}
+
+
+def test_the_one_hop_plan_adds_up_its_models(repo: Path) -> None:
+    plan = plan_server(repo, ["ens", "plain"])
+    assert plan.models == ["pre", "gpu", "ens", "plain"]
+    # pre 3 + gpu 1 + plain 1 CPUs (the ensemble nothing of its own), the most GPUs
+    assert plan.options == {"ray_actor_options": {"num_cpus": 5.0, "num_gpus": 2}}
+    assert plan.asked["gpu"] == {"num_cpus": 1, "num_gpus": 2}
+    plan = plan_server(repo, ["plain"], {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0.5}})
+    assert plan.options == {"ray_actor_options": {"num_cpus": 0.5}, "num_replicas": 3}
+    with pytest.raises(ValueError, match="unknown deployment options"):
+        plan_server(repo, ["plain"], {"replicas": 2})
+    with pytest.raises(ValueError, match="not both"):
+        plan_server(repo, ["plain"], {"num_replicas": 2, "autoscaling_config": {}})
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "cpus"),
+    [("serve_config.yaml", "server", 2), ("serve_config_split.yaml", "split", None)],
+)
+def test_example_serve_configs(name: str, shape: str, cpus: int | None) -> None:
+    """examples/ray/*.yaml are valid Serve configs whose builder args plan; the one-hop
+    example fits a 2-CPU machine and registers the V2 gRPC service."""
     import yaml
+    from ray.serve import Application
     from ray.serve.schema import ServeDeploySchema
 
     from pdserve.ray import build_app
 
     root = Path(__file__).resolve().parents[3]
-    doc = yaml.safe_load((root / "examples" / "ray" / "serve_config.yaml").read_text())
+    doc = yaml.safe_load((root / "examples" / "ray" / name).read_text())
     schema = ServeDeploySchema.model_validate(doc)
     (app,) = schema.applications
     assert app.import_path == "pdserve.ray:build_app"
     args = dict(app.args)
+    assert args["shape"] == shape
     args["model_repository"] = str(root / args["model_repository"])
-    plans = plan_application(args["model_repository"], args["models"], args["options"])
-    assert [p.model for p in plans][-1] == "tiny"
-    assert {"preprocess", "efficientnet_lite0", "postprocess", "image_classifier"} <= {
-        p.model for p in plans
-    }
-    from ray.serve import Application
-
+    if shape == "server":
+        plan = plan_server(args["model_repository"], args["models"], args["deployment"])
+        assert plan.options["ray_actor_options"] == {"num_cpus": cpus}
+        assert plan.models[-1] == "tiny"
+        (servicer,) = doc["grpc_options"]["grpc_servicer_functions"]
+        assert servicer == "pdserve.ray.grpc_proxy.add_GRPCInferenceServiceServicer_to_server"
+    else:
+        plans = plan_application(args["model_repository"], args["models"], args["options"])
+        assert [p.model for p in plans][-1] == "tiny"
+        assert {"preprocess", "efficientnet_lite0", "postprocess", "image_classifier"} <= {
+            p.model for p in plans
+        }
     assert isinstance(build_app(args), Application)
 
 
@@ -152,7 +187,12 @@ def test_example_serve_config() -> None:
 
 def test_build_app_binds_one_deployment_per_model_behind_the_ingress() -> None:
     app = build_app(
-        {"model_repository": str(EXAMPLE_REPO), "models": "tiny,pool", "http": {"x": 1}}
+        {
+            "model_repository": str(EXAMPLE_REPO),
+            "models": "tiny,pool",
+            "http": {"x": 1},
+            "shape": "split",
+        }
     )
     ingress = app._bound_deployment
     assert ingress.name == INGRESS_NAME
@@ -164,6 +204,11 @@ def test_build_app_binds_one_deployment_per_model_behind_the_ingress() -> None:
     assert tiny.init_args == (str(EXAMPLE_REPO.resolve()), "tiny", None)
     with pytest.raises(ValueError, match="needs model_repository"):
         build_app({})
+    with pytest.raises(ValueError, match="shape must be 'server' or 'split'"):
+        build_app({"model_repository": str(EXAMPLE_REPO), "shape": "one"})
+    one = build_app({"model_repository": str(EXAMPLE_REPO), "models": "tiny"})
+    assert one._bound_deployment.name == "pdserve"
+    assert one._bound_deployment.init_args[1] == ["tiny"]
 
 
 def test_failure_carries_an_infer_error_across_replicas() -> None:
