@@ -349,6 +349,34 @@ async def run_on_thread(
         raise
 
 
+async def execute_on_thread(
+    batch: list[ExecRequest],
+    executor: ThreadPoolExecutor,
+    closed: bool,
+    instance: str,
+    run: Callable[[dict[str, np.ndarray], list[str]], dict[str, np.ndarray]],
+    failure: Callable[[Exception], str],
+) -> list[ExecResult]:
+    """An in-process instance's ``execute``: merge ``batch`` along its batch dimension,
+    call ``run(inputs, wanted_outputs)`` on the instance's own thread, split the outputs
+    back per request.
+
+    Raises:
+        InferError: :func:`unloading` (503) as :func:`run_on_thread`; an ``InferError``
+            ``run`` raised (the model's own); any other exception a 500 whose message is
+            ``failure(exception)`` (it names the framework and the model).
+    """
+    inputs = merge_batch(batch)
+    wanted = wanted_outputs(batch)
+    try:
+        outputs = await run_on_thread(executor, closed, instance, run, inputs, wanted)
+    except InferError:
+        raise
+    except Exception as e:
+        raise internal(failure(e)) from e
+    return split_batch(batch, outputs)
+
+
 async def gather_loads(
     futures: list[asyncio.Future[_T]], executors: Iterable[ThreadPoolExecutor | None]
 ) -> list[_T]:

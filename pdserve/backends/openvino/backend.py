@@ -29,17 +29,14 @@ from pdserve.backends.base import (
     ExecResult,
     ModelInstance,
     ModelSpec,
+    execute_on_thread,
     gather_loads,
-    merge_batch,
-    run_on_thread,
-    split_batch,
-    wanted_outputs,
 )
 from pdserve.backends.host_policy import name_current_thread, pin_current_thread
 from pdserve.backends.instance_plan import InstancePlan, instance_plans
 from pdserve.backends.openvino.model import complete_config, pad_batch, prepare_model, read_model
 from pdserve.backends.openvino.options import Options
-from pdserve.core.errors import InferError, internal
+from pdserve.core.errors import internal
 
 if TYPE_CHECKING:
     import openvino as ov
@@ -236,21 +233,14 @@ class OpenVinoInstance(ModelInstance):
         A batch that reaches an instance already closed gets a 503; an OpenVINO error
         a 500 naming the model.
         """
-        inputs = merge_batch(batch)
-        wanted = wanted_outputs(batch)
-        try:
-            outputs = await run_on_thread(
-                self._executor, self._closed, self.name, self._run, inputs, wanted
-            )
-        except InferError:
-            raise
-        except Exception as e:
-            lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-            raise internal(
-                f"openvino execution of model '{self._model}' failed: "
-                f"{lines[-1] if lines else type(e).__name__}"
-            ) from e
-        return split_batch(batch, outputs)
+        return await execute_on_thread(
+            batch, self._executor, self._closed, self.name, self._run, self._failure
+        )
+
+    def _failure(self, e: Exception) -> str:
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        last = lines[-1] if lines else type(e).__name__
+        return f"openvino execution of model '{self._model}' failed: {last}"
 
     async def close(self) -> None:
         """Stop the instance's thread and drop its infer request."""

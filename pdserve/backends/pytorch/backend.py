@@ -35,11 +35,8 @@ from pdserve.backends.base import (
     ExecResult,
     ModelInstance,
     ModelSpec,
+    execute_on_thread,
     gather_loads,
-    merge_batch,
-    run_on_thread,
-    split_batch,
-    wanted_outputs,
 )
 from pdserve.backends.devices import visible_gpu_count, visible_gpus
 from pdserve.backends.host_policy import instance_cores, name_current_thread, pin_current_thread
@@ -60,7 +57,7 @@ from pdserve.backends.pytorch.options import (
 )
 from pdserve.config import ModelConfig
 from pdserve.core import datatypes
-from pdserve.core.errors import InferError, internal
+from pdserve.core.errors import internal
 
 if TYPE_CHECKING:
     import torch
@@ -599,19 +596,12 @@ class PyTorchInstance(ModelInstance):
         A batch that reaches an instance already closed gets a 503; an exception
         in the model a 500 naming the model.
         """
-        inputs = merge_batch(batch)
-        wanted = wanted_outputs(batch)
-        try:
-            outputs = await run_on_thread(
-                self._executor, self._closed, self.name, self._run, inputs, wanted
-            )
-        except InferError:
-            raise  # unloading, or the model's own error
-        except Exception as e:
-            raise internal(
-                f"pytorch execution of model '{self._model}' failed: {_summary(e)}"
-            ) from e
-        return split_batch(batch, outputs)
+        return await execute_on_thread(
+            batch, self._executor, self._closed, self.name, self._run, self._failure
+        )
+
+    def _failure(self, e: Exception) -> str:
+        return f"pytorch execution of model '{self._model}' failed: {_summary(e)}"
 
     async def close(self) -> None:
         """Stop the instance's thread and drop the module (and GPU memory it held)."""

@@ -28,17 +28,13 @@ from pdserve.backends.base import (
     ExecResult,
     ModelInstance,
     ModelSpec,
+    execute_on_thread,
     gather_loads,
-    merge_batch,
-    run_on_thread,
-    split_batch,
-    wanted_outputs,
 )
 from pdserve.backends.host_policy import name_current_thread, pin_current_thread
 from pdserve.backends.instance_plan import instance_plans
 from pdserve.backends.onnxruntime.autocomplete import autocomplete_from_io
 from pdserve.backends.tensorflow.savedmodel import Signature, import_tf, load_signature
-from pdserve.core.errors import InferError, internal
 
 log = logging.getLogger("pdserve.tensorflow")
 
@@ -222,21 +218,14 @@ class TensorFlowInstance(ModelInstance):
         A batch that reaches an instance already closed gets a 503; a TensorFlow error a
         500 naming the model.
         """
-        inputs = merge_batch(batch)
-        wanted = wanted_outputs(batch)
-        try:
-            outputs = await run_on_thread(
-                self._executor, self._closed, self.name, self._run, inputs, wanted
-            )
-        except InferError:
-            raise
-        except Exception as e:
-            text = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-            raise internal(
-                f"tensorflow execution of model '{self._model}' failed: "
-                f"{type(e).__name__}: {text[0] if text else ''}"
-            ) from e
-        return split_batch(batch, outputs)
+        return await execute_on_thread(
+            batch, self._executor, self._closed, self.name, self._run, self._failure
+        )
+
+    def _failure(self, e: Exception) -> str:
+        text = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        first = text[0] if text else ""
+        return f"tensorflow execution of model '{self._model}' failed: {type(e).__name__}: {first}"
 
     async def close(self) -> None:
         """Stop the instance's thread and drop its reference to the SavedModel."""
