@@ -37,7 +37,7 @@ from pdserve.core.errors import ErrorCode, InferError, internal, not_found, unav
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends.http.app import create_http_app
 from pdserve.ray.plan import INGRESS_NAME, plan_application
-from pdserve.ray.server_replica import RootPathApp, server_application
+from pdserve.ray.server_replica import RootPathApp, serve_owns_models, server_application
 from pdserve.repository.model import ModelVersion
 from pdserve.server import InferenceServer
 
@@ -374,10 +374,7 @@ class RayCore:
         Raises:
             InferError(UNAVAILABLE): always.
         """
-        raise unavailable(
-            "explicit model load / unload is not allowed: the models of this server are "
-            "Ray Serve deployments (redeploy the application to change them)"
-        )
+        raise serve_owns_models()
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """Refused, as :meth:`load_model`."""

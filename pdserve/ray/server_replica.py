@@ -25,7 +25,7 @@ from google.protobuf.message import DecodeError, Message
 from ray import serve
 from ray.serve import Application
 
-from pdserve.core.errors import unavailable
+from pdserve.core.errors import InferError, unavailable
 from pdserve.frontends.grpc.service import GrpcService, MalformedMessage
 from pdserve.frontends.http.app import create_http_app
 from pdserve.ray.grpc_proxy import REQUEST_TYPES, parse_request
@@ -123,14 +123,20 @@ class ReplicaServer(InferenceServer):
         Raises:
             InferError(UNAVAILABLE): always.
         """
-        raise unavailable(
-            "explicit model load / unload is not allowed: the models of this server are "
-            "Ray Serve deployments (redeploy the application to change them)"
-        )
+        raise serve_owns_models()
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """Refused, as :meth:`load_model`."""
         await self.load_model(name)
+
+
+def serve_owns_models() -> InferError:
+    """The answer to a repository load / unload on Ray: Serve deploys the models
+    (UNAVAILABLE, as Triton answers outside explicit mode)."""
+    return unavailable(
+        "explicit model load / unload is not allowed: the models of this server are "
+        "Ray Serve deployments (redeploy the application to change them)"
+    )
 
 
 class RootPathApp:
