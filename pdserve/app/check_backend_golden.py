@@ -13,11 +13,10 @@ import numpy as np
 from pdserve import config as cfgmod
 from pdserve.backends.base import ModelSpec
 from pdserve.core.errors import InferError
-from pdserve.core.types import InferRequest
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.prepare import backend_for
 
-from .check_golden import compare, golden_arrays
+from .check_golden import compare, golden_arrays, golden_request
 from .check_report import CheckResult
 
 #: The backends whose goldens this check runs (by ``backend``; pytorch only for
@@ -56,15 +55,9 @@ async def check_backend_golden(r: CheckResult, golden: object, spec: ModelSpec) 
     del spec.config.instance_group[:]
     spec.config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
     mv = ModelVersion(spec, spec.config.platform or spec.config.backend, spec.config.backend)
-    request = InferRequest(
-        spec.name, str(spec.version), {n: arrays[k] for n, k in inputs.items()}, id="golden"
-    )
-    try:
-        exec_request = mv.prepare(request)
-    except InferError as e:
-        r.add(f"the golden inputs do not fit the configuration: {e.message}", npz_path)
+    exec_request = golden_request(r, mv, arrays, inputs, outputs, npz_path)
+    if exec_request is None:
         return
-    exec_request.output_names = list(outputs)
     try:
         instances = await backend_for(spec.config).load(spec)
     except Exception as e:

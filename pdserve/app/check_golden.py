@@ -12,6 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from pdserve import config as cfgmod
+from pdserve.backends.base import ExecRequest
+from pdserve.core.errors import InferError
+from pdserve.core.types import InferRequest
+from pdserve.repository.model import ModelVersion
 
 from .check_files import IDENTITY_FILENAME, inside
 from .check_report import CheckResult
@@ -142,6 +146,33 @@ def check_fil_golden(
         problem = compare(got, arrays[outputs[OUTPUT_NAME]], atol, rtol)
         if problem:
             r.add(f"output '{OUTPUT_NAME}': {problem}", npz_path, OUTPUT_NAME)
+
+
+def golden_request(
+    r: CheckResult,
+    mv: ModelVersion,
+    arrays: dict[str, np.ndarray],
+    inputs: dict[str, str],
+    outputs: dict[str, str],
+    npz_path: Path,
+) -> ExecRequest | None:
+    """The golden inputs as one request to ``mv``, checked against its configuration
+    as a served request is (:meth:`ModelVersion.prepare`), asking for the golden's
+    outputs; None (and an error on ``r``) when they do not fit.
+
+    Args:
+        inputs / outputs: tensor name -> key in ``arrays`` (the golden file's arrays).
+    """
+    request = InferRequest(
+        mv.name, mv.version_str, {n: arrays[k] for n, k in inputs.items()}, id="golden"
+    )
+    try:
+        exec_request = mv.prepare(request)
+    except InferError as e:
+        r.add(f"the golden inputs do not fit the configuration: {e.message}", npz_path)
+        return None
+    exec_request.output_names = list(outputs)
+    return exec_request
 
 
 def _golden_entry(

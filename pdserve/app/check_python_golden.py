@@ -16,11 +16,10 @@ from pdserve import config as cfgmod
 from pdserve.backends.base import ExecRequest, ModelSpec
 from pdserve.backends.python import output_shapes
 from pdserve.core.errors import InferError
-from pdserve.core.types import InferRequest
 from pdserve.repository.model import ModelVersion
 from pdserve.scheduling.base import OutputCheck
 
-from .check_golden import Golden, compare, golden_arrays
+from .check_golden import Golden, compare, golden_arrays, golden_request
 from .check_report import ERROR, WARNING, CheckResult
 
 
@@ -65,15 +64,9 @@ async def check_python_golden(
         return
     from pdserve.backends.python.backend import PythonBackend
 
-    request = InferRequest(
-        spec.name, str(spec.version), {n: arrays[k] for n, k in inputs.items()}, id="golden"
-    )
-    try:
-        exec_request = mv.prepare(request)
-    except InferError as e:
-        r.add(f"the golden inputs do not fit the configuration: {e.message}", npz_path)
+    exec_request = golden_request(r, mv, arrays, inputs, outputs, npz_path)
+    if exec_request is None:
         return
-    exec_request.output_names = list(outputs)
     try:
         instances = await asyncio.wait_for(PythonBackend().load(spec), timeout_s)
     except TimeoutError:
