@@ -174,7 +174,9 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     d.add_argument(
         "--timeout", type=float, default=120.0, help="seconds to wait for RUNNING (default 120)"
     )
-    for action in (d, actions.add_parser("status"), actions.add_parser("teardown")):
+    status = actions.add_parser("status", help="the application's status and its replicas")
+    teardown = actions.add_parser("teardown", help="delete the application from Serve")
+    for action in (d, status, teardown):
         action.add_argument(
             "--address", default=os.environ.get("RAY_ADDRESS"), help="the Ray cluster (GCS)"
         )

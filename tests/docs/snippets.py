@@ -37,7 +37,7 @@ MARKER = re.compile(r"^<!--\s*(skip|expect|serve)\s*(?::\s*(.*?))?\s*-->$")
 LOOPBACK = re.compile(
     r"(\b(?:127\.0\.0\.1|localhost|0\.0\.0\.0):|(?<![\w-])--port[= ]|(?<![\w-])port=)(\d{4,5})\b"
 )
-PYTHON_M = re.compile(r"(?<![\w/.-])(?:\S*/)?python3? -m pdserve\b")
+PYTHON_M = re.compile(r"(?<![\w/.-])(?:\S*/)?python3? -m pdserve(?![\w.])")
 TMP = re.compile(r"(?<![\w./])/tmp/")
 PORT_FLAG = re.compile(r"--(http|grpc|metrics)-port[= ](\d+)")
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
