@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -68,6 +69,32 @@ def autoscale(text: str) -> dict[str, object]:
     return {"min_replicas": lo, "max_replicas": hi, "target_ongoing_requests": target}
 
 
+def _count(low: int) -> Callable[[str], int]:
+    """A parser of an integer >= ``low`` (replicas, ongoing requests)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise ValueError(f"expected an integer >= {low}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _amount(text: str) -> float:
+    """A finite number >= 0 (CPUs or GPUs a replica reserves)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise ValueError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
 def _json_object(text: str) -> dict[str, Any]:
     """A JSON object.
 
@@ -95,7 +122,10 @@ def deployment_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
 
     def put(flag: str, values: list[str], parse: Callable[[str], Any], key: str) -> None:
-        every, models = per_model(values, parse)
+        try:
+            every, models = per_model(values, parse)
+        except ValueError as e:
+            raise ValueError(f"{flag}: {e}") from None
         if models and args.shape == "server":
             raise ValueError(
                 f"{flag} MODEL=VALUE needs --shape split (with --shape server every "
@@ -108,12 +138,14 @@ def deployment_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             else:
                 opts[key] = value
 
-    put("--replicas", args.replicas, int, "num_replicas")
+    if not 0 < args.timeout < math.inf:
+        raise ValueError(f"--timeout: expected a number of seconds > 0, got {args.timeout}")
+    put("--replicas", args.replicas, _count(0), "num_replicas")
     put("--autoscale", args.autoscale, autoscale, "autoscaling_config")
-    put("--num-cpus", args.num_cpus, float, "ray_actor_options.num_cpus")
-    put("--num-gpus", args.num_gpus, float, "ray_actor_options.num_gpus")
-    put("--max-ongoing-requests", args.max_ongoing_requests, int, "max_ongoing_requests")
-    put("--max-replicas-per-node", args.max_replicas_per_node, int, "max_replicas_per_node")
+    put("--num-cpus", args.num_cpus, _amount, "ray_actor_options.num_cpus")
+    put("--num-gpus", args.num_gpus, _amount, "ray_actor_options.num_gpus")
+    put("--max-ongoing-requests", args.max_ongoing_requests, _count(1), "max_ongoing_requests")
+    put("--max-replicas-per-node", args.max_replicas_per_node, _count(1), "max_replicas_per_node")
     every, models = per_model(args.serve_options, _json_object)
     if models and args.shape == "server":
         raise ValueError("--serve-options MODEL=JSON needs --shape split")

@@ -63,23 +63,32 @@ def load_treelite(path: Path, params: FilParams) -> Any:
     unknown = params.allow_unknown_field
     try:
         if params.model_type == "xgboost":
-            return fe.load_xgboost_model_legacy_binary(str(path))
-        if params.model_type == "xgboost_json":
-            return fe.load_xgboost_model(
+            model = fe.load_xgboost_model_legacy_binary(str(path))
+        elif params.model_type == "xgboost_json":
+            model = fe.load_xgboost_model(
                 str(path), format_choice="json", allow_unknown_field=unknown
             )
-        if params.model_type == "xgboost_ubj":
-            return fe.load_xgboost_model(
+        elif params.model_type == "xgboost_ubj":
+            model = fe.load_xgboost_model(
                 str(path), format_choice="ubjson", allow_unknown_field=unknown
             )
-        if params.model_type == "lightgbm":
-            return fe.load_lightgbm_model(str(path))
-        return treelite.Model.deserialize(str(path))
+        elif params.model_type == "lightgbm":
+            model = fe.load_lightgbm_model(str(path))
+        else:
+            model = treelite.Model.deserialize(str(path))
     except Exception as e:
         raise FilLoadError(
             f"model file {path} could not be loaded as model_type '{params.model_type}': "
             f"{_short(str(e))}"
         ) from e
+    if int(model.num_tree) == 0:
+        # Treelite reads a LightGBM text file cut before its first tree as an empty
+        # forest; serving it would answer a constant, so refuse it as LightGBM does.
+        raise FilLoadError(
+            f"model file {path} holds no trees as model_type '{params.model_type}'; "
+            "is it truncated?"
+        )
+    return model
 
 
 def _short(message: str) -> str:

@@ -293,7 +293,11 @@ def _messages(value: Any) -> list[dict[str, str]]:
     for i, msg in enumerate(value):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise bad_request(f"'messages[{i}]' must be an object with a 'role'", "messages")
-        text = _message_text(msg.get("content"), f"messages[{i}].content")
+        where = f"messages[{i}].content"
+        if msg.get("content") is None and msg["role"] != "assistant":
+            # OpenAI allows null content only on an assistant turn (one with tool calls)
+            raise bad_request(f"'{where}' is required for role '{msg['role']}'", where)
+        text = _message_text(msg.get("content"), where)
         out.append({"role": msg["role"], "content": text})
     return out
 

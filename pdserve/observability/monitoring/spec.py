@@ -8,6 +8,7 @@ model's load with the message.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 #: config.pbtxt parameter names.
@@ -51,6 +52,14 @@ def _float(items: dict[str, str], key: str, default: float, what: str) -> float:
         return float(items.get(key, default))
     except ValueError:
         raise SpecError(f"{what}: {key} must be a number, got {items[key]!r}") from None
+
+
+def _mebibytes(items: dict[str, str], key: str, default: float, what: str) -> int:
+    """A size setting in MiB (finite, > 0) as bytes, at least 1."""
+    value = _float(items, key, default, what)
+    if not 0 < value < math.inf:
+        raise SpecError(f"{what}: {key} must be a number > 0, got {items[key]}")
+    return max(int(value * (1 << 20)), 1)
 
 
 def _int(items: dict[str, str], key: str, default: int, what: str, low: int = 1) -> int:
@@ -183,7 +192,7 @@ class LogSpec:
                 raise SpecError(f"{what}: parameter must be NAME:VALUE, got {items['parameter']!r}")
             parameter = (key, value)
         roll_secs = _float(items, "roll_secs", 60.0, what)
-        if roll_secs <= 0:
+        if not 0 < roll_secs < math.inf:
             raise SpecError(f"{what}: roll_secs must be > 0, got {roll_secs:g}")
         return cls(
             sink=SinkSpec.parse(items["sink"], what),
@@ -193,8 +202,8 @@ class LogSpec:
             versions=frozenset(v for v in items.get("versions", "").split("|") if v),
             parameter=parameter,
             queue=_int(items, "queue", 10000, what),
-            queue_bytes=int(_float(items, "queue_mb", 256.0, what) * (1 << 20)) or 1,
-            roll_bytes=int(_float(items, "roll_mb", 64.0, what) * (1 << 20)) or 1,
+            queue_bytes=_mebibytes(items, "queue_mb", 256.0, what),
+            roll_bytes=_mebibytes(items, "roll_mb", 64.0, what),
             roll_secs=roll_secs,
         )
 

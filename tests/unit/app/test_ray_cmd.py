@@ -63,8 +63,26 @@ def test_bad_flags_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         args.run(args)  # type: ignore[attr-defined]
     assert info.value.code == 2
-    assert "invalid literal" in capsys.readouterr().err
+    assert "--replicas: expected an integer >= 0, got 'x'" in capsys.readouterr().err
     assert run is not None
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--replicas", "-2"], "--replicas: expected an integer >= 0, got '-2'"),
+        (["--num-cpus", "-1"], "--num-cpus: expected a number >= 0, got '-1'"),
+        (["--num-gpus", "nan"], "--num-gpus: expected a number >= 0, got 'nan'"),
+        (["--max-ongoing-requests", "0"], "--max-ongoing-requests: expected an integer >= 1"),
+        (["--max-replicas-per-node", "x=0"], "--max-replicas-per-node: expected an integer >= 1"),
+        (["--timeout", "-5"], "--timeout: expected a number of seconds > 0, got -5.0"),
+    ],
+)
+def test_bad_values_are_refused_before_any_cluster(flags: list[str], message: str) -> None:
+    args = parse("deploy", "repo", "--shape", "split", *flags)
+    with pytest.raises(ValueError) as e:
+        deployment_options(args)  # type: ignore[arg-type]
+    assert message in str(e.value)
 
 
 def test_serve_options_merge_into_the_other_flags() -> None:

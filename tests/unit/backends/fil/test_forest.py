@@ -103,6 +103,18 @@ def test_corrupt_file_names_file_and_library_error(tmp_path: Path) -> None:
     assert "Parsing error at offset 2" in msg and "Stack trace" not in msg
 
 
+def test_truncated_lightgbm_file_with_no_trees_is_refused(
+    tree_files: dict[str, Path], tmp_path: Path
+) -> None:
+    # Treelite reads a LightGBM header cut before the first tree as a forest of
+    # zero trees, which would serve a constant 0.0; the load must fail instead.
+    cut = tmp_path / "model.txt"
+    cut.write_bytes(tree_files["lgb_reg"].read_bytes()[:300])
+    with pytest.raises(FilLoadError) as e:
+        load_treelite(cut, FilParams(model_type="lightgbm"))
+    assert f"model file {cut} holds no trees" in str(e.value)
+
+
 def test_wrong_format_is_refused(tree_files: dict[str, Path]) -> None:
     with pytest.raises(FilLoadError, match="as model_type 'lightgbm'"):
         load_treelite(tree_files["xgb_binary_json"], FilParams(model_type="lightgbm"))

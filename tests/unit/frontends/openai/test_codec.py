@@ -114,6 +114,24 @@ def test_chat_messages_take_text_parts() -> None:
         codec.completion_request({"model": "g", "messages": []}, chat=True)
 
 
+def test_chat_message_content_is_required_except_for_the_assistant() -> None:
+    # OpenAI: 400 "Missing required parameter: 'messages[0].content'" for a user turn;
+    # an assistant turn (one that made tool calls) may have null content.
+    doc = {"model": "g", "messages": [{"role": "user"}]}
+    with pytest.raises(OpenAIError) as e:
+        codec.completion_request(doc, chat=True)
+    assert e.value.status == 400 and e.value.param == "messages[0].content"
+    assert "'messages[0].content' is required" in e.value.message
+    doc = {
+        "model": "g",
+        "messages": [{"role": "assistant", "content": None}, {"role": "user", "content": "x"}],
+    }
+    assert codec.completion_request(doc, chat=True).messages[0] == {
+        "role": "assistant",
+        "content": "",
+    }
+
+
 def test_stream_chunks_are_sse_events() -> None:
     event = codec.chunk_event("c", "g", True, {"content": "x"}, None)
     assert event.startswith(b"data: ") and event.endswith(b"\n\n")

@@ -47,6 +47,10 @@ def test_kafka_sink_and_off() -> None:
         ("sink=jsonl:/x,colour=red", "bad setting 'colour=red'"),
         ("sink=jsonl:/x,queue=0", "queue must be >= 1"),
         ("sink=jsonl:/x,parameter=novalue", "parameter must be NAME:VALUE"),
+        ("sink=jsonl:/x,queue_mb=-1", "queue_mb must be a number > 0, got -1"),
+        ("sink=jsonl:/x,queue_mb=nan", "queue_mb must be a number > 0, got nan"),
+        ("sink=jsonl:/x,roll_mb=inf", "roll_mb must be a number > 0, got inf"),
+        ("sink=jsonl:/x,roll_secs=nan", "roll_secs must be > 0, got nan"),
     ],
 )
 def test_log_spec_errors(text: str, message: str) -> None:
