@@ -63,6 +63,27 @@ def _seconds(cfg: cfgmod.ModelConfig, key: str, default: float, where: str) -> f
     return value
 
 
+#: The shortest probe period: a probe is a real inference on an instance, and a
+#: shorter period would keep an instance busy probing.
+MIN_PROBE_INTERVAL_S = 0.1
+
+
+def _probe_interval(cfg: cfgmod.ModelConfig, where: str) -> float:
+    """The ``probe_interval`` parameter (s): 0 (absent) or at least the floor.
+
+    Raises:
+        pdserve.config.ConfigError: not a number of seconds, or under the floor.
+    """
+    interval = _seconds(cfg, "probe_interval", 0.0, where)
+    if 0 < interval < MIN_PROBE_INTERVAL_S:
+        raise cfgmod.ConfigError(
+            where,
+            "parameters.probe_interval",
+            f"must be 0 (no probe) or at least {MIN_PROBE_INTERVAL_S:g} s, got {interval:g}",
+        )
+    return interval
+
+
 class ModelHealth:
     """The readiness hooks and the canary probe of one model version."""
 
@@ -72,7 +93,7 @@ class ModelHealth:
         self.watchdog = watchdog
         self.hook_interval = _seconds(cfg, "is_ready_interval", 5.0, where) or 5.0
         self.hook_timeout = _seconds(cfg, "is_ready_timeout", 5.0, where) or 5.0
-        self.probe_interval = _seconds(cfg, "probe_interval", 0.0, where)
+        self.probe_interval = _probe_interval(cfg, where)
         self.probe_timeout = _seconds(cfg, "probe_timeout", 2.0, where) or 2.0
         p = cfg.parameters.get("probe_failures")
         self.probe_failures = 3

@@ -7,7 +7,12 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from pdserve.config import ConfigError
-from pdserve.repository.health import DEFAULT_HANG_TIMEOUT_S, HealthBoard, _seconds
+from pdserve.repository.health import (
+    DEFAULT_HANG_TIMEOUT_S,
+    HealthBoard,
+    _probe_interval,
+    _seconds,
+)
 
 
 def _config(text: str) -> mc.ModelConfig:
@@ -34,3 +39,17 @@ def test_bad_seconds_name_the_parameter(value: str) -> None:
 def test_board_default() -> None:
     assert HealthBoard().hang_timeout_s == DEFAULT_HANG_TIMEOUT_S == 300.0
     assert list(HealthBoard(0).samples()) == []
+
+
+@pytest.mark.parametrize(("value", "want"), [("0", 0.0), ("0.1", 0.1), ("10", 10.0)])
+def test_probe_interval_is_off_or_at_least_the_floor(value: str, want: float) -> None:
+    cfg = _config(f'parameters {{ key: "probe_interval" value {{ string_value: "{value}" }} }}')
+    assert _probe_interval(cfg, "m/config.pbtxt") == want
+
+
+def test_a_probe_interval_under_the_floor_fails_the_load() -> None:
+    cfg = _config('parameters { key: "probe_interval" value { string_value: "1e-9" } }')
+    with pytest.raises(ConfigError) as e:
+        _probe_interval(cfg, "m/config.pbtxt")
+    assert "parameters.probe_interval" in str(e.value)
+    assert "at least 0.1 s, got 1e-09" in str(e.value)
