@@ -343,6 +343,79 @@ class InstancePool:
         self._free.append(instance)
 
 
+class InstanceWatch:
+    """What the watchdog (:mod:`pdserve.scheduling.watchdog`) knows of one instance: its
+    batch in flight, which :func:`run_batch` marks, and its health.
+
+    Attributes:
+        batch: the batch the instance runs (None: idle).
+        since: ``time.monotonic()`` of the batch's start or its last progress.
+        mark: the instance's progress counter when last looked at.
+        wedged: the running batch was declared wedged (its requests fail).
+        healthy: False from a wedge until the instance is recovered (or, when it
+            cannot be, until the wedged batch returns).
+        wedges / streak: wedges in all / in quick succession (the back-off's step).
+    """
+
+    __slots__ = (
+        "model",
+        "version",
+        "bound_s",
+        "instance",
+        "tracks_progress",
+        "batch",
+        "since",
+        "mark",
+        "wedged",
+        "healthy",
+        "wedges",
+        "streak",
+        "last_wedge",
+        "recovering",
+    )
+
+    def __init__(self, model: str, version: str, bound_s: float, instance: ModelInstance) -> None:
+        self.model, self.version, self.bound_s = model, version, bound_s
+        self.instance = instance
+        #: only instances that override progress() are asked at each batch's start
+        self.tracks_progress = type(instance).progress is not ModelInstance.progress
+        self.batch: list[ExecRequest] | None = None
+        self.since = 0.0
+        self.mark = 0
+        self.wedged = False
+        self.healthy = True
+        self.wedges = 0
+        self.streak = 0
+        self.last_wedge = 0.0
+        self.recovering: asyncio.Task[None] | None = None
+
+    def begin(self, batch: list[ExecRequest]) -> None:
+        """A batch starts on the instance."""
+        self.since = time.monotonic()
+        self.mark = self.instance.progress() if self.tracks_progress else 0
+        self.wedged = False
+        self.batch = batch
+
+    def end(self) -> bool:
+        """The batch returned; True when it had been declared wedged (its results are
+        to be replaced by :meth:`failures`)."""
+        self.batch = None
+        if self.wedged:
+            return True
+        if self.recovering is None:
+            self.healthy = True
+        return False
+
+    def failures(self, batch: list[ExecRequest]) -> list[ExecResult]:
+        """``UNAVAILABLE`` for each request of a wedged batch."""
+        message = (
+            f"model instance '{self.instance.name}' of model '{self.model}' version "
+            f"{self.version} was wedged: it held this request more than {self.bound_s:g} s "
+            "without progress and is being restarted"
+        )
+        return [unavailable(message) for _ in batch]
+
+
 async def run_batch(
     instance: ModelInstance,
     batch: list[ExecRequest],

@@ -1,7 +1,7 @@
 """Wedged model instances: a batch held longer than the model's bound without progress.
 
 Every batch runs through :func:`pdserve.scheduling.base.run_batch`, which tells the
-instance's :class:`InstanceWatch` when the batch starts and ends (two attribute writes;
+instance's :class:`~pdserve.scheduling.base.InstanceWatch` when the batch starts and ends (two attribute writes;
 nothing at all for an instance without a watch). One :class:`Watchdog` per model version
 sweeps its instances every ``bound / 4`` (at most every second): a batch held for
 ``bound`` seconds while the instance's :meth:`~pdserve.backends.base.ModelInstance.progress`
@@ -22,10 +22,11 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from pdserve.core.errors import InferError, unavailable
+from pdserve.core.errors import InferError
+from pdserve.scheduling.base import InstanceWatch
 
 if TYPE_CHECKING:
-    from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance
+    from pdserve.backends.base import ModelInstance
 
 log = logging.getLogger("pdserve.watchdog")
 
@@ -33,74 +34,6 @@ log = logging.getLogger("pdserve.watchdog")
 MAX_BACKOFF_S = 30.0
 #: A wedge this many bounds after the previous one starts the back-off afresh.
 BACKOFF_RESET_BOUNDS = 10.0
-
-
-class InstanceWatch:
-    """What the watchdog knows of one instance: its batch in flight and its health.
-
-    Attributes:
-        batch: the batch the instance runs (None: idle).
-        since: ``time.monotonic()`` of the batch's start or its last progress.
-        mark: the instance's progress counter when last looked at.
-        wedged: the running batch was declared wedged (its requests fail).
-        healthy: False from a wedge until the instance is recovered (or, when it
-            cannot be, until the wedged batch returns).
-        wedges / streak: wedges in all / in quick succession (the back-off's step).
-    """
-
-    __slots__ = (
-        "dog",
-        "instance",
-        "batch",
-        "since",
-        "mark",
-        "wedged",
-        "healthy",
-        "wedges",
-        "streak",
-        "last_wedge",
-        "recovering",
-    )
-
-    def __init__(self, dog: Watchdog, instance: ModelInstance) -> None:
-        self.dog = dog
-        self.instance = instance
-        self.batch: list[ExecRequest] | None = None
-        self.since = 0.0
-        self.mark = 0
-        self.wedged = False
-        self.healthy = True
-        self.wedges = 0
-        self.streak = 0
-        self.last_wedge = 0.0
-        self.recovering: asyncio.Task[None] | None = None
-
-    def begin(self, batch: list[ExecRequest]) -> None:
-        """A batch starts on the instance."""
-        self.since = time.monotonic()
-        self.mark = self.instance.progress()
-        self.wedged = False
-        self.batch = batch
-
-    def end(self) -> bool:
-        """The batch returned; True when it had been declared wedged (its results are
-        to be replaced by :meth:`failures`)."""
-        self.batch = None
-        if self.wedged:
-            return True
-        if self.recovering is None:
-            self.healthy = True
-        return False
-
-    def failures(self, batch: list[ExecRequest]) -> list[ExecResult]:
-        """``UNAVAILABLE`` for each request of a wedged batch."""
-        dog = self.dog
-        message = (
-            f"model instance '{self.instance.name}' of model '{dog.model}' version "
-            f"{dog.version} was wedged: it held this request more than {dog.bound_s:g} s "
-            "without progress and is being restarted"
-        )
-        return [unavailable(message) for _ in batch]
 
 
 class Watchdog:
@@ -121,7 +54,7 @@ class Watchdog:
     def attach(self, instances: list[ModelInstance]) -> None:
         """Watch ``instances`` and start sweeping (on the running loop)."""
         for instance in instances:
-            watch = InstanceWatch(self, instance)
+            watch = InstanceWatch(self.model, self.version, self.bound_s, instance)
             instance.watch = watch
             self.watches.append(watch)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
