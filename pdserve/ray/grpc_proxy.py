@@ -16,6 +16,8 @@ import grpc
 from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from pdserve.frontends.grpc.service import HandlerRecorder
+
 SERVICE_NAME = "inference.GRPCInferenceService"
 
 #: The ``grpc_servicer_functions`` entry of Serve's gRPC options.
@@ -29,25 +31,10 @@ REQUEST_TYPES: dict[str, type[Message]] = {
 }
 
 
-class _Recorder:
-    """Stands in for a server: keeps the handlers the generated function adds."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
-
-    def add_generic_rpc_handlers(self, handlers: object) -> None:
-        pass
-
-    def add_registered_method_handlers(
-        self, name: str, handlers: dict[str, grpc.RpcMethodHandler]
-    ) -> None:
-        self.handlers = dict(handlers)
-
-
 def add_GRPCInferenceServiceServicer_to_server(servicer: Any, server: Any) -> None:  # noqa: N802
     """Register ``inference.GRPCInferenceService`` on ``server`` (Serve's proxy) with
     request bytes passed through (no ``request_deserializer``)."""
-    recorder = _Recorder()
+    recorder = HandlerRecorder()
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, recorder)
     handlers = {m: h._replace(request_deserializer=None) for m, h in recorder.handlers.items()}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

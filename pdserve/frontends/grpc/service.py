@@ -250,7 +250,7 @@ def _gated_stream(behavior: StreamBehavior, method: str, gate: TrafficGate) -> S
     return handle
 
 
-class _Recorder:
+class HandlerRecorder:
     """Stands in for a server to capture the generated ``add_..._to_server`` handlers."""
 
     def __init__(self) -> None:
@@ -273,7 +273,7 @@ def method_handlers(servicer: GrpcService) -> dict[str, grpc.RpcMethodHandler]:
     problem, ``ModelStreamInfer`` an ``error_message`` response (as Triton answers a
     request it cannot use) while the stream goes on.
     """
-    recorder = _Recorder()
+    recorder = HandlerRecorder()
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, recorder)
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method, h in recorder.handlers.items():
