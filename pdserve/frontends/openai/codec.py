@@ -340,7 +340,10 @@ def completion_request(doc: dict[str, Any], chat: bool) -> CompletionRequest:
     for key, value in doc.items():
         if key not in _CLIENT_ONLY and isinstance(value, str | int | float) and key != "n":
             params[key] = value
-    max_tokens = _positive_int(doc, "max_tokens") or _positive_int(doc, "max_completion_tokens")
+    max_tokens = _positive_int(doc, "max_tokens")  # both checked: either may be given
+    max_completion_tokens = _positive_int(doc, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = max_completion_tokens
     params.pop("max_completion_tokens", None)
     if max_tokens is not None:
         params["max_tokens"] = max_tokens

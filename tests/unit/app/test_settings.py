@@ -428,7 +428,7 @@ def test_subcommands_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         cli.main(["--help"])
     assert e.value.code == 0
-    assert "{serve,rollback,check,perf,analyze,top}" in capsys.readouterr().out
+    assert "{serve,rollback,check,perf,analyze,top,ray}" in capsys.readouterr().out
 
 
 # -- model memory budget (issue 16) ---------------------------------------------------------

@@ -90,6 +90,10 @@ def test_completion_request_passes_sampling_parameters() -> None:
         ({"model": "g", "prompt": "a", "stream": "yes"}, "stream"),
         ({"model": "g", "prompt": "a", "n": 2}, "n"),
         ({"model": "g", "prompt": "a", "max_tokens": -1}, "max_tokens"),
+        (
+            {"model": "g", "prompt": "a", "max_tokens": 4, "max_completion_tokens": 0},
+            "max_completion_tokens",
+        ),
         ({"model": "g", "prompt": "a", "stop": ["1", "2", "3", "4", "5"]}, "stop"),
     ],
 )
