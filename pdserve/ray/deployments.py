@@ -37,7 +37,7 @@ from pdserve.core.errors import ErrorCode, InferError, internal, not_found, unav
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends.http.app import create_http_app
 from pdserve.ray.plan import INGRESS_NAME, plan_application
-from pdserve.ray.server_replica import RootPathApp, serve_owns_models, server_application
+from pdserve.ray.server_replica import RootPathApp, ServeOwnsModels, server_application
 from pdserve.repository.model import ModelVersion
 from pdserve.server import InferenceServer
 
@@ -266,7 +266,7 @@ class ModelReplica:
             await server.stop(timeout=10.0)
 
 
-class RayCore:
+class RayCore(ServeOwnsModels):
     """The :class:`~pdserve.core.api.InferenceCore` of the ingress: each call goes to
     the deployment of the model it names.
 
@@ -365,20 +365,6 @@ class RayCore:
             )
         )
         return [row for part in rows for row in part]
-
-    async def load_model(
-        self, name: str, config: object = None, files: dict[str, bytes] | None = None
-    ) -> None:
-        """Refused: Serve deploys the models (Triton answers 503 outside explicit mode).
-
-        Raises:
-            InferError(UNAVAILABLE): always.
-        """
-        raise serve_owns_models()
-
-    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        """Refused, as :meth:`load_model`."""
-        await self.load_model(name)
 
 
 class _V2IngressBase:

@@ -102,18 +102,18 @@ class ServeContext:
         raise ServeAbort(details)
 
 
-class ReplicaServer(InferenceServer):
-    """An InferenceServer whose repository API refuses load and unload (Serve deploys
-    the models; :meth:`load_served` loads the replica's own at start)."""
+def serve_owns_models() -> InferError:
+    """The answer to a repository load / unload on Ray: Serve deploys the models
+    (UNAVAILABLE, as Triton answers outside explicit mode)."""
+    return unavailable(
+        "explicit model load / unload is not allowed: the models of this server are "
+        "Ray Serve deployments (redeploy the application to change them)"
+    )
 
-    async def load_served(self, models: Sequence[str]) -> None:
-        """Load ``models`` (dependencies before dependents), as at start.
 
-        Raises:
-            InferError: a model failed to load (the replica does not start).
-        """
-        for name in models:
-            await InferenceServer.load_model(self, name)
+class ServeOwnsModels:
+    """Repository load and unload for a core on Ray: refused, because Serve deploys the
+    models (the one-hop replica's server and the split shape's ingress core)."""
 
     async def load_model(
         self, name: str, config: object = None, files: dict[str, bytes] | None = None
@@ -130,13 +130,18 @@ class ReplicaServer(InferenceServer):
         await self.load_model(name)
 
 
-def serve_owns_models() -> InferError:
-    """The answer to a repository load / unload on Ray: Serve deploys the models
-    (UNAVAILABLE, as Triton answers outside explicit mode)."""
-    return unavailable(
-        "explicit model load / unload is not allowed: the models of this server are "
-        "Ray Serve deployments (redeploy the application to change them)"
-    )
+class ReplicaServer(ServeOwnsModels, InferenceServer):
+    """An InferenceServer whose repository API refuses load and unload (Serve deploys
+    the models; :meth:`load_served` loads the replica's own at start)."""
+
+    async def load_served(self, models: Sequence[str]) -> None:
+        """Load ``models`` (dependencies before dependents), as at start.
+
+        Raises:
+            InferError: a model failed to load (the replica does not start).
+        """
+        for name in models:
+            await InferenceServer.load_model(self, name)
 
 
 class RootPathApp:
