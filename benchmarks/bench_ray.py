@@ -49,7 +49,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE / "peers"))
 
 from bench_pipeline import binary_body, bytes_element  # noqa: E402
-from common import REPO, cli_parser, start_server, stop_process, write_post_lua  # noqa: E402
+from common import (  # noqa: E402
+    REPO,
+    cli_parser,
+    start_server,
+    stop_process,
+    write_post_lua,
+    wrk_latency_ms,
+)
 
 from tests.integration.ray_cluster import (  # noqa: E402
     HEAD_IP,
@@ -85,10 +92,7 @@ def wrk_point(url: str, tmp: Path, body: bytes, conns: int, seconds: int) -> dic
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
     def ms(label: str) -> float | None:
-        m = re.search(rf"^\s+{label}\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
-        if not m:
-            return None
-        return round(float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)], 3)
+        return wrk_latency_ms(text, label)
 
     rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
     bad = re.search(r"(Non-2xx or 3xx responses|Socket errors):.*", text)

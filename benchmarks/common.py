@@ -534,6 +534,15 @@ def write_post_lua(tmp: Path, body: Any, headers: dict[str, str] | None = None) 
     return lua
 
 
+def wrk_latency_ms(text: str, label: str) -> float | None:
+    """The latency wrk's ``--latency`` output gives for ``label`` (``50%``, ``99%``), in
+    ms; None when absent."""
+    m = re.search(rf"^\s+{label}\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+    if not m:
+        return None
+    return round(float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)], 3)
+
+
 def run_wrk(
     port: int, lua: Path, seconds: int, connections: int, core: str | None = "1"
 ) -> dict[str, float | int | None]:
@@ -554,10 +563,7 @@ def run_wrk(
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
     def ms(label: str) -> float | None:
-        m = re.search(rf"^\s+{label}\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
-        if not m:
-            return None
-        return round(float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)], 3)
+        return wrk_latency_ms(text, label)
 
     rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
     total = re.search(r"(\d+) requests in", text)

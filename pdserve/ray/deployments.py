@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-import ray
 from ray import serve
 from ray.exceptions import RayError, RayTaskError
 from ray.serve import Application
@@ -37,7 +35,12 @@ from pdserve.core.errors import ErrorCode, InferError, internal, not_found, unav
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends.http.app import create_http_app
 from pdserve.ray.plan import INGRESS_NAME, plan_application
-from pdserve.ray.server_replica import RootPathApp, ServeOwnsModels, server_application
+from pdserve.ray.server_replica import (
+    RootPathApp,
+    ServeOwnsModels,
+    replica_location,
+    server_application,
+)
 from pdserve.repository.model import ModelVersion
 from pdserve.server import InferenceServer
 
@@ -243,12 +246,8 @@ class ModelReplica:
         return [r for r in self.server.repository_index(ready_only) if r["name"] == self.model]
 
     def where(self) -> dict[str, object]:
-        """Where this replica runs: ``{"node_id", "node_ip", "pid"}`` (tests, tools)."""
-        return {
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "node_ip": ray.util.get_node_ip_address(),
-            "pid": os.getpid(),
-        }
+        """Where this replica runs (:func:`replica_location`)."""
+        return replica_location()
 
     def check_health(self) -> None:
         """Serve's health check: the model still has a ready version.

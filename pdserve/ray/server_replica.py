@@ -56,6 +56,16 @@ UNARY_RPCS = (
 )
 
 
+def replica_location() -> dict[str, object]:
+    """Where the calling Serve replica runs: ``{"node_id", "node_ip", "pid"}`` (tests,
+    tools)."""
+    return {
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "pid": os.getpid(),
+    }
+
+
 class ServeAbort(Exception):
     """An RPC answered with a non-OK status (set on Serve's gRPC context first, so the
     proxy sends that status and message)."""
@@ -222,12 +232,8 @@ class _ServerReplicaBase:
             yield response
 
     def where(self) -> dict[str, object]:
-        """Where this replica runs: ``{"node_id", "node_ip", "pid"}`` (tests, tools)."""
-        return {
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "node_ip": ray.util.get_node_ip_address(),
-            "pid": os.getpid(),
-        }
+        """Where this replica runs (:func:`replica_location`)."""
+        return replica_location()
 
     def check_health(self) -> None:
         """Serve's health check: every model still has a ready version.
