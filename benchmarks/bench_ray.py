@@ -9,7 +9,10 @@ rotates each round), each point bounded in time:
    deployment (``benchmarks/peers/ray_serve_tiny.py``: ORT in a ``@serve.deployment``
    with ``@serve.batch``, route ``/plain``); (c) pdserve on Ray in one hop
    (``pdserve.ray.server_application``: Serve's proxy -> a replica that is a whole
-   pdserve server). One replica each, ``max_ongoing_requests`` 64.
+   pdserve server; its tiny batches as (b)'s ``@serve.batch`` does: a dynamic batcher
+   of at most 32 rows, 1 ms queue delay). One replica each, ``max_ongoing_requests``
+   64. Each point also reports the CPU microseconds per answered request of each
+   process (Serve's proxy, each replica, the rest of Ray), from ``/proc``.
 2. **gRPC**, ``pdserve perf -i grpc`` at concurrency 8 and 32: (a) against (c) through
    Serve's gRPC proxy (the plain deployment is deleted first: with one application
    left, the proxy needs no ``application`` metadata).
@@ -52,6 +55,8 @@ from bench_pipeline import binary_body, bytes_element  # noqa: E402
 from common import (  # noqa: E402
     REPO,
     cli_parser,
+    descendants,
+    proc_cpu_seconds,
     start_server,
     stop_process,
     write_post_lua,
@@ -81,15 +86,74 @@ def make_repo(dst: Path) -> Path:
     return dst
 
 
+def batched_tiny_repo(dst: Path, max_batch: int, wait_s: float) -> Path:
+    """A repository of ``tiny`` whose dynamic batcher batches as the plain deployment's
+    ``@serve.batch`` does: at most ``max_batch`` requests (rows) per batch, sent once
+    full or ``wait_s`` after its first request arrived."""
+    shutil.copytree(REPO / "tiny", dst / "tiny", symlinks=False)
+    cfg = dst / "tiny" / "config.pbtxt"
+    cfg.write_text(
+        cfg.read_text()
+        + "dynamic_batching {\n"
+        + f"  preferred_batch_size: [ {max_batch} ]\n"
+        + f"  max_queue_delay_microseconds: {round(wait_s * 1e6)}\n"
+        + "}\n"
+    )
+    return dst
+
+
+#: Process roles whose CPU time each wrk point reports, by a piece of the process's
+#: command line (Ray names its actor processes ``ray::<class>``).
+ROLES = (
+    ("proxy", "ProxyActor"),
+    ("replica_pdserve", "ServeReplica:pdserve:"),
+    ("replica_plain", "ServeReplica:plain:"),
+    ("raylet", "raylet"),
+    ("gcs", "gcs_server"),
+    ("controller", "ServeController"),
+)
+
+#: The process ids whose CPU time is reported, by role (:func:`watch_processes`).
+WATCHED: dict[str, list[int]] = {}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def watch_processes(roots: dict[str, int]) -> None:
+    """Fill :data:`WATCHED`: each of ``roots`` (role -> pid) as is, and the processes
+    below the Ray head by :data:`ROLES` (anything else under it: ``ray_other``)."""
+    WATCHED.clear()
+    for role, pid in roots.items():
+        WATCHED[role] = [pid]
+    for pid in descendants(roots["ray_head"]):
+        line = _cmdline(pid)
+        role = next((r for r, piece in ROLES if piece in line), "ray_other")
+        WATCHED.setdefault(role, []).append(pid)
+
+
+def cpu_snapshot() -> dict[str, float]:
+    """CPU seconds (user + system) so far of each watched role."""
+    return {role: sum(proc_cpu_seconds(p) for p in pids) for role, pids in WATCHED.items()}
+
+
 def wrk_point(url: str, tmp: Path, body: bytes, conns: int, seconds: int) -> dict[str, Any]:
-    """One wrk point (2 threads, POST ``body``): req/s, p50/p99 in ms, non-2xx count.
+    """One wrk point (2 threads, POST ``body``): req/s, p50/p99 in ms, and the CPU
+    microseconds per answered request of each watched process role (``cpu_us``).
 
     Raises:
         RuntimeError: a non-2xx answer or a socket error (the figures would lie).
     """
     lua = write_post_lua(tmp, json.loads(body))
     cmd = ["wrk", "-t2", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", str(lua), url]
+    before = cpu_snapshot()
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    after = cpu_snapshot()
 
     def ms(label: str) -> float | None:
         return wrk_latency_ms(text, label)
@@ -98,7 +162,16 @@ def wrk_point(url: str, tmp: Path, body: bytes, conns: int, seconds: int) -> dic
     bad = re.search(r"(Non-2xx or 3xx responses|Socket errors):.*", text)
     if bad or not rps:
         raise RuntimeError(f"wrk {url}: {bad.group(0) if bad else text[-500:]}")
-    return {"conns": conns, "rps": float(rps.group(1)), "p50_ms": ms("50%"), "p99_ms": ms("99%")}
+    n = re.search(r"(\d+) requests in", text)
+    count = max(int(n.group(1)) if n else 1, 1)
+    cpu_us = {k: round((after[k] - before.get(k, 0.0)) * 1e6 / count) for k in after}
+    return {
+        "conns": conns,
+        "rps": float(rps.group(1)),
+        "p50_ms": ms("50%"),
+        "p99_ms": ms("99%"),
+        "cpu_us": cpu_us,
+    }
 
 
 def perf_grpc(url: str, conc: int, tmp: Path) -> dict[str, Any]:
@@ -172,6 +245,11 @@ def medians(runs: list[list[dict[str, Any]]], key: str) -> list[dict[str, Any]]:
             vals = [r[i][k] for r in runs if r[i].get(k) is not None]
             row[k] = round(statistics.median(vals), 2) if vals else None
         row[f"{key}_range"] = [min(r[i][key] for r in runs), max(r[i][key] for r in runs)]
+        if "cpu_us" in first:
+            row["cpu_us"] = {
+                role: round(statistics.median(r[i]["cpu_us"].get(role, 0) for r in runs))
+                for role in first["cpu_us"]
+            }
         out.append(row)
     return out
 
@@ -212,7 +290,8 @@ def main() -> int:
     )
     cluster = start_cluster(tmp / "ray", cpus=16, with_worker=False)
     try:
-        measure_all(res, repo, tmp, http_port, grpc_port, args)
+        roots = {"pdserve_alone": proc.pid, "ray_head": cluster.head.pid, "driver": os.getpid()}
+        measure_all(res, repo, tmp, http_port, grpc_port, args, roots)
     finally:
         try:
             from ray import serve
@@ -235,7 +314,13 @@ def main() -> int:
 
 
 def measure_all(
-    res: dict[str, Any], repo: Path, tmp: Path, http_port: int, grpc_port: int, args: Any
+    res: dict[str, Any],
+    repo: Path,
+    tmp: Path,
+    http_port: int,
+    grpc_port: int,
+    args: Any,
+    roots: dict[str, int],
 ) -> None:
     import ray_serve_tiny
     from ray import cloudpickle, serve
@@ -246,10 +331,15 @@ def measure_all(
     control.start_proxies(control.Proxies(HEAD_IP, 8000, 9000))
     one = {"num_replicas": 1, "max_ongoing_requests": 64, "ray_actor_options": {"num_cpus": 1}}
     t0 = time.monotonic()
-    control.deploy(server_application(repo, ["tiny"], one), "pdserve", {"pdserve": one})
+    # like with like: (c)'s tiny batches as (b)'s @serve.batch does
+    batched = batched_tiny_repo(
+        tmp / "repo_batched", ray_serve_tiny.MAX_BATCH_SIZE, ray_serve_tiny.BATCH_WAIT_S
+    )
+    control.deploy(server_application(batched, ["tiny"], one), "pdserve", {"pdserve": one})
     plain = ray_serve_tiny.PlainTiny.bind(str(repo / "tiny" / "2" / "model.onnx"))
     control.deploy(plain, "plain", {}, route_prefix="/plain")
     res["deploy_s"] = round(time.monotonic() - t0, 1)
+    watch_processes(roots)
     parts = set(args.parts.split(","))
     body = infer_body("tiny", "INPUT0", np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64))
     urls = {
@@ -314,6 +404,26 @@ def measure_all(
     res["images"] = {k: medians(v, "images_s") for k, v in images.items()}
 
 
+def report_cpu(http: dict[str, list[dict[str, Any]]]) -> None:
+    """The CPU microseconds per answered request of each process, per HTTP path
+    (medians over the rounds): Serve's proxy, the path's replica, the rest of Ray
+    (GCS, raylet, controller, the other path's idle replica, Ray's agents)."""
+    replica = {"ray_plain": "replica_plain", "pdserve_on_ray": "replica_pdserve"}
+    print("\n| path | conns | proxy us/req | replica us/req | rest of Ray us/req | total |")
+    print("|---|---|---|---|---|---|")
+    for name, own in replica.items():
+        for row in http.get(name, []):
+            cpu = row.get("cpu_us", {})
+            mine = cpu.get(own, 0)
+            rest = sum(
+                v for k, v in cpu.items() if k not in ("proxy", own, "pdserve_alone", "driver")
+            )
+            total = cpu.get("proxy", 0) + mine + rest
+            print(
+                f"| {name} | {row['conns']} | {cpu.get('proxy', 0):,} | {mine:,} | {rest:,} | {total:,} |"
+            )
+
+
 def report(res: dict[str, Any]) -> None:
     print("\n| protocol | path | conns | req/s (median) | range | p50 ms | p99 ms |")
     print("|---|---|---|---|---|---|---|")
@@ -333,6 +443,7 @@ def report(res: dict[str, Any]) -> None:
             f"(p99 {row['p99_ms']} vs {h['ray_plain'][i]['p99_ms']} ms); "
             f"one hop / pdserve alone = {row['rps'] / h['pdserve'][i]['rps']:.3f}x"
         )
+    report_cpu(h)
     g = res.get("grpc", {})
     for i, row in enumerate(g.get("pdserve_on_ray", [])):
         ratio = row["throughput"] / g["pdserve"][i]["throughput"]

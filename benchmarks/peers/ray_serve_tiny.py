@@ -11,6 +11,12 @@ import onnxruntime as ort
 from ray import serve
 from starlette.requests import Request
 
+#: ``@serve.batch``'s settings: at most this many requests per batch ...
+MAX_BATCH_SIZE = 32
+#: ... waiting at most this long (seconds) after the first for the others. bench_ray.py
+#: gives pdserve's one-hop replica the same batching (its dynamic batcher).
+BATCH_WAIT_S = 0.001
+
 
 @serve.deployment(max_ongoing_requests=64, ray_actor_options={"num_cpus": 1})
 class PlainTiny:
@@ -21,7 +27,7 @@ class PlainTiny:
         opts.intra_op_num_threads = 1
         self.session = ort.InferenceSession(model_path, opts, providers=["CPUExecutionProvider"])
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.001)
+    @serve.batch(max_batch_size=MAX_BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
     async def run(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         sizes = [len(x) for x in xs]
         out = self.session.run(None, {"INPUT0": np.concatenate(xs)})[0]
