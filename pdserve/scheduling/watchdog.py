@@ -1,19 +1,17 @@
 """Wedged model instances: a batch held longer than the model's bound without progress.
 
-Every batch runs through :func:`pdserve.scheduling.base.run_batch`, which stamps the
-instance's :class:`~pdserve.scheduling.base.InstanceWatch` with the batch and its start
-(two attribute stores) and clears it when the batch returns (nothing at all for an
-instance without a watch). One :class:`Watchdog` per model version sweeps its instances
-every ``bound / 4`` (at most every second) and does the comparing: a batch held for
-``bound`` seconds while the instance's :meth:`~pdserve.backends.base.ModelInstance.progress`
-did not move since the sweep first saw the batch (a decoupled model's responses move it)
-is declared wedged. Its requests
-fail with ``UNAVAILABLE`` naming the model and instance, the instance is recovered
+:func:`pdserve.scheduling.base.run_batch` stamps the instance's
+:class:`~pdserve.scheduling.base.InstanceWatch` with each batch and its start (two
+attribute stores; nothing for an instance without a watch). One :class:`Watchdog` per
+model version sweeps its instances every ``bound / 4`` (at most every second) and does
+the comparing: a batch held ``bound`` seconds while the instance's
+:meth:`~pdserve.backends.base.ModelInstance.progress` did not move since the sweep first
+saw it (a decoupled model's responses move it) is declared wedged. Its requests fail
+with ``UNAVAILABLE`` naming the model and instance, the instance is recovered
 (:meth:`~pdserve.backends.base.ModelInstance.recover`: a python worker is killed, reaped
-and started again) and, until it is, it counts as not ready. Wedges of one instance in
-quick succession back off (1 s, 2 s, ... at most :data:`MAX_BACKOFF_S`) before the restart.
-An instance that cannot be recovered (in-process backends: a thread cannot be killed)
-stays not ready until its batch returns, whose requests then fail with ``UNAVAILABLE``.
+and started again) and, until it is, it counts as not ready. Wedges in quick succession
+back off (1 s, 2 s, ... at most :data:`MAX_BACKOFF_S`). An instance that cannot be
+recovered (in-process) stays not ready until its batch returns (its requests failing).
 """
 
 from __future__ import annotations
