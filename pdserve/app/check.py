@@ -3,8 +3,8 @@
 Every model goes through the checks ``serve`` would make before loading it, with
 serve's code and messages: ``config``, ``model-file``, ``onnx-checker``, the backend's
 auto-complete (``onnx-config`` / ``python-import`` / ``pytorch-config`` / ``ensemble``),
-``warmup``, ``identity``, ``golden`` and each ``rule:<name>`` of ``--rules`` (the
-docs/tools/check.md says what each proves). A failing check never stops
+``warmup``, ``health``, ``identity``, ``golden`` and each ``rule:<name>`` of ``--rules``
+(the docs/tools/check.md says what each proves). A failing check never stops
 the others, so one run reports every problem. Nothing is loaded into a server: ONNX
 models are opened with ONNX Runtime on the CPU, python models are imported in a
 worker process.
@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from pdserve import config as cfgmod
@@ -31,6 +32,7 @@ from pdserve.backends.base import Backend, ModelSpec
 from pdserve.observability.monitoring.monitor import validate as validate_monitoring
 from pdserve.observability.monitoring.spec import SpecError
 from pdserve.repository import layout
+from pdserve.repository.health import DEFAULT_HANG_TIMEOUT_S, HEALTH_PARAMETERS, health_params
 from pdserve.repository.model import ModelVersion
 from pdserve.repository.prepare import backend_for, complete_config, read_config
 from pdserve.repository.traffic import TRAFFIC_FILENAME, TrafficError, read_traffic_file
@@ -297,6 +299,8 @@ class Checker:
             await _run(mr.results, mr.name, name, v, complete)
             if cfg.model_warmup:
                 await _run(mr.results, mr.name, "warmup", v, lambda r: self._warmup(r, mdir, mr, v))
+            if HEALTH_PARAMETERS.intersection(cfg.parameters):
+                await _run(mr.results, mr.name, "health", v, lambda r: self._health(r, mdir, mr, v))
         if identity_path.is_file():
             await _run(
                 mr.results,
@@ -457,6 +461,21 @@ class Checker:
         for problem in await check_samples(mv):
             r.add(str(problem), mdir.config_path, problem.field)
 
+    async def _health(
+        self, r: CheckResult, mdir: layout.ModelDir, mr: ModelReport, version: int
+    ) -> None:
+        """The health parameters (hang bound, readiness hook and probe settings, the
+        probe's input) as a load checks them (:func:`pdserve.repository.health.health_params`)."""
+        spec = self._completed_spec(r, mdir, mr, version)
+        if spec is None:
+            return
+        cfg = spec.config
+        mv = ModelVersion(spec, cfg.platform or cfg.backend, cfg.backend)
+        try:
+            health_params(mv, DEFAULT_HANG_TIMEOUT_S, str(mdir.config_path))
+        except cfgmod.ConfigError as e:
+            r.add(e.message, mdir.config_path, e.field)
+
     # -- ensembles ------------------------------------------------------------------
     def _ensemble_steps(self, ensembles: list[layout.ModelDir]) -> dict[str, list[str]]:
         """Ensemble name -> the model name of each of its steps, in order."""
@@ -528,6 +547,14 @@ class Checker:
                 await self._complete(r, mdir, mr, v, vdir, backend)
 
             await _run(mr.results, mr.name, "ensemble", v, body)
+            if HEALTH_PARAMETERS.intersection(cfg.parameters):
+                await _run(
+                    mr.results,
+                    mr.name,
+                    "health",
+                    v,
+                    partial(self._health, mdir=mdir, mr=mr, version=v),
+                )
 
     # -- rules ----------------------------------------------------------------------
 

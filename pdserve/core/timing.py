@@ -30,6 +30,8 @@ Entry = tuple[str, int, int, int, int, int]
 
 _NOT_TOKEN = re.compile(r"[^!#$%&'*+\-.^_`|~0-9A-Za-z]")
 _TRUE = frozenset(("1", "true", "on", "yes"))
+#: The true values as they usually arrive (no normalizing needed): bytes and str.
+_TRUE_RAW = frozenset((*_TRUE, *(v.encode() for v in _TRUE)))
 
 
 @dataclass
@@ -45,14 +47,15 @@ state = TimingState()
 
 def asked(header: bytes | str | None, parameters: dict[str, Any]) -> bool:
     """Whether a request asks for its timing: ``header`` (the :data:`HEADER` value, or
-    None) reads true (``1``, ``true``, ``on``, ``yes``), or the request parameter
-    :data:`PARAMETER` is true; the parameter is removed either way."""
-    wanted = False
+    None) reads true (``1``, ``true``, ``on``, ``yes``; case and surrounding blanks
+    ignored), or the request parameter :data:`PARAMETER` is true; the parameter is
+    removed either way."""
+    wanted = header in _TRUE_RAW  # the usual exact value: one set lookup
     if parameters and PARAMETER in parameters:
-        wanted = parameters.pop(PARAMETER) is True
-    if header:
+        wanted = parameters.pop(PARAMETER) is True or wanted
+    if header and not wanted:
         text = header.decode("latin-1") if isinstance(header, bytes) else header
-        wanted = wanted or text.strip().lower() in _TRUE
+        wanted = text.strip().lower() in _TRUE
     return wanted
 
 
@@ -61,12 +64,22 @@ _ENTRY = (
     "%squeue;dur=%.3f, %scompute_input;dur=%.3f, %scompute_infer;dur=%.3f, "
     "%scompute_output;dur=%.3f, %stotal;dur=%.3f"
 )
+#: A request that ran on one model whose compute_input / compute_output are not split
+#: out (zero): only queue, compute_infer and total need formatting.
+_ONE_WHOLE = (
+    "queue;dur=%.3f, compute_input;dur=0.000, compute_infer;dur=%.3f, "
+    "compute_output;dur=0.000, total;dur=%.3f"
+)
 
 
 def server_timing(entries: list[Entry]) -> str:
     """The ``Server-Timing`` value of a request's entries (W3C syntax:
     ``name;dur=ms`` joined by ``, ``, ms with 3 decimals). The last entry is the model the
     request named; entries before it are an ensemble's steps, named ``<model>.<name>``."""
+    if len(entries) == 1:
+        _, queue, c_in, c_infer, c_out, total = entries[0]
+        if not c_in and not c_out:  # the usual request: 3 numbers to format, not 5
+            return _ONE_WHOLE % (queue / 1e6, c_infer / 1e6, total / 1e6)
     last = len(entries) - 1
     parts = []
     for i, (model, queue, c_in, c_infer, c_out, total) in enumerate(entries):

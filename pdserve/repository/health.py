@@ -20,6 +20,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,18 @@ log = logging.getLogger("pdserve.health")
 
 #: ``--instance-hang-timeout``'s default, seconds.
 DEFAULT_HANG_TIMEOUT_S = 300.0
+#: The config.pbtxt ``parameters`` this module reads (see the module docstring).
+HEALTH_PARAMETERS = frozenset(
+    (
+        "instance_hang_timeout",
+        "is_ready_interval",
+        "is_ready_timeout",
+        "probe_interval",
+        "probe_timeout",
+        "probe_failures",
+        "probe_input",
+    )
+)
 
 Sample = tuple[str, str, str, dict[str, str], float]
 
@@ -84,26 +97,96 @@ def _probe_interval(cfg: cfgmod.ModelConfig, where: str) -> float:
     return interval
 
 
+#: Why a model cannot have a canary probe.
+_NO_PROBE = (
+    "canary probes need a model with instances that answers each request once (not an "
+    "ensemble, a decoupled or a sequence model)"
+)
+
+#: Why a probe has nothing to send.
+_NO_INPUT = "a probe needs an input: set parameters.probe_input or model_warmup"
+
+
+@dataclass(frozen=True)
+class HealthParams:
+    """A version's health parameters, checked (see the module docstring): seconds, and
+    the probe's input arrays (None: the first ``model_warmup`` sample, or no probe)."""
+
+    hang_timeout_s: float
+    hook_interval_s: float
+    hook_timeout_s: float
+    probe_interval_s: float
+    probe_timeout_s: float
+    probe_failures: int
+    probe_inputs: dict[str, np.ndarray] | None
+
+
+def health_params(mv: ModelVersion, default_hang_s: float, where: str) -> HealthParams:
+    """Check and read ``mv``'s health parameters from its configuration, as a load and
+    ``pdserve check`` both do (nothing runs; ``mv`` needs no instances).
+
+    Args:
+        default_hang_s: ``--instance-hang-timeout``, for a model without its own.
+        where: the config file, named in errors.
+
+    Raises:
+        pdserve.config.ConfigError: a value of the wrong type or range, a probe on a
+            model that cannot have one, a ``probe_input`` that is not JSON, names an
+            unknown input or does not fit the model, or a probe with no input at all.
+    """
+    cfg = mv.config
+    hang = _seconds(cfg, "instance_hang_timeout", default_hang_s, where)
+    hook_interval = _seconds(cfg, "is_ready_interval", 5.0, where) or 5.0
+    hook_timeout = _seconds(cfg, "is_ready_timeout", 5.0, where) or 5.0
+    probe_interval = _probe_interval(cfg, where)
+    probe_timeout = _seconds(cfg, "probe_timeout", 2.0, where) or 2.0
+    p = cfg.parameters.get("probe_failures")
+    failures = 3
+    if p is not None:
+        text = p.string_value.strip()
+        if not text.isdigit() or int(text) < 1:
+            raise cfgmod.ConfigError(
+                where, "parameters.probe_failures", f"must be an integer >= 1, got {text!r}"
+            )
+        failures = int(text)
+    inputs = None
+    if probe_interval > 0:
+        if (
+            mv.decoupled
+            or cfg.HasField("sequence_batching")
+            or mv.platform == cfgmod.ENSEMBLE_PLATFORM
+        ):
+            raise cfgmod.ConfigError(where, "parameters.probe_interval", _NO_PROBE)
+        p = cfg.parameters.get("probe_input")
+        if p is not None:
+            inputs = _probe_inputs(mv, p.string_value, where)
+            try:
+                mv.prepare(InferRequest(mv.name, mv.version_str, dict(inputs)))
+            except InferError as e:
+                raise cfgmod.ConfigError(where, "parameters.probe_input", e.message) from None
+        elif not cfg.model_warmup:
+            raise cfgmod.ConfigError(
+                where,
+                "parameters.probe_interval",
+                _NO_INPUT,
+            )
+    return HealthParams(
+        hang, hook_interval, hook_timeout, probe_interval, probe_timeout, failures, inputs
+    )
+
+
 class ModelHealth:
     """The readiness hooks and the canary probe of one model version."""
 
-    def __init__(self, mv: ModelVersion, watchdog: Watchdog | None, where: str) -> None:
-        cfg = mv.config
+    def __init__(self, mv: ModelVersion, params: HealthParams) -> None:
         self.mv = mv
-        self.watchdog = watchdog
-        self.hook_interval = _seconds(cfg, "is_ready_interval", 5.0, where) or 5.0
-        self.hook_timeout = _seconds(cfg, "is_ready_timeout", 5.0, where) or 5.0
-        self.probe_interval = _probe_interval(cfg, where)
-        self.probe_timeout = _seconds(cfg, "probe_timeout", 2.0, where) or 2.0
-        p = cfg.parameters.get("probe_failures")
-        self.probe_failures = 3
-        if p is not None:
-            text = p.string_value.strip()
-            if not text.isdigit() or int(text) < 1:
-                raise cfgmod.ConfigError(
-                    where, "parameters.probe_failures", f"must be an integer >= 1, got {text!r}"
-                )
-            self.probe_failures = int(text)
+        self.params = params
+        self.watchdog: Watchdog | None = None
+        self.hook_interval = params.hook_interval_s
+        self.hook_timeout = params.hook_timeout_s
+        self.probe_interval = params.probe_interval_s
+        self.probe_timeout = params.probe_timeout_s
+        self.probe_failures = params.probe_failures
         self.probe_request: InferRequest | None = None
         self.probe_stats = ModelStats(mv.name, mv.version_str)
         self.failed_in_row = 0
@@ -136,28 +219,20 @@ class ModelHealth:
 
     async def _probe_sample(self, where: str) -> InferRequest:
         mv = self.mv
-        cfg = mv.config
-        if mv.decoupled or cfg.HasField("sequence_batching") or not mv.instances:
-            raise cfgmod.ConfigError(
-                where,
-                "parameters.probe_interval",
-                "canary probes need a model with instances that answers each request "
-                "once (not an ensemble, a decoupled or a sequence model)",
-            )
-        p = cfg.parameters.get("probe_input")
-        if p is None:
+        if not mv.instances:
+            raise cfgmod.ConfigError(where, "parameters.probe_interval", _NO_PROBE)
+        inputs = self.params.probe_inputs
+        if inputs is None:
             samples = await build_samples(mv)
             if not samples:
                 raise cfgmod.ConfigError(
                     where,
                     "parameters.probe_interval",
-                    "a probe needs an input: set parameters.probe_input or model_warmup",
+                    _NO_INPUT,
                 )
             request = samples[0][1]
         else:
-            request = InferRequest(
-                mv.name, mv.version_str, _probe_inputs(mv, p.string_value, where)
-            )
+            request = InferRequest(mv.name, mv.version_str, dict(inputs))
         try:
             mv.prepare(request)
         except InferError as e:
@@ -328,8 +403,9 @@ class HealthBoard:
             pdserve.config.ConfigError: a bad health parameter (the load fails).
         """
         where = str(mv.spec.model_dir / cfgmod.CONFIG_FILENAME)
-        bound = _seconds(mv.config, "instance_hang_timeout", self.hang_timeout_s, where)
-        health = ModelHealth(mv, None, where)
+        params = health_params(mv, self.hang_timeout_s, where)
+        bound = params.hang_timeout_s
+        health = ModelHealth(mv, params)
         await health.prepare(where)
         if bound > 0 and mv.instances:
             health.watchdog = Watchdog(mv.name, mv.version_str, bound)

@@ -345,11 +345,18 @@ class InstancePool:
 
 class InstanceWatch:
     """What the watchdog (:mod:`pdserve.scheduling.watchdog`) knows of one instance: its
-    batch in flight, which :func:`run_batch` marks, and its health.
+    batch in flight, which :func:`run_batch` stamps, and its health.
+
+    :func:`run_batch` only stores ``batch`` and ``start_ns`` when a batch starts and
+    clears ``batch`` when it returns (reading ``wedged``); the watchdog's periodic sweep
+    does all the comparing, so a watched batch costs two attribute stores.
 
     Attributes:
         batch: the batch the instance runs (None: idle).
-        since: ``time.monotonic()`` of the batch's start or its last progress.
+        start_ns: ``time.monotonic_ns()`` of that batch's start (set with ``batch``).
+        seen_ns: the ``start_ns`` of the batch the sweep last took ``mark`` for (a
+            different value: a batch the sweep has not looked at yet).
+        since: ``time.monotonic()`` seconds of the batch's start or its last progress.
         mark: the instance's progress counter when last looked at.
         wedged: the running batch was declared wedged (its requests fail).
         healthy: False from a wedge until the instance is recovered (or, when it
@@ -362,8 +369,9 @@ class InstanceWatch:
         "version",
         "bound_s",
         "instance",
-        "tracks_progress",
         "batch",
+        "start_ns",
+        "seen_ns",
         "since",
         "mark",
         "wedged",
@@ -377,9 +385,9 @@ class InstanceWatch:
     def __init__(self, model: str, version: str, bound_s: float, instance: ModelInstance) -> None:
         self.model, self.version, self.bound_s = model, version, bound_s
         self.instance = instance
-        #: only instances that override progress() are asked at each batch's start
-        self.tracks_progress = type(instance).progress is not ModelInstance.progress
         self.batch: list[ExecRequest] | None = None
+        self.start_ns = 0
+        self.seen_ns = -1
         self.since = 0.0
         self.mark = 0
         self.wedged = False
@@ -389,25 +397,29 @@ class InstanceWatch:
         self.last_wedge = 0.0
         self.recovering: asyncio.Task[None] | None = None
 
-    def begin(self, batch: list[ExecRequest]) -> None:
-        """A batch starts on the instance."""
-        self.since = time.monotonic()
-        self.mark = self.instance.progress() if self.tracks_progress else 0
-        self.wedged = False
-        self.batch = batch
+    def held_s(self, now: float) -> float | None:
+        """Seconds the running batch has gone without progress at ``time.monotonic()``
+        ``now``; None when the instance is idle or its batch is already wedged. The
+        first look at a batch takes the instance's progress mark (progress counts from
+        then on); later looks restart the clock when the mark moved."""
+        if self.batch is None or self.wedged:
+            return None
+        if self.seen_ns != self.start_ns:  # a batch not looked at yet
+            self.seen_ns = self.start_ns
+            self.since = self.start_ns / 1e9
+            self.mark = self.instance.progress()
+        elif now - self.since >= self.bound_s:
+            mark = self.instance.progress()
+            if mark != self.mark:  # a decoupled model sent responses: it moves
+                self.mark, self.since = mark, now
+        return now - self.since
 
-    def end(self) -> bool:
-        """The batch returned; True when it had been declared wedged (its results are
-        to be replaced by :meth:`failures`)."""
-        self.batch = None
-        if self.wedged:
-            return True
+    def returned(self, batch: list[ExecRequest]) -> list[ExecResult]:
+        """The wedged ``batch`` returned: ``UNAVAILABLE`` for each of its requests; the
+        instance is healthy again unless it is being recovered."""
+        self.wedged = False
         if self.recovering is None:
             self.healthy = True
-        return False
-
-    def failures(self, batch: list[ExecRequest]) -> list[ExecResult]:
-        """``UNAVAILABLE`` for each request of a wedged batch."""
         message = (
             f"model instance '{self.instance.name}' of model '{self.model}' version "
             f"{self.version} was wedged: it held this request more than {self.bound_s:g} s "
@@ -451,9 +463,10 @@ async def run_batch(
         ):
             traced = _trace_begin(batch)
         watch = getattr(instance, "watch", None)  # duck-typed instances have none
-        if watch is not None:
-            watch.begin(batch)
         start = time.monotonic_ns()
+        if watch is not None:  # InstanceWatch: the watchdog's sweep compares
+            watch.batch = batch
+            watch.start_ns = start
         try:
             results = await instance.execute(batch)
             if len(results) != len(batch):
@@ -477,10 +490,14 @@ async def run_batch(
             results = [internal(f"{type(e).__name__}: {e}") for _ in batch]
         except BaseException:  # cancelled: the batch is over for the watchdog too
             if watch is not None:
-                watch.end()
+                watch.batch = None
+                if watch.wedged:
+                    watch.returned(batch)
             raise
-        if watch is not None and watch.end():  # declared wedged (scheduling.watchdog)
-            results = watch.failures(batch)
+        if watch is not None:
+            watch.batch = None
+            if watch.wedged:  # declared wedged (scheduling.watchdog): its requests fail
+                results = watch.returned(batch)
         elapsed = time.monotonic_ns() - start
         rows = sum(r.batch_size for r in batch)
         stats.record_execution(rows, 0, elapsed, 0)

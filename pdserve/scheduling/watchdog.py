@@ -1,17 +1,17 @@
 """Wedged model instances: a batch held longer than the model's bound without progress.
 
-Every batch runs through :func:`pdserve.scheduling.base.run_batch`, which tells the
-instance's :class:`~pdserve.scheduling.base.InstanceWatch` when the batch starts and ends (two attribute writes;
-nothing at all for an instance without a watch). One :class:`Watchdog` per model version
-sweeps its instances every ``bound / 4`` (at most every second): a batch held for
-``bound`` seconds while the instance's :meth:`~pdserve.backends.base.ModelInstance.progress`
-did not move (a decoupled model's responses move it) is declared wedged. Its requests
-fail with ``UNAVAILABLE`` naming the model and instance, the instance is recovered
+:func:`pdserve.scheduling.base.run_batch` stamps the instance's
+:class:`~pdserve.scheduling.base.InstanceWatch` with each batch and its start (two
+attribute stores; nothing for an instance without a watch). One :class:`Watchdog` per
+model version sweeps its instances every ``bound / 4`` (at most every second) and does
+the comparing: a batch held ``bound`` seconds while the instance's
+:meth:`~pdserve.backends.base.ModelInstance.progress` did not move since the sweep first
+saw it (a decoupled model's responses move it) is declared wedged. Its requests fail
+with ``UNAVAILABLE`` naming the model and instance, the instance is recovered
 (:meth:`~pdserve.backends.base.ModelInstance.recover`: a python worker is killed, reaped
-and started again) and, until it is, it counts as not ready. Wedges of one instance in
-quick succession back off (1 s, 2 s, ... at most :data:`MAX_BACKOFF_S`) before the restart.
-An instance that cannot be recovered (in-process backends: a thread cannot be killed)
-stays not ready until its batch returns, whose requests then fail with ``UNAVAILABLE``.
+and started again) and, until it is, it counts as not ready. Wedges in quick succession
+back off (1 s, 2 s, ... at most :data:`MAX_BACKOFF_S`). An instance that cannot be
+recovered (in-process) stays not ready until its batch returns (its requests failing).
 """
 
 from __future__ import annotations
@@ -82,13 +82,9 @@ class Watchdog:
             await asyncio.sleep(tick)
             now = time.monotonic()
             for w in self.watches:
-                if w.batch is None or w.wedged or now - w.since < self.bound_s:
-                    continue
-                mark = w.instance.progress()
-                if mark != w.mark:  # a decoupled model sent responses: it moves
-                    w.mark, w.since = mark, now
-                    continue
-                self._wedge(w, now)
+                held = w.held_s(now)
+                if held is not None and held >= self.bound_s:
+                    self._wedge(w, now)
 
     def _wedge(self, w: InstanceWatch, now: float) -> None:
         batch = w.batch or []
@@ -129,8 +125,9 @@ class Watchdog:
             recovered = False
         finally:
             w.recovering = None
-        if recovered:
+        if recovered or not w.wedged:  # restarted, or its wedged batch is back already
             w.healthy = True
+        if recovered:
             log.info("model instance '%s' of model '%s' recovered", w.instance.name, self.model)
 
     def samples(self) -> Iterator[tuple[str, str, str, dict[str, str], float]]:

@@ -224,7 +224,7 @@ class Replies:
             self._finish(request, None)
             return
         if timing:  # the request asked for its Server-Timing (pdserve.core.timing)
-            self._write_timed(request, parts, json_length, timing)
+            self._write_timed(request, parts, json_length, total, timing)
             return
         gzip_ok = total >= GZIP_MIN_BYTES and request.gzip()
         if json_length is None:
@@ -268,9 +268,27 @@ class Replies:
         request: ParsedRequest,
         parts: list[Any],
         json_length: int | None,
+        total: int,
         timing: list[timing_mod.Entry],
     ) -> None:
-        """An inference response with its ``Server-Timing`` header."""
+        """An inference response with its ``Server-Timing`` header: composed in one
+        format like the untimed responses when it is too small to compress, else by
+        :meth:`_write_whole` (gzip, ``vary``)."""
+        value = timing_mod.server_timing(timing).encode()
+        if total < GZIP_MIN_BYTES:
+            end = self._end(request)
+            if json_length is None:
+                head = b"%s%d\r\nserver-timing: %s%s" % (OK_JSON, total, value, end)
+            else:
+                head = b"%s%d\r\ncontent-length: %d\r\nserver-timing: %s%s" % (
+                    OK_OCTETS,
+                    json_length,
+                    total,
+                    value,
+                    end,
+                )
+            self._finish(request, head + parts[0] if len(parts) == 1 else head + b"".join(parts))
+            return
         if json_length is None:
             headers = [(b"content-type", b"application/json")]
         else:
@@ -278,7 +296,7 @@ class Replies:
                 (b"content-type", b"application/octet-stream"),
                 (b"inference-header-content-length", b"%d" % json_length),
             ]
-        headers.append((b"server-timing", timing_mod.server_timing(timing).encode()))
+        headers.append((b"server-timing", value))
         self._write_whole(request, 200, headers, parts)
 
     def _end(self, request: ParsedRequest) -> bytes:

@@ -78,6 +78,14 @@ def onnx_model(
     return d
 
 
+def params(**values: str) -> str:
+    """config.pbtxt ``parameters`` entries (quotes in values escaped)."""
+    return "".join(
+        f'parameters {{ key: "{k}" value {{ string_value: "{v.replace(chr(34), chr(92) + chr(34))}" }} }}\n'
+        for k, v in values.items()
+    )
+
+
 def python_model(repo: Path, name: str, config: str, source: str = "plain_python") -> Path:
     """``<repo>/<name>``: ``tests/data/check_models/<source>``'s model.py with ``config``."""
     d = repo / name
@@ -435,6 +443,36 @@ CASES: dict[str, tuple[Callable[[Path], None], Expect]] = {
         [("hangs_on_import", "python-import", "auto_complete_config", "did not answer within")],
     ),
     # --- ensembles (validate_ensemble, as serve)
+    # --- health parameters (health_params, as a load)
+    "health_hang_bound_type": (
+        lambda r: onnx_model(r, "h_hang", params(instance_hang_timeout="soon")),
+        [("h_hang", "health", "parameters.instance_hang_timeout", "number of seconds >= 0")],
+    ),
+    "health_probe_unknown_input": (
+        lambda r: onnx_model(
+            r, "h_input", params(probe_interval="1", probe_input='{"IMAGE": [[1, 2, 3, 4]]}')
+        ),
+        [("h_input", "health", "parameters.probe_input", "names input 'IMAGE'")],
+    ),
+    "health_probe_input_shape": (
+        lambda r: onnx_model(
+            r, "h_shape", params(probe_interval="1", probe_input='{"INPUT0": [[1, 2, 3]]}')
+        ),
+        [("h_shape", "health", "parameters.probe_input", "shape")],
+    ),
+    "health_probe_without_input": (
+        lambda r: onnx_model(r, "h_none", params(probe_interval="1", probe_failures="two")),
+        [
+            ("h_none", "health", "parameters.probe_failures", "integer >= 1"),
+        ],
+    ),
+    "health_probe_on_ensemble": (
+        lambda r: (
+            ensemble(r, "e_probe", step("step_f32", "IN", "OUT"))
+            or (r / "e_probe" / "config.pbtxt").open("a").write(params(probe_interval="2"))
+        ),
+        [("e_probe", "health", "parameters.probe_interval", "canary probes need a model")],
+    ),
     "ensemble_no_steps": (
         lambda r: ensemble(r, "e_nosteps", ""),
         [("e_nosteps", "ensemble", "ensemble_scheduling.step", "at least one")],
@@ -1183,3 +1221,26 @@ def test_monitoring_settings_and_reference_file_are_checked(tmp_path: Path) -> N
     ]
     np.savez(repo / "tiny" / "ref.npz", OUTPUT0=np.linspace(0, 1, 100))
     assert monitoring_problems() == []
+
+
+def test_health_parameters_a_load_accepts_pass_and_a_probe_needs_an_input(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    onnx_model(
+        repo,
+        "h_good",
+        params(
+            instance_hang_timeout="0.5",
+            is_ready_interval="2",
+            probe_interval="1",
+            probe_failures="2",
+            probe_input='{"INPUT0": [[1, 2, 3, 4]]}',
+        ),
+    )
+    onnx_model(repo, "h_noinput", params(probe_interval="1"))
+    onnx_model(repo, "h_plain")
+    report = check(repo)
+    by_model = {m.name: m for m in report.models}
+    health = [r for r in by_model["h_good"].results if r.check == "health"]
+    assert len(health) == 1 and not health[0].problems and by_model["h_good"].ok
+    assert not [r for r in by_model["h_plain"].results if r.check == "health"]
+    assert_found(report, [("h_noinput", "health", "parameters.probe_interval", "needs an input")])

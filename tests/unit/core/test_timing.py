@@ -40,3 +40,30 @@ def test_asked() -> None:
     assert asked(None, params) and params == {"priority": 1}
     assert asked(b"1", {}) and asked("true", {}) and asked(b" ON ", {})
     assert not asked(b"0", {}) and not asked(None, {}) and not asked(None, {"server_timing": "yes"})
+
+
+def test_one_model_with_split_compute_and_rounding() -> None:
+    value = server_timing([("tiny", 1_000, 250_000, 1_000_000, 4_999_500, 7_000_000)])
+    assert parse_server_timing(value) == {
+        "queue": 0.001,
+        "compute_input": 0.25,
+        "compute_infer": 1.0,
+        "compute_output": 5.0,  # 4.9995 ms to 3 decimals
+        "total": 7.0,
+    }
+    # the 3-number format of the usual request rounds as the general one does
+    for ns in (0, 999, 388_500, 1_234_567, 2_000_499, 123_456_789):
+        one = parse_server_timing(server_timing([("m", ns, 0, ns + 1, 0, ns + 499)]))
+        steps = parse_server_timing(
+            server_timing([("m", ns, 0, ns + 1, 0, ns + 499), ("e", 0, 0, 0, 0, 0)])
+        )
+        assert one == {k[2:]: v for k, v in steps.items() if k.startswith("m.")}
+
+
+def test_asked_pops_the_parameter_whatever_the_header_says() -> None:
+    params = {"server_timing": False, "x": 1}
+    assert asked(b"1", params) and params == {"x": 1}
+    params = {"server_timing": True}
+    assert asked(b"no", params) and params == {}
+    assert asked("yes", {}) and asked(b"TRUE", {}) and asked("\tOn ", {})
+    assert not asked(b"", {}) and not asked(b"2", {}) and not asked("", {"server_timing": 1})

@@ -5,14 +5,16 @@ wedged; repeated wedges back off."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
+import pytest
 
 from pdserve.backends.base import ExecRequest, ExecResult, ModelInstance
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.stats import ModelStats
 from pdserve.core.types import InferRequest
-from pdserve.scheduling.base import run_batch
+from pdserve.scheduling.base import InstanceWatch, run_batch
 from pdserve.scheduling.watchdog import Watchdog
 
 
@@ -87,6 +89,81 @@ def test_progress_is_not_a_wedge() -> None:
             (result,) = await run_batch(inst, _batch(), ModelStats("m", "1"))
             assert isinstance(result, dict)
             assert inst.watch.wedges == 0 and inst.recovered == []
+        finally:
+            await dog.stop()
+
+    asyncio.run(main())
+
+
+class Quick(ModelInstance):
+    """Answers at once; its progress counter is set by the test."""
+
+    def __init__(self) -> None:
+        self.name = "q_0"
+        self.count = 0
+
+    async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
+        return [{"OUT": np.ones(1)} for _ in batch]
+
+    def progress(self) -> int:
+        return self.count
+
+
+def test_a_batch_only_stamps_the_watch() -> None:
+    inst = Quick()
+    watch = InstanceWatch("q", "1", 10.0, inst)
+    inst.watch = watch
+    before = time.monotonic_ns()
+    (result,) = asyncio.run(run_batch(inst, _batch(), ModelStats("q", "1")))
+    assert isinstance(result, dict)
+    # the batch came and went: its start stamped, nothing compared or reset
+    assert watch.batch is None and watch.start_ns >= before
+    assert watch.seen_ns == -1 and watch.since == 0.0 and watch.mark == 0
+    assert watch.healthy and not watch.wedged
+
+
+def test_the_sweep_measures_from_the_start_and_progress_restarts_it() -> None:
+    inst = Quick()
+    watch = InstanceWatch("q", "1", 1.0, inst)
+    assert watch.held_s(100.0) is None  # idle
+    watch.batch, watch.start_ns = _batch(), 100_000_000_000  # started at 100 s
+    inst.count = 5
+    assert watch.held_s(100.5) == 0.5  # first look: the mark is taken
+    assert watch.mark == 5 and watch.since == 100.0
+    assert watch.held_s(100.9) == pytest.approx(0.9)
+    assert watch.held_s(101.2) == pytest.approx(1.2)  # past the bound, no progress
+    inst.count = 6
+    assert watch.held_s(101.3) == 0.0 and watch.since == 101.3  # progress: from now
+    assert watch.held_s(102.0) == pytest.approx(0.7)
+    watch.start_ns = 103_000_000_000  # another batch: measured from its own start
+    assert watch.held_s(103.25) == 0.25 and watch.since == 103.0
+    watch.wedged = True
+    assert watch.held_s(110.0) is None  # already declared
+
+
+def test_an_unrecoverable_instance_is_healthy_again_when_its_wedged_batch_returns() -> None:
+    class Frozen(Stuck):  # in-process: recover() cannot stop the call (the default)
+        async def recover(self, delay_s: float, reason: str) -> bool:
+            return False
+
+    async def main() -> None:
+        inst = Frozen("f_0")
+        dog = Watchdog("f", "1", 0.1)
+        dog.attach([inst])
+        try:
+            task = asyncio.ensure_future(run_batch(inst, _batch(), ModelStats("f", "1")))
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if inst.watch.wedged:
+                    break
+            await asyncio.sleep(0.05)  # the recovery attempt has ended
+            assert inst.watch.wedged and not inst.watch.healthy and dog.healthy() == 0
+            inst.release.set()
+            (result,) = await task
+            assert isinstance(result, InferError) and result.code == ErrorCode.UNAVAILABLE
+            assert "'f_0'" in result.message and "wedged" in result.message
+            assert inst.watch.healthy and not inst.watch.wedged and dog.healthy() == 1
+            assert inst.watch.wedges == 1
         finally:
             await dog.stop()
 

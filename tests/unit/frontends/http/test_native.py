@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import uvloop
 
+from pdserve.core import timing as timing_mod
 from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends.http.app import create_http_app
 from pdserve.frontends.http.compression import GZIP_MIN_BYTES
@@ -567,3 +568,55 @@ def test_absolute_form_targets_and_percent_encoded_names() -> None:
             writer.close()
 
     run(scenario)
+
+
+class TimedServer(FakeServer):
+    """The echo model, appending a timing entry to a request that asked, as the core does."""
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        if request.timing is not None:
+            request.timing.append(("echo", 120_000, 0, 1_500_000, 0, 2_000_000))
+        return await super().infer(request)
+
+
+def test_server_timing_header_on_small_large_json_and_binary_responses() -> None:
+    expected = "queue;dur=0.120, compute_input;dur=0.000, compute_infer;dur=1.500, "
+    expected += "compute_output;dur=0.000, total;dur=2.000"
+    ask = "x-pdserve-server-timing: 1\r\n"
+
+    async def scenario() -> None:
+        async with serving(TimedServer()) as server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(post(infer_body(1.0), extra=ask))  # small JSON: one format
+            reply = await read_response(reader)
+            assert reply.headers["server-timing"] == expected
+            assert reply.headers["content-type"] == "application/json"
+            assert out_values(reply) == [1.0] * 4 and "connection" not in reply.headers
+            writer.write(post(infer_body(1.0)))  # not asked: no header
+            reply = await read_response(reader)
+            assert "server-timing" not in reply.headers and out_values(reply) == [1.0] * 4
+            arr = np.arange(8, dtype=np.float32)  # small binary
+            body, json_size = client_request({"IN": arr}, True)
+            writer.write(post(body, extra=f"inference-header-content-length: {json_size}\r\n{ask}"))
+            reply = await read_response(reader)
+            assert reply.headers["server-timing"] == expected
+            length = int(reply.headers["inference-header-content-length"])
+            assert np.array_equal(parse(reply.body, length).as_numpy("IN"), arr)
+            big = infer_body(0.25, n=2000)  # large: gzip when accepted, still timed
+            writer.write(post(big, extra=f"accept-encoding: gzip\r\n{ask}"))
+            reply = await read_response(reader)
+            assert reply.headers["server-timing"] == expected
+            assert reply.headers["content-encoding"] == "gzip"
+            assert json.loads(gzip.decompress(reply.body))["outputs"][0]["data"] == [0.25] * 2000
+            writer.write(post(infer_body(2.0), extra=f"connection: close\r\n{ask}"))
+            reply = await read_response(reader)
+            assert reply.headers["server-timing"] == expected
+            assert reply.headers["connection"] == "close" and out_values(reply) == [2.0] * 4
+            assert await closed(reader)
+            writer.close()
+
+    timing_mod.state.enabled = True
+    try:
+        run(scenario)
+    finally:
+        timing_mod.state.enabled = False
