@@ -382,6 +382,21 @@ class InlineRuns:
     ``thread`` for good. One long inline run alone moves it only until the average
     comes down.
 
+    The instance asks, then runs and reports (its own code is never called back from
+    here, on the loop or on its thread): ::
+
+        if runs.inline():
+            mark = runs.start(closed)
+            try:
+                out = run(...)
+            finally:
+                runs.ran_inline(mark)
+        else:
+            out = await run_on_thread(executor, closed, name, timed_run, ...)
+
+    where ``timed_run`` (on the thread) wraps ``run`` in :meth:`start_on_thread` /
+    :meth:`ran_on_thread`.
+
     Args:
         instance: the instance's name (errors, the log).
         mode: ``auto``, ``loop`` or ``thread``.
@@ -409,7 +424,19 @@ class InlineRuns:
         avg = self.avg_run_s
         self.avg_run_s = seconds if avg == 0.0 else avg * 0.9 + seconds * 0.1
 
-    def _note_inline(self, seconds: float) -> None:
+    def start(self, closed: bool) -> tuple[float, float]:
+        """The mark of an inline run starting now: (wall, process CPU time), seconds.
+
+        Raises:
+            InferError: :func:`unloading` when ``closed`` (the batch does not run).
+        """
+        if closed:
+            raise unloading(self.instance)
+        return time.perf_counter(), time.process_time()
+
+    def ran_inline(self, mark: tuple[float, float]) -> None:
+        """Note the inline run that began at ``mark`` (:meth:`start`) and has just ended."""
+        seconds = min(time.perf_counter() - mark[0], time.process_time() - mark[1])
         self._note(seconds)
         if self.mode != "auto":
             return
@@ -427,32 +454,15 @@ class InlineRuns:
                 seconds * 1e3,
             )
 
-    def _on_thread(self, fn: Callable[..., _T], *args: object) -> _T:
-        start = time.thread_time()
-        try:
-            return fn(*args)
-        finally:
-            self._note(time.thread_time() - start)
+    def start_on_thread(self) -> float:
+        """The mark of a run starting now on the instance's thread (called there): the
+        thread's CPU time, seconds."""
+        return time.thread_time()
 
-    async def run(
-        self, executor: ThreadPoolExecutor, closed: bool, fn: Callable[..., _T], *args: object
-    ) -> _T:
-        """``fn(*args)`` inline or on ``executor`` (the instance's thread), as :meth:`inline`
-        says; its duration is noted either way.
-
-        Raises:
-            InferError: :func:`unloading` when ``closed`` or the executor was shut down
-                (the batch did not run); whatever ``fn`` raises.
-        """
-        if closed:
-            raise unloading(self.instance)
-        if not self.inline():
-            return await run_on_thread(executor, closed, self.instance, self._on_thread, fn, *args)
-        wall, cpu = time.perf_counter(), time.process_time()
-        try:
-            return fn(*args)
-        finally:
-            self._note_inline(min(time.perf_counter() - wall, time.process_time() - cpu))
+    def ran_on_thread(self, mark: float) -> None:
+        """Note the run on the instance's thread that began at ``mark``
+        (:meth:`start_on_thread`) and has just ended (called there)."""
+        self._note(time.thread_time() - mark)
 
 
 async def execute_on_thread(
@@ -462,11 +472,10 @@ async def execute_on_thread(
     instance: str,
     run: Callable[[dict[str, np.ndarray], list[str]], dict[str, np.ndarray]],
     failure: Callable[[Exception], str],
-    runs: InlineRuns | None = None,
 ) -> list[ExecResult]:
     """An in-process instance's ``execute``: merge ``batch`` along its batch dimension,
-    call ``run(inputs, wanted_outputs)`` on the instance's own thread (or where ``runs``
-    says: inline while runs are short), split the outputs back per request.
+    call ``run(inputs, wanted_outputs)`` on the instance's own thread, split the outputs
+    back per request.
 
     Raises:
         InferError: :func:`unloading` (503) as :func:`run_on_thread`; an ``InferError``
@@ -476,10 +485,7 @@ async def execute_on_thread(
     inputs = merge_batch(batch)
     wanted = wanted_outputs(batch)
     try:
-        if runs is None:
-            outputs = await run_on_thread(executor, closed, instance, run, inputs, wanted)
-        else:
-            outputs = await runs.run(executor, closed, run, inputs, wanted)
+        outputs = await run_on_thread(executor, closed, instance, run, inputs, wanted)
     except InferError:
         raise
     except Exception as e:

@@ -35,6 +35,7 @@ from pdserve.backends.base import (
     ModelInstance,
     ModelSpec,
     merge_batch,
+    run_on_thread,
     split_batch,
 )
 from pdserve.backends.devices import check_gpu_ids, visible_gpus
@@ -300,6 +301,13 @@ class FilInstance(ModelInstance):
     def _run(self, x: np.ndarray) -> np.ndarray:
         return fil_output(self.predictor.predict(x), self._params, self._width)
 
+    def _timed_run(self, x: np.ndarray) -> np.ndarray:  # on the instance's thread
+        mark = self.runs.start_on_thread()
+        try:
+            return self._run(x)
+        finally:
+            self.runs.ran_on_thread(mark)
+
     async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
         """Merge the batch's ``input__0`` rows, predict, split ``output__0`` per request.
 
@@ -310,7 +318,16 @@ class FilInstance(ModelInstance):
         x = merge_batch(batch)[INPUT_NAME]
         x = np.ascontiguousarray(x, dtype=np.float32)
         try:
-            out = await self.runs.run(self._executor, self._closed, self._run, x)
+            if self.runs.inline():
+                mark = self.runs.start(self._closed)
+                try:
+                    out = self._run(x)
+                finally:
+                    self.runs.ran_inline(mark)
+            else:
+                out = await run_on_thread(
+                    self._executor, self._closed, self.name, self._timed_run, x
+                )
         except InferError:
             raise
         except Exception as e:

@@ -37,6 +37,7 @@ from pdserve.backends.base import (
     batch_input_tensors,
     gather_loads,
     merge_batch,
+    run_on_thread,
     split_batch,
     wanted_outputs,
 )
@@ -411,6 +412,15 @@ class OnnxRuntimeInstance(ModelInstance):
         values = self.session.run(names, feeds)
         return dict(zip(names, values, strict=True))
 
+    def _timed_run(  # on the instance's thread
+        self, feeds: dict[str, np.ndarray], names: list[str]
+    ) -> dict[str, np.ndarray]:
+        mark = self.runs.start_on_thread()
+        try:
+            return self._run(feeds, names)
+        finally:
+            self.runs.ran_on_thread(mark)
+
     async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
         """Merge the batch, run the session, split the outputs per request.
 
@@ -485,7 +495,17 @@ class OnnxRuntimeInstance(ModelInstance):
         if traced:
             tracing.mark_input_end()
         try:
-            outputs = await self.runs.run(self._executor, self._closed, self._run, feeds, wanted)
+            runs = self.runs
+            if runs.inline():
+                mark = runs.start(self._closed)
+                try:
+                    outputs = self._run(feeds, wanted)
+                finally:
+                    runs.ran_inline(mark)
+            else:
+                outputs = await run_on_thread(
+                    self._executor, self._closed, self.name, self._timed_run, feeds, wanted
+                )
         except InferError:
             raise  # unloading: the batch reached a closed instance
         except Exception as e:  # ORT raises its own exception types

@@ -32,11 +32,15 @@ from pdserve.backends.base import (
     ModelSpec,
     execute_on_thread,
     gather_loads,
+    merge_batch,
+    split_batch,
+    wanted_outputs,
 )
 from pdserve.backends.host_policy import name_current_thread, pin_current_thread
 from pdserve.backends.instance_plan import instance_plans
 from pdserve.backends.onnxruntime.autocomplete import autocomplete_from_io
 from pdserve.backends.tensorflow.savedmodel import Signature, import_tf, load_signature
+from pdserve.core.errors import internal
 
 log = logging.getLogger("pdserve.tensorflow")
 
@@ -219,6 +223,15 @@ class TensorFlowInstance(ModelInstance):
             out[n] = value.astype(object) if value.dtype.kind == "S" else value
         return out
 
+    def _timed_run(  # on the instance's thread
+        self, feeds: dict[str, np.ndarray], wanted: list[str]
+    ) -> dict[str, np.ndarray]:
+        mark = self.runs.start_on_thread()
+        try:
+            return self._run(feeds, wanted)
+        finally:
+            self.runs.ran_on_thread(mark)
+
     async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
         """Merge the batch, call the signature (inline or on the instance's thread, as
         :attr:`runs` says), split the outputs.
@@ -226,9 +239,20 @@ class TensorFlowInstance(ModelInstance):
         A batch that reaches an instance already closed gets a 503; a TensorFlow error a
         500 naming the model.
         """
-        return await execute_on_thread(
-            batch, self._executor, self._closed, self.name, self._run, self._failure, self.runs
-        )
+        runs = self.runs
+        if not runs.inline():
+            return await execute_on_thread(
+                batch, self._executor, self._closed, self.name, self._timed_run, self._failure
+            )
+        inputs, wanted = merge_batch(batch), wanted_outputs(batch)
+        mark = runs.start(self._closed)
+        try:
+            outputs = self._run(inputs, wanted)
+        except Exception as e:
+            raise internal(self._failure(e)) from e
+        finally:
+            runs.ran_inline(mark)
+        return split_batch(batch, outputs)
 
     def _failure(self, e: Exception) -> str:
         text = [ln for ln in str(e).strip().splitlines() if ln.strip()]

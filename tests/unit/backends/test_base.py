@@ -8,7 +8,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -20,6 +20,7 @@ from pdserve.backends.base import (
     ExecRequest,
     InlineRuns,
     execute_on_thread,
+    run_on_thread,
 )
 from pdserve.core.errors import ErrorCode, InferError
 from pdserve.core.types import InferRequest
@@ -54,12 +55,40 @@ def executor() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
     pool.shutdown(wait=True)
 
 
+async def _step(
+    runs: InlineRuns,
+    executor: concurrent.futures.ThreadPoolExecutor,
+    fn: Callable[[int], int],
+    value: int,
+    closed: bool = False,
+) -> int:
+    """One batch as an instance runs it: ask, then run inline or on the thread."""
+    if runs.inline():
+        mark = runs.start(closed)
+        try:
+            return fn(value)
+        finally:
+            runs.ran_inline(mark)
+
+    def timed(v: int) -> int:
+        mark = runs.start_on_thread()
+        try:
+            return fn(v)
+        finally:
+            runs.ran_on_thread(mark)
+
+    return await run_on_thread(executor, closed, "m_0", timed, value)
+
+
 def _drive(
-    runs: InlineRuns, executor: concurrent.futures.ThreadPoolExecutor, model: _Model, n: int
+    runs: InlineRuns,
+    executor: concurrent.futures.ThreadPoolExecutor,
+    model: Callable[[int], int],
+    n: int,
 ) -> None:
     async def go() -> None:
         for i in range(n):
-            assert await runs.run(executor, False, model, i) == i
+            assert await _step(runs, executor, model, i) == i
 
     asyncio.run(go())
 
@@ -130,11 +159,7 @@ def test_long_inline_runs_in_a_row_move_the_instance_for_good(
             _burn(long)
         return value
 
-    async def go() -> None:
-        for i in range(20):
-            await runs.run(executor, False, pool_work, i)
-
-    asyncio.run(go())
+    _drive(runs, executor, pool_work, 20)
     assert runs.mode == "thread"
     assert calls.count("MainThread") == INLINE_STICKY_RUNS
     last_inline = len(calls) - 1 - calls[::-1].index("MainThread")
@@ -154,22 +179,22 @@ def test_preemption_alone_does_not_count_as_a_long_inline_run(
         time.sleep(INLINE_STICKY_LIMIT_S * 2)  # wall time passes, no CPU time
         return value
 
-    async def go() -> None:
-        await runs.run(executor, False, lambda v: v, 0)  # a first, short, run on the thread
-        for i in range(INLINE_STICKY_RUNS + 2):
-            await runs.run(executor, False, stall, i)
-
-    asyncio.run(go())
+    _drive(runs, executor, lambda v: v, 1)  # a first, short, run on the thread
+    _drive(runs, executor, stall, INLINE_STICKY_RUNS + 2)
     assert stalled == ["MainThread"] * (INLINE_STICKY_RUNS + 2)
     assert runs.mode == "auto" and runs.avg_run_s < INLINE_RUN_MAX_S
 
 
-def test_a_closed_instance_runs_nothing(executor: concurrent.futures.ThreadPoolExecutor) -> None:
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_closed_instance_runs_nothing(
+    executor: concurrent.futures.ThreadPoolExecutor, inline: bool
+) -> None:
     model = _Model([])
     runs = InlineRuns("m_0")
-    runs.avg_run_s = INLINE_RUN_MAX_S / 2  # would run inline
+    runs.avg_run_s = INLINE_RUN_MAX_S / (2 if inline else 0.5)
+    assert runs.inline() is inline
     with pytest.raises(InferError) as err:
-        asyncio.run(runs.run(executor, True, model, 1))
+        asyncio.run(_step(runs, executor, model, 1, closed=True))
     assert err.value.code is ErrorCode.UNAVAILABLE and "'m_0' is unloading" in str(err.value)
     assert model.threads == []
 
@@ -179,10 +204,10 @@ def test_unknown_mode_is_refused() -> None:
         InlineRuns("m_0", "fast")
 
 
-def test_execute_on_thread_runs_where_the_policy_says(
+def test_execute_on_thread_merges_runs_and_splits(
     executor: concurrent.futures.ThreadPoolExecutor,
 ) -> None:
-    """Two requests merged, run (on the thread, then inline), split back per request."""
+    """Two requests merged, run on the instance's thread, split back per request."""
     ran: list[str] = []
 
     def double(inputs: dict[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
@@ -193,16 +218,8 @@ def test_execute_on_thread_runs_where_the_policy_says(
         x = np.asarray(rows, np.float32).reshape(-1, 1)
         return ExecRequest({"X": x}, ["Y"], InferRequest("m"), len(rows))
 
-    runs = InlineRuns("m_0")
-
-    async def go() -> list[list[float]]:
-        out = []
-        for _ in range(2):
-            results = await execute_on_thread(
-                [req([1.0]), req([2.0, 3.0])], executor, False, "m_0", double, str, runs
-            )
-            out.append([v for r in results for v in r["Y"].reshape(-1).tolist()])  # type: ignore[index]
-        return out
-
-    assert asyncio.run(go()) == [[2.0, 4.0, 6.0]] * 2
-    assert ran[0].startswith("m_0") and ran[1] == "MainThread"
+    results = asyncio.run(
+        execute_on_thread([req([1.0]), req([2.0, 3.0])], executor, False, "m_0", double, str)
+    )
+    assert [r["Y"].reshape(-1).tolist() for r in results] == [[2.0], [4.0, 6.0]]  # type: ignore[index]
+    assert len(ran) == 1 and ran[0].startswith("m_0")
