@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,6 +27,8 @@ from pdserve.core.types import InferRequest
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2
+
+log = logging.getLogger("pdserve.backends")
 
 
 @dataclass(slots=True)
@@ -347,6 +351,118 @@ async def run_on_thread(
         if "shutdown" in str(e) and executor._shutdown:  # ThreadPoolExecutor's own flag
             raise unloading(instance) from None
         raise
+
+
+#: :class:`InlineRuns`' default: a batch runs inline on the event loop while the
+#: instance's average run is shorter (handing it to a thread and back costs as much).
+INLINE_RUN_MAX_S = 0.0005
+#: Inline runs longer than this, INLINE_STICKY_RUNS of them in a row (inline runs only),
+#: move an ``auto`` instance to its thread for good.
+INLINE_STICKY_LIMIT_S = 0.002
+INLINE_STICKY_RUNS = 2
+#: Where :class:`InlineRuns` runs a batch.
+RUN_MODES = ("auto", "loop", "thread")
+
+
+class InlineRuns:
+    """Where an in-process instance runs its batches: inline on the event loop while its
+    runs are short, else on the instance's own thread.
+
+    Modes: ``thread``, always on the instance's thread (an instance pinned by a host
+    policy runs there: its thread is the pinned one); ``loop``, always inline; ``auto``,
+    on the thread except while the moving average of a run is under ``max_s`` s, where
+    the hand-off to the thread and back would cost about as much as the run.
+
+    A run's duration is, on the thread, that thread's CPU time (waiting for the GIL to
+    come back from a busy loop must not make a short run look long); inline, the
+    smaller of wall and process CPU time (what the loop was blocked for, less time the
+    process was preempted; a framework's own worker threads count). A run whose work is
+    on other threads looks short on the thread however long it is: inline, runs over
+    :data:`INLINE_STICKY_LIMIT_S`, :data:`INLINE_STICKY_RUNS` in a row, move ``auto`` to
+    ``thread`` for good. One long inline run alone moves it only until the average
+    comes down.
+
+    The instance asks, then runs and reports (its own code is never called back from
+    here, on the loop or on its thread): ::
+
+        if runs.inline():
+            mark = runs.start(closed)
+            try:
+                out = run(...)
+            finally:
+                runs.ran_inline(mark)
+        else:
+            out = await run_on_thread(executor, closed, name, timed_run, ...)
+
+    where ``timed_run`` (on the thread) wraps ``run`` in :meth:`start_on_thread` /
+    :meth:`ran_on_thread`.
+
+    Args:
+        instance: the instance's name (errors, the log).
+        mode: ``auto``, ``loop`` or ``thread``.
+        max_s: ``auto``'s bound on the average run, seconds.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`RUN_MODES`.
+    """
+
+    def __init__(self, instance: str, mode: str = "auto", max_s: float = INLINE_RUN_MAX_S):
+        if mode not in RUN_MODES:
+            raise ValueError(f"run mode '{mode}' is not one of {', '.join(RUN_MODES)}")
+        self.instance = instance
+        self.mode = mode
+        self.max_s = max_s
+        #: moving average of a run, seconds (0: none yet).
+        self.avg_run_s = 0.0
+        self._long_inline = 0
+
+    def inline(self) -> bool:
+        """Whether the next batch runs inline on the event loop."""
+        return self.mode == "loop" or (self.mode == "auto" and 0.0 < self.avg_run_s < self.max_s)
+
+    def _note(self, seconds: float) -> None:
+        avg = self.avg_run_s
+        self.avg_run_s = seconds if avg == 0.0 else avg * 0.9 + seconds * 0.1
+
+    def start(self, closed: bool) -> tuple[float, float]:
+        """The mark of an inline run starting now: (wall, process CPU time), seconds.
+
+        Raises:
+            InferError: :func:`unloading` when ``closed`` (the batch does not run).
+        """
+        if closed:
+            raise unloading(self.instance)
+        return time.perf_counter(), time.process_time()
+
+    def ran_inline(self, mark: tuple[float, float]) -> None:
+        """Note the inline run that began at ``mark`` (:meth:`start`) and has just ended."""
+        seconds = min(time.perf_counter() - mark[0], time.process_time() - mark[1])
+        self._note(seconds)
+        if self.mode != "auto":
+            return
+        if seconds <= INLINE_STICKY_LIMIT_S:
+            self._long_inline = 0
+            return
+        self._long_inline += 1
+        if self._long_inline >= INLINE_STICKY_RUNS:
+            self.mode = "thread"
+            log.info(
+                "%s: %d inline runs of over %.0f ms (the last %.1f ms) moved it to its own thread",
+                self.instance,
+                INLINE_STICKY_RUNS,
+                INLINE_STICKY_LIMIT_S * 1e3,
+                seconds * 1e3,
+            )
+
+    def start_on_thread(self) -> float:
+        """The mark of a run starting now on the instance's thread (called there): the
+        thread's CPU time, seconds."""
+        return time.thread_time()
+
+    def ran_on_thread(self, mark: float) -> None:
+        """Note the run on the instance's thread that began at ``mark``
+        (:meth:`start_on_thread`) and has just ended (called there)."""
+        self._note(time.thread_time() - mark)
 
 
 async def execute_on_thread(

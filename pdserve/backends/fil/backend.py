@@ -9,8 +9,8 @@ has none) fills both from the model file and checks configured ones against it.
 ``KIND_CPU`` instances run the predictor :func:`~pdserve.backends.fil.forest.resolve_predictor`
 picks; ``KIND_GPU`` runs XGBoost models on XGBoost's CUDA predictor (a GPU not visible
 fails the load); ``KIND_AUTO`` is a GPU group only for models that can run there. A
-batch runs on the event loop while runs are shorter than :data:`INLINE_RUN_MAX_S`,
-else on the instance's own thread (the predictors release the GIL).
+batch runs on the event loop while runs are short, else on the instance's own thread
+(:class:`~pdserve.backends.base.InlineRuns`; the predictors release the GIL).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import concurrent.futures
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from pdserve.backends.base import (
     Backend,
     ExecRequest,
     ExecResult,
+    InlineRuns,
     ModelInstance,
     ModelSpec,
     merge_batch,
@@ -65,9 +65,6 @@ INPUT_NAME = "input__0"
 OUTPUT_NAME = "output__0"
 #: FIL's optional SHAP output, which this backend does not compute.
 TREESHAP_OUTPUT = "treeshap_output"
-#: A batch runs on the event loop while the instance's average run (CPU seconds) is
-#: shorter: handing a short prediction to a thread and back costs more than it.
-INLINE_RUN_MAX_S = 0.0005
 #: ``model_type`` values a GPU instance can run (XGBoost's CUDA predictor).
 GPU_MODEL_TYPES = frozenset({"xgboost_json", "xgboost_ubj"})
 
@@ -295,24 +292,21 @@ class FilInstance(ModelInstance):
         self.predictor = predictor
         self._params = params
         self._width = width
-        self._pinned = bool(plan.cores)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix=name, initializer=_start_thread, initargs=(name, plan.cores)
         )
-        #: moving average of a run, seconds (0: none yet).
-        self._avg_run_s = 0.0
+        self.runs = InlineRuns(name, "thread" if plan.cores else "auto")
         self._closed = False
 
     def _run(self, x: np.ndarray) -> np.ndarray:
-        # CPU time of the running thread, not wall time: being preempted on a busy
-        # machine must not make a short prediction look long.
-        start = time.thread_time()
+        return fil_output(self.predictor.predict(x), self._params, self._width)
+
+    def _timed_run(self, x: np.ndarray) -> np.ndarray:  # on the instance's thread
+        mark = self.runs.start_on_thread()
         try:
-            return fil_output(self.predictor.predict(x), self._params, self._width)
+            return self._run(x)
         finally:
-            took = time.thread_time() - start
-            avg = self._avg_run_s
-            self._avg_run_s = took if avg == 0.0 else avg * 0.9 + took * 0.1
+            self.runs.ran_on_thread(mark)
 
     async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
         """Merge the batch's ``input__0`` rows, predict, split ``output__0`` per request.
@@ -324,10 +318,16 @@ class FilInstance(ModelInstance):
         x = merge_batch(batch)[INPUT_NAME]
         x = np.ascontiguousarray(x, dtype=np.float32)
         try:
-            if not self._pinned and 0.0 < self._avg_run_s < INLINE_RUN_MAX_S:
-                out = self._run(x)
+            if self.runs.inline():
+                mark = self.runs.start(self._closed)
+                try:
+                    out = self._run(x)
+                finally:
+                    self.runs.ran_inline(mark)
             else:
-                out = await run_on_thread(self._executor, self._closed, self.name, self._run, x)
+                out = await run_on_thread(
+                    self._executor, self._closed, self.name, self._timed_run, x
+                )
         except InferError:
             raise
         except Exception as e:

@@ -9,12 +9,15 @@ function (sigmoid, softmax, ...); FIL's output rules are
 :mod:`pdserve.backends.fil.postprocess`'s.
 
 Predictors: ``tl2cgen`` (the forest compiled to a shared library with TL2cgen and
-a C compiler), ``native`` (XGBoost's ``inplace_predict``, which also runs on a CUDA
+a C compiler, with a batch entry point of pdserve's, :data:`ROWS_SOURCE`), ``native`` (XGBoost's ``inplace_predict``, which also runs on a CUDA
 GPU, or LightGBM's ``Booster.predict``) and ``gtil`` (Treelite's interpreter).
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,8 +146,56 @@ def c_compiler() -> str | None:
     return None
 
 
+#: pdserve's batch entry point, compiled into the forest's library beside TL2cgen's
+#: ``predict`` (one row): FP32 rows ``[rows, cols]`` -> scores ``[rows, N_TARGET *
+#: MAX_N_CLASS]`` of the model's type ``SCORE_T``, the loop of TL2cgen's own runtime
+#: for dense rows (every feature missing, ``-1``, but the row's non-NaN values; scores
+#: zeroed, then ``predict`` with the postprocessor), without its per-call wrapper
+#: (data matrix, output shape queries, thread pool), which costs more than a small
+#: forest's trees. Returns 0, or -1 when out of memory.
+ROWS_SOURCE = """
+#include "header.h"
+
+int64_t pdserve_predict_rows(const float* x, int64_t rows, int64_t cols, SCORE_T* out) {
+  const int64_t width = (int64_t)N_TARGET * MAX_N_CLASS;
+  const int64_t n = cols > get_num_feature() ? cols : get_num_feature();
+  union Entry* inst = (union Entry*)malloc(sizeof(union Entry) * (size_t)n);
+  if (inst == NULL) {
+    return -1;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    inst[j].missing = -1;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * cols;
+    SCORE_T* result = out + r * width;
+    for (int64_t j = 0; j < cols; ++j) {
+      if (!isnan(row[j])) {
+        inst[j].fvalue = (SCORE_T)row[j];
+      }
+    }
+    for (int64_t k = 0; k < width; ++k) {
+      result[k] = 0;
+    }
+    predict(inst, 0, result);
+    for (int64_t j = 0; j < cols; ++j) {
+      inst[j].missing = -1;
+    }
+  }
+  free(inst);
+  return 0;
+}
+"""
+#: TL2cgen's declaration of ``predict`` in its ``header.h``: the score type.
+_PREDICT_DECL = re.compile(
+    r"void predict\(union Entry\* data, int pred_margin, (float|double)\* result\);"
+)
+
+
 def compile_forest(model: Any, workdir: Path) -> Path:
-    """Compile a Treelite model to a shared library with TL2cgen, in ``workdir``.
+    """Compile a Treelite model to a shared library with TL2cgen, in ``workdir``, with
+    :data:`ROWS_SOURCE`'s entry point when TL2cgen's ``predict`` is the one it was
+    written for (else without it: :class:`Tl2cgenPredictor` then runs TL2cgen's runtime).
 
     Raises:
         FilLoadError: no C compiler, or TL2cgen failed (its message).
@@ -155,17 +206,33 @@ def compile_forest(model: Any, workdir: Path) -> Path:
     if toolchain is None:
         raise FilLoadError("predictor 'tl2cgen' needs a C compiler (gcc or clang) on PATH")
     libpath = workdir / "forest.so"
+    src = workdir / "src"
     try:
-        tl2cgen.export_lib(
-            model, toolchain=toolchain, libpath=str(libpath), params={"parallel_comp": 4}
-        )
+        tl2cgen.generate_c_code(model, str(src), params={"parallel_comp": 4})
+        decl = _PREDICT_DECL.search((src / "header.h").read_text())
+        if decl is not None:
+            rows = ROWS_SOURCE.replace("SCORE_T", decl.group(1))
+            (src / "pdserve_rows.c").write_text(rows)
+            recipe = json.loads((src / "recipe.json").read_text())
+            recipe["sources"].append({"name": "pdserve_rows", "length": rows.count("\n")})
+            (src / "recipe.json").write_text(json.dumps(recipe))
+        built = tl2cgen.create_shared(toolchain, str(src), long_build_time_warning=False)
+        shutil.move(str(built), str(libpath))
     except Exception as e:
         raise FilLoadError(f"TL2cgen could not compile the model: {_short(str(e))}") from e
     return libpath
 
 
+#: Rows per thread from which a TL2cgen predictor with several threads hands a batch to
+#: TL2cgen's runtime (its thread pool) instead of running it on the calling thread.
+PARALLEL_ROWS_PER_THREAD = 512
+
+
 class Tl2cgenPredictor:
-    """A forest compiled by TL2cgen (:func:`compile_forest`)."""
+    """A forest compiled by TL2cgen (:func:`compile_forest`): batches run through the
+    library's ``pdserve_predict_rows`` on the calling thread; with ``nthread`` > 1,
+    batches of :data:`PARALLEL_ROWS_PER_THREAD` rows per thread or more (and every batch
+    of a library without the entry point) through TL2cgen's runtime."""
 
     name = "tl2cgen"
 
@@ -176,11 +243,25 @@ class Tl2cgenPredictor:
         self._pred = tl2cgen.Predictor(str(libpath), nthread=nthread)
         self._dtype = str(self._pred.threshold_type)
         self._classes = info.num_class
+        self._parallel_rows = PARALLEL_ROWS_PER_THREAD * nthread if nthread > 1 else None
+        lib = ctypes.CDLL(str(libpath))  # releases the GIL while it runs
+        self._rows = getattr(lib, "pdserve_predict_rows", None)
+        if self._rows is not None:
+            self._rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+            self._rows.restype = ctypes.c_int64
+            self._lib = lib  # kept loaded while the predictor lives
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        dmat = self._tl2cgen.DMatrix(x if self._dtype == "float32" else x.astype(self._dtype))
-        out = self._pred.predict(dmat)
-        return np.asarray(out, dtype=np.float32).reshape(x.shape[0], self._classes)
+        rows = x.shape[0]
+        if self._rows is None or (self._parallel_rows is not None and rows >= self._parallel_rows):
+            dmat = self._tl2cgen.DMatrix(x if self._dtype == "float32" else x.astype(self._dtype))
+            out = self._pred.predict(dmat)
+            return np.asarray(out, dtype=np.float32).reshape(rows, self._classes)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        scores = np.empty((rows, self._classes), dtype=self._dtype)
+        if self._rows(x.ctypes.data, rows, x.shape[1], scores.ctypes.data) != 0:
+            raise MemoryError("pdserve_predict_rows could not allocate a row")
+        return scores if self._dtype == "float32" else scores.astype(np.float32)
 
 
 class GtilPredictor:

@@ -20,7 +20,6 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import time
 from collections.abc import Collection
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -32,6 +31,7 @@ from pdserve.backends.base import (
     Backend,
     ExecRequest,
     ExecResult,
+    InlineRuns,
     ModelInstance,
     ModelSpec,
     batch_input_tensors,
@@ -66,10 +66,6 @@ Provider = str | tuple[str, dict[str, int]]
 
 #: ``auto`` runs a session inline on the event loop while its average run is shorter.
 INLINE_RUN_MAX_S = 0.0002
-#: inline runs longer than this, INLINE_STICKY_RUNS of them in a row (counting inline
-#: runs only), switch the instance to its thread for good.
-INLINE_STICKY_LIMIT_S = 0.002
-INLINE_STICKY_RUNS = 2
 
 
 _LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
@@ -408,29 +404,22 @@ class OnnxRuntimeInstance(ModelInstance):
                     format_cpu_list(cores),
                 )
             mode = "thread"
-        self._mode = mode
-        #: moving average of a run's duration, seconds (drives ``auto``).
-        self._avg_run_s = 0.0
-        #: inline runs in a row longer than INLINE_STICKY_LIMIT_S (``auto``)
-        self._long_inline = 0
+        #: where a batch runs (``execution_thread``)
+        self.runs = InlineRuns(name, mode, INLINE_RUN_MAX_S)
         self._closed = False
 
     def _run(self, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
         values = self.session.run(names, feeds)
         return dict(zip(names, values, strict=True))
 
-    def _note_duration(self, seconds: float) -> None:
-        avg = self._avg_run_s
-        self._avg_run_s = seconds if avg == 0.0 else avg * 0.9 + seconds * 0.1
-
-    def _timed_run(self, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
-        # CPU time of this thread, not wall time: waiting to get the GIL back from a
-        # busy event loop must not make a tiny model look slow.
-        start = time.thread_time()
+    def _timed_run(  # on the instance's thread
+        self, feeds: dict[str, np.ndarray], names: list[str]
+    ) -> dict[str, np.ndarray]:
+        mark = self.runs.start_on_thread()
         try:
             return self._run(feeds, names)
         finally:
-            self._note_duration(time.thread_time() - start)
+            self.runs.ran_on_thread(mark)
 
     async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
         """Merge the batch, run the session, split the outputs per request.
@@ -506,34 +495,13 @@ class OnnxRuntimeInstance(ModelInstance):
         if traced:
             tracing.mark_input_end()
         try:
-            if self._mode == "loop" or (
-                self._mode == "auto" and 0.0 < self._avg_run_s < INLINE_RUN_MAX_S
-            ):
-                start = time.perf_counter()
-                outputs = self._run(feeds, wanted)
-                took = time.perf_counter() - start
-                self._note_duration(took)
-                if self._mode == "auto":
-                    if took <= INLINE_STICKY_LIMIT_S:
-                        self._long_inline = 0
-                    else:
-                        # An input-dependent model blocked the loop: never again, once
-                        # it did so twice running. One long run alone may be the process
-                        # being preempted (a loaded machine), after which the average
-                        # (above) moves the instance to its thread only for a while;
-                        # ending inline for good would cost every later batch a thread
-                        # hand-off.
-                        self._long_inline += 1
-                        if self._long_inline >= INLINE_STICKY_RUNS:
-                            self._mode = "thread"
-                            log.info(
-                                "%s: %d inline runs of over %.0f ms (the last %.1f ms) moved "
-                                "it to its own thread",
-                                self.name,
-                                INLINE_STICKY_RUNS,
-                                INLINE_STICKY_LIMIT_S * 1e3,
-                                took * 1e3,
-                            )
+            runs = self.runs
+            if runs.inline():
+                mark = runs.start(self._closed)
+                try:
+                    outputs = self._run(feeds, wanted)
+                finally:
+                    runs.ran_inline(mark)
             else:
                 outputs = await run_on_thread(
                     self._executor, self._closed, self.name, self._timed_run, feeds, wanted

@@ -6,7 +6,8 @@ the configuration from it with Triton's rules (every tensor with a variable firs
 dimension: the model can batch). TensorFlow is imported when the first such model
 loads. The SavedModel is loaded once per device and shared by that device's instances
 (Triton's ``MAX_SESSION_SHARE_COUNT`` sharing); each instance runs batches on its own
-thread. ``TF_NUM_INTRA_THREADS`` / ``TF_NUM_INTER_THREADS`` set TensorFlow's
+thread, or inline on the event loop while its runs are short
+(:class:`~pdserve.backends.base.InlineRuns`; always on its thread under a host policy). ``TF_NUM_INTRA_THREADS`` / ``TF_NUM_INTER_THREADS`` set TensorFlow's
 process-wide thread pools (before TensorFlow first runs; later values are ignored).
 ``instance_group``: ``KIND_CPU``; ``KIND_GPU`` on ``/GPU:<id>`` when TensorFlow sees that
 GPU (``tensorflow-cpu`` never does: the load then fails saying so).
@@ -26,15 +27,20 @@ from pdserve.backends.base import (
     Backend,
     ExecRequest,
     ExecResult,
+    InlineRuns,
     ModelInstance,
     ModelSpec,
     execute_on_thread,
     gather_loads,
+    merge_batch,
+    split_batch,
+    wanted_outputs,
 )
 from pdserve.backends.host_policy import name_current_thread, pin_current_thread
 from pdserve.backends.instance_plan import instance_plans
 from pdserve.backends.onnxruntime.autocomplete import autocomplete_from_io
 from pdserve.backends.tensorflow.savedmodel import Signature, import_tf, load_signature
+from pdserve.core.errors import internal
 
 log = logging.getLogger("pdserve.tensorflow")
 
@@ -165,13 +171,15 @@ class TensorFlowBackend(Backend):
                 None if plan.gpu is None else f"/GPU:{plan.gpu}",
                 spec,
                 executor,
+                pinned=bool(plan.cores),
             )
             for i, (plan, executor) in enumerate(zip(plans, executors, strict=True))
         ]
 
 
 class TensorFlowInstance(ModelInstance):
-    """One instance of a SavedModel signature, run on its own thread.
+    """One instance of a SavedModel signature, run on its own thread or inline while its
+    runs are short (:class:`~pdserve.backends.base.InlineRuns`).
 
     Args:
         name: instance name (``<model>_<n>``).
@@ -180,6 +188,7 @@ class TensorFlowInstance(ModelInstance):
         device: the TensorFlow device (``/GPU:0``) or None (CPU).
         spec: the model version.
         executor: the instance's one-thread executor.
+        pinned: the thread is pinned by a host policy: every batch runs there.
     """
 
     def __init__(
@@ -190,6 +199,7 @@ class TensorFlowInstance(ModelInstance):
         device: str | None,
         spec: ModelSpec,
         executor: concurrent.futures.ThreadPoolExecutor,
+        pinned: bool = False,
     ) -> None:
         self.name = name
         self.kind = kind
@@ -197,6 +207,7 @@ class TensorFlowInstance(ModelInstance):
         self._device = device
         self._model = spec.name
         self._executor = executor
+        self.runs = InlineRuns(name, "thread" if pinned else "auto")
         self._closed = False
         self._tf = import_tf()
 
@@ -212,15 +223,36 @@ class TensorFlowInstance(ModelInstance):
             out[n] = value.astype(object) if value.dtype.kind == "S" else value
         return out
 
+    def _timed_run(  # on the instance's thread
+        self, feeds: dict[str, np.ndarray], wanted: list[str]
+    ) -> dict[str, np.ndarray]:
+        mark = self.runs.start_on_thread()
+        try:
+            return self._run(feeds, wanted)
+        finally:
+            self.runs.ran_on_thread(mark)
+
     async def execute(self, batch: list[ExecRequest]) -> list[ExecResult]:
-        """Merge the batch, call the signature on the instance's thread, split the outputs.
+        """Merge the batch, call the signature (inline or on the instance's thread, as
+        :attr:`runs` says), split the outputs.
 
         A batch that reaches an instance already closed gets a 503; a TensorFlow error a
         500 naming the model.
         """
-        return await execute_on_thread(
-            batch, self._executor, self._closed, self.name, self._run, self._failure
-        )
+        runs = self.runs
+        if not runs.inline():
+            return await execute_on_thread(
+                batch, self._executor, self._closed, self.name, self._timed_run, self._failure
+            )
+        inputs, wanted = merge_batch(batch), wanted_outputs(batch)
+        mark = runs.start(self._closed)
+        try:
+            outputs = self._run(inputs, wanted)
+        except Exception as e:
+            raise internal(self._failure(e)) from e
+        finally:
+            runs.ran_inline(mark)
+        return split_batch(batch, outputs)
 
     def _failure(self, e: Exception) -> str:
         text = [ln for ln in str(e).strip().splitlines() if ln.strip()]

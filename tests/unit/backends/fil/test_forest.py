@@ -131,3 +131,53 @@ def test_resolve_predictor(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(forest, "c_compiler", lambda: None)
     assert resolve_predictor(lgb, gpu=False) == "native"
     assert resolve_predictor(ckpt, gpu=False) == "gtil"
+
+
+def _runtime_scores(pred: Tl2cgenPredictor, x: np.ndarray) -> np.ndarray:
+    """The same library's scores through TL2cgen's own runtime (its DMatrix and Predictor)."""
+    import tl2cgen
+
+    dtype = str(pred._pred.threshold_type)
+    out = pred._pred.predict(tl2cgen.DMatrix(x if dtype == "float32" else x.astype(dtype)))
+    return np.asarray(out, dtype=np.float32).reshape(x.shape[0], -1)
+
+
+@pytest.mark.parametrize("key", ["xgb_binary_json", "xgb_multi_json", "lgb_reg", "rf_multi"])
+def test_compiled_rows_entry_point_equals_tl2cgens_runtime(
+    tree_files: dict[str, Path], key: str, tmp_path: Path
+) -> None:
+    """pdserve_predict_rows is in the library and gives TL2cgen's runtime's scores bit for
+    bit, NaN (missing) features included, for float32 and float64 forests."""
+    model, info = loaded(tree_files, key)
+    pred = Tl2cgenPredictor(compile_forest(model, tmp_path), info, 1)
+    assert pred._rows is not None
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(300, 6)).astype(np.float32)
+    x[rng.random(x.shape) < 0.2] = np.nan
+    for rows in (x[:1], x[:8], x):
+        got = pred.predict(rows)
+        assert got.dtype == np.float32 and got.shape == (len(rows), info.num_class)
+        np.testing.assert_array_equal(got, _runtime_scores(pred, rows))
+
+
+def test_large_batches_with_threads_go_to_tl2cgens_runtime(
+    tree_files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, info = loaded(tree_files, "lgb_reg")
+    pred = Tl2cgenPredictor(compile_forest(model, tmp_path), info, 2)
+    calls: list[int] = []
+    rows_fn = pred._rows
+    assert rows_fn is not None
+
+    def counted(*args: object) -> int:
+        calls.append(int(args[1]))  # type: ignore[call-overload]
+        return int(rows_fn(*args))
+
+    monkeypatch.setattr(pred, "_rows", counted)
+    x = np.random.default_rng(4).normal(size=(forest.PARALLEL_ROWS_PER_THREAD * 2, 6))
+    x = x.astype(np.float32)
+    small = pred.predict(x[:64])
+    large = pred.predict(x)
+    assert calls == [64]  # the large batch ran on TL2cgen's thread pool
+    np.testing.assert_array_equal(large[:64], small)
+    np.testing.assert_array_equal(large, _runtime_scores(pred, x))

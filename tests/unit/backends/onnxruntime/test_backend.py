@@ -13,18 +13,32 @@ import numpy as np
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from pdserve.backends.base import ExecRequest, ModelSpec
-from pdserve.backends.onnxruntime.backend import (
+from pdserve.backends.base import (
     INLINE_STICKY_LIMIT_S,
     INLINE_STICKY_RUNS,
-    OnnxRuntimeInstance,
+    ExecRequest,
+    ModelSpec,
 )
+from pdserve.backends.onnxruntime.backend import OnnxRuntimeInstance
 from pdserve.core.types import InferRequest
 
 
+def _work(seconds: float) -> None:
+    """``seconds`` of a session's work, as ORT's pool threads do it: the instance's thread
+    waits (no CPU time of its own); inline, the process computes (this thread, here)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        time.sleep(seconds)
+        return
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
 class _Session:
-    """A stand-in ORT session: Y = X, each run taking ``delays`` seconds in turn
-    (then ``after``), and remembering on which thread it ran."""
+    """A stand-in ORT session: Y = X, each run working ``delays`` seconds in turn
+    (then ``after``; :func:`_work`), and remembering on which thread it ran."""
 
     def __init__(self, delays: list[float], after: float = 0.0) -> None:
         self.delays = list(delays)
@@ -44,10 +58,10 @@ class _Session:
         import threading
 
         self.threads.append(threading.current_thread().name)
-        self.modes.append(self.inst._mode if self.inst is not None else None)
+        self.modes.append(self.inst.runs.mode if self.inst is not None else None)
         delay = self.delays.pop(0) if self.delays else self.after
         if delay:
-            time.sleep(delay)
+            _work(delay)
         return [feeds["X"]]
 
 
@@ -82,7 +96,7 @@ def test_one_long_inline_run_does_not_move_the_instance_for_good(tmp_path: Path)
     inst = _instance(tmp_path, session)
     try:
         _run(inst, 80)
-        assert inst._mode == "auto"
+        assert inst.runs.mode == "auto"
         assert session.threads[1] == "MainThread" and session.threads[3] == "MainThread"
         assert session.threads[4].startswith("m_0")  # the average moved it for a while
         assert session.threads[-1] == "MainThread"  # and back inline
@@ -97,7 +111,7 @@ def test_long_inline_runs_in_a_row_move_the_instance_for_good(tmp_path: Path) ->
     session.inst = inst
     try:
         _run(inst, 30)
-        assert inst._mode == "thread"
+        assert inst.runs.mode == "thread"
         assert session.threads.count("MainThread") == 1 + INLINE_STICKY_RUNS
         # from the switch on, every run is on the instance's thread (where the switch
         # falls depends on the machine's load: a preempted fast run moves the average)
