@@ -1,10 +1,12 @@
-"""Prediction distributions with bounded memory, updated per response with one copy: :class:`ScoreHistogram` (fixed buckets: Prometheus' ``histogram_quantile``
+"""Prediction distributions with bounded memory, updated in bulk (the values of many
+responses at once, :meth:`pdserve.observability.monitoring.monitor.VersionMonitor.fold`):
+:class:`ScoreHistogram` (fixed buckets: Prometheus' ``histogram_quantile``
 over ``rate(...[5m])`` gives streaming quantiles; values outside a configured range are
 counted), :class:`ClassHistogram` (argmax per row, at most ``max_classes`` labels plus
 ``other``) and :class:`Window` (the last N values of a tensor, for drift).
 
 Fixed buckets rather than a sketch library: one ``searchsorted`` + ``bincount`` per
-response, exact merging across scrapes and replicas in Prometheus, and the same
+update, exact merging across scrapes and replicas in Prometheus, and the same
 bucketing serves the dashboard's quantiles and the drift bins.
 """
 
@@ -20,18 +22,9 @@ def numeric(array: np.ndarray) -> bool:
     return array.dtype.kind in "iuf"
 
 
-#: Values a score histogram holds before it folds them into its buckets.
-PENDING = 1 << 16
-
-
 class ScoreHistogram:
     """Counts of an output's values per bucket (upper bounds ``bounds``, then +Inf),
-    their sum, and the values outside ``range``.
-
-    :meth:`add` only copies the values into a fixed buffer; they are counted in bulk
-    (:meth:`fold`) when it is full and before every read, so the per-response cost is
-    one copy whatever the number of buckets.
-    """
+    their sum, and the values outside ``range``."""
 
     def __init__(self, bounds: Sequence[float], value_range: tuple[float, float] | None) -> None:
         self.bounds = np.asarray(bounds, dtype=np.float64)
@@ -40,34 +33,15 @@ class ScoreHistogram:
         self.range = value_range
         self.out_of_range = 0
         self.nan = 0
-        self._pending = np.empty(PENDING, dtype=np.float64)
-        self._n = 0
 
     @property
     def count(self) -> int:
         """Values counted (NaN excluded)."""
-        self.fold()
         return int(self.counts.sum())
 
     def add(self, array: np.ndarray) -> None:
-        """Count every value of ``array`` (any shape); NaNs are counted apart."""
-        flat = array.reshape(-1)
-        n = len(flat)
-        if self._n + n > PENDING:
-            self.fold()
-            if n > PENDING:
-                self._count(flat.astype(np.float64))
-                return
-        self._pending[self._n : self._n + n] = flat
-        self._n += n
-
-    def fold(self) -> None:
-        """Count the buffered values into the buckets."""
-        if self._n:
-            self._count(self._pending[: self._n])
-            self._n = 0
-
-    def _count(self, values: np.ndarray) -> None:
+        """Count every value of ``array`` (any shape, numeric); NaNs are counted apart."""
+        values = np.asarray(array, dtype=np.float64).reshape(-1)
         nan = np.isnan(values)
         if nan.any():
             self.nan += int(nan.sum())
@@ -81,7 +55,6 @@ class ScoreHistogram:
 
     def cumulative(self) -> list[tuple[str, int]]:
         """``(le, cumulative count)`` per bucket, +Inf last (Prometheus' histogram)."""
-        self.fold()
         cum = np.cumsum(self.counts)
         les = [repr(float(b)) for b in self.bounds] + ["+Inf"]
         return list(zip(les, (int(c) for c in cum), strict=True))
@@ -97,11 +70,21 @@ class ClassHistogram:
 
     def add(self, array: np.ndarray) -> None:
         """Count the argmax of each row of ``array`` (shape [..., classes])."""
-        if array.ndim == 0 or array.shape[-1] == 0:
-            return
-        rows = array.reshape(-1, array.shape[-1])
-        winners = np.minimum(rows.argmax(axis=1), self.max_classes)
-        self.counts += np.bincount(winners, minlength=len(self.counts))
+        self.add_all([array])
+
+    def add_all(self, arrays: list[np.ndarray]) -> None:
+        """Count the argmax of each row of each of ``arrays`` (shapes [..., classes];
+        arrays with as many classes are counted together)."""
+        by_classes: dict[int, list[np.ndarray]] = {}
+        for a in arrays:
+            if a.ndim and a.shape[-1]:
+                by_classes.setdefault(a.shape[-1], []).append(a.reshape(-1, a.shape[-1]))
+        for rows in by_classes.values():
+            winners = (
+                np.concatenate(rows).argmax(axis=1) if len(rows) > 1 else rows[0].argmax(axis=1)
+            )
+            winners = np.minimum(winners, self.max_classes)
+            self.counts += np.bincount(winners, minlength=len(self.counts))
 
     def items(self) -> list[tuple[str, int]]:
         """``(class label, count)`` for classes seen; index when there is no label."""

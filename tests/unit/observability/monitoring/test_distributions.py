@@ -46,3 +46,16 @@ def test_window_keeps_the_newest() -> None:
 def test_numeric() -> None:
     assert numeric(np.zeros(1, np.float16)) and numeric(np.zeros(1, np.uint8))
     assert not numeric(np.zeros(1, bool)) and not numeric(np.array([b"x"], dtype=object))
+
+
+def test_class_histogram_counts_many_arrays_at_once() -> None:
+    one, many = ClassHistogram(None, max_classes=4), ClassHistogram(None, max_classes=4)
+    rng = np.random.default_rng(2)
+    arrays = [rng.random((n, c)).astype(np.float32) for n, c in [(3, 5), (1, 5), (2, 3), (4, 5)]]
+    for a in arrays:
+        one.add(a)
+    many.add_all(arrays)
+    want = np.bincount(
+        np.minimum(np.concatenate([a.argmax(axis=1) for a in arrays]), 4), minlength=5
+    )
+    assert one.counts.tolist() == many.counts.tolist() == want.tolist()
