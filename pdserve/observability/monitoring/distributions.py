@@ -33,6 +33,30 @@ class ScoreHistogram:
         self.range = value_range
         self.out_of_range = 0
         self.nan = 0
+        #: equally spaced bounds: (first bound, 1 / spacing), the bucket computed rather
+        #: than searched; None: searched (``searchsorted``)
+        self._uniform: tuple[float, float] | None = None
+        steps = np.diff(self.bounds)
+        if len(steps) and steps[0] > 0 and np.allclose(steps, steps[0], rtol=1e-9, atol=0):
+            self._uniform = (float(self.bounds[0]), 1.0 / float(steps[0]))
+
+    def _buckets(self, values: np.ndarray) -> np.ndarray:
+        """Per value (float64, no NaN), its bucket: how many bounds are below it, as
+        ``searchsorted(bounds, values, side="left")`` gives."""
+        if self._uniform is None:
+            return np.searchsorted(self.bounds, values, side="left")
+        first, scale = self._uniform
+        last = len(self.bounds)
+        with np.errstate(over="ignore", invalid="ignore"):  # +-inf and huge values: clipped
+            guess = np.ceil((values - first) * scale)
+        np.clip(guess, 0, last, out=guess)
+        idx = guess.astype(np.intp)
+        # the arithmetic may be a bucket off next to a bound: settle on the bounds themselves
+        below = self.bounds[np.minimum(idx, last - 1)] < values
+        idx += below & (idx < last)
+        above = self.bounds[np.maximum(idx - 1, 0)] >= values
+        idx -= above & (idx > 0)
+        return idx
 
     @property
     def count(self) -> int:
@@ -46,8 +70,7 @@ class ScoreHistogram:
         if nan.any():
             self.nan += int(nan.sum())
             values = values[~nan]
-        idx = np.searchsorted(self.bounds, values, side="left")
-        self.counts += np.bincount(idx, minlength=len(self.counts))
+        self.counts += np.bincount(self._buckets(values), minlength=len(self.counts))
         self.sum += float(values.sum())
         if self.range is not None:
             low, high = self.range
