@@ -176,20 +176,22 @@ class FileSink:
         path = f"{self.root}/{stamp}-{os.getpid()}-{self._seq:06d}.{self.format}"
         try:
             if self.format == "jsonl":
-                payload = b"".join(chunks)
+                parts = chunks
             else:
                 import pyarrow as pa
                 import pyarrow.parquet as pq
 
                 buf = io.BytesIO()
                 pq.write_table(pa.Table.from_pylist(rows, schema=self.schema), buf)
-                payload = buf.getvalue()
+                parts = [buf.getvalue()]
             self.fs.makedirs(self.root, exist_ok=True)
             if self._local:  # renamed into place: a reader never sees half a file
-                self.fs.pipe_file(path + ".tmp", payload)
+                with self.fs.open(path + ".tmp", "wb") as f:
+                    for part in parts:  # chunk by chunk: each write lets go of the GIL
+                        f.write(part)
                 self.fs.mv(path + ".tmp", path)
             else:  # an object store takes the whole object at once
-                self.fs.pipe_file(path, payload)
+                self.fs.pipe_file(path, b"".join(parts))
         except Exception as e:  # full disk, unreachable store, permissions...
             raise SinkError(f"{path}: {type(e).__name__}: {e}", n) from e
         self.files += 1
