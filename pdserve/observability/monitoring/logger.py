@@ -37,7 +37,7 @@ LOG_EVERY_S = 30.0
 #: thread lets go of the GIL (``time.sleep(0)``): the request path, waiting for it (a
 #: model run that released it, say), waits one batch's encoding at most, not the
 #: interpreter's switch interval.
-BATCH = 64
+BATCH = 32
 #: The writer thread drains the queue this often (seconds), or sooner when it is half
 #: full: waking once per round rather than per request keeps thread switches (and GIL
 #: hand-overs) off the request path.
