@@ -1,10 +1,12 @@
-"""Prediction distributions with bounded memory, updated per response with one copy: :class:`ScoreHistogram` (fixed buckets: Prometheus' ``histogram_quantile``
+"""Prediction distributions with bounded memory, updated in bulk (the values of many
+responses at once, :meth:`pdserve.observability.monitoring.monitor.VersionMonitor.fold`):
+:class:`ScoreHistogram` (fixed buckets: Prometheus' ``histogram_quantile``
 over ``rate(...[5m])`` gives streaming quantiles; values outside a configured range are
 counted), :class:`ClassHistogram` (argmax per row, at most ``max_classes`` labels plus
 ``other``) and :class:`Window` (the last N values of a tensor, for drift).
 
 Fixed buckets rather than a sketch library: one ``searchsorted`` + ``bincount`` per
-response, exact merging across scrapes and replicas in Prometheus, and the same
+update, exact merging across scrapes and replicas in Prometheus, and the same
 bucketing serves the dashboard's quantiles and the drift bins.
 """
 
@@ -20,18 +22,9 @@ def numeric(array: np.ndarray) -> bool:
     return array.dtype.kind in "iuf"
 
 
-#: Values a score histogram holds before it folds them into its buckets.
-PENDING = 1 << 16
-
-
 class ScoreHistogram:
     """Counts of an output's values per bucket (upper bounds ``bounds``, then +Inf),
-    their sum, and the values outside ``range``.
-
-    :meth:`add` only copies the values into a fixed buffer; they are counted in bulk
-    (:meth:`fold`) when it is full and before every read, so the per-response cost is
-    one copy whatever the number of buckets.
-    """
+    their sum, and the values outside ``range``."""
 
     def __init__(self, bounds: Sequence[float], value_range: tuple[float, float] | None) -> None:
         self.bounds = np.asarray(bounds, dtype=np.float64)
@@ -40,40 +33,44 @@ class ScoreHistogram:
         self.range = value_range
         self.out_of_range = 0
         self.nan = 0
-        self._pending = np.empty(PENDING, dtype=np.float64)
-        self._n = 0
+        #: equally spaced bounds: (first bound, 1 / spacing), the bucket computed rather
+        #: than searched; None: searched (``searchsorted``)
+        self._uniform: tuple[float, float] | None = None
+        steps = np.diff(self.bounds)
+        if len(steps) and steps[0] > 0 and np.allclose(steps, steps[0], rtol=1e-9, atol=0):
+            self._uniform = (float(self.bounds[0]), 1.0 / float(steps[0]))
+
+    def _buckets(self, values: np.ndarray) -> np.ndarray:
+        """Per value (float64, no NaN), its bucket: how many bounds are below it, as
+        ``searchsorted(bounds, values, side="left")`` gives."""
+        if self._uniform is None:
+            return np.searchsorted(self.bounds, values, side="left")
+        first, scale = self._uniform
+        last = len(self.bounds)
+        with np.errstate(over="ignore", invalid="ignore"):  # +-inf and huge values: clipped
+            guess = np.ceil((values - first) * scale)
+        np.clip(guess, 0, last, out=guess)
+        idx = guess.astype(np.intp)
+        # the arithmetic may be a bucket off next to a bound: settle on the bounds themselves
+        below = self.bounds[np.minimum(idx, last - 1)] < values
+        idx += below & (idx < last)
+        above = self.bounds[np.maximum(idx - 1, 0)] >= values
+        idx -= above & (idx > 0)
+        return idx
 
     @property
     def count(self) -> int:
         """Values counted (NaN excluded)."""
-        self.fold()
         return int(self.counts.sum())
 
     def add(self, array: np.ndarray) -> None:
-        """Count every value of ``array`` (any shape); NaNs are counted apart."""
-        flat = array.reshape(-1)
-        n = len(flat)
-        if self._n + n > PENDING:
-            self.fold()
-            if n > PENDING:
-                self._count(flat.astype(np.float64))
-                return
-        self._pending[self._n : self._n + n] = flat
-        self._n += n
-
-    def fold(self) -> None:
-        """Count the buffered values into the buckets."""
-        if self._n:
-            self._count(self._pending[: self._n])
-            self._n = 0
-
-    def _count(self, values: np.ndarray) -> None:
+        """Count every value of ``array`` (any shape, numeric); NaNs are counted apart."""
+        values = np.asarray(array, dtype=np.float64).reshape(-1)
         nan = np.isnan(values)
         if nan.any():
             self.nan += int(nan.sum())
             values = values[~nan]
-        idx = np.searchsorted(self.bounds, values, side="left")
-        self.counts += np.bincount(idx, minlength=len(self.counts))
+        self.counts += np.bincount(self._buckets(values), minlength=len(self.counts))
         self.sum += float(values.sum())
         if self.range is not None:
             low, high = self.range
@@ -81,7 +78,6 @@ class ScoreHistogram:
 
     def cumulative(self) -> list[tuple[str, int]]:
         """``(le, cumulative count)`` per bucket, +Inf last (Prometheus' histogram)."""
-        self.fold()
         cum = np.cumsum(self.counts)
         les = [repr(float(b)) for b in self.bounds] + ["+Inf"]
         return list(zip(les, (int(c) for c in cum), strict=True))
@@ -97,11 +93,21 @@ class ClassHistogram:
 
     def add(self, array: np.ndarray) -> None:
         """Count the argmax of each row of ``array`` (shape [..., classes])."""
-        if array.ndim == 0 or array.shape[-1] == 0:
-            return
-        rows = array.reshape(-1, array.shape[-1])
-        winners = np.minimum(rows.argmax(axis=1), self.max_classes)
-        self.counts += np.bincount(winners, minlength=len(self.counts))
+        self.add_all([array])
+
+    def add_all(self, arrays: list[np.ndarray]) -> None:
+        """Count the argmax of each row of each of ``arrays`` (shapes [..., classes];
+        arrays with as many classes are counted together)."""
+        by_classes: dict[int, list[np.ndarray]] = {}
+        for a in arrays:
+            if a.ndim and a.shape[-1]:
+                by_classes.setdefault(a.shape[-1], []).append(a.reshape(-1, a.shape[-1]))
+        for rows in by_classes.values():
+            winners = (
+                np.concatenate(rows).argmax(axis=1) if len(rows) > 1 else rows[0].argmax(axis=1)
+            )
+            winners = np.minimum(winners, self.max_classes)
+            self.counts += np.bincount(winners, minlength=len(self.counts))
 
     def items(self) -> list[tuple[str, int]]:
         """``(class label, count)`` for classes seen; index when there is no label."""

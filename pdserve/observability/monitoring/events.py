@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from pdserve.core.datatypes import array_from_raw, numpy_to_v2, raw_tensor, v2_to_numpy
 
@@ -94,22 +95,39 @@ def events_of(entry: Entry, record: str, source: str, namespace: str = "") -> li
     return events
 
 
-def tensor_json(name: str, array: np.ndarray) -> dict[str, Any]:
-    """A V2 JSON tensor: numbers row-major, BYTES elements base64 (strings). Numeric
-    ``data`` stays a numpy array: serialise with ``orjson.OPT_SERIALIZE_NUMPY``."""
+def _datatype(dtype: np.dtype) -> str:
+    """The V2 datatype of a tensor's numpy dtype (object / bytes / str: BYTES)."""
+    if dtype.kind in "OSU":
+        return "BYTES"
+    datatype = _V2.get(dtype)
+    if datatype is None:
+        datatype = _V2[dtype] = numpy_to_v2(dtype)
+    return datatype
+
+
+def _json_data(array: np.ndarray) -> Any:
+    """``array``'s V2 JSON ``data``: BYTES elements base64 (strings), else the flattened
+    array, little-endian (serialise with ``orjson.OPT_SERIALIZE_NUMPY``)."""
     if array.dtype.kind in "OSU":
-        data: Any = [
+        return [
             base64.b64encode(x if isinstance(x, bytes) else str(x).encode()).decode()
             for x in array.reshape(-1)
         ]
-        return {"name": name, "datatype": "BYTES", "shape": list(array.shape), "data": data}
-    datatype = _V2.get(array.dtype)
-    if datatype is None:
-        datatype = _V2[array.dtype] = numpy_to_v2(array.dtype)
     data = array.reshape(-1)  # a view when contiguous, else a contiguous copy
     if data.dtype.byteorder == ">":
         data = data.astype(data.dtype.newbyteorder("<"))
-    return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": data}
+    return data
+
+
+def tensor_json(name: str, array: np.ndarray) -> dict[str, Any]:
+    """A V2 JSON tensor: numbers row-major, BYTES elements base64 (strings). Numeric
+    ``data`` stays a numpy array: serialise with ``orjson.OPT_SERIALIZE_NUMPY``."""
+    return {
+        "name": name,
+        "datatype": _datatype(array.dtype),
+        "shape": list(array.shape),
+        "data": _json_data(array),
+    }
 
 
 #: numpy dtype -> V2 datatype, filled as dtypes are met.
@@ -133,6 +151,105 @@ def event_json(event: Event) -> dict[str, Any]:
     doc: dict[str, Any] = attrs  # an event is encoded once: its attributes become the document
     doc["data"] = body
     return doc
+
+
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+_START = b'{"specversion":' + orjson.dumps(SPEC_VERSION) + b',"id":'
+#: What comes between an event's id and its time, its time and its id in ``data``, then
+#: the rest of ``data`` before the tensors; whether it is the request event; the key of
+#: its tensors (``b""``: none recorded).
+_Head = tuple[bytes, bytes, bytes, bool, bytes]
+#: Tensor layouts (name, dtype, shape) whose JSON head is kept, at most.
+MAX_TENSOR_HEADS = 1024
+
+
+class JsonLines:
+    """Encodes entries as JSON Lines: each event the line ``orjson.dumps(event_json(e))``
+    gives for :func:`events_of`'s events, built from byte fragments cached per model,
+    version and event type (and per tensor name, dtype and shape), so a record costs
+    its ids, time and tensor data and no dictionaries.
+
+    Args:
+        record: ``all`` | ``inputs`` | ``outputs`` | ``metadata`` (as :func:`events_of`).
+        source: the events' ``source`` attribute.
+        namespace: the events' ``namespace`` attribute.
+    """
+
+    def __init__(self, record: str, source: str, namespace: str = "") -> None:
+        self.record = record
+        self.source = source
+        self.namespace = namespace
+        #: (model, version) -> one :data:`_Head` per event kind recorded
+        self._heads: dict[tuple[str, str], list[_Head]] = {}
+        #: (name, dtype, shape) -> the tensor's JSON up to its ``data`` value
+        self._tensors: dict[tuple[str, np.dtype, tuple[int, ...]], bytes] = {}
+
+    def _head(self, model: str, version: str) -> list[_Head]:
+        d = orjson.dumps
+        heads = []
+        for kind, key in ((REQUEST_TYPE, b"inputs"), (RESPONSE_TYPE, b"outputs")):
+            if self.record == ("outputs" if kind == REQUEST_TYPE else "inputs"):
+                continue
+            after_id = b',"source":' + d(self.source) + b',"type":' + d(kind) + b',"time":"'
+            after_time = (
+                b'","datacontenttype":' + d(CONTENT_TYPE)
+                + b',"inferenceservicename":' + d(model) + b',"namespace":' + d(self.namespace)
+                + b',"component":"predictor","endpoint":"","modelname":' + d(model)
+                + b',"modelversion":' + d(version) + b',"data":{"id":'
+            )  # fmt: skip
+            body = b',"model_name":' + d(model) + b',"model_version":' + d(version)
+            tensors = b"" if self.record == "metadata" else b',"' + key + b'":['
+            heads.append((after_id, after_time, body, kind == REQUEST_TYPE, tensors))
+        return heads
+
+    def _tensor(self, name: str, array: np.ndarray) -> bytes:
+        key = (name, array.dtype, array.shape)
+        head = self._tensors.get(key)
+        if head is None:
+            head = (
+                b'{"name":' + orjson.dumps(name)
+                + b',"datatype":' + orjson.dumps(_datatype(array.dtype))
+                + b',"shape":' + orjson.dumps(list(array.shape)) + b',"data":'
+            )  # fmt: skip
+            if len(self._tensors) < MAX_TENSOR_HEADS:
+                self._tensors[key] = head
+        return head + orjson.dumps(_json_data(array), option=_NUMPY) + b"}"
+
+    def encode(self, entries: list[Entry]) -> bytes:
+        """The JSON Lines of ``entries``' events in order, each line ending in a newline.
+
+        Raises:
+            TypeError: a tensor orjson cannot serialise.
+        """
+        parts: list[bytes] = []
+        add = parts.append
+        dumps = orjson.dumps
+        heads = self._heads
+        tensor = self._tensor
+        for e in entries:
+            head = heads.get((e.model, e.version))
+            if head is None:
+                head = heads[(e.model, e.version)] = self._head(e.model, e.version)
+            jid = dumps(e.id)
+            when = _rfc3339(e.time_ns).encode()
+            for after_id, after_time, body, request, key in head:
+                add(_START)
+                add(jid)
+                add(after_id)
+                add(when)
+                add(after_time)
+                add(jid)
+                add(body)
+                error = None if request else e.error
+                tensors = e.inputs if request else e.outputs
+                if error is not None:
+                    add(b',"error":' + dumps(error))
+                elif key and tensors is not None:
+                    add(key)
+                    add(b",".join([tensor(n, a) for n, a in tensors.items()]))
+                    add(b"]")
+                add(b"}}\n")
+        return b"".join(parts)
 
 
 def tensor_from_json(doc: dict[str, Any]) -> np.ndarray:

@@ -1,11 +1,15 @@
 """The payload logger: a bounded queue between the request path and a sink, drained
 by one thread.
 
-:meth:`PayloadLogger.offer` is all the request path does: a sampling draw, the
-filters, and a non-blocking put of references to the request's tensors. When the queue
-is full the request is dropped and counted (``queue_full``); when the sink fails its
-requests are dropped and counted (``sink_error``) with a log line at most every
-:data:`LOG_EVERY_S` seconds. So ``sampled = written + dropped + queued`` at any time.
+:meth:`PayloadLogger.offer` is all the request path does: a sampling draw (an
+unsampled request touches nothing else), the filters, and a non-blocking append of
+references to the request's tensors. When the queue is full the request is dropped and
+counted (``queue_full``). The writer thread encodes whole batches (the sink's encoder)
+and hands them over in one call; when the sink fails its requests are dropped and
+counted (``sink_error``) with a log line at most every :data:`LOG_EVERY_S` seconds, and
+the thread waits before the next try (:data:`BACKOFF_S`, doubling up to
+:data:`BACKOFF_MAX_S`) while the queue fills and the request path drops. So
+``sampled = written + dropped + queued`` at any time.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from pdserve.observability.monitoring.events import Entry, events_of
+from pdserve.observability.monitoring.events import Entry
 from pdserve.observability.monitoring.sinks import Sink, SinkError, make_sink
 from pdserve.observability.monitoring.spec import LogSpec
 
@@ -29,12 +33,18 @@ log = logging.getLogger("pdserve.monitoring")
 
 #: At most one log line per logger and failure kind this often (seconds).
 LOG_EVERY_S = 30.0
-#: Requests the thread encodes and hands the sink at once, at most.
+#: Requests the thread encodes and hands the sink at once, at most. Large batches mean
+#: few GIL hand-overs between this thread and the request path, which cost more than
+#: the encoding saved by anything finer.
 BATCH = 256
 #: The writer thread drains the queue this often (seconds), or sooner when it is half
 #: full: waking once per round rather than per request keeps thread switches (and GIL
 #: hand-overs) off the request path.
 ROUND_S = 0.05
+#: After a sink failure the thread waits this long before the next try (seconds),
+#: doubling with each further failure up to :data:`BACKOFF_MAX_S`.
+BACKOFF_S = 0.5
+BACKOFF_MAX_S = 8.0
 
 
 class PayloadLogger:
@@ -54,7 +64,10 @@ class PayloadLogger:
         self.model = model
         self.spec = spec
         self.source = source
-        self.sink = sink if sink is not None else make_sink(spec, model)
+        self.sink = sink if sink is not None else make_sink(spec, model, source)
+        #: the sampling share, None: every request (no draw)
+        self._rate = spec.rate if spec.rate < 1.0 else None
+        self._filtered = spec.status != "all" or bool(spec.versions) or spec.parameter is not None
         #: the bounded queue: a deque the request path appends to (``len`` checked first)
         #: and the writer thread pops from; ``_wake`` rouses a writer that waits idle.
         self._queue: deque[Entry] = deque()
@@ -69,6 +82,7 @@ class PayloadLogger:
         self.dropped: Counter[str] = Counter()
         self._pending = 0  #: taken from the queue, not yet written or dropped
         self._last_log: dict[str, float] = {}
+        self._backoff = 0.0  #: seconds to wait after the last failure (0: none failed)
         self._ids = f"{uuid.uuid4().hex[:12]}-"  #: ids of requests without one: prefix-N
         self._next_id = 0
         self._thread = threading.Thread(target=self._run, name=f"payload-log-{model}", daemon=True)
@@ -88,33 +102,28 @@ class PayloadLogger:
     ) -> None:
         """Record one finished request when it is sampled and passes the filters; never
         blocks (a full queue drops it, counted)."""
-        spec = self.spec
-        if spec.rate < 1.0 and random.random() >= spec.rate:
+        rate = self._rate
+        if rate is not None and random.random() >= rate:
             return
-        if spec.status != "all" and (spec.status == "error") != (error is not None):
+        if self._filtered and not self._passes(version, error, parameters):
             return
-        if spec.versions and version not in spec.versions:
-            return
-        if spec.parameter is not None:
-            key, value = spec.parameter
-            if str(parameters.get(key, "")) != value:
-                return
         self.sampled += 1
+        queue = self._queue
+        if len(queue) >= self._limit:
+            self.dropped["queue_full"] += 1
+            return
         size = 0
-        if spec.record != "metadata":
+        if self.spec.record != "metadata":
             for a in inputs.values():
                 size += a.nbytes
             if outputs is not None:
                 for a in outputs.values():
                     size += a.nbytes
-        if (
-            len(self._queue) >= self._limit
-            or self._bytes_in + size - self._bytes_out > spec.queue_bytes
-        ):
-            self.dropped["queue_full"] += 1
-            return
-        self._bytes_in += size
-        self._queue.append(
+            if self._bytes_in + size - self._bytes_out > self.spec.queue_bytes:
+                self.dropped["queue_full"] += 1
+                return
+            self._bytes_in += size
+        queue.append(
             Entry(
                 request_id,
                 self.model,
@@ -127,15 +136,31 @@ class PayloadLogger:
                 size,
             )
         )
-        if self._idle and len(self._queue) > self._limit // 2:  # else: the next round
+        if self._idle and len(queue) > self._limit // 2:  # else: the next round
             self._idle = False
             self._wake.set()
+
+    def _passes(self, version: str, error: str | None, parameters: dict[str, Any]) -> bool:
+        """Whether a request passes the status, version and parameter filters."""
+        spec = self.spec
+        if spec.status != "all" and (spec.status == "error") != (error is not None):
+            return False
+        if spec.versions and version not in spec.versions:
+            return False
+        if spec.parameter is not None:
+            key, value = spec.parameter
+            if str(parameters.get(key, "")) != value:
+                return False
+        return True
 
     # -- the writer thread -------------------------------------------------------------
 
     def _run(self) -> None:
         q = self._queue
         while True:
+            if self._backoff and not self._closing:  # the sink failed: wait, then retry
+                self._wake.wait(self._backoff)
+                self._wake.clear()
             if len(q) < BATCH:  # drain in rounds: one wake-up per round, not per request
                 self._idle = True
                 if not self._closing:
@@ -148,9 +173,9 @@ class PayloadLogger:
                 self._bytes_out += entry.size
                 batch.append(entry)
             self._write(batch)
-            self._sink_call(self.sink.tick)
+            self._sink_call(self.sink.tick, 0)
             if self._closing and not q:
-                self._sink_call(self.sink.close)
+                self._sink_call(self.sink.close, 0)
                 return
 
     def _write(self, entries: list[Entry]) -> None:
@@ -161,23 +186,20 @@ class PayloadLogger:
             if not e.id:
                 self._next_id += 1
                 e.id = f"{self._ids}{self._next_id}"
-        try:
-            requests = [events_of(e, self.spec.record, self.source) for e in entries]
-        except Exception as e:  # a tensor that cannot be encoded (should not happen)
-            self._pending -= len(entries)
-            self.dropped["encode_error"] += len(entries)
-            self._warn("encode_error", f"cannot encode a record: {type(e).__name__}: {e}")
-            return
-        self._sink_call(lambda: self.sink.write(requests))
+        self._sink_call(lambda: self.sink.write(entries), len(entries))
 
-    def _sink_call(self, call: Callable[[], int]) -> None:
+    def _sink_call(self, call: Callable[[], int], given: int) -> None:
+        """Run a sink call handed ``given`` requests; count what it wrote or lost, and
+        back off after a sink failure."""
         try:
             done = call()
         except SinkError as e:
             self._pending -= e.lost
-            self.dropped["sink_error"] += e.lost
+            self.dropped[e.reason] += e.lost
+            if e.reason == "sink_error":
+                self._backoff = min(max(self._backoff * 2, BACKOFF_S), BACKOFF_MAX_S)
             self._warn(
-                "sink_error", f"payload log of model '{self.model}' lost {e.lost} request(s): {e}"
+                e.reason, f"payload log of model '{self.model}' lost {e.lost} request(s): {e}"
             )
             return
         except Exception as e:  # a sink bug must not end the thread
@@ -185,6 +207,8 @@ class PayloadLogger:
                 "sink_error", f"payload log of model '{self.model}': {type(e).__name__}: {e}"
             )
             return
+        if given:  # the sink took a batch: no more waiting
+            self._backoff = 0.0
         self._pending -= done
         self.written += done
 

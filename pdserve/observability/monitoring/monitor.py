@@ -4,7 +4,9 @@ metrics of all of them.
 
 :meth:`VersionMonitor.observe` runs once per finished request (the server calls it
 where a response or an error is produced): it offers the request to the payload logger
-(a non-blocking put) and updates the version's histograms and drift windows.
+(a non-blocking put) and keeps a reference to its tensors; every :data:`FOLD_EVERY`
+requests, and before every read, :meth:`VersionMonitor.fold` counts them into the
+version's histograms and drift windows in one vectorised pass per tensor.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ NUMERIC_TYPES = frozenset(
         "FP64",
     )
 )
+
+#: Requests whose tensors a version holds before it counts them (:meth:`VersionMonitor.fold`).
+FOLD_EVERY = 256
 
 #: name -> (type, help) of every family this module exports.
 METRICS: dict[str, tuple[str, str]] = {
@@ -100,20 +105,31 @@ class _Drift:
         self._first: list[np.ndarray] = []
         self._first_count = 0
 
-    def add(self, array: np.ndarray, what: str) -> None:
+    def add(self, values: np.ndarray, what: str) -> None:
+        """Add ``values`` (float64, flat) to the window, or to the reference first."""
         if self.reference is None:  # first:N: fill the reference first
-            flat = np.asarray(array, dtype=np.float64).reshape(-1)
-            self._first.append(flat)
-            self._first_count += len(flat)
+            self._first.append(values)
+            self._first_count += len(values)
             if self._first_count >= self.spec.first_n:
-                values = np.concatenate(self._first)[: self.spec.first_n]
+                first = np.concatenate(self._first)
+                values = first[self.spec.first_n :]
                 self._first = []
                 try:
-                    self.reference = Reference(values, self.spec.bins, f"drift: first {what!r}")
+                    self.reference = Reference(
+                        first[: self.spec.first_n], self.spec.bins, f"drift: first {what!r}"
+                    )
                 except SpecError:  # no finite values among them: start again
                     self._first_count = 0
+                    return
+                if len(values):
+                    self.window.add(values)
             return
-        self.window.add(array)
+        self.window.add(values)
+
+
+def _numeric_of(held: list[dict[str, np.ndarray]], name: str) -> list[np.ndarray]:
+    """The numeric arrays named ``name`` in ``held``, in order."""
+    return [a for t in held if (a := t.get(name)) is not None and numeric(a)]
 
 
 class VersionMonitor:
@@ -168,12 +184,18 @@ class VersionMonitor:
             refs = {} if d.first_n else load_reference(model_dir / d.reference, tensors, d.bins)
             for name in tensors:
                 self.drift[name] = _Drift(d, refs.get(name))
-            self.drift_inputs = [n for n in tensors if n not in outputs]
+                self.drift_inputs = [n for n in tensors if n not in outputs]
+        #: whether responses are counted at all, and whether drift reads inputs too
+        self._counts = bool(self.scores or self.classes or self.drift)
+        self._inputs = bool(self.drift_inputs)
+        #: tensors of responses not counted yet: outputs, then inputs when drift reads them
+        self._held: list[dict[str, np.ndarray]] = []
 
     def observe(
         self, request: Any, outputs: dict[str, np.ndarray] | None, error: BaseException | None
     ) -> None:
-        """One finished request: ``outputs`` on success, ``error`` on failure."""
+        """One finished request: ``outputs`` on success, ``error`` on failure. Its
+        tensors are held by reference (not copied) until the next :meth:`fold`."""
         self.observed += 1
         if self.logger is not None:
             message = (
@@ -184,30 +206,40 @@ class VersionMonitor:
             self.logger.offer(
                 self.version, request.id, request.inputs, outputs, message, request.parameters
             )
-        if outputs is None:
+        if outputs is None or not self._counts:
             return
+        held = self._held
+        held.append(outputs)
+        if self._inputs:
+            held.append(request.inputs)
+        if len(held) >= FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> None:
+        """Count the held responses into the histograms and drift windows: per tensor,
+        its values of all of them at once (same counts as one response at a time)."""
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        outs = held[::2] if self._inputs else held
         for name, h in self.scores.items():
-            a = outputs.get(name)
-            if a is not None and numeric(a):
-                h.add(a)
+            if arrays := _numeric_of(outs, name):
+                h.add(np.concatenate(arrays, axis=None, dtype=np.float64))
         for name, c in self.classes.items():
-            a = outputs.get(name)
-            if a is not None and numeric(a):
-                c.add(a)
+            if arrays := _numeric_of(outs, name):
+                c.add_all(arrays)
         for name, d in self.drift.items():
-            a = outputs.get(name)
-            if a is None:
-                a = request.inputs.get(name)
-            if a is not None and numeric(a):
-                d.add(a, name)
+            source = held[1::2] if name in self.drift_inputs else outs
+            if arrays := _numeric_of(source, name):
+                d.add(np.concatenate(arrays, axis=None, dtype=np.float64), name)
 
     def samples(self) -> list[Sample]:
         """The version's distribution and drift samples."""
+        self.fold()
         base = {"model": self.model, "version": self.version}
         rows: list[Row] = []
-
         for name, h in self.scores.items():
-            h.fold()
             out = {**base, "output": name}
             for le, n in h.cumulative():
                 rows.append(("pdserve_prediction_value_bucket", {**out, "le": le}, n))
@@ -332,6 +364,7 @@ class Monitor:
         version of the model with the most monitored requests)."""
         by_model: dict[str, list[VersionMonitor]] = {}
         for (model, _), vm in self.versions.items():
+            vm.fold()
             if vm.drift:
                 by_model.setdefault(model, []).append(vm)
         out: list[Row] = []

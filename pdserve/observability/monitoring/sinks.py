@@ -16,8 +16,11 @@ from typing import Any, Protocol
 import orjson
 
 from pdserve.observability.monitoring.events import (
+    Entry,
     Event,
+    JsonLines,
     event_json,
+    events_of,
     kafka_headers,
     tensor_row,
 )
@@ -30,19 +33,29 @@ S3_OPTIONS = {
 
 
 class SinkError(Exception):
-    """A write failed; ``lost`` requests' records are gone."""
+    """A write failed; ``lost`` requests' records are gone. ``reason``: ``sink_error``
+    (the store or broker failed: the logger backs off) or ``encode_error`` (a record
+    could not be encoded)."""
 
-    def __init__(self, message: str, lost: int) -> None:
+    def __init__(self, message: str, lost: int, reason: str = "sink_error") -> None:
         super().__init__(message)
         self.lost = lost
+        self.reason = reason
+
+
+def encode_error(entries: list[Entry], e: Exception) -> SinkError:
+    """The SinkError of ``entries`` that could not be encoded (all lost)."""
+    return SinkError(
+        f"cannot encode a record: {type(e).__name__}: {e}", len(entries), "encode_error"
+    )
 
 
 class Sink(Protocol):
     """What the payload logger writes to (on its own thread)."""
 
-    def write(self, requests: list[list[Event]]) -> int:
-        """Take the events of some requests; return how many requests are now written
-        (a buffering sink returns those of the files it closed).
+    def write(self, entries: list[Entry]) -> int:
+        """Take some requests (their events are the sink's to encode); return how many
+        requests are now written (a buffering sink returns those of the files it closed).
 
         Raises:
             SinkError: records were lost (``lost`` requests).
@@ -89,7 +102,7 @@ class FileSink:
         ImportError: fsspec, or pyarrow for Parquet, or the store's package is missing.
     """
 
-    def __init__(self, spec: LogSpec, model: str) -> None:
+    def __init__(self, spec: LogSpec, model: str, source: str) -> None:
         import fsspec.core
 
         url = spec.sink.url.rstrip("/")
@@ -99,11 +112,14 @@ class FileSink:
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         self._local = "file" in protocols
         self.format = spec.sink.format
+        self.record = spec.record
+        self.source = source
+        self.encoder = JsonLines(spec.record, source)
         if self.format == "parquet":
             self.schema = _parquet_schema()
         self.roll_bytes = spec.roll_bytes
         self.roll_secs = spec.roll_secs
-        self._lines: list[bytes] = []
+        self._chunks: list[bytes] = []  #: JSON Lines, one chunk per write
         self._rows: list[dict[str, Any]] = []
         self._bytes = 0
         self._requests = 0
@@ -111,25 +127,36 @@ class FileSink:
         self._seq = 0
         self.files = 0
 
-    def write(self, requests: list[list[Event]]) -> int:
-        if not requests:
+    def write(self, entries: list[Entry]) -> int:
+        if not entries:
             return 0
+        try:
+            if self.format == "jsonl":
+                chunk = self.encoder.encode(entries)
+            else:
+                rows = [
+                    self._row(e)
+                    for entry in entries
+                    for e in events_of(entry, self.record, self.source)
+                ]
+        except Exception as e:  # a tensor that cannot be encoded (should not happen)
+            raise encode_error(entries, e) from e
         if not self._requests:
             self._since = time.monotonic()
-        for events in requests:
-            for e in events:
-                if self.format == "jsonl":
-                    line = orjson.dumps(event_json(e), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
-                    self._lines.append(line)
-                    self._bytes += len(line)
-                else:
-                    row: dict[str, Any] = {**e.attributes, "error": e.error}
-                    tensors = [tensor_row(n, a) for n, a in (e.tensors or {}).items()]
-                    row["tensors"] = tensors
-                    self._rows.append(row)
-                    self._bytes += 256 + sum(len(t["data"]) for t in tensors)
-        self._requests += len(requests)
+        if self.format == "jsonl":
+            self._chunks.append(chunk)
+            self._bytes += len(chunk)
+        else:
+            self._rows += rows
+            self._bytes += sum(256 + sum(len(t["data"]) for t in r["tensors"]) for r in rows)
+        self._requests += len(entries)
         return self._roll() if self._bytes >= self.roll_bytes else 0
+
+    @staticmethod
+    def _row(e: Event) -> dict[str, Any]:
+        row: dict[str, Any] = {**e.attributes, "error": e.error}
+        row["tensors"] = [tensor_row(n, a) for n, a in (e.tensors or {}).items()]
+        return row
 
     def tick(self) -> int:
         if self._requests and time.monotonic() - self._since >= self.roll_secs:
@@ -142,27 +169,29 @@ class FileSink:
     def _roll(self) -> int:
         """Write the buffer as one file; return its requests (SinkError: all lost)."""
         n = self._requests
-        lines, rows = self._lines, self._rows
-        self._lines, self._rows, self._bytes, self._requests = [], [], 0, 0
+        chunks, rows = self._chunks, self._rows
+        self._chunks, self._rows, self._bytes, self._requests = [], [], 0, 0
         self._seq += 1
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         path = f"{self.root}/{stamp}-{os.getpid()}-{self._seq:06d}.{self.format}"
         try:
             if self.format == "jsonl":
-                payload = b"".join(lines)
+                parts = chunks
             else:
                 import pyarrow as pa
                 import pyarrow.parquet as pq
 
                 buf = io.BytesIO()
                 pq.write_table(pa.Table.from_pylist(rows, schema=self.schema), buf)
-                payload = buf.getvalue()
+                parts = [buf.getvalue()]
             self.fs.makedirs(self.root, exist_ok=True)
             if self._local:  # renamed into place: a reader never sees half a file
-                self.fs.pipe_file(path + ".tmp", payload)
+                with self.fs.open(path + ".tmp", "wb") as f:
+                    for part in parts:  # chunk by chunk: each write lets go of the GIL
+                        f.write(part)
                 self.fs.mv(path + ".tmp", path)
             else:  # an object store takes the whole object at once
-                self.fs.pipe_file(path, payload)
+                self.fs.pipe_file(path, b"".join(parts))
         except Exception as e:  # full disk, unreachable store, permissions...
             raise SinkError(f"{path}: {type(e).__name__}: {e}", n) from e
         self.files += 1
@@ -179,12 +208,14 @@ class KafkaSink:
         ImportError: aiokafka is missing.
     """
 
-    def __init__(self, spec: LogSpec, timeout_s: float = 5.0) -> None:
+    def __init__(self, spec: LogSpec, source: str, timeout_s: float = 5.0) -> None:
         import aiokafka
 
         self._aiokafka = aiokafka
         self.servers = spec.sink.url
         self.topic = spec.sink.topic
+        self.record = spec.record
+        self.source = source
         self.timeout_s = timeout_s
         self._loop = asyncio.new_event_loop()
         self._producer: Any = None
@@ -205,31 +236,41 @@ class KafkaSink:
             self._producer = producer
         return self._producer
 
-    async def _send(self, requests: list[list[Event]]) -> None:
+    def _messages(self, entries: list[Entry]) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
+        """(key, value, headers) of each event of ``entries``."""
+        out = []
+        for entry in entries:
+            for e in events_of(entry, self.record, self.source):
+                value = orjson.dumps(event_json(e)["data"], option=orjson.OPT_SERIALIZE_NUMPY)
+                out.append((e.attributes["id"].encode(), value, kafka_headers(e)))
+        return out
+
+    async def _send(self, messages: list[tuple[bytes, bytes, list[tuple[str, bytes]]]]) -> None:
         producer = await self._producer_started()
-        futures = []
-        for events in requests:
-            for e in events:
-                doc = event_json(e)
-                value = orjson.dumps(doc["data"], option=orjson.OPT_SERIALIZE_NUMPY)
-                futures.append(
-                    await producer.send(
-                        self.topic, value, key=e.attributes["id"].encode(), headers=kafka_headers(e)
-                    )
-                )
+        futures = [
+            await producer.send(self.topic, value, key=key, headers=headers)
+            for key, value, headers in messages
+        ]
         await asyncio.wait_for(asyncio.gather(*futures), self.timeout_s)
 
-    def write(self, requests: list[list[Event]]) -> int:
-        if not requests:
+    def write(self, entries: list[Entry]) -> int:
+        if not entries:
             return 0
-        try:
-            self._loop.run_until_complete(self._send(requests))
+        try:  # connected first: a broker that is down costs no encoding
+            self._loop.run_until_complete(self._producer_started())
+            try:
+                messages = self._messages(entries)
+            except Exception as e:  # a tensor that cannot be encoded (should not happen)
+                raise encode_error(entries, e) from e
+            self._loop.run_until_complete(self._send(messages))
+        except SinkError:
+            raise
         except Exception as e:  # broker gone, timeout, topic refused
             self._reset()
             raise SinkError(
-                f"kafka {self.servers}/{self.topic}: {type(e).__name__}: {e}", len(requests)
+                f"kafka {self.servers}/{self.topic}: {type(e).__name__}: {e}", len(entries)
             ) from e
-        return len(requests)
+        return len(entries)
 
     def _reset(self) -> None:
         """Drop the producer after a failure: the next write connects afresh."""
@@ -249,12 +290,12 @@ class KafkaSink:
         return 0
 
 
-def make_sink(spec: LogSpec, model: str) -> Sink:
-    """The sink ``spec`` names, for ``model``'s records.
+def make_sink(spec: LogSpec, model: str, source: str) -> Sink:
+    """The sink ``spec`` names, for ``model``'s records (events with ``source``).
 
     Raises:
         ImportError: its package is missing (fsspec / s3fs, pyarrow, aiokafka).
     """
     if spec.sink.kind == "kafka":
-        return KafkaSink(spec)
-    return FileSink(spec, model)
+        return KafkaSink(spec, source)
+    return FileSink(spec, model, source)

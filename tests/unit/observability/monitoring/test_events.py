@@ -13,6 +13,7 @@ from pdserve.observability.monitoring.events import (
     REQUEST_TYPE,
     RESPONSE_TYPE,
     Entry,
+    JsonLines,
     event_json,
     events_of,
     kafka_headers,
@@ -97,3 +98,22 @@ def test_kafka_headers_binary_mode() -> None:
     assert headers["ce_id"] == b"req-1" and headers["ce_type"] == REQUEST_TYPE.encode()
     assert headers["ce_specversion"] == b"1.0" and headers["content-type"] == b"application/json"
     assert headers["ce_inferenceservicename"] == b"m"
+
+
+@pytest.mark.parametrize("record", ["all", "inputs", "outputs", "metadata"])
+def test_json_lines_are_the_events_json(record: str) -> None:
+    """JsonLines' bytes equal each event's ``event_json`` serialised, for every dtype,
+    a non-contiguous big-endian output, errors and ids that need escaping."""
+    outputs = {**ARRAYS, "strided": np.arange(12, dtype=">f4").reshape(3, 4)[:, ::2]}
+    inputs = {f"IN_{k}": v for k, v in ARRAYS.items()}
+    encoder = JsonLines(record, "pdserve://host")
+    for error in (None, 'bad "input"\n☃'):
+        entry = Entry('id"\\1', 'm"', "2", 1_700_000_000_123_456_000, inputs, outputs, error, {})
+        events = events_of(entry, record, "pdserve://host")
+        want = b"".join(
+            orjson.dumps(event_json(e), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for e in events
+        )
+        got = encoder.encode([entry, entry])
+        assert got == want * 2
+        doc = orjson.loads(got.split(b"\n")[-2])
+        assert doc["id"] == 'id"\\1' and doc["data"]["model_name"] == 'm"'

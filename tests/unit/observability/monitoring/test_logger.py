@@ -7,10 +7,12 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from pdserve.observability.monitoring.events import Event
+from pdserve.observability.monitoring import logger as logger_mod
+from pdserve.observability.monitoring.events import Entry
 from pdserve.observability.monitoring.logger import PayloadLogger
 from pdserve.observability.monitoring.sinks import SinkError
 from pdserve.observability.monitoring.spec import LogSpec
@@ -31,10 +33,10 @@ class StalledSink:
         self.release = threading.Event()
         self.got = 0
 
-    def write(self, requests: list[list[Event]]) -> int:
+    def write(self, entries: list[Entry]) -> int:
         self.release.wait(10)
-        self.got += len(requests)
-        return len(requests)
+        self.got += len(entries)
+        return len(entries)
 
     def tick(self) -> int:
         return 0
@@ -44,8 +46,13 @@ class StalledSink:
 
 
 class FailingSink(StalledSink):
-    def write(self, requests: list[list[Event]]) -> int:
-        raise SinkError("disk full", len(requests))
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[float] = []
+
+    def write(self, entries: list[Entry]) -> int:
+        self.calls.append(time.monotonic())
+        raise SinkError("disk full", len(entries))
 
 
 def test_stalled_sink_never_blocks_the_caller() -> None:
@@ -70,6 +77,27 @@ def test_sink_errors_are_counted() -> None:
         logger.offer("1", f"r{i}", X, X, None, {})
     logger.close(5)
     assert (logger.sampled, logger.written, logger.dropped["sink_error"]) == (20, 0, 20)
+
+
+def test_a_failing_sink_is_retried_after_a_backoff(monkeypatch: Any) -> None:
+    """After a failure the thread waits BACKOFF_S, doubling, before the next write: the
+    queue fills meanwhile and the request path drops (counted) without waiting."""
+    monkeypatch.setattr(logger_mod, "BACKOFF_S", 0.2)
+    monkeypatch.setattr(logger_mod, "ROUND_S", 0.01)
+    sink = FailingSink()
+    logger = PayloadLogger("m", _spec("sink=jsonl:/unused,queue=5"), "s", sink)
+    deadline = time.monotonic() + 10
+    while len(sink.calls) < 3 and time.monotonic() < deadline:
+        for i in range(10):
+            logger.offer("1", f"r{i}", X, X, None, {})
+        time.sleep(0.005)
+    calls = list(sink.calls[:3])
+    logger.close(5)
+    assert len(calls) == 3  # tries at 0, >= 0.2 and >= 0.2 + 0.4 s
+    assert calls[1] - calls[0] >= 0.19 and calls[2] - calls[1] >= 0.39
+    assert logger.dropped["queue_full"] > 0
+    assert logger.sampled == logger.dropped["queue_full"] + logger.dropped["sink_error"]
+    assert logger.written == 0 and logger.queued == 0
 
 
 def test_filters_and_rate(tmp_path: Path) -> None:

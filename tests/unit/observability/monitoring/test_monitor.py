@@ -14,7 +14,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from pdserve.core.types import InferRequest
-from pdserve.observability.monitoring.monitor import Monitor
+from pdserve.observability.monitoring.monitor import FOLD_EVERY, Monitor
 from pdserve.observability.monitoring.spec import SpecError
 
 CONFIG = """
@@ -105,3 +105,44 @@ def test_first_n_reference_and_errors_observed(tmp_path: Path) -> None:
     monitor.close()
     sampled = _values(monitor.samples(), "pdserve_payload_log_written_total")
     assert sampled == {(("model", "m"),): 3}
+
+
+def test_held_responses_are_counted_exactly(tmp_path: Path) -> None:
+    """Responses are counted in bulk (every FOLD_EVERY, and before a read): the
+    histogram, NaN, out-of-range and class counts and the drift window (an input) hold
+    exactly what one-by-one counting gives."""
+    rng = np.random.default_rng(3)
+    np.savez(tmp_path / "ref.npz", IN=rng.uniform(0, 1, 4000))
+    monitor = Monitor()
+    params = {
+        "prediction_metrics": "outputs=OUT,bins=0:2:4,range=0:1",
+        "drift": "tensors=IN,reference=ref.npz,window=1000",
+    }
+    vm = monitor.attach(_mv("1", **params), tmp_path)
+    assert vm is not None
+    outs, ins = [], []
+    for i in range(FOLD_EVERY + 37):  # one fold on the way, the rest at the read
+        x = rng.uniform(-0.5, 1.5, (1 + i % 3, 4)).astype(np.float32)
+        if i % 50 == 0:
+            x[0, 0] = np.nan
+        y = rng.uniform(0, 1, (1, 4))
+        vm.observe(InferRequest("m", inputs={"IN": y}), {"OUT": x}, None)
+        outs.append(x.reshape(-1))
+        ins.append(y.reshape(-1))
+    samples = monitor.samples()
+    values = np.concatenate(outs).astype(np.float64)
+    finite = values[~np.isnan(values)]
+    key = (("model", "m"), ("output", "OUT"), ("version", "1"))
+    buckets = _values(samples, "pdserve_prediction_value_bucket")
+    for le in (0.0, 0.5, 1.0, 1.5):
+        assert buckets[(("le", repr(le)), *key)] == np.count_nonzero(finite <= le)
+    assert buckets[(("le", "+Inf"), *key)] == len(finite)
+    assert _values(samples, "pdserve_prediction_nan_total")[key] == np.isnan(values).sum()
+    assert _values(samples, "pdserve_prediction_out_of_range_total")[key] == np.count_nonzero(
+        (finite < 0) | (finite > 1)
+    )
+    assert _values(samples, "pdserve_prediction_value_sum")[key] == pytest.approx(finite.sum())
+    window = np.concatenate(ins)[-1000:]
+    assert sorted(vm.drift["IN"].window.values()) == sorted(window)
+    drift_key = (("model", "m"), ("tensor", "IN"), ("version", "1"))
+    assert _values(samples, "pdserve_drift_window_values")[drift_key] == 1000

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pdserve.observability.monitoring.events import Entry, events_of, tensor_from_row
+from pdserve.observability.monitoring.events import Entry, tensor_from_row
 from pdserve.observability.monitoring.sinks import FileSink, KafkaSink, SinkError, make_sink
 from pdserve.observability.monitoring.spec import LogSpec
 
@@ -24,17 +24,16 @@ def _spec(text: str) -> LogSpec:
     return spec
 
 
-def _requests(n: int) -> list[list]:  # type: ignore[type-arg]
+def _requests(n: int) -> list[Entry]:
     out = []
     for i in range(n):
         x = np.full((1, 4), i, dtype=np.float32)
-        entry = Entry(f"r{i}", "m", "1", time.time_ns(), {"IN": x}, {"OUT": x * 2}, None, {})
-        out.append(events_of(entry, "all", "s"))
+        out.append(Entry(f"r{i}", "m", "1", time.time_ns(), {"IN": x}, {"OUT": x * 2}, None, {}))
     return out
 
 
 def test_jsonl_rolls_by_size(tmp_path: Path) -> None:
-    sink = FileSink(_spec(f"sink=jsonl:{tmp_path},roll_mb=0.001"), "m")  # ~1 KB files
+    sink = FileSink(_spec(f"sink=jsonl:{tmp_path},roll_mb=0.001"), "m", "s")  # ~1 KB files
     written = sum(sink.write([r]) for r in _requests(10)) + sink.close()
     assert written == 10
     files = sorted((tmp_path / "m").iterdir())
@@ -46,7 +45,7 @@ def test_jsonl_rolls_by_size(tmp_path: Path) -> None:
 
 
 def test_parquet_rolls_by_age(tmp_path: Path) -> None:
-    sink = make_sink(_spec(f"sink=parquet:{tmp_path},roll_secs=0.05"), "m")
+    sink = make_sink(_spec(f"sink=parquet:{tmp_path},roll_secs=0.05"), "m", "s")
     assert sink.write(_requests(3)) == 0 and sink.tick() == 0  # buffered, young
     time.sleep(0.06)
     assert sink.tick() == 3
@@ -59,17 +58,26 @@ def test_parquet_rolls_by_age(tmp_path: Path) -> None:
 def test_failed_write_loses_its_requests(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("a file where the sink wants a folder")
-    sink = FileSink(_spec(f"sink=jsonl:{blocker},roll_mb=0.000001"), "m")
+    sink = FileSink(_spec(f"sink=jsonl:{blocker},roll_mb=0.000001"), "m", "s")
     with pytest.raises(SinkError) as e:
         sink.write(_requests(2))
-    assert e.value.lost == 2 and "file" in str(e.value)
+    assert e.value.lost == 2 and "file" in str(e.value) and e.value.reason == "sink_error"
+
+
+def test_an_entry_that_cannot_be_encoded_is_an_encode_error(tmp_path: Path) -> None:
+    sink = FileSink(_spec(f"sink=jsonl:{tmp_path}"), "m", "s")
+    bad = Entry("r", "m", "1", 0, {"IN": np.zeros(2, dtype=np.complex64)}, None, None, {})
+    with pytest.raises(SinkError) as e:
+        sink.write([*_requests(2), bad])
+    assert (e.value.lost, e.value.reason) == (3, "encode_error")
+    assert sink.write(_requests(1)) == 0 and sink.close() == 1  # the sink goes on
 
 
 def test_kafka_sink_without_a_broker() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once the block ends: nothing listens
-    sink = KafkaSink(_spec(f"sink=kafka://127.0.0.1:{port}/t"), timeout_s=1.0)
+    sink = KafkaSink(_spec(f"sink=kafka://127.0.0.1:{port}/t"), "s", timeout_s=1.0)
     start = time.monotonic()
     with pytest.raises(SinkError) as e:
         sink.write(_requests(3))
