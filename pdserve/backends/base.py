@@ -360,6 +360,9 @@ INLINE_RUN_MAX_S = 0.0005
 #: move an ``auto`` instance to its thread for good.
 INLINE_STICKY_LIMIT_S = 0.002
 INLINE_STICKY_RUNS = 2
+#: An instance's first runs, wherever they ran, never count toward that rule: a
+#: framework's first calls optimise its graph and grow its buffers, and are long once.
+INLINE_WARMUP_RUNS = 8
 #: Where :class:`InlineRuns` runs a batch.
 RUN_MODES = ("auto", "loop", "thread")
 
@@ -379,8 +382,8 @@ class InlineRuns:
     process was preempted; a framework's own worker threads count). A run whose work is
     on other threads looks short on the thread however long it is: inline, runs over
     :data:`INLINE_STICKY_LIMIT_S`, :data:`INLINE_STICKY_RUNS` in a row, move ``auto`` to
-    ``thread`` for good. One long inline run alone moves it only until the average
-    comes down.
+    ``thread`` for good (once past the instance's first :data:`INLINE_WARMUP_RUNS` runs).
+    One long inline run alone moves it only until the average comes down.
 
     The instance asks, then runs and reports (its own code is never called back from
     here, on the loop or on its thread): ::
@@ -415,12 +418,14 @@ class InlineRuns:
         #: moving average of a run, seconds (0: none yet).
         self.avg_run_s = 0.0
         self._long_inline = 0
+        self._runs = 0
 
     def inline(self) -> bool:
         """Whether the next batch runs inline on the event loop."""
         return self.mode == "loop" or (self.mode == "auto" and 0.0 < self.avg_run_s < self.max_s)
 
     def _note(self, seconds: float) -> None:
+        self._runs += 1
         avg = self.avg_run_s
         self.avg_run_s = seconds if avg == 0.0 else avg * 0.9 + seconds * 0.1
 
@@ -438,7 +443,7 @@ class InlineRuns:
         """Note the inline run that began at ``mark`` (:meth:`start`) and has just ended."""
         seconds = min(time.perf_counter() - mark[0], time.process_time() - mark[1])
         self._note(seconds)
-        if self.mode != "auto":
+        if self.mode != "auto" or self._runs <= INLINE_WARMUP_RUNS:
             return
         if seconds <= INLINE_STICKY_LIMIT_S:
             self._long_inline = 0

@@ -50,6 +50,12 @@ _THREADS = {
 }
 
 
+#: A batch runs inline on the event loop while the instance's average run is shorter
+#: (seconds). Longer than the default: handing a signature call to the instance's
+#: thread and back costs about as much as a small Keras model's whole run.
+INLINE_RUN_MAX_S = 0.001
+
+
 def apply_threads(cfg: cfgmod.ModelConfig) -> None:
     """Set TensorFlow's thread pools from ``TF_NUM_INTRA_THREADS`` / ``TF_NUM_INTER_THREADS``.
 
@@ -207,7 +213,7 @@ class TensorFlowInstance(ModelInstance):
         self._device = device
         self._model = spec.name
         self._executor = executor
-        self.runs = InlineRuns(name, "thread" if pinned else "auto")
+        self.runs = InlineRuns(name, "thread" if pinned else "auto", INLINE_RUN_MAX_S)
         self._closed = False
         self._tf = import_tf()
 

@@ -17,6 +17,7 @@ from pdserve.backends.base import (
     INLINE_RUN_MAX_S,
     INLINE_STICKY_LIMIT_S,
     INLINE_STICKY_RUNS,
+    INLINE_WARMUP_RUNS,
     ExecRequest,
     InlineRuns,
     execute_on_thread,
@@ -159,11 +160,25 @@ def test_long_inline_runs_in_a_row_move_the_instance_for_good(
             _burn(long)
         return value
 
-    _drive(runs, executor, pool_work, 20)
+    _drive(runs, executor, pool_work, 40)
     assert runs.mode == "thread"
-    assert calls.count("MainThread") == INLINE_STICKY_RUNS
+    assert calls[INLINE_WARMUP_RUNS:].count("MainThread") == INLINE_STICKY_RUNS
     last_inline = len(calls) - 1 - calls[::-1].index("MainThread")
     assert all(t.startswith("m_0") for t in calls[last_inline + 1 :]), calls
+
+
+def test_long_first_runs_do_not_move_the_instance_for_good(
+    executor: concurrent.futures.ThreadPoolExecutor,
+) -> None:
+    """A framework's first calls (graph optimisation) are long once: inline runs over the
+    limit within the first INLINE_WARMUP_RUNS leave ``auto`` as it is."""
+    long = INLINE_STICKY_LIMIT_S * 2
+    model = _Model([0.0, long, long])  # thread, then two long inline runs in a row
+    runs = InlineRuns("m_0")
+    _drive(runs, executor, model, 80)
+    assert model.threads[1:3] == ["MainThread"] * 2
+    assert runs.mode == "auto"
+    assert model.threads[-1] == "MainThread"  # short runs are back inline
 
 
 def test_preemption_alone_does_not_count_as_a_long_inline_run(
