@@ -65,6 +65,7 @@ from common import (  # noqa: E402
 
 from tests.integration.ray_cluster import (  # noqa: E402
     HEAD_IP,
+    cmdline,
     infer_body,
     setup_namespace,
     start_cluster,
@@ -117,14 +118,6 @@ ROLES = (
 WATCHED: dict[str, list[int]] = {}
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def watch_processes(roots: dict[str, int]) -> None:
     """Fill :data:`WATCHED`: each of ``roots`` (role -> pid) as is, and the processes
     below the Ray head by :data:`ROLES` (anything else under it: ``ray_other``)."""
@@ -132,7 +125,7 @@ def watch_processes(roots: dict[str, int]) -> None:
     for role, pid in roots.items():
         WATCHED[role] = [pid]
     for pid in descendants(roots["ray_head"]):
-        line = _cmdline(pid)
+        line = cmdline(pid)
         role = next((r for r, piece in ROLES if piece in line), "ray_other")
         WATCHED.setdefault(role, []).append(pid)
 

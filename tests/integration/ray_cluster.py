@@ -78,7 +78,8 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
+    """The command line of process ``pid`` ('' when it is gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
@@ -108,10 +109,10 @@ class Cluster:
             RuntimeError: none found.
         """
         for pid in _children(self.worker.pid):
-            if "/raylet " in _cmdline(pid) or _cmdline(pid).startswith("raylet"):
+            if "/raylet " in cmdline(pid) or cmdline(pid).startswith("raylet"):
                 return pid
         for pid in _children(self.worker.pid):
-            if "raylet" in _cmdline(pid).split(" ")[0]:
+            if "raylet" in cmdline(pid).split(" ")[0]:
                 return pid
         raise RuntimeError("no raylet under the worker node's ray start")
 
