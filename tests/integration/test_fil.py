@@ -69,6 +69,14 @@ def server(tmp_path_factory: pytest.TempPathFactory, tree_repo: Path) -> Iterato
     cfg.write_text(
         cfg.read_text().replace("kind: KIND_CPU count: 1", 'name: "gpu" kind: KIND_GPU gpus: [ 0 ]')
     )
+    # a queue delay gathers concurrent rows into shared batches however quickly each
+    # batch runs (a short one runs inline, before the next request is read)
+    cfg = repo / "lightgbm_diabetes" / "config.pbtxt"
+    cfg.write_text(
+        cfg.read_text().replace(
+            "dynamic_batching { }", "dynamic_batching { max_queue_delay_microseconds: 5000 }"
+        )
+    )
     for name in ("xgb_corrupt", "lgb_wrong_format", "xgb_gpu"):
         text = (repo / name / "config.pbtxt").read_text()
         (repo / name / "config.pbtxt").write_text(text.replace('name: "', f'name: "{name}" #', 1))
