@@ -184,7 +184,7 @@ class VersionMonitor:
             refs = {} if d.first_n else load_reference(model_dir / d.reference, tensors, d.bins)
             for name in tensors:
                 self.drift[name] = _Drift(d, refs.get(name))
-                self.drift_inputs = [n for n in tensors if n not in outputs]
+            self.drift_inputs = [n for n in tensors if n not in outputs]
         #: whether responses are counted at all, and whether drift reads inputs too
         self._counts = bool(self.scores or self.classes or self.drift)
         self._inputs = bool(self.drift_inputs)
@@ -361,7 +361,8 @@ class Monitor:
 
     def divergence(self) -> list[Row]:
         """PSI of each version's drift window against the baseline version's (the
-        version of the model with the most monitored requests)."""
+        version of the model with the most monitored requests; of equals, the lowest:
+        a shadow mirrors every request of its primary)."""
         by_model: dict[str, list[VersionMonitor]] = {}
         for (model, _), vm in self.versions.items():
             vm.fold()
@@ -371,7 +372,7 @@ class Monitor:
         for model, vms in sorted(by_model.items()):
             if len(vms) < 2:
                 continue
-            base = max(vms, key=lambda v: v.observed)
+            base = max(vms, key=lambda v: (v.observed, -int(v.version)))
             for name, bd in base.drift.items():
                 ref_values = bd.window.values()
                 if len(ref_values) < bd.spec.min_values:
