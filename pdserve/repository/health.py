@@ -182,11 +182,6 @@ class ModelHealth:
         self.mv = mv
         self.params = params
         self.watchdog: Watchdog | None = None
-        self.hook_interval = params.hook_interval_s
-        self.hook_timeout = params.hook_timeout_s
-        self.probe_interval = params.probe_interval_s
-        self.probe_timeout = params.probe_timeout_s
-        self.probe_failures = params.probe_failures
         self.probe_request: InferRequest | None = None
         self.probe_stats = ModelStats(mv.name, mv.version_str)
         self.failed_in_row = 0
@@ -205,13 +200,13 @@ class ModelHealth:
                 probe with, or a readiness hook that raised.
         """
         mv = self.mv
-        if self.probe_interval > 0:
+        if self.params.probe_interval_s > 0:
             self.probe_request = await self._probe_sample(where)
             mv.stats.probe = self.summary
         for inst in mv.instances:
             if not inst.has_ready_hook():
                 continue
-            answer = await inst.check_ready(self.hook_timeout)
+            answer = await inst.check_ready(self.params.hook_timeout_s)
             if answer is not None and not answer[0] and "raised" in answer[1]:
                 raise cfgmod.ConfigError(where, "is_ready", f"instance {inst.name}: {answer[1]}")
             if answer is not None and not answer[0]:
@@ -265,9 +260,9 @@ class ModelHealth:
     async def _hooks(self) -> None:
         mv = self.mv
         while True:
-            await asyncio.sleep(self.hook_interval)
+            await asyncio.sleep(self.params.hook_interval_s)
             answers = await asyncio.gather(
-                *(inst.check_ready(self.hook_timeout) for inst in mv.instances)
+                *(inst.check_ready(self.params.hook_timeout_s) for inst in mv.instances)
             )
             for inst, answer in zip(mv.instances, answers, strict=False):
                 if answer is None:
@@ -282,7 +277,7 @@ class ModelHealth:
 
     async def _probes(self) -> None:
         while True:
-            await asyncio.sleep(self.probe_interval)
+            await asyncio.sleep(self.params.probe_interval_s)
             ok, why = await self._probe_once()
             mv = self.mv
             if ok:
@@ -293,7 +288,7 @@ class ModelHealth:
                 continue
             self.failed_in_row += 1
             self.last_error = why
-            if self.failed_in_row >= self.probe_failures and not mv.probe_down:
+            if self.failed_in_row >= self.params.probe_failures and not mv.probe_down:
                 mv.probe_down = True
                 log.error(
                     "model %s version %s: canary probe failed %d times in a row (%s); "
@@ -310,9 +305,9 @@ class ModelHealth:
         task = self._probe_task
         if task is None or task.done():
             task = self._probe_task = asyncio.get_running_loop().create_task(self._run_probe())
-        done, _ = await asyncio.wait([task], timeout=self.probe_timeout)
+        done, _ = await asyncio.wait([task], timeout=self.params.probe_timeout_s)
         if not done:
-            return False, f"no answer within {self.probe_timeout:g} s"
+            return False, f"no answer within {self.params.probe_timeout_s:g} s"
         self._probe_task = None
         try:
             task.result()
