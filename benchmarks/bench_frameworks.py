@@ -76,7 +76,10 @@ def _in_process(model: str) -> Callable[[np.ndarray], np.ndarray]:
     if model.endswith("openvino"):
         import openvino as ov
 
-        request = ov.Core().compile_model(str(version / "model.xml"), "CPU").create_infer_request()
+        from pdserve.backends.openvino.options import CPU_PRECISION
+
+        compiled = ov.Core().compile_model(str(version / "model.xml"), "CPU", CPU_PRECISION)
+        request = compiled.create_infer_request()
         return lambda x: request.infer({name: x})[output]
     if model == "iris_keras":
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

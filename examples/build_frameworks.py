@@ -138,6 +138,8 @@ def build_openvino(repo: Path, source_repo: Path) -> str:
     import onnxruntime as ort
     import openvino as ov
 
+    from pdserve.backends.openvino.options import CPU_PRECISION
+
     onnx_path = source_repo / "efficientnet_lite0" / "1" / "model.onnx"
     names, photos = _photos()
     ort_logits = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(
@@ -148,7 +150,7 @@ def build_openvino(repo: Path, source_repo: Path) -> str:
     ov.save_model(
         ov.convert_model(str(onnx_path)), str(version_dir / "model.xml"), compress_to_fp16=False
     )
-    compiled = ov.Core().compile_model(str(version_dir / "model.xml"), "CPU")
+    compiled = ov.Core().compile_model(str(version_dir / "model.xml"), "CPU", CPU_PRECISION)
     ov_logits = np.asarray(compiled(photos)[0])
     diff = float(np.max(np.abs(ov_logits - ort_logits)))
     if not np.array_equal(ov_logits.argmax(1), ort_logits.argmax(1)) or diff > OPENVINO_ATOL:

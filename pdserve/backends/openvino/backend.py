@@ -35,7 +35,7 @@ from pdserve.backends.base import (
 from pdserve.backends.host_policy import name_current_thread, pin_current_thread
 from pdserve.backends.instance_plan import InstancePlan, instance_plans
 from pdserve.backends.openvino.model import complete_config, pad_batch, prepare_model, read_model
-from pdserve.backends.openvino.options import Options
+from pdserve.backends.openvino.options import CPU_PRECISION, Options
 from pdserve.core.errors import internal
 
 if TYPE_CHECKING:
@@ -134,6 +134,8 @@ class OpenVinoBackend(Backend):
         def compile_for(device: str) -> Any:
             model = prepare_model(read_model(core, path, spec.name), cfg, opts)
             props = dict(opts.properties)
+            if device == "CPU":
+                props = CPU_PRECISION | props
             props["ALLOW_AUTO_BATCHING"] = bool(
                 cfg.max_batch_size and not opts.skip_dynamic_batchsize
             )

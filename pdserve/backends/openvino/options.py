@@ -7,7 +7,8 @@ Device properties (handed to ``Core.compile_model``): ``PERFORMANCE_HINT``
 (``YES`` in any case turns them on, anything else leaves them off, as in Triton):
 ``SKIP_OV_DYNAMIC_BATCHSIZE``, ``ENABLE_BATCH_PADDING``, ``RESHAPE_IO_LAYERS``. Also
 ``TARGET_DEVICE`` (the OpenVINO device, default ``CPU``) and ``CPU_EXTENSION_PATH`` (a
-custom-layer library ``Core.add_extension`` loads). Values are case-insensitive.
+custom-layer library ``Core.add_extension`` loads). Values are case-insensitive. On the CPU
+inference runs in f32 unless ``HINT_BF16`` asks for bf16 (:data:`CPU_PRECISION`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ DEVICE_PARAMETERS = (
 #: The switches (``YES`` turns them on).
 SWITCHES = ("SKIP_OV_DYNAMIC_BATCHSIZE", "ENABLE_BATCH_PADDING", "RESHAPE_IO_LAYERS")
 _HINTS = ("latency", "throughput", "cumulative_throughput")
+#: The CPU plugin's precision unless ``HINT_BF16`` says otherwise. OpenVINO itself picks
+#: bf16 on CPUs with AVX512_BF16 or AMX, which moves a model's outputs by far more than
+#: float32 rounding; pdserve keeps a model's outputs the same on every CPU.
+CPU_PRECISION = {"INFERENCE_PRECISION_HINT": "f32"}
 
 
 def device_property(key: str, value: str) -> tuple[str, Any]:

@@ -57,6 +57,24 @@ def test_instances_follow_instance_group_and_batches_split(tmp_path: Path) -> No
     assert model_path(spec).name == "model.xml"
 
 
+def test_cpu_instances_infer_in_f32_unless_hint_bf16_asks(tmp_path: Path) -> None:
+    """OpenVINO alone would pick bf16 on CPUs with AVX512_BF16 or AMX."""
+
+    async def precision() -> str:
+        backend = OpenVinoBackend()
+        spec = _spec(tmp_path, "max_batch_size: 8")
+        await backend.auto_complete(spec)
+        instances = await backend.load(spec)
+        try:
+            compiled = instances[0].request.get_compiled_model()  # type: ignore[attr-defined]
+            return str(compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name())
+        finally:
+            for instance in instances:
+                await instance.close()
+
+    assert asyncio.run(precision()) == "f32"
+
+
 def test_a_fixed_batch_pads_with_enable_batch_padding(tmp_path: Path) -> None:
     params = (
         'parameters { key: "SKIP_OV_DYNAMIC_BATCHSIZE" value { string_value: "YES" } } '
