@@ -356,13 +356,17 @@ async def run_on_thread(
 #: :class:`InlineRuns`' default: a batch runs inline on the event loop while the
 #: instance's average run is shorter (handing it to a thread and back costs as much).
 INLINE_RUN_MAX_S = 0.0005
-#: Inline runs longer than this, INLINE_STICKY_RUNS of them in a row (inline runs only),
-#: move an ``auto`` instance to its thread for good.
+#: Inline runs longer than this, INLINE_STICKY_RUNS of an instance's last
+#: INLINE_STICKY_WINDOW inline runs, move an ``auto`` instance to its thread for good. A
+#: share rather than a streak: a preempted process makes runs look long now and then, a
+#: model whose work is on other threads makes every inline run long.
 INLINE_STICKY_LIMIT_S = 0.002
-INLINE_STICKY_RUNS = 2
+INLINE_STICKY_RUNS = 4
+INLINE_STICKY_WINDOW = 8
 #: An instance's first runs, wherever they ran, never count toward that rule: a
 #: framework's first calls optimise its graph and grow its buffers, and are long once.
 INLINE_WARMUP_RUNS = 8
+_WINDOW_MASK = (1 << INLINE_STICKY_WINDOW) - 1
 #: Where :class:`InlineRuns` runs a batch.
 RUN_MODES = ("auto", "loop", "thread")
 
@@ -381,8 +385,9 @@ class InlineRuns:
     smaller of wall and process CPU time (what the loop was blocked for, less time the
     process was preempted; a framework's own worker threads count). A run whose work is
     on other threads looks short on the thread however long it is: inline, runs over
-    :data:`INLINE_STICKY_LIMIT_S`, :data:`INLINE_STICKY_RUNS` in a row, move ``auto`` to
-    ``thread`` for good (once past the instance's first :data:`INLINE_WARMUP_RUNS` runs).
+    :data:`INLINE_STICKY_LIMIT_S`, :data:`INLINE_STICKY_RUNS` of the last
+    :data:`INLINE_STICKY_WINDOW` inline runs, move ``auto`` to ``thread`` for good (once
+    past the instance's first :data:`INLINE_WARMUP_RUNS` runs).
     One long inline run alone moves it only until the average comes down.
 
     The instance asks, then runs and reports (its own code is never called back from
@@ -417,6 +422,7 @@ class InlineRuns:
         self.max_s = max_s
         #: moving average of a run, seconds (0: none yet).
         self.avg_run_s = 0.0
+        #: the last INLINE_STICKY_WINDOW counted inline runs, one bit each (1: long)
         self._long_inline = 0
         self._runs = 0
 
@@ -445,16 +451,16 @@ class InlineRuns:
         self._note(seconds)
         if self.mode != "auto" or self._runs <= INLINE_WARMUP_RUNS:
             return
-        if seconds <= INLINE_STICKY_LIMIT_S:
-            self._long_inline = 0
-            return
-        self._long_inline += 1
-        if self._long_inline >= INLINE_STICKY_RUNS:
+        window = (self._long_inline << 1 | (seconds > INLINE_STICKY_LIMIT_S)) & _WINDOW_MASK
+        self._long_inline = window
+        if window.bit_count() >= INLINE_STICKY_RUNS:
             self.mode = "thread"
             log.info(
-                "%s: %d inline runs of over %.0f ms (the last %.1f ms) moved it to its own thread",
+                "%s: %d of its last %d inline runs took over %.0f ms (the last %.1f ms): it "
+                "runs on its own thread from now on",
                 self.instance,
-                INLINE_STICKY_RUNS,
+                window.bit_count(),
+                INLINE_STICKY_WINDOW,
                 INLINE_STICKY_LIMIT_S * 1e3,
                 seconds * 1e3,
             )

@@ -17,6 +17,7 @@ from pdserve.backends.base import (
     INLINE_RUN_MAX_S,
     INLINE_STICKY_LIMIT_S,
     INLINE_STICKY_RUNS,
+    INLINE_STICKY_WINDOW,
     INLINE_WARMUP_RUNS,
     ExecRequest,
     InlineRuns,
@@ -144,11 +145,12 @@ def test_one_long_inline_run_moves_the_instance_only_for_a_while(
     assert runs.mode == "auto"
 
 
-def test_long_inline_runs_in_a_row_move_the_instance_for_good(
+def test_mostly_long_inline_runs_move_the_instance_for_good(
     executor: concurrent.futures.ThreadPoolExecutor,
 ) -> None:
     """A run whose work is on other threads looks short on its own thread; inline it
-    blocks the loop, which twice in a row ends inline runs for good."""
+    blocks the loop, which in INLINE_STICKY_RUNS of the last INLINE_STICKY_WINDOW inline
+    runs ends inline runs for good."""
     long = INLINE_STICKY_LIMIT_S * 2
     runs = InlineRuns("m_0")
     calls: list[str] = []
@@ -165,6 +167,27 @@ def test_long_inline_runs_in_a_row_move_the_instance_for_good(
     assert calls[INLINE_WARMUP_RUNS:].count("MainThread") == INLINE_STICKY_RUNS
     last_inline = len(calls) - 1 - calls[::-1].index("MainThread")
     assert all(t.startswith("m_0") for t in calls[last_inline + 1 :]), calls
+
+
+def test_long_inline_runs_now_and_then_do_not_move_the_instance_for_good() -> None:
+    """A busy machine makes some inline runs look long (the process was preempted): under
+    INLINE_STICKY_RUNS of any INLINE_STICKY_WINDOW leave ``auto`` as it is."""
+    runs = InlineRuns("m_0")
+
+    def ran(seconds: float) -> None:
+        runs.ran_inline((time.perf_counter() - seconds, time.process_time() - seconds))
+
+    for i in range(INLINE_WARMUP_RUNS + 10 * INLINE_STICKY_WINDOW):
+        # in a row, but never INLINE_STICKY_RUNS of any INLINE_STICKY_WINDOW
+        long = i % INLINE_STICKY_WINDOW < INLINE_STICKY_RUNS - 1
+        ran(INLINE_STICKY_LIMIT_S * 2 if long else 0.0)
+    assert runs.mode == "auto"
+    for _ in range(INLINE_STICKY_WINDOW):  # clear the window
+        ran(0.0)
+    for i in range(2 * INLINE_STICKY_RUNS - 1):  # long, short, long...: not a streak
+        assert runs.mode == "auto"
+        ran(INLINE_STICKY_LIMIT_S * 2 if i % 2 == 0 else 0.0)
+    assert runs.mode == "thread"
 
 
 def test_long_first_runs_do_not_move_the_instance_for_good(

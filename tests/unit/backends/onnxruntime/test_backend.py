@@ -105,7 +105,7 @@ def test_one_long_inline_run_does_not_move_the_instance_for_good(tmp_path: Path)
         asyncio.run(inst.close())
 
 
-def test_long_inline_runs_in_a_row_move_the_instance_for_good(tmp_path: Path) -> None:
+def test_mostly_long_inline_runs_move_the_instance_for_good(tmp_path: Path) -> None:
     long = INLINE_STICKY_LIMIT_S * 2
     session = _Session([0.0, 0.0], after=long)  # a model that turned slow
     inst = _instance(tmp_path, session)
