@@ -26,3 +26,21 @@ def write_savedmodel(folder: Path, default: bool = True) -> Path:
     first = "serving_default" if default else "double"
     tf.saved_model.save(module, str(folder), signatures={first: double, "plus_one": plus_one})
     return folder
+
+
+def write_conditional_savedmodel(folder: Path) -> Path:
+    """A SavedModel at ``folder`` whose ``serving_default`` branches (``tf.cond``, which
+    TensorFlow lowers to Switch/Merge): ``x`` FP32 ``[-1, 4]`` -> ``y = 2x`` where the
+    batch sums above 0, else ``3x``."""
+    from pdserve.backends.tensorflow.savedmodel import import_tf
+
+    tf = import_tf()
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+    def branch(x: object) -> dict[str, object]:
+        return {"y": tf.cond(tf.reduce_sum(x) > 0, lambda: x * 2.0, lambda: x * 3.0)}
+
+    module = tf.Module()
+    module.branch = branch
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": branch})
+    return folder

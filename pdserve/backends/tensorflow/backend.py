@@ -54,6 +54,11 @@ _THREADS = {
 #: (seconds). Longer than the default: handing a signature call to the instance's
 #: thread and back costs about as much as a small Keras model's whole run.
 INLINE_RUN_MAX_S = 0.001
+#: TensorFlow's function executor that runs every kernel on the calling thread. An
+#: inline run uses it: the default executor hands each call's kernels to the inter-op
+#: thread pool and waits for them, which for a short run costs more than the kernels.
+#: A graph it cannot run (v1 control flow, reference edges) falls back to the default.
+SINGLE_THREADED = "SINGLE_THREADED_EXECUTOR"
 
 
 def apply_threads(cfg: cfgmod.ModelConfig) -> None:
@@ -216,18 +221,38 @@ class TensorFlowInstance(ModelInstance):
         self.runs = InlineRuns(name, "thread" if pinned else "auto", INLINE_RUN_MAX_S)
         self._closed = False
         self._tf = import_tf()
+        #: inline runs use :data:`SINGLE_THREADED` (until the graph turns out not to fit it)
+        self.single_threaded = device is None
 
-    def _run(self, feeds: dict[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
+    def _run(
+        self, feeds: dict[str, np.ndarray], wanted: list[str], inline: bool = False
+    ) -> dict[str, np.ndarray]:
         assert self.signature is not None
         tf = self._tf
         with tf.device(self._device or "/CPU:0"):
             tensors = {n: tf.constant(a) for n, a in feeds.items()}
-            result = self.signature.function(**tensors)
+            if inline and self.single_threaded:
+                result = self._call_single_threaded(tensors)
+            else:
+                result = self.signature.function(**tensors)
         out: dict[str, np.ndarray] = {}
         for n in wanted:
             value = result[n].numpy()
             out[n] = value.astype(object) if value.dtype.kind == "S" else value
         return out
+
+    def _call_single_threaded(self, tensors: dict[str, Any]) -> Any:
+        assert self.signature is not None
+        tf = self._tf
+        try:
+            with tf.experimental.function_executor_type(SINGLE_THREADED):
+                return self.signature.function(**tensors)
+        except tf.errors.OpError as e:
+            if "Single-threaded executor" not in str(e):
+                raise
+        log.info("%s: the graph needs TensorFlow's default executor", self.name)
+        self.single_threaded = False
+        return self.signature.function(**tensors)
 
     def _timed_run(  # on the instance's thread
         self, feeds: dict[str, np.ndarray], wanted: list[str]
@@ -253,7 +278,7 @@ class TensorFlowInstance(ModelInstance):
         inputs, wanted = merge_batch(batch), wanted_outputs(batch)
         mark = runs.start(self._closed)
         try:
-            outputs = self._run(inputs, wanted)
+            outputs = self._run(inputs, wanted, inline=True)
         except Exception as e:
             raise internal(self._failure(e)) from e
         finally:

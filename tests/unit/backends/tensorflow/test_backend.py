@@ -15,7 +15,7 @@ from pdserve.backends.base import ExecRequest, ModelSpec
 from pdserve.backends.tensorflow.backend import TensorFlowBackend, apply_threads, tf_gpus
 from pdserve.config import ConfigError
 from pdserve.core.types import InferRequest
-from tests.tensorflow_models import write_savedmodel
+from tests.tensorflow_models import write_conditional_savedmodel, write_savedmodel
 
 pytest.importorskip("tensorflow")
 
@@ -73,6 +73,42 @@ def test_instances_share_the_load_and_run_batches(repo: Path) -> None:
     for n, result in zip((1, 3), results, strict=True):
         assert isinstance(result, dict)
         np.testing.assert_array_equal(result["y"], np.full((n, 4), 2 * n, np.float32))
+
+
+@pytest.mark.parametrize(("branches", "single_threaded"), [(False, True), (True, False)])
+def test_inline_runs_use_the_single_threaded_executor_where_the_graph_allows(
+    tmp_path: Path, branches: bool, single_threaded: bool
+) -> None:
+    """A graph with Switch/Merge nodes fails in that executor: the instance falls back to
+    the default one, and the batch that found out is answered all the same."""
+    folder = tmp_path / "m" / "1" / "model.savedmodel"
+    (write_conditional_savedmodel if branches else write_savedmodel)(folder)
+    spec = _spec(tmp_path, "max_batch_size: 8")
+
+    async def run() -> tuple[int, bool]:
+        backend = TensorFlowBackend()
+        await backend.auto_complete(spec)
+        instance = (await backend.load(spec))[0]
+        runs = instance.runs  # type: ignore[attr-defined]
+        inline = 0
+        try:
+            # The first runs (TensorFlow optimising the graph, then instantiating it for the
+            # other executor) are long and put the instance on its thread for a while.
+            for i in range(300):
+                n = 1 + i % 3
+                inline += runs.inline()
+                x = np.full((n, 4), n, np.float32)
+                batch = [ExecRequest({"x": x}, ["y"], InferRequest("m", "1", {}), n)]
+                result = (await instance.execute(batch))[0]
+                assert isinstance(result, dict)
+                np.testing.assert_array_equal(result["y"], np.full((n, 4), 2 * n, np.float32))
+                if inline == 3:
+                    break
+            return inline, instance.single_threaded  # type: ignore[attr-defined]
+        finally:
+            await instance.close()
+
+    assert asyncio.run(run()) == (3, single_threaded)
 
 
 def test_thread_parameters_must_be_numbers(repo: Path) -> None:
