@@ -44,3 +44,25 @@ def write_conditional_savedmodel(folder: Path) -> Path:
     module.branch = branch
     tf.saved_model.save(module, str(folder), signatures={"serving_default": branch})
     return folder
+
+
+def write_two_input_savedmodel(folder: Path) -> Path:
+    """A SavedModel at ``folder`` whose ``serving_default`` takes ``minuend`` and
+    ``subtrahend`` (FP32 ``[-1, 2]``, declared in that order, the reverse of their names'
+    order) and gives ``difference`` and ``sum``."""
+    from pdserve.backends.tensorflow.savedmodel import import_tf
+
+    tf = import_tf()
+    spec = [
+        tf.TensorSpec([None, 2], tf.float32, name="minuend"),
+        tf.TensorSpec([None, 2], tf.float32, name="subtrahend"),
+    ]
+
+    @tf.function(input_signature=spec)
+    def f(minuend: object, subtrahend: object) -> dict[str, object]:
+        return {"sum": minuend + subtrahend, "difference": minuend - subtrahend}
+
+    module = tf.Module()
+    module.f = f
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": f})
+    return folder

@@ -234,7 +234,7 @@ class TensorFlowInstance(ModelInstance):
             if inline and self.single_threaded:
                 result = self._call_single_threaded(tensors)
             else:
-                result = self.signature.function(**tensors)
+                result = self.signature(tensors)
         out: dict[str, np.ndarray] = {}
         for n in wanted:
             value = result[n].numpy()
@@ -246,13 +246,13 @@ class TensorFlowInstance(ModelInstance):
         tf = self._tf
         try:
             with tf.experimental.function_executor_type(SINGLE_THREADED):
-                return self.signature.function(**tensors)
+                return self.signature(tensors)
         except tf.errors.OpError as e:
             if "Single-threaded executor" not in str(e):
                 raise
         log.info("%s: the graph needs TensorFlow's default executor", self.name)
         self.single_threaded = False
-        return self.signature.function(**tensors)
+        return self.signature(tensors)
 
     def _timed_run(  # on the instance's thread
         self, feeds: dict[str, np.ndarray], wanted: list[str]
@@ -300,5 +300,5 @@ class TensorFlowInstance(ModelInstance):
 def run_signature(sig: Signature, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
     """Call ``sig`` once on ``inputs`` in the calling thread (numpy results by name)."""
     tf = import_tf()
-    result = sig.function(**{n: tf.constant(a) for n, a in inputs.items()})
+    result = sig({n: tf.constant(a) for n, a in inputs.items()})
     return {n: t.numpy() for n, t in result.items()}

@@ -49,6 +49,28 @@ class Signature:
     #: keeps the loaded object (and its variables) alive as long as the function
     loaded: Any
 
+    def __post_init__(self) -> None:
+        fn = self.function
+        params = getattr(getattr(fn, "function_type", None), "parameters", None)
+        #: the function's flat argument names, in order (None: call it by keywords)
+        self._flat = list(params) if params and hasattr(fn, "_call_flat") else None
+        self._captured = fn.captured_inputs if self._flat is not None else []
+
+    def __call__(self, tensors: dict[str, Any]) -> dict[str, Any]:
+        """Run the signature on ``tensors`` (every input, by name): its outputs by name.
+
+        The flat call skips matching the keywords against the structured signature on
+        every call, which costs a small model as much as its kernels; the inputs were
+        checked against the configuration (and it against the signature) before.
+
+        Raises:
+            KeyError: an input missing from ``tensors``.
+            tensorflow.errors.OpError: TensorFlow's error running the graph.
+        """
+        if self._flat is None:
+            return dict(self.function(**tensors))
+        return dict(self.function._call_flat([tensors[n] for n in self._flat], self._captured))
+
 
 def _first_line(error: BaseException) -> str:
     lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]

@@ -11,7 +11,7 @@ from tritonclient.grpc import model_config_pb2
 
 from pdserve.backends.tensorflow.backend import run_signature
 from pdserve.backends.tensorflow.savedmodel import load_signature
-from tests.tensorflow_models import write_savedmodel
+from tests.tensorflow_models import write_savedmodel, write_two_input_savedmodel
 
 pytest.importorskip("tensorflow")
 
@@ -34,6 +34,17 @@ def test_serving_default_is_the_default_signature(saved: Path) -> None:
     assert (sig.inputs, sig.outputs) == ([("x", "FP32", [None, 4])], [("y", "FP32", [None, 4])])
     x = np.ones((2, 4), np.float32)
     np.testing.assert_array_equal(run_signature(sig, {"x": x})["y"], x * 2)
+
+
+def test_a_signature_call_matches_inputs_and_outputs_by_name(tmp_path: Path) -> None:
+    sig = load_signature(_cfg(), write_two_input_savedmodel(tmp_path / "m"), "m")
+    a = np.array([[5, 7]], np.float32)
+    b = np.array([[1, 2]], np.float32)
+    out = run_signature(sig, {"subtrahend": b, "minuend": a})
+    np.testing.assert_array_equal(out["difference"], [[4, 5]])
+    np.testing.assert_array_equal(out["sum"], [[6, 9]])
+    keywords = sig.function(minuend=a, subtrahend=b)  # TensorFlow's own keyword call
+    np.testing.assert_array_equal(keywords["difference"].numpy(), out["difference"])
 
 
 def test_tf_signature_def_picks_another(saved: Path) -> None:
