@@ -87,18 +87,26 @@ def make_repo(dst: Path) -> Path:
     return dst
 
 
-def batched_tiny_repo(dst: Path, max_batch: int, wait_s: float) -> Path:
+def batched_tiny_repo(
+    dst: Path, max_batch: int, wait_s: float, parameters: dict[str, str] | None = None
+) -> Path:
     """A repository of ``tiny`` whose dynamic batcher batches as the plain deployment's
     ``@serve.batch`` does: at most ``max_batch`` requests (rows) per batch, sent once
-    full or ``wait_s`` after its first request arrived."""
+    full or ``wait_s`` after its first request arrived; ``parameters`` added to its
+    config (``--tiny-param``)."""
     shutil.copytree(REPO / "tiny", dst / "tiny", symlinks=False)
     cfg = dst / "tiny" / "config.pbtxt"
+    params = "".join(
+        f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n'
+        for k, v in (parameters or {}).items()
+    )
     cfg.write_text(
         cfg.read_text()
         + "dynamic_batching {\n"
         + f"  preferred_batch_size: [ {max_batch} ]\n"
         + f"  max_queue_delay_microseconds: {round(wait_s * 1e6)}\n"
         + "}\n"
+        + params
     )
     return dst
 
@@ -255,6 +263,14 @@ def main() -> int:
     p.add_argument(
         "--parts", default="http,grpc,images", help="comma-separated: http, grpc, images"
     )
+    p.add_argument(
+        "--tiny-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config parameter of the one-hop replica's tiny (repeatable), e.g. "
+        "intra_op_thread_count=1",
+    )
     args = p.parse_args()
     out = Path(args.out or HERE / "out" / "ray.json")
     if not in_namespace():
@@ -326,8 +342,12 @@ def measure_all(
     t0 = time.monotonic()
     # like with like: (c)'s tiny batches as (b)'s @serve.batch does
     batched = batched_tiny_repo(
-        tmp / "repo_batched", ray_serve_tiny.MAX_BATCH_SIZE, ray_serve_tiny.BATCH_WAIT_S
+        tmp / "repo_batched",
+        ray_serve_tiny.MAX_BATCH_SIZE,
+        ray_serve_tiny.BATCH_WAIT_S,
+        dict(kv.split("=", 1) for kv in args.tiny_param),
     )
+    res["tiny_params"] = args.tiny_param
     control.deploy(server_application(batched, ["tiny"], one), "pdserve", {"pdserve": one})
     plain = ray_serve_tiny.PlainTiny.bind(str(repo / "tiny" / "2" / "model.onnx"))
     control.deploy(plain, "plain", {}, route_prefix="/plain")

@@ -23,6 +23,11 @@ Usage::
 
     .venv/bin/python benchmarks/bench_server_timing.py            # 4 rounds x 4 servers, ~3.5 min
     .venv/bin/python benchmarks/bench_server_timing.py --repeats 6 --duration 8
+    .venv/bin/python benchmarks/bench_server_timing.py --side-by-side --repeats 6 --duration 4
+
+``--side-by-side`` measures pairs at the same time instead (``side_by_side.py``): ``on``
+against ``off``, ``off`` against ``before`` and ``nowatch``, and ``off`` against a
+second ``off`` (the method's own spread).
 
 Writes ``benchmarks/out/bench_server_timing.json`` and prints a Markdown table.
 """
@@ -41,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_frontend as bf
+import side_by_side as sbs
 from bench_peers import OUT, machine
 from common import ROOT, cli_parser
 
@@ -107,6 +113,31 @@ def one_round(args: argparse.Namespace, name: str, repo: Path, lua: Path) -> dic
     return r
 
 
+#: ``--side-by-side`` comparisons (a, b): the goals' pairs and an A/A pair whose spread
+#: is the method's own noise.
+PAIRS = (("off", "off2"), ("off", "on"), ("before", "off"), ("off", "nowatch"))
+
+
+def side_by_side_results(
+    args: argparse.Namespace, repo: Path, plain: Path, timed: Path
+) -> list[dict[str, Any]]:
+    """``--side-by-side``: each pair of :data:`PAIRS` measured at the same time."""
+    bf.PDSERVE_FLAGS["off2"] = []
+    procs: dict[str, Any] = {}
+
+    def start(name: str) -> tuple[int, str]:
+        proc, base, _ = bf.start_server(args, "baseline" if name == "before" else name, repo)
+        procs[name] = proc
+        return proc.proc.pid, base
+
+    def stop(name: str) -> None:
+        bf.stop(procs.pop(name))
+
+    luas = {n: timed if n == "on" else plain for n in ("off", "off2", "on", "before", "nowatch")}
+    args.concurrency = args.concurrency[0]
+    return [sbs.compare(args, a, b, start, stop, luas, args.repeats) for a, b in PAIRS]
+
+
 def summary(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Median req/s per server and the per-round ratios on/off, off/before, nowatch/off."""
     out: dict[str, Any] = {}
@@ -147,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="git ref archived as 'before' (default: merge-base HEAD main)",
     )
+    p.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="measure each pair of servers at the same time on the server core "
+        "(benchmarks/side_by_side.py): steady ratios on a noisy machine",
+    )
     p.add_argument("--out", type=Path, default=OUT / "bench_server_timing.json")
     args = p.parse_args(argv)
     servers = [s for s in args.servers.split(",") if s]
@@ -162,6 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     repo = bf.build_repo()
     args.body, plain, _ = bf.write_body()
     lua = {name: timed_lua(args.body) if name == "on" else plain for name in servers}
+    if args.side_by_side:
+        results = side_by_side_results(args, repo, plain, timed_lua(args.body))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(
+            json.dumps({"machine": machine(), "side_by_side": results}, indent=2, default=str)
+        )
+        print(sbs.markdown(results))
+        return 0
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
     load_before = [round(x, 2) for x in os.getloadavg()]
     start = time.monotonic()

@@ -1,0 +1,136 @@
+"""Two servers measured at the same time: the noise of a shared machine hits both alike.
+
+Both servers run pinned to the same core (``--server-cpu``), each loaded by its own
+``wrk -t1`` on the client core at once, for ``rounds`` points (after one warm-up point).
+Each point gives each server's requests/s, p99 and server CPU-microseconds per request;
+the ratios b/a of one point are taken under the same moment's machine, so they stay
+steady while the absolute figures swing with the machine's other tenants. The CPU ratio
+is the cost ratio; the requests/s ratio is it too when both servers run one busy thread
+each (the scheduler splits the core between runnable threads, so a server with a second
+busy thread, a payload-log writer, gets more of the core than its cost says).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common import tree_cpu_seconds, wrk_latency_ms
+
+#: (process id, HTTP base URL) of a started server.
+Started = tuple[int, str]
+
+
+def _wrk(args: argparse.Namespace, base: str, lua: Path, seconds: float) -> subprocess.Popen[str]:
+    cmd = [
+        "taskset", "-c", args.client_cpu, "wrk", "-t1", f"-c{args.concurrency}",
+        f"-d{seconds:g}s", "--latency", "-s", str(lua), base + "/v2/models/tiny/infer",
+    ]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def point(
+    args: argparse.Namespace, servers: dict[str, Started], luas: dict[str, Path], seconds: float
+) -> dict[str, dict[str, Any]]:
+    """One simultaneous point: per server req/s, p99 ms, errors, CPU-us per request.
+
+    Raises:
+        RuntimeError: a wrk run failed.
+    """
+    cpu0 = {n: tree_cpu_seconds(pid) for n, (pid, _) in servers.items()}
+    runs = {n: _wrk(args, base, luas[n], seconds) for n, (_, base) in servers.items()}
+    out: dict[str, dict[str, Any]] = {}
+    for n, proc in runs.items():
+        text, err = proc.communicate(timeout=seconds * 4 + 60)
+        if proc.returncode != 0:
+            raise RuntimeError(f"wrk against {n} failed: {err[-500:]}")
+        done = re.search(r"(\d+) requests in", text)
+        rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
+        non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+        out[n] = {
+            "rps": float(rps.group(1)) if rps else 0.0,
+            "p99_ms": wrk_latency_ms(text, "99%"),
+            "errors": int(non2xx.group(1)) if non2xx else 0,
+            "requests": int(done.group(1)) if done else 0,
+        }
+    for n, (pid, _) in servers.items():
+        cpu = tree_cpu_seconds(pid) - cpu0[n]
+        reqs = out[n]["requests"]
+        out[n]["cpu_us_per_request"] = round(cpu / reqs * 1e6, 1) if reqs else None
+    return out
+
+
+def compare(
+    args: argparse.Namespace,
+    a: str,
+    b: str,
+    start: Callable[[str], Started],
+    stop: Callable[[str], None],
+    luas: dict[str, Path],
+    rounds: int,
+) -> dict[str, Any]:
+    """Start ``a`` and ``b`` (``start(name)``), one warm-up point, then ``rounds`` points
+    side by side; stop both. Per-point figures and the b/a ratios' medians and ranges."""
+    names = [a, b]
+    servers: dict[str, Started] = {}
+    points: list[dict[str, dict[str, Any]]] = []
+    try:
+        for n in names:
+            servers[n] = start(n)
+        point(args, servers, luas, args.warmup)
+        for i in range(rounds):
+            points.append(point(args, servers, luas, args.duration))
+            p = points[-1]
+            print(
+                f"  {a} vs {b} #{i + 1}: "
+                + ", ".join(
+                    f"{n} {p[n]['rps']:.0f} req/s {p[n]['cpu_us_per_request']} CPU-us/req"
+                    for n in names
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
+    finally:
+        for n in servers:
+            stop(n)
+    return {"a": a, "b": b, "points": points, **ratios(points, a, b)}
+
+
+def ratios(points: list[dict[str, dict[str, Any]]], a: str, b: str) -> dict[str, Any]:
+    """Median and range over points of b/a for req/s, CPU per request and p99."""
+    out: dict[str, Any] = {}
+    for key, stat in (("rps", "rps"), ("cpu", "cpu_us_per_request"), ("p99", "p99_ms")):
+        xs = [
+            p[b][stat] / p[a][stat] for p in points if p[a].get(stat) and p[b].get(stat) is not None
+        ]
+        if xs:
+            out[key] = {
+                "median": round(statistics.median(xs), 3),
+                "range": [round(min(xs), 3), round(max(xs), 3)],
+            }
+    return out
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    """The comparisons as a Markdown table (b/a: median (range))."""
+
+    def cell(r: dict[str, Any], key: str) -> str:
+        m = r.get(key)
+        return f"{m['median']:.3f} ({m['range'][0]:.3f}-{m['range'][1]:.3f})" if m else ""
+
+    lines = [
+        "| b vs a | points | req/s b/a | CPU-us/req b/a | p99 b/a |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['b']} vs {r['a']} | {len(r['points'])} | {cell(r, 'rps')} "
+            f"| {cell(r, 'cpu')} | {cell(r, 'p99')} |"
+        )
+    return "\n".join(lines)
