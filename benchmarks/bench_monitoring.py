@@ -28,6 +28,13 @@ after each run (written / dropped per sampled request).
 Usage::
 
     .venv/bin/python benchmarks/bench_monitoring.py --repeats 4 --duration 5
+    .venv/bin/python benchmarks/bench_monitoring.py --side-by-side --repeats 6 --duration 4
+
+``--side-by-side`` runs ``off`` and one variant at a time together on the server core
+(``side_by_side.py``), plus ``off`` against a second ``off``: on a noisy machine their
+ratios hold still where separate runs' do not. The payload-log writer is a second busy
+thread, which the scheduler gives its share of the core: there the CPU per request
+ratio is the variant's cost, the requests/s ratio flatters it.
 
 Writes ``benchmarks/out/bench_monitoring.json`` (``--out``) and prints a Markdown table.
 """
@@ -46,6 +53,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import side_by_side as sbs
 from bench_frontend import build_repo, distinct_ports, stop, write_body, wrk_cmd, wrk_point
 from bench_peers import OUT, Proc, machine
 from common import ROOT, cli_parser, pdserve_command
@@ -123,6 +131,29 @@ def run_variant(args: Any, name: str, repo: Path) -> dict[str, Any]:
     return r
 
 
+def side_by_side_results(args: Any, names: list[str], repos: dict[str, Path]) -> list[dict]:
+    """``--side-by-side``: ``off`` against a second ``off`` (the method's own spread) and
+    against each variant, measured at the same time (``side_by_side.py``)."""
+    procs: dict[str, Proc] = {}
+
+    def start(name: str) -> tuple[int, str]:
+        http, grpc, metrics = distinct_ports(3)
+        repo = repos["off" if name == "off2" else name]
+        cmd = pdserve_command(repo, http, grpc, metrics, core=args.server_cpu)
+        proc = Proc(f"monitoring_{name}", cmd, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
+        procs[name] = proc
+        base = f"http://127.0.0.1:{http}"
+        proc.wait_ready(base + "/v2/health/ready")
+        return proc.proc.pid, base
+
+    def stop_one(name: str) -> None:
+        stop(procs.pop(name))
+
+    luas = {n: args.lua for n in [*names, "off2"]}
+    pairs = [("off", "off2"), *(("off", n) for n in names if n != "off")]
+    return [sbs.compare(args, a, b, start, stop_one, luas, args.repeats) for a, b in pairs]
+
+
 def summarise(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name in rounds[0]:
@@ -177,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-cpu", default="0", help="taskset cores of the server (default 0)")
     p.add_argument("--client-cpu", default="1", help="taskset cores of wrk (default 1)")
     p.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="measure off and each variant at the same time on the server core "
+        "(benchmarks/side_by_side.py): steady ratios on a noisy machine",
+    )
+    p.add_argument(
         "--out", type=Path, default=OUT / "bench_monitoring.json", help="JSON of every round"
     )
     args = p.parse_args(argv)
@@ -189,7 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     _, args.lua, _ = write_body()
     rounds: list[dict[str, dict[str, Any]]] = []
     with stalled_broker() as stall_port:
-        repos = {n: variant_repo(base, n, stall_port) for n in names}
+        repos = {n: variant_repo(base, n, stall_port) for n in {"off", *names}}
+        if args.side_by_side:
+            results = side_by_side_results(args, names, repos)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(
+                json.dumps({"machine": machine(), "side_by_side": results}, indent=1)
+            )
+            print(sbs.markdown(results))
+            return 0
         for rep in range(args.repeats):
             print(f"round {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
             order = names if rep % 2 == 0 else list(reversed(names))
