@@ -149,7 +149,7 @@ def side_by_side_results(args: Any, names: list[str], repos: dict[str, Path]) ->
     def stop_one(name: str) -> None:
         stop(procs.pop(name))
 
-    luas = {n: args.lua for n in [*names, "off2"]}
+    luas = {n: args.lua for n in ["off", "off2", *names]}
     pairs = [("off", "off2"), *(("off", n) for n in names if n != "off")]
     return [sbs.compare(args, a, b, start, stop_one, luas, args.repeats) for a, b in pairs]
 

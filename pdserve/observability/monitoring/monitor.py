@@ -127,9 +127,19 @@ class _Drift:
         self.window.add(values)
 
 
-def _numeric_of(held: list[dict[str, np.ndarray]], name: str) -> list[np.ndarray]:
-    """The numeric arrays named ``name`` in ``held``, in order."""
-    return [a for t in held if (a := t.get(name)) is not None and numeric(a)]
+def _values_of(held: list[dict[str, np.ndarray]], name: str) -> np.ndarray | None:
+    """The values of the numeric tensors named ``name`` in ``held``, in order, flat
+    float64; None when there are none. A tensor has its configured datatype (checked on
+    the request path), so the first one's kind stands for all of them."""
+    arrays = [a for t in held if (a := t.get(name)) is not None]
+    if not arrays or not numeric(arrays[0]):
+        arrays = [a for a in arrays if numeric(a)]
+        if not arrays:
+            return None
+    try:
+        return np.concatenate(arrays, axis=None, dtype=np.float64)
+    except (TypeError, ValueError):
+        return np.concatenate([a for a in arrays if numeric(a)], axis=None, dtype=np.float64)
 
 
 class VersionMonitor:
@@ -223,16 +233,21 @@ class VersionMonitor:
             return
         self._held = []
         outs = held[::2] if self._inputs else held
+        flat: dict[str, np.ndarray | None] = {}  #: an output's values, for scores and drift
         for name, h in self.scores.items():
-            if arrays := _numeric_of(outs, name):
-                h.add(np.concatenate(arrays, axis=None, dtype=np.float64))
+            values = flat[name] = _values_of(outs, name)
+            if values is not None:
+                h.add(values)
         for name, c in self.classes.items():
-            if arrays := _numeric_of(outs, name):
+            if arrays := [a for t in outs if (a := t.get(name)) is not None and numeric(a)]:
                 c.add_all(arrays)
         for name, d in self.drift.items():
-            source = held[1::2] if name in self.drift_inputs else outs
-            if arrays := _numeric_of(source, name):
-                d.add(np.concatenate(arrays, axis=None, dtype=np.float64), name)
+            if name in self.drift_inputs:
+                values = _values_of(held[1::2], name)
+            else:
+                values = flat[name] if name in flat else _values_of(outs, name)
+            if values is not None:
+                d.add(values, name)
 
     def samples(self) -> list[Sample]:
         """The version's distribution and drift samples."""
