@@ -65,12 +65,25 @@ _ENTRY = (
     "%squeue;dur=%d.%03d, %scompute_input;dur=%d.%03d, %scompute_infer;dur=%d.%03d, "
     "%scompute_output;dur=%d.%03d, %stotal;dur=%d.%03d"
 )
-#: A request that ran on one model whose compute_input / compute_output are not split
-#: out (zero): only queue, compute_infer and total need formatting.
-_ONE_WHOLE = (
-    "queue;dur=%d.%03d, compute_input;dur=0.000, compute_infer;dur=%d.%03d, "
-    "compute_output;dur=0.000, total;dur=%d.%03d"
+#: The value for a request that ran on one model whose compute_input / compute_output
+#: are not split out (zero): the six numbers :func:`one_model` gives fill it. A frontend
+#: may format it inside its response head, in one go with the rest.
+ONE_MODEL = (
+    b"queue;dur=%d.%03d, compute_input;dur=0.000, compute_infer;dur=%d.%03d, "
+    b"compute_output;dur=0.000, total;dur=%d.%03d"
 )
+
+
+def one_model(entries: list[Entry]) -> tuple[int, int, int, int, int, int] | None:
+    """The numbers of :data:`ONE_MODEL` for ``entries`` (whole ms and thousandths of
+    queue, compute_infer and total), or None where the value needs the general form."""
+    if len(entries) != 1:
+        return None
+    _, queue, c_in, c_infer, c_out, total = entries[0]
+    if c_in or c_out:
+        return None
+    q, c, t = (queue + 500) // 1000, (c_infer + 500) // 1000, (total + 500) // 1000
+    return q // 1000, q % 1000, c // 1000, c % 1000, t // 1000, t % 1000
 
 
 def server_timing(entries: list[Entry]) -> str:
@@ -78,11 +91,9 @@ def server_timing(entries: list[Entry]) -> str:
     ``name;dur=ms`` joined by ``, ``, ms with 3 decimals, half a microsecond rounded up).
     The last entry is the model the request named; entries before it are an ensemble's
     steps, named ``<model>.<name>``."""
-    if len(entries) == 1:
-        _, queue, c_in, c_infer, c_out, total = entries[0]
-        if not c_in and not c_out:  # the usual request: 3 numbers to format, not 5
-            q, c, t = (queue + 500) // 1000, (c_infer + 500) // 1000, (total + 500) // 1000
-            return _ONE_WHOLE % (q // 1000, q % 1000, c // 1000, c % 1000, t // 1000, t % 1000)
+    numbers = one_model(entries)
+    if numbers is not None:  # the usual request: 3 numbers to format, not 5
+        return (ONE_MODEL % numbers).decode()
     last = len(entries) - 1
     parts = []
     for i, (model, *durations) in enumerate(entries):
