@@ -27,6 +27,7 @@ is stopped by its process id (never ``ray stop``).
 Usage::
 
     .venv/bin/python benchmarks/bench_ray.py [-d 3] [--rounds 4] [--parts http,grpc,images]
+    .venv/bin/python benchmarks/bench_ray.py --parts side --rounds 6 -d 4   # both paths at once
 """
 
 from __future__ import annotations
@@ -155,24 +156,47 @@ def wrk_point(url: str, tmp: Path, body: bytes, conns: int, seconds: int) -> dic
     before = cpu_snapshot()
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     after = cpu_snapshot()
+    out = parse_wrk(url, text, conns)
+    count = max(out.pop("requests"), 1)
+    out["cpu_us"] = {k: round((after[k] - before.get(k, 0.0)) * 1e6 / count) for k in after}
+    return out
 
-    def ms(label: str) -> float | None:
-        return wrk_latency_ms(text, label)
 
+def parse_wrk(url: str, text: str, conns: int) -> dict[str, Any]:
+    """wrk's output as conns, req/s, p50/p99 ms and the requests answered.
+
+    Raises:
+        RuntimeError: a non-2xx answer or a socket error (the figures would lie).
+    """
     rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
     bad = re.search(r"(Non-2xx or 3xx responses|Socket errors):.*", text)
     if bad or not rps:
         raise RuntimeError(f"wrk {url}: {bad.group(0) if bad else text[-500:]}")
     n = re.search(r"(\d+) requests in", text)
-    count = max(int(n.group(1)) if n else 1, 1)
-    cpu_us = {k: round((after[k] - before.get(k, 0.0)) * 1e6 / count) for k in after}
     return {
         "conns": conns,
         "rps": float(rps.group(1)),
-        "p50_ms": ms("50%"),
-        "p99_ms": ms("99%"),
-        "cpu_us": cpu_us,
+        "p50_ms": wrk_latency_ms(text, "50%"),
+        "p99_ms": wrk_latency_ms(text, "99%"),
+        "requests": int(n.group(1)) if n else 0,
     }
+
+
+def side_by_side_point(
+    urls: dict[str, str], tmp: Path, body: bytes, conns: int, seconds: int
+) -> dict[str, dict[str, Any]]:
+    """Both paths loaded at the same time (one ``wrk -t1 -c<conns>`` each), so a noisy
+    moment hits both: per path conns, req/s, p50/p99 ms."""
+    lua = write_post_lua(tmp, json.loads(body))
+    runs = {
+        name: subprocess.Popen(
+            ["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", str(lua), url],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name, url in urls.items()
+    }
+    return {name: parse_wrk(urls[name], run.communicate()[0], conns) for name, run in runs.items()}
 
 
 def perf_grpc(url: str, conc: int, tmp: Path) -> dict[str, Any]:
@@ -261,7 +285,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=4, help="alternated rounds")
     p.add_argument("--out", default="", help="JSON file (default benchmarks/out/ray.json)")
     p.add_argument(
-        "--parts", default="http,grpc,images", help="comma-separated: http, grpc, images"
+        "--parts",
+        default="http,grpc,images",
+        help="comma-separated: http, grpc, images, side (the two Serve paths loaded at once)",
     )
     p.add_argument(
         "--tiny-param",
@@ -370,6 +396,15 @@ def measure_all(
         http = rounds({k: http_target(u) for k, u in urls.items()}, args.rounds)
         res["http"] = {k: medians(v, "rps") for k, v in http.items()}
         res["http_rounds"] = http
+    if "side" in parts:  # one hop and plain Serve loaded together, through the same proxy
+        pair = {k: urls[k] for k in ("ray_plain", "pdserve_on_ray")}
+        side: dict[str, list[dict[str, Any]]] = {}
+        for c in (8, 32):
+            side[str(c)] = []
+            for r in range(args.rounds):
+                side[str(c)].append(side_by_side_point(pair, tmp, body, c, args.seconds))
+                print(f"side by side c={c} round {r + 1}: {side[str(c)][-1]}", flush=True)
+        res["side_by_side"] = side
     serve.delete("plain")
 
     def grpc_target(url: str) -> Callable[[], list[dict[str, Any]]]:
@@ -457,6 +492,14 @@ def report(res: dict[str, Any]) -> None:
             f"one hop / pdserve alone = {row['rps'] / h['pdserve'][i]['rps']:.3f}x"
         )
     report_cpu(h)
+    for c, points in res.get("side_by_side", {}).items():
+        ratios = [p["pdserve_on_ray"]["rps"] / p["ray_plain"]["rps"] for p in points]
+        p99 = [p["pdserve_on_ray"]["p99_ms"] / p["ray_plain"]["p99_ms"] for p in points]
+        print(
+            f"side by side c={c}: one hop / plain Serve req/s {statistics.median(ratios):.3f} "
+            f"({min(ratios):.3f}-{max(ratios):.3f}), p99 {statistics.median(p99):.3f} "
+            f"({min(p99):.3f}-{max(p99):.3f})"
+        )
     g = res.get("grpc", {})
     for i, row in enumerate(g.get("pdserve_on_ray", [])):
         ratio = row["throughput"] / g["pdserve"][i]["throughput"]
