@@ -8,6 +8,14 @@ steady while the absolute figures swing with the machine's other tenants. The CP
 is the cost ratio; the requests/s ratio is it too when both servers run one busy thread
 each (the scheduler splits the core between runnable threads, so a server with a second
 busy thread, a payload-log writer, gets more of the core than its cost says).
+
+``bench_server_timing.py --side-by-side`` and ``bench_monitoring.py --side-by-side`` use it;
+run alone, it checks the method on this machine: two identical pdserve servers (the
+example ``tiny``, one-row V2 JSON, c=32), whose ratios should stay near 1.
+
+Usage::
+
+    .venv/bin/python benchmarks/side_by_side.py --repeats 6 --duration 4
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import tree_cpu_seconds, wrk_latency_ms
+from common import cli_parser, tree_cpu_seconds, wrk_latency_ms
 
 #: (process id, HTTP base URL) of a started server.
 Started = tuple[int, str]
@@ -134,3 +142,36 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"| {cell(r, 'cpu')} | {cell(r, 'p99')} |"
         )
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The A/A check: two identical servers side by side; print the table."""
+    import bench_frontend as bf
+
+    p = cli_parser(__doc__, __file__)
+    p.add_argument("--repeats", type=int, default=6, help="points (default 6)")
+    p.add_argument("--duration", type=float, default=4.0, help="seconds per point (default 4)")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds of the warm-up point")
+    p.add_argument("--concurrency", type=int, default=32, help="wrk -c (default 32)")
+    p.add_argument("--server-cpu", default="0", help="taskset cores of the servers (default 0)")
+    p.add_argument("--client-cpu", default="1", help="taskset cores of wrk (default 1)")
+    args = p.parse_args(argv)
+    repo = bf.build_repo()
+    _, lua, _ = bf.write_body()
+    procs: dict[str, Any] = {}
+
+    def start(name: str) -> Started:
+        proc, base, _ = bf.start_server(args, "pdserve", repo)
+        procs[name] = proc
+        return proc.proc.pid, base
+
+    def stop(name: str) -> None:
+        bf.stop(procs.pop(name))
+
+    result = compare(args, "a", "b", start, stop, {"a": lua, "b": lua}, args.repeats)
+    print(markdown([result]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
