@@ -102,9 +102,24 @@ class PayloadLogger:
     ) -> None:
         """Record one finished request when it is sampled and passes the filters; never
         blocks (a full queue drops it, counted)."""
+        if self.drawn():
+            self.record(version, request_id, inputs, outputs, error, parameters)
+
+    def drawn(self) -> bool:
+        """The sampling draw: whether the request now finishing is sampled."""
         rate = self._rate
-        if rate is not None and random.random() >= rate:
-            return
+        return rate is None or random.random() < rate
+
+    def record(
+        self,
+        version: str,
+        request_id: str,
+        inputs: dict[str, np.ndarray],
+        outputs: dict[str, np.ndarray] | None,
+        error: str | None,
+        parameters: dict[str, Any],
+    ) -> None:
+        """:meth:`offer` for a request the draw sampled: the filters, then the queue."""
         if self._filtered and not self._passes(version, error, parameters):
             return
         self.sampled += 1

@@ -207,13 +207,14 @@ class VersionMonitor:
         """One finished request: ``outputs`` on success, ``error`` on failure. Its
         tensors are held by reference (not copied) until the next :meth:`fold`."""
         self.observed += 1
-        if self.logger is not None:
+        logger = self.logger
+        if logger is not None and logger.drawn():  # an unsampled request: nothing more
             message = (
                 None
                 if error is None
                 else (getattr(error, "message", None) or str(error) or type(error).__name__)
             )
-            self.logger.offer(
+            logger.record(
                 self.version, request.id, request.inputs, outputs, message, request.parameters
             )
         if outputs is None or not self._counts:
