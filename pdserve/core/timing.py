@@ -59,50 +59,46 @@ def asked(header: bytes | str | None, parameters: dict[str, Any]) -> bool:
     return wanted
 
 
-#: One model's entries: a ``%s`` prefix, then five durations in ms with 3 decimals, each
-#: given as whole ms and thousandths (integer formatting is cheaper than a float's).
+#: One model's entries (a ``%s`` prefix, then five durations in ms, 3 decimals).
 _ENTRY = (
-    "%squeue;dur=%d.%03d, %scompute_input;dur=%d.%03d, %scompute_infer;dur=%d.%03d, "
-    "%scompute_output;dur=%d.%03d, %stotal;dur=%d.%03d"
+    "%squeue;dur=%.3f, %scompute_input;dur=%.3f, %scompute_infer;dur=%.3f, "
+    "%scompute_output;dur=%.3f, %stotal;dur=%.3f"
 )
 #: The value for a request that ran on one model whose compute_input / compute_output
-#: are not split out (zero): the six numbers :func:`one_model` gives fill it. A frontend
-#: may format it inside its response head, in one go with the rest.
+#: are not split out (zero): the three durations :func:`one_model` gives fill it. A
+#: frontend may format it inside its response head, in one go with the rest.
 ONE_MODEL = (
-    b"queue;dur=%d.%03d, compute_input;dur=0.000, compute_infer;dur=%d.%03d, "
-    b"compute_output;dur=0.000, total;dur=%d.%03d"
+    b"queue;dur=%.3f, compute_input;dur=0.000, compute_infer;dur=%.3f, "
+    b"compute_output;dur=0.000, total;dur=%.3f"
 )
 
 
-def one_model(entries: list[Entry]) -> tuple[int, int, int, int, int, int] | None:
-    """The numbers of :data:`ONE_MODEL` for ``entries`` (whole ms and thousandths of
-    queue, compute_infer and total), or None where the value needs the general form."""
+def one_model(entries: list[Entry]) -> tuple[float, float, float] | None:
+    """The durations of :data:`ONE_MODEL` for ``entries`` (queue, compute_infer and
+    total, ms), or None where the value needs the general form."""
     if len(entries) != 1:
         return None
     _, queue, c_in, c_infer, c_out, total = entries[0]
     if c_in or c_out:
         return None
-    q, c, t = (queue + 500) // 1000, (c_infer + 500) // 1000, (total + 500) // 1000
-    return q // 1000, q % 1000, c // 1000, c % 1000, t // 1000, t % 1000
+    return queue / 1e6, c_infer / 1e6, total / 1e6
 
 
 def server_timing(entries: list[Entry]) -> str:
     """The ``Server-Timing`` value of a request's entries (W3C syntax:
-    ``name;dur=ms`` joined by ``, ``, ms with 3 decimals, half a microsecond rounded up).
-    The last entry is the model the request named; entries before it are an ensemble's
-    steps, named ``<model>.<name>``."""
-    numbers = one_model(entries)
-    if numbers is not None:  # the usual request: 3 numbers to format, not 5
-        return (ONE_MODEL % numbers).decode()
+    ``name;dur=ms`` joined by ``, ``, ms with 3 decimals). The last entry is the model the
+    request named; entries before it are an ensemble's steps, named ``<model>.<name>``."""
+    durations = one_model(entries)
+    if durations is not None:  # the usual request: 3 numbers to format, not 5
+        return (ONE_MODEL % durations).decode()
     last = len(entries) - 1
     parts = []
-    for i, (model, *durations) in enumerate(entries):
+    for i, (model, queue, c_in, c_infer, c_out, total) in enumerate(entries):
         p = "" if i == last else _NOT_TOKEN.sub("_", model) + "."
-        values: list[str | int] = []
-        for ns in durations:
-            us = (ns + 500) // 1000
-            values += (p, us // 1000, us % 1000)
-        parts.append(_ENTRY % tuple(values))
+        parts.append(
+            _ENTRY
+            % (p, queue / 1e6, p, c_in / 1e6, p, c_infer / 1e6, p, c_out / 1e6, p, total / 1e6)
+        )
     return ", ".join(parts)
 
 

@@ -53,8 +53,8 @@ LINGER_SECONDS = 2.0
 #: headers (431, 400): enough for a legitimate client's oversized headers to finish
 #: arriving, not a sink for an endless header.
 LINGER_HEADER_BYTES = 2 * 1024 * 1024
-#: A small one-model JSON answer with its Server-Timing: content length, the six
-#: numbers of :data:`pdserve.core.timing.ONE_MODEL`, the end of the head, the body.
+#: A small one-model JSON answer with its Server-Timing: content length, the three
+#: durations of :data:`pdserve.core.timing.ONE_MODEL`, the end of the head, the body.
 _TIMED_JSON = (
     OK_JSON + b"%d\r\n" + timing_mod.RESPONSE_KEY.encode() + b": " + timing_mod.ONE_MODEL + b"%s%s"
 )
@@ -229,6 +229,12 @@ class Replies:
             self._finish(request, None)
             return
         if timing:  # the request asked for its Server-Timing (pdserve.core.timing)
+            if total < GZIP_MIN_BYTES and json_length is None and len(parts) == 1:
+                durations = timing_mod.one_model(timing)  # the usual one: one format
+                if durations is not None:
+                    end = self._end(request)
+                    self._finish(request, _TIMED_JSON % (total, *durations, end, parts[0]))
+                    return
             self._write_timed(request, parts, json_length, total, timing)
             return
         gzip_ok = total >= GZIP_MIN_BYTES and request.gzip()
@@ -276,16 +282,10 @@ class Replies:
         total: int,
         timing: list[timing_mod.Entry],
     ) -> None:
-        """An inference response with its ``Server-Timing`` header: composed in one
-        format like the untimed responses when it is too small to compress (the usual
-        one-model JSON answer with its timing numbers in that same format), else by
-        :meth:`_write_whole` (gzip, ``vary``)."""
-        if total < GZIP_MIN_BYTES and json_length is None and len(parts) == 1:
-            numbers = timing_mod.one_model(timing)
-            if numbers is not None:
-                end = self._end(request)
-                self._finish(request, _TIMED_JSON % (total, *numbers, end, parts[0]))
-                return
+        """An inference response with its ``Server-Timing`` header (other than the small
+        one-model JSON answer, composed by the caller): in one format like the untimed
+        responses when it is too small to compress, else by :meth:`_write_whole` (gzip,
+        ``vary``)."""
         value = timing_mod.server_timing(timing).encode()
         if total < GZIP_MIN_BYTES:
             end = self._end(request)
