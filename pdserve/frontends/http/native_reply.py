@@ -237,26 +237,14 @@ class Replies:
                     return
             self._write_timed(request, parts, json_length, total, timing)
             return
-        gzip_ok = total >= GZIP_MIN_BYTES and request.gzip()
+        if total >= GZIP_MIN_BYTES and request.gzip():
+            self._write_gzipped(request, parts, json_length)
+            return
         if json_length is None:
-            if gzip_ok:
-                self._write_whole(request, 200, [(b"content-type", b"application/json")], parts)
-                return
             end = self._end(request)
             if total >= GZIP_MIN_BYTES:
                 end = VARY + end
             self._finish(request, b"%s%d%s%s" % (OK_JSON, total, end, parts[0]))
-            return
-        if gzip_ok:
-            self._write_whole(
-                request,
-                200,
-                [
-                    (b"content-type", b"application/octet-stream"),
-                    (b"inference-header-content-length", b"%d" % json_length),
-                ],
-                parts,
-            )
             return
         end = self._end(request)
         if total >= GZIP_MIN_BYTES:
@@ -273,6 +261,20 @@ class Replies:
         else:
             self.transport.write(head_bytes)
         self._finish(request, None)
+
+    def _write_gzipped(
+        self, request: ParsedRequest, parts: list[Any], json_length: int | None
+    ) -> None:
+        """An inference response large enough to compress, to a client that accepts gzip:
+        JSON, or binary tensors after a JSON header of ``json_length`` bytes."""
+        if json_length is None:
+            self._write_whole(request, 200, [(b"content-type", b"application/json")], parts)
+            return
+        headers = [
+            (b"content-type", b"application/octet-stream"),
+            (b"inference-header-content-length", b"%d" % json_length),
+        ]
+        self._write_whole(request, 200, headers, parts)
 
     def _write_timed(
         self,
