@@ -127,19 +127,15 @@ class _Drift:
         self.window.add(values)
 
 
+def _numeric_of(held: list[dict[str, np.ndarray]], name: str) -> list[np.ndarray]:
+    """The numeric arrays named ``name`` in ``held``, in order."""
+    return [a for t in held if (a := t.get(name)) is not None and numeric(a)]
+
+
 def _values_of(held: list[dict[str, np.ndarray]], name: str) -> np.ndarray | None:
-    """The values of the numeric tensors named ``name`` in ``held``, in order, flat
-    float64; None when there are none. A tensor has its configured datatype (checked on
-    the request path), so the first one's kind stands for all of them."""
-    arrays = [a for t in held if (a := t.get(name)) is not None]
-    if not arrays or not numeric(arrays[0]):
-        arrays = [a for a in arrays if numeric(a)]
-        if not arrays:
-            return None
-    try:
-        return np.concatenate(arrays, axis=None, dtype=np.float64)
-    except (TypeError, ValueError):
-        return np.concatenate([a for a in arrays if numeric(a)], axis=None, dtype=np.float64)
+    """The values of :func:`_numeric_of`, flat float64; None when there are none."""
+    arrays = _numeric_of(held, name)
+    return np.concatenate(arrays, axis=None, dtype=np.float64) if arrays else None
 
 
 class VersionMonitor:
@@ -240,7 +236,7 @@ class VersionMonitor:
             if values is not None:
                 h.add(values)
         for name, c in self.classes.items():
-            if arrays := [a for t in outs if (a := t.get(name)) is not None and numeric(a)]:
+            if arrays := _numeric_of(outs, name):
                 c.add_all(arrays)
         for name, d in self.drift.items():
             if name in self.drift_inputs:
