@@ -59,6 +59,18 @@ _TIMED_JSON = (
     OK_JSON + b"%d\r\n" + timing_mod.RESPONSE_KEY.encode() + b": " + timing_mod.ONE_MODEL + b"%s%s"
 )
 
+
+def _answer_headers(json_length: int | None) -> list[tuple[bytes, bytes]]:
+    """An inference answer's content headers: JSON, or binary tensors after a JSON
+    header of ``json_length`` bytes (the binary tensor extension)."""
+    if json_length is None:
+        return [(b"content-type", b"application/json")]
+    return [
+        (b"content-type", b"application/octet-stream"),
+        (b"inference-header-content-length", b"%d" % json_length),
+    ]
+
+
 # Deadline kinds of a connection.
 NONE, IDLE, HEAD, BODY, LINGER = 0, 1, 2, 3, 4
 # Reasons reading is paused (a bit mask).
@@ -267,14 +279,7 @@ class Replies:
     ) -> None:
         """An inference response large enough to compress, to a client that accepts gzip:
         JSON, or binary tensors after a JSON header of ``json_length`` bytes."""
-        if json_length is None:
-            self._write_whole(request, 200, [(b"content-type", b"application/json")], parts)
-            return
-        headers = [
-            (b"content-type", b"application/octet-stream"),
-            (b"inference-header-content-length", b"%d" % json_length),
-        ]
-        self._write_whole(request, 200, headers, parts)
+        self._write_whole(request, 200, _answer_headers(json_length), parts)
 
     def _write_timed(
         self,
@@ -303,13 +308,7 @@ class Replies:
                 )
             self._finish(request, head + parts[0] if len(parts) == 1 else head + b"".join(parts))
             return
-        if json_length is None:
-            headers = [(b"content-type", b"application/json")]
-        else:
-            headers = [
-                (b"content-type", b"application/octet-stream"),
-                (b"inference-header-content-length", b"%d" % json_length),
-            ]
+        headers = _answer_headers(json_length)
         headers.append((b"server-timing", value))
         self._write_whole(request, 200, headers, parts)
 
