@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         help="measure off and each variant at the same time on the server core "
         "(benchmarks/side_by_side.py): steady ratios on a noisy machine",
     )
+    sbs.add_arguments(p)
     p.add_argument(
         "--out", type=Path, default=OUT / "bench_monitoring.json", help="JSON of every round"
     )

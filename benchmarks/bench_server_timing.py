@@ -119,9 +119,10 @@ PAIRS = (("off", "off2"), ("off", "on"), ("before", "off"), ("off", "nowatch"))
 
 
 def side_by_side_results(
-    args: argparse.Namespace, repo: Path, plain: Path, timed: Path
+    args: argparse.Namespace, repo: Path, plain: Path, timed: Path, servers: list[str]
 ) -> list[dict[str, Any]]:
-    """``--side-by-side``: each pair of :data:`PAIRS` measured at the same time."""
+    """``--side-by-side``: each pair of :data:`PAIRS` whose servers are both in
+    ``servers`` (``off2`` is a second ``off``) measured at the same time."""
     bf.PDSERVE_FLAGS["off2"] = []
     procs: dict[str, Any] = {}
 
@@ -135,7 +136,8 @@ def side_by_side_results(
 
     luas = {n: timed if n == "on" else plain for n in ("off", "off2", "on", "before", "nowatch")}
     args.concurrency = args.concurrency[0]
-    return [sbs.compare(args, a, b, start, stop, luas, args.repeats) for a, b in PAIRS]
+    pairs = [p for p in PAIRS if all(n.removesuffix("2") in servers for n in p)]
+    return [sbs.compare(args, a, b, start, stop, luas, args.repeats) for a, b in pairs]
 
 
 def summary(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -184,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         help="measure each pair of servers at the same time on the server core "
         "(benchmarks/side_by_side.py): steady ratios on a noisy machine",
     )
+    sbs.add_arguments(p)
     p.add_argument("--out", type=Path, default=OUT / "bench_server_timing.json")
     args = p.parse_args(argv)
     servers = [s for s in args.servers.split(",") if s]
@@ -200,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     args.body, plain, _ = bf.write_body()
     lua = {name: timed_lua(args.body) if name == "on" else plain for name in servers}
     if args.side_by_side:
-        results = side_by_side_results(args, repo, plain, timed_lua(args.body))
+        results = side_by_side_results(args, repo, plain, timed_lua(args.body), servers)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(
             json.dumps({"machine": machine(), "side_by_side": results}, indent=2, default=str)

@@ -83,31 +83,48 @@ def compare(
     luas: dict[str, Path],
     rounds: int,
 ) -> dict[str, Any]:
-    """Start ``a`` and ``b`` (``start(name)``), one warm-up point, then ``rounds`` points
-    side by side; stop both. Per-point figures and the b/a ratios' medians and ranges."""
-    names = [a, b]
-    servers: dict[str, Started] = {}
+    """``rounds`` points of ``a`` and ``b`` side by side: on ``args.pairs`` fresh pairs of
+    processes (``start(name)``, in turn ``a`` first and ``b`` first; each pair one warm-up
+    point, then its share of the points, then ``stop``), the wrk runs launched in turn
+    ``a`` first and ``b`` first. A process's own layout (hash seed, addresses) moves its
+    cost by a percent or two for its whole life: fresh pairs spread that over both sides.
+    Per-point figures and the b/a ratios' medians and ranges."""
+    pairs = max(1, min(getattr(args, "pairs", 1), rounds))
     points: list[dict[str, dict[str, Any]]] = []
-    try:
-        for n in names:
-            servers[n] = start(n)
-        point(args, servers, luas, args.warmup)
-        for i in range(rounds):
-            points.append(point(args, servers, luas, args.duration))
-            p = points[-1]
-            print(
-                f"  {a} vs {b} #{i + 1}: "
-                + ", ".join(
-                    f"{n} {p[n]['rps']:.0f} req/s {p[n]['cpu_us_per_request']} CPU-us/req"
-                    for n in names
-                ),
-                file=sys.stderr,
-                flush=True,
-            )
-    finally:
-        for n in servers:
-            stop(n)
+    for j in range(pairs):
+        order = [a, b] if j % 2 == 0 else [b, a]
+        servers: dict[str, Started] = {}
+        try:
+            for n in order:
+                servers[n] = start(n)
+            point(args, servers, luas, args.warmup)
+            for i in range(rounds * (j + 1) // pairs - rounds * j // pairs):
+                turn = dict(servers) if i % 2 == 0 else dict(reversed(servers.items()))
+                points.append(point(args, turn, luas, args.duration))
+                p = points[-1]
+                print(
+                    f"  {a} vs {b} #{len(points)} (pair {j + 1}): "
+                    + ", ".join(
+                        f"{n} {p[n]['rps']:.0f} req/s {p[n]['cpu_us_per_request']} CPU-us/req"
+                        for n in (a, b)
+                    ),
+                    file=sys.stderr,
+                    flush=True,
+                )
+        finally:
+            for n in servers:
+                stop(n)
     return {"a": a, "b": b, "points": points, **ratios(points, a, b)}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``--pairs`` option of a benchmark that uses :func:`compare`."""
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=4,
+        help="fresh server processes per comparison, the points split among them (default 4)",
+    )
 
 
 def ratios(points: list[dict[str, dict[str, Any]]], a: str, b: str) -> dict[str, Any]:
@@ -155,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=32, help="wrk -c (default 32)")
     p.add_argument("--server-cpu", default="0", help="taskset cores of the servers (default 0)")
     p.add_argument("--client-cpu", default="1", help="taskset cores of wrk (default 1)")
+    add_arguments(p)
     args = p.parse_args(argv)
     repo = bf.build_repo()
     _, lua, _ = bf.write_body()

@@ -540,12 +540,16 @@ class HttpConnection(Replies, asyncio.Protocol):
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        if self._header_count > self.limits.max_header_count:
-            raise too_many_headers(self, self.limits.max_header_count)
+        headers = self._headers
         if self._awaiting_headers:
-            self._headers.append((name.lower(), value))
-        # else: a trailer field of a chunked body: not a request header (dropped)
+            headers.append((name.lower(), value))
+            if len(headers) > self.limits.max_header_count:
+                raise too_many_headers(self, self.limits.max_header_count)
+            return
+        # a trailer field of a chunked body: not a request header (dropped), but counted
+        self._header_count += 1
+        if len(headers) + self._header_count > self.limits.max_header_count:
+            raise too_many_headers(self, self.limits.max_header_count)
 
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
