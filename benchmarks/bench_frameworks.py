@@ -137,8 +137,11 @@ def _framework_side(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, secon
     return (time.perf_counter() - t0) / calls * 1e3
 
 
-def measure(rounds: int, seconds: float, batches: list[int]) -> dict[str, Any]:
-    """Alternate server and in-process rounds per (model, batch); the figures."""
+def measure(
+    rounds: int, seconds: float, batches: list[int], models: list[str] | None = None
+) -> dict[str, Any]:
+    """Alternate server and in-process rounds per (model, batch) of ``models`` (default
+    all of :data:`MODELS`); the figures."""
     import tritonclient.http as httpclient
 
     rng = np.random.default_rng(0)
@@ -147,7 +150,8 @@ def measure(rounds: int, seconds: float, batches: list[int]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     try:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=300)
-        for model, (_, _, shape) in MODELS.items():
+        for model in models or list(MODELS):
+            shape = MODELS[model][2]
             fn = _in_process(model)
             for b in batches:
                 x = rng.standard_normal((b, *shape)).astype(np.float32)
@@ -199,13 +203,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="alternated rounds (default 4)")
     parser.add_argument("--seconds", type=float, default=0.5, help="per side of a round")
     parser.add_argument("--batches", default="1,8,64", help="batch sizes (default 1,8,64)")
+    parser.add_argument(
+        "--models", default=",".join(MODELS), help="comma list (default all: %(default)s)"
+    )
     args = parser.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    if bad := [m for m in models if m not in MODELS]:
+        parser.error(f"unknown model(s) {bad}; choose from {', '.join(MODELS)}")
     interrupt_on_sigterm()  # a SIGTERM still stops the server (finally)
     if not REPO.is_dir():
         print("examples/framework_repository is missing: run examples/build_frameworks.py")
         return 1
     t0 = time.monotonic()
-    report = measure(args.rounds, args.seconds, [int(b) for b in args.batches.split(",")])
+    report = measure(args.rounds, args.seconds, [int(b) for b in args.batches.split(",")], models)
     report["elapsed_s"] = time.monotonic() - t0
     report["nproc"] = os.cpu_count()
     report["uname"] = subprocess.run(["uname", "-srm"], capture_output=True, text=True).stdout

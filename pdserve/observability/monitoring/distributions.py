@@ -16,10 +16,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+#: numpy dtype kinds whose values have a distribution (ints, floats; not BYTES/BOOL).
+NUMERIC_KINDS = "iuf"
+
 
 def numeric(array: np.ndarray) -> bool:
-    """True for tensors whose values have a distribution (ints, floats; not BYTES/BOOL)."""
-    return array.dtype.kind in "iuf"
+    """True for tensors whose values have a distribution (:data:`NUMERIC_KINDS`)."""
+    return array.dtype.kind in NUMERIC_KINDS
 
 
 class ScoreHistogram:

@@ -1,9 +1,11 @@
 """The payload logger: a bounded queue between the request path and a sink, drained
 by one thread.
 
-:meth:`PayloadLogger.offer` is all the request path does: a sampling draw (an
+:meth:`PayloadLogger.offer` is all the request path does: the sampling countdown (an
 unsampled request touches nothing else), the filters, and a non-blocking append of
-references to the request's tensors. When the queue is full the request is dropped and
+references to the request's tensors. Sampling draws the gap to the next sampled request
+(geometric, :meth:`PayloadLogger.gap`): each request is sampled with probability
+``rate`` independently, as with a draw per request, for a decrement per request. When the queue is full the request is dropped and
 counted (``queue_full``). The writer thread encodes whole batches (the sink's encoder)
 and hands them over in one call; when the sink fails its requests are dropped and
 counted (``sink_error``) with a log line at most every :data:`LOG_EVERY_S` seconds, and
@@ -15,6 +17,7 @@ the thread waits before the next try (:data:`BACKOFF_S`, doubling up to
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -65,8 +68,10 @@ class PayloadLogger:
         self.spec = spec
         self.source = source
         self.sink = sink if sink is not None else make_sink(spec, model, source)
-        #: the sampling share, None: every request (no draw)
-        self._rate = spec.rate if spec.rate < 1.0 else None
+        #: log(1 - rate) for the sampling gaps; None: every request (no draw)
+        self._log_keep = math.log1p(-spec.rate) if spec.rate < 1.0 else None
+        #: requests until the next sampled one (the request path decrements it)
+        self.countdown = self.gap()
         self._filtered = spec.status != "all" or bool(spec.versions) or spec.parameter is not None
         #: the bounded queue: a deque the request path appends to (``len`` checked first)
         #: and the writer thread pops from; ``_wake`` rouses a writer that waits idle.
@@ -106,9 +111,21 @@ class PayloadLogger:
             self.record(version, request_id, inputs, outputs, error, parameters)
 
     def drawn(self) -> bool:
-        """The sampling draw: whether the request now finishing is sampled."""
-        rate = self._rate
-        return rate is None or random.random() < rate
+        """The sampling countdown: whether the request now finishing is sampled."""
+        self.countdown -= 1
+        if self.countdown > 0:
+            return False
+        self.countdown = self.gap()
+        return True
+
+    def gap(self) -> int:
+        """Requests up to and including the next sampled one (1: the next), drawn from
+        the geometric distribution of ``rate``: the gaps of sampling each request with
+        probability ``rate`` independently."""
+        log_keep = self._log_keep
+        if log_keep is None:
+            return 1
+        return int(math.log(1.0 - random.random()) / log_keep) + 1
 
     def record(
         self,

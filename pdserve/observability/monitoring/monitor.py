@@ -20,10 +20,10 @@ import numpy as np
 
 from pdserve import config as cfgmod
 from pdserve.observability.monitoring.distributions import (
+    NUMERIC_KINDS,
     ClassHistogram,
     ScoreHistogram,
     Window,
-    numeric,
 )
 from pdserve.observability.monitoring.drift import Reference, load_reference
 from pdserve.observability.monitoring.logger import PayloadLogger
@@ -129,7 +129,8 @@ class _Drift:
 
 def _numeric_of(held: list[dict[str, np.ndarray]], name: str) -> list[np.ndarray]:
     """The numeric arrays named ``name`` in ``held``, in order."""
-    return [a for t in held if (a := t.get(name)) is not None and numeric(a)]
+    kinds = NUMERIC_KINDS  # numeric(a) without a call per array
+    return [a for t in held if (a := t.get(name)) is not None and a.dtype.kind in kinds]
 
 
 def _values_of(held: list[dict[str, np.ndarray]], name: str) -> np.ndarray | None:
@@ -204,7 +205,11 @@ class VersionMonitor:
         tensors are held by reference (not copied) until the next :meth:`fold`."""
         self.observed += 1
         logger = self.logger
-        if logger is not None and logger.drawn():  # an unsampled request: nothing more
+        if logger is None:
+            pass
+        elif logger.countdown > 1:  # logger.drawn() inline: unsampled, one decrement
+            logger.countdown -= 1
+        elif logger.drawn():
             message = (
                 None
                 if error is None

@@ -4,6 +4,8 @@ sampled = written + dropped + queued."""
 
 from __future__ import annotations
 
+import random
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -117,6 +119,24 @@ def test_filters_and_rate(tmp_path: Path) -> None:
     assert 350 < sampled.sampled < 650
     sampled.sink.release.set()  # type: ignore[attr-defined]
     sampled.close(5)
+
+
+def test_sampling_gaps_are_geometric() -> None:
+    """The countdown's gaps sample each request with probability ``rate`` independently:
+    mean gap 1 / rate, P(gap = 1) = rate, P(gap > k) = (1 - rate) ** k."""
+    random.seed(7)
+    logger = PayloadLogger("m", _spec("sink=jsonl:/unused,rate=0.2"), "s", StalledSink())
+    gaps = [logger.gap() for _ in range(20000)]
+    assert min(gaps) == 1
+    assert 4.8 < statistics.fmean(gaps) < 5.2
+    assert 0.19 < gaps.count(1) / len(gaps) < 0.21
+    assert 0.78**3 < sum(g > 3 for g in gaps) / len(gaps) < 0.82**3
+    every = PayloadLogger("m", _spec("sink=jsonl:/unused"), "s", StalledSink())
+    assert {every.gap() for _ in range(100)} == {1}
+    assert all(every.drawn() for _ in range(100))
+    for lg in (logger, every):
+        lg.sink.release.set()  # type: ignore[attr-defined]
+        lg.close(5)
 
 
 def test_the_queue_is_bounded_in_bytes_too() -> None:
