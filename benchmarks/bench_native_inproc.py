@@ -18,7 +18,8 @@ JSON; made on first use). Run from the checkout to measure (``PYTHONPATH=.``), o
 core::
 
     PYTHONPATH=. taskset -c 0 .venv/bin/python benchmarks/bench_native_inproc.py \\
-        -c 32 -n 20000 --rounds 5 [--profile]
+        -c 32 -n 20000 --rounds 5 [--profile] [--server-timing --ask-timing]
+        [--model-param prediction_metrics=bins=0:10:40,range=0:5]
 
 ``--via-hub`` measures what an ``--http-workers`` front end adds (issue 11 point 4):
 the same connections and app run over a :class:`~pdserve.frontends.workers.proxy.ProxyCore`
@@ -156,11 +157,24 @@ class _Transport(asyncio.Transport):
 
 async def run(args: argparse.Namespace) -> list[float]:
     repo = build_repo()
+    if args.model_param:  # tiny's parameters (monitoring: payload_log, prediction_metrics...)
+        config = repo / "tiny" / "config.pbtxt"
+        for item in args.model_param:
+            key, _, value = item.partition("=")
+            config.write_text(
+                config.read_text()
+                + f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
+            )
     body = write_body()[0].read_bytes()
+    ask = b"x-pdserve-server-timing: 1\r\n" if args.ask_timing else b""
     request = (
         b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
-        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        b"Content-Type: application/json\r\n%sContent-Length: %d\r\n\r\n" % (ask, len(body))
     ) + body
+    if args.server_timing:
+        from pdserve.core import timing
+
+        timing.state.enabled = True
     loop = asyncio.get_running_loop()
     child: subprocess.Popen[bytes] | None = None
     if args.via_hub:
@@ -168,6 +182,10 @@ async def run(args: argparse.Namespace) -> list[float]:
         server: Any = None
     else:
         core = server = InferenceServer(str(repo))
+        if args.model_param:
+            from pdserve.observability.monitoring.monitor import Monitor
+
+            server.monitor = Monitor()
         await server.start()
     http = NativeHttpServer(create_http_app(core), "127.0.0.1", 0)
     await http.start()
@@ -241,6 +259,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--rounds", type=int, default=5, help="rounds; take the minimum (default 5)")
     p.add_argument("--profile", action="store_true", help="cProfile the last round")
+    p.add_argument("--server-timing", action="store_true", help="as serve --server-timing")
+    p.add_argument(
+        "--model-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a parameter of tiny's config (repeatable), with monitoring on as serve has it",
+    )
+    p.add_argument(
+        "--ask-timing",
+        action="store_true",
+        help="every request asks for its Server-Timing (the x-pdserve-server-timing header)",
+    )
     p.add_argument(
         "--via-hub",
         action="store_true",

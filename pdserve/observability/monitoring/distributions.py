@@ -42,6 +42,10 @@ class ScoreHistogram:
         steps = np.diff(self.bounds)
         if len(steps) and steps[0] > 0 and np.allclose(steps, steps[0], rtol=1e-9, atol=0):
             self._uniform = (float(self.bounds[0]), 1.0 / float(steps[0]))
+        #: per bucket, its upper and its lower bound (+Inf above the last; NaN below the
+        #: first, which no value is at or under): where the arithmetic is settled
+        self._upper = np.append(self.bounds, np.inf)
+        self._lower = np.insert(self.bounds, 0, np.nan)
 
     def _buckets(self, values: np.ndarray) -> np.ndarray:
         """Per value (float64, no NaN), its bucket: how many bounds are below it, as
@@ -49,16 +53,16 @@ class ScoreHistogram:
         if self._uniform is None:
             return np.searchsorted(self.bounds, values, side="left")
         first, scale = self._uniform
-        last = len(self.bounds)
         with np.errstate(over="ignore", invalid="ignore"):  # +-inf and huge values: clipped
-            guess = np.ceil((values - first) * scale)
-        np.clip(guess, 0, last, out=guess)
+            guess = values - first
+            guess *= scale
+        np.ceil(guess, out=guess)
+        np.clip(guess, 0, len(self.bounds), out=guess)
         idx = guess.astype(np.intp)
         # the arithmetic may be a bucket off next to a bound: settle on the bounds themselves
-        below = self.bounds[np.minimum(idx, last - 1)] < values
-        idx += below & (idx < last)
-        above = self.bounds[np.maximum(idx - 1, 0)] >= values
-        idx -= above & (idx > 0)
+        idx += values > self._upper[idx]
+        with np.errstate(invalid="ignore"):  # the first bucket's NaN lower bound
+            idx -= values <= self._lower[idx]
         return idx
 
     @property

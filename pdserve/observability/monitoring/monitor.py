@@ -136,7 +136,13 @@ def _numeric_of(held: list[dict[str, np.ndarray]], name: str) -> list[np.ndarray
 def _values_of(held: list[dict[str, np.ndarray]], name: str) -> np.ndarray | None:
     """The values of :func:`_numeric_of`, flat float64; None when there are none."""
     arrays = _numeric_of(held, name)
-    return np.concatenate(arrays, axis=None, dtype=np.float64) if arrays else None
+    if not arrays:
+        return None
+    try:  # rows of the same shape: joined in one pass, without flattening each array
+        joined = np.concatenate(arrays)
+    except ValueError:  # scalars, or rows whose shapes differ
+        return np.concatenate(arrays, axis=None, dtype=np.float64)
+    return joined.reshape(-1).astype(np.float64, copy=False)
 
 
 class VersionMonitor:
