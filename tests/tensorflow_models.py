@@ -66,3 +66,38 @@ def write_two_input_savedmodel(folder: Path) -> Path:
     module.f = f
     tf.saved_model.save(module, str(folder), signatures={"serving_default": f})
     return folder
+
+
+def write_string_savedmodel(folder: Path) -> Path:
+    """A SavedModel at ``folder`` whose ``serving_default`` takes ``text`` (BYTES
+    ``[-1]``) and gives ``upper``, its upper case."""
+    from pdserve.backends.tensorflow.savedmodel import import_tf
+
+    tf = import_tf()
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def f(text: object) -> dict[str, object]:
+        return {"upper": tf.strings.upper(text)}
+
+    module = tf.Module()
+    module.f = f
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": f})
+    return folder
+
+
+def write_variable_savedmodel(folder: Path, scale: float) -> Path:
+    """A SavedModel at ``folder`` whose ``serving_default`` multiplies ``x`` (FP32
+    ``[-1, 4]``) by a variable holding ``scale``: ``y``."""
+    from pdserve.backends.tensorflow.savedmodel import import_tf
+
+    tf = import_tf()
+    module = tf.Module()
+    module.scale = tf.Variable(scale)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+    def f(x: object) -> dict[str, object]:
+        return {"y": x * module.scale}
+
+    module.f = f
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": f})
+    return folder

@@ -54,11 +54,6 @@ _THREADS = {
 #: (seconds). Longer than the default: handing a signature call to the instance's
 #: thread and back costs about as much as a small Keras model's whole run.
 INLINE_RUN_MAX_S = 0.001
-#: TensorFlow's function executor that runs every kernel on the calling thread. An
-#: inline run uses it: the default executor hands each call's kernels to the inter-op
-#: thread pool and waits for them, which for a short run costs more than the kernels.
-#: A graph it cannot run (v1 control flow, reference edges) falls back to the default.
-SINGLE_THREADED = "SINGLE_THREADED_EXECUTOR"
 
 
 def apply_threads(cfg: cfgmod.ModelConfig) -> None:
@@ -221,7 +216,7 @@ class TensorFlowInstance(ModelInstance):
         self.runs = InlineRuns(name, "thread" if pinned else "auto", INLINE_RUN_MAX_S)
         self._closed = False
         self._tf = import_tf()
-        #: inline runs use :data:`SINGLE_THREADED` (until the graph turns out not to fit it)
+        #: inline runs use the single-threaded executor (until the graph turns out not to fit it)
         self.single_threaded = device is None
 
     def _run(
@@ -230,29 +225,31 @@ class TensorFlowInstance(ModelInstance):
         assert self.signature is not None
         tf = self._tf
         with tf.device(self._device or "/CPU:0"):
-            tensors = {n: tf.constant(a) for n, a in feeds.items()}
             if inline and self.single_threaded:
-                result = self._call_single_threaded(tensors)
+                result = self._call_single_threaded(feeds)
             else:
-                result = self.signature(tensors)
+                result = self.signature.run(feeds)
         out: dict[str, np.ndarray] = {}
         for n in wanted:
             value = result[n].numpy()
             out[n] = value.astype(object) if value.dtype.kind == "S" else value
         return out
 
-    def _call_single_threaded(self, tensors: dict[str, Any]) -> Any:
+    def _call_single_threaded(self, feeds: dict[str, np.ndarray]) -> Any:
+        """An inline run on TensorFlow's single-threaded function executor, which runs
+        every kernel on the calling thread (the default one hands each call's kernels
+        to the inter-op pool and waits for them, which for a short run costs more than
+        the kernels). A graph it cannot run (v1 control flow, ``tf.cond``, reference
+        edges) moves the instance to the default executor for good."""
         assert self.signature is not None
-        tf = self._tf
         try:
-            with tf.experimental.function_executor_type(SINGLE_THREADED):
-                return self.signature(tensors)
-        except tf.errors.OpError as e:
+            return self.signature.run(feeds, single_threaded=True)
+        except self._tf.errors.OpError as e:
             if "Single-threaded executor" not in str(e):
                 raise
         log.info("%s: the graph needs TensorFlow's default executor", self.name)
         self.single_threaded = False
-        return self.signature(tensors)
+        return self.signature.run(feeds)
 
     def _timed_run(  # on the instance's thread
         self, feeds: dict[str, np.ndarray], wanted: list[str]
@@ -299,6 +296,4 @@ class TensorFlowInstance(ModelInstance):
 
 def run_signature(sig: Signature, inputs: dict[str, np.ndarray]) -> dict[str, Any]:
     """Call ``sig`` once on ``inputs`` in the calling thread (numpy results by name)."""
-    tf = import_tf()
-    result = sig({n: tf.constant(a) for n, a in inputs.items()})
-    return {n: t.numpy() for n, t in result.items()}
+    return {n: t.numpy() for n, t in sig.run(inputs).items()}

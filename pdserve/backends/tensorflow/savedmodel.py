@@ -19,6 +19,7 @@ from typing import Any
 
 from pdserve import config as cfgmod
 from pdserve.backends.onnxruntime.autocomplete import TensorInfo
+from pdserve.backends.tensorflow.direct import SINGLE_THREADED, DirectCall
 from pdserve.config import ModelConfig
 from pdserve.core import datatypes
 
@@ -55,6 +56,27 @@ class Signature:
         #: the function's flat argument names, in order (None: call it by keywords)
         self._flat = list(params) if params and hasattr(fn, "_call_flat") else None
         self._captured = fn.captured_inputs if self._flat is not None else []
+        #: the graph function in one execute (None: the flat or keyword call)
+        self._direct = DirectCall.of(fn, self._flat) if self._flat is not None else None
+
+    def run(self, arrays: dict[str, Any], single_threaded: bool = False) -> dict[str, Any]:
+        """Run the signature on ``arrays`` (numpy, every input by name, checked against
+        the configuration) on the current device: its output tensors by name. With
+        ``single_threaded``, on TensorFlow's single-threaded function executor.
+
+        Raises:
+            KeyError: an input missing from ``arrays``.
+            tensorflow.errors.OpError: TensorFlow's error running the graph (a graph
+                the single-threaded executor cannot run raises one naming it).
+        """
+        if self._direct is not None:
+            return self._direct(arrays, single_threaded)
+        tf = import_tf()
+        tensors = {n: tf.constant(a) for n, a in arrays.items()}
+        if not single_threaded:
+            return self(tensors)
+        with tf.experimental.function_executor_type(SINGLE_THREADED):
+            return self(tensors)
 
     def __call__(self, tensors: dict[str, Any]) -> dict[str, Any]:
         """Run the signature on ``tensors`` (every input, by name): its outputs by name.

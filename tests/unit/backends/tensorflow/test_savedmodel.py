@@ -11,7 +11,12 @@ from tritonclient.grpc import model_config_pb2
 
 from pdserve.backends.tensorflow.backend import run_signature
 from pdserve.backends.tensorflow.savedmodel import load_signature
-from tests.tensorflow_models import write_savedmodel, write_two_input_savedmodel
+from tests.tensorflow_models import (
+    write_savedmodel,
+    write_string_savedmodel,
+    write_two_input_savedmodel,
+    write_variable_savedmodel,
+)
 
 pytest.importorskip("tensorflow")
 
@@ -45,6 +50,39 @@ def test_a_signature_call_matches_inputs_and_outputs_by_name(tmp_path: Path) -> 
     np.testing.assert_array_equal(out["sum"], [[6, 9]])
     keywords = sig.function(minuend=a, subtrahend=b)  # TensorFlow's own keyword call
     np.testing.assert_array_equal(keywords["difference"].numpy(), out["difference"])
+
+
+@pytest.mark.parametrize("single_threaded", [False, True])
+def test_the_direct_call_gives_what_the_signature_gives(
+    tmp_path: Path, single_threaded: bool
+) -> None:
+    """A numeric signature runs in one execute of its graph function (DirectCall), on
+    either executor, with the outputs TensorFlow's own keyword call gives, by name."""
+    sig = load_signature(_cfg(), write_two_input_savedmodel(tmp_path / "m"), "m")
+    assert sig._direct is not None and sig._direct.outputs == ["difference", "sum"]
+    a = np.array([[5, 7], [1, 1]], np.float32)
+    b = np.array([[1, 2], [3, 4]], np.float32)
+    out = sig.run({"subtrahend": b, "minuend": a}, single_threaded)
+    keywords = sig.function(minuend=a, subtrahend=b)
+    assert sorted(out) == ["difference", "sum"]
+    for name in out:
+        np.testing.assert_array_equal(out[name].numpy(), keywords[name].numpy())
+
+
+def test_the_direct_call_passes_the_variables(tmp_path: Path) -> None:
+    sig = load_signature(_cfg(), write_variable_savedmodel(tmp_path / "m", 3.0), "m")
+    assert sig._direct is not None and len(sig._direct.captured) == 1
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(run_signature(sig, {"x": x})["y"], x * 3)
+
+
+def test_a_string_signature_takes_its_own_flat_call(tmp_path: Path) -> None:
+    sig = load_signature(_cfg(), write_string_savedmodel(tmp_path / "m"), "m")
+    assert sig._direct is None
+    text = np.array([b"ab", b"Cd"], dtype=object)
+    for single_threaded in (False, True):
+        out = sig.run({"text": text}, single_threaded)["upper"].numpy()
+        assert out.tolist() == [b"AB", b"CD"]
 
 
 def test_tf_signature_def_picks_another(saved: Path) -> None:
