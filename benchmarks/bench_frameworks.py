@@ -5,19 +5,21 @@ model run by OpenVINO, TensorFlow and torch.export in this process, at batch 1, 
 The models are examples/framework_repository's (``examples/build_frameworks.py``):
 ``efficientnet_lite0_openvino`` (``CompiledModel`` infer request), ``iris_keras``
 (the SavedModel's ``serving_default`` signature) and ``efficientnet_lite0_pt2``
-(``torch.export.load(...).module()`` under ``torch.inference_mode``). One pdserve serves
+(``torch.export.load(...).module()`` under ``torch.inference_mode``). pdserve serves
 copies of them (``max_batch_size`` 64, dynamic batching on, one ``KIND_CPU`` instance,
-each framework's default threads); a client sends one request of ``b`` rows at a time,
-so each execution is one request, and the server's time per execution is the
-``compute_input + compute_infer + compute_output`` of ``/v2/models/<m>/stats``'s
-``batch_stats`` entry for size ``b``, differenced around the round. In-process the same
-framework call runs on the same rows, twice: back to back (a hot loop), and paced, one
-call per interval the server side's requests came at (idle in between, as a server's
-calls are: a sub-millisecond TensorFlow call costs far more paced, its inter-op
-threads asleep). The sides alternate per (model, batch) in ``--rounds`` rounds; each
-side of a round runs at least one call and stops after ``--seconds``. Reported: mean ms
-per batch each side (median over rounds), the pdserve/framework ratios (goal <= 1.10)
-with their ranges over rounds.
+each framework's default threads), by default each model in a server of its own with
+its in-process side in a process of its own (``--together``: one server and one process
+for all; frameworks sharing a process slow each other down, see RESULTS.md). A client
+sends one request of ``b`` rows at a time, so each execution is one request, and the
+server's time per execution is the ``compute_input + compute_infer + compute_output``
+of ``/v2/models/<m>/stats``'s ``batch_stats`` entry for size ``b``, differenced around
+the round. In-process the same framework call runs on the same rows, twice: back to
+back (a hot loop), and paced, one call per interval the server side's requests came at
+(idle in between, as a server's calls are: a sub-millisecond TensorFlow call costs far
+more paced, its inter-op threads asleep). The sides alternate per (model, batch) in
+``--rounds`` rounds; each side of a round runs at least one call and stops after
+``--seconds``. Reported: mean ms per batch each side (median over rounds), the
+pdserve/framework ratios (goal <= 1.10) with their ranges over rounds.
 
 Usage::
 
@@ -29,6 +31,7 @@ by default (the server's start, TensorFlow's import included).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -62,10 +65,10 @@ MODELS: dict[str, tuple[str, str, tuple[int, ...]]] = {
 }
 
 
-def _bench_repo(tmp: Path) -> Path:
-    """Copies of the models with max_batch_size 64 (one CPU instance each)."""
+def _bench_repo(tmp: Path, models: list[str]) -> Path:
+    """Copies of ``models`` with max_batch_size 64 (one CPU instance each)."""
     repo = tmp / "repo"
-    for name in MODELS:
+    for name in models:
         shutil.copytree(REPO / name, repo / name)
         cfg = repo / name / "config.pbtxt"
         cfg.write_text(re.sub(r"max_batch_size: \d+", "max_batch_size: 64", cfg.read_text()))
@@ -172,7 +175,7 @@ def measure(
 
     rng = np.random.default_rng(0)
     tmp = Path(tempfile.mkdtemp(prefix="bench-frameworks-"))
-    proc, port, _, ready_s = start_server(_bench_repo(tmp), core=None)  # type: ignore[arg-type]  # no pinning: each framework's threads
+    proc, port, _, ready_s = start_server(_bench_repo(tmp, models or list(MODELS)), core=None)  # type: ignore[arg-type]  # no pinning: each framework's threads
     rows: list[dict[str, Any]] = []
     try:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=300)
@@ -233,6 +236,25 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def separately(args: argparse.Namespace, models: list[str]) -> dict[str, Any]:
+    """Each model measured by a child run of this script (``--together --models M``):
+    its own server and its own in-process side, no other framework loaded in either."""
+    rows: list[dict[str, Any]] = []
+    ready = 0.0
+    for model in models:
+        out = OUT / f"bench_frameworks.{model}.json"
+        cmd = [
+            sys.executable, __file__, "--together", "--models", model, "--rounds",
+            str(args.rounds), "--seconds", str(args.seconds), "--batches", args.batches,
+            "--out", str(out),
+        ]  # fmt: skip
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        part = json.loads(out.read_text())
+        rows += part["rows"]
+        ready = max(ready, part["ready_s"])
+    return {"ready_s": ready, "rounds": args.rounds, "seconds": args.seconds, "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the table, write the JSON."""
     parser = cli_parser(__doc__, __file__)
@@ -242,6 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--models", default=",".join(MODELS), help="comma list (default all: %(default)s)"
     )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="one server holding every model, one process for the in-process side "
+        "(default: each model in a process of its own on both sides)",
+    )
+    parser.add_argument("--out", type=Path, default=OUT / "bench_frameworks.json")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     if bad := [m for m in models if m not in MODELS]:
@@ -251,12 +280,17 @@ def main(argv: list[str] | None = None) -> int:
         print("examples/framework_repository is missing: run examples/build_frameworks.py")
         return 1
     t0 = time.monotonic()
-    report = measure(args.rounds, args.seconds, [int(b) for b in args.batches.split(",")], models)
+    if args.together or len(models) == 1:
+        batches = [int(b) for b in args.batches.split(",")]
+        report = measure(args.rounds, args.seconds, batches, models)
+    else:
+        report = separately(args, models)
+    report["together"] = args.together
     report["elapsed_s"] = time.monotonic() - t0
     report["nproc"] = os.cpu_count()
     report["uname"] = subprocess.run(["uname", "-srm"], capture_output=True, text=True).stdout
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "bench_frameworks.json").write_text(json.dumps(report, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(markdown(report))
     print(f"\n{report['elapsed_s']:.0f} s; server ready in {report['ready_s']:.1f} s")
     return 0

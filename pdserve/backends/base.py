@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -334,10 +335,18 @@ def split_batch(batch: list[ExecRequest], outputs: dict[str, np.ndarray]) -> lis
 _T = TypeVar("_T")
 
 
+#: Nanoseconds the batch being executed spent handed over to its instance's thread and
+#: back (the thread's wake-up, then the event loop's), added by :func:`run_on_thread`:
+#: the scheduler leaves them out of the batch's compute time, which, as Triton's
+#: backends measure it on the instance's thread, is the model's own execution.
+HANDOFF_NS: ContextVar[int] = ContextVar("pdserve_handoff_ns", default=0)
+
+
 async def run_on_thread(
     executor: ThreadPoolExecutor, closed: bool, instance: str, fn: Callable[..., _T], *args: object
 ) -> _T:
-    """``fn(*args)`` on the own thread (``executor``) of the model instance ``instance``.
+    """``fn(*args)`` on the own thread (``executor``) of the model instance ``instance``;
+    the hand-over's nanoseconds are added to :data:`HANDOFF_NS`.
 
     Raises:
         InferError: :func:`unloading` when ``closed``, or when the executor was shut
@@ -345,12 +354,26 @@ async def run_on_thread(
     """
     if closed:
         raise unloading(instance)
+    marks = [0, 0]  # on the thread: when fn started, when it ended
+
+    def timed() -> _T:
+        marks[0] = time.monotonic_ns()
+        try:
+            return fn(*args)
+        finally:
+            marks[1] = time.monotonic_ns()
+
+    sent = time.monotonic_ns()
     try:
-        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(executor, timed)
     except RuntimeError as e:
         if "shutdown" in str(e) and executor._shutdown:  # ThreadPoolExecutor's own flag
             raise unloading(instance) from None
         raise
+    finally:
+        if marks[1]:
+            away = marks[0] - sent + time.monotonic_ns() - marks[1]
+            HANDOFF_NS.set(HANDOFF_NS.get() + away)
 
 
 #: :class:`InlineRuns`' default: a batch runs inline on the event loop while the
