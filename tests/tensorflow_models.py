@@ -101,3 +101,50 @@ def write_variable_savedmodel(folder: Path, scale: float) -> Path:
     module.f = f
     tf.saved_model.save(module, str(folder), signatures={"serving_default": f})
     return folder
+
+
+def write_keyed_savedmodel(folder: Path) -> Path:
+    """A TF1 SavedModel at ``folder`` whose ``serving_default`` SignatureDef keys are not
+    Python names: ``x:0`` and ``a/b`` (FP32 ``[-1, 2]``) and ``2d`` (INT32 ``[-1, 2]``)
+    give ``o:0 = x:0 - a/b`` and ``o/1 = 3 * 2d``."""
+    from pdserve.backends.tensorflow.savedmodel import import_tf
+
+    tf = import_tf()
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default(), v1.Session(graph=graph) as session:
+        pa = v1.placeholder(tf.float32, [None, 2], name="pa")
+        pb = v1.placeholder(tf.float32, [None, 2], name="pb")
+        pc = v1.placeholder(tf.int32, [None, 2], name="pc")
+        signature = v1.saved_model.signature_def_utils.predict_signature_def(
+            inputs={"x:0": pa, "a/b": pb, "2d": pc}, outputs={"o:0": pa - pb, "o/1": pc * 3}
+        )
+        builder = v1.saved_model.Builder(str(folder))
+        builder.add_meta_graph_and_variables(
+            session, ["serve"], signature_def_map={"serving_default": signature}
+        )
+        builder.save()
+    return folder
+
+
+def write_dashed_savedmodel(folder: Path) -> Path:
+    """A SavedModel at ``folder`` whose ``serving_default`` inputs are named ``zeta-in``,
+    ``alpha`` and ``z.in`` (FP32 ``[-1, 2]``; TensorFlow makes its arguments' names
+    ``zeta_in`` and ``z_in``): ``out/a = zeta-in - alpha``, ``out-b = 2 alpha - z.in``."""
+    from pdserve.backends.tensorflow.savedmodel import import_tf
+
+    tf = import_tf()
+    spec = [
+        tf.TensorSpec([None, 2], tf.float32, name="zeta-in"),
+        tf.TensorSpec([None, 2], tf.float32, name="alpha"),
+        tf.TensorSpec([None, 2], tf.float32, name="z.in"),
+    ]
+
+    @tf.function(input_signature=spec)
+    def f(x: object, y: object, z: object) -> dict[str, object]:
+        return {"out/a": x - y, "out-b": y * 2.0 - z}
+
+    module = tf.Module()
+    module.f = f
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": f})
+    return folder

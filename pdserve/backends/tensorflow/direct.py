@@ -45,24 +45,27 @@ class DirectCall:
     attrs: dict[bool, tuple[Any, ...]]
 
     @classmethod
-    def of(cls, function: Any, parameters: list[str]) -> DirectCall | None:
+    def of(cls, function: Any, inputs: list[tuple[str, Any]]) -> DirectCall | None:
         """The direct call of a loaded signature ``function`` whose flat arguments are
-        named ``parameters``; None where it cannot be made (the reason is logged at
-        debug level)."""
+        ``inputs`` (``(key, TensorSpec)`` in order); None where it cannot be made (the
+        reason is logged at debug level)."""
         try:
-            return cls._make(function, parameters)
+            return cls._make(function, inputs)
         except Exception as e:  # a TensorFlow without these internals: the flat call
             log.debug("no direct call for the signature: %s: %s", type(e).__name__, e)
             return None
 
     @classmethod
-    def _make(cls, function: Any, parameters: list[str]) -> DirectCall | None:
+    def _make(cls, function: Any, inputs: list[tuple[str, Any]]) -> DirectCall | None:
         import tensorflow as tf
         from tensorflow.python.eager import context
 
         atomic = function._inference_function
         types = atomic.function_type
-        specs = [types.parameters[n].type_constraint for n in parameters]
+        specs = [spec for _, spec in inputs]
+        arguments = len(atomic.cached_definition.signature.input_arg)
+        if arguments != len(specs) + len(function.captured_inputs):  # as call_flat checks
+            return None
         flat_out = list(types.flat_outputs)
         structured = function.structured_outputs  # a signature's: name -> TensorSpec
         names = sorted(structured)  # the order tf.nest flattens a dict in
@@ -83,8 +86,8 @@ class DirectCall:
                 options = ctx.function_call_options.as_attrs()
             attrs[single] = tuple(a for kv in options.items() for a in kv)
         name = atomic.name.decode() if isinstance(atomic.name, bytes) else str(atomic.name)
-        inputs = [(n, s.dtype.as_datatype_enum) for n, s in zip(parameters, specs, strict=True)]
-        return cls(name, inputs, [p for p, _ in named], list(function.captured_inputs), attrs)
+        keys = [(key, spec.dtype.as_datatype_enum) for key, spec in inputs]
+        return cls(name, keys, [p for p, _ in named], list(function.captured_inputs), attrs)
 
     def __call__(self, arrays: dict[str, np.ndarray], single_threaded: bool) -> dict[str, Any]:
         """Run the function on ``arrays`` (every input, by name, of the signature's

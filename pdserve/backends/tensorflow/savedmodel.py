@@ -52,12 +52,13 @@ class Signature:
 
     def __post_init__(self) -> None:
         fn = self.function
-        params = getattr(getattr(fn, "function_type", None), "parameters", None)
-        #: the function's flat argument names, in order (None: call it by keywords)
-        self._flat = list(params) if params and hasattr(fn, "_call_flat") else None
-        self._captured = fn.captured_inputs if self._flat is not None else []
+        flat = flat_inputs(fn) if hasattr(fn, "_call_flat") else None
+        #: the signature's input keys in the order of its flat arguments (None: call it
+        #: by keywords)
+        self._flat = [key for key, _ in flat] if flat is not None else None
+        self._captured = fn.captured_inputs if flat is not None else []
         #: the graph function in one execute (None: the flat or keyword call)
-        self._direct = DirectCall.of(fn, self._flat) if self._flat is not None else None
+        self._direct = DirectCall.of(fn, flat) if flat is not None else None
 
     def run(self, arrays: dict[str, Any], single_threaded: bool = False) -> dict[str, Any]:
         """Run the signature on ``arrays`` (numpy, every input by name, checked against
@@ -92,6 +93,18 @@ class Signature:
         if self._flat is None:
             return dict(self.function(**tensors))
         return dict(self.function._call_flat([tensors[n] for n in self._flat], self._captured))
+
+
+def flat_inputs(function: Any) -> list[tuple[str, Any]] | None:
+    """A loaded signature's inputs in the order of its flat arguments: ``(key,
+    TensorSpec)``, the key as the SignatureDef names it (``x:0``, ``2d``, ``zeta-in``:
+    the function's own argument names are those made into Python names); None when the
+    function does not say (then it is called by keywords)."""
+    params = getattr(getattr(function, "function_type", None), "parameters", None)
+    keywords = getattr(function, "_arg_keywords", None)
+    if not params or not keywords or len(keywords) != len(params):
+        return None
+    return [(k, p.type_constraint) for k, p in zip(keywords, params.values(), strict=True)]
 
 
 def _first_line(error: BaseException) -> str:
@@ -167,7 +180,8 @@ def load_signature(
         )
     fn = signatures[key]
     where = f"model '{model}' ({path}, signature '{key}')"
-    _, kwargs = fn.structured_input_signature
+    flat = flat_inputs(fn)
+    kwargs = dict(flat) if flat is not None else fn.structured_input_signature[1]
     outputs = fn.structured_outputs
     if not isinstance(outputs, dict):
         raise RuntimeError(f"{where}: the signature's outputs are not named (a dict)")

@@ -12,6 +12,8 @@ from tritonclient.grpc import model_config_pb2
 from pdserve.backends.tensorflow.backend import run_signature
 from pdserve.backends.tensorflow.savedmodel import load_signature
 from tests.tensorflow_models import (
+    write_dashed_savedmodel,
+    write_keyed_savedmodel,
     write_savedmodel,
     write_string_savedmodel,
     write_two_input_savedmodel,
@@ -74,6 +76,30 @@ def test_the_direct_call_passes_the_variables(tmp_path: Path) -> None:
     assert sig._direct is not None and len(sig._direct.captured) == 1
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     np.testing.assert_array_equal(run_signature(sig, {"x": x})["y"], x * 3)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_inputs_are_the_signature_def_keys(tmp_path: Path, direct: bool) -> None:
+    """Inputs are named as the SignatureDef names them (as Triton), also where they are
+    not Python names and TensorFlow's function arguments are named otherwise; both the
+    direct call and the flat call find them."""
+    keyed = load_signature(_cfg(), write_keyed_savedmodel(tmp_path / "k"), "m")
+    dashed = load_signature(_cfg(), write_dashed_savedmodel(tmp_path / "d"), "m")
+    assert sorted(n for n, _, _ in keyed.inputs) == ["2d", "a/b", "x:0"]
+    assert sorted(n for n, _, _ in dashed.inputs) == ["alpha", "z.in", "zeta-in"]
+    for sig in (keyed, dashed):
+        assert sig._direct is not None
+        if not direct:
+            sig._direct = None
+    x = np.array([[5, 7]], np.float32)
+    a = np.array([[1, 2]], np.float32)
+    c = np.array([[2, 3]], np.int32)
+    out = run_signature(keyed, {"x:0": x, "a/b": a, "2d": c})
+    np.testing.assert_array_equal(out["o:0"], x - a)
+    np.testing.assert_array_equal(out["o/1"], c * 3)
+    out = run_signature(dashed, {"zeta-in": x, "alpha": a, "z.in": a * 3})
+    np.testing.assert_array_equal(out["out/a"], x - a)
+    np.testing.assert_array_equal(out["out-b"], a * 2 - a * 3)
 
 
 def test_a_string_signature_takes_its_own_flat_call(tmp_path: Path) -> None:
