@@ -42,8 +42,10 @@ ONE_INSTANCE = "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
 #: warm-up-sized request inline and then block the event loop with a long one.
 ON_THREAD = 'parameters { key: "execution_thread" value { string_value: "thread" } }\n'
 
-#: WORK for a request that keeps the slow model's instance busy for ~1.5-4 s.
-BLOCK = 30000
+#: Seconds a blocker keeps the slow model's instance busy (:func:`block`).
+BLOCK_S = 2.5
+#: WORK the slow model is timed with to find :func:`block`'s.
+_PROBE_WORK = 20000
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +128,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     srv.stop()
 
 
+@pytest.fixture(scope="module")
+def block(server: ServerProcess) -> int:
+    """WORK for a request that keeps the slow model's instance busy for ~:data:`BLOCK_S`
+    seconds on this machine (timed on ``slow_policy``, whose tests count by differences)."""
+    c = client(server)
+    c.infer("slow_policy", slow_inputs(0, 1))
+    start = time.monotonic()
+    c.infer("slow_policy", slow_inputs(0, _PROBE_WORK))
+    took = time.monotonic() - start
+    return max(30000, int(_PROBE_WORK * BLOCK_S / max(took, 1e-3)))
+
+
 def client(server: ServerProcess, concurrency: int = 1) -> httpclient.InferenceServerClient:
     return httpclient.InferenceServerClient(server.http_url, concurrency=concurrency)
 
@@ -170,7 +184,7 @@ def wait_running(server: ServerProcess, model: str, blocker: Call) -> None:
     """Give the blocker time to reach its instance (the queue is then empty again).
 
     Nothing in the statistics shows a batch that is still running, so this waits
-    0.5 s — the blocker runs for 1.5 s or more — and checks it has not finished.
+    0.5 s — the blocker runs for about BLOCK_S — and checks it has not finished.
     """
     time.sleep(0.5)
     wait_pending(server, model, 0)
@@ -302,8 +316,8 @@ def test_models_without_dynamic_batching_run_each_request_alone(server: ServerPr
     assert stats["execution_count"] == 40
 
 
-def test_higher_priority_requests_run_first(server: ServerProcess) -> None:
-    blocker = Call(server, "slow_prio", slow_inputs(0, BLOCK))
+def test_higher_priority_requests_run_first(server: ServerProcess, block: int) -> None:
+    blocker = Call(server, "slow_prio", slow_inputs(0, block))
     wait_running(server, "slow_prio", blocker)
     low = [Call(server, "slow_prio", slow_inputs(10 + i, 200), priority=2) for i in range(3)]
     wait_pending(server, "slow_prio", 3)
@@ -320,9 +334,9 @@ def test_higher_priority_requests_run_first(server: ServerProcess) -> None:
     assert batch_sizes(stats_of(server, "slow_prio")) == {1: 7}
 
 
-def test_timeout_override_and_full_queue_reject(server: ServerProcess) -> None:
+def test_timeout_override_and_full_queue_reject(server: ServerProcess, block: int) -> None:
     before = stats_of(server, "slow_policy")
-    blocker = Call(server, "slow_policy", slow_inputs(0, BLOCK))
+    blocker = Call(server, "slow_policy", slow_inputs(0, block))
     wait_running(server, "slow_policy", blocker)
     timed = Call(server, "slow_policy", slow_inputs(1, 1), timeout=100_000)  # 100 ms in queue
     timed.join(30)
@@ -346,10 +360,10 @@ def test_timeout_override_and_full_queue_reject(server: ServerProcess) -> None:
 
 
 def test_request_of_a_client_that_went_away_never_reaches_the_model(
-    server: ServerProcess,
+    server: ServerProcess, block: int
 ) -> None:
     before = stats_of(server, "slow_policy")
-    blocker = Call(server, "slow_policy", slow_inputs(0, BLOCK))
+    blocker = Call(server, "slow_policy", slow_inputs(0, block))
     wait_running(server, "slow_policy", blocker)
     body = (
         b'{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]},'
@@ -377,9 +391,9 @@ def test_request_of_a_client_that_went_away_never_reaches_the_model(
 
 
 def test_preserve_ordering_holds_back_a_response_that_finished_early(
-    server: ServerProcess,
+    server: ServerProcess, block: int
 ) -> None:
-    first = Call(server, "slow_order", slow_inputs(0, BLOCK))
+    first = Call(server, "slow_order", slow_inputs(0, block))
     wait_running(server, "slow_order", first)
     second = Call(server, "slow_order", slow_inputs(1, 1))  # runs on the other instance
     np.testing.assert_array_equal(first.output(), np.full((1, 4), 1, np.float32))
