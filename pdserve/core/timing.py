@@ -30,9 +30,8 @@ Entry = tuple[str, int, int, int, int, int]
 
 _NOT_TOKEN = re.compile(r"[^!#$%&'*+\-.^_`|~0-9A-Za-z]")
 _TRUE = frozenset(("1", "true", "on", "yes"))
-#: The true values as they usually arrive (no normalizing needed): bytes and str. A
-#: header value in it, with no request parameters, asks (:func:`asked` without a call).
-TRUE_RAW = frozenset((*_TRUE, *(v.encode() for v in _TRUE)))
+#: The true values as they usually arrive (no normalizing needed): bytes and str.
+_TRUE_RAW = frozenset((*_TRUE, *(v.encode() for v in _TRUE)))
 
 
 @dataclass
@@ -51,7 +50,7 @@ def asked(header: bytes | str | None, parameters: dict[str, Any]) -> bool:
     None) reads true (``1``, ``true``, ``on``, ``yes``; case and surrounding blanks
     ignored), or the request parameter :data:`PARAMETER` is true; the parameter is
     removed either way."""
-    wanted = header in TRUE_RAW  # the usual exact value: one set lookup
+    wanted = header in _TRUE_RAW  # the usual exact value: one set lookup
     if parameters and PARAMETER in parameters:
         wanted = parameters.pop(PARAMETER) is True or wanted
     if header and not wanted:

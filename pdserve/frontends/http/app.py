@@ -282,10 +282,7 @@ class HttpApp:
             return None
         request = decode_infer_request(body, header_length, model, version, arrival_ns)
         admit(request, "HTTP", token, head[3], head[4], head[5])
-        if timing is not None and (
-            (head[6] in timing_mod.TRUE_RAW and not request.parameters)  # the usual ask
-            or timing_mod.asked(head[6], request.parameters)
-        ):
+        if timing is not None and timing_mod.asked(head[6], request.parameters):
             request.timing = timing  # --server-timing on and the request asks
         return request
 

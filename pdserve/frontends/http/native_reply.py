@@ -242,15 +242,10 @@ class Replies:
             return
         if timing:  # the request asked for its Server-Timing (pdserve.core.timing)
             if total < GZIP_MIN_BYTES and json_length is None and len(parts) == 1:
-                # the usual answer, formatted in one go: timing_mod.one_model's rule inline
-                entry = timing[0]
-                if len(timing) == 1 and not (entry[2] or entry[4]):
+                durations = timing_mod.one_model(timing)  # the usual one: one format
+                if durations is not None:
                     end = self._end(request)
-                    self._finish(
-                        request,
-                        _TIMED_JSON
-                        % (total, entry[1] / 1e6, entry[3] / 1e6, entry[5] / 1e6, end, parts[0]),
-                    )
+                    self._finish(request, _TIMED_JSON % (total, *durations, end, parts[0]))
                     return
             self._write_timed(request, parts, json_length, total, timing)
             return

@@ -5,13 +5,13 @@ by one thread.
 unsampled request touches nothing else), the filters, and a non-blocking append of
 references to the request's tensors. Sampling draws the gap to the next sampled request
 (geometric, :meth:`PayloadLogger.gap`): each request is sampled with probability
-``rate`` independently, as with a draw per request, for a decrement per request. When the queue is full the request is dropped and
-counted (``queue_full``). The writer thread encodes whole batches (the sink's encoder)
-and hands them over in one call; when the sink fails its requests are dropped and
-counted (``sink_error``) with a log line at most every :data:`LOG_EVERY_S` seconds, and
-the thread waits before the next try (:data:`BACKOFF_S`, doubling up to
-:data:`BACKOFF_MAX_S`) while the queue fills and the request path drops. So
-``sampled = written + dropped + queued`` at any time.
+``rate`` independently, as with a draw per request, for a decrement per request. When
+the queue is full the request is dropped and counted (``queue_full``). The writer thread
+encodes whole batches (the sink's encoder) and hands them over in one call; when the
+sink fails its requests are dropped and counted (``sink_error``) with a log line at most
+every :data:`LOG_EVERY_S` seconds, and the thread waits before the next try
+(:data:`BACKOFF_S`, doubling up to :data:`BACKOFF_MAX_S`) while the queue fills and the
+request path drops. So ``sampled = written + dropped + queued`` at any time.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ class PayloadLogger:
         self.sink = sink if sink is not None else make_sink(spec, model, source)
         #: log(1 - rate) for the sampling gaps; None: every request (no draw)
         self._log_keep = math.log1p(-spec.rate) if spec.rate < 1.0 else None
-        #: requests until the next sampled one (the request path decrements it)
-        self.countdown = self.gap()
+        #: requests until the next sampled one (:meth:`drawn` decrements it)
+        self._countdown = self.gap()
         self._filtered = spec.status != "all" or bool(spec.versions) or spec.parameter is not None
         #: the bounded queue: a deque the request path appends to (``len`` checked first)
         #: and the writer thread pops from; ``_wake`` rouses a writer that waits idle.
@@ -112,10 +112,10 @@ class PayloadLogger:
 
     def drawn(self) -> bool:
         """The sampling countdown: whether the request now finishing is sampled."""
-        self.countdown -= 1
-        if self.countdown > 0:
+        self._countdown -= 1
+        if self._countdown > 0:
             return False
-        self.countdown = self.gap()
+        self._countdown = self.gap()
         return True
 
     def gap(self) -> int:

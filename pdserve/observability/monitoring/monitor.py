@@ -211,11 +211,7 @@ class VersionMonitor:
         tensors are held by reference (not copied) until the next :meth:`fold`."""
         self.observed += 1
         logger = self.logger
-        if logger is None:
-            pass
-        elif logger.countdown > 1:  # logger.drawn() inline: unsampled, one decrement
-            logger.countdown -= 1
-        elif logger.drawn():
+        if logger is not None and logger.drawn():  # an unsampled request: one decrement
             message = (
                 None
                 if error is None
