@@ -24,11 +24,21 @@ EXAMPLE_REPO = ROOT / "examples" / "model_repository"
 GOLDENS = ROOT / "examples" / "goldens"
 
 
+#: Ports :func:`free_port` has given in this process.
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port that is free on 127.0.0.1 right now and that this process was not given
+    before: the kernel may hand back a port just released, so that two calls in a row
+    (a server's HTTP and metrics ports) would otherwise collide now and then."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 @dataclass
