@@ -20,6 +20,11 @@ rotates each round), each point bounded in time:
    concurrency 8: one-hop (every step in one replica, route ``/one``) against a
    deployment per step behind an ingress (``/split``), images/s.
 
+``--direct-ingress`` starts the Ray head with ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` (Serve's
+feature flag: no proxy; each ingress replica answers HTTP and gRPC on ports of its own,
+read from :func:`pdserve.ray.control.endpoints`); the http, side and grpc parts then go to
+the replicas' ports.
+
 Ray binds every interface, so the script runs itself inside a network namespace
 (``unshare -n``, root): pdserve on 127.0.0.1, the Ray head on 127.0.0.2. Every process
 is stopped by its process id (never ``ray stop``).
@@ -28,6 +33,7 @@ Usage::
 
     .venv/bin/python benchmarks/bench_ray.py [-d 3] [--rounds 4] [--parts http,grpc,images]
     .venv/bin/python benchmarks/bench_ray.py --parts side --rounds 6 -d 4   # both paths at once
+    .venv/bin/python benchmarks/bench_ray.py --direct-ingress --parts http,side,grpc --rounds 4 -d 4
 """
 
 from __future__ import annotations
@@ -297,6 +303,13 @@ def main() -> int:
         help="a config parameter of the one-hop replica's tiny (repeatable), e.g. "
         "intra_op_thread_count=1",
     )
+    p.add_argument(
+        "--direct-ingress",
+        action="store_true",
+        help="Serve's direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1, Ray's feature "
+        "flag): each ingress replica answers HTTP and gRPC on ports of its own, no "
+        "proxy; the http, side and grpc parts",
+    )
     args = p.parse_args()
     out = Path(args.out or HERE / "out" / "ray.json")
     if not in_namespace():
@@ -323,7 +336,9 @@ def main() -> int:
         "explicit",
         core=None,  # type: ignore[arg-type]
     )
-    cluster = start_cluster(tmp / "ray", cpus=16, with_worker=False)
+    direct = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"} if args.direct_ingress else None
+    res["direct_ingress"] = args.direct_ingress
+    cluster = start_cluster(tmp / "ray", cpus=16, with_worker=False, extra_env=direct)
     try:
         roots = {"pdserve_alone": proc.pid, "ray_head": cluster.head.pid, "driver": os.getpid()}
         measure_all(res, repo, tmp, http_port, grpc_port, args, roots)
@@ -346,6 +361,29 @@ def main() -> int:
     out.write_text(json.dumps(res, indent=1))
     report(res)
     return 0
+
+
+def replica_urls(apps: tuple[str, ...], timeout: float = 60.0) -> dict[str, str]:
+    """Under direct ingress, each application's replica's HTTP base URL, from
+    ``pdserve ray status``'s endpoints (:func:`pdserve.ray.control.endpoints`).
+
+    Raises:
+        RuntimeError: an application had no replica endpoint within ``timeout`` s.
+    """
+    from pdserve.ray import control
+
+    found: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+    while len(found) < len(apps) and time.monotonic() < deadline:
+        for app in apps:
+            http = control.endpoints(app).get("http", [])
+            if http and not http[0].endswith(":8000"):  # a replica, not the proxy asked for
+                found[app] = f"http://{http[0]}"
+        if len(found) < len(apps):
+            time.sleep(1)
+    if missing := [a for a in apps if a not in found]:
+        raise RuntimeError(f"direct ingress: no replica endpoint for {missing}")
+    return found
 
 
 def measure_all(
@@ -381,11 +419,13 @@ def measure_all(
     watch_processes(roots)
     parts = set(args.parts.split(","))
     body = infer_body("tiny", "INPUT0", np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64))
+    base = replica_urls(("plain", "pdserve")) if args.direct_ingress else {}
     urls = {
         "pdserve": f"http://127.0.0.1:{http_port}/v2/models/tiny/infer",
-        "ray_plain": f"http://{HEAD_IP}:8000/plain",
-        "pdserve_on_ray": f"http://{HEAD_IP}:8000/v2/models/tiny/infer",
+        "ray_plain": base.get("plain", f"http://{HEAD_IP}:8000") + "/plain",
+        "pdserve_on_ray": base.get("pdserve", f"http://{HEAD_IP}:8000") + "/v2/models/tiny/infer",
     }
+    res["urls"] = urls
     for url in urls.values():  # warm-up (a non-2xx answer fails the run)
         wrk_point(url, tmp, body, 8, 1)
 
@@ -406,6 +446,9 @@ def measure_all(
                 print(f"side by side c={c} round {r + 1}: {side[str(c)][-1]}", flush=True)
         res["side_by_side"] = side
     serve.delete("plain")
+    ray_grpc = f"{HEAD_IP}:9000"
+    if args.direct_ingress:  # the replica's own gRPC port
+        ray_grpc = control.endpoints("pdserve")["grpc"][0]
 
     def grpc_target(url: str) -> Callable[[], list[dict[str, Any]]]:
         return lambda: [perf_grpc(url, c, tmp) for c in (8, 32)]
@@ -414,13 +457,13 @@ def measure_all(
         grpc = rounds(
             {
                 "pdserve": grpc_target(f"127.0.0.1:{grpc_port}"),
-                "pdserve_on_ray": grpc_target(f"{HEAD_IP}:9000"),
+                "pdserve_on_ray": grpc_target(ray_grpc),
             },
             args.rounds,
         )
         res["grpc"] = {k: medians(v, "throughput") for k, v in grpc.items()}
     serve.delete("pdserve")
-    if "images" not in parts:
+    if "images" not in parts or args.direct_ingress:
         return
 
     t0 = time.monotonic()

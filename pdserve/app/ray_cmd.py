@@ -302,9 +302,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 1
     for dep, o in planned.items():
         print(f"deployment '{dep}': one replica reserves {o.get('ray_actor_options')}")
+    # where Serve says the application answers: its proxies, or under direct ingress
+    # its replicas' own ports; else the proxies asked for
+    where = control.endpoints(args.name)
+    http = ", ".join(f"http://{e}" for e in where.get("http", []))
+    grpc = ", ".join(where.get("grpc", []))
     print(
         f"application '{args.name}' RUNNING after {took:.1f} s; HTTP "
-        f"http://{args.host}:{args.http_port}, gRPC {args.host}:{args.grpc_port} "
-        "(a Serve already running keeps its own proxies)"
+        f"{http or f'http://{args.host}:{args.http_port}'}, gRPC "
+        f"{grpc or f'{args.host}:{args.grpc_port}'}"
     )
     return 0

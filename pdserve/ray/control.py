@@ -26,6 +26,10 @@ from pdserve.ray.grpc_proxy import SERVICER_FUNCTION
 _RESOURCE_NAMES = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
 
 
+#: Listen addresses meaning every interface (clients then use the node's address).
+_ANY_HOST = frozenset(("0.0.0.0", "::", "[::]", ""))
+
+
 class DeployError(RuntimeError):
     """The application did not become RUNNING (the message says why)."""
 
@@ -215,8 +219,39 @@ def status(name: str | None = None) -> dict[str, Any]:
                 }
                 for dep, st in app.deployments.items()
             },
+            "endpoints": endpoints(app_name),
         }
     return doc
+
+
+def endpoints(app_name: str) -> dict[str, list[str]]:
+    """Where application ``app_name`` answers, per protocol (``http``, ``grpc``): the
+    ``host:port`` of Serve's proxies, or under Serve's direct ingress (the cluster
+    started with ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1``) of the application's own
+    replicas, each serving HTTP and gRPC on a port of its own. Empty when Serve does not
+    say (the controller's target groups are Serve's alpha API)."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client()
+        if client is None:
+            return {}
+        controller = client._controller
+        groups = ray.get(controller.get_target_groups.remote(app_name), timeout=10)
+        http_host = ray.get(controller.get_http_config.remote(), timeout=10).host
+    except Exception:  # noqa: BLE001 - an older or newer Serve: the rest of status stands
+        return {}
+    found: dict[str, list[str]] = {}
+    for group in groups:
+        if group.app_name and group.app_name != app_name:
+            continue
+        protocol = str(getattr(group.protocol, "value", group.protocol)).lower()
+        for t in group.targets:
+            # HTTP listens on Serve's http_options host (the node's address when that is
+            # every interface); gRPC on every interface
+            host = http_host if protocol == "http" and http_host not in _ANY_HOST else t.ip
+            found.setdefault(protocol, []).append(f"{host}:{t.port}")
+    return found
 
 
 def teardown(name: str) -> None:

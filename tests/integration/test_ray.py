@@ -142,6 +142,9 @@ def test_pdserve_ray_deploys_one_hop_for_http_and_grpc_clients(scenario: dict[st
     app = status["applications"]["pdserve"]
     assert app["status"] == "RUNNING"
     assert app["deployments"]["pdserve"] == {"status": "HEALTHY", "replicas": {"RUNNING": 2}}
+    # through Serve's proxies (on the head, where the scenario started them)
+    assert "127.0.0.2:8000" in app["endpoints"]["http"], app["endpoints"]
+    assert "127.0.0.2:9000" in app["endpoints"]["grpc"], app["endpoints"]
     code, text, seconds = doc["cli_unplaceable"]
     assert code == 1 and seconds < 30, doc["cli_unplaceable"]
     assert "deployment 'pdserve' cannot be placed: one replica asks for CPU 64" in text

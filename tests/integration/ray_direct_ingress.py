@@ -1,0 +1,111 @@
+"""Serve's direct ingress on a real Ray cluster, run under ``unshare -n`` by
+``test_ray_direct_ingress.py``: a Ray head started with
+``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` (Serve starts no proxy; each ingress replica
+answers HTTP and gRPC on ports of its own), ``pdserve ray deploy`` of ``tiny``, the
+endpoints ``pdserve ray status`` reports, tritonclient.http and tritonclient.grpc
+against them, ``teardown``. Prints what it saw as one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.integration.ray_cluster import pdserve_ray, setup_namespace, start_cluster  # noqa: E402
+
+#: Serve's feature flag, read by its controller and replicas when they start.
+DIRECT_INGRESS = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
+
+
+def listening(client: Any, timeout: float = 30.0) -> float:
+    """Seconds until the replica's own HTTP server answers (Serve gives the replica its
+    port, then starts the server).
+
+    Raises:
+        TimeoutError: no answer within ``timeout`` s.
+    """
+    t0 = time.monotonic()
+    while True:
+        try:
+            client.is_server_live()
+            return round(time.monotonic() - t0, 1)
+        except ConnectionError:
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"the replica did not answer within {timeout} s") from None
+            time.sleep(0.2)
+
+
+def scenario(repo: Path, out: dict[str, Any]) -> None:
+    import tritonclient.grpc as tgrpc
+    import tritonclient.http as thttp
+
+    done = pdserve_ray("deploy", str(repo), "--models", "tiny", "--num-cpus", "1")
+    out["deploy"] = [done.returncode, done.stdout[-1500:], done.stderr[-1500:]]
+    if done.returncode != 0:
+        return
+    status = pdserve_ray("status")
+    out["status"] = json.loads(status.stdout)
+    endpoints = out["status"]["applications"]["pdserve"]["endpoints"]
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
+    http = thttp.InferenceServerClient(endpoints["http"][0])
+    out["listening_s"] = listening(http)
+    inp = thttp.InferInput("INPUT0", [1, 64], "FP32")
+    inp.set_data_from_numpy(x)
+    out["http_tiny"] = http.infer("tiny", [inp]).as_numpy("OUTPUT0").ravel().tolist()
+    out["http_ready"] = http.is_server_ready() and http.is_model_ready("tiny")
+    grpc = tgrpc.InferenceServerClient(endpoints["grpc"][0])
+    ginp = tgrpc.InferInput("INPUT0", [1, 64], "FP32")
+    ginp.set_data_from_numpy(x)
+    out["grpc_tiny"] = grpc.infer("tiny", [ginp]).as_numpy("OUTPUT0").ravel().tolist()
+    out["grpc_ready"] = grpc.is_model_ready("tiny")
+    bad = tgrpc.InferInput("WRONG", [1, 64], "FP32")
+    bad.set_data_from_numpy(x)
+    try:
+        grpc.infer("tiny", [bad])
+    except Exception as e:  # noqa: BLE001 - the status is the answer
+        out["grpc_bad"] = [str(getattr(e, "status", lambda: "")()), str(e)]
+    gone = pdserve_ray("teardown")
+    out["teardown"] = [gone.returncode, gone.stdout]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repo", required=True)
+    parser.add_argument("--temp-dir", required=True)
+    args = parser.parse_args()
+    setup_namespace()
+    out: dict[str, Any] = {}
+    t0 = time.monotonic()
+    cluster = start_cluster(
+        Path(args.temp_dir), cpus=4, with_worker=False, extra_env=DIRECT_INGRESS
+    )
+    try:
+        scenario(Path(args.repo), out)
+    except Exception as e:  # noqa: BLE001 - reported in the JSON
+        import traceback
+
+        out["error"] = f"{type(e).__name__}: {e}"
+        out["traceback"] = traceback.format_exc()
+    finally:
+        try:
+            import ray
+
+            ray.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+        cluster.stop()
+        out["total_s"] = round(time.monotonic() - t0, 1)
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
