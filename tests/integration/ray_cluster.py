@@ -439,8 +439,19 @@ def main() -> None:
         watchdog.start()
     out["cluster_start_s"] = round(time.monotonic() - t_start, 1)
     log(f"cluster up in {out['cluster_start_s']} s")
+    run_and_report(
+        cluster, lambda: scenario(cluster, Path(args.repo), args.load_seconds, out), out, t_start
+    )
+
+
+def run_and_report(
+    cluster: Cluster, work: Callable[[], None], out: dict[str, Any], t_start: float
+) -> None:
+    """Run ``work``; an exception goes into ``out`` (``error``, ``traceback``). Then shut
+    Serve and this driver down, stop every process of ``cluster`` and print ``out`` as
+    one JSON line (with ``total_s`` since ``t_start``)."""
     try:
-        scenario(cluster, Path(args.repo), args.load_seconds, out)
+        work()
     except Exception as e:  # noqa: BLE001 - reported in the JSON
         import traceback
 

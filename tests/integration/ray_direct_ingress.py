@@ -20,7 +20,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.ray_cluster import pdserve_ray, setup_namespace, start_cluster  # noqa: E402
+from tests.integration.ray_cluster import (  # noqa: E402
+    pdserve_ray,
+    run_and_report,
+    setup_namespace,
+    start_cluster,
+)
 
 #: Serve's feature flag, read by its controller and replicas when they start.
 DIRECT_INGRESS = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
@@ -88,23 +93,7 @@ def main() -> None:
     cluster = start_cluster(
         Path(args.temp_dir), cpus=4, with_worker=False, extra_env=DIRECT_INGRESS
     )
-    try:
-        scenario(Path(args.repo), out)
-    except Exception as e:  # noqa: BLE001 - reported in the JSON
-        import traceback
-
-        out["error"] = f"{type(e).__name__}: {e}"
-        out["traceback"] = traceback.format_exc()
-    finally:
-        try:
-            import ray
-
-            ray.shutdown()
-        except Exception:  # noqa: BLE001
-            pass
-        cluster.stop()
-        out["total_s"] = round(time.monotonic() - t0, 1)
-        print(json.dumps(out), flush=True)
+    run_and_report(cluster, lambda: scenario(Path(args.repo), out), out, t0)
 
 
 if __name__ == "__main__":
