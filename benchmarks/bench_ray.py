@@ -21,7 +21,7 @@ rotates each round), each point bounded in time:
    deployment per step behind an ingress (``/split``), images/s.
 
 ``--direct-ingress`` starts the Ray head with ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` (Serve's
-feature flag: no proxy; each ingress replica answers HTTP and gRPC on ports of its own,
+feature flag: each ingress replica answers HTTP and gRPC on ports of its own, past the proxy,
 read from :func:`pdserve.ray.control.endpoints`); the http, side and grpc parts then go to
 the replicas' ports.
 

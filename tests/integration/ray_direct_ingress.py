@@ -1,6 +1,6 @@
 """Serve's direct ingress on a real Ray cluster, run under ``unshare -n`` by
 ``test_ray_direct_ingress.py``: a Ray head started with
-``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` (Serve starts no proxy; each ingress replica
+``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` (past Serve's proxy, each ingress replica
 answers HTTP and gRPC on ports of its own), ``pdserve ray deploy`` of ``tiny``, the
 endpoints ``pdserve ray status`` reports, tritonclient.http and tritonclient.grpc
 against them, ``teardown``. Prints what it saw as one JSON line.

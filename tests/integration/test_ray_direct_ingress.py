@@ -1,7 +1,7 @@
 """``pdserve ray`` under Serve's direct ingress, on a real Ray head started with
 ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1`` in a network namespace
 (``ray_direct_ingress.py``): the one-hop replica answers tritonclient.http and
-tritonclient.grpc on the ports ``pdserve ray status`` reports, with no Serve proxy.
+tritonclient.grpc on the ports ``pdserve ray status`` reports, past Serve's proxy.
 Marked ``slow`` (a Ray head and a deployment, ~1 min here)."""
 
 from __future__ import annotations
