@@ -204,9 +204,16 @@ def add_parser(sub: Subparsers) -> argparse.ArgumentParser:
     d.add_argument("--http-port", type=int, default=8000, help="Serve's HTTP proxy port")
     d.add_argument("--grpc-port", type=int, default=9000, help="Serve's gRPC proxy port")
     d.add_argument(
+        "--route-prefix",
+        default="/",
+        help="the application's HTTP route prefix (default /: the V2 routes at the root; "
+        "a second application on the same cluster needs its own, e.g. /b)",
+    )
+    d.add_argument(
         "--timeout", type=float, default=120.0, help="seconds to wait for RUNNING (default 120)"
     )
     status = actions.add_parser("status", help="the application's status and its replicas")
+    status.add_argument("--all", action="store_true", help="every Serve application")
     teardown = actions.add_parser("teardown", help="delete the application from Serve")
     for action in (d, status, teardown):
         action.add_argument(
@@ -277,7 +284,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 1
     if args.ray_command == "status":
         try:
-            print(json.dumps(control.status(args.name), indent=2))
+            print(json.dumps(control.status(None if args.all else args.name), indent=2))
         except KeyError as e:
             print(f"pdserve ray status: {e.args[0]}")
             return 1
@@ -296,7 +303,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(e))
     control.start_proxies(control.Proxies(args.host, args.http_port, args.grpc_port))
     try:
-        took = control.deploy(app, args.name, planned, timeout_s=args.timeout)
+        took = control.deploy(
+            app, args.name, planned, timeout_s=args.timeout, route_prefix=args.route_prefix
+        )
     except control.DeployError as e:
         print(f"pdserve ray deploy: {e}")
         return 1
@@ -312,4 +321,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         f"{http or f'http://{args.host}:{args.http_port}'}, gRPC "
         f"{grpc or f'{args.host}:{args.grpc_port}'}"
     )
+    shared = where.get("http", [])
+    if len(set(shared)) < len(shared):  # replicas on several nodes, each on its loopback
+        print(
+            "note: replicas on several nodes listen on the same loopback address; start "
+            "Serve with --host 0.0.0.0 to reach each from other machines"
+        )
     return 0

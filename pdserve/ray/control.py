@@ -159,7 +159,14 @@ def deploy(
     t0 = time.monotonic()
     # serve.run waits for RUNNING without a bound; _run(_blocking=False) returns once
     # the controller has the application (Ray is pinned in the ``ray`` extra)
-    serve._run(app, _blocking=False, name=name, route_prefix=route_prefix)
+    try:
+        serve._run(app, _blocking=False, name=name, route_prefix=route_prefix)
+    except Exception as e:  # noqa: BLE001 - Serve's refusal, e.g. a route prefix in use
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        raise DeployError(
+            f"Serve refused application '{name}' at route prefix '{route_prefix}': "
+            f"{lines[-1] if lines else type(e).__name__}"
+        ) from e
     state = ""
     while time.monotonic() - t0 < timeout_s:
         app_status = serve.status().applications.get(name)
@@ -228,8 +235,9 @@ def endpoints(app_name: str) -> dict[str, list[str]]:
     """Where application ``app_name`` answers, per protocol (``http``, ``grpc``): the
     ``host:port`` of Serve's proxies, or under Serve's direct ingress (the cluster
     started with ``RAY_SERVE_ENABLE_DIRECT_INGRESS=1``) of the application's own
-    replicas, each serving HTTP and gRPC on a port of its own. Empty when Serve does not
-    say (the controller's target groups are Serve's alpha API)."""
+    replicas, each serving HTTP and gRPC on a port of its own. HTTP entries end with the
+    application's route prefix when it is not ``/``; an IPv6 host is bracketed. Empty
+    when Serve does not say (the controller's target groups are Serve's alpha API)."""
     try:
         from ray.serve.context import _get_global_client
 
@@ -239,8 +247,11 @@ def endpoints(app_name: str) -> dict[str, list[str]]:
         controller = client._controller
         groups = ray.get(controller.get_target_groups.remote(app_name), timeout=10)
         http_host = ray.get(controller.get_http_config.remote(), timeout=10).host
+        details = ray.get(controller.get_serve_instance_details.remote(), timeout=10)
+        prefix = (details.get("applications", {}).get(app_name) or {}).get("route_prefix")
     except Exception:  # noqa: BLE001 - an older or newer Serve: the rest of status stands
         return {}
+    path = "" if prefix in (None, "", "/") else str(prefix).rstrip("/")
     found: dict[str, list[str]] = {}
     for group in groups:
         if group.app_name and group.app_name != app_name:
@@ -249,9 +260,17 @@ def endpoints(app_name: str) -> dict[str, list[str]]:
         for t in group.targets:
             # HTTP listens on Serve's http_options host (the node's address when that is
             # every interface); gRPC on every interface
-            host = http_host if protocol == "http" and http_host not in _ANY_HOST else t.ip
-            found.setdefault(protocol, []).append(f"{host}:{t.port}")
+            if protocol == "http":
+                host = http_host if http_host not in _ANY_HOST else t.ip
+                found.setdefault(protocol, []).append(_host_port(host, t.port) + path)
+            else:
+                found.setdefault(protocol, []).append(_host_port(t.ip, t.port))
     return found
+
+
+def _host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets (``[::1]:30000``)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
 def teardown(name: str) -> None:

@@ -53,6 +53,7 @@ def scenario(repo: Path, out: dict[str, Any]) -> None:
     import tritonclient.grpc as tgrpc
     import tritonclient.http as thttp
 
+    out["repo"] = str(repo)
     done = pdserve_ray("deploy", str(repo), "--models", "tiny", "--num-cpus", "1")
     out["deploy"] = [done.returncode, done.stdout[-1500:], done.stderr[-1500:]]
     if done.returncode != 0:
@@ -78,8 +79,32 @@ def scenario(repo: Path, out: dict[str, Any]) -> None:
         grpc.infer("tiny", [bad])
     except Exception as e:  # noqa: BLE001 - the status is the answer
         out["grpc_bad"] = [str(getattr(e, "status", lambda: "")()), str(e)]
+    second_app(x, out)
     gone = pdserve_ray("teardown")
     out["teardown"] = [gone.returncode, gone.stdout]
+
+
+def second_app(x: np.ndarray, out: dict[str, Any]) -> None:
+    """A second application: refused at the route prefix the first holds, then served
+    under its own, whose HTTP endpoint carries the prefix."""
+    import tritonclient.http as thttp
+
+    repo = out["repo"]
+    clash = pdserve_ray("deploy", repo, "--models", "tiny", "--num-cpus", "1", "--name", "c")
+    out["clash"] = [clash.returncode, clash.stdout[-800:], clash.stderr[-800:]]
+    done = pdserve_ray(
+        "deploy", repo, "--models", "tiny", "--num-cpus", "1", "--name", "b",
+        "--route-prefix", "/b",
+    )  # fmt: skip
+    out["deploy_b"] = [done.returncode, done.stdout[-800:]]
+    every = json.loads(pdserve_ray("status", "--all").stdout)
+    out["apps"] = sorted(every["applications"])
+    (url,) = out["b_http"] = every["applications"]["b"]["endpoints"]["http"]
+    client = thttp.InferenceServerClient(url)
+    listening(client)
+    inp = thttp.InferInput("INPUT0", [1, 64], "FP32")
+    inp.set_data_from_numpy(x)
+    out["b_tiny"] = client.infer("tiny", [inp]).as_numpy("OUTPUT0").ravel().tolist()
 
 
 def main() -> None:

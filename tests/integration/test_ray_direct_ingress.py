@@ -68,3 +68,15 @@ def test_tritonclient_http_and_grpc_reach_the_replica(seen: dict[str, Any]) -> N
     assert seen["grpc_bad"][0] == "StatusCode.INVALID_ARGUMENT", seen["grpc_bad"]
     assert "unexpected inference input 'WRONG'" in seen["grpc_bad"][1]
     assert seen["teardown"] == [0, "deleted application 'pdserve'\n"]
+
+
+def test_a_second_application_needs_its_own_route_prefix(seen: dict[str, Any]) -> None:
+    code, printed, errors = seen["clash"]
+    assert code == 1 and "Traceback" not in printed + errors, seen["clash"]
+    assert "Serve refused application 'c' at route prefix '/'" in printed, printed
+    assert seen["deploy_b"][0] == 0, seen["deploy_b"]
+    assert seen["apps"] == ["b", "pdserve"]
+    (url,) = seen["b_http"]
+    assert url.endswith("/b") and 30000 <= int(url.split(":")[1].split("/")[0]) < 31000, url
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
+    np.testing.assert_allclose(seen["b_tiny"], tiny_reference(x).ravel(), rtol=1e-5, atol=1e-6)

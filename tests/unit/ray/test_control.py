@@ -4,7 +4,7 @@ tests/integration/test_ray.py.)"""
 
 from __future__ import annotations
 
-from pdserve.ray.control import Proxies, _fmt, _state, replica_resources
+from pdserve.ray.control import Proxies, _fmt, _host_port, _state, replica_resources
 
 
 def test_replica_resources_in_ray_names() -> None:
@@ -25,3 +25,10 @@ def test_resources_read_as_text() -> None:
 def test_proxies_default_to_the_loopback() -> None:
     p = Proxies()
     assert (p.host, p.http_port, p.grpc_port, p.location) == ("127.0.0.1", 8000, 9000, "HeadOnly")
+
+
+def test_host_port_brackets_an_ipv6_host() -> None:
+    assert _host_port("127.0.0.2", 30000) == "127.0.0.2:30000"
+    assert _host_port("::1", 30000) == "[::1]:30000"
+    assert _host_port("[::1]", 30000) == "[::1]:30000"
+    assert _host_port("fe80::1", 8000) == "[fe80::1]:8000"
