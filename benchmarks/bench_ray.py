@@ -364,8 +364,9 @@ def main() -> int:
 
 
 def replica_urls(apps: tuple[str, ...], timeout: float = 60.0) -> dict[str, str]:
-    """Under direct ingress, each application's replica's HTTP base URL, from
-    ``pdserve ray status``'s endpoints (:func:`pdserve.ray.control.endpoints`).
+    """Under direct ingress, each application's replica's HTTP base URL (its route prefix
+    included), from ``pdserve ray status``'s endpoints
+    (:func:`pdserve.ray.control.endpoints`).
 
     Raises:
         RuntimeError: an application had no replica endpoint within ``timeout`` s.
@@ -377,7 +378,9 @@ def replica_urls(apps: tuple[str, ...], timeout: float = 60.0) -> dict[str, str]
     while len(found) < len(apps) and time.monotonic() < deadline:
         for app in apps:
             http = control.endpoints(app).get("http", [])
-            if http and not http[0].endswith(":8000"):  # a replica, not the proxy asked for
+            # a replica, not the proxy this script asked for (an entry ends with the route
+            # prefix: "/plain" for the plain deployment)
+            if http and ":8000" not in http[0]:
                 found[app] = f"http://{http[0]}"
         if len(found) < len(apps):
             time.sleep(1)
@@ -422,7 +425,7 @@ def measure_all(
     base = replica_urls(("plain", "pdserve")) if args.direct_ingress else {}
     urls = {
         "pdserve": f"http://127.0.0.1:{http_port}/v2/models/tiny/infer",
-        "ray_plain": base.get("plain", f"http://{HEAD_IP}:8000") + "/plain",
+        "ray_plain": base.get("plain", f"http://{HEAD_IP}:8000/plain"),
         "pdserve_on_ray": base.get("pdserve", f"http://{HEAD_IP}:8000") + "/v2/models/tiny/infer",
     }
     res["urls"] = urls
