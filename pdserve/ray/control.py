@@ -11,6 +11,7 @@ nothing stays pending). :func:`status` and :func:`teardown` read and delete appl
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,9 +53,12 @@ def connect(address: str | None, node_ip: str | None = None) -> None:
         node_ip: this machine's address as the cluster sees it (None: Ray's guess).
 
     Raises:
-        ConnectionError: no cluster there.
+        ConnectionError: no cluster there; an explicit ``host:port`` where nothing
+            accepts a connection fails within :data:`PROBE_S` seconds (Ray's own
+            connection retries would take minutes).
     """
     if not ray.is_initialized():
+        _probe(address)
         ray.init(
             address=address or "auto",
             _node_ip_address=node_ip,
@@ -62,6 +66,22 @@ def connect(address: str | None, node_ip: str | None = None) -> None:
             log_to_driver=False,
             namespace="serve",
         )
+
+
+#: Seconds to wait for a TCP connection to an explicit cluster address.
+PROBE_S = 5.0
+
+
+def _probe(address: str | None) -> None:
+    """Raise ConnectionError when ``address`` is a ``host:port`` (the GCS) where nothing
+    accepts a TCP connection; other forms (None, ``auto``, ``ray://...``) pass."""
+    if not address or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S).close()
+    except (OSError, ValueError) as e:
+        raise ConnectionError(f"nothing accepts a connection at {address} ({e})") from None
 
 
 def start_proxies(proxies: Proxies) -> None:

@@ -4,7 +4,20 @@ tests/integration/test_ray.py.)"""
 
 from __future__ import annotations
 
-from pdserve.ray.control import Proxies, _fmt, _host_port, _state, replica_resources
+import socket
+import time
+
+import pytest
+
+from pdserve.ray.control import (
+    PROBE_S,
+    Proxies,
+    _fmt,
+    _host_port,
+    _probe,
+    _state,
+    replica_resources,
+)
 
 
 def test_replica_resources_in_ray_names() -> None:
@@ -32,3 +45,24 @@ def test_host_port_brackets_an_ipv6_host() -> None:
     assert _host_port("::1", 30000) == "[::1]:30000"
     assert _host_port("[::1]", 30000) == "[::1]:30000"
     assert _host_port("fe80::1", 8000) == "[fe80::1]:8000"
+
+
+def test_probe_refuses_an_address_where_nothing_listens() -> None:
+    with socket.socket() as s:  # a port that was free a moment ago and is closed now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"nothing accepts a connection at 127.0.0.1:{port}"):
+        _probe(f"127.0.0.1:{port}")
+    assert time.monotonic() - t0 < PROBE_S
+    with pytest.raises(ConnectionError):
+        _probe("127.0.0.1:not-a-port")
+
+
+def test_probe_passes_a_listening_address_and_other_forms() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        _probe(f"127.0.0.1:{s.getsockname()[1]}")
+    for address in (None, "", "auto", "ray://127.0.0.1:1"):
+        _probe(address)
