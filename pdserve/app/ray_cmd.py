@@ -140,7 +140,7 @@ def deployment_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
     if not 0 < args.timeout < math.inf:
         raise ValueError(f"--timeout: expected a number of seconds > 0, got {args.timeout}")
-    put("--replicas", args.replicas, _count(0), "num_replicas")
+    put("--replicas", args.replicas, _count(1), "num_replicas")  # Serve refuses 0
     put("--autoscale", args.autoscale, autoscale, "autoscaling_config")
     put("--num-cpus", args.num_cpus, _amount, "ray_actor_options.num_cpus")
     put("--num-gpus", args.num_gpus, _amount, "ray_actor_options.num_gpus")

@@ -63,14 +63,14 @@ def test_bad_flags_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         args.run(args)  # type: ignore[attr-defined]
     assert info.value.code == 2
-    assert "--replicas: expected an integer >= 0, got 'x'" in capsys.readouterr().err
+    assert "--replicas: expected an integer >= 1, got 'x'" in capsys.readouterr().err
     assert run is not None
 
 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--replicas", "-2"], "--replicas: expected an integer >= 0, got '-2'"),
+        (["--replicas", "0"], "--replicas: expected an integer >= 1, got '0'"),
         (["--num-cpus", "-1"], "--num-cpus: expected a number >= 0, got '-1'"),
         (["--num-gpus", "nan"], "--num-gpus: expected a number >= 0, got 'nan'"),
         (["--max-ongoing-requests", "0"], "--max-ongoing-requests: expected an integer >= 1"),
