@@ -307,8 +307,8 @@ def main() -> int:
         "--direct-ingress",
         action="store_true",
         help="Serve's direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1, Ray's feature "
-        "flag): each ingress replica answers HTTP and gRPC on ports of its own, no "
-        "proxy; the http, side and grpc parts",
+        "flag): each ingress replica answers HTTP and gRPC on ports of its own, which "
+        "the load goes to, past Serve's proxy; the http, side and grpc parts",
     )
     args = p.parse_args()
     out = Path(args.out or HERE / "out" / "ray.json")

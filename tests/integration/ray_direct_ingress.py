@@ -25,6 +25,7 @@ from tests.integration.ray_cluster import (  # noqa: E402
     run_and_report,
     setup_namespace,
     start_cluster,
+    wait_for,
 )
 
 #: Serve's feature flag, read by its controller and replicas when they start.
@@ -38,15 +39,14 @@ def listening(client: Any, timeout: float = 30.0) -> float:
     Raises:
         TimeoutError: no answer within ``timeout`` s.
     """
-    t0 = time.monotonic()
-    while True:
+
+    def live() -> bool:
         try:
-            client.is_server_live()
-            return round(time.monotonic() - t0, 1)
+            return bool(client.is_server_live())
         except ConnectionError:
-            if time.monotonic() - t0 > timeout:
-                raise TimeoutError(f"the replica did not answer within {timeout} s") from None
-            time.sleep(0.2)
+            return False
+
+    return round(wait_for(live, timeout, "the replica's HTTP server"), 1)
 
 
 def scenario(repo: Path, out: dict[str, Any]) -> None:
