@@ -8,6 +8,7 @@ Tensors are numpy arrays; BYTES tensors are numpy object arrays of ``bytes``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,13 @@ class InferRequest:
             decoupled model (set by ``InferenceServer.infer_stream``); None: one response.
         timing: the request asked for its server timing: the core appends one
             :data:`pdserve.core.timing.Entry` per model it ran on; None: not asked.
+        json_body: the request body as the client sent it when it is one V2 JSON
+            document (HTTP, no binary or shared-memory inputs); None otherwise. The
+            payload log may keep it as the record of the inputs.
+        answered: set by the core's observer when it wants the response as sent: the
+            front end calls it once the response is encoded, with the request, the
+            outputs sent and the response body when that is one V2 JSON document (no
+            binary or shared-memory outputs; else None). None: nobody asks.
     """
 
     model_name: str
@@ -80,6 +88,8 @@ class InferRequest:
     shm_inputs: dict[str, Any] | None = None
     stream: Any = None
     timing: list[Any] | None = None
+    json_body: bytes | bytearray | None = None
+    answered: Callable[[InferRequest, dict[str, np.ndarray], bytes | None], None] | None = None
 
 
 @dataclass(slots=True)

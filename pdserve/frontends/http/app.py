@@ -280,7 +280,7 @@ class HttpApp:
         json_size = len(body) if header_length is None else header_length
         if json_size > PROCESS_JSON_BYTES or len(body) > OFFLOAD_BYTES:
             return None
-        request = decode_infer_request(body, header_length, model, version, arrival_ns)
+        request = decode_infer_request(body, header_length, model, version, arrival_ns, True)
         admit(request, "HTTP", token, head[3], head[4], head[5])
         if timing is not None and timing_mod.asked(head[6], request.parameters):
             request.timing = timing  # --server-timing on and the request asks
@@ -301,7 +301,10 @@ class HttpApp:
         size = _outputs_nbytes(response)
         if size > PROCESS_JSON_OUTPUT_BYTES or size > OFFLOAD_BYTES:
             return None
-        return encode_infer_response_parts(response, request)
+        encoded = encode_infer_response_parts(response, request)
+        if request.answered is not None:
+            _answered(request, response, encoded)
+        return encoded
 
     async def encode_large(self, response: InferResponse, request: InferRequest) -> Encoded:
         """:meth:`infer_body`'s result for any response: large JSON outputs encoded in
@@ -315,8 +318,12 @@ class HttpApp:
             else None
         )
         if size <= OFFLOAD_BYTES:
-            return encode_infer_response_parts(response, request, encoded)
-        return await off_loop(encode_infer_response_parts, response, request, encoded)
+            parts = encode_infer_response_parts(response, request, encoded)
+        else:
+            parts = await off_loop(encode_infer_response_parts, response, request, encoded)
+        if request.answered is not None:
+            _answered(request, response, parts)
+        return parts
 
     # ----------------------------------------------------------------- other routes
 
@@ -412,6 +419,17 @@ def infer_answer(parts: list[Any], json_length: int | None, total: int) -> Answe
 #: inference_header_content_length, traceparent, route_key, pinned_version,
 #: server_timing)`` (-1 / b"" / None / None / b"" / b"" / b"" when absent).
 InferHeaders = tuple[int, bytes, "int | None", "bytes | None", bytes, bytes, bytes]
+
+
+def _answered(request: InferRequest, response: InferResponse, encoded: Encoded) -> None:
+    """Call ``request.answered`` with the response body when it is one JSON document
+    (no binary outputs, none written into shared memory), else with None."""
+    parts, json_length, _ = encoded
+    body = None
+    if json_length is None and len(parts) == 1 and not shm_output_names(request):
+        body = bytes(parts[0])
+    assert request.answered is not None
+    request.answered(request, response.outputs, body)
 
 
 def _outputs_nbytes(response: InferResponse) -> int:

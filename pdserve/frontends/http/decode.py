@@ -81,6 +81,7 @@ def decode_infer_request(
     model_name: str,
     model_version: str = "",
     arrival_ns: int | None = None,
+    keep_json: bool = False,
 ) -> InferRequest:
     """Decode a V2 REST inference request body into an :class:`InferRequest`.
 
@@ -93,6 +94,10 @@ def decode_infer_request(
         model_name / model_version: from the URL path (a ``model_name`` inside the
             JSON is ignored, as Triton does); ``""`` lets the version policy pick.
         arrival_ns: ``time.monotonic_ns()`` when the request arrived; now if ``None``.
+        keep_json: set ``json_body`` to ``body`` when it is a plain JSON request whose
+            ``inputs`` hold all their data and no BYTES (JSON text, base64 in the log),
+            with no ``model_name`` / ``model_version`` of its own and no empty ``id``
+            (the payload log writes it as it is).
 
     Returns:
         An :class:`InferRequest`. ``inputs`` maps name -> array of ``shape``:
@@ -137,6 +142,7 @@ def decode_infer_request(
     mv: memoryview | None = None
     last_binary: str | None = None
     shm_inputs: dict[str, ShmInput] | None = None
+    plain = keep_json  # no BYTES input yet
     for item in inputs_json:
         if type(item) is not dict:
             raise InferError("each entry of 'inputs' must be a JSON object")
@@ -169,16 +175,14 @@ def decode_infer_request(
             inputs[name] = _SHM_PLACEHOLDER
         else:
             inputs[name] = _json_input(item, name, datatype, shape, count)
+            if datatype == "BYTES":
+                plain = False
     if offset != body_len:
         raise InferError(
             _binary_excess_message(inputs_json, body_len, offset, header_length, last_binary)
         )
     outputs_json = doc.get("outputs")
-    outputs: list[RequestedOutput] | None = None
-    if outputs_json is not None:
-        if type(outputs_json) is not list:
-            raise InferError("request 'outputs' must be a list")
-        outputs = [_parse_requested_output(o) for o in outputs_json]
+    outputs = None if outputs_json is None else _requested_outputs(outputs_json)
 
     # positional, in InferRequest's field order (model_name, model_version, inputs,
     # outputs, id, parameters, arrival_ns): cheaper than the keyword form
@@ -187,7 +191,27 @@ def decode_infer_request(
     )
     if shm_inputs is not None:
         request.shm_inputs = shm_inputs
+    elif plain and header_length is None and _plain_json(doc, request_id):
+        request.json_body = body
     return request
+
+
+def _requested_outputs(outputs_json: Any) -> list[RequestedOutput]:
+    """The request's ``outputs`` list (InferError: not a list, or a bad entry)."""
+    if type(outputs_json) is not list:
+        raise InferError("request 'outputs' must be a list")
+    return [_parse_requested_output(o) for o in outputs_json]
+
+
+def _plain_json(doc: dict[str, Any], request_id: str) -> bool:
+    """Whether a request document can stand for its own record in the payload log: it
+    names no model (the URL's would be written beside it) and has an id unless it
+    has no ``id`` key at all (the log then writes the one it makes up)."""
+    return (
+        "model_name" not in doc
+        and "model_version" not in doc
+        and (request_id != "" or "id" not in doc)
+    )
 
 
 def _request_json(body: bytes, header_length: int | None) -> tuple[dict[str, Any], int]:

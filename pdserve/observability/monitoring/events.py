@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from pdserve.core.datatypes import array_from_raw, numpy_to_v2, raw_tensor, v2_to_numpy
+from pdserve.core.types import InferRequest
 
 REQUEST_TYPE = "org.kubeflow.serving.inference.request"
 RESPONSE_TYPE = "org.kubeflow.serving.inference.response"
@@ -54,22 +55,29 @@ class Event:
     error: str | None = None
 
 
-_second: list[object] = [None, ""]  #: the last second formatted: [epoch second, text]
+#: A queued record: an :class:`Entry` for the writer to encode, or a request's JSON
+#: Lines made on the request path (:meth:`JsonLines.sent_lines`).
+Record = Entry | bytes
+
+#: the last second formatted, ``(epoch second, b"YYYY-MM-DDTHH:MM:SS.")``, replaced
+#: whole: the request path and the writer thread both format times
+_second: list[tuple[int, bytes]] = [(-1, b"")]
 
 
-def _rfc3339(time_ns: int) -> str:
-    """``2026-12-07T04:12:26.255185Z`` (the date and time part cached per second)."""
+def _rfc3339(time_ns: int) -> bytes:
+    """``b"2026-12-07T04:12:26.255185Z"`` (the date and time part cached per second)."""
     sec, ns = divmod(time_ns, 1_000_000_000)
-    if _second[0] != sec:
-        _second[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
-        _second[0] = sec
-    return f"{_second[1]}.{ns // 1000:06d}Z"
+    cached = _second[0]
+    if cached[0] != sec:
+        cached = (sec, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(sec)).encode())
+        _second[0] = cached
+    return b"%s%06dZ" % (cached[1], ns // 1000)
 
 
 def events_of(entry: Entry, record: str, source: str, namespace: str = "") -> list[Event]:
     """The events of ``entry``: request and response (``record`` ``all``), one of them
     (``inputs`` / ``outputs``), or both without tensors (``metadata``)."""
-    when = _rfc3339(entry.time_ns)
+    when = _rfc3339(entry.time_ns).decode()
     events = []
     for kind, tensors, error in (
         (REQUEST_TYPE, entry.inputs, None),
@@ -181,6 +189,10 @@ class JsonLines:
         self.namespace = namespace
         #: (model, version) -> one :data:`_Head` per event kind recorded
         self._heads: dict[tuple[str, str], list[_Head]] = {}
+        #: (model, version) -> per event kind recorded: what comes after its id, what
+        #: comes after its time up to ``data``'s opening brace, the model names and
+        #: whether it is the request event (:meth:`sent_lines`)
+        self._sent_heads: dict[tuple[str, str], list[tuple[bytes, bytes, bytes, bool]]] = {}
         #: (name, dtype, shape) -> the tensor's JSON up to its ``data`` value
         self._tensors: dict[tuple[str, np.dtype, tuple[int, ...]], bytes] = {}
 
@@ -215,8 +227,69 @@ class JsonLines:
                 self._tensors[key] = head
         return head + orjson.dumps(_json_data(array), option=_NUMPY) + b"}"
 
-    def encode(self, entries: list[Entry]) -> bytes:
-        """The JSON Lines of ``entries``' events in order, each line ending in a newline.
+    def sent_lines(
+        self,
+        request: InferRequest,
+        rid: str,
+        version: str,
+        outputs: dict[str, np.ndarray],
+        response: bytes,
+    ) -> bytes | None:
+        """The JSON Lines of a request's events written from its body as received
+        (``request.json_body``) and ``response`` as sent, each one V2 JSON document,
+        in place of formatting the tensors; None where they cannot stand for them:
+        a BYTES tensor (JSON text there, base64 in the log) or ``NaN`` / ``Infinity``
+        tokens in the response (not JSON).
+
+        Args:
+            request: the request (its model, inputs and JSON body).
+            rid: its id (made up by the logger when the client sent none: ``request``'s
+                body then has no ``id``, and the response has none either).
+            version: the version that answered.
+            outputs: the outputs sent.
+            response: the response body.
+        """
+        sent_in = json_rest(request.json_body)
+        if sent_in is None:
+            return None
+        for a in outputs.values():
+            if a.dtype.kind in "OSU":
+                return None
+        if (b"N" in response or b"I" in response) and (
+            b"NaN" in response or b"Infinity" in response
+        ):
+            return None
+        model = request.model_name
+        head = self._sent_heads.get((model, version))
+        if head is None:
+            head = self._sent_heads[(model, version)] = [
+                (after_id, after_time.removesuffix(b'"id":'), names[1:] + b",", is_request)
+                for after_id, after_time, names, is_request, _ in self._head(model, version)
+            ]
+        jid = orjson.dumps(rid)
+        when = _rfc3339(time.time_ns())
+        own = b'"id":' + jid + b"," if not request.id else b""  # the bodies have no id
+        sent_out = memoryview(response)[1:]  # the front end's JSON: compact, one line
+        if len(head) == 2:  # both events (record=all)
+            (req_id, req_time, names, _), (res_id, res_time, _, _) = head
+            return b"".join(
+                (
+                    _START, jid, req_id, when, req_time, own, names, sent_in, b"}\n",
+                    _START, jid, res_id, when, res_time, own, sent_out, b"}\n",
+                )
+            )  # fmt: skip
+        parts: list[bytes | bytearray | memoryview] = []
+        for after_id, after_time, names, is_request in head:
+            parts += (_START, jid, after_id, when, after_time, own)
+            if is_request:
+                parts += (names, sent_in, b"}\n")
+            else:
+                parts += (sent_out, b"}\n")
+        return b"".join(parts)
+
+    def encode(self, entries: list[Record]) -> bytes:
+        """The JSON Lines of ``entries``' events in order, each line ending in a newline
+        (lines made on the request path as they are).
 
         Raises:
             TypeError: a tensor orjson cannot serialise.
@@ -227,11 +300,15 @@ class JsonLines:
         heads = self._heads
         tensor = self._tensor
         for e in entries:
+            if type(e) is bytes:
+                add(e)
+                continue
+            assert isinstance(e, Entry)
             head = heads.get((e.model, e.version))
             if head is None:
                 head = heads[(e.model, e.version)] = self._head(e.model, e.version)
             jid = dumps(e.id)
-            when = _rfc3339(e.time_ns).encode()
+            when = _rfc3339(e.time_ns)
             for after_id, after_time, body, request, key in head:
                 add(_START)
                 add(jid)
@@ -250,6 +327,21 @@ class JsonLines:
                     add(b"]")
                 add(b"}}\n")
         return b"".join(parts)
+
+
+def json_rest(body: bytes | bytearray | None) -> bytes | bytearray | memoryview | None:
+    """A V2 JSON request body less its opening brace (what follows the ``data``
+    object's id in a JSON Lines event), newlines made spaces (whitespace between tokens
+    in valid JSON: one event per line); None without a body."""
+    if body is None:
+        return None
+    if b"\n" in body or b"\r" in body:
+        body = bytes(body).replace(b"\n", b" ").replace(b"\r", b" ")
+    if body[:1] != b"{":
+        body = body.lstrip()
+        if body[:1] != b"{":
+            return None
+    return memoryview(body)[1:]
 
 
 def tensor_from_json(doc: dict[str, Any]) -> np.ndarray:

@@ -24,13 +24,16 @@ import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pdserve.observability.monitoring.events import Entry
+from pdserve.observability.monitoring.events import Entry, JsonLines, Record
 from pdserve.observability.monitoring.sinks import Sink, SinkError, make_sink
 from pdserve.observability.monitoring.spec import LogSpec
+
+if TYPE_CHECKING:
+    from pdserve.core.types import InferRequest
 
 log = logging.getLogger("pdserve.monitoring")
 
@@ -68,14 +71,21 @@ class PayloadLogger:
         self.spec = spec
         self.source = source
         self.sink = sink if sink is not None else make_sink(spec, model, source)
+        #: makes a JSON request's lines on the request path from the bodies as received
+        #: and sent (:meth:`sent`); None: the sink has no use for them, or filters apply
+        self.encoder: JsonLines | None = None
+        self._filtered = spec.status != "all" or bool(spec.versions) or spec.parameter is not None
+        encoder = getattr(self.sink, "encoder", None)
+        if isinstance(encoder, JsonLines) and spec.record != "metadata" and not self._filtered:
+            if getattr(self.sink, "format", "jsonl") == "jsonl":
+                self.encoder = encoder
         #: log(1 - rate) for the sampling gaps; None: every request (no draw)
         self._log_keep = math.log1p(-spec.rate) if spec.rate < 1.0 else None
         #: requests until the next sampled one (:meth:`drawn` decrements it)
         self._countdown = self.gap()
-        self._filtered = spec.status != "all" or bool(spec.versions) or spec.parameter is not None
         #: the bounded queue: a deque the request path appends to (``len`` checked first)
         #: and the writer thread pops from; ``_wake`` rouses a writer that waits idle.
-        self._queue: deque[Entry] = deque()
+        self._queue: deque[Record] = deque()
         self._limit = spec.queue
         #: tensor bytes queued = _bytes_in (request path only) - _bytes_out (writer only)
         self._bytes_in = 0
@@ -172,6 +182,43 @@ class PayloadLogger:
             self._idle = False
             self._wake.set()
 
+    def sent(
+        self,
+        version: str,
+        request: InferRequest,
+        outputs: dict[str, np.ndarray],
+        response: bytes | None,
+    ) -> None:
+        """Record a sampled request once the front end has sent its response
+        (``InferRequest.answered``, set by the monitor for a JSON request): its lines
+        made now from the bodies as received and sent, queued as they are; or, where
+        those cannot stand for the tensors (``response`` None: not one JSON document),
+        :meth:`record`. Never blocks."""
+        rid = request.id
+        if not rid:  # the client sent none: prefix-N
+            self._next_id += 1
+            rid = f"{self._ids}{self._next_id}"
+        lines = None
+        if response is not None and self.encoder is not None:
+            lines = self.encoder.sent_lines(request, rid, version, outputs, response)
+        if lines is None:
+            self.record(version, rid, request.inputs, outputs, None, request.parameters)
+            return
+        self.sampled += 1
+        queue = self._queue
+        size = len(lines)
+        if (
+            len(queue) >= self._limit
+            or self._bytes_in + size - self._bytes_out > self.spec.queue_bytes
+        ):
+            self.dropped["queue_full"] += 1
+            return
+        self._bytes_in += size
+        queue.append(lines)
+        if self._idle and len(queue) > self._limit // 2:  # else: the next round
+            self._idle = False
+            self._wake.set()
+
     def _passes(self, version: str, error: str | None, parameters: dict[str, Any]) -> bool:
         """Whether a request passes the status, version and parameter filters."""
         spec = self.spec
@@ -199,10 +246,10 @@ class PayloadLogger:
                     self._wake.wait(ROUND_S)
                 self._wake.clear()
                 self._idle = False
-            batch: list[Entry] = []
+            batch: list[Record] = []
             while q and len(batch) < BATCH:
                 entry = q.popleft()
-                self._bytes_out += entry.size
+                self._bytes_out += entry.size if isinstance(entry, Entry) else len(entry)
                 batch.append(entry)
             self._write(batch)
             self._sink_call(self.sink.tick, 0)
@@ -210,12 +257,12 @@ class PayloadLogger:
                 self._sink_call(self.sink.close, 0)
                 return
 
-    def _write(self, entries: list[Entry]) -> None:
+    def _write(self, entries: list[Record]) -> None:
         if not entries:
             return
         self._pending += len(entries)
         for e in entries:
-            if not e.id:
+            if type(e) is Entry and not e.id:
                 self._next_id += 1
                 e.id = f"{self._ids}{self._next_id}"
         self._sink_call(lambda: self.sink.write(entries), len(entries))

@@ -11,6 +11,7 @@ version's histograms and drift windows in one vectorised pass per tensor.
 
 from __future__ import annotations
 
+import functools
 import socket
 from pathlib import Path
 from types import SimpleNamespace
@@ -165,6 +166,7 @@ class VersionMonitor:
         self.logger = None
         if monitor is not None and spec.log is not None:
             self.logger = monitor.logger_for(self.model, spec.log)
+            self._sent = functools.partial(self.logger.sent, self.version)
         self.scores: dict[str, ScoreHistogram] = {}
         self.classes: dict[str, ClassHistogram] = {}
         m = spec.metrics
@@ -212,14 +214,10 @@ class VersionMonitor:
         self.observed += 1
         logger = self.logger
         if logger is not None and logger.drawn():  # an unsampled request: one decrement
-            message = (
-                None
-                if error is None
-                else (getattr(error, "message", None) or str(error) or type(error).__name__)
-            )
-            logger.record(
-                self.version, request.id, request.inputs, outputs, message, request.parameters
-            )
+            if error is None and request.json_body is not None and logger.encoder is not None:
+                request.answered = self._sent  # recorded once the response is sent
+            else:
+                self._record(logger, request, outputs, error)
         if outputs is None or not self._counts:
             return
         held = self._held
@@ -228,6 +226,22 @@ class VersionMonitor:
             held.append(request.inputs)
         if len(held) >= FOLD_EVERY:
             self.fold()
+
+    def _record(
+        self,
+        logger: PayloadLogger,
+        request: Any,
+        outputs: dict[str, np.ndarray] | None,
+        error: BaseException | None,
+    ) -> None:
+        message = (
+            None
+            if error is None
+            else (getattr(error, "message", None) or str(error) or type(error).__name__)
+        )
+        logger.record(
+            self.version, request.id, request.inputs, outputs, message, request.parameters
+        )
 
     def fold(self) -> None:
         """Count the held responses into the histograms and drift windows: per tensor,

@@ -19,6 +19,7 @@ from pdserve.observability.monitoring.events import (
     Entry,
     Event,
     JsonLines,
+    Record,
     event_json,
     events_of,
     kafka_headers,
@@ -43,7 +44,7 @@ class SinkError(Exception):
         self.reason = reason
 
 
-def encode_error(entries: list[Entry], e: Exception) -> SinkError:
+def encode_error(entries: list[Record], e: Exception) -> SinkError:
     """The SinkError of ``entries`` that could not be encoded (all lost)."""
     return SinkError(
         f"cannot encode a record: {type(e).__name__}: {e}", len(entries), "encode_error"
@@ -53,8 +54,9 @@ def encode_error(entries: list[Entry], e: Exception) -> SinkError:
 class Sink(Protocol):
     """What the payload logger writes to (on its own thread)."""
 
-    def write(self, entries: list[Entry]) -> int:
-        """Take some requests (their events are the sink's to encode); return how many
+    def write(self, entries: list[Record]) -> int:
+        """Take some requests (their events are the sink's to encode, or lines made on
+        the request path: only for a sink with ``json_bodies``); return how many
         requests are now written (a buffering sink returns those of the files it closed).
 
         Raises:
@@ -127,7 +129,7 @@ class FileSink:
         self._seq = 0
         self.files = 0
 
-    def write(self, entries: list[Entry]) -> int:
+    def write(self, entries: list[Record]) -> int:
         if not entries:
             return 0
         try:
@@ -137,6 +139,7 @@ class FileSink:
                 rows = [
                     self._row(e)
                     for entry in entries
+                    if isinstance(entry, Entry)  # Parquet: never lines (json_bodies False)
                     for e in events_of(entry, self.record, self.source)
                 ]
         except Exception as e:  # a tensor that cannot be encoded (should not happen)
@@ -236,10 +239,15 @@ class KafkaSink:
             self._producer = producer
         return self._producer
 
-    def _messages(self, entries: list[Entry]) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
-        """(key, value, headers) of each event of ``entries``."""
+    def _messages(
+        self, entries: list[Record]
+    ) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
+        """(key, value, headers) of each event of ``entries`` (never lines: this sink has
+        no ``json_bodies``)."""
         out = []
         for entry in entries:
+            if not isinstance(entry, Entry):
+                continue
             for e in events_of(entry, self.record, self.source):
                 value = orjson.dumps(event_json(e)["data"], option=orjson.OPT_SERIALIZE_NUMPY)
                 out.append((e.attributes["id"].encode(), value, kafka_headers(e)))
@@ -253,7 +261,7 @@ class KafkaSink:
         ]
         await asyncio.wait_for(asyncio.gather(*futures), self.timeout_s)
 
-    def write(self, entries: list[Entry]) -> int:
+    def write(self, entries: list[Record]) -> int:
         if not entries:
             return 0
         try:  # connected first: a broker that is down costs no encoding

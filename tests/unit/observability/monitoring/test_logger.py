@@ -4,20 +4,24 @@ sampled = written + dropped + queued."""
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from pdserve.frontends.http.decode import decode_infer_request
 from pdserve.observability.monitoring import logger as logger_mod
-from pdserve.observability.monitoring.events import Entry
+from pdserve.observability.monitoring.events import Entry, JsonLines
 from pdserve.observability.monitoring.logger import PayloadLogger
+from pdserve.observability.monitoring.monitor import Monitor, VersionMonitor
 from pdserve.observability.monitoring.sinks import SinkError
-from pdserve.observability.monitoring.spec import LogSpec
+from pdserve.observability.monitoring.spec import LogSpec, ModelMonitoring
 
 X = {"IN": np.zeros((1, 2), np.float32)}
 
@@ -151,3 +155,57 @@ def test_the_queue_is_bounded_in_bytes_too() -> None:
     sink.release.set()
     logger.close(5)
     assert logger.sampled == logger.written + logger.dropped["queue_full"]
+
+
+def test_sent_json_bodies_are_queued_as_lines(tmp_path: Path) -> None:
+    """``sent`` queues a JSON request's lines made from its bodies; without a JSON
+    response (binary outputs) it records the tensors instead; ids made up are distinct;
+    behind a stalled sink a full queue drops and counts: sampled = written + dropped."""
+    logger = PayloadLogger("m", _spec(f"sink=jsonl:{tmp_path}"), "s")
+    assert logger.encoder is not None
+    body = b'{"inputs": [{"name": "IN", "shape": [1, 2], "datatype": "FP32", "data": [0, 0]}]}'
+    request = decode_infer_request(body, None, "m", keep_json=True)
+    out = {"OUT": np.array([1.5], np.float32)}
+    response = b'{"model_name":"m","model_version":"1","outputs":[{"name":"OUT",'
+    response += b'"datatype":"FP32","shape":[1],"data":[1.5]}]}'
+    logger.sent("1", request, out, response)
+    logger.sent("1", request, out, None)  # formatted from the arrays by the writer
+    logger.sent("1", request, out, response)
+    logger.close(5)
+    assert (logger.sampled, logger.written) == (3, 3)
+    events = [json.loads(x) for f in (tmp_path / "m").iterdir() for x in f.read_text().splitlines()]
+    assert len(events) == 6 and len({e["id"] for e in events}) == 3
+    for e in events:
+        assert e["data"]["id"] == e["id"] and e["data"]["model_version"] == "1"
+        tensors = e["data"]["inputs" if e["type"].endswith("request") else "outputs"]
+        assert [t["data"] for t in tensors] in ([[0, 0]], [[1.5]])
+
+    sink = StalledSink()
+    sink.encoder = JsonLines("all", "s")  # type: ignore[attr-defined]
+    stalled = PayloadLogger("m", _spec("sink=jsonl:/unused,queue=10"), "s", sink)
+    assert stalled.encoder is sink.encoder  # type: ignore[attr-defined]
+    for _ in range(1000):
+        stalled.sent("1", request, out, response)
+    assert stalled.sampled == 1000 and stalled.dropped["queue_full"] >= 1000 - 10 - 256
+    sink.release.set()
+    stalled.close(5)
+    assert stalled.sampled == stalled.written + sum(stalled.dropped.values())
+    assert stalled.written == sink.got
+
+
+def test_monitored_json_requests_are_recorded_once_answered(tmp_path: Path) -> None:
+    """The monitor defers a sampled JSON request to the front end's answer (the request's
+    ``answered``); a request that failed, or has no JSON body, is recorded at once."""
+    mv = SimpleNamespace(name="m", version_str="1", config=SimpleNamespace(input=[], output=[]))
+    spec = ModelMonitoring(log=_spec(f"sink=jsonl:{tmp_path}"))
+    vm = VersionMonitor(Monitor(), mv, tmp_path, spec)
+    body = b'{"id": "j", "inputs": [{"name": "IN", "shape": [1], "datatype": "FP32", "data": [2]}]}'
+    json_request = decode_infer_request(body, None, "m", keep_json=True)
+    vm.observe(json_request, {"OUT": np.zeros(1, np.float32)}, None)
+    assert vm.logger is not None and vm.logger.sampled == 0 and json_request.answered is not None
+    json_request.answered(json_request, {"OUT": np.zeros(1, np.float32)}, None)
+    failed = decode_infer_request(body.replace(b'"j"', b'"f"'), None, "m", keep_json=True)
+    vm.observe(failed, None, ValueError("boom"))
+    assert failed.answered is None
+    vm.logger.close(5)
+    assert (vm.logger.sampled, vm.logger.written) == (2, 2)
