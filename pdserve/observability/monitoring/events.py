@@ -21,7 +21,6 @@ import numpy as np
 import orjson
 
 from pdserve.core.datatypes import array_from_raw, numpy_to_v2, raw_tensor, v2_to_numpy
-from pdserve.core.types import InferRequest
 
 REQUEST_TYPE = "org.kubeflow.serving.inference.request"
 RESPONSE_TYPE = "org.kubeflow.serving.inference.response"
@@ -55,9 +54,14 @@ class Event:
     error: str | None = None
 
 
-#: A queued record: an :class:`Entry` for the writer to encode, or a request's JSON
-#: Lines made on the request path (:meth:`JsonLines.sent_lines`).
-Record = Entry | bytes
+#: A JSON request as answered, queued on the request path for the writer to write
+#: (:meth:`JsonLines.sent_lines`): its model version's :meth:`JsonLines.sent_template`,
+#: its id, whether the logger made the id up (the bodies have none), the request and
+#: response bodies less their opening braces (bytes-like), its time (ns since the
+#: epoch) and its size (bytes, for the queue's bound).
+Sent = tuple[bytes, str, bool, Any, Any, int, int]
+#: A queued record: an :class:`Entry` to encode from its tensors, or a :data:`Sent`.
+Record = Entry | Sent
 
 #: the last second formatted, ``(epoch second, b"YYYY-MM-DDTHH:MM:SS.")``, replaced
 #: whole: the request path and the writer thread both format times
@@ -189,10 +193,8 @@ class JsonLines:
         self.namespace = namespace
         #: (model, version) -> one :data:`_Head` per event kind recorded
         self._heads: dict[tuple[str, str], list[_Head]] = {}
-        #: (model, version) -> per event kind recorded: what comes after its id, what
-        #: comes after its time up to ``data``'s opening brace, the model names and
-        #: whether it is the request event (:meth:`sent_lines`)
-        self._sent_heads: dict[tuple[str, str], list[tuple[bytes, bytes, bytes, bool]]] = {}
+        #: (model, version) -> :meth:`sent_template`
+        self._templates: dict[tuple[str, str], bytes] = {}
         #: (name, dtype, shape) -> the tensor's JSON up to its ``data`` value
         self._tensors: dict[tuple[str, np.dtype, tuple[int, ...]], bytes] = {}
 
@@ -227,69 +229,55 @@ class JsonLines:
                 self._tensors[key] = head
         return head + orjson.dumps(_json_data(array), option=_NUMPY) + b"}"
 
-    def sent_lines(
-        self,
-        request: InferRequest,
-        rid: str,
-        version: str,
-        outputs: dict[str, np.ndarray],
-        response: bytes,
-    ) -> bytes | None:
-        """The JSON Lines of a request's events written from its body as received
-        (``request.json_body``) and ``response`` as sent, each one V2 JSON document,
-        in place of formatting the tensors; None where they cannot stand for them:
-        a BYTES tensor (JSON text there, base64 in the log) or ``NaN`` / ``Infinity``
-        tokens in the response (not JSON).
+    def sent_template(self, model: str, version: str) -> bytes:
+        """The ``%``-template of a request's lines made from its bodies (see
+        :meth:`sent_lines`): per event recorded, the id, the time (second, then
+        microseconds), the data's own id (or nothing) and the body less its brace."""
+        template = self._templates.get((model, version))
+        if template is None:
+            template = b""
+            for after_id, after_time, names, is_request, _ in self._head(model, version):
+                template += (
+                    _esc(_START) + b"%b" + _esc(after_id) + b"%b%06dZ"
+                    + _esc(after_time.removesuffix(b'"id":')) + b"%b"
+                    + (_esc(names[1:]) + b"," if is_request else b"") + b"%b}\n"
+                )  # fmt: skip
+            self._templates[(model, version)] = template
+        return template
 
-        Args:
-            request: the request (its model, inputs and JSON body).
-            rid: its id (made up by the logger when the client sent none: ``request``'s
-                body then has no ``id``, and the response has none either).
-            version: the version that answered.
-            outputs: the outputs sent.
-            response: the response body.
-        """
-        sent_in = json_rest(request.json_body)
-        if sent_in is None:
-            return None
-        for a in outputs.values():
-            if a.dtype.kind in "OSU":
-                return None
-        if (b"N" in response or b"I" in response) and (
-            b"NaN" in response or b"Infinity" in response
-        ):
-            return None
-        model = request.model_name
-        head = self._sent_heads.get((model, version))
-        if head is None:
-            head = self._sent_heads[(model, version)] = [
-                (after_id, after_time.removesuffix(b'"id":'), names[1:] + b",", is_request)
-                for after_id, after_time, names, is_request, _ in self._head(model, version)
-            ]
+    def sent_lines(self, sent: Sent) -> bytes:
+        """The JSON Lines of a request's events written from its body as received and
+        its response as sent (each one V2 JSON document), in place of formatting its
+        tensors."""
+        template, rid, made_up, sent_in, sent_out, time_ns, _ = sent
         jid = orjson.dumps(rid)
-        when = _rfc3339(time.time_ns())
-        own = b'"id":' + jid + b"," if not request.id else b""  # the bodies have no id
-        sent_out = memoryview(response)[1:]  # the front end's JSON: compact, one line
-        if len(head) == 2:  # both events (record=all)
-            (req_id, req_time, names, _), (res_id, res_time, _, _) = head
-            return b"".join(
-                (
-                    _START, jid, req_id, when, req_time, own, names, sent_in, b"}\n",
-                    _START, jid, res_id, when, res_time, own, sent_out, b"}\n",
-                )
-            )  # fmt: skip
-        parts: list[bytes | bytearray | memoryview] = []
-        for after_id, after_time, names, is_request in head:
-            parts += (_START, jid, after_id, when, after_time, own)
-            if is_request:
-                parts += (names, sent_in, b"}\n")
-            else:
-                parts += (sent_out, b"}\n")
-        return b"".join(parts)
+        own = b'"id":' + jid + b"," if made_up else b""  # the bodies have no id
+        sec, ns = divmod(time_ns, 1_000_000_000)
+        cached = _second[0]
+        if cached[0] != sec:
+            cached = (sec, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(sec)).encode())
+            _second[0] = cached
+        us = ns // 1000
+        record = self.record
+        if record == "all":
+            args: tuple[Any, ...] = (
+                jid,
+                cached[1],
+                us,
+                own,
+                sent_in,
+                jid,
+                cached[1],
+                us,
+                own,
+                sent_out,
+            )
+        else:
+            args = (jid, cached[1], us, own, sent_in if record == "inputs" else sent_out)
+        return template % args
 
     def encode(self, entries: list[Record]) -> bytes:
-        """The JSON Lines of ``entries``' events in order, each line ending in a newline
-        (lines made on the request path as they are).
+        """The JSON Lines of ``entries``' events in order, each line ending in a newline.
 
         Raises:
             TypeError: a tensor orjson cannot serialise.
@@ -300,8 +288,8 @@ class JsonLines:
         heads = self._heads
         tensor = self._tensor
         for e in entries:
-            if type(e) is bytes:
-                add(e)
+            if type(e) is tuple:
+                add(self.sent_lines(e))
                 continue
             assert isinstance(e, Entry)
             head = heads.get((e.model, e.version))
@@ -327,6 +315,33 @@ class JsonLines:
                     add(b"]")
                 add(b"}}\n")
         return b"".join(parts)
+
+    def lines(self, entries: list[Record]) -> list[bytes]:
+        """``entries``' JSON Lines as pieces to write one after another, in order: one
+        per :data:`Sent` (its bodies copied once), one per run of entries encoded from
+        their tensors (:meth:`encode`).
+
+        Raises:
+            TypeError: a tensor orjson cannot serialise.
+        """
+        out: list[bytes] = []
+        todo: list[Record] = []
+        for e in entries:
+            if type(e) is tuple:
+                if todo:
+                    out.append(self.encode(todo))
+                    todo = []
+                out.append(self.sent_lines(e))
+            else:
+                todo.append(e)
+        if todo:
+            out.append(self.encode(todo))
+        return out
+
+
+def _esc(fixed: bytes) -> bytes:
+    """``fixed`` as literal text of a ``%``-template."""
+    return fixed.replace(b"%", b"%%")
 
 
 def json_rest(body: bytes | bytearray | None) -> bytes | bytearray | memoryview | None:

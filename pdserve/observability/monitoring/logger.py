@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pdserve.observability.monitoring.events import Entry, JsonLines, Record
+from pdserve.observability.monitoring.events import Entry, JsonLines, Record, json_rest
 from pdserve.observability.monitoring.sinks import Sink, SinkError, make_sink
 from pdserve.observability.monitoring.spec import LogSpec
 
@@ -87,6 +87,9 @@ class PayloadLogger:
         #: and the writer thread pops from; ``_wake`` rouses a writer that waits idle.
         self._queue: deque[Record] = deque()
         self._limit = spec.queue
+        self._max_bytes = spec.queue_bytes
+        #: version -> JsonLines.sent_template of this model and version
+        self._templates: dict[str, bytes] = {}
         #: tensor bytes queued = _bytes_in (request path only) - _bytes_out (writer only)
         self._bytes_in = 0
         self._bytes_out = 0
@@ -189,32 +192,46 @@ class PayloadLogger:
         outputs: dict[str, np.ndarray],
         response: bytes | None,
     ) -> None:
-        """Record a sampled request once the front end has sent its response
-        (``InferRequest.answered``, set by the monitor for a JSON request): its lines
-        made now from the bodies as received and sent, queued as they are; or, where
-        those cannot stand for the tensors (``response`` None: not one JSON document),
+        """Record a sampled JSON request once the front end has encoded its response
+        (``InferRequest.answered``, set by the monitor for a request with a
+        ``json_body`` and no BYTES outputs): its bodies as received and sent are
+        queued by reference (:data:`~pdserve.observability.monitoring.events.Sent`)
+        for the writer to write as they are; or, where the response is not one JSON
+        document (``None``) or holds ``NaN`` / ``Infinity`` tokens (not JSON),
         :meth:`record`. Never blocks."""
+        body = request.json_body
+        encoder = self.encoder
+        sent_in: Any = None
+        if (
+            response is not None
+            and body is not None
+            and encoder is not None
+            and not (b"N" in response and b"NaN" in response)
+            and not (b"I" in response and b"Infinity" in response)
+        ):
+            if b"\n" in body or b"\r" in body or body[:1] != b"{":
+                sent_in = json_rest(body)
+            else:
+                sent_in = memoryview(body)[1:]
         rid = request.id
         if not rid:  # the client sent none: prefix-N
             self._next_id += 1
             rid = f"{self._ids}{self._next_id}"
-        lines = None
-        if response is not None and self.encoder is not None:
-            lines = self.encoder.sent_lines(request, rid, version, outputs, response)
-        if lines is None:
+        if sent_in is None or response is None or encoder is None:
             self.record(version, rid, request.inputs, outputs, None, request.parameters)
             return
+        template = self._templates.get(version)
+        if template is None:
+            template = self._templates[version] = encoder.sent_template(self.model, version)
         self.sampled += 1
         queue = self._queue
-        size = len(lines)
-        if (
-            len(queue) >= self._limit
-            or self._bytes_in + size - self._bytes_out > self.spec.queue_bytes
-        ):
+        size = len(template) + len(sent_in) + len(response)
+        if len(queue) >= self._limit or self._bytes_in + size - self._bytes_out > self._max_bytes:
             self.dropped["queue_full"] += 1
             return
         self._bytes_in += size
-        queue.append(lines)
+        sent_out = memoryview(response)[1:]
+        queue.append((template, rid, not request.id, sent_in, sent_out, time.time_ns(), size))
         if self._idle and len(queue) > self._limit // 2:  # else: the next round
             self._idle = False
             self._wake.set()
@@ -249,7 +266,7 @@ class PayloadLogger:
             batch: list[Record] = []
             while q and len(batch) < BATCH:
                 entry = q.popleft()
-                self._bytes_out += entry.size if isinstance(entry, Entry) else len(entry)
+                self._bytes_out += entry.size if isinstance(entry, Entry) else entry[6]
                 batch.append(entry)
             self._write(batch)
             self._sink_call(self.sink.tick, 0)

@@ -128,6 +128,11 @@ class _Drift:
         self.window.add(values)
 
 
+def _classified(requested: list[Any]) -> bool:
+    """Whether a request asks for an output as classes (the extension: BYTES)."""
+    return any(o.classification for o in requested)
+
+
 def _numeric_of(held: list[dict[str, np.ndarray]], name: str) -> list[np.ndarray]:
     """The numeric arrays named ``name`` in ``held``, in order."""
     kinds = NUMERIC_KINDS  # numeric(a) without a call per array
@@ -167,6 +172,13 @@ class VersionMonitor:
         if monitor is not None and spec.log is not None:
             self.logger = monitor.logger_for(self.model, spec.log)
             self._sent = functools.partial(self.logger.sent, self.version)
+        #: a sampled JSON request is recorded from its bodies, once answered: the sink
+        #: writes JSON Lines and no output is BYTES (JSON text there, base64 in the log)
+        self._defer = (
+            self.logger is not None
+            and self.logger.encoder is not None
+            and "BYTES" not in outputs.values()
+        )
         self.scores: dict[str, ScoreHistogram] = {}
         self.classes: dict[str, ClassHistogram] = {}
         m = spec.metrics
@@ -214,7 +226,12 @@ class VersionMonitor:
         self.observed += 1
         logger = self.logger
         if logger is not None and logger.drawn():  # an unsampled request: one decrement
-            if error is None and request.json_body is not None and logger.encoder is not None:
+            if (
+                error is None
+                and self._defer
+                and request.json_body is not None
+                and (request.outputs is None or not _classified(request.outputs))
+            ):
                 request.answered = self._sent  # recorded once the response is sent
             else:
                 self._record(logger, request, outputs, error)

@@ -8,6 +8,7 @@ in requests (the events of one request are written together or lost together).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import time
@@ -97,8 +98,10 @@ def _parquet_schema() -> Any:
 
 class FileSink:
     """JSON Lines or Parquet files under ``spec.sink.url``/``model``/, one file per roll:
-    a file is written whole once ``roll_bytes`` of records are buffered or its first
-    record is ``roll_secs`` old; a reader never sees a half-written file. Names: ``<UTC time>-<pid>-<seq>.jsonl|.parquet``.
+    a file is closed once ``roll_bytes`` of records are in it or its first record is
+    ``roll_secs`` old; a reader never sees a half-written file. Names: ``<UTC time>-<pid>-<seq>.jsonl|.parquet``.
+    Local JSON Lines go to ``<name>.tmp`` batch by batch (little memory held) and are
+    renamed at the roll; Parquet and object stores are buffered and written whole.
 
     Raises (constructor):
         ImportError: fsspec, or pyarrow for Parquet, or the store's package is missing.
@@ -121,20 +124,57 @@ class FileSink:
             self.schema = _parquet_schema()
         self.roll_bytes = spec.roll_bytes
         self.roll_secs = spec.roll_secs
-        self._chunks: list[bytes] = []  #: JSON Lines, one chunk per write
+        self._chunks: list[bytes] = []  #: JSON Lines, in pieces (JsonLines.lines)
         self._rows: list[dict[str, Any]] = []
         self._bytes = 0
         self._requests = 0
         self._since = 0.0
         self._seq = 0
         self.files = 0
+        #: local JSON Lines: the file being written (descriptor, final path)
+        self._stream = self._local and self.format == "jsonl"
+        self._fd: int | None = None
+        self._path = ""
+
+    def _next_path(self) -> str:
+        self._seq += 1
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        return f"{self.root}/{stamp}-{os.getpid()}-{self._seq:06d}.{self.format}"
+
+    def _append(self, lines: list[bytes], requests: int) -> None:
+        """Local JSON Lines: add ``lines`` to the open ``.tmp`` file (opened first).
+
+        Raises:
+            SinkError: the file could not be written: it is removed, and its requests
+                are lost with these.
+        """
+        try:
+            if self._fd is None:
+                self._path = self._next_path()
+                self.fs.makedirs(self.root, exist_ok=True)
+                self._fd = os.open(
+                    self._path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644
+                )
+            write_all(self._fd, lines)
+        except OSError as e:  # full disk, permissions...
+            lost = self._requests + requests
+            self._drop_file()
+            raise SinkError(f"{self._path}: {type(e).__name__}: {e}", lost) from e
+
+    def _drop_file(self) -> None:
+        fd, self._fd = self._fd, None
+        self._bytes, self._requests = 0, 0
+        if fd is not None:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(self._path + ".tmp")
 
     def write(self, entries: list[Record]) -> int:
         if not entries:
             return 0
         try:
             if self.format == "jsonl":
-                chunk = self.encoder.encode(entries)
+                lines = self.encoder.lines(entries)
             else:
                 rows = [
                     self._row(e)
@@ -146,9 +186,12 @@ class FileSink:
             raise encode_error(entries, e) from e
         if not self._requests:
             self._since = time.monotonic()
-        if self.format == "jsonl":
-            self._chunks.append(chunk)
-            self._bytes += len(chunk)
+        if self._stream:
+            self._append(lines, len(entries))
+            self._bytes += sum(map(len, lines))
+        elif self.format == "jsonl":
+            self._chunks += lines
+            self._bytes += sum(map(len, lines))
         else:
             self._rows += rows
             self._bytes += sum(256 + sum(len(t["data"]) for t in r["tensors"]) for r in rows)
@@ -169,14 +212,33 @@ class FileSink:
     def close(self) -> int:
         return self._roll() if self._requests else 0
 
+    def _close_stream(self) -> int:
+        """Local JSON Lines: close the ``.tmp`` file and rename it into place; return its
+        requests (SinkError: all lost, the file removed)."""
+        n = self._requests
+        fd, self._fd = self._fd, None
+        self._bytes, self._requests = 0, 0
+        if fd is None:
+            return 0
+        try:
+            os.close(fd)
+            os.replace(self._path + ".tmp", self._path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(self._path + ".tmp")
+            raise SinkError(f"{self._path}: {type(e).__name__}: {e}", n) from e
+        self.files += 1
+        return n
+
     def _roll(self) -> int:
-        """Write the buffer as one file; return its requests (SinkError: all lost)."""
+        """Close the file (written whole from the buffer, or renamed into place); return
+        its requests (SinkError: all lost)."""
+        if self._stream:
+            return self._close_stream()
         n = self._requests
         chunks, rows = self._chunks, self._rows
         self._chunks, self._rows, self._bytes, self._requests = [], [], 0, 0
-        self._seq += 1
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        path = f"{self.root}/{stamp}-{os.getpid()}-{self._seq:06d}.{self.format}"
+        path = self._next_path()
         try:
             if self.format == "jsonl":
                 parts = chunks
@@ -189,9 +251,11 @@ class FileSink:
                 parts = [buf.getvalue()]
             self.fs.makedirs(self.root, exist_ok=True)
             if self._local:  # renamed into place: a reader never sees half a file
-                with self.fs.open(path + ".tmp", "wb") as f:
-                    for part in parts:  # chunk by chunk: each write lets go of the GIL
-                        f.write(part)
+                fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    write_all(fd, parts)
+                finally:
+                    os.close(fd)
                 self.fs.mv(path + ".tmp", path)
             else:  # an object store takes the whole object at once
                 self.fs.pipe_file(path, b"".join(parts))
@@ -199,6 +263,27 @@ class FileSink:
             raise SinkError(f"{path}: {type(e).__name__}: {e}", n) from e
         self.files += 1
         return n
+
+
+#: Buffers one ``writev`` call takes at most (POSIX's IOV_MAX).
+IOV_MAX = 1024
+
+
+def write_all(fd: int, parts: list[bytes]) -> None:
+    """Write ``parts`` one after another to the file ``fd`` with ``writev``
+    (:data:`IOV_MAX` at a time: the kernel copies each piece once, and the GIL is let go
+    during each call).
+
+    Raises:
+        OSError: the file cannot be written (a full disk: ``ENOSPC``).
+    """
+    for i in range(0, len(parts), IOV_MAX):
+        batch = parts[i : i + IOV_MAX]
+        done = os.writev(fd, batch)
+        if done != sum(map(len, batch)):  # short: the rest (or ENOSPC)
+            rest = memoryview(b"".join(batch))[done:]
+            while rest:
+                rest = rest[os.write(fd, rest) :]
 
 
 class KafkaSink:

@@ -4,17 +4,11 @@ every V2 datatype, BYTES included."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import numpy as np
 import orjson
 import pytest
 
 from pdserve.core.datatypes import bytes_array
-from pdserve.core.types import InferResponse
-from pdserve.frontends.http.decode import decode_infer_request
-from pdserve.frontends.http.encode import encode_infer_response_parts
 from pdserve.observability.monitoring.events import (
     REQUEST_TYPE,
     RESPONSE_TYPE,
@@ -123,71 +117,3 @@ def test_json_lines_are_the_events_json(record: str) -> None:
         assert got == want * 2
         doc = orjson.loads(got.split(b"\n")[-2])
         assert doc["id"] == 'id"\\1' and doc["data"]["model_name"] == 'm"'
-
-
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    keys = [k for k, _ in pairs]
-    assert len(keys) == len(set(keys)), keys
-    return dict(pairs)
-
-
-def _sent(body: bytes, rid: str, outputs: dict[str, np.ndarray], record: str = "all") -> Any:
-    """sent_lines for ``body`` (decoded as the HTTP front end does) and the response the
-    front end encodes for ``outputs``; (lines, request, response body)."""
-    request = decode_infer_request(body, None, "m", "", keep_json=True)
-    response = InferResponse("m", "3", outputs, request.id)
-    parts, length, _ = encode_infer_response_parts(response, request)
-    assert length is None
-    lines = JsonLines(record, "pdserve://host").sent_lines(request, rid, "3", outputs, parts[0])
-    return lines, request, parts[0]
-
-
-@pytest.mark.parametrize("client_id", ["r1", ""])
-def test_sent_lines_are_the_bodies_as_sent(client_id: str) -> None:
-    """A JSON request's lines hold its body as received (newlines made spaces) and the
-    response as sent, with the id and model names once each: the same tensors as the
-    events formatted from the arrays."""
-    doc: dict[str, Any] = {"inputs": [{"name": "X", "shape": [2, 2], "datatype": "FP32",
-                           "data": [[1.5, 2], [3, 4]]}], "parameters": {"p": 1}}  # fmt: skip
-    if client_id:
-        doc["id"] = client_id
-    body = b"\n  " + json.dumps(doc, indent=2).encode() + b"\r\n"
-    outputs = {"Y": np.array([[0.25, -1]], np.float32), "N": np.array([7, 8], np.int64)}
-    rid = client_id or "made-1"
-    lines, request, response = _sent(body, rid, outputs)
-    assert lines is not None and lines.count(b"\n") == 2
-    req, res = (json.loads(x, object_pairs_hook=_unique_keys) for x in lines.splitlines())
-    assert req["type"] == REQUEST_TYPE and res["type"] == RESPONSE_TYPE
-    assert req["id"] == res["id"] == req["data"]["id"] == res["data"]["id"] == rid
-    assert req["modelversion"] == res["modelversion"] == "3"
-    assert {**req["data"], "id": None} == {
-        **doc, "id": None, "model_name": "m", "model_version": "3"
-    }  # fmt: skip
-    assert res["data"] == {**json.loads(response), "id": rid}
-    x = tensor_from_json(req["data"]["inputs"][0])
-    np.testing.assert_array_equal(x, request.inputs["X"])
-    assert x.dtype == np.float32
-    for t in res["data"]["outputs"]:
-        got = tensor_from_json(t)
-        assert got.dtype == outputs[t["name"]].dtype
-        np.testing.assert_array_equal(got, outputs[t["name"]])
-
-
-def test_sent_lines_fall_back_where_the_bodies_cannot_stand() -> None:
-    """BYTES and NaN outputs: None (the writer formats the tensors); a body naming a
-    model or with an empty id is not kept by the decoder; one event per record mode."""
-    body = b'{"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]}'
-    assert _sent(body, "a", {"S": bytes_array([b"x"])})[0] is None
-    assert _sent(body, "a", {"F": np.array([np.nan, 1], np.float32)})[0] is None
-    assert _sent(body, "a", {"F": np.array([np.inf], np.float64)})[0] is None
-    for kept_not in (b'{"model_name": "m", ', b'{"id": "", ', b'{"model_version": "1", '):
-        assert (
-            decode_infer_request(kept_not + body[1:], None, "m", keep_json=True).json_body is None
-        )
-    strings = b'{"inputs": [{"name": "S", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}'
-    assert decode_infer_request(strings, None, "m", keep_json=True).json_body is None
-    assert decode_infer_request(body, None, "m").json_body is None  # not asked
-    for record, kind in (("inputs", REQUEST_TYPE), ("outputs", RESPONSE_TYPE)):
-        lines = _sent(body, "a", {"F": np.array([2.0], np.float32)}, record)[0]
-        assert lines is not None and lines.count(b"\n") == 1
-        assert json.loads(lines)["type"] == kind

@@ -14,10 +14,20 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 
+from pdserve.core.datatypes import bytes_array
+from pdserve.core.types import InferResponse
 from pdserve.frontends.http.decode import decode_infer_request
+from pdserve.frontends.http.encode import encode_infer_response_parts
 from pdserve.observability.monitoring import logger as logger_mod
-from pdserve.observability.monitoring.events import Entry, JsonLines
+from pdserve.observability.monitoring.events import (
+    REQUEST_TYPE,
+    RESPONSE_TYPE,
+    Entry,
+    JsonLines,
+    tensor_from_json,
+)
 from pdserve.observability.monitoring.logger import PayloadLogger
 from pdserve.observability.monitoring.monitor import Monitor, VersionMonitor
 from pdserve.observability.monitoring.sinks import SinkError
@@ -207,5 +217,103 @@ def test_monitored_json_requests_are_recorded_once_answered(tmp_path: Path) -> N
     failed = decode_infer_request(body.replace(b'"j"', b'"f"'), None, "m", keep_json=True)
     vm.observe(failed, None, ValueError("boom"))
     assert failed.answered is None
+    asked = b', "outputs": [{"name": "OUT", "parameters": {"classification": 1}}]}'
+    classes = body[:-1] + asked
+    classified = decode_infer_request(classes, None, "m", keep_json=True)
+    assert classified.outputs and classified.outputs[0].classification == 1
+    vm.observe(classified, {"OUT": bytes_array([b"1.0:0"])}, None)
+    assert classified.answered is None
     vm.logger.close(5)
-    assert (vm.logger.sampled, vm.logger.written) == (2, 2)
+    assert (vm.logger.sampled, vm.logger.written) == (3, 3)
+
+
+class LinesSink:
+    """A JSON Lines sink that keeps what it is given, encoded (as FileSink does)."""
+
+    json_bodies = True
+    format = "jsonl"
+
+    def __init__(self, record: str = "all") -> None:
+        self.encoder = JsonLines(record, "pdserve://host")
+        self.text = b""
+
+    def write(self, entries: list[Any]) -> int:
+        self.text += b"".join(self.encoder.lines(entries))
+        return len(entries)
+
+    def tick(self) -> int:
+        return 0
+
+    def close(self) -> int:
+        return 0
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    keys = [k for k, _ in pairs]
+    assert len(keys) == len(set(keys)), keys
+    return dict(pairs)
+
+
+def _sent(body: bytes, outputs: dict[str, np.ndarray], record: str = "all") -> Any:
+    """What a logger writes for ``body`` (decoded as the HTTP front end does) and the
+    response the front end encodes for ``outputs``: (events, request, response body)."""
+    sink = LinesSink(record)
+    logger = PayloadLogger("m", _spec(f"sink=jsonl:/unused,record={record}"), "s", sink)
+    request = decode_infer_request(body, None, "m", "", keep_json=True)
+    response = InferResponse("m", "3", outputs, request.id)
+    parts, length, _ = encode_infer_response_parts(response, request)
+    logger.sent("3", request, outputs, parts[0] if length is None else None)
+    logger.close(5)
+    assert logger.sampled == logger.written == 1
+    events = [json.loads(x, object_pairs_hook=_unique_keys) for x in sink.text.splitlines()]
+    return events, request, parts[0]
+
+
+@pytest.mark.parametrize("client_id", ["r1", ""])
+def test_sent_lines_are_the_bodies_as_sent(client_id: str) -> None:
+    """A JSON request's lines hold its body as received (newlines made spaces) and the
+    response as sent, with the id and model names once each: the same tensors as the
+    events formatted from the arrays."""
+    doc: dict[str, Any] = {"inputs": [{"name": "X", "shape": [2, 2], "datatype": "FP32",
+                           "data": [[1.5, 2], [3, 4]]}], "parameters": {"p": 1}}  # fmt: skip
+    if client_id:
+        doc["id"] = client_id
+    body = b"\n  " + json.dumps(doc, indent=2).encode() + b"\r\n"
+    outputs = {"Y": np.array([[0.25, -1]], np.float32), "N": np.array([7, 8], np.int64)}
+    (req, res), request, response = _sent(body, outputs)
+    assert req["type"] == REQUEST_TYPE and res["type"] == RESPONSE_TYPE
+    rid = req["id"]
+    assert rid == (client_id or rid) and rid.endswith("-1" if not client_id else client_id)
+    assert res["id"] == req["data"]["id"] == res["data"]["id"] == rid
+    assert req["modelversion"] == res["modelversion"] == "3"
+    want = {**doc, "id": rid, "model_name": "m", "model_version": "3"}
+    assert req["data"] == want and res["data"] == {**json.loads(response), "id": rid}
+    x = tensor_from_json(req["data"]["inputs"][0])
+    np.testing.assert_array_equal(x, request.inputs["X"])
+    assert x.dtype == np.float32
+    for t in res["data"]["outputs"]:
+        got = tensor_from_json(t)
+        assert got.dtype == outputs[t["name"]].dtype
+        np.testing.assert_array_equal(got, outputs[t["name"]])
+
+
+def test_sent_lines_fall_back_where_the_bodies_cannot_stand() -> None:
+    """NaN / Infinity in the response: the tensors are formatted (base64-free numbers,
+    null for NaN) instead; a body naming a model, with an empty id or with BYTES inputs
+    is not kept by the decoder; one event per record mode."""
+    body = b'{"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]}'
+    for bad in (np.array([np.nan, 1], np.float32), np.array([np.inf], np.float64)):
+        (req, res), _, response = _sent(body, {"F": bad})
+        assert b"NaN" in response or b"Infinity" in response
+        assert "parameters" not in req["data"] and req["data"]["inputs"][0]["data"] == [1.0]
+        assert res["data"]["outputs"][0]["data"][0] is None  # as orjson writes them
+    for kept_not in (b'{"model_name": "m", ', b'{"id": "", ', b'{"model_version": "1", '):
+        assert (
+            decode_infer_request(kept_not + body[1:], None, "m", keep_json=True).json_body is None
+        )
+    strings = b'{"inputs": [{"name": "S", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}'
+    assert decode_infer_request(strings, None, "m", keep_json=True).json_body is None
+    assert decode_infer_request(body, None, "m").json_body is None  # not asked
+    for record, kind in (("inputs", REQUEST_TYPE), ("outputs", RESPONSE_TYPE)):
+        (event,), _, _ = _sent(body, {"F": np.array([2.0], np.float32)}, record)
+        assert event["type"] == kind
