@@ -11,9 +11,12 @@ Variants, each a repository whose ``tiny`` differs only in its monitoring parame
 ``log100`` / ``log1``
     ``payload_log`` ``sink=jsonl:DIR,rate=1`` (or ``rate=0.01``), ``record=all``,
     ``roll_secs=1`` (a file written every second during the run).
+``predictions``
+    ``prediction_metrics`` ``bins=0:10:40,range=0:5`` alone (histogram, out-of-range
+    count): what the issue's "prediction metrics on" goal names.
 ``metrics``
-    ``prediction_metrics`` ``bins=0:10:40,range=0:5`` and ``drift``
-    ``reference=first:2000,window=10000`` (histogram, out-of-range count, drift window).
+    ``predictions`` plus ``drift`` ``reference=first:2000,window=10000`` (a drift window
+    too).
 ``stalled``
     ``payload_log`` to a Kafka sink whose "broker" is a socket that accepts connections
     and never answers: the writer thread hangs in each send until its 5 s timeout, the
@@ -58,7 +61,7 @@ from bench_frontend import build_repo, distinct_ports, stop, write_body, wrk_cmd
 from bench_peers import OUT, Proc, machine
 from common import ROOT, cli_parser, pdserve_command
 
-VARIANTS = ("off", "log100", "log1", "metrics", "stalled")
+VARIANTS = ("off", "log100", "log1", "predictions", "metrics", "stalled")
 
 
 def _param(key: str, value: str) -> str:
@@ -76,6 +79,7 @@ def variant_repo(base: Path, name: str, stall_port: int) -> Path:
         "off": "",
         "log100": _param("payload_log", f"sink=jsonl:{logs},rate=1,record=all,roll_secs=1"),
         "log1": _param("payload_log", f"sink=jsonl:{logs},rate=0.01,record=all,roll_secs=1"),
+        "predictions": _param("prediction_metrics", "bins=0:10:40,range=0:5"),
         "metrics": _param("prediction_metrics", "bins=0:10:40,range=0:5")
         + _param("drift", "reference=first:2000,window=10000"),
         "stalled": _param("payload_log", f"sink=kafka://127.0.0.1:{stall_port}/t,queue=1000"),

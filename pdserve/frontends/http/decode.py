@@ -95,7 +95,8 @@ def decode_infer_request(
             JSON is ignored, as Triton does); ``""`` lets the version policy pick.
         arrival_ns: ``time.monotonic_ns()`` when the request arrived; now if ``None``.
         keep_json: set ``json_body`` to ``body`` when it is a plain JSON request whose
-            ``inputs`` hold all their data and no BYTES (JSON text, base64 in the log),
+            ``inputs`` hold all their data, no BYTES (JSON text, base64 in the log) and
+            no ``NaN`` / ``Infinity`` tokens (not JSON),
             with no ``model_name`` / ``model_version`` of its own and no empty ``id``
             (the payload log writes it as it is).
 
@@ -123,7 +124,7 @@ def decode_infer_request(
     if arrival_ns is None:
         arrival_ns = time.monotonic_ns()
     body_len = len(body)
-    doc, offset = _request_json(body, header_length)
+    doc, offset, strict = _request_json(body, header_length)
     request_id = doc.get("id", "")
     if type(request_id) is not str:
         raise InferError("request 'id' must be a string")
@@ -142,7 +143,7 @@ def decode_infer_request(
     mv: memoryview | None = None
     last_binary: str | None = None
     shm_inputs: dict[str, ShmInput] | None = None
-    plain = keep_json  # no BYTES input yet
+    plain = keep_json and strict  # no BYTES input yet, no NaN token
     for item in inputs_json:
         if type(item) is not dict:
             raise InferError("each entry of 'inputs' must be a JSON object")
@@ -214,8 +215,9 @@ def _plain_json(doc: dict[str, Any], request_id: str) -> bool:
     )
 
 
-def _request_json(body: bytes, header_length: int | None) -> tuple[dict[str, Any], int]:
-    """The request's JSON object and where its binary data begins."""
+def _request_json(body: bytes, header_length: int | None) -> tuple[dict[str, Any], int, bool]:
+    """The request's JSON object, where its binary data begins, and whether the JSON
+    was strict (False: it held ``NaN`` / ``Infinity`` tokens, read leniently)."""
     body_len = len(body)
     if header_length is None:
         header: Buffer = body
@@ -227,13 +229,15 @@ def _request_json(body: bytes, header_length: int | None) -> tuple[dict[str, Any
             )
         header = memoryview(body)[:header_length] if header_length != body_len else body
         offset = header_length
+    strict = True
     try:
         doc = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
         doc = _loads_lenient(header, exc, header_length is None and b"binary_data_size" in body)
+        strict = False
     if type(doc) is not dict:
         raise InferError("the inference request must be a JSON object")
-    return doc, offset
+    return doc, offset, strict
 
 
 def _binary_end(

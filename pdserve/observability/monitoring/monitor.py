@@ -57,6 +57,8 @@ NUMERIC_TYPES = frozenset(
 
 #: Requests whose tensors a version holds before it counts them (:meth:`VersionMonitor.fold`).
 FOLD_EVERY = 256
+#: The countdown of a version with no payload log: never reached.
+NEVER = 1 << 62
 
 #: name -> (type, help) of every family this module exports.
 METRICS: dict[str, tuple[str, str]] = {
@@ -217,32 +219,47 @@ class VersionMonitor:
         self._inputs = bool(self.drift_inputs)
         #: tensors of responses not counted yet: outputs, then inputs when drift reads them
         self._held: list[dict[str, np.ndarray]] = []
+        #: requests until the next one the payload log samples (:meth:`PayloadLogger.gap`;
+        #: the version draws its own gaps: each request is sampled with the log's rate)
+        self._countdown = NEVER if self.logger is None else self.logger.gap()
 
     def observe(
         self, request: Any, outputs: dict[str, np.ndarray] | None, error: BaseException | None
     ) -> None:
         """One finished request: ``outputs`` on success, ``error`` on failure. Its
-        tensors are held by reference (not copied) until the next :meth:`fold`."""
+        tensors are held by reference (not copied) until the next :meth:`fold`; an
+        unsampled request costs a decrement of the payload log's countdown."""
         self.observed += 1
+        self._countdown -= 1
+        if self._countdown <= 0:
+            self._sampled(request, outputs, error)
+        if outputs is not None and self._counts:
+            held = self._held
+            held.append(outputs)
+            if self._inputs:
+                held.append(request.inputs)
+            if len(held) >= FOLD_EVERY:
+                self.fold()
+
+    def _sampled(
+        self, request: Any, outputs: dict[str, np.ndarray] | None, error: BaseException | None
+    ) -> None:
+        """A request the payload log's draw sampled: deferred to the front end's answer
+        for a JSON request (``InferRequest.answered``), else recorded now."""
         logger = self.logger
-        if logger is not None and logger.drawn():  # an unsampled request: one decrement
-            if (
-                error is None
-                and self._defer
-                and request.json_body is not None
-                and (request.outputs is None or not _classified(request.outputs))
-            ):
-                request.answered = self._sent  # recorded once the response is sent
-            else:
-                self._record(logger, request, outputs, error)
-        if outputs is None or not self._counts:
+        if logger is None:  # nothing logged: the countdown starts again, far off
+            self._countdown = NEVER
             return
-        held = self._held
-        held.append(outputs)
-        if self._inputs:
-            held.append(request.inputs)
-        if len(held) >= FOLD_EVERY:
-            self.fold()
+        self._countdown = logger.gap()
+        if (
+            error is None
+            and self._defer
+            and request.json_body is not None
+            and (request.outputs is None or not _classified(request.outputs))
+        ):
+            request.answered = self._sent  # recorded once the response is sent
+        else:
+            self._record(logger, request, outputs, error)
 
     def _record(
         self,

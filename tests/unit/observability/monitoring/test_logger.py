@@ -311,6 +311,8 @@ def test_sent_lines_fall_back_where_the_bodies_cannot_stand() -> None:
         assert (
             decode_infer_request(kept_not + body[1:], None, "m", keep_json=True).json_body is None
         )
+    nan = body.replace(b"[1]}", b"[NaN]}")  # read leniently (as Triton): not JSON to log
+    assert decode_infer_request(nan, None, "m", keep_json=True).json_body is None
     strings = b'{"inputs": [{"name": "S", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}'
     assert decode_infer_request(strings, None, "m", keep_json=True).json_body is None
     assert decode_infer_request(body, None, "m").json_body is None  # not asked
