@@ -54,14 +54,9 @@ class Event:
     error: str | None = None
 
 
-#: A JSON request as answered, queued on the request path for the writer to write
-#: (:meth:`JsonLines.sent_lines`): its model version's :meth:`JsonLines.sent_template`,
-#: its id, whether the logger made the id up (the bodies have none), the request and
-#: response bodies less their opening braces (bytes-like), its time (ns since the
-#: epoch) and its size (bytes, for the queue's bound).
-Sent = tuple[bytes, str, bool, Any, Any, int, int]
-#: A queued record: an :class:`Entry` to encode from its tensors, or a :data:`Sent`.
-Record = Entry | Sent
+#: A queued record: an :class:`Entry` to encode from its tensors, or a request's JSON
+#: Lines made on the request path from its bodies (:meth:`JsonLines.sent_lines`).
+Record = Entry | bytes
 
 #: the last second formatted, ``(epoch second, b"YYYY-MM-DDTHH:MM:SS.")``, replaced
 #: whole: the request path and the writer thread both format times
@@ -245,14 +240,21 @@ class JsonLines:
             self._templates[(model, version)] = template
         return template
 
-    def sent_lines(self, sent: Sent) -> bytes:
+    def sent_lines(
+        self, template: bytes, rid: str, made_up: bool, sent_in: Any, sent_out: Any
+    ) -> bytes:
         """The JSON Lines of a request's events written from its body as received and
-        its response as sent (each one V2 JSON document), in place of formatting its
-        tensors."""
-        template, rid, made_up, sent_in, sent_out, time_ns, _ = sent
+        its response as sent (each one V2 JSON document less its opening brace,
+        bytes-like), in place of formatting its tensors.
+
+        Args:
+            template: :meth:`sent_template` of the request's model and version.
+            rid: the request id.
+            made_up: the logger made ``rid`` up (the bodies have no id).
+        """
         jid = orjson.dumps(rid)
         own = b'"id":' + jid + b"," if made_up else b""  # the bodies have no id
-        sec, ns = divmod(time_ns, 1_000_000_000)
+        sec, ns = divmod(time.time_ns(), 1_000_000_000)
         cached = _second[0]
         if cached[0] != sec:
             cached = (sec, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(sec)).encode())
@@ -288,8 +290,8 @@ class JsonLines:
         heads = self._heads
         tensor = self._tensor
         for e in entries:
-            if type(e) is tuple:
-                add(self.sent_lines(e))
+            if type(e) is bytes:
+                add(e)
                 continue
             assert isinstance(e, Entry)
             head = heads.get((e.model, e.version))
@@ -317,8 +319,8 @@ class JsonLines:
         return b"".join(parts)
 
     def lines(self, entries: list[Record]) -> list[bytes]:
-        """``entries``' JSON Lines as pieces to write one after another, in order: one
-        per :data:`Sent` (its bodies copied once), one per run of entries encoded from
+        """``entries``' JSON Lines as pieces to write one after another, in order: lines
+        made on the request path as they are, one piece per run of entries encoded from
         their tensors (:meth:`encode`).
 
         Raises:
@@ -327,11 +329,11 @@ class JsonLines:
         out: list[bytes] = []
         todo: list[Record] = []
         for e in entries:
-            if type(e) is tuple:
+            if type(e) is bytes:
                 if todo:
                     out.append(self.encode(todo))
                     todo = []
-                out.append(self.sent_lines(e))
+                out.append(e)
             else:
                 todo.append(e)
         if todo:

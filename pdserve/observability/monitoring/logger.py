@@ -194,9 +194,8 @@ class PayloadLogger:
     ) -> None:
         """Record a sampled JSON request once the front end has encoded its response
         (``InferRequest.answered``, set by the monitor for a request with a
-        ``json_body`` and no BYTES outputs): its bodies as received and sent are
-        queued by reference (:data:`~pdserve.observability.monitoring.events.Sent`)
-        for the writer to write as they are; or, where the response is not one JSON
+        ``json_body`` and no BYTES outputs): its lines made now from the bodies as
+        received and sent, while they are in the cache, and queued; or, where the response is not one JSON
         document (``None``) or holds ``NaN`` / ``Infinity`` tokens (not JSON),
         :meth:`record`. Never blocks."""
         body = request.json_body
@@ -229,9 +228,9 @@ class PayloadLogger:
         if len(queue) >= self._limit or self._bytes_in + size - self._bytes_out > self._max_bytes:
             self.dropped["queue_full"] += 1
             return
-        self._bytes_in += size
-        sent_out = memoryview(response)[1:]
-        queue.append((template, rid, not request.id, sent_in, sent_out, time.time_ns(), size))
+        lines = encoder.sent_lines(template, rid, not request.id, sent_in, memoryview(response)[1:])
+        self._bytes_in += len(lines)
+        queue.append(lines)
         if self._idle and len(queue) > self._limit // 2:  # else: the next round
             self._idle = False
             self._wake.set()
@@ -266,7 +265,7 @@ class PayloadLogger:
             batch: list[Record] = []
             while q and len(batch) < BATCH:
                 entry = q.popleft()
-                self._bytes_out += entry.size if isinstance(entry, Entry) else entry[6]
+                self._bytes_out += entry.size if isinstance(entry, Entry) else len(entry)
                 batch.append(entry)
             self._write(batch)
             self._sink_call(self.sink.tick, 0)
