@@ -63,14 +63,19 @@ Record = Entry | bytes
 _second: list[tuple[int, bytes]] = [(-1, b"")]
 
 
-def _rfc3339(time_ns: int) -> bytes:
-    """``b"2026-12-07T04:12:26.255185Z"`` (the date and time part cached per second)."""
-    sec, ns = divmod(time_ns, 1_000_000_000)
+def _date_time(sec: int) -> bytes:
+    """``b"2026-12-07T04:12:26."``: the date and time of an epoch second (cached)."""
     cached = _second[0]
     if cached[0] != sec:
         cached = (sec, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(sec)).encode())
         _second[0] = cached
-    return b"%s%06dZ" % (cached[1], ns // 1000)
+    return cached[1]
+
+
+def _rfc3339(time_ns: int) -> bytes:
+    """``b"2026-12-07T04:12:26.255185Z"`` (UTC, microseconds)."""
+    sec, ns = divmod(time_ns, 1_000_000_000)
+    return b"%s%06dZ" % (_date_time(sec), ns // 1000)
 
 
 def events_of(entry: Entry, record: str, source: str, namespace: str = "") -> list[Event]:
@@ -255,27 +260,12 @@ class JsonLines:
         jid = orjson.dumps(rid)
         own = b'"id":' + jid + b"," if made_up else b""  # the bodies have no id
         sec, ns = divmod(time.time_ns(), 1_000_000_000)
-        cached = _second[0]
-        if cached[0] != sec:
-            cached = (sec, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(sec)).encode())
-            _second[0] = cached
-        us = ns // 1000
+        day, us = _date_time(sec), ns // 1000  # the template adds the "Z"
         record = self.record
         if record == "all":
-            args: tuple[Any, ...] = (
-                jid,
-                cached[1],
-                us,
-                own,
-                sent_in,
-                jid,
-                cached[1],
-                us,
-                own,
-                sent_out,
-            )
+            args: tuple[Any, ...] = (jid, day, us, own, sent_in, jid, day, us, own, sent_out)
         else:
-            args = (jid, cached[1], us, own, sent_in if record == "inputs" else sent_out)
+            args = (jid, day, us, own, sent_in if record == "inputs" else sent_out)
         return template % args
 
     def encode(self, entries: list[Record]) -> bytes:
@@ -348,8 +338,9 @@ def _esc(fixed: bytes) -> bytes:
 
 def json_rest(body: bytes | bytearray | None) -> bytes | bytearray | memoryview | None:
     """A V2 JSON request body less its opening brace (what follows the ``data``
-    object's id in a JSON Lines event), newlines made spaces (whitespace between tokens
-    in valid JSON: one event per line); None without a body."""
+    object's id and model names in a JSON Lines event), newlines made spaces
+    (whitespace between tokens in valid JSON: one event per line); None without a body
+    or when it is not a JSON object."""
     if body is None:
         return None
     if b"\n" in body or b"\r" in body:

@@ -3,7 +3,8 @@ by one thread.
 
 :meth:`PayloadLogger.offer` is all the request path does: the sampling countdown (an
 unsampled request touches nothing else), the filters, and a non-blocking append of
-references to the request's tensors. Sampling draws the gap to the next sampled request
+references to the request's tensors, or for a plain JSON request (:meth:`~PayloadLogger.sent`)
+of its two lines, made from its bodies as received and sent. Sampling draws the gap to the next sampled request
 (geometric, :meth:`PayloadLogger.gap`): each request is sampled with probability
 ``rate`` independently, as with a draw per request, for a decrement per request. When
 the queue is full the request is dropped and counted (``queue_full``). The writer thread
@@ -16,6 +17,7 @@ request path drops. So ``sampled = written + dropped + queued`` at any time.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import random
@@ -102,7 +104,9 @@ class PayloadLogger:
         self._last_log: dict[str, float] = {}
         self._backoff = 0.0  #: seconds to wait after the last failure (0: none failed)
         self._ids = f"{uuid.uuid4().hex[:12]}-"  #: ids of requests without one: prefix-N
-        self._next_id = 0
+        #: numbers of the ids made up: request path and writer thread alike (``next`` on
+        #: a count is atomic)
+        self._id_numbers = itertools.count(1)
         self._thread = threading.Thread(target=self._run, name=f"payload-log-{model}", daemon=True)
         self._closing = False
         self._thread.start()
@@ -194,10 +198,10 @@ class PayloadLogger:
     ) -> None:
         """Record a sampled JSON request once the front end has encoded its response
         (``InferRequest.answered``, set by the monitor for a request with a
-        ``json_body`` and no BYTES outputs): its lines made now from the bodies as
-        received and sent, while they are in the cache, and queued; or, where the response is not one JSON
-        document (``None``) or holds ``NaN`` / ``Infinity`` tokens (not JSON),
-        :meth:`record`. Never blocks."""
+        ``json_body`` and no BYTES outputs): its lines made now, from the bodies as
+        received and sent while they are in the cache, and queued; or, where the
+        response is not one JSON document (``None``) or holds ``NaN`` / ``Infinity``
+        tokens (not JSON), :meth:`record`. Never blocks."""
         body = request.json_body
         encoder = self.encoder
         sent_in: Any = None
@@ -214,8 +218,7 @@ class PayloadLogger:
                 sent_in = memoryview(body)[1:]
         rid = request.id
         if not rid:  # the client sent none: prefix-N
-            self._next_id += 1
-            rid = f"{self._ids}{self._next_id}"
+            rid = f"{self._ids}{next(self._id_numbers)}"
         if sent_in is None or response is None or encoder is None:
             self.record(version, rid, request.inputs, outputs, None, request.parameters)
             return
@@ -279,8 +282,7 @@ class PayloadLogger:
         self._pending += len(entries)
         for e in entries:
             if type(e) is Entry and not e.id:
-                self._next_id += 1
-                e.id = f"{self._ids}{self._next_id}"
+                e.id = f"{self._ids}{next(self._id_numbers)}"
         self._sink_call(lambda: self.sink.write(entries), len(entries))
 
     def _sink_call(self, call: Callable[[], int], given: int) -> None:
