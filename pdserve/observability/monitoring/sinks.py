@@ -133,12 +133,13 @@ class FileSink:
         self._since = 0.0
         self._seq = 0
         self.files = 0
-        #: local JSON Lines: the file being written (descriptor, final path)
-        self._stream = self._local and self.format == "jsonl"
-        if self._local:
+        if self._local:  # a folder that cannot be written is a misconfiguration
             os.makedirs(self.root, exist_ok=True)
             if not os.access(self.root, os.W_OK | os.X_OK):
                 raise PermissionError(f"{self.root} is not writable")
+        #: local JSON Lines are written batch by batch into the file being written
+        #: (its descriptor and final path; None: none open)
+        self._stream = self._local and self.format == "jsonl"
         self._fd: int | None = None
         self._path = ""
 
