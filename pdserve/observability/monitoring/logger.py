@@ -1,18 +1,17 @@
 """The payload logger: a bounded queue between the request path and a sink, drained
 by one thread.
 
-:meth:`PayloadLogger.offer` is all the request path does: the sampling countdown (an
-unsampled request touches nothing else), the filters, and a non-blocking append of
-references to the request's tensors, or for a plain JSON request (:meth:`~PayloadLogger.sent`)
-of its two lines, made from its bodies as received and sent. Sampling draws the gap to the next sampled request
+The request path does the sampling countdown (an unsampled request touches nothing
+else), the filters, and a non-blocking append: references to the request's tensors
+(:meth:`PayloadLogger.record`), or a plain JSON request's lines made from its bodies
+(:meth:`PayloadLogger.sent`). Sampling draws the gap to the next sampled request
 (geometric, :meth:`PayloadLogger.gap`): each request is sampled with probability
-``rate`` independently, as with a draw per request, for a decrement per request. When
-the queue is full the request is dropped and counted (``queue_full``). The writer thread
-encodes whole batches (the sink's encoder) and hands them over in one call; when the
-sink fails its requests are dropped and counted (``sink_error``) with a log line at most
-every :data:`LOG_EVERY_S` seconds, and the thread waits before the next try
-(:data:`BACKOFF_S`, doubling up to :data:`BACKOFF_MAX_S`) while the queue fills and the
-request path drops. So ``sampled = written + dropped + queued`` at any time.
+``rate`` independently. A full queue drops the request, counted (``queue_full``). The
+writer thread encodes whole batches and hands them to the sink in one call; a sink
+failure drops its requests, counted (``sink_error``), logs a line at most every
+:data:`LOG_EVERY_S` seconds and backs off (:data:`BACKOFF_S`, doubling up to
+:data:`BACKOFF_MAX_S`) while the queue fills. So ``sampled = written + dropped +
+queued`` at any time.
 """
 
 from __future__ import annotations
