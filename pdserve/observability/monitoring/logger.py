@@ -1,12 +1,11 @@
 """The payload logger: a bounded queue between the request path and a sink, drained
 by one thread.
 
-The request path does the sampling countdown (an unsampled request touches nothing
-else), the filters, and a non-blocking append: references to the request's tensors
+The request path (the monitor's countdown: an unsampled request touches nothing here)
+does the filters and a non-blocking append: references to the request's tensors
 (:meth:`PayloadLogger.record`), or a plain JSON request's lines made from its bodies
-(:meth:`PayloadLogger.sent`). Sampling draws the gap to the next sampled request
-(geometric, :meth:`PayloadLogger.gap`): each request is sampled with probability
-``rate`` independently. A full queue drops the request, counted (``queue_full``). The
+(:meth:`PayloadLogger.sent`). The countdown's gaps come from :meth:`PayloadLogger.gap`
+(geometric): each request is sampled with probability ``rate`` independently. A full queue drops the request, counted (``queue_full``). The
 writer thread encodes whole batches and hands them to the sink in one call; a sink
 failure drops its requests, counted (``sink_error``), logs a line at most every
 :data:`LOG_EVERY_S` seconds and backs off (:data:`BACKOFF_S`, doubling up to
@@ -82,15 +81,11 @@ class PayloadLogger:
                 self.encoder = encoder
         #: log(1 - rate) for the sampling gaps; None: every request (no draw)
         self._log_keep = math.log1p(-spec.rate) if spec.rate < 1.0 else None
-        #: requests until the next sampled one (:meth:`drawn` decrements it)
-        self._countdown = self.gap()
         #: the bounded queue: a deque the request path appends to (``len`` checked first)
         #: and the writer thread pops from; ``_wake`` rouses a writer that waits idle.
         self._queue: deque[Record] = deque()
         self._limit = spec.queue
         self._max_bytes = spec.queue_bytes
-        #: version -> JsonLines.sent_template of this model and version
-        self._templates: dict[str, bytes] = {}
         #: tensor bytes queued = _bytes_in (request path only) - _bytes_out (writer only)
         self._bytes_in = 0
         self._bytes_out = 0
@@ -112,28 +107,6 @@ class PayloadLogger:
 
     # -- the request path --------------------------------------------------------------
 
-    def offer(
-        self,
-        version: str,
-        request_id: str,
-        inputs: dict[str, np.ndarray],
-        outputs: dict[str, np.ndarray] | None,
-        error: str | None,
-        parameters: dict[str, Any],
-    ) -> None:
-        """Record one finished request when it is sampled and passes the filters; never
-        blocks (a full queue drops it, counted)."""
-        if self.drawn():
-            self.record(version, request_id, inputs, outputs, error, parameters)
-
-    def drawn(self) -> bool:
-        """The sampling countdown: whether the request now finishing is sampled."""
-        self._countdown -= 1
-        if self._countdown > 0:
-            return False
-        self._countdown = self.gap()
-        return True
-
     def gap(self) -> int:
         """Requests up to and including the next sampled one (1: the next), drawn from
         the geometric distribution of ``rate``: the gaps of sampling each request with
@@ -152,14 +125,11 @@ class PayloadLogger:
         error: str | None,
         parameters: dict[str, Any],
     ) -> None:
-        """:meth:`offer` for a request the draw sampled: the filters, then the queue."""
+        """Record one sampled request (the draw is the caller's: :meth:`gap`): the
+        filters, then the queue; never blocks (a full queue drops it, counted)."""
         if self._filtered and not self._passes(version, error, parameters):
             return
         self.sampled += 1
-        queue = self._queue
-        if len(queue) >= self._limit:
-            self.dropped["queue_full"] += 1
-            return
         size = 0
         if self.spec.record != "metadata":
             for a in inputs.values():
@@ -167,12 +137,8 @@ class PayloadLogger:
             if outputs is not None:
                 for a in outputs.values():
                     size += a.nbytes
-            if self._bytes_in + size - self._bytes_out > self.spec.queue_bytes:
-                self.dropped["queue_full"] += 1
-                return
-            self._bytes_in += size
-        queue.append(
-            Entry(
+        if self._room(size):
+            entry = Entry(
                 request_id,
                 self.model,
                 version,
@@ -183,8 +149,26 @@ class PayloadLogger:
                 parameters,
                 size,
             )
-        )
-        if self._idle and len(queue) > self._limit // 2:  # else: the next round
+            self._push(entry, size)
+
+    def _room(self, size: int) -> bool:
+        """Whether the queue takes one more request holding ``size`` bytes; when not, it
+        is dropped and counted (``queue_full``)."""
+        if (
+            len(self._queue) >= self._limit
+            or self._bytes_in + size - self._bytes_out > self._max_bytes
+        ):
+            self.dropped["queue_full"] += 1
+            return False
+        return True
+
+    def _push(self, item: Record, size: int) -> None:
+        """Queue ``item`` (``size`` bytes) and wake an idle writer once the queue is
+        half full (else the writer's next round takes it)."""
+        self._bytes_in += size
+        queue = self._queue
+        queue.append(item)
+        if self._idle and len(queue) > self._limit // 2:
             self._idle = False
             self._wake.set()
 
@@ -201,41 +185,28 @@ class PayloadLogger:
         received and sent while they are in the cache, and queued; or, where the
         response is not one JSON document (``None``) or holds ``NaN`` / ``Infinity``
         tokens (not JSON), :meth:`record`. Never blocks."""
-        body = request.json_body
         encoder = self.encoder
-        sent_in: Any = None
+        sent_in = None
         if (
             response is not None
-            and body is not None
             and encoder is not None
             and not (b"N" in response and b"NaN" in response)
             and not (b"I" in response and b"Infinity" in response)
         ):
-            if b"\n" in body or b"\r" in body or body[:1] != b"{":
-                sent_in = json_rest(body)
-            else:
-                sent_in = memoryview(body)[1:]
+            sent_in = json_rest(request.json_body)
         rid = request.id
         if not rid:  # the client sent none: prefix-N
             rid = f"{self._ids}{next(self._id_numbers)}"
         if sent_in is None or response is None or encoder is None:
             self.record(version, rid, request.inputs, outputs, None, request.parameters)
             return
-        template = self._templates.get(version)
-        if template is None:
-            template = self._templates[version] = encoder.sent_template(self.model, version)
         self.sampled += 1
-        queue = self._queue
-        size = len(template) + len(sent_in) + len(response)
-        if len(queue) >= self._limit or self._bytes_in + size - self._bytes_out > self._max_bytes:
-            self.dropped["queue_full"] += 1
-            return
-        lines = encoder.sent_lines(template, rid, not request.id, sent_in, memoryview(response)[1:])
-        self._bytes_in += len(lines)
-        queue.append(lines)
-        if self._idle and len(queue) > self._limit // 2:  # else: the next round
-            self._idle = False
-            self._wake.set()
+        template = encoder.sent_template(self.model, version)
+        if self._room(len(template) + len(sent_in) + len(response)):
+            lines = encoder.sent_lines(
+                template, rid, not request.id, sent_in, memoryview(response)[1:]
+            )
+            self._push(lines, len(lines))
 
     def _passes(self, version: str, error: str | None, parameters: dict[str, Any]) -> bool:
         """Whether a request passes the status, version and parameter filters."""

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pdserve.core.datatypes import bytes_array
-from pdserve.core.types import InferResponse
+from pdserve.core.types import InferRequest, InferResponse
 from pdserve.frontends.http.decode import decode_infer_request
 from pdserve.frontends.http.encode import encode_infer_response_parts
 from pdserve.observability.monitoring import logger as logger_mod
@@ -76,7 +76,7 @@ def test_stalled_sink_never_blocks_the_caller() -> None:
     logger = PayloadLogger("m", _spec("sink=jsonl:/unused,queue=10"), "s", sink)
     start = time.monotonic()
     for i in range(1000):
-        logger.offer("1", f"r{i}", X, X, None, {})
+        logger.record("1", f"r{i}", X, X, None, {})
     assert time.monotonic() - start < 1.0
     assert logger.sampled == 1000
     assert logger.dropped["queue_full"] >= 1000 - 10 - 256
@@ -90,7 +90,7 @@ def test_stalled_sink_never_blocks_the_caller() -> None:
 def test_sink_errors_are_counted() -> None:
     logger = PayloadLogger("m", _spec("sink=jsonl:/unused"), "s", FailingSink())
     for i in range(20):
-        logger.offer("1", f"r{i}", X, X, None, {})
+        logger.record("1", f"r{i}", X, X, None, {})
     logger.close(5)
     assert (logger.sampled, logger.written, logger.dropped["sink_error"]) == (20, 0, 20)
 
@@ -105,7 +105,7 @@ def test_a_failing_sink_is_retried_after_a_backoff(monkeypatch: Any) -> None:
     deadline = time.monotonic() + 10
     while len(sink.calls) < 3 and time.monotonic() < deadline:
         for i in range(10):
-            logger.offer("1", f"r{i}", X, X, None, {})
+            logger.record("1", f"r{i}", X, X, None, {})
         time.sleep(0.005)
     calls = list(sink.calls[:3])
     logger.close(5)
@@ -119,20 +119,30 @@ def test_a_failing_sink_is_retried_after_a_backoff(monkeypatch: Any) -> None:
 def test_filters_and_rate(tmp_path: Path) -> None:
     spec = _spec(f"sink=jsonl:{tmp_path},status=error,versions=2,parameter=tenant:a")
     logger = PayloadLogger("m", spec, "s")
-    logger.offer("2", "ok", X, X, None, {"tenant": "a"})  # success: filtered
-    logger.offer("1", "v1", X, None, "boom", {"tenant": "a"})  # version 1: filtered
-    logger.offer("2", "other", X, None, "boom", {"tenant": "b"})  # tenant b: filtered
-    logger.offer("2", "kept", X, None, "boom", {"tenant": "a"})
+    logger.record("2", "ok", X, X, None, {"tenant": "a"})  # success: filtered
+    logger.record("1", "v1", X, None, "boom", {"tenant": "a"})  # version 1: filtered
+    logger.record("2", "other", X, None, "boom", {"tenant": "b"})  # tenant b: filtered
+    logger.record("2", "kept", X, None, "boom", {"tenant": "a"})
     logger.close(5)
     assert (logger.sampled, logger.written) == (1, 1)
     lines = (next((tmp_path / "m").iterdir())).read_text().splitlines()
     assert len(lines) == 2 and '"kept"' in lines[0] and '"boom"' in lines[1]
-    sampled = PayloadLogger("m", _spec("sink=jsonl:/unused,rate=0.1"), "s", StalledSink())
-    for _ in range(5000):
-        sampled.offer("1", "", X, X, None, {})
-    assert 350 < sampled.sampled < 650
-    sampled.sink.release.set()  # type: ignore[attr-defined]
-    sampled.close(5)
+    for rate, low, high in ((0.1, 350, 650), (1.0, 5000, 5000)):  # as the monitor samples
+        sampled = _monitored(f"sink=jsonl:/unused,rate={rate}", StalledSink())
+        for _ in range(5000):
+            sampled.observe(InferRequest("m", inputs=X), X, None)
+        assert sampled.logger is not None and low <= sampled.logger.sampled <= high
+        sampled.logger.sink.release.set()  # type: ignore[attr-defined]
+        sampled.logger.close(5)
+
+
+def _monitored(log: str, sink: Any) -> VersionMonitor:
+    """A version monitor whose payload log (``log``) writes to ``sink``."""
+    spec = _spec(log)
+    monitor = Monitor()
+    monitor.loggers[("m", spec)] = PayloadLogger("m", spec, "s", sink)
+    mv = SimpleNamespace(name="m", version_str="1", config=SimpleNamespace(input=[], output=[]))
+    return VersionMonitor(monitor, mv, Path("."), ModelMonitoring(log=spec))
 
 
 def test_sampling_gaps_are_geometric() -> None:
@@ -147,7 +157,6 @@ def test_sampling_gaps_are_geometric() -> None:
     assert 0.78**3 < sum(g > 3 for g in gaps) / len(gaps) < 0.82**3
     every = PayloadLogger("m", _spec("sink=jsonl:/unused"), "s", StalledSink())
     assert {every.gap() for _ in range(100)} == {1}
-    assert all(every.drawn() for _ in range(100))
     for lg in (logger, every):
         lg.sink.release.set()  # type: ignore[attr-defined]
         lg.close(5)
@@ -158,7 +167,7 @@ def test_the_queue_is_bounded_in_bytes_too() -> None:
     logger = PayloadLogger("m", _spec("sink=jsonl:/unused,queue_mb=1"), "s", sink)
     big = {"IN": np.zeros((1, 128 * 1024), np.float32)}  # 512 KiB
     for i in range(10):
-        logger.offer("1", f"r{i}", big, None, None, {})
+        logger.record("1", f"r{i}", big, None, None, {})
     # 2 fit in 1 MiB, and one more each time the (stalled) thread takes a batch
     assert logger.dropped["queue_full"] >= 10 - 4
     assert logger.sampled == 10
